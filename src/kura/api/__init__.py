@@ -1,0 +1,1 @@
+"""HTTP protocols: one module per client protocol, plus probes and the error table."""

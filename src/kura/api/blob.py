@@ -1,0 +1,54 @@
+"""The two operations most protocols share: serve a stored blob, store a request body."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from kura.api.http import artifact_response, count_lookup, ctx, declared_length, request_body
+from kura.core.errors import NotFound
+from kura.storage.service import ArtifactRef, PutResult
+
+
+async def serve(
+    request: web.Request,
+    ref: ArtifactRef,
+    protocol: str,
+    *,
+    headers_from_manifest: tuple[str, ...] = (),
+) -> web.StreamResponse:
+    """200 with the artifact (GET or HEAD), or raise NotFound. Counts a hit or a miss."""
+    try:
+        body = await ctx(request).service.read(ref)
+    except NotFound:
+        count_lookup(request, protocol, False)
+        raise
+    count_lookup(request, protocol, True)
+    extra = {
+        h: body.manifest.headers[h] for h in headers_from_manifest if h in body.manifest.headers
+    }
+    return artifact_response(request, body, protocol, extra_headers=extra)
+
+
+async def store(
+    request: web.Request,
+    ref: ArtifactRef,
+    protocol: str,
+    *,
+    limit_bytes: int,
+    content_type: str | None = None,
+    headers: dict[str, str] | None = None,
+    expected_sha256: str | None = None,
+) -> PutResult:
+    """Stream the request body into storage as a new version of ``ref``."""
+    c = ctx(request)
+    return await c.service.put_stream(
+        ref,
+        request_body(request, protocol),
+        declared_length=declared_length(request),
+        limit_bytes=limit_bytes,
+        content_type=content_type
+        or request.headers.get("Content-Type")
+        or "application/octet-stream",
+        headers=headers,
+        expected_sha256=expected_sha256,
+    )

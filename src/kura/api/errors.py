@@ -1,0 +1,58 @@
+"""The one table from kura's exception tree to HTTP status codes, and the error body.
+
+Bodies are JSON ``{"message": "..."}`` like the Rust Kura server (kura-behaviour.md §1.2).
+Exceptions from clients that answer text (Nx treats only a ``text/plain`` 401 as
+"Unauthorized", clients.md) ask for ``text`` style. 503s carry ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from aiohttp import web
+
+from kura.core import errors as e
+
+ErrorStyle = Literal["json", "text"]
+
+STATUS: tuple[tuple[type[e.KuraError], int], ...] = (
+    (e.Unauthenticated, 401),
+    (e.Forbidden, 403),
+    (e.NotFound, 404),
+    (e.Conflict, 409),
+    (e.PayloadTooLarge, 413),
+    (e.UnprocessableEntity, 422),
+    (e.InsufficientStorage, 507),
+    (e.InvalidRequest, 400),  # after its subclasses DigestMismatch and IncompleteBody
+    (e.ResourceExhausted, 503),
+    (e.Unavailable, 503),
+    (e.Corruption, 500),
+)
+
+
+def status_for(exc: e.KuraError) -> int:
+    for cls, status in STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def error_response(exc: e.KuraError, style: ErrorStyle = "json") -> web.Response:
+    """The response for ``exc``: status from the table, message body, Retry-After when due."""
+    status = status_for(exc)
+    headers: dict[str, str] = {}
+    if isinstance(exc, e.ResourceExhausted | e.Unavailable):
+        headers["Retry-After"] = str(exc.retry_after_seconds)
+    if isinstance(exc, e.Unauthenticated):
+        headers["WWW-Authenticate"] = 'Bearer realm="kura"'
+    if style == "text":
+        return web.Response(
+            status=status, text=exc.message, headers=headers, content_type="text/plain"
+        )
+    return web.Response(
+        status=status,
+        body=json.dumps({"message": exc.message}),
+        headers=headers,
+        content_type="application/json",
+    )

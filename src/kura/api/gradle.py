@@ -1,0 +1,47 @@
+"""Gradle build cache on Kura's route: ``PUT``/``GET /api/cache/gradle/{cache_key}``.
+
+PUT answers 201 when stored and 200 when the entry already existed (the body is then not read),
+like the Rust Kura monorepo. Bodies are limited by ``KURA_MAX_GRADLE_BYTES``. Gradle's stock
+``HttpBuildCache`` cannot add ``tenant_id`` to its URLs; point it at the plain HTTP cache
+(``kura.api.http_cache``) instead.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from kura.api.auth import Access
+from kura.api.blob import serve, store
+from kura.api.http import ctx, endpoint
+from kura.api.scope import namespace_of
+from kura.core.keys import SAFE_NAME, validate
+from kura.storage.service import ArtifactRef
+
+PROTOCOL = "gradle"
+
+
+def _ref(request: web.Request) -> ArtifactRef:
+    key = validate(request.match_info["cache_key"], SAFE_NAME, "Gradle cache key")
+    return ArtifactRef("gradle", namespace_of(request), key)
+
+
+@endpoint(PROTOCOL, Access.READ)
+async def get(request: web.Request) -> web.StreamResponse:
+    return await serve(request, _ref(request), PROTOCOL)
+
+
+@endpoint(PROTOCOL, Access.WRITE)
+async def put(request: web.Request) -> web.StreamResponse:
+    ref = _ref(request)
+    c = ctx(request)
+    if await c.service.exists(ref):
+        return web.Response(status=200)
+    await store(request, ref, PROTOCOL, limit_bytes=c.settings.max_gradle_bytes)
+    return web.Response(status=201)
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/api/cache/gradle/{cache_key}", get, allow_head=True),
+        web.put("/api/cache/gradle/{cache_key}", put),
+    ]

@@ -1,0 +1,203 @@
+"""Shared HTTP plumbing for the protocol modules.
+
+* ``endpoint`` wraps a handler with access control, error translation and request metrics, so
+  every protocol gets the same status table and the same bookkeeping.
+* ``request_body`` turns an aiohttp request body into the byte stream storage consumes, and turns
+  a client that disconnects mid-body into ``IncompleteBody``.
+* ``artifact_response`` sends a stored artifact: small ones from memory, large ones with
+  ``sendfile`` from the already-open, already-verified file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+
+from kura.api.auth import Access, TokenAuth
+from kura.api.errors import ErrorStyle, error_response
+from kura.api.metrics import KuraMetrics
+from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
+from kura.settings import Settings
+from kura.storage.service import CacheService, StoredBody
+
+if TYPE_CHECKING:
+    from kura.storage.multipart import MultipartUploads
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+READ_CHUNK_BYTES = 256 * 1024
+CTX_KEY: web.AppKey[ApiContext] = web.AppKey("kura_api_context")
+
+
+@dataclass
+class ApiContext:
+    """What the protocol handlers need, built once by the app."""
+
+    settings: Settings
+    service: CacheService
+    uploads: MultipartUploads
+    auth: TokenAuth
+    metrics: KuraMetrics
+
+
+def ctx(request: web.Request) -> ApiContext:
+    return request.app[CTX_KEY]
+
+
+def endpoint(
+    protocol: str, access: Access | None, *, style: ErrorStyle = "json"
+) -> Callable[[Handler], Handler]:
+    """Decorate a handler: check ``access`` (None = no auth), map errors, record metrics."""
+
+    def wrap(handler: Handler) -> Handler:
+        async def run(request: web.Request) -> web.StreamResponse:
+            c = ctx(request)
+            started = time.perf_counter()
+            c.metrics.inflight.inc()
+            status = 500
+            try:
+                if access is not None:
+                    c.auth.check(request.headers.get("Authorization"), access)
+                response = await handler(request)
+                status = response.status
+                return response
+            except KuraError as exc:
+                response = error_response(exc, style)
+                if request.body_exists and not request.content.is_eof():
+                    # Unread body bytes cannot be skipped cheaply: close the connection.
+                    response.force_close()
+                status = response.status
+                return response
+            except Exception:
+                log.exception("unhandled error in %s %s", request.method, request.path)
+                status = 500
+                raise
+            finally:
+                c.metrics.inflight.dec()
+                c.metrics.requests.labels(protocol, request.method, str(status)).inc()
+                c.metrics.latency.labels(protocol, request.method).observe(
+                    time.perf_counter() - started
+                )
+
+        run.__name__ = handler.__name__
+        run.__doc__ = handler.__doc__
+        return run
+
+    return wrap
+
+
+def declared_length(request: web.Request) -> int | None:
+    """The request's Content-Length, or None for a chunked body. 400 on a malformed value."""
+    raw = request.headers.get("Content-Length")
+    if raw is None:
+        return None if "chunked" in request.headers.get("Transfer-Encoding", "").lower() else 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"invalid Content-Length {raw!r}") from None
+    if value < 0:
+        raise InvalidRequest(f"invalid Content-Length {raw!r}")
+    return value
+
+
+async def request_body(request: web.Request, protocol: str) -> AsyncIterator[bytes]:
+    """Yield the body's chunks; a disconnect before the end raises ``IncompleteBody``."""
+    bytes_in = ctx(request).metrics.bytes_in.labels(protocol)
+    try:
+        async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
+            bytes_in.inc(len(chunk))
+            yield chunk
+    except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError) as exc:
+        raise IncompleteBody(f"client stopped sending the body: {exc}") from exc
+
+
+async def read_small_body(request: web.Request, limit_bytes: int, protocol: str) -> bytes:
+    """Read a body that must fit in memory (JSON), enforcing ``limit_bytes`` (413)."""
+    from kura.core.errors import PayloadTooLarge
+
+    length = declared_length(request)
+    if length is not None and length > limit_bytes:
+        raise PayloadTooLarge(
+            f"body of {length} bytes exceeds this route's limit of {limit_bytes} bytes",
+            limit_bytes,
+        )
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request_body(request, protocol):
+        size += len(chunk)
+        if size > limit_bytes:
+            raise PayloadTooLarge(
+                f"body exceeds this route's limit of {limit_bytes} bytes", limit_bytes
+            )
+        parts.append(chunk)
+    if length is not None and size != length:
+        raise IncompleteBody(f"body ended after {size} of {length} declared bytes")
+    return b"".join(parts)
+
+
+class _OpenFileResponse(web.StreamResponse):
+    """Sends an already-open file with sendfile (falls back to reads where unsupported)."""
+
+    def __init__(self, body: StoredBody, headers: dict[str, str]) -> None:
+        super().__init__(status=200, headers=headers)
+        self._stored = body
+        self.content_length = body.manifest.size
+
+    async def prepare(self, request: web.BaseRequest) -> aiohttp.abc.AbstractStreamWriter | None:
+        try:
+            writer = await super().prepare(request)
+            assert writer is not None
+            f = self._stored.file
+            assert f is not None
+            transport = request.transport
+            if request.method != "HEAD" and transport is not None:
+                loop = asyncio.get_running_loop()
+                try:
+                    await writer.drain()
+                    await loop.sendfile(transport, f, 0, self._stored.manifest.size)
+                except NotImplementedError:
+                    f.seek(0)
+                    while chunk := await loop.run_in_executor(None, f.read, READ_CHUNK_BYTES):
+                        await writer.write(chunk)
+            await super().write_eof()
+            return writer
+        finally:
+            self._stored.close()
+
+
+def artifact_response(
+    request: web.Request,
+    body: StoredBody,
+    protocol: str,
+    *,
+    extra_headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """200 with the artifact's bytes, Content-Type and Content-Length from its manifest."""
+    headers = {"Content-Type": body.manifest.content_type or "application/octet-stream"}
+    headers.update(extra_headers or {})
+    ctx(request).metrics.bytes_out.labels(protocol).inc(body.manifest.size)
+    if body.data is not None:
+        # aiohttp sends Content-Length and omits the body itself for HEAD.
+        return web.Response(status=200, body=body.data, headers=headers)
+    return _OpenFileResponse(body, headers)
+
+
+def count_lookup(request: web.Request, protocol: str, hit: bool) -> None:
+    ctx(request).metrics.lookups.labels(protocol, "hit" if hit else "miss").inc()
+
+
+def query_param(request: web.Request, *names: str) -> str | None:
+    """The first non-empty value among ``names`` (aliases), or None."""
+    for name in names:
+        value = request.query.get(name)
+        if value:
+            return value
+    return None

@@ -1,0 +1,43 @@
+"""The plain HTTP cache: ``GET``/``HEAD``/``PUT {prefix}/{key...}``.
+
+Used by ccache's HTTP storage (layouts ``subdirs`` ``/XX/rest`` and ``flat``) and Gradle's
+``HttpBuildCache`` (``/{32 hex}``): GET answers 200 or 404, PUT stores and answers 201 when new
+and 200 when it replaced an entry. Keys are 1-8 path segments of a safe alphabet. ``ac/`` and
+``cas/`` under the same prefix belong to ``kura.api.bazel_http``.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from kura.api.auth import Access
+from kura.api.blob import serve, store
+from kura.api.http import ctx, endpoint
+from kura.core.keys import PATH_KEY, validate
+from kura.storage.service import ArtifactRef
+
+PROTOCOL = "http_cache"
+
+
+def _ref(request: web.Request) -> ArtifactRef:
+    return ArtifactRef("http", "", validate(request.match_info["key"], PATH_KEY, "cache key"))
+
+
+@endpoint(PROTOCOL, Access.READ)
+async def get(request: web.Request) -> web.StreamResponse:
+    return await serve(request, _ref(request), PROTOCOL)
+
+
+@endpoint(PROTOCOL, Access.WRITE)
+async def put(request: web.Request) -> web.StreamResponse:
+    result = await store(
+        request, _ref(request), PROTOCOL, limit_bytes=ctx(request).settings.max_artifact_bytes
+    )
+    return web.Response(status=201 if result.created else 200)
+
+
+def routes(prefix: str) -> list[web.RouteDef]:
+    return [
+        web.get(prefix + "/{key:.+}", get, allow_head=True),
+        web.put(prefix + "/{key:.+}", put),
+    ]

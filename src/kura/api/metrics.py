@@ -1,0 +1,148 @@
+"""Prometheus metrics for one node, in their own registry.
+
+Request metrics are recorded by the endpoint wrapper (``kura.api.http``); storage and budget
+gauges are read from ``StorageStats`` and ``TmpBudget`` at scrape time, so the store itself
+knows nothing of Prometheus (metrics wrap the store, STYLE.md). Labels come from closed sets
+only: protocol names, HTTP methods, status codes, outcomes; never a key or a URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kura.storage.budget import TmpBudget
+from kura.storage.service import StorageStats
+
+# The *_created series only add noise for a long-running server.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+LATENCY_BUCKETS = tuple(0.001 * 2**i for i in range(16))
+
+
+class _StoreCollector(Collector):
+    def __init__(
+        self,
+        stats: StorageStats,
+        budget: TmpBudget,
+        max_disk_bytes: int,
+        tmp_dir_bytes: Callable[[], int],
+    ) -> None:
+        self._stats = stats
+        self._budget = budget
+        self._max_disk_bytes = max_disk_bytes
+        self._tmp_dir_bytes = tmp_dir_bytes
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._stats
+        yield GaugeMetricFamily("kura_disk_used_bytes", "Bytes of stored artifacts.", s.used_bytes)
+        yield GaugeMetricFamily(
+            "kura_disk_limit_bytes", "Disk budget before LRU eviction.", self._max_disk_bytes
+        )
+        yield GaugeMetricFamily("kura_storage_artifacts", "Stored artifacts.", s.artifacts)
+        yield CounterMetricFamily(
+            "kura_storage_evictions",
+            "Artifacts evicted to stay in the disk budget.",
+            s.evictions_total,
+        )
+        yield CounterMetricFamily(
+            "kura_storage_evicted_bytes",
+            "Bytes evicted to stay in the disk budget.",
+            s.evicted_bytes_total,
+        )
+        yield CounterMetricFamily(
+            "kura_storage_corrupt_artifacts",
+            "Artifacts dropped because their bytes did not match their digest.",
+            s.corrupt_total,
+        )
+        yield GaugeMetricFamily(
+            "kura_tmp_reserved_bytes",
+            "Bytes reserved in the tmp staging budget.",
+            self._budget.reserved_bytes,
+        )
+        yield GaugeMetricFamily(
+            "kura_tmp_capacity_bytes",
+            "Capacity of the tmp staging budget.",
+            self._budget.capacity_bytes,
+        )
+        yield GaugeMetricFamily(
+            "kura_tmp_waiting_reservations",
+            "Reservations waiting for room in the tmp budget.",
+            self._budget.waiting,
+        )
+        yield GaugeMetricFamily(
+            "kura_tmp_dir_bytes",
+            "Bytes of all files on disk in the tmp dir.",
+            self._tmp_dir_bytes(),
+        )
+
+
+class KuraMetrics:
+    """All of one node's metrics. Create once per process (or per test app)."""
+
+    def __init__(self, region: str, tenant_id: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "kura_http_requests_total",
+            "HTTP requests by protocol, method and status.",
+            ["protocol", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "kura_http_request_duration_seconds",
+            "HTTP request latency.",
+            ["protocol", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "kura_http_inflight_requests", "HTTP requests being served.", registry=r
+        )
+        self.lookups = Counter(
+            "kura_cache_lookups_total",
+            "Artifact reads by protocol and result (hit or miss).",
+            ["protocol", "result"],
+            registry=r,
+        )
+        self.bytes_in = Counter(
+            "kura_http_received_bytes_total",
+            "Artifact bytes received in request bodies.",
+            ["protocol"],
+            registry=r,
+        )
+        self.bytes_out = Counter(
+            "kura_http_sent_bytes_total",
+            "Artifact bytes sent in response bodies.",
+            ["protocol"],
+            registry=r,
+        )
+        info = Gauge(
+            "kura_node_info",
+            "Constant 1, labelled with the node's identity.",
+            ["region", "tenant_id"],
+            registry=r,
+        )
+        info.labels(region=region, tenant_id=tenant_id).set(1)
+
+    def watch_store(
+        self,
+        stats: StorageStats,
+        budget: TmpBudget,
+        max_disk_bytes: int,
+        tmp_dir_bytes: Callable[[], int],
+    ) -> None:
+        self.registry.register(_StoreCollector(stats, budget, max_disk_bytes, tmp_dir_bytes))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,113 @@
+"""Multipart module uploads: ``POST /api/cache/module/start|part|complete`` and
+``HEAD``/``GET /api/cache/module/{id}``.
+
+Statuses follow upstream Kura (kura-behaviour.md §1.3): start → 200 ``{"upload_id": ...}`` (null
+if the module exists); part → 204 (400 bad part number, 413 over 10 MiB, 404 unknown upload,
+422 total over 2 GiB); complete → 204 (400 parts mismatch, 404, 422); HEAD → 204 or 404. The key
+is ``{cache_category}/{hash}/{name}`` from the query; the ``{id}`` path segment is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from kura.api.auth import Access
+from kura.api.blob import serve
+from kura.api.http import (
+    count_lookup,
+    ctx,
+    declared_length,
+    endpoint,
+    read_small_body,
+    request_body,
+)
+from kura.api.scope import namespace_of
+from kura.core.errors import InvalidRequest, NotFound
+from kura.core.keys import SAFE_NAME, validate
+from kura.storage.service import ArtifactRef
+
+PROTOCOL = "module"
+COMPLETE_BODY_LIMIT_BYTES = 1024 * 1024
+
+
+def _ref(request: web.Request) -> ArtifactRef:
+    namespace = namespace_of(request)
+    fields = {}
+    for name in ("hash", "name"):
+        value = request.query.get(name)
+        if not value:
+            raise InvalidRequest(f"Missing {name}")
+        fields[name] = validate(value, SAFE_NAME, name)
+    category = validate(
+        request.query.get("cache_category") or "builds", SAFE_NAME, "cache_category"
+    )
+    return ArtifactRef("module", namespace, f"{category}/{fields['hash']}/{fields['name']}")
+
+
+@endpoint(PROTOCOL, Access.WRITE)
+async def start(request: web.Request) -> web.StreamResponse:
+    upload_id = await ctx(request).uploads.start(_ref(request))
+    return web.json_response({"upload_id": upload_id})
+
+
+def _upload_id(request: web.Request) -> str:
+    upload_id = request.query.get("upload_id")
+    if not upload_id:
+        raise InvalidRequest("Missing upload_id")
+    return upload_id
+
+
+@endpoint(PROTOCOL, Access.WRITE)
+async def part(request: web.Request) -> web.StreamResponse:
+    upload_id = _upload_id(request)
+    try:
+        number = int(request.query.get("part_number", ""))
+    except ValueError:
+        raise InvalidRequest("Invalid part_number") from None
+    await ctx(request).uploads.put_part(
+        upload_id, number, request_body(request, PROTOCOL), declared_length(request)
+    )
+    return web.Response(status=204)
+
+
+@endpoint(PROTOCOL, Access.WRITE)
+async def complete(request: web.Request) -> web.StreamResponse:
+    upload_id = _upload_id(request)
+    raw = await read_small_body(request, COMPLETE_BODY_LIMIT_BYTES, PROTOCOL)
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidRequest("body is not valid JSON") from None
+    parts = doc.get("parts") if isinstance(doc, dict) else None
+    if not isinstance(parts, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) for p in parts
+    ):
+        raise InvalidRequest('body must be {"parts": [1, 2, ...]}')
+    await ctx(request).uploads.complete(upload_id, parts)
+    return web.Response(status=204)
+
+
+@endpoint(PROTOCOL, Access.READ)
+async def head(request: web.Request) -> web.StreamResponse:
+    exists = await ctx(request).service.exists(_ref(request))
+    count_lookup(request, PROTOCOL, exists)
+    if not exists:
+        raise NotFound("Artifact not found")
+    return web.Response(status=204)
+
+
+@endpoint(PROTOCOL, Access.READ)
+async def get(request: web.Request) -> web.StreamResponse:
+    return await serve(request, _ref(request), PROTOCOL)
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.post("/api/cache/module/start", start),
+        web.post("/api/cache/module/part", part),
+        web.post("/api/cache/module/complete", complete),
+        web.head("/api/cache/module/{id}", head),
+        web.get("/api/cache/module/{id}", get, allow_head=False),
+    ]

@@ -1,0 +1,59 @@
+"""Probes and metrics: ``/up`` (liveness), ``/ready`` (readiness with reasons), ``/metrics``.
+
+``/up`` is 200 whenever the process serves HTTP and never depends on peers. ``/ready`` is 200
+only when ``readiness()`` reports no reasons, else 503 with the reasons, so an operator (or
+kured's readiness gate) can read why. Neither needs credentials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from kura.api.http import ctx, endpoint
+
+PROTOCOL = "probe"
+
+ReadinessSource = Callable[[], list[str]]
+READINESS_KEY: web.AppKey[ReadinessSource] = web.AppKey("kura_readiness")
+MEMBERS_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("kura_members")
+
+
+@endpoint(PROTOCOL, None)
+async def up(request: web.Request) -> web.StreamResponse:
+    s = ctx(request).settings
+    members = request.app[MEMBERS_KEY]()
+    return web.json_response(
+        {
+            "status": "ok",
+            "tenant_id": s.tenant_id,
+            "region": s.region,
+            "node": s.region,
+            "members": members,
+            "ring_members": len(members),
+        }
+    )
+
+
+@endpoint(PROTOCOL, None)
+async def ready(request: web.Request) -> web.StreamResponse:
+    reasons = request.app[READINESS_KEY]()
+    body = {
+        "status": "ok" if not reasons else "not_ready",
+        "ready": not reasons,
+        "reasons": reasons,
+    }
+    return web.json_response(body, status=200 if not reasons else 503)
+
+
+@endpoint(PROTOCOL, None)
+async def metrics(request: web.Request) -> web.StreamResponse:
+    return web.Response(
+        body=ctx(request).metrics.exposition(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
+
+
+def routes() -> list[web.RouteDef]:
+    return [web.get("/up", up), web.get("/ready", ready), web.get("/metrics", metrics)]

@@ -1,0 +1,116 @@
+"""Turborepo remote cache API v8 (``/v8/artifacts/...``).
+
+What turbo 2.11 sends (clients.md): ``GET /v8/artifacts/status``; ``GET``/``PUT``
+``/v8/artifacts/{hash}?slug=`` (or ``teamId=``); ``POST /v8/artifacts/events``. The PUT carries
+``x-artifact-duration`` and, with signing on, ``x-artifact-tag``; both are stored with the body
+and returned on GET, because turbo treats a signed artifact without its tag as a miss. The team
+(``teamId`` or ``slug``) is the namespace; a request without either is 400, like
+turborepo-remote-cache. ``POST /v8/artifacts`` answers which of a list of hashes exist.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from kura.api.auth import Access
+from kura.api.blob import serve, store
+from kura.api.http import ctx, endpoint, query_param, read_small_body
+from kura.core.errors import InvalidRequest
+from kura.core.keys import ALNUM_HASH, NAMESPACE, validate
+from kura.storage.service import ArtifactRef
+
+PROTOCOL = "turbo"
+STORED_HEADERS = ("x-artifact-tag", "x-artifact-duration")
+SMALL_BODY_LIMIT_BYTES = 1024 * 1024
+
+
+def _team(request: web.Request) -> str:
+    team = query_param(request, "teamId", "slug")
+    if team is None:
+        raise InvalidRequest("querystring should have required property 'teamId' or 'slug'")
+    return validate(team, NAMESPACE, "team")
+
+
+def _ref(request: web.Request, hash_: str | None = None) -> ArtifactRef:
+    team = _team(request)
+    key = validate(hash_ or request.match_info["hash"], ALNUM_HASH, "artifact hash")
+    return ArtifactRef("turbo", team, key)
+
+
+@endpoint(PROTOCOL, Access.READ)
+async def status(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "enabled"})
+
+
+@endpoint(PROTOCOL, Access.READ)
+async def get(request: web.Request) -> web.StreamResponse:
+    return await serve(request, _ref(request), PROTOCOL, headers_from_manifest=STORED_HEADERS)
+
+
+@endpoint(PROTOCOL, Access.WRITE)
+async def put(request: web.Request) -> web.StreamResponse:
+    ref = _ref(request)
+    headers = {}
+    for name in STORED_HEADERS:
+        value = request.headers.get(name)
+        if value is not None:
+            if len(value) > 1024:
+                raise InvalidRequest(f"{name} header is longer than 1024 characters")
+            headers[name] = value
+    await store(
+        request,
+        ref,
+        PROTOCOL,
+        limit_bytes=ctx(request).settings.max_artifact_bytes,
+        content_type="application/octet-stream",
+        headers=headers,
+    )
+    return web.json_response({"urls": [f"{request.path}"]}, status=202)
+
+
+@endpoint(PROTOCOL, Access.READ)
+async def events(request: web.Request) -> web.StreamResponse:
+    raw = await read_small_body(request, SMALL_BODY_LIMIT_BYTES, PROTOCOL)
+    try:
+        json.loads(raw or b"[]")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidRequest("body is not valid JSON") from None
+    return web.Response(status=200)
+
+
+@endpoint(PROTOCOL, Access.READ)
+async def query(request: web.Request) -> web.StreamResponse:
+    raw = await read_small_body(request, SMALL_BODY_LIMIT_BYTES, PROTOCOL)
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidRequest("body is not valid JSON") from None
+    hashes = doc.get("hashes") if isinstance(doc, dict) else None
+    if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+        raise InvalidRequest('body must be {"hashes": [string, ...]}')
+    service = ctx(request).service
+    answer: dict[str, object] = {}
+    for h in hashes[:1000]:
+        aid = service.artifact_id(_ref(request, h))
+        manifest = await service.read_manifest(aid)
+        if manifest is None:
+            answer[h] = {"error": {"message": "Artifact not found"}}
+        else:
+            answer[h] = {
+                "size": manifest.size,
+                "taskDurationMs": int(manifest.headers.get("x-artifact-duration", "0") or 0),
+                "tag": manifest.headers.get("x-artifact-tag"),
+            }
+    return web.json_response(answer)
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/v8/artifacts/status", status),
+        web.post("/v8/artifacts/events", events),
+        web.post("/v8/artifacts", query),
+        web.get("/v8/artifacts/{hash}", get, allow_head=True),
+        web.put("/v8/artifacts/{hash}", put),
+    ]

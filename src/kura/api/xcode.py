@@ -1,0 +1,45 @@
+"""Xcode compilation cache CAS: ``POST``/``GET /api/cache/cas/{id}`` (Kura's own route).
+
+POST answers 204, also when the artifact already exists, in which case the body is not read
+(upstream's early existence check). Bodies are limited by ``KURA_MAX_XCODE_BYTES``.
+Keys are stored as ``blob/{id}`` like upstream.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from kura.api.auth import Access
+from kura.api.blob import serve, store
+from kura.api.http import ctx, endpoint
+from kura.api.scope import namespace_of
+from kura.core.keys import SAFE_NAME, validate
+from kura.storage.service import ArtifactRef
+
+PROTOCOL = "xcode"
+
+
+def _ref(request: web.Request) -> ArtifactRef:
+    cas_id = validate(request.match_info["id"], SAFE_NAME, "CAS id")
+    return ArtifactRef("xcode", namespace_of(request), f"blob/{cas_id}")
+
+
+@endpoint(PROTOCOL, Access.READ)
+async def get(request: web.Request) -> web.StreamResponse:
+    return await serve(request, _ref(request), PROTOCOL)
+
+
+@endpoint(PROTOCOL, Access.WRITE)
+async def post(request: web.Request) -> web.StreamResponse:
+    ref = _ref(request)
+    c = ctx(request)
+    if not await c.service.exists(ref):
+        await store(request, ref, PROTOCOL, limit_bytes=c.settings.max_xcode_bytes)
+    return web.Response(status=204)
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/api/cache/cas/{id}", get, allow_head=True),
+        web.post("/api/cache/cas/{id}", post),
+    ]

@@ -1,0 +1,1 @@
+"""Pure rules and values: no IO, no asyncio, no third-party clients."""

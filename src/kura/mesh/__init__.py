@@ -1,0 +1,1 @@
+"""The peer mesh: discovery, the replication outbox and shipper, bootstrap from peers."""

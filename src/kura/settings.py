@@ -1,0 +1,239 @@
+"""kura's settings: every ``KURA_*`` environment variable and its matching flag.
+
+Names follow the Rust Kura server where it has them (shared/reference/kura-behaviour.md §6), so
+deployments can switch without rewriting their environment. Unlike upstream, nothing is
+mandatory: with no configuration at all a node serves on 127.0.0.1:4000 with its data under
+``./.kura`` (the README's first command). Flags win over the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from kit.settings import (
+    option,
+    parse_bool,
+    parse_bytes,
+    parse_choice,
+    parse_non_negative_int,
+    parse_port,
+    parse_positive_bytes,
+    parse_positive_int,
+    split_list,
+)
+from kura.core.keys import NAMESPACE, validate
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+def _path(text: str) -> Path:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return Path(text)
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def _url(text: str) -> str:
+    text = text.strip().rstrip("/")
+    if not (text.startswith("http://") or text.startswith("https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return text
+
+
+def _url_list(text: str) -> tuple[str, ...]:
+    return tuple(_url(u) for u in split_list(text))
+
+
+def _prefix(text: str) -> str:
+    text = "/" + text.strip().strip("/")
+    if text == "/" or "//" in text or ".." in text:
+        raise ValueError("must be a path such as /cache")
+    return text
+
+
+def _tokens(text: str) -> tuple[str, ...]:
+    tokens = tuple(split_list(text))
+    for t in tokens:
+        if any(c.isspace() for c in t):
+            raise ValueError("tokens must not contain whitespace")
+    return tokens
+
+
+def _tenant(text: str) -> str:
+    text = _non_empty(text)
+    validate(text, NAMESPACE, "tenant id")
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """One node's configuration. Sizes are bytes, durations seconds."""
+
+    host: str = option(
+        "KURA_HOST", "--host", _non_empty, "address to listen on", default="127.0.0.1"
+    )
+    port: int = option("KURA_PORT", "--port", parse_port, "public HTTP port", default=4000)
+    internal_port: int = option(
+        "KURA_INTERNAL_PORT",
+        "--internal-port",
+        parse_port,
+        "peer-only listener for /_internal/ routes (0 = OS-chosen)",
+        default=0,
+    )
+    data_dir: Path = option(
+        "KURA_DATA_DIR", "--data-dir", _path, "blobs and metadata", default=Path(".kura/data")
+    )
+    tmp_dir: Path = option(
+        "KURA_TMP_DIR", "--tmp-dir", _path, "staging area for bodies", default=Path(".kura/tmp")
+    )
+    tmp_dir_max_bytes: int = option(
+        "KURA_TMP_DIR_MAX_BYTES",
+        "--tmp-dir-max-bytes",
+        parse_positive_bytes,
+        "byte budget for everything staged in the tmp dir",
+        default=8 * GiB,
+    )
+    max_disk_bytes: int = option(
+        "KURA_MAX_DISK_BYTES",
+        "--max-disk-bytes",
+        parse_positive_bytes,
+        "stored artifact bytes kept before least-recently-used eviction",
+        default=50 * GiB,
+    )
+    min_free_disk_bytes: int = option(
+        "KURA_MIN_FREE_DISK_BYTES",
+        "--min-free-disk-bytes",
+        parse_bytes,
+        "writes fail with 503 when the data filesystem would have less free space",
+        default=256 * MiB,
+    )
+    tenant_id: str = option(
+        "KURA_TENANT_ID", "--tenant-id", _tenant, "this mesh's tenant", default="default"
+    )
+    region: str = option(
+        "KURA_REGION", "--region", _non_empty, "label for this node", default="local"
+    )
+    node_url: str | None = option(
+        "KURA_NODE_URL",
+        "--node-url",
+        _url,
+        "this node's internal URL as peers reach it (default: http://HOST:INTERNAL_PORT)",
+        default=None,
+    )
+    peers: tuple[str, ...] = option(
+        "KURA_PEERS",
+        "--peers",
+        _url_list,
+        "comma-separated peer internal URLs",
+        default=(),
+    )
+    max_keyvalue_bytes: int = option(
+        "KURA_MAX_KEYVALUE_BYTES",
+        "--max-keyvalue-bytes",
+        parse_positive_bytes,
+        "largest key-value (action cache) body",
+        default=1 * MiB,
+    )
+    max_xcode_bytes: int = option(
+        "KURA_MAX_XCODE_BYTES",
+        "--max-xcode-bytes",
+        parse_positive_bytes,
+        "largest Xcode CAS body",
+        default=256 * MiB,
+    )
+    max_gradle_bytes: int = option(
+        "KURA_MAX_GRADLE_BYTES",
+        "--max-gradle-bytes",
+        parse_positive_bytes,
+        "largest Gradle body",
+        default=100 * MiB,
+    )
+    max_artifact_bytes: int = option(
+        "KURA_MAX_ARTIFACT_BYTES",
+        "--max-artifact-bytes",
+        parse_positive_bytes,
+        "largest body on the Nx, Metro, Turborepo, HTTP-cache and WebDAV routes",
+        default=2 * GiB,
+    )
+    http_cache_prefix: str = option(
+        "KURA_HTTP_CACHE_PREFIX",
+        "--http-cache-prefix",
+        _prefix,
+        "path of the plain GET/PUT cache (ccache, Gradle HttpBuildCache, Bazel ac/ and cas/)",
+        default="/cache",
+    )
+    webdav_prefix: str = option(
+        "KURA_WEBDAV_PREFIX",
+        "--webdav-prefix",
+        _prefix,
+        "path of the WebDAV cache (sccache)",
+        default="/dav",
+    )
+    read_write_tokens: tuple[str, ...] = option(
+        "KURA_READ_WRITE_TOKENS",
+        "--read-write-tokens",
+        _tokens,
+        "comma-separated bearer tokens that may read and write (none = open access)",
+        default=(),
+    )
+    read_only_tokens: tuple[str, ...] = option(
+        "KURA_READ_ONLY_TOKENS",
+        "--read-only-tokens",
+        _tokens,
+        "comma-separated bearer tokens that may only read",
+        default=(),
+    )
+    multipart_upload_ttl_seconds: int = option(
+        "KURA_MULTIPART_UPLOAD_TTL_SECONDS",
+        "--multipart-upload-ttl-seconds",
+        parse_positive_int,
+        "abandoned multipart uploads are removed after this long",
+        default=24 * 3600,
+    )
+    shutdown_timeout_seconds: int = option(
+        "KURA_SHUTDOWN_TIMEOUT_SECONDS",
+        "--shutdown-timeout-seconds",
+        parse_non_negative_int,
+        "on SIGTERM, how long in-flight requests may take to finish",
+        default=30,
+    )
+    log_level: str = option(
+        "KURA_LOG_LEVEL",
+        "--log-level",
+        parse_choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+        "log verbosity",
+        default="INFO",
+    )
+    access_log: bool = option(
+        "KURA_ACCESS_LOG", "--access-log", parse_bool, "log every request", default=False
+    )
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.read_write_tokens or self.read_only_tokens)
+
+
+def validate_settings(s: Settings) -> list[str]:
+    """Cross-field rules; returns every problem found."""
+    problems: list[str] = []
+    if s.port != 0 and s.port == s.internal_port:
+        problems.append("KURA_INTERNAL_PORT must differ from KURA_PORT")
+    if s.http_cache_prefix == s.webdav_prefix:
+        problems.append("KURA_HTTP_CACHE_PREFIX and KURA_WEBDAV_PREFIX must differ")
+    for name in ("http_cache_prefix", "webdav_prefix"):
+        value = getattr(s, name)
+        if value.split("/")[1] in ("api", "v1", "v8", "_internal", "up", "ready", "metrics"):
+            problems.append(f"KURA_{name.upper()} {value!r} collides with a built-in route")
+    overlap = set(s.read_write_tokens) & set(s.read_only_tokens)
+    if overlap:
+        problems.append("a token is listed as both read-write and read-only")
+    if s.max_keyvalue_bytes > s.tmp_dir_max_bytes:
+        problems.append("KURA_MAX_KEYVALUE_BYTES must not exceed KURA_TMP_DIR_MAX_BYTES")
+    return problems

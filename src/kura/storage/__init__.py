@@ -1,0 +1,1 @@
+"""Everything that touches files and SQLite: blobs on disk, the metadata index, tmp staging."""

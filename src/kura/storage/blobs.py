@@ -1,0 +1,255 @@
+"""Blob files on disk and the tmp staging area.
+
+Layout (``LAYOUT_VERSION`` is written to ``DATA_DIR/layout`` and checked at start-up)::
+
+    DATA_DIR/index.sqlite3             metadata (storage.index)
+    DATA_DIR/blobs/ab/cd/<artifact_id> one file per artifact, named by its identity
+    DATA_DIR/.kura.writer.lock         held (flock) by the one process that owns DATA_DIR
+    TMP_DIR/uploads/upload-<uuid>      request bodies being staged
+    TMP_DIR/parts/part-<uuid>          multipart parts waiting for completion
+    TMP_DIR/bootstrap/bootstrap-<uuid> bodies fetched from peers
+
+Staging files are worthless after a restart, so ``sweep_staging`` deletes them at start-up
+(upstream Kura does the same; leftover files had filled disks). A blob becomes visible only by
+``os.replace`` of a fully written, fsynced staging file, so a reader never sees a partial blob.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kura.core.errors import (
+    DigestMismatch,
+    IncompleteBody,
+    InvalidRequest,
+    KuraError,
+    PayloadTooLarge,
+    ResourceExhausted,
+)
+from kura.storage.budget import Reservation
+
+LAYOUT_VERSION = "1"
+STAGING_AREAS = ("uploads", "parts", "bootstrap")
+# Bodies without a Content-Length grow their reservation in steps of this many bytes.
+GROW_STEP_BYTES = 1024 * 1024
+HASH_CHUNK_BYTES = 1024 * 1024
+
+
+class DataDirLocked(KuraError):
+    """Another process already owns this data directory."""
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A fully received body in the tmp dir: its path, size and SHA-256 (hex)."""
+
+    path: Path
+    size: int
+    sha256: str
+
+
+def stat_signature(st: os.stat_result) -> str:
+    """Identity of a file's current contents as far as the kernel tells: any write, truncate,
+    rename-over or utime changes ``st_ctime_ns``, so a changed signature means "re-verify"."""
+    return f"{st.st_size}:{st.st_ino}:{st.st_ctime_ns}"
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a whole file (blocking; call from an executor for large files)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class BlobFiles:
+    """Paths and file operations for blobs and staging. Holds the data dir's writer lock."""
+
+    def __init__(self, data_dir: Path, tmp_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.tmp_dir = tmp_dir
+        self.blobs_dir = data_dir / "blobs"
+        self._lock_fd: int | None = None
+
+    def open(self) -> None:
+        """Create directories, take the writer lock, check the layout version.
+
+        Raises ``DataDirLocked`` if another process holds the lock (field report B32: two
+        servers on one data directory drift apart and serve entries the other deleted).
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.blobs_dir.mkdir(exist_ok=True)
+        fd = os.open(self.data_dir / ".kura.writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirLocked(
+                f"data directory {self.data_dir} is in use by another kura process"
+            ) from None
+        self._lock_fd = fd
+        layout = self.data_dir / "layout"
+        if layout.exists():
+            found = layout.read_text().strip()
+            if found != LAYOUT_VERSION:
+                raise KuraError(
+                    f"data directory layout {found!r} is not supported (expected {LAYOUT_VERSION})"
+                )
+        else:
+            layout.write_text(LAYOUT_VERSION + "\n")
+        for area in STAGING_AREAS:
+            (self.tmp_dir / area).mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def blob_path(self, artifact_id: str) -> Path:
+        return self.blobs_dir / artifact_id[:2] / artifact_id[2:4] / artifact_id
+
+    def new_staging_path(self, area: str) -> Path:
+        prefix = {"uploads": "upload", "parts": "part", "bootstrap": "bootstrap"}[area]
+        return self.tmp_dir / area / f"{prefix}-{uuid.uuid4().hex}"
+
+    def sweep_staging(self) -> int:
+        """Delete every staging file left by an earlier process. Returns the number removed."""
+        removed = 0
+        for area in STAGING_AREAS:
+            d = self.tmp_dir / area
+            if d.exists():
+                for entry in d.iterdir():
+                    if entry.is_dir():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
+                    removed += 1
+        for pattern in ("*.incoming-*", "*/*/*.incoming-*"):
+            for leftover in self.blobs_dir.glob(pattern):
+                leftover.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    def tmp_dir_bytes(self) -> int:
+        """Bytes of every regular file under the tmp dir (ours and anyone else's)."""
+        total = 0
+        for root, _dirs, files in os.walk(self.tmp_dir):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except FileNotFoundError:
+                    continue
+        return total
+
+    def stored_ids(self) -> set[str]:
+        """artifact_ids of every blob file on disk."""
+        ids: set[str] = set()
+        for path in self.blobs_dir.glob("*/*/*"):
+            if path.is_file() and len(path.name) == 64:
+                ids.add(path.name)
+        return ids
+
+    def persist(self, staged_path: Path, artifact_id: str) -> os.stat_result:
+        """Move a fsynced staging file into place atomically and return its stat.
+
+        Falls back to copy + fsync + rename when the tmp dir is on another filesystem.
+        """
+        final = self.blob_path(artifact_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(staged_path, final)
+        except OSError as exc:
+            if exc.errno != 18:  # EXDEV: tmp and data on different filesystems
+                raise
+            incoming = final.with_name(f"{artifact_id}.incoming-{uuid.uuid4().hex}")
+            try:
+                shutil.copyfile(staged_path, incoming)
+                fd = os.open(incoming, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(incoming, final)
+            finally:
+                incoming.unlink(missing_ok=True)
+                staged_path.unlink(missing_ok=True)
+        dir_fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return os.stat(final)
+
+    def remove(self, artifact_id: str) -> None:
+        self.blob_path(artifact_id).unlink(missing_ok=True)
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def stage_body(
+    body: AsyncIterator[bytes],
+    path: Path,
+    reservation: Reservation,
+    *,
+    limit_bytes: int,
+    declared_length: int | None,
+    expected_sha256: str | None = None,
+) -> Staged:
+    """Stream ``body`` into ``path`` within ``reservation`` and ``limit_bytes``.
+
+    Raises ``PayloadTooLarge`` past ``limit_bytes``, ``ResourceExhausted`` when a body without
+    a declared length cannot grow its reservation, ``IncompleteBody`` when fewer than
+    ``declared_length`` bytes arrive, ``DigestMismatch`` when ``expected_sha256`` is given and
+    does not match. On any failure (cancellation included) the partial file is deleted; the
+    caller owns releasing the reservation. The file is not yet fsynced.
+    """
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with path.open("wb") as f:
+            async for chunk in body:
+                size += len(chunk)
+                if size > limit_bytes:
+                    raise PayloadTooLarge(
+                        f"body exceeds this route's limit of {limit_bytes} bytes", limit_bytes
+                    )
+                if size > reservation.size_bytes:
+                    if declared_length is not None:
+                        raise InvalidRequest(
+                            f"body is longer than its declared Content-Length {declared_length}"
+                        )
+                    reservation.try_grow_to(
+                        min(limit_bytes, max(size, reservation.size_bytes + GROW_STEP_BYTES))
+                    )
+                f.write(chunk)
+                h.update(chunk)
+        if declared_length is not None and size != declared_length:
+            raise IncompleteBody(f"body ended after {size} of {declared_length} declared bytes")
+        digest = h.hexdigest()
+        if expected_sha256 is not None and digest != expected_sha256:
+            raise DigestMismatch(
+                f"body hashes to sha256 {digest}, not the digest {expected_sha256} in its path"
+            )
+        return Staged(path, size, digest)
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        if exc.errno == 28:  # ENOSPC
+            raise ResourceExhausted("insufficient free disk space in the tmp dir") from exc
+        raise
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise

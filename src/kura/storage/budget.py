@@ -1,0 +1,137 @@
+"""The tmp staging budget: one byte ledger for every occupant of ``KURA_TMP_DIR``.
+
+Every byte staged in the tmp dir is reserved here first. Foreground uploads use
+``try_reserve`` and fail fast (503 + Retry-After through ``ResourceExhausted``); background work
+(bootstrap) uses ``reserve``, which waits until the bytes fit and never fails because the budget
+is full (kura-behaviour.md §0: upstream's hard check on that path re-created the stall).
+
+A ``Reservation`` is released exactly once, on every path: use it as a context manager, or call
+``release()`` (idempotent). Release wakes all waiters. Everything runs on one event loop; the
+waiter is registered before capacity is re-checked, so a release racing the check cannot be
+lost (there is no await between the check and the registration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from types import TracebackType
+
+from kura.core.budget import ByteLedger
+from kura.core.errors import PayloadTooLarge, ResourceExhausted
+
+
+class Reservation:
+    """Bytes held in a ``TmpBudget``. ``size_bytes`` may grow; it never shrinks until release."""
+
+    def __init__(self, budget: TmpBudget, size_bytes: int) -> None:
+        self._budget = budget
+        self.size_bytes = size_bytes
+        self.released = False
+
+    def try_grow_to(self, size_bytes: int) -> None:
+        """Grow this reservation to ``size_bytes`` now, or raise ``ResourceExhausted``.
+
+        Used for bodies without a Content-Length, which reserve as they stream.
+        """
+        if self.released:
+            raise RuntimeError("reservation already released")
+        extra = size_bytes - self.size_bytes
+        if extra <= 0:
+            return
+        self._budget._take_now(extra)
+        self.size_bytes = size_bytes
+
+    def release(self) -> None:
+        """Give the bytes back and wake waiters. Safe to call more than once."""
+        if self.released:
+            return
+        self.released = True
+        self._budget._give_back(self.size_bytes)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class TmpBudget:
+    """The ledger plus waiting. ``outside_bytes`` reports tmp-dir bytes nobody reserved."""
+
+    def __init__(self, capacity_bytes: int, outside_bytes: Callable[[], int] | None = None) -> None:
+        self._ledger = ByteLedger(capacity_bytes)
+        self._outside_bytes = outside_bytes or (lambda: 0)
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._ledger.capacity_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self._ledger.reserved_bytes
+
+    @property
+    def waiting(self) -> int:
+        """Reservations currently waiting for room."""
+        return len(self._waiters)
+
+    def try_reserve(self, size_bytes: int) -> Reservation:
+        """Reserve ``size_bytes`` now or raise.
+
+        Raises ``PayloadTooLarge`` if ``size_bytes`` exceeds the whole capacity (it could never
+        fit), ``ResourceExhausted`` if it does not fit right now.
+        """
+        if size_bytes > self._ledger.capacity_bytes:
+            raise PayloadTooLarge(
+                f"body of {size_bytes} bytes is larger than the node's tmp staging budget "
+                f"({self._ledger.capacity_bytes} bytes)",
+                self._ledger.capacity_bytes,
+            )
+        self._take_now(size_bytes)
+        return Reservation(self, size_bytes)
+
+    async def reserve(self, size_bytes: int) -> Reservation:
+        """Reserve ``size_bytes``, waiting as long as it takes for room.
+
+        ``size_bytes`` is clamped to [1, capacity] so a single large artifact cannot wait
+        forever; callers that must not exceed the clamp cap their stream at
+        ``Reservation.size_bytes``. Cancellation while waiting leaves nothing reserved.
+        """
+        size_bytes = self._ledger.clamp(size_bytes)
+        while True:
+            if self._ledger.take(size_bytes, self._outside_bytes()):
+                return Reservation(self, size_bytes)
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+
+    def wake_waiters(self) -> None:
+        """Wake every waiter to re-check (a release, or outside bytes that went away)."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    def _take_now(self, size_bytes: int) -> None:
+        if not self._ledger.take(size_bytes, self._outside_bytes()):
+            raise ResourceExhausted(
+                "temporary storage budget exhausted: "
+                f"{self._ledger.reserved_bytes} bytes reserved, {size_bytes} bytes requested, "
+                f"{self._ledger.capacity_bytes} bytes allowed"
+            )
+
+    def _give_back(self, size_bytes: int) -> None:
+        self._ledger.give_back(size_bytes)
+        self.wake_waiters()

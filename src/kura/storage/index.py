@@ -1,0 +1,287 @@
+"""The metadata index in SQLite (WAL): manifests, inline bodies, tombstones, access times.
+
+All methods are synchronous and blocking; ``CacheService`` calls them from its executors. One
+connection per thread (SQLite connections must not be shared across threads without care); all
+writes go through a single writer thread, so write transactions never contend.
+
+The schema carries a version in ``meta``; ``open_index`` creates or migrates it at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from kura.core.manifest import Manifest
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS artifacts (
+    artifact_id    TEXT PRIMARY KEY,
+    producer       TEXT NOT NULL,
+    namespace_id   TEXT NOT NULL,
+    key            TEXT NOT NULL,
+    content_type   TEXT NOT NULL,
+    size           INTEGER NOT NULL,
+    sha256         TEXT NOT NULL,
+    version_ms     INTEGER NOT NULL,
+    created_at_ms  INTEGER NOT NULL,
+    last_access_ms INTEGER NOT NULL,
+    inline_body    BLOB,
+    headers        TEXT NOT NULL DEFAULT '{}',
+    stat_sig       TEXT
+);
+CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
+CREATE INDEX IF NOT EXISTS artifacts_by_access ON artifacts(last_access_ms);
+CREATE TABLE IF NOT EXISTS tombstones (
+    namespace_id TEXT PRIMARY KEY,
+    version_ms   INTEGER NOT NULL
+);
+"""
+
+_COLUMNS = (
+    "artifact_id, producer, namespace_id, key, content_type, size, sha256, version_ms, "
+    "created_at_ms, inline_body IS NOT NULL, headers"
+)
+
+
+def _row_to_manifest(row: tuple[object, ...]) -> Manifest:
+    return Manifest(
+        artifact_id=str(row[0]),
+        producer=str(row[1]),
+        namespace_id=str(row[2]),
+        key=str(row[3]),
+        content_type=str(row[4]),
+        size=int(row[5]),  # type: ignore[call-overload]
+        sha256=str(row[6]),
+        version_ms=int(row[7]),  # type: ignore[call-overload]
+        created_at_ms=int(row[8]),  # type: ignore[call-overload]
+        inline=bool(row[9]),
+        headers=json.loads(str(row[10])),
+    )
+
+
+class MetadataIndex:
+    """SQLite access. Thread-safe: each thread gets its own connection."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._local = threading.local()
+        conn = self._conn()
+        conn.executescript(_SCHEMA)
+        row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+        if row is None:
+            conn.execute(
+                "INSERT INTO meta(k, v) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"metadata schema version {row[0]} is newer than this kura ({SCHEMA_VERSION})"
+            )
+        conn.commit()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=True)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=5000")
+            self._local.conn = conn
+        return conn
+
+    def close_thread_connection(self) -> None:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, artifact_id: str) -> tuple[Manifest, bytes | None, str | None] | None:
+        """(manifest, inline body or None, stat signature or None), or None if absent."""
+        row = (
+            self._conn()
+            .execute(
+                f"SELECT {_COLUMNS}, inline_body, stat_sig FROM artifacts WHERE artifact_id = ?",
+                (artifact_id,),
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None
+        return _row_to_manifest(row), row[11], row[12]
+
+    def exists(self, artifact_id: str) -> bool:
+        row = (
+            self._conn()
+            .execute("SELECT 1 FROM artifacts WHERE artifact_id = ?", (artifact_id,))
+            .fetchone()
+        )
+        return row is not None
+
+    def tombstone(self, namespace_id: str) -> int | None:
+        row = (
+            self._conn()
+            .execute("SELECT version_ms FROM tombstones WHERE namespace_id = ?", (namespace_id,))
+            .fetchone()
+        )
+        return None if row is None else int(row[0])
+
+    def totals(self) -> tuple[int, int]:
+        """(artifact count, bytes of file-backed and inline bodies)."""
+        row = (
+            self._conn()
+            .execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM artifacts")
+            .fetchone()
+        )
+        return int(row[0]), int(row[1])
+
+    def manifests_after(self, after: str, limit: int) -> list[Manifest]:
+        """Manifests with artifact_id > ``after``, in artifact_id order, at most ``limit``."""
+        rows = (
+            self._conn()
+            .execute(
+                f"SELECT {_COLUMNS} FROM artifacts WHERE artifact_id > ? ORDER BY artifact_id LIMIT ?",
+                (after, limit),
+            )
+            .fetchall()
+        )
+        return [_row_to_manifest(r) for r in rows]
+
+    def all_ids(self) -> set[str]:
+        return {r[0] for r in self._conn().execute("SELECT artifact_id FROM artifacts")}
+
+    def tombstones_after(self, after: str, limit: int) -> list[tuple[str, int]]:
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT namespace_id, version_ms FROM tombstones WHERE namespace_id > ? "
+                "ORDER BY namespace_id LIMIT ?",
+                (after, limit),
+            )
+            .fetchall()
+        )
+        return [(str(r[0]), int(r[1])) for r in rows]
+
+    def least_recently_used(self, limit: int, exclude: str) -> list[tuple[str, int, bool]]:
+        """Up to ``limit`` (artifact_id, size, inline) oldest by access, skipping ``exclude``."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
+                "WHERE artifact_id != ? ORDER BY last_access_ms, artifact_id LIMIT ?",
+                (exclude, limit),
+            )
+            .fetchall()
+        )
+        return [(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
+
+    def namespace_artifacts(
+        self, namespace_id: str, max_version_ms: int
+    ) -> list[tuple[str, int, bool]]:
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
+                "WHERE namespace_id = ? AND version_ms <= ?",
+                (namespace_id, max_version_ms),
+            )
+            .fetchall()
+        )
+        return [(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
+
+    # -- writes (writer thread only) ---------------------------------------------------------
+
+    def upsert(
+        self, manifest: Manifest, inline_body: bytes | None, stat_sig: str | None, now_ms: int
+    ) -> int | None:
+        """Insert or replace one manifest; return the size it replaced (None if new)."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            old = conn.execute(
+                "SELECT size FROM artifacts WHERE artifact_id = ?", (manifest.artifact_id,)
+            ).fetchone()
+            conn.execute(
+                "INSERT OR REPLACE INTO artifacts (artifact_id, producer, namespace_id, key, "
+                "content_type, size, sha256, version_ms, created_at_ms, last_access_ms, "
+                "inline_body, headers, stat_sig) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    manifest.artifact_id,
+                    manifest.producer,
+                    manifest.namespace_id,
+                    manifest.key,
+                    manifest.content_type,
+                    manifest.size,
+                    manifest.sha256,
+                    manifest.version_ms,
+                    manifest.created_at_ms,
+                    now_ms,
+                    inline_body,
+                    json.dumps(manifest.headers, sort_keys=True),
+                    stat_sig,
+                ),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return None if old is None else int(old[0])
+
+    def delete(self, artifact_ids: Iterable[str]) -> None:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "DELETE FROM artifacts WHERE artifact_id = ?", ((a,) for a in artifact_ids)
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def set_tombstone(self, namespace_id: str, version_ms: int) -> bool:
+        """Raise the namespace tombstone to ``version_ms``; False if one >= it already exists."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute(
+                "SELECT version_ms FROM tombstones WHERE namespace_id = ?", (namespace_id,)
+            ).fetchone()
+            if row is not None and int(row[0]) >= version_ms:
+                conn.execute("COMMIT")
+                return False
+            conn.execute(
+                "INSERT OR REPLACE INTO tombstones(namespace_id, version_ms) VALUES (?, ?)",
+                (namespace_id, version_ms),
+            )
+            conn.execute("COMMIT")
+            return True
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def touch(self, accesses: dict[str, int]) -> None:
+        """Record last access times (batched from memory)."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "UPDATE artifacts SET last_access_ms = MAX(last_access_ms, ?) WHERE artifact_id = ?",
+                ((ms, a) for a, ms in accesses.items()),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def set_stat_sig(self, artifact_id: str, stat_sig: str) -> None:
+        self._conn().execute(
+            "UPDATE artifacts SET stat_sig = ? WHERE artifact_id = ?", (stat_sig, artifact_id)
+        )

@@ -1,0 +1,538 @@
+"""CacheService: the one façade protocols use to store and read artifacts.
+
+Guarantees:
+
+* A write is visible only once complete: its body is staged in the tmp dir under a reservation
+  from the tmp budget, fsynced, renamed into place and then recorded in the index. A failed or
+  rejected write leaves no blob, no index row and no reserved bytes.
+* Every artifact has a ``version_ms``; local writes get strictly increasing versions, and an
+  index row is replaced only by a strictly newer version (last writer wins, ``core.version``).
+* Stored bytes are checked against the recorded SHA-256 before they are served: small blobs on
+  every read, large ones whenever the file's stat signature changed since it was last verified.
+  A mismatch drops the entry and reads as a miss, never as a hit with wrong bytes.
+* Stored bytes stay within ``max_disk_bytes`` by least-recently-used eviction.
+
+Blocking work runs off the event loop: SQLite reads and file opens in a small reader pool,
+fsync and hashing in a sync pool, and every index write plus the rename that publishes a blob in
+one single-threaded writer, which serialises commits of the same key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, TypeVar
+
+from kit.clock import Clock
+from kura.core.errors import InsufficientStorage, NotFound, PayloadTooLarge, ResourceExhausted
+from kura.core.eviction import bytes_to_free
+from kura.core.keys import artifact_id
+from kura.core.manifest import Manifest
+from kura.core.version import ApplyOutcome, decide_apply, next_version_ms
+from kura.storage.blobs import (
+    GROW_STEP_BYTES,
+    BlobFiles,
+    Staged,
+    fsync_path,
+    stage_body,
+    stat_signature,
+)
+from kura.storage.budget import TmpBudget
+from kura.storage.index import MetadataIndex
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Blobs up to this size are read into memory and hashed on every read.
+SMALL_BLOB_BYTES = 64 * 1024
+TOUCH_FLUSH_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """What a protocol names: producer (protocol family), namespace and key."""
+
+    producer: str
+    namespace_id: str
+    key: str
+
+
+@dataclass
+class StoredBody:
+    """A verified artifact ready to send: ``data`` for small ones, else an open ``file``.
+
+    The caller must close ``file`` (``close()`` does it and is idempotent).
+    """
+
+    manifest: Manifest
+    data: bytes | None = None
+    file: BinaryIO | None = None
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+@dataclass
+class StorageStats:
+    """Plain counters the metrics layer reads at scrape time."""
+
+    used_bytes: int = 0
+    artifacts: int = 0
+    evictions_total: int = 0
+    evicted_bytes_total: int = 0
+    corrupt_total: int = 0
+    apply_outcomes_total: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """Outcome of a write. ``created`` is False when an earlier version existed."""
+
+    manifest: Manifest
+    created: bool
+    outcome: ApplyOutcome
+
+
+class CacheService:
+    """See module docstring. Create, ``await start()``, use, ``await close()``."""
+
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        tmp_dir: Path,
+        tenant_id: str,
+        budget: TmpBudget,
+        clock: Clock,
+        max_disk_bytes: int,
+        min_free_disk_bytes: int,
+    ) -> None:
+        self.files = BlobFiles(data_dir, tmp_dir)
+        self.tenant_id = tenant_id
+        self.budget = budget
+        self.clock = clock
+        self.max_disk_bytes = max_disk_bytes
+        self.min_free_disk_bytes = min_free_disk_bytes
+        self.stats = StorageStats()
+        self._index: MetadataIndex | None = None
+        self._reader = ThreadPoolExecutor(4, thread_name_prefix="kura-read")
+        self._syncer = ThreadPoolExecutor(4, thread_name_prefix="kura-sync")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="kura-write")
+        self._last_version_ms = 0
+        self._touches: dict[str, int] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the data dir (taking its lock), sweep staging leftovers and orphans."""
+        await self._in(self._writer, self._open_sync)
+
+    def _open_sync(self) -> None:
+        self.files.open()
+        swept = self.files.sweep_staging()
+        self._index = MetadataIndex(self.files.data_dir / "index.sqlite3")
+        orphans = self._remove_orphans()
+        count, used = self._index.totals()
+        self.stats.artifacts, self.stats.used_bytes = count, used
+        if swept or orphans:
+            log.info("start-up sweep removed %d staging files and %d orphans", swept, orphans)
+
+    def _remove_orphans(self) -> int:
+        """Delete blob files with no index row, and index rows whose blob file is gone."""
+        index = self._require_index()
+        on_disk = self.files.stored_ids()
+        removed = 0
+        known_files: set[str] = set()
+        missing: list[str] = []
+        after = ""
+        while True:
+            page = index.manifests_after(after, 1000)
+            if not page:
+                break
+            for m in page:
+                if not m.inline:
+                    if m.artifact_id in on_disk:
+                        known_files.add(m.artifact_id)
+                    else:
+                        missing.append(m.artifact_id)
+            after = page[-1].artifact_id
+        for aid in on_disk - known_files:
+            self.files.remove(aid)
+            removed += 1
+        if missing:
+            index.delete(missing)
+            removed += len(missing)
+        return removed
+
+    async def close(self) -> None:
+        """Flush access times and release the data dir. Safe to call once after start."""
+        if self._index is not None:
+            await self.flush_touches()
+            await self._in(self._writer, self._close_sync)
+        for pool in (self._reader, self._syncer, self._writer):
+            pool.shutdown(wait=True)
+
+    def _close_sync(self) -> None:
+        if self._index is not None:
+            self._index.close_thread_connection()
+        self.files.close()
+
+    async def run_maintenance(self) -> None:
+        """Forever: flush batched access times. Run it in the app's TaskGroup."""
+        while True:
+            await asyncio.sleep(TOUCH_FLUSH_SECONDS)
+            try:
+                await self.flush_touches()
+            except Exception:
+                log.exception("flushing access times failed; will retry")
+
+    async def flush_touches(self) -> None:
+        touches, self._touches = self._touches, {}
+        if touches:
+            await self._in(self._writer, self._require_index().touch, touches)
+
+    # -- identity and versions ---------------------------------------------------------------
+
+    def artifact_id(self, ref: ArtifactRef) -> str:
+        return artifact_id(ref.producer, self.tenant_id, ref.namespace_id, ref.key)
+
+    def next_version_ms(self) -> int:
+        self._last_version_ms = next_version_ms(self.clock.now_ms(), self._last_version_ms)
+        return self._last_version_ms
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def exists(self, ref: ArtifactRef) -> bool:
+        return await self._in(self._reader, self._require_index().exists, self.artifact_id(ref))
+
+    async def read(self, ref: ArtifactRef) -> StoredBody:
+        """The verified artifact, or ``NotFound`` (absent, evicted, or failed verification)."""
+        aid = self.artifact_id(ref)
+        body = await self._in(self._reader, self._read_sync, aid)
+        if body is None:
+            raise NotFound("Artifact not found")
+        self._touches[aid] = self.clock.now_ms()
+        return body
+
+    async def read_manifest(self, aid: str) -> Manifest | None:
+        row = await self._in(self._reader, self._require_index().get, aid)
+        return None if row is None else row[0]
+
+    def _read_sync(self, aid: str) -> StoredBody | None:
+        index = self._require_index()
+        for _attempt in range(3):
+            row = index.get(aid)
+            if row is None:
+                return None
+            manifest, inline_body, sig = row
+            if manifest.inline:
+                assert inline_body is not None
+                if hashlib.sha256(inline_body).hexdigest() != manifest.sha256:
+                    self._drop_corrupt_sync(manifest, "inline body digest mismatch")
+                    return None
+                return StoredBody(manifest, data=inline_body)
+            try:
+                f = self.files.blob_path(aid).open("rb")
+            except FileNotFoundError:
+                if index.get(aid) != row:
+                    continue  # replaced or removed concurrently: look again
+                self._drop_corrupt_sync(manifest, "blob file missing")
+                return None
+            st = os.fstat(f.fileno())
+            if manifest.size <= SMALL_BLOB_BYTES:
+                data = f.read()
+                f.close()
+                if (
+                    len(data) == manifest.size
+                    and hashlib.sha256(data).hexdigest() == manifest.sha256
+                ):
+                    return StoredBody(manifest, data=data)
+            elif stat_signature(st) == sig:
+                return StoredBody(manifest, file=f)
+            else:
+                ok = st.st_size == manifest.size and _sha256_fileobj(f) == manifest.sha256
+                if ok:
+                    f.seek(0)
+                    self._writer.submit(index.set_stat_sig, aid, stat_signature(st)).result()
+                    return StoredBody(manifest, file=f)
+                f.close()
+            if index.get(aid) != row:
+                continue  # a concurrent write replaced it between our reads: look again
+            self._drop_corrupt_sync(manifest, "blob digest mismatch")
+            return None
+        return None
+
+    def _drop_corrupt_sync(self, manifest: Manifest, why: str) -> None:
+        """Reader thread: hand the drop to the writer (which owns counters and deletes)."""
+        log.warning("dropping artifact %s: %s", manifest.artifact_id, why)
+        self._writer.submit(self._drop_sync, manifest).result()
+
+    def _drop_sync(self, manifest: Manifest) -> None:
+        index = self._require_index()
+        current = index.get(manifest.artifact_id)
+        if current is None or current[0] != manifest:
+            return  # already replaced or removed
+        index.delete([manifest.artifact_id])
+        self.files.remove(manifest.artifact_id)
+        self.stats.corrupt_total += 1
+        self.stats.used_bytes -= manifest.size
+        self.stats.artifacts -= 1
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def check_size(self, declared_length: int | None, limit_bytes: int) -> None:
+        """Reject a declared body before reading it: over the route limit, over the disk budget,
+        or more than the free disk space allows. Raises PayloadTooLarge / ResourceExhausted."""
+        if declared_length is None:
+            return
+        if declared_length > limit_bytes:
+            raise PayloadTooLarge(
+                f"body of {declared_length} bytes exceeds this route's limit of {limit_bytes} bytes",
+                limit_bytes,
+            )
+        if declared_length > self.max_disk_bytes:
+            raise InsufficientStorage(
+                f"body of {declared_length} bytes exceeds the node's disk budget "
+                f"({self.max_disk_bytes} bytes)"
+            )
+        self._check_free_disk(declared_length)
+
+    def _check_free_disk(self, incoming_bytes: int) -> None:
+        free = shutil.disk_usage(self.files.data_dir).free
+        if free - incoming_bytes < self.min_free_disk_bytes:
+            raise ResourceExhausted(
+                f"insufficient free disk space: {free} bytes free, {incoming_bytes} bytes "
+                f"incoming, {self.min_free_disk_bytes} bytes must stay free",
+                retry_after_seconds=5,
+            )
+
+    async def put_stream(
+        self,
+        ref: ArtifactRef,
+        body: AsyncIterator[bytes],
+        *,
+        declared_length: int | None,
+        limit_bytes: int,
+        content_type: str,
+        headers: dict[str, str] | None = None,
+        expected_sha256: str | None = None,
+    ) -> PutResult:
+        """Store a streamed body as a new local version of ``ref``.
+
+        Raises (leaving nothing behind): PayloadTooLarge, ResourceExhausted (tmp budget, disk),
+        IncompleteBody, DigestMismatch, InvalidRequest.
+        """
+        self.check_size(declared_length, limit_bytes)
+        first = (
+            declared_length if declared_length is not None else min(GROW_STEP_BYTES, limit_bytes)
+        )
+        with self.budget.try_reserve(max(first, 1)) as reservation:
+            staged = await stage_body(
+                body,
+                self.files.new_staging_path("uploads"),
+                reservation,
+                limit_bytes=limit_bytes,
+                declared_length=declared_length,
+                expected_sha256=expected_sha256,
+            )
+            return await self._commit_staged(ref, staged, content_type, headers or {})
+
+    async def put_concatenated(
+        self, ref: ArtifactRef, parts: Sequence[Path], content_type: str
+    ) -> PutResult:
+        """Store the concatenation of ``parts`` (multipart completion). Parts are left in place."""
+        total = sum(p.stat().st_size for p in parts)
+        self.check_size(total, self.max_disk_bytes)
+        incoming = self.files.blobs_dir / f"multipart.incoming-{os.urandom(8).hex()}"
+        try:
+            staged = await self._in(self._syncer, _concatenate, parts, incoming)
+            return await self._commit_staged(ref, staged, content_type, {}, fsynced=True)
+        finally:
+            incoming.unlink(missing_ok=True)
+
+    async def put_inline(self, ref: ArtifactRef, data: bytes, content_type: str) -> PutResult:
+        """Store a small body inside the index (key-value entries)."""
+        self._check_free_disk(len(data))
+        aid = self.artifact_id(ref)
+        manifest = self._new_manifest(
+            ref, aid, len(data), hashlib.sha256(data).hexdigest(), content_type, {}, inline=True
+        )
+        return await self._in(
+            self._writer, self._commit_sync, manifest, None, data, self._take_touches()
+        )
+
+    async def _commit_staged(
+        self,
+        ref: ArtifactRef,
+        staged: Staged,
+        content_type: str,
+        headers: dict[str, str],
+        *,
+        fsynced: bool = False,
+    ) -> PutResult:
+        try:
+            if not fsynced:
+                await self._in(self._syncer, fsync_path, staged.path)
+            self._check_free_disk(0)
+            aid = self.artifact_id(ref)
+            manifest = self._new_manifest(
+                ref, aid, staged.size, staged.sha256, content_type, headers
+            )
+            return await self._in(
+                self._writer, self._commit_sync, manifest, staged.path, None, self._take_touches()
+            )
+        finally:
+            staged.path.unlink(missing_ok=True)
+
+    def _new_manifest(
+        self,
+        ref: ArtifactRef,
+        aid: str,
+        size: int,
+        sha256: str,
+        content_type: str,
+        headers: dict[str, str],
+        *,
+        inline: bool = False,
+    ) -> Manifest:
+        version = self.next_version_ms()
+        return Manifest(
+            artifact_id=aid,
+            producer=ref.producer,
+            namespace_id=ref.namespace_id,
+            key=ref.key,
+            content_type=content_type,
+            size=size,
+            sha256=sha256,
+            version_ms=version,
+            created_at_ms=self.clock.now_ms(),
+            inline=inline,
+            headers=headers,
+        )
+
+    def _take_touches(self) -> dict[str, int]:
+        touches, self._touches = self._touches, {}
+        return touches
+
+    def _commit_sync(
+        self,
+        manifest: Manifest,
+        staged_path: Path | None,
+        inline_body: bytes | None,
+        touches: dict[str, int],
+    ) -> PutResult:
+        """Writer thread: LWW check, eviction, publish the file, record the row."""
+        index = self._require_index()
+        if touches:
+            index.touch(touches)
+        existing = index.get(manifest.artifact_id)
+        stored_version = None if existing is None else existing[0].version_ms
+        outcome = decide_apply(
+            manifest.version_ms, stored_version, index.tombstone(manifest.namespace_id)
+        )
+        self.stats.apply_outcomes_total[outcome.value] = (
+            self.stats.apply_outcomes_total.get(outcome.value, 0) + 1
+        )
+        if outcome is not ApplyOutcome.APPLIED:
+            return PutResult(existing[0] if existing else manifest, False, outcome)
+        old_size = 0 if existing is None else existing[0].size
+        self._evict_sync(manifest.size - old_size, manifest.artifact_id)
+        sig = None
+        if staged_path is not None:
+            sig = stat_signature(self.files.persist(staged_path, manifest.artifact_id))
+        elif existing is not None and not existing[0].inline:
+            self.files.remove(manifest.artifact_id)
+        index.upsert(manifest, inline_body, sig, self.clock.now_ms())
+        self.stats.used_bytes += manifest.size - old_size
+        if existing is None:
+            self.stats.artifacts += 1
+        return PutResult(manifest, existing is None, outcome)
+
+    def _evict_sync(self, incoming_bytes: int, exclude: str) -> None:
+        index = self._require_index()
+        need = bytes_to_free(self.stats.used_bytes, incoming_bytes, self.max_disk_bytes)
+        while need > 0:
+            batch = index.least_recently_used(256, exclude)
+            if not batch:
+                return
+            victims: list[tuple[str, int, bool]] = []
+            for victim in batch:
+                victims.append(victim)
+                need -= victim[1]
+                if need <= 0:
+                    break
+            index.delete(v[0] for v in victims)
+            for aid, size, inline in victims:
+                if not inline:
+                    self.files.remove(aid)
+                self.stats.used_bytes -= size
+                self.stats.artifacts -= 1
+                self.stats.evictions_total += 1
+                self.stats.evicted_bytes_total += size
+
+    # -- namespaces --------------------------------------------------------------------------
+
+    async def delete_namespace(self, namespace_id: str, version_ms: int | None = None) -> int:
+        """Tombstone ``namespace_id`` at ``version_ms`` (default: a new local version) and delete
+        every artifact of it at or below that version. Returns the tombstone version."""
+        version = self.next_version_ms() if version_ms is None else version_ms
+        await self._in(self._writer, self._delete_namespace_sync, namespace_id, version)
+        return version
+
+    def _delete_namespace_sync(self, namespace_id: str, version_ms: int) -> None:
+        index = self._require_index()
+        if not index.set_tombstone(namespace_id, version_ms):
+            return
+        victims = index.namespace_artifacts(namespace_id, version_ms)
+        index.delete(v[0] for v in victims)
+        for aid, size, inline in victims:
+            if not inline:
+                self.files.remove(aid)
+            self.stats.used_bytes -= size
+            self.stats.artifacts -= 1
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _require_index(self) -> MetadataIndex:
+        if self._index is None:
+            raise RuntimeError("CacheService.start() has not completed")
+        return self._index
+
+    async def _in(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _sha256_fileobj(f: BinaryIO) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(1024 * 1024):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _concatenate(parts: Sequence[Path], out: Path) -> Staged:
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with out.open("wb") as dst:
+            for part in parts:
+                with part.open("rb") as src:
+                    while chunk := src.read(1024 * 1024):
+                        dst.write(chunk)
+                        h.update(chunk)
+                        size += len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return Staged(out, size, h.hexdigest())

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Bazel HTTP remote cache (Debian bazel-bootstrap 4.2.3), genrule-only workspace (no external repos).
+# Usage: bazel.sh BASE_URL         e.g. bazel.sh http://127.0.0.1:4000/cache
+# URL layout: BASE_URL is the cache root (include the prefix); Bazel sends
+#   GET {BASE_URL}/ac/{sha256} (200 = ActionResult proto, 404 = miss), then GET {BASE_URL}/cas/{sha256}
+#   for each output; on a miss PUT {BASE_URL}/cas/{sha256} (outputs, stdout/stderr, Command, Action)
+#   and finally PUT {BASE_URL}/ac/{sha256}. Any 2xx accepted for PUT.
+# Env: TOKEN (sent as `Authorization: Bearer TOKEN` via --remote_header), BAZEL_BIN (default: bazel on
+#      PATH), KEEP=1.
+# Setup: each run has its own --output_base under a per-script --output_user_root in the temp dir (so no
+#   local action cache, disk cache or outputs survive), home/workspace rc files ignored, no --disk_cache. Both Bazel
+#   servers are shut down at the end (and --max_idle_secs bounds them if this script is killed -9).
+# Hit detection: run 2 reports "1 remote cache hit" and the output file is identical.
+# Exit 0 = REMOTE HIT; 1 = no hit; 2 = setup error (or run 1 failed).
+set -u
+BASE="${1:?usage: $0 BASE_URL}"
+BASE="${BASE%/}"
+BAZEL_BIN="${BAZEL_BIN:-$(command -v bazel || true)}"
+[ -n "$BAZEL_BIN" ] && [ -x "$BAZEL_BIN" ] || { echo "SETUP FAILED: no bazel (run scripts/install-deps)"; exit 2; }
+
+W="$(mktemp -d "${TMPDIR:-/tmp}/kura-bazel.XXXXXX")" || exit 2
+ROOT="$W/root"
+# Debian's bazel is not a self-extracting binary: its system rc (/etc/bazel/bazelrc) supplies
+# --install_base=/usr/share/bazel --trust_install_base, so only the home and workspace rc files are
+# skipped (--ignore_all_rc_files breaks it). BAZEL_INSTALL_BASE overrides the install base explicitly.
+bz() {  # $1 = run number (selects the output_base), then a timeout in seconds, then bazel's arguments
+  local n="$1" t="$2"; shift 2
+  local startup=(--nohome_rc --noworkspace_rc --output_user_root="$ROOT" --output_base="$ROOT/ob$n"
+                 --max_idle_secs=60)
+  [ -n "${BAZEL_INSTALL_BASE:-}" ] && startup+=(--install_base="$BAZEL_INSTALL_BASE" --trust_install_base)
+  timeout "$t" "$BAZEL_BIN" "${startup[@]}" "$@"
+}
+cleanup() {
+  for i in 1 2; do
+    [ -d "$ROOT/ob$i" ] && (cd "$W/ws" 2>/dev/null && bz "$i" 20 shutdown >/dev/null 2>&1)
+  done
+  # Bazel marks parts of its install/output trees read-only.
+  [ "${KEEP:-0}" = 1 ] && echo "kept $W" || { chmod -R u+w "$W" 2>/dev/null; rm -rf "$W"; }
+}
+trap cleanup EXIT
+trap 'exit 2' INT TERM
+mkdir -p "$W/ws" && cd "$W/ws" || exit 2
+
+: > WORKSPACE
+cat > BUILD <<EOF
+genrule(
+    name = "gen",
+    outs = ["out.txt"],
+    cmd = "echo 'kura $(date +%s%N) $$ $RANDOM' > \$@",
+)
+EOF
+FLAGS=(--remote_cache="$BASE" --remote_accept_cached --remote_upload_local_results
+       --remote_timeout=20 --spawn_strategy=local --color=no --curses=no --show_progress=no)
+[ -n "${TOKEN:-}" ] && FLAGS+=(--remote_header="Authorization=Bearer ${TOKEN}")
+run() {  # $1 = run number
+  bz "$1" 60 build //:gen "${FLAGS[@]}" > "$W/run$1.log" 2>&1
+}
+summary() { grep -m1 -E '[0-9]+ process(es)?:' "$W/run$1.log"; }
+
+run 1; rc1=$?
+echo "run1 rc=$rc1: $(summary 1)"
+[ $rc1 = 0 ] && [ -s bazel-bin/out.txt ] || {
+  echo "SETUP FAILED: first bazel run failed"; grep -v linux-sandbox "$W/run1.log" | tail -20; exit 2; }
+cp bazel-bin/out.txt "$W/first.txt"
+# Stop run 1's server; run 2 uses a fresh output_base, i.e. no local action cache, outputs or server.
+bz 1 20 shutdown >/dev/null 2>&1
+run 2; rc2=$?
+echo "run2 rc=$rc2: $(summary 2)"
+if [ $rc2 = 0 ] && grep -qE '[0-9]+ remote cache hit' "$W/run2.log" && cmp -s bazel-bin/out.txt "$W/first.txt"; then
+  echo "REMOTE HIT (bazel $(dpkg-query -W -f='${Version}' bazel-bootstrap 2>/dev/null))"; exit 0
+fi
+echo "NO REMOTE HIT"; grep -v linux-sandbox "$W/run2.log" | tail -15; exit 1

@@ -1,0 +1,175 @@
+"""Shared fixtures: real kura node processes on 127.0.0.1 with OS-chosen ports.
+
+``start_node(**settings)`` starts ``kura serve`` as a subprocess with its own data and tmp
+dirs under the test's tmp_path and returns a ``NodeProcess`` with helpers to look at what the
+node left on disk (blob files, index rows, staging files) and at its metrics. Every node a test
+starts is stopped when the test ends; a node that exited with an error fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LISTEN_LINE = re.compile(r"kura listening public=(http://\S+)")
+START_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass
+class NodeProcess:
+    """A running ``kura serve`` subprocess and the directories it owns."""
+
+    url: str
+    data_dir: Path
+    tmp_dir: Path
+    proc: subprocess.Popen[str]
+    log_path: Path
+    env: dict[str, str] = field(repr=False)
+    reader: threading.Thread | None = field(default=None, repr=False)
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30.0, **kwargs)  # type: ignore[arg-type]
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample on /metrics as ``{"name{labels}": value}`` (labels as printed)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        samples: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    def metric(self, name: str) -> float:
+        return self.metrics().get(name, 0.0)
+
+    def index_rows(self) -> int:
+        """Rows in the metadata index (read-only connection; WAL allows it while running)."""
+        db = self.data_dir / "index.sqlite3"
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM artifacts").fetchone()[0])
+        finally:
+            conn.close()
+
+    def blob_files(self) -> list[Path]:
+        return sorted(p for p in (self.data_dir / "blobs").rglob("*") if p.is_file())
+
+    def staging_files(self) -> list[Path]:
+        return sorted(p for p in self.tmp_dir.rglob("*") if p.is_file())
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.reader is not None:
+            self.reader.join(5)
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def node_env(tmp: Path, **settings: object) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KURA_")}
+    env.update(
+        {
+            "KURA_PORT": "0",
+            "KURA_DATA_DIR": str(tmp / "data"),
+            "KURA_TMP_DIR": str(tmp / "tmp"),
+            "KURA_MIN_FREE_DISK_BYTES": "0",
+            "KURA_LOG_LEVEL": "INFO",
+        }
+    )
+    for key, value in settings.items():
+        env["KURA_" + key.upper()] = str(value)
+    return env
+
+
+def spawn_node(directory: Path, env: dict[str, str]) -> NodeProcess:
+    """Start ``kura serve`` and wait for its listening line. Raises if it exits first."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log_path = directory / f"node-{len(list(directory.glob('node-*.log')))}.log"
+    log_file = log_path.open("w")  # the child keeps its own descriptor
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kura.cli", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log_file,
+        text=True,
+        cwd=directory,
+    )
+    log_file.close()
+    assert proc.stdout is not None
+    found: list[str] = []
+
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            m = LISTEN_LINE.search(line)
+            if m and not found:
+                found.append(m.group(1))
+
+    reader = threading.Thread(target=read_stdout, daemon=True)
+    reader.start()
+    reader.join(0)
+    deadline = START_TIMEOUT_SECONDS
+    step = 0.05
+    waited = 0.0
+    while not found and waited < deadline:
+        if proc.poll() is not None:
+            break
+        threading.Event().wait(step)
+        waited += step
+    if not found:
+        proc.kill()
+        proc.wait()
+        reader.join(5)
+        proc.stdout.close()
+        raise RuntimeError(f"kura did not start (rc={proc.returncode}):\n{log_path.read_text()}")
+    return NodeProcess(
+        found[0], Path(env["KURA_DATA_DIR"]), Path(env["KURA_TMP_DIR"]), proc, log_path, env, reader
+    )
+
+
+@pytest.fixture
+def start_node(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
+    """Factory: ``start_node(name="a", **settings)`` starts a node with KURA_<SETTING> values."""
+    nodes: list[NodeProcess] = []
+
+    def start(name: str = "node", **settings: object) -> NodeProcess:
+        directory = tmp_path / name
+        node = spawn_node(directory, node_env(directory, **settings))
+        nodes.append(node)
+        return node
+
+    yield start
+    crashed = []
+    for node in nodes:
+        rc = node.stop()
+        if rc not in (0, -signal.SIGKILL, -signal.SIGTERM):
+            crashed.append(f"{node.url} exited {rc}:\n{node.log()[-3000:]}")
+    assert not crashed, "\n".join(crashed)
+
+
+@pytest.fixture
+def node(start_node: Callable[..., NodeProcess]) -> NodeProcess:
+    return start_node()
