@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LISTEN_LINE = re.compile(r"kura listening public=(http://\S+)")
+LISTEN_LINE = re.compile(r"kura listening public=(http://\S+) internal=(https?://\S+)")
 START_TIMEOUT_SECONDS = 30.0
 
 
@@ -38,6 +38,7 @@ class NodeProcess:
     log_path: Path
     env: dict[str, str] = field(repr=False)
     reader: threading.Thread | None = field(default=None, repr=False)
+    internal_url: str = ""
 
     def client(self, **kwargs: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30.0, **kwargs)  # type: ignore[arg-type]
@@ -126,7 +127,7 @@ def spawn_node(directory: Path, env: dict[str, str]) -> NodeProcess:
         for line in proc.stdout:
             m = LISTEN_LINE.search(line)
             if m and not found:
-                found.append(m.group(1))
+                found.extend([m.group(1), m.group(2)])
 
     reader = threading.Thread(target=read_stdout, daemon=True)
     reader.start()
@@ -145,9 +146,11 @@ def spawn_node(directory: Path, env: dict[str, str]) -> NodeProcess:
         reader.join(5)
         proc.stdout.close()
         raise RuntimeError(f"kura did not start (rc={proc.returncode}):\n{log_path.read_text()}")
-    return NodeProcess(
+    node = NodeProcess(
         found[0], Path(env["KURA_DATA_DIR"]), Path(env["KURA_TMP_DIR"]), proc, log_path, env, reader
     )
+    node.internal_url = found[1]
+    return node
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
 """Composition root: builds a node's parts, starts them in order and stops them in reverse.
 
-Start: storage (takes the data-dir lock, sweeps staging leftovers and orphans) → HTTP listener →
-background tasks in one ``TaskGroup``. Stop (SIGTERM): mark draining (``/ready`` 503), stop
-accepting and let in-flight requests finish within ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel
-background tasks, abort open multipart uploads, close storage (flushing access times).
+Start: storage (takes the data-dir lock, sweeps staging leftovers and orphans) → peer client →
+internal listener (peer routes, optional mTLS) → public listener → background tasks in one
+``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper). Stop (SIGTERM):
+mark draining (``/ready`` 503), stop accepting and let in-flight requests finish within
+``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open multipart uploads, close
+the peer client and storage.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -21,6 +25,7 @@ from kura.api import (
     bazel_http,
     gradle,
     http_cache,
+    internal,
     keyvalue,
     metro,
     module,
@@ -34,6 +39,11 @@ from kura.api import (
 from kura.api.auth import TokenAuth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.metrics import KuraMetrics
+from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
+from kura.mesh.membership import Membership
+from kura.mesh.read_through import ReadThrough
+from kura.mesh.shipper import Shipper
+from kura.mesh.wire import peer_label
 from kura.settings import Settings
 from kura.storage.budget import TmpBudget
 from kura.storage.multipart import MultipartUploads
@@ -61,10 +71,50 @@ class Node:
             clock=self.clock,
             max_disk_bytes=settings.max_disk_bytes,
             min_free_disk_bytes=settings.min_free_disk_bytes,
+            outbox_max_depth=settings.outbox_max_depth,
         )
         self.uploads = MultipartUploads(
             self.service, self.clock, settings.multipart_upload_ttl_seconds
         )
+        server_ssl: ssl.SSLContext | None = None
+        client_ssl: ssl.SSLContext | None = None
+        if settings.internal_tls:
+            tls = (
+                str(settings.internal_tls_ca_cert_path),
+                str(settings.internal_tls_cert_path),
+                str(settings.internal_tls_key_path),
+            )
+            server_ssl, client_ssl = server_ssl_context(*tls), client_ssl_context(*tls)
+        self._server_ssl = server_ssl
+        self.peer_client = PeerClient(settings.tenant_id, client_ssl)
+        self.node_url = settings.node_url or ""
+        self.membership = Membership(
+            self_url=lambda: self.node_url,
+            tenant_id=settings.tenant_id,
+            seeds=settings.peers,
+            dns_name=settings.discovery_dns_name,
+            client=self.peer_client,
+            clock=self.clock,
+            interval_seconds=settings.discovery_interval_ms / 1000,
+            settle_seconds=settings.discovery_settle_ms / 1000,
+            initial_timeout_seconds=settings.discovery_initial_timeout_ms / 1000,
+            tls=settings.internal_tls,
+        )
+        self.shipper = Shipper(
+            self.service, self.peer_client, self.clock, settings.replication_backoff_max_ms / 1000
+        )
+        self.read_through = ReadThrough(
+            self.service,
+            self.peer_client,
+            self.membership.healthy_peers,
+            self._read_through_enabled,
+            settings.read_through_timeout_ms / 1000,
+        )
+        self.service.replication_targets = self.membership.targets
+        self.service.on_outbox_write = self.shipper.wake
+        if settings.read_through != "never":
+            self.service.on_miss = self.read_through.fetch
+        self.membership.listeners.append(self._on_membership_change)
         self.metrics = KuraMetrics(settings.region, settings.tenant_id)
         self.metrics.watch_store(
             self.service.stats,
@@ -72,29 +122,88 @@ class Node:
             settings.max_disk_bytes,
             self.service.files.tmp_dir_bytes,
         )
+        self.metrics.watch_mesh(self.membership, self.shipper, self.read_through)
         self.draining = False
         self.public_url = ""
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
         self._tasks: asyncio.Task[None] | None = None
+
+    # -- state -----------------------------------------------------------------------------
 
     def readiness_reasons(self) -> list[str]:
         """Why the node is not ready; empty means ready."""
-        return ["draining"] if self.draining else []
+        reasons = []
+        if self.draining:
+            reasons.append("draining")
+        if not self.membership.initial_discovery_completed:
+            reasons.append("initial discovery incomplete")
+        elif self.membership.settling():
+            reasons.append("discovery settling")
+        return reasons
 
-    def members(self) -> list[str]:
-        return [self.public_url]
+    def _read_through_enabled(self) -> bool:
+        mode = self.settings.read_through
+        return mode == "always" or (mode == "joining" and bool(self.readiness_reasons()))
 
-    def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
-        app[CTX_KEY] = ApiContext(
+    def _on_membership_change(self, change: str, node_url: str) -> None:
+        if change == "healthy":
+            self.shipper.peer_healthy_again(node_url)
+
+    def status(self) -> dict[str, Any]:
+        """The mesh as this node sees it (``GET /status``, ``kura status``)."""
+        now_ms = self.clock.now_ms()
+        peers = []
+        known = {p.node_url: p for p in self.membership.peers.values()}
+        for url in sorted(set(self.membership.targets()) | set(known) | set(self.shipper.peers)):
+            peer = known.get(url)
+            ship = self.shipper.peers.get(url)
+            oldest = ship.oldest_enqueued_ms if ship else None
+            peers.append(
+                {
+                    "node_url": url,
+                    "known": peer is not None,
+                    "healthy": bool(peer and peer.healthy),
+                    "region": peer.region if peer else "",
+                    "outbox_messages": ship.depth if ship else 0,
+                    "outbox_oldest_age_seconds": (now_ms - oldest) / 1000 if oldest else 0.0,
+                    "replication_failures_in_a_row": ship.failures if ship else 0,
+                    "last_error": ship.last_error if ship else "",
+                }
+            )
+        reasons = self.readiness_reasons()
+        return {
+            "node_url": self.node_url,
+            "public_url": self.public_url,
+            "tenant_id": self.settings.tenant_id,
+            "region": self.settings.region,
+            "ready": not reasons,
+            "reasons": reasons,
+            "generation": self.membership.generation,
+            "peers": peers,
+            "artifacts": self.service.stats.artifacts,
+            "disk_used_bytes": self.service.stats.used_bytes,
+            "outbox_messages": self.service.stats.outbox_depth,
+            "tmp_reserved_bytes": self.budget.reserved_bytes,
+            "tmp_capacity_bytes": self.budget.capacity_bytes,
+        }
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def _context(self) -> ApiContext:
+        return ApiContext(
             settings=self.settings,
             service=self.service,
             uploads=self.uploads,
             auth=TokenAuth(self.settings.read_write_tokens, self.settings.read_only_tokens),
             metrics=self.metrics,
         )
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
+        app[CTX_KEY] = self._context()
         app[probes.READINESS_KEY] = self.readiness_reasons
-        app[probes.MEMBERS_KEY] = self.members
+        app[probes.MEMBERS_KEY] = self.membership.members
+        app[probes.STATUS_KEY] = self.status
         s = self.settings
         for module_routes in (
             probes.routes(),
@@ -113,36 +222,64 @@ class Node:
             app.add_routes(module_routes)
         return app
 
-    async def start(self) -> None:
-        await self.service.start()
-        app = self.build_app()
-        self._runner = web.AppRunner(
+    def build_internal_app(self) -> web.Application:
+        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
+        app[CTX_KEY] = self._context()
+        app[internal.NODE_URL_KEY] = lambda: self.node_url
+        app.add_routes(internal.routes())
+        return app
+
+    async def _listen(
+        self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None
+    ) -> int:
+        runner = web.AppRunner(
             app,
             access_log=logging.getLogger("kura.access") if self.settings.access_log else None,
             shutdown_timeout=float(self.settings.shutdown_timeout_seconds),
             handle_signals=False,
         )
-        await self._runner.setup()
+        await runner.setup()
+        self._runners.append(runner)
         site = web.TCPSite(
-            self._runner, self.settings.host, self.settings.port, backlog=1024, reuse_address=True
+            runner,
+            self.settings.host,
+            port,
+            backlog=1024,
+            reuse_address=True,
+            ssl_context=ssl_context,
         )
         await site.start()
-        port = _bound_port(self._runner)
+        return _bound_port(runner)
+
+    async def start(self) -> None:
+        await self.service.start()
+        await self.peer_client.start()
+        internal_port = await self._listen(
+            self.build_internal_app(), self.settings.internal_port, self._server_ssl
+        )
+        if not self.node_url:
+            scheme = "https" if self.settings.internal_tls else "http"
+            self.node_url = f"{scheme}://{self.settings.host}:{internal_port}"
+        port = await self._listen(self.build_app(), self.settings.port, None)
         self.public_url = f"http://{self.settings.host}:{port}"
         self._tasks = asyncio.create_task(self._background(), name="kura-background")
         log.info(
-            "kura listening public=%s data_dir=%s tmp_dir=%s",
+            "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s",
             self.public_url,
+            self.node_url,
+            ",".join(map(peer_label, self.settings.peers)),
             self.settings.data_dir,
             self.settings.tmp_dir,
         )
-        # One machine-readable line on stdout so wrappers and tests learn the bound port.
-        print(f"kura listening public={self.public_url}", flush=True)
+        # One machine-readable line on stdout so wrappers and tests learn the bound ports.
+        print(f"kura listening public={self.public_url} internal={self.node_url}", flush=True)
 
     async def _background(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.service.run_maintenance())
             tg.create_task(self._reap_uploads())
+            tg.create_task(self.membership.run())
+            tg.create_task(self.shipper.run())
 
     async def _reap_uploads(self) -> None:
         while True:
@@ -154,13 +291,14 @@ class Node:
     async def stop(self) -> None:
         """Graceful stop; safe to call once after ``start``."""
         self.draining = True
-        if self._runner is not None:
-            await self._runner.cleanup()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
         if self._tasks is not None:
             self._tasks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._tasks
         self.uploads.abort_all()
+        await self.peer_client.close()
         await self.service.close()
         log.info("kura stopped")
 
@@ -177,6 +315,8 @@ class Node:
         done, _ = await asyncio.wait({waiter, self._tasks}, return_when=asyncio.FIRST_COMPLETED)
         failed = self._tasks in done
         waiter.cancel()
+        if failed and self._tasks.exception() is not None:
+            log.error("background task failed", exc_info=self._tasks.exception())
         await self.stop()
         if failed:
             raise RuntimeError("a background task stopped unexpectedly; see the log")

@@ -25,6 +25,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run a cache node (settings from flags or KURA_* env)")
     add_arguments(serve, Settings)
+    status = sub.add_parser("status", help="print the mesh as a node sees it")
+    status.add_argument(
+        "--url",
+        default=os.environ.get("KURA_URL", "http://127.0.0.1:4000"),
+        help="the node's public URL (env KURA_URL)",
+    )
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument(
+        "--token",
+        default=os.environ.get("KURA_TOKEN"),
+        help="bearer token, if the node requires one (env KURA_TOKEN)",
+    )
+    dev = sub.add_parser("dev", help="run an N-node mesh on 127.0.0.1 for trying replication")
+    dev.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
+    dev.add_argument(
+        "--base-port",
+        type=int,
+        default=4000,
+        help="public ports are BASE, BASE+1, ...; internal ports BASE+100, ...",
+    )
+    dev.add_argument("--dir", default=".kura/dev", help="data and tmp dirs go under here")
     return parser
 
 
@@ -33,6 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "status":
+        return status(args)
+    if args.command == "dev":
+        from kura.devmesh import run_dev_mesh
+
+        return run_dev_mesh(args.nodes, args.base_port, args.dir)
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -60,6 +87,26 @@ def serve(args: argparse.Namespace) -> int:
         print(f"kura: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from kura.console import render_status
+
+    request = urllib.request.Request(args.url.rstrip("/") + "/status")
+    if args.token:
+        request.add_header("Authorization", f"Bearer {args.token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            data = json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"kura: cannot read {args.url}/status: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(data, indent=2) if args.json else render_status(data))
+    return 0 if data.get("ready") else 3
 
 
 if __name__ == "__main__":

@@ -134,6 +134,83 @@ class Settings:
         "comma-separated peer internal URLs",
         default=(),
     )
+    discovery_dns_name: str | None = option(
+        "KURA_DISCOVERY_DNS_NAME",
+        "--discovery-dns-name",
+        _non_empty,
+        "DNS name whose addresses are peer candidates (e.g. a headless Service)",
+        default=None,
+    )
+    discovery_interval_ms: int = option(
+        "KURA_DISCOVERY_INTERVAL_MS",
+        "--discovery-interval-ms",
+        parse_positive_int,
+        "how often peers are probed",
+        default=2000,
+    )
+    discovery_settle_ms: int = option(
+        "KURA_DISCOVERY_SETTLE_MS",
+        "--discovery-settle-ms",
+        parse_non_negative_int,
+        "after a membership change, /ready waits this long for the view to settle",
+        default=5000,
+    )
+    discovery_initial_timeout_ms: int = option(
+        "KURA_DISCOVERY_INITIAL_TIMEOUT_MS",
+        "--discovery-initial-timeout-ms",
+        parse_positive_int,
+        "initial discovery counts as done after this long even if no peer answered",
+        default=30000,
+    )
+    internal_tls_ca_cert_path: Path | None = option(
+        "KURA_INTERNAL_TLS_CA_CERT_PATH",
+        "--internal-tls-ca-cert-path",
+        _path,
+        "CA that signs every peer's certificate (enables mutual TLS between peers)",
+        default=None,
+    )
+    internal_tls_cert_path: Path | None = option(
+        "KURA_INTERNAL_TLS_CERT_PATH",
+        "--internal-tls-cert-path",
+        _path,
+        "this node's certificate, used as server and as client",
+        default=None,
+    )
+    internal_tls_key_path: Path | None = option(
+        "KURA_INTERNAL_TLS_KEY_PATH",
+        "--internal-tls-key-path",
+        _path,
+        "this node's private key",
+        default=None,
+    )
+    outbox_max_depth: int = option(
+        "KURA_OUTBOX_MAX_DEPTH",
+        "--outbox-max-depth",
+        parse_positive_int,
+        "pending replication messages at which public writes get 503",
+        default=100_000,
+    )
+    replication_backoff_max_ms: int = option(
+        "KURA_REPLICATION_BACKOFF_MAX_MS",
+        "--replication-backoff-max-ms",
+        parse_positive_int,
+        "per-peer retry backoff doubles from 2 s up to this",
+        default=60_000,
+    )
+    read_through: str = option(
+        "KURA_READ_THROUGH",
+        "--read-through",
+        parse_choice(["joining", "always", "never"]),
+        "ask peers on a local miss: while not ready (joining), always, or never",
+        default="joining",
+    )
+    read_through_timeout_ms: int = option(
+        "KURA_READ_THROUGH_TIMEOUT_MS",
+        "--read-through-timeout-ms",
+        parse_positive_int,
+        "how long a read-through may wait for a peer",
+        default=1000,
+    )
     max_keyvalue_bytes: int = option(
         "KURA_MAX_KEYVALUE_BYTES",
         "--max-keyvalue-bytes",
@@ -219,6 +296,10 @@ class Settings:
     def auth_enabled(self) -> bool:
         return bool(self.read_write_tokens or self.read_only_tokens)
 
+    @property
+    def internal_tls(self) -> bool:
+        return self.internal_tls_ca_cert_path is not None
+
 
 def validate_settings(s: Settings) -> list[str]:
     """Cross-field rules; returns every problem found."""
@@ -234,6 +315,26 @@ def validate_settings(s: Settings) -> list[str]:
     overlap = set(s.read_write_tokens) & set(s.read_only_tokens)
     if overlap:
         problems.append("a token is listed as both read-write and read-only")
+    tls = (s.internal_tls_ca_cert_path, s.internal_tls_cert_path, s.internal_tls_key_path)
+    if any(tls) and not all(tls):
+        problems.append(
+            "KURA_INTERNAL_TLS_CA_CERT_PATH, KURA_INTERNAL_TLS_CERT_PATH and "
+            "KURA_INTERNAL_TLS_KEY_PATH must be set together"
+        )
+    scheme = "https://" if all(tls) else "http://"
+    for name, urls in (
+        ("KURA_NODE_URL", (s.node_url,) if s.node_url else ()),
+        ("KURA_PEERS", s.peers),
+    ):
+        for url in urls:
+            if not url.startswith(scheme):
+                problems.append(
+                    f"{name} {url!r} must use {scheme[:-3]} "
+                    f"({'peer TLS is on' if all(tls) else 'peer TLS is off'})"
+                )
+    for path in tls:
+        if path is not None and not Path(path).is_file():
+            problems.append(f"TLS file {path} does not exist")
     if s.max_keyvalue_bytes > s.tmp_dir_max_bytes:
         problems.append("KURA_MAX_KEYVALUE_BYTES must not exceed KURA_TMP_DIR_MAX_BYTES")
     return problems

@@ -1,8 +1,9 @@
 """The one table from kura's exception tree to HTTP status codes, and the error body.
 
 Bodies are JSON ``{"message": "..."}`` like the Rust Kura server (kura-behaviour.md §1.2).
-Exceptions from clients that answer text (Nx treats only a ``text/plain`` 401 as
-"Unauthorized", clients.md) ask for ``text`` style. 503s carry ``Retry-After``.
+Exceptions from clients that answer text ask for ``text`` style: Content-Type exactly
+``text/plain``, no parameters, because Nx treats only such a 401 as "Unauthorized" (clients.md;
+Nx 24 compares the header byte for byte). 503s carry ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ def error_response(exc: e.KuraError, style: ErrorStyle = "json") -> web.Response
     if isinstance(exc, e.Unauthenticated):
         headers["WWW-Authenticate"] = 'Bearer realm="kura"'
     if style == "text":
+        # Exactly "text/plain": Nx 24 compares the header byte for byte, and aiohttp's ``text=``
+        # would append "; charset=utf-8" (then Nx reports "Requests should respond with
+        # text/plain on 401s" instead of "Unauthorized"). The message is ASCII or UTF-8.
         return web.Response(
-            status=status, text=exc.message, headers=headers, content_type="text/plain"
+            status=status, body=exc.message.encode(), headers=headers, content_type="text/plain"
         )
     return web.Response(
         status=status,

@@ -8,6 +8,7 @@ only: protocol names, HTTP methods, status codes, outcomes; never a key or a URL
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
@@ -21,6 +22,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kura.mesh.membership import Membership
+from kura.mesh.read_through import ReadThrough
+from kura.mesh.shipper import Shipper
+from kura.mesh.wire import peer_label
 from kura.storage.budget import TmpBudget
 from kura.storage.service import StorageStats
 
@@ -66,6 +71,19 @@ class _StoreCollector(Collector):
             s.corrupt_total,
         )
         yield GaugeMetricFamily(
+            "kura_outbox_depth_messages",
+            "Replication messages waiting, all peers.",
+            s.outbox_depth,
+        )
+        applied = CounterMetricFamily(
+            "kura_replication_apply_results",
+            "Artifact and tombstone copies applied or ignored, by source and outcome.",
+            labels=["source", "outcome"],
+        )
+        for (source, outcome), n in sorted(s.apply_outcomes_total.items()):
+            applied.add_metric([source, outcome], n)
+        yield applied
+        yield GaugeMetricFamily(
             "kura_tmp_reserved_bytes",
             "Bytes reserved in the tmp staging budget.",
             self._budget.reserved_bytes,
@@ -85,6 +103,63 @@ class _StoreCollector(Collector):
             "Bytes of all files on disk in the tmp dir.",
             self._tmp_dir_bytes(),
         )
+
+
+class _MeshCollector(Collector):
+    def __init__(self, membership: Membership, shipper: Shipper, read_through: ReadThrough) -> None:
+        self._membership = membership
+        self._shipper = shipper
+        self._read_through = read_through
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        peers = GaugeMetricFamily("kura_mesh_peers", "Peers by state.", labels=["state"])
+        known = self._membership.peers.values()
+        peers.add_metric(["known"], len(known))
+        peers.add_metric(["healthy"], sum(1 for p in known if p.healthy))
+        yield peers
+        changes = CounterMetricFamily(
+            "kura_mesh_membership_changes", "Membership changes by kind.", labels=["change"]
+        )
+        for change, n in sorted(self._membership.stats.changes_total.items()):
+            changes.add_metric([change], n)
+        yield changes
+        yield GaugeMetricFamily(
+            "kura_mesh_initial_discovery_completed",
+            "1 once initial discovery completed.",
+            1 if self._membership.initial_discovery_completed else 0,
+        )
+        depth = GaugeMetricFamily(
+            "kura_outbox_messages", "Replication messages waiting, per peer.", labels=["peer"]
+        )
+        age = GaugeMetricFamily(
+            "kura_outbox_oldest_message_age_seconds",
+            "Age of the oldest waiting replication message, per peer.",
+            labels=["peer"],
+        )
+        results = CounterMetricFamily(
+            "kura_replication_requests",
+            "Replication deliveries by peer, operation and result.",
+            labels=["peer", "operation", "result"],
+        )
+        now_ms = time.time_ns() // 1_000_000
+        for url, state in sorted(self._shipper.peers.items()):
+            peer = peer_label(url)
+            depth.add_metric([peer], state.depth)
+            oldest = state.oldest_enqueued_ms
+            age.add_metric([peer], max(0.0, (now_ms - oldest) / 1000) if oldest else 0.0)
+            for (operation, result), n in sorted(state.results_total.items()):
+                results.add_metric([peer, operation, result], n)
+        yield depth
+        yield age
+        yield results
+        rt = CounterMetricFamily(
+            "kura_read_through",
+            "Reads served by fetching from a peer, by result.",
+            labels=["result"],
+        )
+        for result, n in sorted(self._read_through.stats.results_total.items()):
+            rt.add_metric([result], n)
+        yield rt
 
 
 class KuraMetrics:
@@ -143,6 +218,11 @@ class KuraMetrics:
         tmp_dir_bytes: Callable[[], int],
     ) -> None:
         self.registry.register(_StoreCollector(stats, budget, max_disk_bytes, tmp_dir_bytes))
+
+    def watch_mesh(
+        self, membership: Membership, shipper: Shipper, read_through: ReadThrough
+    ) -> None:
+        self.registry.register(_MeshCollector(membership, shipper, read_through))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,6 +1,6 @@
 """Probes and metrics: ``/up`` (liveness), ``/ready`` (readiness with reasons), ``/metrics``.
 
-``/up`` is 200 whenever the process serves HTTP and never depends on peers. ``/ready`` is 200
+``/status`` is the JSON view ``kura status`` prints. ``/up`` is 200 whenever the process serves HTTP and never depends on peers. ``/ready`` is 200
 only when ``readiness()`` reports no reasons, else 503 with the reasons, so an operator (or
 kured's readiness gate) can read why. Neither needs credentials.
 """
@@ -8,6 +8,7 @@ kured's readiness gate) can read why. Neither needs credentials.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -18,6 +19,7 @@ PROTOCOL = "probe"
 ReadinessSource = Callable[[], list[str]]
 READINESS_KEY: web.AppKey[ReadinessSource] = web.AppKey("kura_readiness")
 MEMBERS_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("kura_members")
+STATUS_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("kura_status")
 
 
 @endpoint(PROTOCOL, None)
@@ -48,6 +50,12 @@ async def ready(request: web.Request) -> web.StreamResponse:
 
 
 @endpoint(PROTOCOL, None)
+async def status(request: web.Request) -> web.StreamResponse:
+    """The mesh as this node sees it: peers, health, outbox backlog, readiness."""
+    return web.json_response(request.app[STATUS_KEY]())
+
+
+@endpoint(PROTOCOL, None)
 async def metrics(request: web.Request) -> web.StreamResponse:
     return web.Response(
         body=ctx(request).metrics.exposition(),
@@ -56,4 +64,9 @@ async def metrics(request: web.Request) -> web.StreamResponse:
 
 
 def routes() -> list[web.RouteDef]:
-    return [web.get("/up", up), web.get("/ready", ready), web.get("/metrics", metrics)]
+    return [
+        web.get("/up", up),
+        web.get("/ready", ready),
+        web.get("/status", status),
+        web.get("/metrics", metrics),
+    ]

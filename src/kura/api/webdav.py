@@ -6,6 +6,8 @@ object (clients.md). If PROPFIND or MKCOL answered 405 every write would fail, s
 
 * collections are virtual: ``MKCOL`` always answers 201, and ``PROPFIND`` on the root or on a
   path ending in ``/`` answers 207 with a collection;
+* every PROPFIND answer carries ``getlastmodified`` (a virtual collection's is the current time):
+  opendal's parser requires it and fails the whole write ("deserialize xml") without it;
 * ``PROPFIND`` on a stored key answers 207 with its length, otherwise 404;
 * ``PUT`` answers 201 for a new key and 204 for a replaced one (RFC 4918 §9.7.1).
 """
@@ -42,7 +44,12 @@ def _multistatus(href: str, props: str) -> web.Response:
 
 
 def _collection(href: str) -> web.Response:
-    return _multistatus(href, "<D:resourcetype><D:collection/></D:resourcetype>")
+    modified = formatdate(usegmt=True)
+    return _multistatus(
+        href,
+        "<D:resourcetype><D:collection/></D:resourcetype>"
+        f"<D:getlastmodified>{modified}</D:getlastmodified>",
+    )
 
 
 @endpoint(PROTOCOL, Access.READ)

@@ -20,6 +20,9 @@ from kura.core.errors import InvalidRequest
 
 MAX_KEY_CHARS = 512
 
+# Every producer (protocol family) that names artifacts. Peers refuse any other.
+PRODUCERS = frozenset({"nx", "metro", "turbo", "xcode", "gradle", "module", "bazel", "http", "dav"})
+
 # One segment of a path-like key: letters, digits and . _ - ~ ; never "." or "..".
 _SEGMENT = r"(?!\.\.?(?:/|$))[A-Za-z0-9._~-]{1,255}"
 

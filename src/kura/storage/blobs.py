@@ -211,9 +211,9 @@ async def stage_body(
 ) -> Staged:
     """Stream ``body`` into ``path`` within ``reservation`` and ``limit_bytes``.
 
-    Raises ``PayloadTooLarge`` past ``limit_bytes``, ``ResourceExhausted`` when a body without
-    a declared length cannot grow its reservation, ``IncompleteBody`` when fewer than
-    ``declared_length`` bytes arrive, ``DigestMismatch`` when ``expected_sha256`` is given and
+    Raises ``PayloadTooLarge`` past ``limit_bytes`` or past the tmp budget's whole capacity,
+    ``ResourceExhausted`` when a body without a declared length cannot grow its reservation
+    now, ``IncompleteBody`` when fewer than ``declared_length`` bytes arrive, ``DigestMismatch`` when ``expected_sha256`` is given and
     does not match. On any failure (cancellation included) the partial file is deleted; the
     caller owns releasing the reservation. The file is not yet fsynced.
     """
@@ -232,8 +232,11 @@ async def stage_body(
                         raise InvalidRequest(
                             f"body is longer than its declared Content-Length {declared_length}"
                         )
+                    # Grow by a step, but never ask for more than the limit or the budget's
+                    # capacity: a body that fits must not fail on the step's overshoot.
+                    step_to = reservation.size_bytes + GROW_STEP_BYTES
                     reservation.try_grow_to(
-                        min(limit_bytes, max(size, reservation.size_bytes + GROW_STEP_BYTES))
+                        max(size, min(limit_bytes, reservation.capacity_bytes, step_to))
                     )
                 f.write(chunk)
                 h.update(chunk)

@@ -30,16 +30,25 @@ class Reservation:
         self.size_bytes = size_bytes
         self.released = False
 
-    def try_grow_to(self, size_bytes: int) -> None:
-        """Grow this reservation to ``size_bytes`` now, or raise ``ResourceExhausted``.
+    @property
+    def capacity_bytes(self) -> int:
+        """The budget's whole capacity: the most this reservation can ever grow to."""
+        return self._budget.capacity_bytes
 
-        Used for bodies without a Content-Length, which reserve as they stream.
+    def try_grow_to(self, size_bytes: int) -> None:
+        """Grow this reservation to ``size_bytes`` now, or raise.
+
+        Used for bodies without a Content-Length, which reserve as they stream. Raises
+        ``PayloadTooLarge`` if ``size_bytes`` exceeds the whole capacity (it could never fit:
+        the same answer ``try_reserve`` gives a declared body), ``ResourceExhausted`` if it does
+        not fit right now. On either error the reservation keeps its size.
         """
         if self.released:
             raise RuntimeError("reservation already released")
         extra = size_bytes - self.size_bytes
         if extra <= 0:
             return
+        self._budget._check_could_ever_fit(size_bytes, growing=True)
         self._budget._take_now(extra)
         self.size_bytes = size_bytes
 
@@ -89,12 +98,7 @@ class TmpBudget:
         Raises ``PayloadTooLarge`` if ``size_bytes`` exceeds the whole capacity (it could never
         fit), ``ResourceExhausted`` if it does not fit right now.
         """
-        if size_bytes > self._ledger.capacity_bytes:
-            raise PayloadTooLarge(
-                f"body of {size_bytes} bytes is larger than the node's tmp staging budget "
-                f"({self._ledger.capacity_bytes} bytes)",
-                self._ledger.capacity_bytes,
-            )
+        self._check_could_ever_fit(size_bytes)
         self._take_now(size_bytes)
         return Reservation(self, size_bytes)
 
@@ -123,6 +127,15 @@ class TmpBudget:
             fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
+
+    def _check_could_ever_fit(self, size_bytes: int, *, growing: bool = False) -> None:
+        if size_bytes > self._ledger.capacity_bytes:
+            raise PayloadTooLarge(
+                f"body of {'at least ' if growing else ''}{size_bytes} bytes is larger than "
+                "the node's tmp staging budget "
+                f"({self._ledger.capacity_bytes} bytes)",
+                self._ledger.capacity_bytes,
+            )
 
     def _take_now(self, size_bytes: int) -> None:
         if not self._ledger.take(size_bytes, self._outside_bytes()):

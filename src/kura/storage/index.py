@@ -1,4 +1,9 @@
-"""The metadata index in SQLite (WAL): manifests, inline bodies, tombstones, access times.
+"""The metadata index in SQLite (WAL): manifests, inline bodies, tombstones, access times, and
+the replication outbox.
+
+Replication intent is durable: ``upsert`` and ``apply_tombstone`` write one outbox row per target
+peer in the *same* transaction as the data change (Kura's rule, kura-behaviour.md §3), so a
+crash can never leave a stored artifact that no peer will hear about.
 
 All methods are synchronous and blocking; ``CacheService`` calls them from its executors. One
 connection per thread (SQLite connections must not be shared across threads without care); all
@@ -12,7 +17,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kura.core.manifest import Manifest
@@ -42,7 +48,34 @@ CREATE TABLE IF NOT EXISTS tombstones (
     namespace_id TEXT PRIMARY KEY,
     version_ms   INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS outbox (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    peer           TEXT NOT NULL,
+    kind           TEXT NOT NULL,
+    artifact_id    TEXT NOT NULL DEFAULT '',
+    namespace_id   TEXT NOT NULL DEFAULT '',
+    version_ms     INTEGER NOT NULL,
+    enqueued_at_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS outbox_by_peer ON outbox(peer, id);
 """
+
+UPSERT = "upsert_artifact"
+DELETE_NAMESPACE = "delete_namespace"
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """One pending delivery to one peer. ``kind`` is UPSERT or DELETE_NAMESPACE."""
+
+    id: int
+    peer: str
+    kind: str
+    artifact_id: str
+    namespace_id: str
+    version_ms: int
+    enqueued_at_ms: int
+
 
 _COLUMNS = (
     "artifact_id, producer, namespace_id, key, content_type, size, sha256, version_ms, "
@@ -182,26 +215,18 @@ class MetadataIndex:
         )
         return [(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
 
-    def namespace_artifacts(
-        self, namespace_id: str, max_version_ms: int
-    ) -> list[tuple[str, int, bool]]:
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
-                "WHERE namespace_id = ? AND version_ms <= ?",
-                (namespace_id, max_version_ms),
-            )
-            .fetchall()
-        )
-        return [(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
-
     # -- writes (writer thread only) ---------------------------------------------------------
 
     def upsert(
-        self, manifest: Manifest, inline_body: bytes | None, stat_sig: str | None, now_ms: int
+        self,
+        manifest: Manifest,
+        inline_body: bytes | None,
+        stat_sig: str | None,
+        now_ms: int,
+        outbox_peers: Sequence[str] = (),
     ) -> int | None:
-        """Insert or replace one manifest; return the size it replaced (None if new)."""
+        """Insert or replace one manifest and enqueue it for ``outbox_peers``, atomically;
+        return the size it replaced (None if new)."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -228,6 +253,14 @@ class MetadataIndex:
                     stat_sig,
                 ),
             )
+            conn.executemany(
+                "INSERT INTO outbox (peer, kind, artifact_id, version_ms, enqueued_at_ms) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    (p, UPSERT, manifest.artifact_id, manifest.version_ms, now_ms)
+                    for p in outbox_peers
+                ),
+            )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -246,8 +279,15 @@ class MetadataIndex:
             conn.execute("ROLLBACK")
             raise
 
-    def set_tombstone(self, namespace_id: str, version_ms: int) -> bool:
-        """Raise the namespace tombstone to ``version_ms``; False if one >= it already exists."""
+    def apply_tombstone(
+        self, namespace_id: str, version_ms: int, now_ms: int, outbox_peers: Sequence[str] = ()
+    ) -> list[tuple[str, int, bool]] | None:
+        """Raise the namespace tombstone to ``version_ms``, delete the namespace's artifacts at or
+        below it and enqueue the delete for ``outbox_peers``, in one transaction.
+
+        Returns the deleted (artifact_id, size, inline) rows, or None when a tombstone at or
+        above ``version_ms`` already existed (nothing changes, nothing is enqueued).
+        """
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -256,16 +296,67 @@ class MetadataIndex:
             ).fetchone()
             if row is not None and int(row[0]) >= version_ms:
                 conn.execute("COMMIT")
-                return False
+                return None
             conn.execute(
                 "INSERT OR REPLACE INTO tombstones(namespace_id, version_ms) VALUES (?, ?)",
                 (namespace_id, version_ms),
             )
+            victims = [
+                (str(r[0]), int(r[1]), bool(r[2]))
+                for r in conn.execute(
+                    "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
+                    "WHERE namespace_id = ? AND version_ms <= ?",
+                    (namespace_id, version_ms),
+                )
+            ]
+            conn.executemany(
+                "DELETE FROM artifacts WHERE artifact_id = ?", ((v[0],) for v in victims)
+            )
+            conn.executemany(
+                "INSERT INTO outbox (peer, kind, namespace_id, version_ms, enqueued_at_ms) "
+                "VALUES (?, ?, ?, ?, ?)",
+                ((p, DELETE_NAMESPACE, namespace_id, version_ms, now_ms) for p in outbox_peers),
+            )
             conn.execute("COMMIT")
-            return True
+            return victims
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    # -- outbox --------------------------------------------------------------------------------
+
+    def outbox_batch(self, peer: str, limit: int) -> list[OutboxMessage]:
+        """The oldest ``limit`` messages for ``peer``, oldest first."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT id, peer, kind, artifact_id, namespace_id, version_ms, enqueued_at_ms "
+                "FROM outbox WHERE peer = ? ORDER BY id LIMIT ?",
+                (peer, limit),
+            )
+            .fetchall()
+        )
+        return [OutboxMessage(*r) for r in rows]
+
+    def outbox_delete(self, ids: Iterable[int]) -> int:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            cur = conn.executemany("DELETE FROM outbox WHERE id = ?", ((i,) for i in ids))
+            conn.execute("COMMIT")
+            return cur.rowcount
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def outbox_depths(self) -> dict[str, tuple[int, int]]:
+        """{peer: (pending messages, enqueue time in ms of the oldest)}."""
+        rows = (
+            self._conn()
+            .execute("SELECT peer, COUNT(*), MIN(enqueued_at_ms) FROM outbox GROUP BY peer")
+            .fetchall()
+        )
+        return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
 
     def touch(self, accesses: dict[str, int]) -> None:
         """Record last access times (batched from memory)."""

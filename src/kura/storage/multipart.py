@@ -95,7 +95,14 @@ class MultipartUploads:
         if declared_length is not None and others + declared_length > MAX_TOTAL_BYTES:
             raise UnprocessableEntity("Total upload size exceeds 2GB limit")
         budget = self._service.budget
-        reservation = budget.try_reserve(max(1, declared_length or MAX_PART_BYTES))
+        # A chunked part reserves its largest possible size, capped at the budget's capacity
+        # (stage_body answers 413 if it really grows past it).
+        first = (
+            declared_length
+            if declared_length is not None
+            else min(MAX_PART_BYTES, budget.capacity_bytes)
+        )
+        reservation = budget.try_reserve(max(1, first))
         try:
             staged = await stage_body(
                 body,

@@ -10,7 +10,13 @@ Guarantees:
 * Stored bytes are checked against the recorded SHA-256 before they are served: small blobs on
   every read, large ones whenever the file's stat signature changed since it was last verified.
   A mismatch drops the entry and reads as a miss, never as a hit with wrong bytes.
-* Stored bytes stay within ``max_disk_bytes`` by least-recently-used eviction.
+* Stored bytes stay within ``max_disk_bytes`` by least-recently-used eviction. Evictions are
+  local: they are never replicated.
+* Every local write (and namespace clean) enqueues one outbox message per replication target in
+  the same SQLite transaction as the data. Copies received from peers (``apply_replica``) are
+  applied by last-writer-wins and are not re-enqueued: every node ships its own writes to all.
+  Past ``outbox_max_depth`` pending messages, local writes fail with ``ResourceExhausted``
+  rather than growing an unbounded backlog.
 
 Blocking work runs off the event loop: SQLite reads and file opens in a small reader pool,
 fsync and hashing in a sync pool, and every index write plus the rename that publishes a blob in
@@ -24,14 +30,21 @@ import hashlib
 import logging
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from kit.clock import Clock
-from kura.core.errors import InsufficientStorage, NotFound, PayloadTooLarge, ResourceExhausted
+from kura.core.errors import (
+    DigestMismatch,
+    InsufficientStorage,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    ResourceExhausted,
+)
 from kura.core.eviction import bytes_to_free
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
@@ -44,8 +57,8 @@ from kura.storage.blobs import (
     stage_body,
     stat_signature,
 )
-from kura.storage.budget import TmpBudget
-from kura.storage.index import MetadataIndex
+from kura.storage.budget import Reservation, TmpBudget
+from kura.storage.index import MetadataIndex, OutboxMessage
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +104,9 @@ class StorageStats:
     evictions_total: int = 0
     evicted_bytes_total: int = 0
     corrupt_total: int = 0
-    apply_outcomes_total: dict[str, int] = field(default_factory=dict)
+    outbox_depth: int = 0
+    # (source, outcome) -> count; source is "local", "replication", "bootstrap", "read_through".
+    apply_outcomes_total: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -116,8 +131,15 @@ class CacheService:
         clock: Clock,
         max_disk_bytes: int,
         min_free_disk_bytes: int,
+        outbox_max_depth: int = 100_000,
     ) -> None:
         self.files = BlobFiles(data_dir, tmp_dir)
+        self.outbox_max_depth = outbox_max_depth
+        # Set by the mesh: who local writes are shipped to, and how to wake the shipper.
+        self.replication_targets: Callable[[], Sequence[str]] = tuple
+        self.on_outbox_write: Callable[[], None] = lambda: None
+        # Set by the mesh: on a local miss, try to fetch the artifact id from peers.
+        self.on_miss: Callable[[str], Awaitable[bool]] | None = None
         self.tenant_id = tenant_id
         self.budget = budget
         self.clock = clock
@@ -144,6 +166,7 @@ class CacheService:
         orphans = self._remove_orphans()
         count, used = self._index.totals()
         self.stats.artifacts, self.stats.used_bytes = count, used
+        self.stats.outbox_depth = sum(n for n, _ in self._index.outbox_depths().values())
         if swept or orphans:
             log.info("start-up sweep removed %d staging files and %d orphans", swept, orphans)
 
@@ -206,6 +229,10 @@ class CacheService:
     def artifact_id(self, ref: ArtifactRef) -> str:
         return artifact_id(ref.producer, self.tenant_id, ref.namespace_id, ref.key)
 
+    def artifact_id_of(self, manifest: Manifest) -> str:
+        """The identity a manifest's (producer, namespace, key) has on this node's tenant."""
+        return artifact_id(manifest.producer, self.tenant_id, manifest.namespace_id, manifest.key)
+
     def next_version_ms(self) -> int:
         self._last_version_ms = next_version_ms(self.clock.now_ms(), self._last_version_ms)
         return self._last_version_ms
@@ -219,9 +246,18 @@ class CacheService:
         """The verified artifact, or ``NotFound`` (absent, evicted, or failed verification)."""
         aid = self.artifact_id(ref)
         body = await self._in(self._reader, self._read_sync, aid)
+        if body is None and self.on_miss is not None and await self.on_miss(aid):
+            body = await self._in(self._reader, self._read_sync, aid)
         if body is None:
             raise NotFound("Artifact not found")
         self._touches[aid] = self.clock.now_ms()
+        return body
+
+    async def read_by_id(self, aid: str) -> StoredBody:
+        """Like ``read`` but by artifact id (peers address artifacts by id)."""
+        body = await self._in(self._reader, self._read_sync, aid)
+        if body is None:
+            raise NotFound("Artifact not found")
         return body
 
     async def read_manifest(self, aid: str) -> Manifest | None:
@@ -307,6 +343,15 @@ class CacheService:
             )
         self._check_free_disk(declared_length)
 
+    def check_outbox(self) -> None:
+        """Refuse a local write while the replication backlog is at its cap (503 + Retry-After)."""
+        if self.stats.outbox_depth >= self.outbox_max_depth:
+            raise ResourceExhausted(
+                f"shedding writes while replication catches up: {self.stats.outbox_depth} "
+                f"outbox messages pending (limit {self.outbox_max_depth})",
+                retry_after_seconds=5,
+            )
+
     def _check_free_disk(self, incoming_bytes: int) -> None:
         free = shutil.disk_usage(self.files.data_dir).free
         if free - incoming_bytes < self.min_free_disk_bytes:
@@ -334,7 +379,9 @@ class CacheService:
         """
         self.check_size(declared_length, limit_bytes)
         first = (
-            declared_length if declared_length is not None else min(GROW_STEP_BYTES, limit_bytes)
+            declared_length
+            if declared_length is not None
+            else min(GROW_STEP_BYTES, limit_bytes, self.budget.capacity_bytes)
         )
         with self.budget.try_reserve(max(first, 1)) as reservation:
             staged = await stage_body(
@@ -351,6 +398,7 @@ class CacheService:
         self, ref: ArtifactRef, parts: Sequence[Path], content_type: str
     ) -> PutResult:
         """Store the concatenation of ``parts`` (multipart completion). Parts are left in place."""
+        self.check_outbox()
         total = sum(p.stat().st_size for p in parts)
         self.check_size(total, self.max_disk_bytes)
         incoming = self.files.blobs_dir / f"multipart.incoming-{os.urandom(8).hex()}"
@@ -362,14 +410,13 @@ class CacheService:
 
     async def put_inline(self, ref: ArtifactRef, data: bytes, content_type: str) -> PutResult:
         """Store a small body inside the index (key-value entries)."""
+        self.check_outbox()
         self._check_free_disk(len(data))
         aid = self.artifact_id(ref)
         manifest = self._new_manifest(
             ref, aid, len(data), hashlib.sha256(data).hexdigest(), content_type, {}, inline=True
         )
-        return await self._in(
-            self._writer, self._commit_sync, manifest, None, data, self._take_touches()
-        )
+        return await self._commit(manifest, None, data, source="local")
 
     async def _commit_staged(
         self,
@@ -388,11 +435,32 @@ class CacheService:
             manifest = self._new_manifest(
                 ref, aid, staged.size, staged.sha256, content_type, headers
             )
-            return await self._in(
-                self._writer, self._commit_sync, manifest, staged.path, None, self._take_touches()
-            )
+            return await self._commit(manifest, staged.path, None, source="local")
         finally:
             staged.path.unlink(missing_ok=True)
+
+    async def _commit(
+        self,
+        manifest: Manifest,
+        staged_path: Path | None,
+        inline_body: bytes | None,
+        *,
+        source: str,
+    ) -> PutResult:
+        peers: Sequence[str] = self.replication_targets() if source == "local" else ()
+        result = await self._in(
+            self._writer,
+            self._commit_sync,
+            manifest,
+            staged_path,
+            inline_body,
+            self._take_touches(),
+            peers,
+            source,
+        )
+        if peers and result.outcome is ApplyOutcome.APPLIED:
+            self.on_outbox_write()
+        return result
 
     def _new_manifest(
         self,
@@ -424,14 +492,21 @@ class CacheService:
         touches, self._touches = self._touches, {}
         return touches
 
+    def _count(self, source: str, outcome: str) -> None:
+        key = (source, outcome)
+        self.stats.apply_outcomes_total[key] = self.stats.apply_outcomes_total.get(key, 0) + 1
+
     def _commit_sync(
         self,
         manifest: Manifest,
         staged_path: Path | None,
         inline_body: bytes | None,
         touches: dict[str, int],
+        outbox_peers: Sequence[str],
+        source: str,
     ) -> PutResult:
-        """Writer thread: LWW check, eviction, publish the file, record the row."""
+        """Writer thread: LWW check, eviction, publish the file, record the row and the outbox
+        messages in one transaction."""
         index = self._require_index()
         if touches:
             index.touch(touches)
@@ -440,9 +515,7 @@ class CacheService:
         outcome = decide_apply(
             manifest.version_ms, stored_version, index.tombstone(manifest.namespace_id)
         )
-        self.stats.apply_outcomes_total[outcome.value] = (
-            self.stats.apply_outcomes_total.get(outcome.value, 0) + 1
-        )
+        self._count(source, outcome.value)
         if outcome is not ApplyOutcome.APPLIED:
             return PutResult(existing[0] if existing else manifest, False, outcome)
         old_size = 0 if existing is None else existing[0].size
@@ -452,7 +525,8 @@ class CacheService:
             sig = stat_signature(self.files.persist(staged_path, manifest.artifact_id))
         elif existing is not None and not existing[0].inline:
             self.files.remove(manifest.artifact_id)
-        index.upsert(manifest, inline_body, sig, self.clock.now_ms())
+        index.upsert(manifest, inline_body, sig, self.clock.now_ms(), outbox_peers)
+        self.stats.outbox_depth += len(outbox_peers)
         self.stats.used_bytes += manifest.size - old_size
         if existing is None:
             self.stats.artifacts += 1
@@ -480,26 +554,137 @@ class CacheService:
                 self.stats.evictions_total += 1
                 self.stats.evicted_bytes_total += size
 
+    # -- copies from peers -------------------------------------------------------------------
+
+    async def apply_outcome_for(self, manifest: Manifest) -> ApplyOutcome:
+        """What applying ``manifest`` would do now (a pre-check before fetching its body)."""
+        return await self._in(self._reader, self._precheck_sync, manifest)
+
+    def _precheck_sync(self, manifest: Manifest) -> ApplyOutcome:
+        index = self._require_index()
+        existing = index.get(manifest.artifact_id)
+        return decide_apply(
+            manifest.version_ms,
+            None if existing is None else existing[0].version_ms,
+            index.tombstone(manifest.namespace_id),
+        )
+
+    async def apply_replica(
+        self,
+        manifest: Manifest,
+        body: AsyncIterator[bytes],
+        *,
+        declared_length: int | None,
+        source: str,
+        reservation: Reservation | None = None,
+    ) -> ApplyOutcome:
+        """Apply a peer's copy of an artifact at the peer's version (last writer wins).
+
+        The body must be exactly ``manifest.size`` bytes hashing to ``manifest.sha256``
+        (``DigestMismatch``/``IncompleteBody``/``InvalidRequest`` otherwise); a copy that is not
+        newer than what is stored, or is covered by a tombstone, is ignored without staging it.
+        Staging uses ``reservation`` when given (bootstrap reserves and waits itself), else a
+        fail-fast ``try_reserve`` (``ResourceExhausted`` when the tmp budget is full).
+        Never enqueues outbox messages. Safe to call concurrently.
+        """
+        outcome = await self.apply_outcome_for(manifest)
+        if outcome is not ApplyOutcome.APPLIED:
+            self._count(source, outcome.value)
+            return outcome
+        if manifest.size > self.max_disk_bytes:
+            raise InsufficientStorage(
+                f"artifact of {manifest.size} bytes exceeds the node's disk budget "
+                f"({self.max_disk_bytes} bytes)"
+            )
+        if declared_length is not None and declared_length != manifest.size:
+            raise InvalidRequest(
+                f"Content-Length {declared_length} does not match the manifest size {manifest.size}"
+            )
+        self._check_free_disk(manifest.size)
+        if manifest.inline:
+            data = b"".join([chunk async for chunk in _capped(body, manifest.size)])
+            if len(data) != manifest.size or hashlib.sha256(data).hexdigest() != manifest.sha256:
+                raise DigestMismatch("inline body does not match its manifest")
+            return (await self._commit(manifest, None, data, source=source)).outcome
+        own = reservation is None
+        held = self.budget.try_reserve(max(1, manifest.size)) if own else reservation
+        assert held is not None
+        try:
+            staged = await stage_body(
+                body,
+                self.files.new_staging_path("bootstrap" if source == "bootstrap" else "uploads"),
+                held,
+                limit_bytes=held.size_bytes,
+                declared_length=manifest.size,
+                expected_sha256=manifest.sha256,
+            )
+            try:
+                await self._in(self._syncer, fsync_path, staged.path)
+                return (await self._commit(manifest, staged.path, None, source=source)).outcome
+            finally:
+                staged.path.unlink(missing_ok=True)
+        finally:
+            if own:
+                held.release()
+
     # -- namespaces --------------------------------------------------------------------------
 
-    async def delete_namespace(self, namespace_id: str, version_ms: int | None = None) -> int:
+    async def delete_namespace(
+        self, namespace_id: str, version_ms: int | None = None, *, source: str = "local"
+    ) -> int:
         """Tombstone ``namespace_id`` at ``version_ms`` (default: a new local version) and delete
-        every artifact of it at or below that version. Returns the tombstone version."""
+        every artifact of it at or below that version. A local clean is enqueued for every
+        replication target; a tombstone from a peer is not. Returns the tombstone version."""
+        if source == "local":
+            self.check_outbox()
         version = self.next_version_ms() if version_ms is None else version_ms
-        await self._in(self._writer, self._delete_namespace_sync, namespace_id, version)
+        peers: Sequence[str] = self.replication_targets() if source == "local" else ()
+        applied = await self._in(
+            self._writer, self._delete_namespace_sync, namespace_id, version, peers
+        )
+        self._count(source + "_tombstone", "applied" if applied else "ignored_older")
+        if applied and peers:
+            self.on_outbox_write()
         return version
 
-    def _delete_namespace_sync(self, namespace_id: str, version_ms: int) -> None:
+    def _delete_namespace_sync(
+        self, namespace_id: str, version_ms: int, peers: Sequence[str]
+    ) -> bool:
         index = self._require_index()
-        if not index.set_tombstone(namespace_id, version_ms):
-            return
-        victims = index.namespace_artifacts(namespace_id, version_ms)
-        index.delete(v[0] for v in victims)
+        victims = index.apply_tombstone(namespace_id, version_ms, self.clock.now_ms(), peers)
+        if victims is None:
+            return False
+        self.stats.outbox_depth += len(peers)
         for aid, size, inline in victims:
             if not inline:
                 self.files.remove(aid)
             self.stats.used_bytes -= size
             self.stats.artifacts -= 1
+        return True
+
+    # -- paging for peers ----------------------------------------------------------------------
+
+    async def manifests_page(self, after: str, limit: int) -> list[Manifest]:
+        """Manifests in artifact_id order strictly after ``after`` (cursor paging)."""
+        return await self._in(self._reader, self._require_index().manifests_after, after, limit)
+
+    async def tombstones_page(self, after: str, limit: int) -> list[tuple[str, int]]:
+        return await self._in(self._reader, self._require_index().tombstones_after, after, limit)
+
+    # -- outbox ------------------------------------------------------------------------------
+
+    async def outbox_batch(self, peer: str, limit: int) -> list[OutboxMessage]:
+        return await self._in(self._reader, self._require_index().outbox_batch, peer, limit)
+
+    async def outbox_ack(self, ids: Sequence[int]) -> None:
+        """Delete delivered messages (only after the peer acknowledged them)."""
+        if not ids:
+            return
+        deleted = await self._in(self._writer, self._require_index().outbox_delete, ids)
+        self.stats.outbox_depth -= deleted
+
+    async def outbox_depths(self) -> dict[str, tuple[int, int]]:
+        return await self._in(self._reader, self._require_index().outbox_depths)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -510,6 +695,15 @@ class CacheService:
 
     async def _in(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+async def _capped(body: AsyncIterator[bytes], limit_bytes: int) -> AsyncIterator[bytes]:
+    size = 0
+    async for chunk in body:
+        size += len(chunk)
+        if size > limit_bytes:
+            raise InvalidRequest(f"body is longer than the manifest size {limit_bytes}")
+        yield chunk
 
 
 def _sha256_fileobj(f: BinaryIO) -> str:

@@ -1,0 +1,148 @@
+"""Peer-only routes under ``/_internal/``, served on ``KURA_INTERNAL_PORT`` and never on the
+public port (kura-behaviour.md §1.4). With mutual TLS configured, the listener refuses clients
+without a certificate from the peers' CA before any route runs.
+
+* ``GET /_internal/status`` → ``{"region", "tenant_id", "node_url"}`` (discovery probes).
+* ``PUT /_internal/replicate/artifact`` — raw body, manifest in ``Kura-Manifest``. 204 whether
+  applied or ignored (``Kura-Outcome`` says which); 400 bad manifest or body; 403 other tenant;
+  413/503 budget. The body is not read when the copy would be ignored.
+* ``DELETE /_internal/replicate/namespace?namespace_id=&version_ms=`` → 204.
+* ``GET /_internal/bootstrap/manifests?after=&limit=`` and ``.../namespace_tombstones`` —
+  cursor-paged in key order; ``next_after`` is null on the last page.
+* ``GET /_internal/bootstrap/artifacts/{artifact_id}`` — raw bytes with ``Kura-Manifest``; 404
+  when unknown or evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from kura.api.http import artifact_response, ctx, declared_length, endpoint, request_body
+from kura.core.errors import Forbidden, InvalidRequest
+from kura.core.keys import HEX_SHA256, NAMESPACE, PRODUCERS, validate
+from kura.mesh.wire import (
+    MANIFEST_HEADER,
+    OUTCOME_HEADER,
+    PAGE_LIMIT_DEFAULT,
+    PAGE_LIMIT_MAX,
+    TENANT_HEADER,
+    decode_manifest,
+    encode_manifest,
+)
+
+PROTOCOL = "internal"
+NODE_URL_KEY: web.AppKey[Callable[[], str]] = web.AppKey("kura_node_url")
+
+
+def _check_tenant(request: web.Request) -> None:
+    tenant = request.headers.get(TENANT_HEADER)
+    if tenant is not None and tenant != ctx(request).settings.tenant_id:
+        raise Forbidden(f"peer of tenant {tenant!r} is not part of this mesh")
+
+
+def _page_args(request: web.Request) -> tuple[str, int]:
+    after = request.query.get("after", "")
+    try:
+        limit = int(request.query.get("limit", str(PAGE_LIMIT_DEFAULT)))
+    except ValueError:
+        raise InvalidRequest("limit must be an integer") from None
+    if not 1 <= limit <= PAGE_LIMIT_MAX:
+        raise InvalidRequest(f"limit must be between 1 and {PAGE_LIMIT_MAX}")
+    return after, limit
+
+
+@endpoint(PROTOCOL, None)
+async def status(request: web.Request) -> web.StreamResponse:
+    s = ctx(request).settings
+    return web.json_response(
+        {"region": s.region, "tenant_id": s.tenant_id, "node_url": request.app[NODE_URL_KEY]()}
+    )
+
+
+@endpoint(PROTOCOL, None)
+async def replicate_artifact(request: web.Request) -> web.StreamResponse:
+    _check_tenant(request)
+    try:
+        manifest = decode_manifest(request.headers.get(MANIFEST_HEADER, ""))
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if manifest.producer not in PRODUCERS:
+        raise InvalidRequest(f"unknown producer {manifest.producer!r}")
+    if manifest.version_ms <= 0 or manifest.size < 0:
+        raise InvalidRequest("manifest version_ms must be > 0 and size >= 0")
+    validate(manifest.artifact_id, HEX_SHA256, "artifact_id")
+    validate(manifest.sha256, HEX_SHA256, "sha256")
+    service = ctx(request).service
+    if service.artifact_id_of(manifest) != manifest.artifact_id:
+        raise InvalidRequest("artifact_id does not match producer, namespace and key")
+    outcome = await service.apply_replica(
+        manifest,
+        request_body(request, PROTOCOL),
+        declared_length=declared_length(request),
+        source="replication",
+    )
+    return web.Response(status=204, headers={OUTCOME_HEADER: outcome.value})
+
+
+@endpoint(PROTOCOL, None)
+async def replicate_namespace(request: web.Request) -> web.StreamResponse:
+    _check_tenant(request)
+    namespace = validate(request.query.get("namespace_id", ""), NAMESPACE, "namespace_id")
+    try:
+        version_ms = int(request.query["version_ms"])
+    except (KeyError, ValueError):
+        raise InvalidRequest("version_ms must be an integer") from None
+    if version_ms <= 0:
+        raise InvalidRequest("version_ms must be > 0")
+    await ctx(request).service.delete_namespace(namespace, version_ms, source="replication")
+    return web.Response(status=204)
+
+
+@endpoint(PROTOCOL, None)
+async def manifests(request: web.Request) -> web.StreamResponse:
+    after, limit = _page_args(request)
+    page = await ctx(request).service.manifests_page(after, limit + 1)
+    more = len(page) > limit
+    page = page[:limit]
+    return web.json_response(
+        {
+            "manifests": [m.to_json() for m in page],
+            "next_after": page[-1].artifact_id if more else None,
+        }
+    )
+
+
+@endpoint(PROTOCOL, None)
+async def tombstones(request: web.Request) -> web.StreamResponse:
+    after, limit = _page_args(request)
+    page = await ctx(request).service.tombstones_page(after, limit + 1)
+    more = len(page) > limit
+    page = page[:limit]
+    return web.json_response(
+        {
+            "tombstones": [{"namespace_id": n, "version_ms": v} for n, v in page],
+            "next_after": page[-1][0] if more else None,
+        }
+    )
+
+
+@endpoint(PROTOCOL, None)
+async def artifact(request: web.Request) -> web.StreamResponse:
+    aid = validate(request.match_info["artifact_id"], HEX_SHA256, "artifact_id")
+    body = await ctx(request).service.read_by_id(aid)
+    return artifact_response(
+        request, body, PROTOCOL, extra_headers={MANIFEST_HEADER: encode_manifest(body.manifest)}
+    )
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/_internal/status", status),
+        web.put("/_internal/replicate/artifact", replicate_artifact),
+        web.delete("/_internal/replicate/namespace", replicate_namespace),
+        web.get("/_internal/bootstrap/manifests", manifests),
+        web.get("/_internal/bootstrap/namespace_tombstones", tombstones),
+        web.get("/_internal/bootstrap/artifacts/{artifact_id}", artifact, allow_head=True),
+    ]

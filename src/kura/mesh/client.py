@@ -1,0 +1,222 @@
+"""HTTP client for talking to peers' internal listeners.
+
+Every call has a timeout (``asyncio.timeout``) and turns aiohttp's errors into ``PeerError``, so
+callers deal with one exception type. With mutual TLS configured, every connection presents this
+node's certificate and verifies the peer's against the shared CA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import aiohttp
+
+from kura.core.manifest import Manifest
+from kura.mesh.wire import (
+    MANIFEST_HEADER,
+    OUTCOME_HEADER,
+    TENANT_HEADER,
+    decode_manifest,
+    encode_manifest,
+)
+
+STREAM_CHUNK_BYTES = 256 * 1024
+
+
+class PeerError(Exception):
+    """A peer could not be reached or answered with an error. ``status`` is None if unreached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PeerStatus:
+    node_url: str
+    tenant_id: str
+    region: str
+
+
+def client_ssl_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def server_ssl_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
+    """Server side of peer mTLS: a client without a certificate signed by ``ca`` is refused."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=ca)
+    ctx.load_cert_chain(cert, key)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+class PeerClient:
+    """One shared connection pool to all peers. ``start()`` then ``close()``."""
+
+    def __init__(
+        self,
+        tenant_id: str,
+        ssl_context: ssl.SSLContext | None,
+        request_timeout_seconds: float = 30.0,
+    ) -> None:
+        self._tenant_id = tenant_id
+        self._ssl = ssl_context
+        self._timeout = request_timeout_seconds
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=64, limit_per_host=16, ssl=self._ssl or False)
+        self._session = aiohttp.ClientSession(
+            connector=connector, headers={TENANT_HEADER: self._tenant_id}
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("PeerClient.start() has not been called")
+        return self._session
+
+    async def status(self, url: str, timeout_seconds: float = 2.0) -> PeerStatus:
+        data = await self._get_json(url + "/_internal/status", timeout_seconds)
+        try:
+            return PeerStatus(str(data["node_url"]), str(data["tenant_id"]), str(data["region"]))
+        except (KeyError, TypeError) as exc:
+            raise PeerError(f"{url}: malformed status: {exc}") from exc
+
+    async def push_artifact(self, url: str, manifest: Manifest, body: bytes | BinaryIO) -> str:
+        """PUT one artifact; returns the receiver's outcome (applied, ignored_stale, ...)."""
+        headers = {
+            MANIFEST_HEADER: encode_manifest(manifest),
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(manifest.size),
+        }
+        try:
+            async with asyncio.timeout(self._timeout + manifest.size / (16 * 1024 * 1024)):
+                async with self.session.put(
+                    url + "/_internal/replicate/artifact", data=body, headers=headers
+                ) as resp:
+                    text = await resp.text()
+                    if resp.status // 100 != 2:
+                        raise PeerError(
+                            f"{url}: replicate answered {resp.status}: {text[:200]}", resp.status
+                        )
+                    return resp.headers.get(OUTCOME_HEADER, "applied")
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise PeerError(f"{url}: replicate failed: {exc!r}") from exc
+
+    async def push_tombstone(self, url: str, namespace_id: str, version_ms: int) -> None:
+        params = {"namespace_id": namespace_id, "version_ms": str(version_ms)}
+        try:
+            async with asyncio.timeout(self._timeout):
+                async with self.session.delete(
+                    url + "/_internal/replicate/namespace", params=params
+                ) as resp:
+                    text = await resp.text()
+                    if resp.status // 100 != 2:
+                        raise PeerError(
+                            f"{url}: delete answered {resp.status}: {text[:200]}", resp.status
+                        )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise PeerError(f"{url}: delete failed: {exc!r}") from exc
+
+    async def manifests_page(
+        self, url: str, after: str, limit: int, timeout_seconds: float = 30.0
+    ) -> tuple[list[Manifest], str | None]:
+        data = await self._get_json(
+            url + "/_internal/bootstrap/manifests",
+            timeout_seconds,
+            {"after": after, "limit": str(limit)},
+        )
+        try:
+            manifests = [Manifest.from_json(m) for m in data["manifests"]]
+            return manifests, data.get("next_after")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PeerError(f"{url}: malformed manifests page: {exc}") from exc
+
+    async def tombstones_page(
+        self, url: str, after: str, limit: int, timeout_seconds: float = 30.0
+    ) -> tuple[list[tuple[str, int]], str | None]:
+        data = await self._get_json(
+            url + "/_internal/bootstrap/namespace_tombstones",
+            timeout_seconds,
+            {"after": after, "limit": str(limit)},
+        )
+        try:
+            items = [(str(t["namespace_id"]), int(t["version_ms"])) for t in data["tombstones"]]
+            return items, data.get("next_after")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PeerError(f"{url}: malformed tombstones page: {exc}") from exc
+
+    async def fetch_artifact(
+        self, url: str, artifact_id: str, timeout_seconds: float
+    ) -> FetchedArtifact | None:
+        """Open a peer's artifact: its manifest and a body stream, or None if the peer lacks it.
+
+        The caller must ``await fetched.close()``. ``timeout_seconds`` bounds the time to the
+        response headers; reading the body is bounded by the caller.
+        """
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                resp = await self.session.get(url + f"/_internal/bootstrap/artifacts/{artifact_id}")
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise PeerError(f"{url}: fetch failed: {exc!r}") from exc
+        if resp.status == 404:
+            resp.release()
+            return None
+        if resp.status != 200:
+            text = await resp.text()
+            resp.release()
+            raise PeerError(f"{url}: fetch answered {resp.status}: {text[:200]}", resp.status)
+        try:
+            manifest = decode_manifest(resp.headers.get(MANIFEST_HEADER, ""))
+        except ValueError as exc:
+            resp.release()
+            raise PeerError(f"{url}: {exc}") from exc
+        return FetchedArtifact(manifest, resp.content_length, resp)
+
+    async def _get_json(
+        self, url: str, timeout_seconds: float, params: dict[str, str] | None = None
+    ) -> Any:
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                async with self.session.get(url, params=params) as resp:
+                    body = await resp.read()
+                    if resp.status != 200:
+                        raise PeerError(f"{url} answered {resp.status}", resp.status)
+                    return json.loads(body)
+        except (aiohttp.ClientError, TimeoutError, OSError, json.JSONDecodeError) as exc:
+            raise PeerError(f"{url}: {exc!r}") from exc
+
+
+class FetchedArtifact:
+    """A peer artifact being received: manifest, declared length and the body stream."""
+
+    def __init__(
+        self, manifest: Manifest, content_length: int | None, response: aiohttp.ClientResponse
+    ) -> None:
+        self.manifest = manifest
+        self.content_length = content_length
+        self._response = response
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body; connection errors become ``PeerError``."""
+        try:
+            async for chunk in self._response.content.iter_chunked(STREAM_CHUNK_BYTES):
+                yield chunk
+        except (aiohttp.ClientError, OSError) as exc:
+            raise PeerError(f"body stream broke: {exc!r}") from exc
+
+    async def close(self) -> None:
+        self._response.release()

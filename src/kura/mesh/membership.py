@@ -1,0 +1,219 @@
+"""Peer discovery and membership.
+
+Candidates are the seed URLs (``KURA_PEERS``) plus, with ``KURA_DISCOVERY_DNS_NAME``, every
+address the name resolves to (``scheme://ip:port`` with the node URL's scheme and port; with TLS
+the name itself, so the certificate's SAN matches). Every interval each candidate is probed on
+``/_internal/status``; a peer is admitted only when it reports this node's tenant and a node URL
+other than ours (kura-behaviour.md §4). A peer's identity is the node URL it reports.
+
+Admitted peers stay known while they are down (their health flips), so writes keep being queued
+for them and they catch up when they return. Every change (joined, left, healthy, unhealthy) is
+logged and counted, bumps ``generation`` and starts a settle window.
+
+Initial discovery is complete after one probe round in which some candidate answered, or when
+there are no candidates, or — so that ``/ready`` can never wait forever on seeds that never
+answer — after ``initial_timeout_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from kit.clock import Clock
+from kura.mesh.client import PeerClient, PeerError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Peer:
+    """What this node knows about one admitted peer."""
+
+    node_url: str
+    region: str = ""
+    healthy: bool = False
+    last_ok_at: float = 0.0  # monotonic seconds
+    candidate_urls: set[str] = field(default_factory=set)
+
+
+@dataclass
+class MembershipStats:
+    changes_total: dict[str, int] = field(default_factory=dict)
+    probes_total: dict[str, int] = field(default_factory=dict)
+
+
+class Membership:
+    """The mesh as this node sees it. Event-loop confined."""
+
+    def __init__(
+        self,
+        *,
+        self_url: Callable[[], str],
+        tenant_id: str,
+        seeds: tuple[str, ...],
+        dns_name: str | None,
+        client: PeerClient,
+        clock: Clock,
+        interval_seconds: float,
+        settle_seconds: float,
+        initial_timeout_seconds: float,
+        tls: bool,
+    ) -> None:
+        self._self_url = self_url
+        self._tenant_id = tenant_id
+        self._seeds = seeds
+        self._dns_name = dns_name
+        self._client = client
+        self._clock = clock
+        self._interval = interval_seconds
+        self._settle = settle_seconds
+        self._initial_timeout = initial_timeout_seconds
+        self._tls = tls
+        self.peers: dict[str, Peer] = {}
+        # Candidates that answered as ourselves or as another tenant: never targets.
+        self._excluded: set[str] = set()
+        # Candidate URL -> node URL it reported, once probed.
+        self._resolved: dict[str, str] = {}
+        self.generation = 0
+        self.initial_discovery_completed = False
+        self._started_at = clock.monotonic()
+        self._changed_at = -1e9
+        self.stats = MembershipStats()
+        self.listeners: list[Callable[[str, str], None]] = []
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def targets(self) -> list[str]:
+        """Where a local write must be replicated: every known peer, plus seeds not yet
+        identified (a seed that is down at write time still gets its messages)."""
+        me = self._self_url()
+        out = {p.node_url for p in self.peers.values()}
+        for seed in self._seeds:
+            if seed not in self._excluded and seed not in self._resolved:
+                out.add(seed)
+        out.discard(me)
+        return sorted(out)
+
+    def healthy_peers(self) -> list[str]:
+        return sorted(p.node_url for p in self.peers.values() if p.healthy)
+
+    def members(self) -> list[str]:
+        """Node URLs of this node and every known peer, sorted."""
+        return sorted({self._self_url(), *(p.node_url for p in self.peers.values())})
+
+    def settling(self) -> bool:
+        return self._clock.monotonic() - self._changed_at < self._settle
+
+    # -- discovery loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Forever: probe every candidate each interval."""
+        while True:
+            try:
+                await self.probe_once()
+            except Exception:
+                log.exception("discovery round failed; retrying next interval")
+            await asyncio.sleep(self._interval)
+
+    async def candidates(self) -> list[str]:
+        found = set(self._seeds)
+        if self._dns_name:
+            found |= await self._resolve_dns()
+        return sorted(found)
+
+    async def _resolve_dns(self) -> set[str]:
+        me = urlsplit(self._self_url())
+        port = me.port or (443 if me.scheme == "https" else 80)
+        assert self._dns_name is not None
+        if self._tls:
+            return {f"https://{self._dns_name}:{port}"}
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                self._dns_name, port, type=socket.SOCK_STREAM
+            )
+        except OSError as exc:
+            log.warning("DNS discovery of %s failed: %s", self._dns_name, exc)
+            return set()
+        urls = set()
+        for family, _t, _p, _c, addr in infos:
+            host = str(addr[0])
+            urls.add(
+                f"{me.scheme}://[{host}]:{port}"
+                if family == socket.AF_INET6
+                else f"{me.scheme}://{host}:{port}"
+            )
+        return urls
+
+    async def probe_once(self) -> None:
+        candidates = await self.candidates()
+        me = self._self_url()
+        results = await asyncio.gather(
+            *(self._client.status(c) for c in candidates), return_exceptions=True
+        )
+        answered = False
+        seen_ok: set[str] = set()
+        for candidate, result in zip(candidates, results, strict=True):
+            if isinstance(result, PeerError):
+                self._count_probe("error")
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            answered = True
+            self._count_probe("ok")
+            if result.tenant_id != self._tenant_id or result.node_url == me or candidate == me:
+                if candidate not in self._excluded:
+                    log.info(
+                        "discovery: %s is %s; not a peer",
+                        candidate,
+                        "this node"
+                        if result.tenant_id == self._tenant_id
+                        else f"tenant {result.tenant_id!r}",
+                    )
+                self._excluded.add(candidate)
+                continue
+            self._resolved[candidate] = result.node_url
+            seen_ok.add(result.node_url)
+            peer = self.peers.get(result.node_url)
+            if peer is None:
+                peer = Peer(result.node_url, result.region)
+                self.peers[result.node_url] = peer
+                self._change("joined", result.node_url)
+            peer.candidate_urls.add(candidate)
+            peer.last_ok_at = self._clock.monotonic()
+            if not peer.healthy:
+                peer.healthy = True
+                self._change("healthy", result.node_url)
+        for peer in self.peers.values():
+            if peer.healthy and peer.node_url not in seen_ok:
+                peer.healthy = False
+                self._change("unhealthy", peer.node_url)
+        # A peer found only through DNS that is gone from DNS and down has left the mesh.
+        current = set(candidates)
+        for url, peer in list(self.peers.items()):
+            if not peer.healthy and not (peer.candidate_urls & current):
+                del self.peers[url]
+                self._change("left", url)
+        if not self.initial_discovery_completed and (
+            answered
+            or not candidates
+            or self._clock.monotonic() - self._started_at >= self._initial_timeout
+        ):
+            self.initial_discovery_completed = True
+            log.info("initial discovery completed: %d peers known", len(self.peers))
+
+    def _count_probe(self, result: str) -> None:
+        self.stats.probes_total[result] = self.stats.probes_total.get(result, 0) + 1
+
+    def _change(self, change: str, node_url: str) -> None:
+        self.generation += 1
+        if change in ("joined", "left"):
+            self._changed_at = self._clock.monotonic()
+        self.stats.changes_total[change] = self.stats.changes_total.get(change, 0) + 1
+        log.info("membership: peer %s %s (generation %d)", node_url, change, self.generation)
+        for listener in self.listeners:
+            listener(change, node_url)

@@ -1,0 +1,203 @@
+"""The outbox shipper: delivers each peer's queued messages, deleting one only when the peer
+acknowledged it (2xx).
+
+One worker per peer, so a slow or dead peer never holds up the others (field report B34). A
+worker wakes on every local write and every ``RETRY_SECONDS``; it takes the peer's oldest
+messages in batches and delivers up to ``PIPELINE`` of them at once. After a failure the peer
+backs off 2 s, doubling to ``backoff_max_seconds`` (kura-behaviour.md §3); a success, or the
+membership seeing the peer healthy again, resets the backoff.
+
+An upsert ships the artifact as it is stored *now* (its current version); if it is gone (evicted
+or cleaned) the message counts as delivered. Out-of-order delivery is safe: receivers apply
+last-writer-wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from kit.clock import Clock
+from kura.core.errors import NotFound
+from kura.mesh.client import PeerClient, PeerError
+from kura.storage.index import DELETE_NAMESPACE, OutboxMessage
+from kura.storage.service import CacheService
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 2.0
+BACKOFF_START_SECONDS = 2.0
+BATCH = 64
+PIPELINE = 4
+
+
+@dataclass
+class PeerShipping:
+    """Per-peer delivery state, read by metrics and ``kura status``."""
+
+    peer: str
+    failures: int = 0
+    backoff_until: float = 0.0
+    depth: int = 0
+    oldest_enqueued_ms: int | None = None
+    last_error: str = ""
+    results_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def count(self, operation: str, result: str) -> None:
+        key = (operation, result)
+        self.results_total[key] = self.results_total.get(key, 0) + 1
+
+
+class Shipper:
+    """Runs one delivery worker per peer that has (or may get) messages."""
+
+    def __init__(
+        self,
+        service: CacheService,
+        client: PeerClient,
+        clock: Clock,
+        backoff_max_seconds: float,
+    ) -> None:
+        self._service = service
+        self._client = client
+        self._clock = clock
+        self._backoff_max = backoff_max_seconds
+        self.peers: dict[str, PeerShipping] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._refresh = asyncio.Event()
+
+    def wake(self) -> None:
+        """A local write enqueued messages: every worker looks again now."""
+        self._refresh.set()
+        for state in self.peers.values():
+            state.wake.set()
+
+    def peer_healthy_again(self, node_url: str) -> None:
+        """Membership saw ``node_url`` come back: retry it now instead of after its backoff."""
+        state = self.peers.get(node_url)
+        if state is not None:
+            state.failures = 0
+            state.backoff_until = 0.0
+            state.wake.set()
+
+    async def run(self) -> None:
+        """Forever: keep a worker for every peer with queued messages; refresh depth gauges."""
+        try:
+            while True:
+                await self._sync_workers()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RETRY_SECONDS):
+                        await self._refresh.wait()
+                self._refresh.clear()
+        finally:
+            for task in self._workers.values():
+                task.cancel()
+            for task in self._workers.values():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _sync_workers(self) -> None:
+        depths = await self._service.outbox_depths()
+        for peer, (count, oldest) in depths.items():
+            state = self.peers.get(peer)
+            if state is None:
+                state = self.peers[peer] = PeerShipping(peer)
+            state.depth, state.oldest_enqueued_ms = count, oldest
+        for peer, state in self.peers.items():
+            if peer not in depths:
+                state.depth, state.oldest_enqueued_ms = 0, None
+            task = self._workers.get(peer)
+            if task is None or task.done():
+                if task is not None and not task.cancelled() and task.exception() is not None:
+                    raise RuntimeError(f"shipper worker for {peer} died") from task.exception()
+                self._workers[peer] = asyncio.create_task(self._worker(state), name=f"ship {peer}")
+
+    async def _worker(self, state: PeerShipping) -> None:
+        while True:
+            # Clear before looking, so a write that lands while we deliver wakes us again.
+            state.wake.clear()
+            if state.backoff_until <= self._clock.monotonic():
+                batch = await self._service.outbox_batch(state.peer, BATCH)
+                if batch and await self._deliver(state, batch):
+                    continue  # more may be waiting
+            now = self._clock.monotonic()
+            wait = state.backoff_until - now if state.backoff_until > now else RETRY_SECONDS
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await state.wake.wait()
+
+    async def _deliver(self, state: PeerShipping, batch: list[OutboxMessage]) -> bool:
+        """Deliver a batch; ack what succeeded. False (and back off) if anything failed."""
+        sem = asyncio.Semaphore(PIPELINE)
+        failed: list[str] = []
+
+        async def one(msg: OutboxMessage) -> int | None:
+            async with sem:
+                if failed:
+                    return None
+                try:
+                    await self._send(state, msg)
+                    return msg.id
+                except PeerError as exc:
+                    failed.append(str(exc))
+                    return None
+
+        results = await asyncio.gather(*(one(m) for m in batch))
+        acked = [r for r in results if r is not None]
+        await self._service.outbox_ack(acked)
+        state.depth = max(0, state.depth - len(acked))
+        if state.depth == 0:
+            state.oldest_enqueued_ms = None
+        if failed:
+            state.failures += 1
+            backoff = min(BACKOFF_START_SECONDS * 2 ** (state.failures - 1), self._backoff_max)
+            state.backoff_until = self._clock.monotonic() + backoff
+            if state.last_error != failed[0] or state.failures in (1, 5, 10) or backoff >= 60:
+                log.warning(
+                    "replication to %s failed (%d in a row, retry in %.0fs): %s",
+                    state.peer,
+                    state.failures,
+                    backoff,
+                    failed[0],
+                )
+            state.last_error = failed[0]
+            return False
+        if state.failures:
+            log.info("replication to %s recovered after %d failures", state.peer, state.failures)
+        state.failures = 0
+        state.backoff_until = 0.0
+        state.last_error = ""
+        return True
+
+    async def _send(self, state: PeerShipping, msg: OutboxMessage) -> None:
+        if msg.kind == DELETE_NAMESPACE:
+            try:
+                await self._client.push_tombstone(msg.peer, msg.namespace_id, msg.version_ms)
+            except PeerError:
+                state.count("delete_namespace", "error")
+                raise
+            state.count("delete_namespace", "ok")
+            return
+        try:
+            body = await self._service.read_by_id(msg.artifact_id)
+        except NotFound:
+            state.count("upsert_artifact", "gone")
+            return  # evicted or cleaned since: nothing to ship
+        payload: bytes | BinaryIO
+        if body.data is not None:
+            payload = body.data
+        else:
+            assert body.file is not None
+            payload = body.file
+        try:
+            outcome = await self._client.push_artifact(msg.peer, body.manifest, payload)
+        except PeerError:
+            state.count("upsert_artifact", "error")
+            raise
+        finally:
+            body.close()
+        state.count("upsert_artifact", outcome)
