@@ -22,6 +22,7 @@ from kit.settings import (
     parse_positive_int,
     split_list,
 )
+from kura.core.errors import InvalidRequest
 from kura.core.keys import NAMESPACE, validate
 
 MiB = 1024 * 1024
@@ -68,7 +69,11 @@ def _tokens(text: str) -> tuple[str, ...]:
 
 def _tenant(text: str) -> str:
     text = _non_empty(text)
-    validate(text, NAMESPACE, "tenant id")
+    try:
+        validate(text, NAMESPACE, "tenant id")
+    except InvalidRequest as exc:
+        # Parsers report problems as ValueError so ``load`` lists them with the others.
+        raise ValueError(exc.message) from None
     return text
 
 

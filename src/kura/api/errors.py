@@ -3,19 +3,23 @@
 Bodies are JSON ``{"message": "..."}`` like the Rust Kura server (kura-behaviour.md §1.2).
 Exceptions from clients that answer text ask for ``text`` style: Content-Type exactly
 ``text/plain``, no parameters, because Nx treats only such a 401 as "Unauthorized" (clients.md;
-Nx 24 compares the header byte for byte). 503s carry ``Retry-After``.
+Nx 24 compares the header byte for byte). Turborepo's routes ask for ``vercel`` style: the same
+JSON plus the Vercel API's ``{"error": {"code", "message"}}``, because turbo 2 parses every 403
+body as that shape (a read-only token's refused upload otherwise shows as "failed to contact
+remote cache: unable to parse ... missing field `error`"). 503s carry ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 from typing import Literal
 
 from aiohttp import web
 
 from kura.core import errors as e
 
-ErrorStyle = Literal["json", "text"]
+ErrorStyle = Literal["json", "text", "vercel"]
 
 STATUS: tuple[tuple[type[e.KuraError], int], ...] = (
     (e.Unauthenticated, 401),
@@ -54,9 +58,14 @@ def error_response(exc: e.KuraError, style: ErrorStyle = "json") -> web.Response
         return web.Response(
             status=status, body=exc.message.encode(), headers=headers, content_type="text/plain"
         )
+    doc: dict[str, object] = {"message": exc.message}
+    if style == "vercel":
+        # Not "remote_caching_*": turbo would switch remote caching off for the whole run.
+        code = HTTPStatus(status).phrase.lower().replace(" ", "_")  # "forbidden", "bad_request"
+        doc["error"] = {"code": code, "message": exc.message}
     return web.Response(
         status=status,
-        body=json.dumps({"message": exc.message}),
+        body=json.dumps(doc),
         headers=headers,
         content_type="application/json",
     )

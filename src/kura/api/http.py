@@ -183,11 +183,17 @@ def artifact_response(
     """200 with the artifact's bytes, Content-Type and Content-Length from its manifest."""
     headers = {"Content-Type": body.manifest.content_type or "application/octet-stream"}
     headers.update(extra_headers or {})
-    ctx(request).metrics.bytes_out.labels(protocol).inc(body.manifest.size)
+    count_bytes_out(request, protocol, body.manifest.size)
     if body.data is not None:
         # aiohttp sends Content-Length and omits the body itself for HEAD.
         return web.Response(status=200, body=body.data, headers=headers)
     return _OpenFileResponse(body, headers)
+
+
+def count_bytes_out(request: web.Request, protocol: str, size_bytes: int) -> None:
+    """Count an artifact body about to be sent; a HEAD answer sends none."""
+    if request.method != "HEAD":
+        ctx(request).metrics.bytes_out.labels(protocol).inc(size_bytes)
 
 
 def count_lookup(request: web.Request, protocol: str, hit: bool) -> None:

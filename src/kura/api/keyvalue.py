@@ -13,7 +13,7 @@ import json
 from aiohttp import web
 
 from kura.api.auth import Access
-from kura.api.http import count_lookup, ctx, endpoint, read_small_body
+from kura.api.http import count_bytes_out, count_lookup, ctx, endpoint, read_small_body
 from kura.api.scope import namespace_of
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import SAFE_NAME, validate
@@ -58,6 +58,7 @@ async def get(request: web.Request) -> web.StreamResponse:
         raise NotFound("Key-value entry not found") from None
     count_lookup(request, PROTOCOL, True)
     assert body.data is not None
+    count_bytes_out(request, PROTOCOL, len(body.data))
     return web.Response(status=200, body=body.data, content_type="application/json")
 
 

@@ -5,7 +5,9 @@ What turbo 2.11 sends (clients.md): ``GET /v8/artifacts/status``; ``GET``/``PUT`
 ``x-artifact-duration`` and, with signing on, ``x-artifact-tag``; both are stored with the body
 and returned on GET, because turbo treats a signed artifact without its tag as a miss. The team
 (``teamId`` or ``slug``) is the namespace; a request without either is 400, like
-turborepo-remote-cache. ``POST /v8/artifacts`` answers which of a list of hashes exist.
+turborepo-remote-cache. ``POST /v8/artifacts`` answers which of a list of hashes exist. Errors
+carry the Vercel ``{"error": {"code", "message"}}`` shape (``kura.api.errors``), which turbo
+parses on a 403 such as a read-only token's upload.
 """
 
 from __future__ import annotations
@@ -39,17 +41,17 @@ def _ref(request: web.Request, hash_: str | None = None) -> ArtifactRef:
     return ArtifactRef("turbo", team, key)
 
 
-@endpoint(PROTOCOL, Access.READ)
+@endpoint(PROTOCOL, Access.READ, style="vercel")
 async def status(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": "enabled"})
 
 
-@endpoint(PROTOCOL, Access.READ)
+@endpoint(PROTOCOL, Access.READ, style="vercel")
 async def get(request: web.Request) -> web.StreamResponse:
     return await serve(request, _ref(request), PROTOCOL, headers_from_manifest=STORED_HEADERS)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, style="vercel")
 async def put(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
     headers = {}
@@ -70,7 +72,7 @@ async def put(request: web.Request) -> web.StreamResponse:
     return web.json_response({"urls": [f"{request.path}"]}, status=202)
 
 
-@endpoint(PROTOCOL, Access.READ)
+@endpoint(PROTOCOL, Access.READ, style="vercel")
 async def events(request: web.Request) -> web.StreamResponse:
     raw = await read_small_body(request, SMALL_BODY_LIMIT_BYTES, PROTOCOL)
     try:
@@ -80,7 +82,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     return web.Response(status=200)
 
 
-@endpoint(PROTOCOL, Access.READ)
+@endpoint(PROTOCOL, Access.READ, style="vercel")
 async def query(request: web.Request) -> web.StreamResponse:
     raw = await read_small_body(request, SMALL_BODY_LIMIT_BYTES, PROTOCOL)
     try:

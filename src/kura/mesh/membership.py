@@ -10,9 +10,11 @@ Admitted peers stay known while they are down (their health flips), so writes ke
 for them and they catch up when they return. Every change (joined, left, healthy, unhealthy) is
 logged and counted, bumps ``generation`` and starts a settle window.
 
-Initial discovery is complete after one probe round in which some candidate answered, or when
-there are no candidates, or — so that ``/ready`` can never wait forever on seeds that never
-answer — after ``initial_timeout_seconds``.
+Initial discovery is complete once every candidate has answered at least once (ourselves and
+other tenants included), or when there are no candidates, or — so that ``/ready`` can never wait
+forever on a seed that never answers — after ``initial_timeout_seconds``. Upstream Kura settles
+on the first answer (possibly its own), which lets a node report ready before it has seen any
+peer; waiting for every seed is what makes "ready" mean "knows its mesh".
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class Membership:
         self._excluded: set[str] = set()
         # Candidate URL -> node URL it reported, once probed.
         self._resolved: dict[str, str] = {}
+        self._answered_once: set[str] = set()
         self.generation = 0
         self.initial_discovery_completed = False
         self._started_at = clock.monotonic()
@@ -155,7 +158,6 @@ class Membership:
         results = await asyncio.gather(
             *(self._client.status(c) for c in candidates), return_exceptions=True
         )
-        answered = False
         seen_ok: set[str] = set()
         for candidate, result in zip(candidates, results, strict=True):
             if isinstance(result, PeerError):
@@ -163,7 +165,7 @@ class Membership:
                 continue
             if isinstance(result, BaseException):
                 raise result
-            answered = True
+            self._answered_once.add(candidate)
             self._count_probe("ok")
             if result.tenant_id != self._tenant_id or result.node_url == me or candidate == me:
                 if candidate not in self._excluded:
@@ -175,7 +177,13 @@ class Membership:
                         else f"tenant {result.tenant_id!r}",
                     )
                 self._excluded.add(candidate)
+                self._resolved.pop(candidate, None)
+                for url, known in list(self.peers.items()):
+                    if candidate in known.candidate_urls or url == candidate:
+                        del self.peers[url]  # it now answers as someone else
+                        self._change("left", url)
                 continue
+            self._excluded.discard(candidate)
             self._resolved[candidate] = result.node_url
             seen_ok.add(result.node_url)
             peer = self.peers.get(result.node_url)
@@ -199,12 +207,16 @@ class Membership:
                 del self.peers[url]
                 self._change("left", url)
         if not self.initial_discovery_completed and (
-            answered
-            or not candidates
+            self._answered_once.issuperset(candidates)
             or self._clock.monotonic() - self._started_at >= self._initial_timeout
         ):
             self.initial_discovery_completed = True
-            log.info("initial discovery completed: %d peers known", len(self.peers))
+            missing = sorted(set(candidates) - self._answered_once)
+            log.info(
+                "initial discovery completed: %d peers known%s",
+                len(self.peers),
+                f"; never answered: {', '.join(missing)}" if missing else "",
+            )
 
     def _count_probe(self, result: str) -> None:
         self.stats.probes_total[result] = self.stats.probes_total.get(result, 0) + 1

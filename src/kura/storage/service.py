@@ -377,6 +377,7 @@ class CacheService:
         Raises (leaving nothing behind): PayloadTooLarge, ResourceExhausted (tmp budget, disk),
         IncompleteBody, DigestMismatch, InvalidRequest.
         """
+        self.check_outbox()
         self.check_size(declared_length, limit_bytes)
         first = (
             declared_length
@@ -511,10 +512,7 @@ class CacheService:
         if touches:
             index.touch(touches)
         existing = index.get(manifest.artifact_id)
-        stored_version = None if existing is None else existing[0].version_ms
-        outcome = decide_apply(
-            manifest.version_ms, stored_version, index.tombstone(manifest.namespace_id)
-        )
+        outcome = _decide(index, manifest, None if existing is None else existing[0])
         self._count(source, outcome.value)
         if outcome is not ApplyOutcome.APPLIED:
             return PutResult(existing[0] if existing else manifest, False, outcome)
@@ -563,11 +561,7 @@ class CacheService:
     def _precheck_sync(self, manifest: Manifest) -> ApplyOutcome:
         index = self._require_index()
         existing = index.get(manifest.artifact_id)
-        return decide_apply(
-            manifest.version_ms,
-            None if existing is None else existing[0].version_ms,
-            index.tombstone(manifest.namespace_id),
-        )
+        return _decide(index, manifest, None if existing is None else existing[0])
 
     async def apply_replica(
         self,
@@ -695,6 +689,17 @@ class CacheService:
 
     async def _in(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def _decide(index: MetadataIndex, incoming: Manifest, stored: Manifest | None) -> ApplyOutcome:
+    """Last-writer-wins against what is stored and the namespace tombstone (core.version)."""
+    return decide_apply(
+        incoming.version_ms,
+        None if stored is None else stored.version_ms,
+        index.tombstone(incoming.namespace_id),
+        incoming.sha256,
+        "" if stored is None else stored.sha256,
+    )
 
 
 async def _capped(body: AsyncIterator[bytes], limit_bytes: int) -> AsyncIterator[bytes]:
