@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from kit.clock import Clock, SystemClock
 from kura.api import (
@@ -39,6 +40,7 @@ from kura.api import (
 from kura.api.auth import TokenAuth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.metrics import KuraMetrics
+from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
 from kura.mesh.membership import Membership
 from kura.mesh.read_through import ReadThrough
@@ -62,7 +64,7 @@ class Node:
     def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
-        self.budget = TmpBudget(settings.tmp_dir_max_bytes)
+        self.budget = TmpBudget(settings.tmp_dir_max_bytes, tmp_dir=Path(settings.tmp_dir))
         self.service = CacheService(
             data_dir=Path(settings.data_dir),
             tmp_dir=Path(settings.tmp_dir),
@@ -110,6 +112,17 @@ class Node:
             self._read_through_enabled,
             settings.read_through_timeout_ms / 1000,
         )
+        self.bootstrapper = Bootstrapper(
+            service=self.service,
+            client=self.peer_client,
+            budget=self.budget,
+            clock=self.clock,
+            peers=lambda: sorted(self.membership.peers),
+            max_concurrent_peers=settings.bootstrap_max_concurrent_peers,
+            downloads_per_peer=settings.bootstrap_downloads_per_peer,
+            max_failed_passes=settings.bootstrap_max_failed_passes,
+            stall_timeout_seconds=settings.bootstrap_timeout_ms / 1000,
+        )
         self.service.replication_targets = self.membership.targets
         self.service.on_outbox_write = self.shipper.wake
         if settings.read_through != "never":
@@ -122,10 +135,12 @@ class Node:
             settings.max_disk_bytes,
             self.service.files.tmp_dir_bytes,
         )
-        self.metrics.watch_mesh(self.membership, self.shipper, self.read_through)
+        self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
         self.draining = False
         self.public_url = ""
         self._runners: list[web.AppRunner] = []
+        # Request handlers running right now, so that stop() can let them finish (_drain).
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._tasks: asyncio.Task[None] | None = None
 
     # -- state -----------------------------------------------------------------------------
@@ -139,6 +154,7 @@ class Node:
             reasons.append("initial discovery incomplete")
         elif self.membership.settling():
             reasons.append("discovery settling")
+        reasons.extend(self.bootstrapper.reasons())
         return reasons
 
     def _read_through_enabled(self) -> bool:
@@ -148,6 +164,8 @@ class Node:
     def _on_membership_change(self, change: str, node_url: str) -> None:
         if change == "healthy":
             self.shipper.peer_healthy_again(node_url)
+        if change == "joined":
+            self.bootstrapper.peer_joined(node_url)
 
     def status(self) -> dict[str, Any]:
         """The mesh as this node sees it (``GET /status``, ``kura status``)."""
@@ -171,6 +189,22 @@ class Node:
                 }
             )
         reasons = self.readiness_reasons()
+        bootstrap: dict[str, Any] = dict(self.bootstrapper.summary())
+        bootstrap["peers"] = [
+            {
+                "peer": p.peer,
+                "phase": p.phase.value,
+                "bytes_done": p.bytes_done,
+                "bytes_total": p.bytes_total,
+                "artifacts_done": p.artifacts_done,
+                "artifacts_total": p.artifacts_total,
+                "passes": p.passes,
+                "failed_passes_in_a_row": p.failed_passes_in_a_row,
+                "abandoned": p.abandoned,
+                "last_error": p.last_error,
+            }
+            for p in sorted(self.bootstrapper.progress.values(), key=lambda p: p.peer)
+        ]
         return {
             "node_url": self.node_url,
             "public_url": self.public_url,
@@ -178,6 +212,8 @@ class Node:
             "region": self.settings.region,
             "ready": not reasons,
             "reasons": reasons,
+            "warnings": self.bootstrapper.warnings(),
+            "bootstrap": bootstrap,
             "generation": self.membership.generation,
             "peers": peers,
             "artifacts": self.service.stats.artifacts,
@@ -199,9 +235,12 @@ class Node:
         )
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
+        app = web.Application(
+            client_max_size=CLIENT_MAX_SIZE_BYTES, middlewares=[self._track_handler]
+        )
         app[CTX_KEY] = self._context()
         app[probes.READINESS_KEY] = self.readiness_reasons
+        app[probes.WARNINGS_KEY] = self.bootstrapper.warnings
         app[probes.MEMBERS_KEY] = self.membership.members
         app[probes.STATUS_KEY] = self.status
         s = self.settings
@@ -223,7 +262,9 @@ class Node:
         return app
 
     def build_internal_app(self) -> web.Application:
-        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
+        app = web.Application(
+            client_max_size=CLIENT_MAX_SIZE_BYTES, middlewares=[self._track_handler]
+        )
         app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
         app.add_routes(internal.routes())
@@ -280,6 +321,7 @@ class Node:
             tg.create_task(self._reap_uploads())
             tg.create_task(self.membership.run())
             tg.create_task(self.shipper.run())
+            tg.create_task(self.bootstrapper.run())
 
     async def _reap_uploads(self) -> None:
         while True:
@@ -288,9 +330,44 @@ class Node:
             if reaped:
                 log.info("removed %d abandoned multipart uploads", reaped)
 
+    @web.middleware
+    async def _track_handler(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Middleware: record the running handler's task for ``_drain``."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            return await handler(request)
+        finally:
+            self._handlers.discard(task)
+
+    async def _drain(self) -> None:
+        """Stop accepting, then let running handlers finish within the shutdown timeout.
+
+        Every listening socket is closed first (new connections are refused) but open
+        connections are left alone: aiohttp's ``AppRunner.cleanup`` stops reading from them at
+        once (aio-libs/aiohttp#2298), so an upload still receiving its body would wait for bytes
+        it can never get. Handlers still running at the timeout are cancelled, which removes
+        their staged bodies.
+        """
+        for runner in self._runners:
+            for site in list(runner.sites):
+                await site.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_timeout_seconds
+        while self._handlers and (remaining := deadline - loop.time()) > 0:
+            await asyncio.wait(set(self._handlers), timeout=remaining)
+        late = set(self._handlers)
+        for task in late:
+            task.cancel()
+        if late:
+            log.warning("cancelled %d requests still running at the shutdown timeout", len(late))
+            await asyncio.wait(late, timeout=5)
+
     async def stop(self) -> None:
         """Graceful stop; safe to call once after ``start``."""
         self.draining = True
+        await self._drain()
         for runner in reversed(self._runners):
             await runner.cleanup()
         if self._tasks is not None:

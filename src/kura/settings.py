@@ -216,6 +216,41 @@ class Settings:
         "how long a read-through may wait for a peer",
         default=1000,
     )
+    bootstrap_max_concurrent_peers: int = option(
+        "KURA_BOOTSTRAP_MAX_CONCURRENT_PEERS",
+        "--bootstrap-max-concurrent-peers",
+        parse_positive_int,
+        "peers bootstrapped from at once",
+        default=8,
+    )
+    bootstrap_downloads_per_peer: int = option(
+        "KURA_BOOTSTRAP_DOWNLOADS_PER_PEER",
+        "--bootstrap-downloads-per-peer",
+        parse_positive_int,
+        "artifact bodies downloaded at once from one peer",
+        default=4,
+    )
+    bootstrap_max_failed_passes: int = option(
+        "KURA_BOOTSTRAP_MAX_FAILED_PASSES",
+        "--bootstrap-max-failed-passes",
+        parse_positive_int,
+        "after this many failed passes in a row a peer stops gating /ready (it is reported)",
+        default=5,
+    )
+    bootstrap_timeout_ms: int = option(
+        "KURA_BOOTSTRAP_TIMEOUT_MS",
+        "--bootstrap-timeout-ms",
+        parse_positive_int,
+        "a bootstrap pass that makes no progress for this long is abandoned and retried",
+        default=300_000,
+    )
+    replication_bandwidth_limit_bytes_per_second: int = option(
+        "KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND",
+        "--replication-bandwidth-limit-bytes-per-second",
+        parse_bytes,
+        "throttle for artifact bodies this node serves to bootstrapping peers (0 = off)",
+        default=0,
+    )
     max_keyvalue_bytes: int = option(
         "KURA_MAX_KEYVALUE_BYTES",
         "--max-keyvalue-bytes",
@@ -340,6 +375,4 @@ def validate_settings(s: Settings) -> list[str]:
     for path in tls:
         if path is not None and not Path(path).is_file():
             problems.append(f"TLS file {path} does not exist")
-    if s.max_keyvalue_bytes > s.tmp_dir_max_bytes:
-        problems.append("KURA_MAX_KEYVALUE_BYTES must not exceed KURA_TMP_DIR_MAX_BYTES")
     return problems

@@ -15,6 +15,7 @@ without a certificate from the peers' CA before any route runs.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from aiohttp import web
@@ -31,6 +32,7 @@ from kura.mesh.wire import (
     decode_manifest,
     encode_manifest,
 )
+from kura.storage.service import StoredBody
 
 PROTOCOL = "internal"
 NODE_URL_KEY: web.AppKey[Callable[[], str]] = web.AppKey("kura_node_url")
@@ -131,10 +133,48 @@ async def tombstones(request: web.Request) -> web.StreamResponse:
 @endpoint(PROTOCOL, None)
 async def artifact(request: web.Request) -> web.StreamResponse:
     aid = validate(request.match_info["artifact_id"], HEX_SHA256, "artifact_id")
-    body = await ctx(request).service.read_by_id(aid)
-    return artifact_response(
-        request, body, PROTOCOL, extra_headers={MANIFEST_HEADER: encode_manifest(body.manifest)}
-    )
+    c = ctx(request)
+    body = await c.service.read_by_id(aid)
+    headers = {MANIFEST_HEADER: encode_manifest(body.manifest)}
+    rate = c.settings.replication_bandwidth_limit_bytes_per_second
+    if rate <= 0 or request.method == "HEAD":
+        return artifact_response(request, body, PROTOCOL, extra_headers=headers)
+    return await _throttled(request, body, headers, rate)
+
+
+THROTTLE_CHUNK_BYTES = 64 * 1024
+
+
+async def _throttled(
+    request: web.Request, body: StoredBody, headers: dict[str, str], rate: int
+) -> web.StreamResponse:
+    """Send the body chunked at no more than ``rate`` bytes per second (a peer bootstrapping
+    from this node must not starve its clients: KURA_REPLICATION_BANDWIDTH_LIMIT_...)."""
+    response = web.StreamResponse(status=200, headers=headers)
+    response.content_type = body.manifest.content_type or "application/octet-stream"
+    response.enable_chunked_encoding()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    sent = 0
+    try:
+        await response.prepare(request)
+        while True:
+            if body.data is not None:
+                chunk = body.data[sent : sent + THROTTLE_CHUNK_BYTES]
+            else:
+                assert body.file is not None
+                chunk = await loop.run_in_executor(None, body.file.read, THROTTLE_CHUNK_BYTES)
+            if not chunk:
+                break
+            await response.write(chunk)
+            sent += len(chunk)
+            ahead = sent / rate - (loop.time() - started)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+        await response.write_eof()
+    finally:
+        body.close()
+    return response
 
 
 def routes() -> list[web.RouteDef]:

@@ -22,6 +22,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.membership import Membership
 from kura.mesh.read_through import ReadThrough
 from kura.mesh.shipper import Shipper
@@ -106,10 +107,17 @@ class _StoreCollector(Collector):
 
 
 class _MeshCollector(Collector):
-    def __init__(self, membership: Membership, shipper: Shipper, read_through: ReadThrough) -> None:
+    def __init__(
+        self,
+        membership: Membership,
+        shipper: Shipper,
+        read_through: ReadThrough,
+        bootstrapper: Bootstrapper,
+    ) -> None:
         self._membership = membership
         self._shipper = shipper
         self._read_through = read_through
+        self._bootstrapper = bootstrapper
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         peers = GaugeMetricFamily("kura_mesh_peers", "Peers by state.", labels=["state"])
@@ -160,6 +168,50 @@ class _MeshCollector(Collector):
         for result, n in sorted(self._read_through.stats.results_total.items()):
             rt.add_metric([result], n)
         yield rt
+        yield from self._bootstrap()
+
+    def _bootstrap(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        progress = sorted(self._bootstrapper.progress.items())
+        nbytes = GaugeMetricFamily(
+            "kura_bootstrap_bytes",
+            "Bootstrap bytes needed (total) and applied (done), per peer.",
+            labels=["peer", "kind"],
+        )
+        arts = GaugeMetricFamily(
+            "kura_bootstrap_artifacts",
+            "Bootstrap artifacts needed (total) and applied (done), per peer.",
+            labels=["peer", "kind"],
+        )
+        phase = GaugeMetricFamily(
+            "kura_bootstrap_peer_phase",
+            "1 for the bootstrap phase each peer is in.",
+            labels=["peer", "phase"],
+        )
+        abandoned = GaugeMetricFamily(
+            "kura_bootstrap_peer_abandoned",
+            "1 when a peer failed so many passes in a row that it no longer gates readiness.",
+            labels=["peer"],
+        )
+        passes = CounterMetricFamily(
+            "kura_bootstrap_passes", "Bootstrap passes started per peer.", labels=["peer"]
+        )
+        results = CounterMetricFamily(
+            "kura_bootstrap_artifact_results",
+            "Bootstrap artifact results per peer (applied, ignored_*, gone, too_large, error).",
+            labels=["peer", "result"],
+        )
+        for url, p in progress:
+            peer = peer_label(url)
+            nbytes.add_metric([peer, "total"], p.bytes_total)
+            nbytes.add_metric([peer, "done"], min(p.bytes_done, p.bytes_total))
+            arts.add_metric([peer, "total"], p.artifacts_total)
+            arts.add_metric([peer, "done"], min(p.artifacts_done, p.artifacts_total))
+            phase.add_metric([peer, p.phase.value], 1)
+            abandoned.add_metric([peer], 1 if p.abandoned else 0)
+            passes.add_metric([peer], p.passes)
+            for result, n in sorted(p.results_total.items()):
+                results.add_metric([peer, result], n)
+        yield from (nbytes, arts, phase, abandoned, passes, results)
 
 
 class KuraMetrics:
@@ -220,9 +272,13 @@ class KuraMetrics:
         self.registry.register(_StoreCollector(stats, budget, max_disk_bytes, tmp_dir_bytes))
 
     def watch_mesh(
-        self, membership: Membership, shipper: Shipper, read_through: ReadThrough
+        self,
+        membership: Membership,
+        shipper: Shipper,
+        read_through: ReadThrough,
+        bootstrapper: Bootstrapper,
     ) -> None:
-        self.registry.register(_MeshCollector(membership, shipper, read_through))
+        self.registry.register(_MeshCollector(membership, shipper, read_through, bootstrapper))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,6 +19,7 @@ PROTOCOL = "probe"
 ReadinessSource = Callable[[], list[str]]
 READINESS_KEY: web.AppKey[ReadinessSource] = web.AppKey("kura_readiness")
 MEMBERS_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("kura_members")
+WARNINGS_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("kura_warnings")
 STATUS_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("kura_status")
 
 
@@ -45,6 +46,8 @@ async def ready(request: web.Request) -> web.StreamResponse:
         "status": "ok" if not reasons else "not_ready",
         "ready": not reasons,
         "reasons": reasons,
+        # Problems that no longer block readiness but need an operator (an abandoned peer).
+        "warnings": request.app[WARNINGS_KEY](),
     }
     return web.json_response(body, status=200 if not reasons else 503)
 

@@ -217,6 +217,7 @@ async def stage_body(
     does not match. On any failure (cancellation included) the partial file is deleted; the
     caller owns releasing the reservation. The file is not yet fsynced.
     """
+    reservation.track(path)
     h = hashlib.sha256()
     size = 0
     try:

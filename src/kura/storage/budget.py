@@ -9,17 +9,28 @@ A ``Reservation`` is released exactly once, on every path: use it as a context m
 ``release()`` (idempotent). Release wakes all waiters. Everything runs on one event loop; the
 waiter is registered before capacity is re-checked, so a release racing the check cannot be
 lost (there is no await between the check and the registration).
+
+All occupants count. Files a reservation stages into are *tracked* (``Reservation.track``);
+every other file found on disk under the tmp dir (leftovers, another program's files) is
+*outside* the ledger, and a reservation fits only if reserved + outside + n <= capacity. Waiters
+re-check every ``OUTSIDE_RECHECK_SECONDS`` as well as on every release, because outside bytes go
+away without telling us. So the on-disk total of the tmp dir stays within the capacity as long
+as nothing outside grows after a reservation was granted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import os
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 
 from kura.core.budget import ByteLedger
 from kura.core.errors import PayloadTooLarge, ResourceExhausted
+
+OUTSIDE_RECHECK_SECONDS = 0.25
 
 
 class Reservation:
@@ -29,6 +40,14 @@ class Reservation:
         self._budget = budget
         self.size_bytes = size_bytes
         self.released = False
+        self._paths: list[str] = []
+
+    def track(self, path: Path) -> None:
+        """Declare that this reservation's bytes live in ``path`` (so they are not counted
+        again as outside bytes). Untracked on release."""
+        key = str(path)
+        self._paths.append(key)
+        self._budget._tracked.add(key)
 
     @property
     def capacity_bytes(self) -> int:
@@ -57,6 +76,8 @@ class Reservation:
         if self.released:
             return
         self.released = True
+        for key in self._paths:
+            self._budget._tracked.discard(key)
         self._budget._give_back(self.size_bytes)
 
     def __enter__(self) -> Reservation:
@@ -72,12 +93,46 @@ class Reservation:
 
 
 class TmpBudget:
-    """The ledger plus waiting. ``outside_bytes`` reports tmp-dir bytes nobody reserved."""
+    """The ledger plus waiting. Outside bytes are measured under ``tmp_dir`` (or reported by
+    ``outside_bytes``, for tests); with neither, nothing outside is counted."""
 
-    def __init__(self, capacity_bytes: int, outside_bytes: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        outside_bytes: Callable[[], int] | None = None,
+        *,
+        tmp_dir: Path | None = None,
+    ) -> None:
         self._ledger = ByteLedger(capacity_bytes)
-        self._outside_bytes = outside_bytes or (lambda: 0)
+        self._tmp_dir = tmp_dir
+        self._tracked: set[str] = set()
+        if outside_bytes is not None:
+            self._outside_bytes = outside_bytes
+        elif tmp_dir is not None:
+            self._outside_bytes = self.untracked_bytes_on_disk
+        else:
+            self._outside_bytes = lambda: 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def untracked_bytes_on_disk(self) -> int:
+        """Bytes of files under the tmp dir that no reservation tracks."""
+        if self._tmp_dir is None:
+            return 0
+        total = 0
+        for root, _dirs, files in os.walk(self._tmp_dir):
+            for name in files:
+                path = os.path.join(root, name)
+                if path in self._tracked:
+                    continue
+                try:
+                    total += os.lstat(path).st_size
+                except FileNotFoundError:
+                    continue
+        return total
+
+    @property
+    def outside_bytes(self) -> int:
+        return self._outside_bytes()
 
     @property
     def capacity_bytes(self) -> int:
@@ -116,7 +171,10 @@ class TmpBudget:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
-                await fut
+                # Woken by a release; re-check on a timer too, for outside bytes that go away.
+                await asyncio.wait_for(asyncio.shield(fut), OUTSIDE_RECHECK_SECONDS)
+            except TimeoutError:
+                pass
             finally:
                 if fut in self._waiters:
                     self._waiters.remove(fut)
@@ -138,11 +196,12 @@ class TmpBudget:
             )
 
     def _take_now(self, size_bytes: int) -> None:
-        if not self._ledger.take(size_bytes, self._outside_bytes()):
+        outside = self._outside_bytes()
+        if not self._ledger.take(size_bytes, outside):
             raise ResourceExhausted(
                 "temporary storage budget exhausted: "
-                f"{self._ledger.reserved_bytes} bytes reserved, {size_bytes} bytes requested, "
-                f"{self._ledger.capacity_bytes} bytes allowed"
+                f"{self._ledger.reserved_bytes} bytes reserved, {outside} bytes of other files, "
+                f"{size_bytes} bytes requested, {self._ledger.capacity_bytes} bytes allowed"
             )
 
     def _give_back(self, size_bytes: int) -> None:

@@ -604,14 +604,22 @@ class CacheService:
         held = self.budget.try_reserve(max(1, manifest.size)) if own else reservation
         assert held is not None
         try:
-            staged = await stage_body(
-                body,
-                self.files.new_staging_path("bootstrap" if source == "bootstrap" else "uploads"),
-                held,
-                limit_bytes=held.size_bytes,
-                declared_length=manifest.size,
-                expected_sha256=manifest.sha256,
-            )
+            try:
+                staged = await stage_body(
+                    body,
+                    self.files.new_staging_path(
+                        "bootstrap" if source == "bootstrap" else "uploads"
+                    ),
+                    held,
+                    limit_bytes=min(held.size_bytes, manifest.size),
+                    declared_length=manifest.size,
+                    expected_sha256=manifest.sha256,
+                )
+            except PayloadTooLarge:
+                raise InvalidRequest(
+                    f"body exceeded its manifest size and reserved "
+                    f"{min(held.size_bytes, manifest.size)} bytes; rejected"
+                ) from None
             try:
                 await self._in(self._syncer, fsync_path, staged.path)
                 return (await self._commit(manifest, staged.path, None, source=source)).outcome

@@ -1,0 +1,45 @@
+"""An external watcher of a directory's on-disk size: a thread that samples every few ms."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+
+def dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+class TmpWatcher:
+    """Samples ``dir_bytes(path)`` every ``interval`` seconds; ``peak`` is the largest seen."""
+
+    def __init__(self, path: Path, interval: float = 0.002) -> None:
+        self.path = path
+        self.interval = interval
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, dir_bytes(self.path))
+            self.samples += 1
+            time.sleep(self.interval)
+
+    def __enter__(self) -> TmpWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
