@@ -237,3 +237,37 @@ def test_a_peer_that_joins_later_reopens_bootstrap(
         joiner.stop()
         if late is not None:
             late.stop()
+
+
+def test_peers_holding_the_same_artifacts_each_download_it_once(tmp_path: Path) -> None:
+    """Three passes run at once against peers that all hold the same artifacts: single flight
+    per artifact means each body is fetched once, and no pass fails over the shared work."""
+    from tests.e2e.mesh import Mesh
+
+    mesh = Mesh(tmp_path / "mesh", 3, discovery_settle_ms=0)
+    try:
+        mesh.wait_ready()
+        bodies = fill(mesh.nodes[0], "shared", 60, 32 * KiB)
+        mesh.wait_drained()
+        joiner = start_joiner(
+            tmp_path / "joiner", mesh.internal_urls, bootstrap_downloads_per_peer=8
+        )
+        try:
+            assert wait_for(lambda: is_ready(joiner), 60), status(joiner)
+            assert_holds(joiner, bodies)
+            metrics = joiner.metrics()
+            applied = sum(
+                v
+                for k, v in metrics.items()
+                if k.startswith("kura_bootstrap_artifact_results_total") and 'result="applied"' in k
+            )
+            passes = sum(
+                v for k, v in metrics.items() if k.startswith("kura_bootstrap_passes_total")
+            )
+            assert applied == len(bodies)
+            assert passes == 3  # one pass per peer, none retried
+            assert "crashed" not in joiner.log()
+        finally:
+            joiner.stop()
+    finally:
+        mesh.stop_all()

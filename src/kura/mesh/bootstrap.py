@@ -334,28 +334,30 @@ class Bootstrapper:
 
     async def _fetch_one(self, peer: str, manifest: Manifest) -> str:
         """Fetch and apply one artifact; returns the outcome label."""
-        while (pending := self._inflight.get(manifest.artifact_id)) is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(pending)
-        outcome = await self._service.apply_outcome_for(manifest)
-        if outcome is not ApplyOutcome.APPLIED:
-            return str(outcome.value)
-        if manifest.size > self._budget.capacity_bytes:
-            log.error(
-                "bootstrap: artifact %s (%d bytes) is larger than the whole tmp budget "
-                "KURA_TMP_DIR_MAX_BYTES=%d; it cannot be staged on this node",
-                manifest.artifact_id,
-                manifest.size,
-                self._budget.capacity_bytes,
-            )
-            return "too_large"
+        aid = manifest.artifact_id
+        while (pending := self._inflight.get(aid)) is not None:
+            await asyncio.wait({pending})  # another pass is fetching it: wait, then re-check
+        # Claim it before any await, so no other pass can start the same download.
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inflight[manifest.artifact_id] = done
+        self._inflight[aid] = done
         try:
+            outcome = await self._service.apply_outcome_for(manifest)
+            if outcome is not ApplyOutcome.APPLIED:
+                return str(outcome.value)
+            if manifest.size > self._budget.capacity_bytes:
+                log.error(
+                    "bootstrap: artifact %s (%d bytes) is larger than the whole tmp budget "
+                    "KURA_TMP_DIR_MAX_BYTES=%d; it cannot be staged on this node",
+                    aid,
+                    manifest.size,
+                    self._budget.capacity_bytes,
+                )
+                return "too_large"
             return await self._download(peer, manifest)
         finally:
-            del self._inflight[manifest.artifact_id]
             done.set_result(None)
+            if self._inflight.get(aid) is done:
+                del self._inflight[aid]
 
     async def _download(self, peer: str, manifest: Manifest) -> str:
         # Reserve before a byte is written; waits (never fails) while the budget is full.

@@ -172,9 +172,10 @@ class TmpBudget:
             self._waiters.append(fut)
             try:
                 # Woken by a release; re-check on a timer too, for outside bytes that go away.
-                await asyncio.wait_for(asyncio.shield(fut), OUTSIDE_RECHECK_SECONDS)
-            except TimeoutError:
-                pass
+                # asyncio.wait, not wait_for: on Python 3.11 wait_for swallows a cancellation
+                # that arrives after the future is done, and the cancelled waiter would go on
+                # to take the bytes.
+                await asyncio.wait({fut}, timeout=OUTSIDE_RECHECK_SECONDS)
             finally:
                 if fut in self._waiters:
                     self._waiters.remove(fut)

@@ -1,0 +1,194 @@
+"""The ``kura serve`` process from outside (kura.cli, kura.app): zero-configuration start-up,
+configuration errors, and a graceful SIGTERM.
+
+Exit codes (kura.cli): 0 clean stop; 1 run-time failure; 2 invalid configuration with every
+problem on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LISTEN_LINE, START_TIMEOUT_SECONDS, NodeProcess
+from tests.integration import rawhttp
+
+MiB = 1024 * 1024
+DEFAULT_PORT = 4000
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    """An environment with nothing but PATH (and ``extra``): no KURA_* from the caller."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **extra}
+
+
+def port_in_use(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def refuses_connections(url: str) -> bool:
+    try:
+        rawhttp.connect(url, timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_serve_with_no_configuration_listens_on_localhost_4000_with_data_under_dot_kura(
+    tmp_path: Path,
+) -> None:
+    if port_in_use(DEFAULT_PORT):
+        pytest.fail(
+            f"port {DEFAULT_PORT} is already in use on this machine (see `ss -ltnp`), so the "
+            "zero-configuration default cannot be checked; free the port and re-run"
+        )
+    stderr_path = tmp_path / "stderr.log"
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kura.cli", "serve"],
+            cwd=tmp_path,
+            env=bare_env(),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while not any(LISTEN_LINE.search(x) for x in lines):
+            assert proc.poll() is None, f"kura exited {proc.returncode}:\n{stderr_path.read_text()}"
+            assert time.monotonic() < deadline, "no listening line"
+            time.sleep(0.05)
+        (match,) = [m for m in map(LISTEN_LINE.search, lines) if m]
+        url = match.group(1)
+        assert url == f"http://127.0.0.1:{DEFAULT_PORT}"
+        assert httpx.get(url + "/up", timeout=10).status_code == 200
+        assert httpx.put(url + "/cache/zero/config", content=b"z", timeout=10).status_code == 201
+        assert httpx.get(url + "/cache/zero/config", timeout=10).content == b"z"
+        kura = tmp_path / ".kura"
+        assert (kura / "data" / "index.sqlite3").is_file()
+        assert len([p for p in (kura / "data" / "blobs").rglob("*") if p.is_file()]) == 1
+        assert (kura / "tmp" / "uploads").is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, stderr_path.read_text()
+        reader.join(5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert not port_in_use(DEFAULT_PORT)
+
+
+def run_serve(tmp_path: Path, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kura.cli", "serve", *flags],
+        cwd=tmp_path,
+        env=bare_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_configuration_problems_exit_2_and_are_all_listed(tmp_path: Path) -> None:
+    proc = run_serve(
+        tmp_path,
+        KURA_PORT="abc",
+        KURA_TMP_DIR_MAX_BYTES="-1",
+        KURA_PEERS="notaurl",
+        KURA_TENANT_ID="../other",
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("kura: invalid configuration:\n")
+    problems = [line for line in proc.stderr.splitlines() if line.startswith("  - ")]
+    assert len(problems) == 4, proc.stderr
+    for name, value in [
+        ("KURA_PORT", "'abc'"),
+        ("KURA_TMP_DIR_MAX_BYTES", "'-1'"),
+        ("KURA_PEERS", "'notaurl'"),
+        ("KURA_TENANT_ID", "'../other'"),
+    ]:
+        assert any(name in p and value in p for p in problems), (name, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert "kura listening" not in proc.stdout
+    assert not (tmp_path / ".kura").exists()  # nothing was created
+
+
+def test_flag_and_cross_field_problems_also_exit_2(tmp_path: Path) -> None:
+    proc = run_serve(tmp_path, "--port", "70000", "--max-disk-bytes", "lots")
+    assert proc.returncode == 2
+    assert "--port" in proc.stderr
+    assert "--max-disk-bytes" in proc.stderr
+    proc = run_serve(tmp_path, KURA_HTTP_CACHE_PREFIX="/dav")
+    assert proc.returncode == 2
+    assert "KURA_HTTP_CACHE_PREFIX and KURA_WEBDAV_PREFIX must differ" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / ".kura").exists()
+
+
+def test_sigterm_lets_an_in_flight_upload_finish_and_then_exits_0(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(shutdown_timeout_seconds=60)
+    body = os.urandom(2 * MiB)
+    piece = len(body) // 16
+    sock = rawhttp.connect(node.url, timeout=30)
+    with sock:
+        rawhttp.send_head(sock, "PUT", "/cache/slow/upload", {"Content-Length": str(len(body))})
+        sock.sendall(body[:piece])
+        assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == len(body))
+        node.proc.send_signal(signal.SIGTERM)
+        # The listener closes first: new connections are refused while we are still sending.
+        assert rawhttp.wait_until(lambda: refuses_connections(node.url), timeout=10)
+        for i in range(1, 16):
+            assert node.proc.poll() is None, "exited before the in-flight upload finished"
+            time.sleep(0.05)  # a slow client
+            sock.sendall(body[i * piece : (i + 1) * piece])
+        sock.sendall(body[16 * piece :])
+        status, _headers, answer = rawhttp.read_response(sock)
+    assert status == 201, answer
+    assert node.proc.wait(30) == 0, node.log()[-3000:]
+    assert "kura stopped" in node.log()
+    # The upload was committed before the process exited.
+    again = start_node()  # same name: same data dir
+    with again.client() as c:
+        assert c.get("/cache/slow/upload").content == body
+
+
+def test_an_upload_outliving_the_shutdown_timeout_is_abandoned_and_leaves_nothing(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(shutdown_timeout_seconds=1)
+    sock = rawhttp.connect(node.url, timeout=30)
+    with sock:
+        rawhttp.send_head(sock, "PUT", "/cache/stalled", {"Content-Length": str(MiB)})
+        sock.sendall(b"s" * 1000)
+        assert rawhttp.wait_until(lambda: len(node.staging_files()) == 1)
+        started = time.monotonic()
+        node.proc.send_signal(signal.SIGTERM)
+        assert node.proc.wait(30) == 0, node.log()[-3000:]
+        assert time.monotonic() - started < 15
+    assert node.staging_files() == []
+    again = start_node()
+    assert again.index_rows() == 0
+    with again.client() as c:
+        assert c.get("/cache/stalled").status_code == 404
