@@ -10,7 +10,9 @@ def configure(level: str = "INFO", name: str = "") -> None:
     """Send log records at ``level`` and above to stderr, one line each."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s", "%Y-%m-%dT%H:%M:%S")
+        logging.Formatter(
+            "%(asctime)s.%(msecs)03d %(levelname)s %(name)s %(message)s", "%Y-%m-%dT%H:%M:%S"
+        )
     )
     root = logging.getLogger(name)
     root.handlers[:] = [handler]

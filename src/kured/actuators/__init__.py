@@ -1,0 +1,1 @@
+"""Actuators change the world: trigger the reboot (command or signal)."""

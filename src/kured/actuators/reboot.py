@@ -1,0 +1,68 @@
+"""Triggering the reboot: a command (argv, no shell) or a signal to PID 1.
+
+* ``CommandReboot`` runs ``--reboot-command`` (default ``/bin/systemctl reboot``). With
+  ``host_namespace`` (the agent runs in a container with ``hostPID``) it is entered into the
+  host's mount namespace with ``nsenter -m/proc/1/ns/mnt --``, like kured. A launch failure or a
+  non-zero exit raises ``RebootError``.
+* ``SignalReboot`` sends ``--reboot-signal`` (default 39, SIGRTMIN+5, which systemd takes as a
+  reboot request) to PID 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from typing import Protocol
+
+from kured.core.errors import RebootError
+
+NSENTER = ("nsenter", "-m/proc/1/ns/mnt", "--")
+
+
+class Rebooter(Protocol):
+    async def reboot(self) -> None:
+        """Trigger the reboot; raises ``RebootError``."""
+        ...
+
+
+class CommandReboot:
+    def __init__(
+        self, argv: Sequence[str], host_namespace: bool = False, timeout_seconds: float = 300
+    ) -> None:
+        if not argv:
+            raise ValueError("empty reboot command")
+        self.argv = (*NSENTER, *argv) if host_namespace else tuple(argv)
+        self.timeout_seconds = timeout_seconds
+
+    async def reboot(self) -> None:
+        shown = " ".join(self.argv)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            )
+        except OSError as exc:
+            raise RebootError(f"reboot command {shown!r} could not start: {exc}") from exc
+        try:
+            async with asyncio.timeout(self.timeout_seconds):
+                out, _ = await proc.communicate()
+        except TimeoutError as exc:
+            proc.kill()
+            raise RebootError(f"reboot command {shown!r} timed out") from exc
+        if proc.returncode != 0:
+            tail = out.decode(errors="replace").strip()[-300:]
+            raise RebootError(f"reboot command {shown!r} exited {proc.returncode}: {tail}")
+
+
+class SignalReboot:
+    def __init__(self, signal_number: int, pid: int = 1) -> None:
+        self.signal_number = signal_number
+        self.pid = pid
+
+    async def reboot(self) -> None:
+        try:
+            os.kill(self.pid, self.signal_number)
+        except OSError as exc:
+            raise RebootError(
+                f"cannot send signal {self.signal_number} to PID {self.pid}: {exc}"
+            ) from exc

@@ -1,0 +1,169 @@
+"""Composition root of the agent: settings → sensors, gates, lock, rebooter → ``Agent``, plus
+the HTTP endpoint serving ``/metrics`` and ``/status`` on ``--metrics-host:--metrics-port``.
+
+Background tasks run in one ``TaskGroup``: the agent loop and the one-minute sentinel loop that
+refreshes ``kured_reboot_required`` (kured's metric cadence, independent of ``--period``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from kit.clock import SystemClock
+from kured.actuators.reboot import CommandReboot, Rebooter, SignalReboot
+from kured.console import status_of
+from kured.core.errors import ConfigurationError, SensorError
+from kured.locks.base import Lock
+from kured.loop import Agent, AgentConfig, Gate
+from kured.metrics import AgentCollector, exposition, registry_for
+from kured.sensors.alerts import PrometheusAlertGate
+from kured.sensors.http_gate import HttpGate
+from kured.sensors.sentinel import (
+    AnySentinel,
+    CommandSentinel,
+    FileSentinel,
+    KernelSentinel,
+    Sentinel,
+)
+from kured.settings import Settings
+from kured.state import StateStore
+
+log = logging.getLogger(__name__)
+
+SENTINEL_METRIC_SECONDS = 60.0
+
+
+def build_sentinel(s: Settings) -> Sentinel:
+    base: Sentinel = (
+        CommandSentinel(s.reboot_sentinel_command)
+        if s.reboot_sentinel_command
+        else FileSentinel(Path(s.reboot_sentinel))
+    )
+    if s.reboot_sentinel_kernel:
+        return AnySentinel([base, KernelSentinel()])
+    return base
+
+
+def build_lock(s: Settings) -> Lock:
+    if s.lock_backend == "etcd":
+        from kured.locks.etcd import EtcdLock
+
+        return EtcdLock(list(s.etcd_endpoints), s.lock_key, s.concurrency, SystemClock())
+    raise ConfigurationError([f"--lock-backend {s.lock_backend} is not available in this build"])
+
+
+def build_rebooter(s: Settings) -> Rebooter:
+    if s.reboot_method == "signal":
+        return SignalReboot(s.reboot_signal)
+    return CommandReboot(s.reboot_command, host_namespace=s.host_namespace)
+
+
+class AgentService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.session: aiohttp.ClientSession | None = None
+        self.lock = build_lock(settings)
+        self.sentinel = build_sentinel(settings)
+        self.window = settings.window()
+        self.agent: Agent | None = None
+        self.collector: AgentCollector | None = None
+
+    def gates(self, session: aiohttp.ClientSession) -> list[Gate]:
+        s = self.settings
+        gates: list[Gate] = []
+        if s.prometheus_url:
+            gates.append(
+                PrometheusAlertGate(
+                    session,
+                    s.prometheus_url,
+                    s.alert_filter_regexp,
+                    s.alert_filter_match_only,
+                    s.alert_firing_only,
+                    s.prometheus_timeout,
+                )
+            )
+        gates += [HttpGate(session, url, s.gate_timeout) for url in s.gate_url]
+        return gates
+
+    async def run(self) -> None:
+        s = self.settings
+        async with aiohttp.ClientSession() as session:
+            self.agent = Agent(
+                AgentConfig(
+                    node_id=s.node_id,
+                    period_seconds=s.period,
+                    lock_ttl_seconds=s.lock_ttl,
+                    lock_release_delay_seconds=s.lock_release_delay,
+                    max_consecutive_reboots=s.max_consecutive_reboots,
+                ),
+                window=self.window,
+                sentinel=self.sentinel,
+                gates=self.gates(session),
+                lock=self.lock,
+                rebooter=build_rebooter(s),
+                state=StateStore(Path(s.state_dir), s.node_id),
+                clock=SystemClock(),
+            )
+            self.collector = AgentCollector(self.agent)
+            runner = await self._serve_http(self.agent, self.collector)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(self.agent.run())
+                    tg.create_task(self._sentinel_metric_loop())
+            finally:
+                await runner.cleanup()
+                close = getattr(self.lock, "close", None)
+                if close is not None:
+                    await close()
+
+    async def _sentinel_metric_loop(self) -> None:
+        assert self.collector is not None
+        while True:
+            try:
+                self.collector.reboot_required = (await self.sentinel.check())[0]
+            except SensorError as exc:
+                log.warning("sentinel check for the metric failed: %s", exc.message)
+                self.collector.reboot_required = None
+            await asyncio.sleep(SENTINEL_METRIC_SECONDS)
+
+    async def _serve_http(self, agent: Agent, collector: AgentCollector) -> web.AppRunner:
+        registry = registry_for(collector)
+        description = self.window.describe()
+
+        async def metrics(_request: web.Request) -> web.Response:
+            return web.Response(
+                body=exposition(registry),
+                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+            )
+
+        async def status(_request: web.Request) -> web.Response:
+            return web.json_response(status_of(agent, description))
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/status", status)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.metrics_host or None, self.settings.metrics_port)
+        await site.start()
+        addr = runner.addresses[0]
+        print(f"kured listening metrics=http://{addr[0]}:{addr[1]}", flush=True)
+        return runner
+
+
+async def run_agent(settings: Settings) -> None:
+    service = AgentService(settings)
+    task = asyncio.create_task(service.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        log.info("kured stopped")

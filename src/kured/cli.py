@@ -1,0 +1,148 @@
+"""``kured`` command line: argv and environment → settings → agent. Nothing else.
+
+    kured --node-id n1 [flags]           run the agent (kured's flags; KURED_* env overrides)
+    kured status [--url URL] [--json]     print an agent's conditions, blocker and lock holders
+    kured fleetlock [flags]               serve the FleetLock protocol for Zincati
+
+Exit codes: 0 clean stop; 1 a run-time failure; 2 invalid configuration (every problem listed);
+``status`` exits 0 when the node would reboot now or needs nothing, 3 when it is blocked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+from kit import log as kit_log
+from kit.settings import SettingsError
+from kured import __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "status":
+        return status(args[1:])
+    if args and args[0] == "fleetlock":
+        return fleetlock(args[1:])
+    return agent(args)
+
+
+def agent(argv: list[str]) -> int:
+    from kured.settings import add_arguments, load_settings
+
+    parser = argparse.ArgumentParser(prog="kured", description="The reboot coordinator agent.")
+    parser.add_argument("--version", action="version", version=f"kured {__version__}")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args, os.environ)
+    except SettingsError as exc:
+        print("kured: invalid configuration:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    kit_log.configure("INFO")
+    from kured.app import run_agent
+    from kured.core.errors import KuredError
+
+    try:
+        asyncio.run(run_agent(settings))
+    except KuredError as exc:
+        print(f"kured: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"kured: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def status(argv: list[str]) -> int:
+    from kured.console import render
+
+    parser = argparse.ArgumentParser(prog="kured status")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("KURED_STATUS_URL", "http://127.0.0.1:8080"),
+        help="the agent's metrics address (env KURED_STATUS_URL)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    args = parser.parse_args(argv)
+    try:
+        with urllib.request.urlopen(args.url.rstrip("/") + "/status", timeout=10) as resp:
+            data = json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"kured: cannot read {args.url}/status: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(data, indent=2) if args.json else render(data))
+    return 3 if data.get("reason") not in ("none", "not_required", "lock_not_held") else 0
+
+
+def fleetlock(argv: list[str]) -> int:
+    from kit.settings import split_list
+
+    parser = argparse.ArgumentParser(
+        prog="kured fleetlock", description="FleetLock server (Zincati) on etcd."
+    )
+    parser.add_argument("--host", default=os.environ.get("KURED_FLEETLOCK_HOST", "127.0.0.1"))
+    parser.add_argument(
+        "--port", type=int, default=int(os.environ.get("KURED_FLEETLOCK_PORT", "3333"))
+    )
+    parser.add_argument(
+        "--etcd-endpoints", default=os.environ.get("KURED_ETCD_ENDPOINTS", "http://127.0.0.1:2379")
+    )
+    parser.add_argument(
+        "--prefix", default=os.environ.get("KURED_FLEETLOCK_PREFIX", "/kured/fleetlock")
+    )
+    parser.add_argument(
+        "--default-slots",
+        type=int,
+        default=int(os.environ.get("KURED_FLEETLOCK_DEFAULT_SLOTS", "1")),
+    )
+    parser.add_argument(
+        "--group-slots",
+        default=os.environ.get("KURED_FLEETLOCK_GROUP_SLOTS", ""),
+        help="per-group slots, e.g. workers=2,control=1",
+    )
+    args = parser.parse_args(argv)
+    groups: dict[str, int] = {}
+    problems = []
+    for item in split_list(args.group_slots):
+        name, _, n = item.partition("=")
+        if not name or not n.isdigit() or int(n) < 1:
+            problems.append(f"--group-slots entry {item!r} must be GROUP=N with N >= 1")
+        else:
+            groups[name] = int(n)
+    if args.default_slots < 1:
+        problems.append("--default-slots must be >= 1")
+    if problems:
+        print("kured fleetlock: invalid configuration:", file=sys.stderr)
+        for p in problems:
+            print(f"  - {p}", file=sys.stderr)
+        return 2
+    kit_log.configure("INFO")
+    from kured.locks.fleetlock import serve
+
+    try:
+        asyncio.run(
+            serve(
+                args.host,
+                args.port,
+                split_list(args.etcd_endpoints),
+                args.prefix,
+                args.default_slots,
+                groups,
+            )
+        )
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""``kured status``: the JSON an agent serves on ``/status``, and how it reads on a terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kured.core.policy import Action
+from kured.loop import Agent
+
+
+def status_of(agent: Agent, window_description: str) -> dict[str, Any]:
+    """This node's conditions, the first thing blocking a reboot, and the lock holders."""
+    view = agent.view
+    obs, decision = view.observation, view.decision
+    now = agent.now()
+    conditions: list[dict[str, Any]] = []
+    if obs is not None:
+        conditions.append(
+            {
+                "name": "window",
+                "ok": obs.window_open,
+                "value": ("open" if obs.window_open else "closed")
+                + f" ({window_description})"
+                + (
+                    f", next opening {obs.next_window_at.isoformat()}" if obs.next_window_at else ""
+                ),
+            }
+        )
+        conditions.append(
+            {
+                "name": "sentinel",
+                "ok": bool(obs.reboot_required),
+                "value": (
+                    "required"
+                    if obs.reboot_required
+                    else "unknown"
+                    if obs.reboot_required is None
+                    else "not required"
+                )
+                + f": {obs.sentinel_detail}",
+            }
+        )
+        for g in obs.gates:
+            conditions.append(
+                {
+                    "name": g.name,
+                    "ok": g.blocking is False,
+                    "value": ("unknown: " if g.blocking is None else "") + g.detail,
+                }
+            )
+        conditions.append(
+            {
+                "name": "lock",
+                "ok": bool(obs.holds_lock),
+                "value": "held by this node"
+                if obs.holds_lock
+                else "unknown"
+                if obs.holds_lock is None
+                else "not held",
+            }
+        )
+        conditions.append(
+            {
+                "name": "circuit breaker",
+                "ok": not agent.state.breaker_open,
+                "value": ("open: " + obs.breaker_detail)
+                if agent.state.breaker_open
+                else f"closed ({agent.state.consecutive_reboots} in a row)",
+            }
+        )
+    return {
+        "node": agent.config.node_id,
+        "action": decision.action.value if decision else "starting",
+        "rebooting": decision is not None and decision.action in (Action.REBOOT, Action.HOLD),
+        "blocked_by": decision.first if decision else "no decision yet",
+        "reason": decision.why.value if decision else "none",
+        "reasons": [r.text for r in decision.reasons] if decision else [],
+        "conditions": conditions,
+        "lock_holders": [
+            {
+                "node": h.node_id,
+                "created": h.created_raw or h.created_at.isoformat(),
+                "ttl_seconds": h.ttl_seconds,
+                "unschedulable": h.unschedulable,
+                "expired": h.expired(now),
+            }
+            for h in view.holders
+        ],
+        "last_tick_at": view.last_tick_at,
+        "failures": dict(view.failures_total),
+    }
+
+
+def render(status: dict[str, Any]) -> str:
+    lines = [f"node      {status['node']}"]
+    first = status["blocked_by"] or "rebooting" if status["rebooting"] else status["blocked_by"]
+    lines.append(f"status    {first or 'ready to reboot'}")
+    for c in status["conditions"]:
+        mark = "ok " if c["ok"] else "-- "
+        lines.append(f"  {mark}{c['name']:<16} {c['value']}")
+    holders = status["lock_holders"]
+    if holders:
+        lines.append("lock holders:")
+        for h in holders:
+            ttl = "never expires" if not h["ttl_seconds"] else f"ttl {h['ttl_seconds']:.0f}s"
+            lines.append(
+                f"  {h['node']:<20} since {h['created']} ({ttl}"
+                f"{', EXPIRED' if h['expired'] else ''}"
+                f"{', was cordoned' if h['unschedulable'] else ''})"
+            )
+    else:
+        lines.append("lock holders: none")
+    return "\n".join(lines)

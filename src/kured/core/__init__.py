@@ -1,0 +1,1 @@
+"""Pure rules: the reboot window, the decision policy, the lock record format. No IO."""

@@ -1,0 +1,1 @@
+"""The cluster-wide reboot lock: one ``Lock`` protocol, etcd and FleetLock implementations."""

@@ -1,0 +1,281 @@
+"""The agent: observe → decide → act, once per tick, with time injected.
+
+Ticks are jittered like kured's (the first at a uniformly random point in [½P, 1½P) after
+start, then every P) so that agents do not all reach for the lock at once. One tick:
+
+1. **Observe**: the window at now, the sentinel, every gate, the lock's holders.
+2. **Decide**: ``kured.core.policy.decide`` — pure.
+3. **Act**: acquire the lock (and decide again at once, so a granted lock reboots in the same
+   tick), release it (after ``--lock-release-delay`` when it is the post-reboot release), or
+   trigger the reboot (recording that first) and then hold everything until the machine goes
+   down.
+
+On start (kured's phase A) a reboot this agent triggered earlier is recognised from its state
+file: the circuit breaker is updated, and if the lock is still ours it is released after the
+release delay regardless of the window. Errors in a tick are logged, counted and the tick ends;
+they never escape the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from kit.clock import Clock
+from kured.actuators.reboot import Rebooter
+from kured.core.errors import KuredError, LockError, RebootError, SensorError
+from kured.core.policy import Action, Decision, GateResult, Observation, decide
+from kured.locks.base import Holder, Lock
+from kured.sensors.sentinel import Sentinel
+from kured.state import AgentState, StateStore, current_boot_id
+
+log = logging.getLogger(__name__)
+
+
+class Gate(Protocol):
+    name: str
+
+    async def check(self) -> GateResult: ...
+
+
+class Window(Protocol):
+    def contains(self, instant: datetime) -> bool: ...
+
+    def next_open(self, after: datetime) -> datetime | None: ...
+
+
+@dataclass
+class AgentConfig:
+    node_id: str
+    period_seconds: float
+    lock_ttl_seconds: float
+    lock_release_delay_seconds: float
+    max_consecutive_reboots: int
+
+
+@dataclass
+class AgentView:
+    """The last observation and decision, for ``kured status`` and metrics."""
+
+    observation: Observation | None = None
+    decision: Decision | None = None
+    holders: tuple[Holder, ...] = ()
+    failures_total: dict[str, int] = field(default_factory=dict)
+    decisions_total: dict[str, int] = field(default_factory=dict)
+    last_tick_at: float | None = None
+
+    def fail(self, kind: str) -> None:
+        self.failures_total[kind] = self.failures_total.get(kind, 0) + 1
+
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        window: Window,
+        sentinel: Sentinel,
+        gates: Sequence[Gate],
+        lock: Lock,
+        rebooter: Rebooter,
+        state: StateStore,
+        clock: Clock,
+        sleep: Sleep = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.window = window
+        self.sentinel = sentinel
+        self.gates = tuple(gates)
+        self.lock = lock
+        self.rebooter = rebooter
+        self.store = state
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+        self.state = AgentState()
+        self.reboot_triggered = False
+        self.rebooted_holding_lock = False
+        self.view = AgentView()
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
+
+    # -- start-up (kured's phase A) -------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Recognise a reboot this agent triggered before this start."""
+        self.state = self.store.load()
+        if self.state.reboot_triggered_at is None:
+            return
+        log.info("started after a reboot triggered at %s", self.state.reboot_triggered_at)
+        self.state.last_reboot_at = self.state.reboot_triggered_at
+        self.state.reboot_triggered_at = None
+        try:
+            still_required, detail = await self.sentinel.check()
+        except SensorError as exc:
+            still_required, detail = False, exc.message
+        if still_required:
+            self.state.consecutive_reboots += 1
+            log.warning(
+                "after reboot %d in a row a reboot is still required (%s)",
+                self.state.consecutive_reboots,
+                detail,
+            )
+            if self.state.consecutive_reboots >= self.config.max_consecutive_reboots:
+                self.state.breaker_open = True
+                log.error(
+                    "circuit breaker open: %d reboots in a row did not clear the "
+                    "sentinel; not rebooting again until an operator looks",
+                    self.state.consecutive_reboots,
+                )
+        else:
+            self.state.consecutive_reboots = 0
+        self.store.save(self.state)
+        self.rebooted_holding_lock = True  # release if the lock is still ours
+
+    # -- one tick --------------------------------------------------------------------------------
+
+    async def observe(self) -> Observation:
+        now = self.now()
+        window_open = self.window.contains(now)
+        try:
+            required, detail = await self.sentinel.check()
+            reboot_required: bool | None = required
+        except SensorError as exc:
+            reboot_required, detail = None, exc.message
+            self.view.fail("sentinel")
+        gates = []
+        if window_open and reboot_required:
+            gates = list(await asyncio.gather(*(g.check() for g in self.gates)))
+            for g in gates:
+                if g.blocking is None:
+                    self.view.fail("gate")
+        holds: bool | None
+        try:
+            holders = await self.lock.holders()
+            live = [h for h in holders if not h.expired(now)]
+            holds = any(h.node_id == self.config.node_id for h in live)
+            self.view.holders = tuple(holders)
+        except LockError as exc:
+            log.warning("cannot read the lock: %s", exc.message)
+            holds, live = None, []
+            self.view.fail("lock")
+        if self.rebooted_holding_lock and holds is False:
+            self.rebooted_holding_lock = False  # nothing to release
+        breaker = self.state.breaker_open and bool(reboot_required)
+        return Observation(
+            now=now,
+            reboot_required=reboot_required,
+            sentinel_detail=detail,
+            window_open=window_open,
+            gates=tuple(gates),
+            holds_lock=holds,
+            lock_holders=tuple(h.node_id for h in live if h.node_id != self.config.node_id),
+            reboot_triggered=self.reboot_triggered,
+            rebooted_holding_lock=self.rebooted_holding_lock and bool(holds),
+            breaker_open=breaker,
+            breaker_detail=(
+                f"{self.state.consecutive_reboots} reboots in a row did not clear the sentinel"
+            ),
+            next_window_at=None if window_open else self.window.next_open(now),
+        )
+
+    async def tick(self) -> Decision:
+        """One observe → decide → act round. Never raises for expected failures."""
+        self.view.last_tick_at = time.time()
+        for _ in range(3):  # an acquired lock is used in the same tick
+            obs = await self.observe()
+            decision = decide(obs)
+            self._record(obs, decision)
+            if decision.action is not Action.ACQUIRE or not await self._acquire():
+                break
+        await self._act(decision)
+        return decision
+
+    def _record(self, obs: Observation, decision: Decision) -> None:
+        self.view.observation, self.view.decision = obs, decision
+        key = decision.action.value
+        self.view.decisions_total[key] = self.view.decisions_total.get(key, 0) + 1
+        if self.state.breaker_open and obs.reboot_required is False:
+            log.info("reboot no longer required: closing the circuit breaker")
+            self.state.breaker_open = False
+            self.state.consecutive_reboots = 0
+            self.store.save(self.state)
+
+    async def _acquire(self) -> bool:
+        try:
+            ok = await self.lock.acquire(
+                self.config.node_id, unschedulable=False, ttl_seconds=self.config.lock_ttl_seconds
+            )
+        except LockError as exc:
+            log.warning("cannot take the lock: %s", exc.message)
+            self.view.fail("lock")
+            return False
+        if ok:
+            log.info("lock acquired by %s", self.config.node_id)
+        return ok
+
+    async def _act(self, decision: Decision) -> None:
+        if decision.action is Action.RELEASE:
+            await self._release(after_reboot=self.rebooted_holding_lock)
+        elif decision.action is Action.REBOOT:
+            await self._reboot()
+
+    async def _release(self, after_reboot: bool) -> None:
+        if after_reboot and self.config.lock_release_delay_seconds > 0:
+            log.info(
+                "waiting %.0fs (--lock-release-delay) before releasing the lock",
+                self.config.lock_release_delay_seconds,
+            )
+            await self.sleep(self.config.lock_release_delay_seconds)
+        try:
+            await self.lock.release(self.config.node_id)
+        except LockError as exc:
+            log.warning("cannot release the lock: %s", exc.message)
+            self.view.fail("lock")
+            return
+        self.rebooted_holding_lock = False
+        log.info("lock released by %s", self.config.node_id)
+
+    async def _reboot(self) -> None:
+        self.state.reboot_triggered_at = time.time()
+        self.state.boot_id = current_boot_id()
+        self.store.save(self.state)
+        log.warning("rebooting node %s", self.config.node_id)
+        try:
+            await self.rebooter.reboot()
+        except RebootError as exc:
+            log.error("reboot failed: %s", exc.message)
+            self.view.fail("reboot")
+            self.state.reboot_triggered_at = None
+            self.store.save(self.state)
+            await self._release(after_reboot=False)  # do not sit on the lock
+            return
+        self.reboot_triggered = True
+
+    # -- forever ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Recover, then tick forever with jitter. Expected failures never escape."""
+        await self.recover()
+        delay = self.rng.uniform(0.5, 1.5) * self.config.period_seconds
+        if self.rebooted_holding_lock:
+            delay = 0.0  # release promptly after a reboot (after the release delay)
+        while True:
+            await self.sleep(delay)
+            try:
+                await self.tick()
+            except KuredError as exc:
+                log.error("tick failed: %s", exc.message)
+                self.view.fail("tick")
+            delay = self.config.period_seconds

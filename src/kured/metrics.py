@@ -1,0 +1,126 @@
+"""kured's metrics: loud about every reason a node is not rebooting.
+
+``kured_reboot_required{node}`` keeps kured's name and meaning (refreshed every minute by its own
+loop, independent of the period). The rest are ours, because kured exports nothing else and its
+users build alerts blind (kured-behaviour.md, "Little visibility"):
+
+* ``kured_blocking_reason{node,reason}`` — 1 for the reason kind currently in force (closed set,
+  ``kured.core.policy.Why``), 0 for the others;
+* ``kured_window_open{node}``, ``kured_lock_held{node}``, ``kured_lock_holders{node}`` (how many
+  hold it), ``kured_lock_holder_info{node,holder}``;
+* ``kured_last_reboot_timestamp_seconds{node}``, ``kured_circuit_breaker_open{node}``,
+  ``kured_consecutive_reboots{node}``;
+* ``kured_failures_total{node,kind}`` (sentinel, gate, lock, reboot, tick) and
+  ``kured_decisions_total{node,action}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kured.core.policy import Why
+from kured.loop import Agent
+
+
+class AgentCollector(Collector):
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.reboot_required: bool | None = None  # set by the one-minute sentinel loop
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        a = self.agent
+        node = a.config.node_id
+        view = a.view
+        obs, decision = view.observation, view.decision
+        required = GaugeMetricFamily(
+            "kured_reboot_required",
+            "OS requires reboot due to software updates.",
+            labels=["node"],
+        )
+        req = self.reboot_required
+        if req is None and obs is not None:
+            req = obs.reboot_required
+        required.add_metric([node], 1 if req else 0)
+        yield required
+        reason = GaugeMetricFamily(
+            "kured_blocking_reason",
+            "1 for the reason the node is not rebooting now.",
+            labels=["node", "reason"],
+        )
+        current = decision.why if decision is not None else Why.NONE
+        for why in Why:
+            reason.add_metric([node, why.value], 1 if why is current else 0)
+        yield reason
+        yield _gauge(
+            "kured_window_open",
+            "1 while the reboot window is open.",
+            node,
+            1 if obs is not None and obs.window_open else 0,
+        )
+        yield _gauge(
+            "kured_lock_held",
+            "1 while this node holds the reboot lock.",
+            node,
+            1 if obs is not None and obs.holds_lock else 0,
+        )
+        yield _gauge(
+            "kured_lock_holders", "Nodes holding the reboot lock.", node, len(view.holders)
+        )
+        info = GaugeMetricFamily(
+            "kured_lock_holder_info",
+            "1 per node holding the reboot lock.",
+            labels=["node", "holder"],
+        )
+        for h in view.holders:
+            info.add_metric([node, h.node_id], 1)
+        yield info
+        yield _gauge(
+            "kured_last_reboot_timestamp_seconds",
+            "When this agent last triggered a reboot that completed (unix time).",
+            node,
+            a.state.last_reboot_at or 0,
+        )
+        yield _gauge(
+            "kured_circuit_breaker_open",
+            "1 when repeated reboots did not clear the sentinel and rebooting stopped.",
+            node,
+            1 if a.state.breaker_open else 0,
+        )
+        yield _gauge(
+            "kured_consecutive_reboots",
+            "Reboots in a row after which a reboot was still required.",
+            node,
+            a.state.consecutive_reboots,
+        )
+        failures = CounterMetricFamily(
+            "kured_failures", "Failures by kind.", labels=["node", "kind"]
+        )
+        for kind, n in sorted(view.failures_total.items()):
+            failures.add_metric([node, kind], n)
+        yield failures
+        decisions = CounterMetricFamily(
+            "kured_decisions", "Decisions by action.", labels=["node", "action"]
+        )
+        for action, n in sorted(view.decisions_total.items()):
+            decisions.add_metric([node, action], n)
+        yield decisions
+
+
+def _gauge(name: str, doc: str, node: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=["node"])
+    g.add_metric([node], value)
+    return g
+
+
+def registry_for(collector: AgentCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(collector)
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

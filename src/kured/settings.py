@@ -1,0 +1,371 @@
+"""kured's settings: every flag, its ``KURED_<FLAG>`` environment override, and their rules.
+
+Flag names, defaults and value syntax are kured 1.23.0's (shared/reference/kured-behaviour.md §1)
+so existing DaemonSet manifests and Helm values keep working: Go durations (``30m``, ``1h30m``,
+``1.5s``, ``0``), Go booleans (``true``, ``1``, ``T``...), comma-separated lists, and the window
+syntax of ``kured.core.window``. The environment variable of ``--lock-release-delay`` is
+``KURED_LOCK_RELEASE_DELAY``: the flag upper-cased, ``-`` turned into ``_``.
+
+Precedence is kured's: **the environment overrides the command line** (kured applies
+``KURED_*`` on top of the parsed flags). For a repeatable flag (``--reboot-days``,
+``--gate-url``) an environment value replaces the flag's values. kured, through pflag, most
+likely appends them instead (kured-behaviour.md §1.1 marks that as inferred); replacing is what
+"override" means and lets a manifest's env undo a flag.
+
+Where we differ from kured, on purpose:
+
+* Every problem is reported at once (``SettingsError.problems``) instead of exiting at the first.
+* Values kured accepts but ignores are refused: an unknown ``--log-format``, a negative duration,
+  a non-positive ``--period``, a Prometheus or gate URL that is not http(s).
+* An empty ``--alert-filter-regexp`` means "no filter". In kured an empty regexp matches every
+  alert name, which (without ``--alert-filter-match-only``) silently ignores every alert.
+* The regexp is Python's ``re``, not RE2. Patterns kured users write (alternations, classes,
+  anchors) mean the same in both.
+* Boolean flags may be given bare (``--alert-firing-only``), as with pflag; use
+  ``kured.settings.add_arguments`` to get that (``kit.settings.add_arguments`` makes every flag
+  take a value).
+
+Durations are float seconds. Field names are the flag names (``period``, ``lock_ttl``,
+``gate_timeout``...) without the house ``_seconds`` suffix, on purpose: one name per setting
+across flags, environment, docs and code reads better than a suffix, and the type and this
+docstring carry the unit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import shlex
+from collections.abc import Mapping
+from datetime import UTC, time, tzinfo
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from kit.settings import (
+    load,
+    option,
+    options_of,
+    parse_bool,
+    parse_choice,
+    parse_duration,
+    parse_port,
+    parse_positive_int,
+    split_list,
+)
+from kured.core.window import EVERY_DAY, RebootWindow, parse_days, parse_time, parse_zone
+
+DEFAULT_REBOOT_COMMAND = ("/bin/systemctl", "reboot")
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def _path(text: str) -> Path:
+    return Path(_non_empty(text))
+
+
+def _url(text: str) -> str:
+    text = text.strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{text!r} must be an http:// or https:// URL")
+    return text
+
+
+def _optional_url(text: str) -> str:
+    return "" if not text.strip() else _url(text)
+
+
+def _url_list(text: str) -> tuple[str, ...]:
+    return tuple(_url(u) for u in split_list(text))
+
+
+def _duration(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    return seconds
+
+
+def _positive_duration(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise ValueError("must be greater than 0")
+    return seconds
+
+
+def _argv(text: str) -> tuple[str, ...]:
+    """POSIX shell-style words, no shell (kured lexes with google/shlex the same way)."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise ValueError(f"cannot split into words: {exc}") from None
+
+
+def _signal(text: str) -> int:
+    value = parse_positive_int(text)
+    if value > 64:
+        raise ValueError("must be a signal number 1-64")
+    return value
+
+
+def _days(text: str) -> frozenset[int]:
+    # One occurrence of --reboot-days; it may itself be a comma list (pflag string slice).
+    return parse_days([text])
+
+
+def _regexp(text: str) -> re.Pattern[str] | None:
+    if text == "":
+        return None
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression: {exc}") from None
+
+
+def _flag(name: str) -> tuple[str, str]:
+    """(env, flag) for a kured flag name: ``lock-ttl`` -> (``KURED_LOCK_TTL``, ``--lock-ttl``)."""
+    return "KURED_" + name.upper().replace("-", "_"), "--" + name
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """One agent's configuration. Durations are seconds; see the module docstring."""
+
+    node_id: str = option(
+        *_flag("node-id"),
+        _non_empty,
+        "this node's name: lock owner id and metric label (required)",
+    )
+    period: float = option(
+        *_flag("period"), _positive_duration, "interval of the main loop", default=3600.0
+    )
+    concurrency: int = option(
+        *_flag("concurrency"),
+        parse_positive_int,
+        "how many nodes may hold the reboot lock at once",
+        default=1,
+    )
+    lock_ttl: float = option(
+        *_flag("lock-ttl"),
+        _duration,
+        "a lock record older than this expires (0 = never)",
+        default=0.0,
+    )
+    lock_release_delay: float = option(
+        *_flag("lock-release-delay"),
+        _duration,
+        "wait this long before releasing the lock after a reboot",
+        default=0.0,
+    )
+    lock_backend: str = option(
+        *_flag("lock-backend"),
+        parse_choice(["etcd", "kubernetes"]),
+        "where the lock lives: etcd or kubernetes (a DaemonSet annotation)",
+        default="etcd",
+    )
+    etcd_endpoints: tuple[str, ...] = option(
+        *_flag("etcd-endpoints"),
+        _url_list,
+        "comma-separated etcd client URLs",
+        default=("http://127.0.0.1:2379",),
+    )
+    lock_key: str = option(
+        *_flag("lock-key"), _non_empty, "etcd key holding the lock record", default="/kured/lock"
+    )
+    ds_namespace: str = option(
+        *_flag("ds-namespace"),
+        _non_empty,
+        "namespace of the DaemonSet holding the lock (kubernetes backend)",
+        default="kube-system",
+    )
+    ds_name: str = option(
+        *_flag("ds-name"),
+        _non_empty,
+        "name of the DaemonSet holding the lock (kubernetes backend)",
+        default="kured",
+    )
+    lock_annotation: str = option(
+        *_flag("lock-annotation"),
+        _non_empty,
+        "annotation on the DaemonSet that stores the lock (kubernetes backend)",
+        default="weave.works/kured-node-lock",
+    )
+    reboot_sentinel: Path = option(
+        *_flag("reboot-sentinel"),
+        _path,
+        "file whose existence means a reboot is needed",
+        default=Path("/var/run/reboot-required"),
+    )
+    reboot_sentinel_command: tuple[str, ...] = option(
+        *_flag("reboot-sentinel-command"),
+        _argv,
+        "command (split like a shell, run without one) whose exit 0 means a reboot is needed; "
+        "replaces the file check",
+        default=(),
+    )
+    reboot_sentinel_kernel: bool = option(
+        *_flag("reboot-sentinel-kernel"),
+        parse_bool,
+        "also require a reboot when the running kernel is older than the newest installed",
+        default=False,
+    )
+    reboot_command: tuple[str, ...] = option(
+        *_flag("reboot-command"),
+        _argv,
+        "command that reboots the host (split like a shell, run without one)",
+        default=DEFAULT_REBOOT_COMMAND,
+    )
+    host_namespace: bool = option(
+        *_flag("host-namespace"),
+        parse_bool,
+        "run --reboot-command in PID 1's mount namespace through nsenter, as kured always does "
+        "(needs hostPID and privileges in a pod)",
+        default=False,
+    )
+    reboot_method: str = option(
+        *_flag("reboot-method"),
+        parse_choice(["command", "signal"]),
+        "reboot by running --reboot-command or by sending --reboot-signal to PID 1",
+        default="command",
+    )
+    reboot_signal: int = option(
+        *_flag("reboot-signal"),
+        _signal,
+        "signal sent to PID 1 for --reboot-method=signal (39 = SIGRTMIN+5: systemd reboot)",
+        default=39,
+    )
+    reboot_days: frozenset[int] = option(
+        *_flag("reboot-days"),
+        _days,
+        "days the window opens (su..sa or 0-6, comma-separated, repeatable; empty = never)",
+        default=EVERY_DAY,
+        repeatable=True,
+    )
+    start_time: time = option(
+        *_flag("start-time"), parse_time, "window start, local to --time-zone", default=time(0, 0)
+    )
+    end_time: time = option(
+        *_flag("end-time"),
+        parse_time,
+        "window end, inclusive through that second",
+        default=time(23, 59, 59),
+    )
+    time_zone: tzinfo = option(
+        *_flag("time-zone"),
+        parse_zone,
+        "zone of the window: an IANA name, UTC or Local",
+        default=UTC,
+    )
+    prometheus_url: str = option(
+        *_flag("prometheus-url"),
+        _optional_url,
+        "Prometheus base URL; firing alerts block reboots ('' = off)",
+        default="",
+    )
+    alert_filter_regexp: re.Pattern[str] | None = option(
+        *_flag("alert-filter-regexp"),
+        _regexp,
+        "alerts whose names match (unanchored search) are ignored",
+        default=None,
+    )
+    alert_filter_match_only: bool = option(
+        *_flag("alert-filter-match-only"),
+        parse_bool,
+        "only alerts matching --alert-filter-regexp block, instead of all others",
+        default=False,
+    )
+    alert_firing_only: bool = option(
+        *_flag("alert-firing-only"),
+        parse_bool,
+        "only firing alerts block; pending ones are ignored",
+        default=False,
+    )
+    gate_url: tuple[str, ...] = option(
+        *_flag("gate-url"),
+        _url,
+        "HTTP gate: a reboot is allowed only while it answers 2xx (repeatable)",
+        default=(),
+        repeatable=True,
+    )
+    gate_timeout: float = option(
+        *_flag("gate-timeout"), _positive_duration, "timeout of one gate request", default=5.0
+    )
+    prometheus_timeout: float = option(
+        *_flag("prometheus-timeout"),
+        _positive_duration,
+        "timeout of one Prometheus query",
+        default=10.0,
+    )
+    metrics_host: str = option(
+        *_flag("metrics-host"), str.strip, "bind address for /metrics ('' = all)", default=""
+    )
+    metrics_port: int = option(
+        *_flag("metrics-port"), parse_port, "bind port for /metrics", default=8080
+    )
+    state_dir: Path = option(
+        *_flag("state-dir"),
+        _path,
+        "where the agent keeps its reboot bookkeeping",
+        default=Path("/var/lib/kured"),
+    )
+    max_consecutive_reboots: int = option(
+        *_flag("max-consecutive-reboots"),
+        parse_positive_int,
+        "circuit breaker: stop after this many reboots in a row that did not clear the sentinel",
+        default=3,
+    )
+    log_format: str = option(
+        *_flag("log-format"), parse_choice(["text", "json"]), "text or json", default="text"
+    )
+
+    def __post_init__(self) -> None:
+        # ``kit.settings.load`` hands a repeatable option the tuple of its per-occurrence parses;
+        # each ``--reboot-days`` occurrence is already a set of days, so take their union.
+        days: Any = self.reboot_days
+        if isinstance(days, tuple):
+            object.__setattr__(self, "reboot_days", frozenset[int]().union(*days))
+
+    def window(self) -> RebootWindow:
+        """The reboot window these settings describe."""
+        return RebootWindow(self.reboot_days, self.start_time, self.end_time, self.time_zone)
+
+
+def validate_settings(s: Settings) -> list[str]:
+    """Cross-field rules; returns every problem found (empty when the settings are usable)."""
+    problems: list[str] = []
+    if s.reboot_method == "command" and not s.reboot_command:
+        problems.append(
+            "KURED_REBOOT_COMMAND / --reboot-command must not be empty with --reboot-method=command"
+        )
+    if s.lock_backend == "etcd" and not s.etcd_endpoints:
+        problems.append(
+            "KURED_ETCD_ENDPOINTS / --etcd-endpoints must name at least one URL "
+            "with --lock-backend=etcd"
+        )
+    return problems
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every kured flag to ``parser``. Boolean flags may be given bare (``--flag`` = true),
+    as pflag allows; values stay text so ``load_settings`` reports every problem."""
+    for f, opt in options_of(Settings):
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "metavar": opt.metavar}
+        if opt.repeatable:
+            kwargs["action"] = "append"
+        if opt.parse is parse_bool:
+            kwargs.update(nargs="?", const="true", metavar="BOOL")
+        parser.add_argument(opt.flag, help=f"{opt.help} (env {opt.env})", **kwargs)
+
+
+def load_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    """Settings from parsed flags and the environment, the environment winning (kured's rule).
+
+    Raises ``kit.settings.SettingsError`` listing every invalid or missing value.
+    """
+    return load(Settings, args, environ, precedence="env-over-flag", validate=validate_settings)

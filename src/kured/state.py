@@ -1,0 +1,55 @@
+"""The agent's reboot bookkeeping, kept on disk across restarts (``--state-dir``).
+
+``reboot_triggered_at`` is written *before* the reboot is triggered, so the next start knows a
+reboot it caused has happened (kured infers it from holding the lock; we need it for the circuit
+breaker too). ``consecutive_reboots`` counts reboots after which the sentinel still asked for a
+reboot; at ``--max-consecutive-reboots`` the breaker opens and stays open until an operator
+removes the state file (or a reboot is no longer required). Writes are atomic (temp + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class AgentState:
+    reboot_triggered_at: float | None = None  # unix seconds
+    boot_id: str = ""
+    consecutive_reboots: int = 0
+    breaker_open: bool = False
+    last_reboot_at: float | None = None
+
+
+class StateStore:
+    def __init__(self, directory: Path, node_id: str) -> None:
+        self.path = directory / f"kured-{node_id}.json"
+
+    def load(self) -> AgentState:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return AgentState()
+        except (OSError, ValueError) as exc:
+            raise OSError(f"cannot read agent state {self.path}: {exc}") from exc
+        known = {k: v for k, v in data.items() if k in AgentState.__dataclass_fields__}
+        return AgentState(**known)
+
+    def save(self, state: AgentState) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            json.dump(asdict(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+def current_boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,281 @@
+"""kured's settings (kured.settings over kit.settings): kured's flag names and value syntax,
+``KURED_<FLAG>`` overriding flags, and every problem reported at once."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime, time
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from kit.settings import SettingsError, options_of
+from kured.core.window import EVERY_DAY, FRIDAY, MONDAY, SATURDAY, SUNDAY, RebootWindow
+from kured.settings import Settings, add_arguments, load_settings
+
+NODE = {"KURED_NODE_ID": "node-1"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kured")
+    add_arguments(p)
+    return p
+
+
+def settings_from(environ: Mapping[str, str], *flags: str) -> Settings:
+    return load_settings(parser().parse_args(list(flags)), environ)
+
+
+def problems_from(environ: Mapping[str, str], *flags: str) -> list[str]:
+    with pytest.raises(SettingsError) as raised:
+        settings_from(environ, *flags)
+    return raised.value.problems
+
+
+def test_defaults_are_kureds() -> None:
+    s = settings_from(NODE)
+    assert s.node_id == "node-1"
+    assert s.period == 3600
+    assert s.concurrency == 1
+    assert (s.lock_ttl, s.lock_release_delay) == (0, 0)
+    assert s.lock_backend == "etcd"
+    assert s.etcd_endpoints == ("http://127.0.0.1:2379",)
+    assert s.lock_key == "/kured/lock"
+    assert (s.ds_namespace, s.ds_name) == ("kube-system", "kured")
+    assert s.lock_annotation == "weave.works/kured-node-lock"
+    assert s.reboot_sentinel == Path("/var/run/reboot-required")
+    assert s.reboot_sentinel_command == ()
+    assert s.reboot_sentinel_kernel is False
+    assert s.reboot_command == ("/bin/systemctl", "reboot")
+    assert s.host_namespace is False
+    assert (s.reboot_method, s.reboot_signal) == ("command", 39)
+    assert s.reboot_days == EVERY_DAY
+    assert (s.start_time, s.end_time, s.time_zone) == (time(0, 0), time(23, 59, 59), UTC)
+    assert s.prometheus_url == ""
+    assert s.alert_filter_regexp is None
+    assert (s.alert_filter_match_only, s.alert_firing_only) == (False, False)
+    assert s.gate_url == ()
+    assert (s.gate_timeout, s.prometheus_timeout) == (5, 10)
+    assert (s.metrics_host, s.metrics_port) == ("", 8080)
+    assert s.state_dir == Path("/var/lib/kured")
+    assert s.max_consecutive_reboots == 3
+    assert s.log_format == "text"
+    assert s.window() == RebootWindow()
+
+
+def test_every_env_name_is_kured_and_the_flag_upper_cased() -> None:
+    for _field, opt in options_of(Settings):
+        assert opt.flag.startswith("--")
+        assert opt.env == "KURED_" + opt.flag[2:].upper().replace("-", "_")
+
+
+def test_node_id_is_required() -> None:
+    assert problems_from({}) == ["KURED_NODE_ID / --node-id is required"]
+    assert len(problems_from({"KURED_NODE_ID": "  "})) == 1
+    assert settings_from({}, "--node-id", "n2").node_id == "n2"
+
+
+def test_the_environment_overrides_flags() -> None:
+    s = settings_from(
+        {
+            "KURED_NODE_ID": "from-env",
+            "KURED_PERIOD": "5m",
+            "KURED_LOCK_RELEASE_DELAY": "1h30m",
+            "KURED_ALERT_FIRING_ONLY": "false",
+            "KURED_REBOOT_DAYS": "sa,su",
+            "KURED_START_TIME": "22:00",
+        },
+        "--node-id=from-flag",
+        "--period=1m",
+        "--lock-release-delay=10s",
+        "--alert-firing-only",
+        "--reboot-days=mo",
+        "--start-time=1am",
+        "--end-time=4am",
+    )
+    assert s.node_id == "from-env"
+    assert s.period == 300
+    assert s.lock_release_delay == 5400
+    assert s.alert_firing_only is False
+    assert s.reboot_days == {SATURDAY, SUNDAY}  # replaced, not appended
+    assert s.start_time == time(22, 0)
+    assert s.end_time == time(4, 0)  # no env value: the flag stands
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30m", 1800), ("1h30m", 5400), ("0", 0), ("1.5s", 1.5), ("500ms", 0.5), ("2h", 7200)],
+)
+def test_durations_are_go_durations(text: str, seconds: float) -> None:
+    s = settings_from({**NODE, "KURED_LOCK_TTL": text}, "--lock-release-delay", text)
+    assert s.lock_ttl == seconds
+    assert s.lock_release_delay == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("true", True),
+        ("1", True),
+        ("T", True),
+        ("TRUE", True),
+        ("t", True),
+        ("false", False),
+        ("0", False),
+        ("F", False),
+    ],
+)
+def test_booleans_are_go_booleans(text: str, value: bool) -> None:
+    s = settings_from(
+        {**NODE, "KURED_ALERT_FILTER_MATCH_ONLY": text}, f"--alert-firing-only={text}"
+    )
+    assert s.alert_filter_match_only is value
+    assert s.alert_firing_only is value
+
+
+def test_boolean_flags_may_be_given_bare_like_pflag() -> None:
+    s = settings_from(NODE, "--alert-firing-only", "--reboot-sentinel-kernel")
+    assert s.alert_firing_only is True
+    assert s.reboot_sentinel_kernel is True
+
+
+def test_every_invalid_value_is_reported_at_once() -> None:
+    problems = problems_from(
+        {
+            "KURED_PERIOD": "1 hour",
+            "KURED_CONCURRENCY": "0",
+            "KURED_LOCK_TTL": "-5m",
+            "KURED_REBOOT_METHOD": "kexec",
+            "KURED_REBOOT_SIGNAL": "65",
+            "KURED_START_TIME": "5:00pm",
+            "KURED_END_TIME": "9AM",
+            "KURED_TIME_ZONE": "Mars/Olympus_Mons",
+            "KURED_ALERT_FIRING_ONLY": "yes",
+            "KURED_METRICS_PORT": "99999",
+            "KURED_LOG_FORMAT": "xml",
+            "KURED_PROMETHEUS_URL": "prometheus:9090",
+        },
+        "--reboot-days=mo,funday",
+        "--gate-url=ftp://gate",
+        "--reboot-sentinel-command=test -f '/var/run/x",
+    )
+    named = sorted(p.split("=")[0].split(" ")[0] for p in problems)
+    assert named == sorted(
+        [
+            "KURED_NODE_ID",
+            "KURED_PERIOD",
+            "KURED_CONCURRENCY",
+            "KURED_LOCK_TTL",
+            "KURED_REBOOT_METHOD",
+            "KURED_REBOOT_SIGNAL",
+            "KURED_START_TIME",
+            "KURED_END_TIME",
+            "KURED_TIME_ZONE",
+            "KURED_ALERT_FIRING_ONLY",
+            "KURED_METRICS_PORT",
+            "KURED_LOG_FORMAT",
+            "KURED_PROMETHEUS_URL",
+            "KURED_REBOOT_DAYS",
+            "KURED_GATE_URL",
+            "--reboot-sentinel-command",
+        ]
+    ), problems
+    text = "\n".join(problems)
+    assert "funday" in text
+    assert "No closing quotation" in text
+
+
+def test_reboot_days_repeat_and_split_on_commas() -> None:
+    s = settings_from(NODE, "--reboot-days=mo", "--reboot-days", "fr,sa", "--reboot-days=0")
+    assert s.reboot_days == {MONDAY, FRIDAY, SATURDAY, SUNDAY}
+    assert settings_from({**NODE, "KURED_REBOOT_DAYS": "mon, 5"}).reboot_days == {MONDAY, FRIDAY}
+
+
+def test_an_explicitly_empty_reboot_days_means_never() -> None:
+    for s in (
+        settings_from(NODE, "--reboot-days="),
+        settings_from({**NODE, "KURED_REBOOT_DAYS": ""}),
+    ):
+        assert s.reboot_days == frozenset()
+        assert s.window().next_open(datetime(2024, 1, 1, tzinfo=UTC)) is None
+
+
+def test_gate_urls_repeat() -> None:
+    s = settings_from(NODE, "--gate-url=http://a:1/ok/", "--gate-url", "https://b/health")
+    assert s.gate_url == ("http://a:1/ok", "https://b/health")
+    from_env = settings_from({**NODE, "KURED_GATE_URL": "http://c,http://d"}, "--gate-url=http://a")
+    assert from_env.gate_url == ("http://c", "http://d")
+
+
+def test_the_alert_filter_compiles_and_an_invalid_regexp_is_reported() -> None:
+    s = settings_from({**NODE, "KURED_ALERT_FILTER_REGEXP": "^(RebootRequired|Watchdog)$"})
+    assert isinstance(s.alert_filter_regexp, re.Pattern)
+    assert s.alert_filter_regexp.search("Watchdog")
+    assert settings_from({**NODE, "KURED_ALERT_FILTER_REGEXP": ""}).alert_filter_regexp is None
+    problems = problems_from({**NODE, "KURED_ALERT_FILTER_REGEXP": "Foo(["})
+    assert len(problems) == 1
+    assert problems[0].startswith("KURED_ALERT_FILTER_REGEXP='Foo([': invalid regular expression")
+
+
+def test_commands_are_split_like_a_shell_without_one() -> None:
+    s = settings_from(
+        NODE,
+        "--reboot-sentinel-command",
+        "sh -c 'test -f /var/run/reboot-required'",
+        '--reboot-command=/usr/bin/systemctl reboot --message="kured maintenance" a\\ b',
+    )
+    assert s.reboot_sentinel_command == ("sh", "-c", "test -f /var/run/reboot-required")
+    assert s.reboot_command == (
+        "/usr/bin/systemctl",
+        "reboot",
+        "--message=kured maintenance",
+        "a b",
+    )
+
+
+def test_an_empty_reboot_command_is_a_problem_only_for_the_command_method() -> None:
+    assert problems_from(NODE, "--reboot-command=") == [
+        "KURED_REBOOT_COMMAND / --reboot-command must not be empty with --reboot-method=command"
+    ]
+    s = settings_from(NODE, "--reboot-command=", "--reboot-method=signal", "--reboot-signal=40")
+    assert (s.reboot_method, s.reboot_signal, s.reboot_command) == ("signal", 40, ())
+    assert len(problems_from(NODE, "--reboot-method=signal", "--reboot-signal=0")) == 1
+
+
+def test_cross_field_problems_are_reported_together() -> None:
+    problems = problems_from({**NODE, "KURED_ETCD_ENDPOINTS": ""}, "--reboot-command= ")
+    assert len(problems) == 2
+    s = settings_from(
+        {**NODE, "KURED_ETCD_ENDPOINTS": ""}, "--lock-backend=kubernetes", "--ds-name=kured-x"
+    )
+    assert (s.lock_backend, s.etcd_endpoints, s.ds_name) == ("kubernetes", (), "kured-x")
+
+
+def test_etcd_endpoints_are_a_comma_list_of_urls() -> None:
+    s = settings_from(NODE, "--etcd-endpoints=http://10.0.0.1:2379/, https://10.0.0.2:2379")
+    assert s.etcd_endpoints == ("http://10.0.0.1:2379", "https://10.0.0.2:2379")
+
+
+def test_the_window_is_built_from_days_times_and_zone() -> None:
+    s = settings_from(
+        NODE,
+        "--reboot-days=fr",
+        "--start-time=10pm",
+        "--end-time=02:00",
+        "--time-zone=Europe/London",
+    )
+    w = s.window()
+    assert w == RebootWindow(frozenset({FRIDAY}), time(22), time(2), ZoneInfo("Europe/London"))
+    # 2024-03-02 is a Saturday: the Friday night window is still open at 01:00.
+    assert w.contains(datetime(2024, 3, 2, 1, 0, tzinfo=UTC))
+    assert not w.contains(datetime(2024, 3, 1, 1, 0, tzinfo=UTC))
+
+
+def test_period_must_be_positive_and_timeouts_too() -> None:
+    problems = problems_from(
+        {**NODE, "KURED_PERIOD": "0", "KURED_GATE_TIMEOUT": "0s", "KURED_PROMETHEUS_TIMEOUT": "-1s"}
+    )
+    assert len(problems) == 3
