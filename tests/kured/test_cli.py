@@ -1,0 +1,151 @@
+"""The ``kured`` command line as a user runs it: the FleetLock server, configuration errors,
+and the circuit breaker that stops a reboot loop."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.kured.agents import Host, read_events
+from tests.kured.prom import free_port
+
+
+def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kured.cli",
+            "fleetlock",
+            "--port",
+            str(port),
+            "--etcd-endpoints",
+            etcd,
+            "--default-slots",
+            "1",
+            "--group-slots",
+            "workers=2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening" in line, (line, proc.stderr.read() if proc.stderr else "")
+        url = f"http://127.0.0.1:{port}"
+        hdr = {"fleet-lock-protocol": "true"}
+
+        def lock(client_id: str, group: str, path: str = "pre-reboot") -> httpx.Response:
+            body = {"client_params": {"id": client_id, "group": group}}
+            return httpx.post(f"{url}/v1/{path}", json=body, headers=hdr, timeout=10)
+
+        assert lock("c1", "default").status_code == 200
+        assert lock("c1", "default").status_code == 200  # idempotent
+        full = lock("c2", "default")
+        assert full.status_code == 409
+        assert full.json()["kind"] == "failed_lock_semaphore_full"
+        assert "c1" in full.json()["value"]
+        assert lock("w1", "workers").status_code == 200
+        assert lock("w2", "workers").status_code == 200
+        assert lock("c1", "default", "steady-state").status_code == 200
+        assert lock("c2", "default").status_code == 200
+        missing = httpx.post(
+            f"{url}/v1/pre-reboot", json={"client_params": {"id": "c3", "group": "default"}}
+        )
+        assert missing.status_code == 400
+        assert missing.json()["kind"] == "missing_protocol_header"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_invalid_flags_are_all_listed_and_exit_2(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kured.cli",
+            "--period",
+            "soon",
+            "--concurrency",
+            "0",
+            "--reboot-days",
+            "funday",
+            "--start-time",
+            "5:00pm",
+            "--time-zone",
+            "Mars/Olympus",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 2
+    for needle in (
+        "node-id",
+        "--period",
+        "--concurrency",
+        "--reboot-days",
+        "--start-time",
+        "--time-zone",
+    ):
+        assert needle in out.stderr, (needle, out.stderr)
+
+
+STUCK_REBOOT = """#!/bin/sh
+# A reboot after which the sentinel is still there (a package that keeps asking).
+echo "$(date +%s.%N) $1 reboot" >> "$2"
+kill -9 $PPID
+"""
+
+
+def test_a_node_that_keeps_needing_a_reboot_trips_the_breaker_instead_of_looping(
+    etcd: str, tmp_path: Path
+) -> None:
+    events = tmp_path / "events.log"
+    script = tmp_path / "stuck.sh"
+    script.write_text(STUCK_REBOOT)
+    script.chmod(0o755)
+    host = Host(tmp_path, "n0", etcd, events, "--period", "1s", "--max-consecutive-reboots", "2")
+    host.argv[host.argv.index("--reboot-command") + 1] = f"{script} n0 {events}"
+    host.sentinel.touch()
+    try:
+        host.start()
+
+        def reboots() -> int:
+            return sum(1 for e in read_events(events) if e[2] == "reboot")
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and host.boots < 3:
+            time.sleep(0.2)
+        assert host.boots >= 3, host.log()[-2000:]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if host.status()["reason"] == "breaker_open":
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        status = host.status()
+        assert status["reason"] == "breaker_open", status
+        count = reboots()
+        time.sleep(4)
+        assert reboots() == count == 2  # it stopped, and stays stopped
+        metrics = httpx.get(host.url + "/metrics").text
+        assert re.search(r'kured_circuit_breaker_open\{node="n0"\} 1\.0', metrics)
+        assert "circuit breaker open" in str(status["blocked_by"])
+    finally:
+        host.stop()
