@@ -74,6 +74,7 @@ class Node:
             max_disk_bytes=settings.max_disk_bytes,
             min_free_disk_bytes=settings.min_free_disk_bytes,
             outbox_max_depth=settings.outbox_max_depth,
+            hot_cache_bytes=settings.hot_cache_bytes,
         )
         self.uploads = MultipartUploads(
             self.service, self.clock, settings.multipart_upload_ttl_seconds
@@ -134,6 +135,7 @@ class Node:
             self.budget,
             settings.max_disk_bytes,
             self.service.files.tmp_dir_bytes,
+            self.service.hot,
         )
         self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
         self.draining = False

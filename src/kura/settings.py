@@ -112,6 +112,13 @@ class Settings:
         "stored artifact bytes kept before least-recently-used eviction",
         default=50 * GiB,
     )
+    hot_cache_bytes: int = option(
+        "KURA_HOT_CACHE_BYTES",
+        "--hot-cache-bytes",
+        parse_bytes,
+        "memory for verified small artifacts served without touching disk (0 = off)",
+        default=64 * MiB,
+    )
     min_free_disk_bytes: int = option(
         "KURA_MIN_FREE_DISK_BYTES",
         "--min-free-disk-bytes",

@@ -51,7 +51,10 @@ def next_millisecond() -> None:
 # -- corruption -------------------------------------------------------------------------------
 
 
-def test_corrupted_small_blob_reads_as_a_miss_and_is_dropped(node: NodeProcess) -> None:
+def test_corrupted_small_blob_reads_as_a_miss_and_is_dropped(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(hot_cache_bytes=0)  # every read goes to disk (the hot cache: below)
     body = os.urandom(10 * KiB)
     with node.client() as c:
         assert c.put("/cache/small/one", content=body).status_code == 201
@@ -73,6 +76,38 @@ def test_corrupted_small_blob_reads_as_a_miss_and_is_dropped(node: NodeProcess) 
         # The key can be stored again.
         assert c.put("/cache/small/victim", content=body).status_code == 201
         assert c.get("/cache/small/victim").content == body
+
+
+def test_a_hot_cached_blob_never_serves_bytes_corrupted_on_disk_and_a_restart_drops_it(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node()
+    body = os.urandom(10 * KiB)
+    with node.client() as c:
+        assert c.put("/cache/hot/victim", content=body).status_code == 201
+        (path,) = node.blob_files()
+        assert c.get("/cache/hot/victim").content == body  # verified, now held in memory
+        flip_byte(path, 5000)
+        # Served from memory: the bytes verified when they entered the cache, never the flip.
+        assert c.get("/cache/hot/victim").content == body
+    assert node.metric('kura_hot_cache_lookups_total{result="hit"}') >= 1
+    node.stop()
+    node = spawn_node(node.log_path.parent, node.env)  # empty cache: the disk is read again
+    try:
+        with node.client() as c:
+            assert c.get("/cache/hot/victim").status_code == 404
+        assert node.metric("kura_storage_corrupt_artifacts_total") == 1
+        assert node.index_rows() == 0
+    finally:
+        node.stop()
+
+
+def test_a_write_replaces_the_hot_cached_copy_at_once(node: NodeProcess) -> None:
+    with node.client() as c:
+        for i in range(50):
+            body = f"version {i}".encode()
+            assert c.put("/cache/hot/key", content=body).status_code in (200, 201)
+            assert c.get("/cache/hot/key").content == body
 
 
 def test_corrupted_large_blob_is_rehashed_when_its_ctime_changes(node: NodeProcess) -> None:

@@ -82,9 +82,8 @@ def endpoint(
                 raise
             finally:
                 c.metrics.inflight.dec()
-                c.metrics.requests.labels(protocol, request.method, str(status)).inc()
-                c.metrics.latency.labels(protocol, request.method).observe(
-                    time.perf_counter() - started
+                c.metrics.observe_request(
+                    protocol, request.method, status, time.perf_counter() - started
                 )
 
         run.__name__ = handler.__name__
@@ -197,7 +196,7 @@ def count_bytes_out(request: web.Request, protocol: str, size_bytes: int) -> Non
 
 
 def count_lookup(request: web.Request, protocol: str, hit: bool) -> None:
-    ctx(request).metrics.lookups.labels(protocol, "hit" if hit else "miss").inc()
+    ctx(request).metrics.count_lookup(protocol, hit)
 
 
 def query_param(request: web.Request, *names: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,6 +29,7 @@ from kura.mesh.read_through import ReadThrough
 from kura.mesh.shipper import Shipper
 from kura.mesh.wire import peer_label
 from kura.storage.budget import TmpBudget
+from kura.storage.hotcache import HotCache
 from kura.storage.service import StorageStats
 
 # The *_created series only add noise for a long-running server.
@@ -43,7 +45,9 @@ class _StoreCollector(Collector):
         budget: TmpBudget,
         max_disk_bytes: int,
         tmp_dir_bytes: Callable[[], int],
+        hot: HotCache,
     ) -> None:
+        self._hot = hot
         self._stats = stats
         self._budget = budget
         self._max_disk_bytes = max_disk_bytes
@@ -71,6 +75,17 @@ class _StoreCollector(Collector):
             "Artifacts dropped because their bytes did not match their digest.",
             s.corrupt_total,
         )
+        yield GaugeMetricFamily(
+            "kura_hot_cache_bytes",
+            "Bytes of verified small artifacts held in memory.",
+            self._hot.size_bytes,
+        )
+        hot = CounterMetricFamily(
+            "kura_hot_cache_lookups", "In-memory cache lookups by result.", labels=["result"]
+        )
+        hot.add_metric(["hit"], self._hot.hits)
+        hot.add_metric(["miss"], self._hot.misses)
+        yield hot
         yield GaugeMetricFamily(
             "kura_outbox_depth_messages",
             "Replication messages waiting, all peers.",
@@ -218,6 +233,8 @@ class KuraMetrics:
     """All of one node's metrics. Create once per process (or per test app)."""
 
     def __init__(self, region: str, tenant_id: str) -> None:
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._lookup_children: dict[tuple[str, bool], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -262,14 +279,36 @@ class KuraMetrics:
         )
         info.labels(region=region, tenant_id=tenant_id).set(1)
 
+    def observe_request(self, protocol: str, method: str, status: int, seconds: float) -> None:
+        """Count one request and its latency (label children cached: this runs per request)."""
+        key = (protocol, method, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = (
+                self.requests.labels(protocol, method, str(status)),
+                self.latency.labels(protocol, method),
+            )
+        child[0].inc()
+        child[1].observe(seconds)
+
+    def count_lookup(self, protocol: str, hit: bool) -> None:
+        key = (protocol, hit)
+        child = self._lookup_children.get(key)
+        if child is None:
+            child = self._lookup_children[key] = self.lookups.labels(
+                protocol, "hit" if hit else "miss"
+            )
+        child.inc()
+
     def watch_store(
         self,
         stats: StorageStats,
         budget: TmpBudget,
         max_disk_bytes: int,
         tmp_dir_bytes: Callable[[], int],
+        hot: HotCache,
     ) -> None:
-        self.registry.register(_StoreCollector(stats, budget, max_disk_bytes, tmp_dir_bytes))
+        self.registry.register(_StoreCollector(stats, budget, max_disk_bytes, tmp_dir_bytes, hot))
 
     def watch_mesh(
         self,

@@ -58,6 +58,7 @@ from kura.storage.blobs import (
     stat_signature,
 )
 from kura.storage.budget import Reservation, TmpBudget
+from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex, OutboxMessage
 
 log = logging.getLogger(__name__)
@@ -132,8 +133,10 @@ class CacheService:
         max_disk_bytes: int,
         min_free_disk_bytes: int,
         outbox_max_depth: int = 100_000,
+        hot_cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.files = BlobFiles(data_dir, tmp_dir)
+        self.hot = HotCache(hot_cache_bytes, SMALL_BLOB_BYTES)
         self.outbox_max_depth = outbox_max_depth
         # Set by the mesh: who local writes are shipped to, and how to wake the shipper.
         self.replication_targets: Callable[[], Sequence[str]] = tuple
@@ -245,17 +248,28 @@ class CacheService:
     async def read(self, ref: ArtifactRef) -> StoredBody:
         """The verified artifact, or ``NotFound`` (absent, evicted, or failed verification)."""
         aid = self.artifact_id(ref)
-        body = await self._in(self._reader, self._read_sync, aid)
+        body = await self._read_cached(aid)
         if body is None and self.on_miss is not None and await self.on_miss(aid):
-            body = await self._in(self._reader, self._read_sync, aid)
+            body = await self._read_cached(aid)
         if body is None:
             raise NotFound("Artifact not found")
         self._touches[aid] = self.clock.now_ms()
         return body
 
+    async def _read_cached(self, aid: str) -> StoredBody | None:
+        """The hot cache first (no thread hop); on a miss, a verified read that fills it."""
+        hit = self.hot.get(aid)
+        if hit is not None:
+            return StoredBody(hit[0], data=hit[1])
+        generation = self.hot.generation
+        body = await self._in(self._reader, self._read_sync, aid)
+        if body is not None and body.data is not None:
+            self.hot.put(body.manifest, body.data, generation)
+        return body
+
     async def read_by_id(self, aid: str) -> StoredBody:
         """Like ``read`` but by artifact id (peers address artifacts by id)."""
-        body = await self._in(self._reader, self._read_sync, aid)
+        body = await self._read_cached(aid)
         if body is None:
             raise NotFound("Artifact not found")
         return body
@@ -320,6 +334,7 @@ class CacheService:
             return  # already replaced or removed
         index.delete([manifest.artifact_id])
         self.files.remove(manifest.artifact_id)
+        self.hot.invalidate([manifest.artifact_id])
         self.stats.corrupt_total += 1
         self.stats.used_bytes -= manifest.size
         self.stats.artifacts -= 1
@@ -524,6 +539,8 @@ class CacheService:
         elif existing is not None and not existing[0].inline:
             self.files.remove(manifest.artifact_id)
         index.upsert(manifest, inline_body, sig, self.clock.now_ms(), outbox_peers)
+        # After the row and the file changed: a read that began earlier cannot re-insert old bytes.
+        self.hot.invalidate([manifest.artifact_id])
         self.stats.outbox_depth += len(outbox_peers)
         self.stats.used_bytes += manifest.size - old_size
         if existing is None:
@@ -544,6 +561,7 @@ class CacheService:
                 if need <= 0:
                     break
             index.delete(v[0] for v in victims)
+            self.hot.invalidate([v[0] for v in victims])
             for aid, size, inline in victims:
                 if not inline:
                     self.files.remove(aid)
@@ -656,6 +674,7 @@ class CacheService:
         victims = index.apply_tombstone(namespace_id, version_ms, self.clock.now_ms(), peers)
         if victims is None:
             return False
+        self.hot.invalidate([v[0] for v in victims])
         self.stats.outbox_depth += len(peers)
         for aid, size, inline in victims:
             if not inline:
