@@ -70,7 +70,10 @@ class Cluster:
             )
             proc = subprocess.Popen(
                 [sys.executable, "-m", "kura.cli", "serve"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
                 start_new_session=True,
             )
             assert proc.stdout is not None
@@ -166,9 +169,7 @@ async def put_throughput(url: str, size: int, concurrency: int, duration_s: floa
     body = os.urandom(size)
     done = 0
     stop_at = time.perf_counter() + duration_s
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=concurrency)
-    ) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
 
         async def writer(w: int) -> None:
             nonlocal done
@@ -228,7 +229,7 @@ async def main() -> int:
     results: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="kura-replbench-") as tmp:
         root = Path(tmp)
-        for size, rate, conc in cases:
+        for size, rate, _conc in cases:
             results.append(await measure_lag(root / f"lag-{size}", size, rate, duration))
             print(json.dumps(results[-1]), flush=True)
         for size, _rate, conc in cases:
@@ -242,14 +243,18 @@ async def main() -> int:
     print("|---|---|---|---|---|---|")
     for r in results:
         if r["case"] == "lag":
-            print(f"| {human(int(r['size']))} | {r['rate_per_s']}/s | {r['p50_ms']} ms | "  # type: ignore[call-overload]
-                  f"{r['p99_ms']} ms | {r['max_ms']} ms | {r['errors']} |")
+            print(
+                f"| {human(int(r['size']))} | {r['rate_per_s']}/s | {r['p50_ms']} ms | "  # type: ignore[call-overload]
+                f"{r['p99_ms']} ms | {r['max_ms']} ms | {r['errors']} |"
+            )
     print("\n| artifact | writers | single node PUT/s | 3-node mesh PUT/s (on A) | mesh / single |")
     print("|---|---|---|---|---|")
     for r in results:
         if r["case"] == "cost":
-            print(f"| {human(int(r['size']))} | {r['concurrency']} | {r['single_puts_per_s']} | "  # type: ignore[call-overload]
-                  f"{r['mesh_puts_per_s']} | {r['ratio_mesh_to_single']} |")
+            print(
+                f"| {human(int(r['size']))} | {r['concurrency']} | {r['single_puts_per_s']} | "  # type: ignore[call-overload]
+                f"{r['mesh_puts_per_s']} | {r['ratio_mesh_to_single']} |"
+            )
     return 0
 
 
