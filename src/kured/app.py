@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import web
 
 from kit.clock import SystemClock
-from kured.actuators.reboot import CommandReboot, Rebooter, SignalReboot
+from kured.actuators.reboot import CommandReboot, Rebooter, SignalReboot, wants_host_namespace
 from kured.console import status_of
 from kured.core.errors import ConfigurationError, SensorError
 from kured.locks.base import Lock
@@ -61,7 +61,7 @@ def build_lock(s: Settings) -> Lock:
 def build_rebooter(s: Settings) -> Rebooter:
     if s.reboot_method == "signal":
         return SignalReboot(s.reboot_signal)
-    return CommandReboot(s.reboot_command, host_namespace=s.host_namespace)
+    return CommandReboot(s.reboot_command, host_namespace=wants_host_namespace(s.host_namespace))
 
 
 class AgentService:

@@ -221,12 +221,12 @@ class Settings:
         "command that reboots the host (split like a shell, run without one)",
         default=DEFAULT_REBOOT_COMMAND,
     )
-    host_namespace: bool = option(
+    host_namespace: str = option(
         *_flag("host-namespace"),
-        parse_bool,
-        "run --reboot-command in PID 1's mount namespace through nsenter, as kured always does "
-        "(needs hostPID and privileges in a pod)",
-        default=False,
+        parse_choice(["auto", "true", "false"]),
+        "run --reboot-command in PID 1's mount namespace through nsenter: auto = when this "
+        "process runs in another mount namespace than PID 1 (a container with hostPID)",
+        default="auto",
     )
     reboot_method: str = option(
         *_flag("reboot-method"),

@@ -20,6 +20,22 @@ from kured.core.errors import RebootError
 NSENTER = ("nsenter", "-m/proc/1/ns/mnt", "--")
 
 
+def in_other_mount_namespace_than_pid1() -> bool:
+    """True when this process runs in a container whose PID 1 (seen through hostPID) is the
+    host's init: the reboot command must then be entered into the host's namespace."""
+    try:
+        return os.readlink("/proc/self/ns/mnt") != os.readlink("/proc/1/ns/mnt")
+    except OSError:
+        return False  # cannot see PID 1's namespace: we are not allowed to enter it either
+
+
+def wants_host_namespace(setting: str) -> bool:
+    """Resolve ``--host-namespace`` (auto, true, false)."""
+    if setting == "auto":
+        return in_other_mount_namespace_than_pid1()
+    return setting == "true"
+
+
 class Rebooter(Protocol):
     async def reboot(self) -> None:
         """Trigger the reboot; raises ``RebootError``."""

@@ -111,3 +111,24 @@ def test_a_non_vector_answer_is_an_error() -> None:
         active_alerts({"status": "success", "data": {"resultType": "matrix"}}, None, False, False)
     with pytest.raises(SensorError):
         active_alerts({"status": "error", "error": "bad"}, None, False, False)
+
+
+def test_host_namespace_auto_is_off_in_our_own_mount_namespace() -> None:
+    # The test runs in the same mount namespace as this machine's PID 1 sees it (or cannot see
+    # PID 1's at all): auto must not wrap the command in nsenter.
+    import os
+
+    from kured.actuators.reboot import CommandReboot, wants_host_namespace
+
+    try:
+        same = os.readlink("/proc/self/ns/mnt") == os.readlink("/proc/1/ns/mnt")
+    except OSError:
+        same = True
+    assert wants_host_namespace("auto") is (not same)
+    assert wants_host_namespace("true") is True
+    assert wants_host_namespace("false") is False
+    assert CommandReboot(["systemctl", "reboot"], host_namespace=True).argv[:3] == (
+        "nsenter",
+        "-m/proc/1/ns/mnt",
+        "--",
+    )

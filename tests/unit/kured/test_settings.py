@@ -50,7 +50,7 @@ def test_defaults_are_kureds() -> None:
     assert s.reboot_sentinel_command == ()
     assert s.reboot_sentinel_kernel is False
     assert s.reboot_command == ("/bin/systemctl", "reboot")
-    assert s.host_namespace is False
+    assert s.host_namespace == "auto"
     assert (s.reboot_method, s.reboot_signal) == ("command", 39)
     assert s.reboot_days == EVERY_DAY
     assert (s.start_time, s.end_time, s.time_zone) == (time(0, 0), time(23, 59, 59), UTC)
