@@ -38,6 +38,9 @@ class Option:
     help: str
     metavar: str = "VALUE"
     repeatable: bool = False
+    # How an environment value of a repeatable option splits into items (a flag is repeated
+    # instead). A comma, unless the items themselves contain commas (label selectors).
+    separator: str = ","
 
 
 def option(
@@ -50,9 +53,10 @@ def option(
     default_factory: Any = dataclasses.MISSING,
     metavar: str = "VALUE",
     repeatable: bool = False,
+    separator: str = ",",
 ) -> Any:
     """Declare a dataclass field read from ``env`` or ``flag`` (see module docstring)."""
-    meta = {"option": Option(env, flag, parse, help, metavar, repeatable)}
+    meta = {"option": Option(env, flag, parse, help, metavar, repeatable, separator)}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -92,7 +96,7 @@ def load(
         from_env = environ.get(opt.env)
         if opt.repeatable:
             flag_items: list[str] = list(from_flag or [])
-            env_items = split_list(from_env) if from_env is not None else []
+            env_items = split_list(from_env, opt.separator) if from_env is not None else []
             raw_items = (
                 env_items + flag_items if flag_items and env_items else (flag_items or env_items)
             )
@@ -129,9 +133,9 @@ def load(
     return result
 
 
-def split_list(text: str) -> list[str]:
-    """Comma-separated list, items trimmed, empty items dropped."""
-    return [item.strip() for item in text.split(",") if item.strip()]
+def split_list(text: str, separator: str = ",") -> list[str]:
+    """``separator``-separated list (comma by default), items trimmed, empty items dropped."""
+    return [item.strip() for item in text.split(separator) if item.strip()]
 
 
 def parse_bool(text: str) -> bool:

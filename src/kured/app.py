@@ -3,6 +3,10 @@ the HTTP endpoint serving ``/metrics`` and ``/status`` on ``--metrics-host:--met
 
 Background tasks run in one ``TaskGroup``: the agent loop and the one-minute sentinel loop that
 refreshes ``kured_reboot_required`` (kured's metric cadence, independent of ``--period``).
+
+With ``--lock-backend=kubernetes`` one ``ApiServer`` (``--kubeconfig``, or the pod's service
+account) serves the DaemonSet-annotation lock, the blocking-pod gate and the node actuator
+(cordon, drain, labels, annotations).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import aiohttp
 from aiohttp import web
 
 from kit.clock import SystemClock
+from kured.actuators.drain import DrainOptions
+from kured.actuators.node import KubernetesNode, NodeOptions, label_keys_differ
 from kured.actuators.reboot import CommandReboot, Rebooter, SignalReboot, wants_host_namespace
+from kured.apiserver import ApiServer
 from kured.console import status_of
 from kured.core.errors import ConfigurationError, SensorError
 from kured.locks.base import Lock
@@ -24,6 +31,7 @@ from kured.loop import Agent, AgentConfig, Gate
 from kured.metrics import AgentCollector, exposition, registry_for
 from kured.sensors.alerts import PrometheusAlertGate
 from kured.sensors.http_gate import HttpGate
+from kured.sensors.pods import BlockingPodGate
 from kured.sensors.sentinel import (
     AnySentinel,
     CommandSentinel,
@@ -50,12 +58,50 @@ def build_sentinel(s: Settings) -> Sentinel:
     return base
 
 
-def build_lock(s: Settings) -> Lock:
+def build_api(s: Settings) -> ApiServer | None:
+    """The Kubernetes API client for the kubernetes backend (None otherwise). Raises
+    ``ConfigurationError`` when no credentials can be loaded."""
+    if s.lock_backend != "kubernetes":
+        return None
+    return ApiServer.connect(s.kubeconfig or None, request_timeout_seconds=s.kubernetes_timeout)
+
+
+def build_lock(s: Settings, api: ApiServer | None = None) -> Lock:
     if s.lock_backend == "etcd":
         from kured.locks.etcd import EtcdLock
 
         return EtcdLock(list(s.etcd_endpoints), s.lock_key, s.concurrency, SystemClock())
+    if s.lock_backend == "kubernetes" and api is not None:
+        from kured.locks.kubernetes import KubernetesLock
+
+        return KubernetesLock(
+            api, s.ds_namespace, s.ds_name, s.lock_annotation, s.concurrency, SystemClock()
+        )
     raise ConfigurationError([f"--lock-backend {s.lock_backend} is not available in this build"])
+
+
+def build_node(s: Settings, api: ApiServer | None) -> KubernetesNode | None:
+    if api is None:
+        return None
+    if label_keys_differ(s.pre_reboot_node_labels, s.post_reboot_node_labels):
+        log.warning(
+            "--pre-reboot-node-labels and --post-reboot-node-labels have different keys: "
+            "a post label will not undo every pre label"
+        )
+    return KubernetesNode(
+        api,
+        s.node_id,
+        DrainOptions(
+            timeout_seconds=s.drain_timeout,
+            grace_period_seconds=s.drain_grace_period,
+            skip_wait_for_delete_timeout_seconds=s.skip_wait_for_delete_timeout,
+        ),
+        NodeOptions(
+            pre_reboot_labels=s.pre_reboot_node_labels,
+            post_reboot_labels=s.post_reboot_node_labels,
+            annotate=s.annotate_nodes,
+        ),
+    )
 
 
 def build_rebooter(s: Settings) -> Rebooter:
@@ -68,7 +114,9 @@ class AgentService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.session: aiohttp.ClientSession | None = None
-        self.lock = build_lock(settings)
+        self.api = build_api(settings)
+        self.lock = build_lock(settings, self.api)
+        self.node = build_node(settings, self.api)
         self.sentinel = build_sentinel(settings)
         self.window = settings.window()
         self.agent: Agent | None = None
@@ -88,6 +136,8 @@ class AgentService:
                     s.prometheus_timeout,
                 )
             )
+        if s.blocking_pod_selector and self.api is not None:
+            gates.append(BlockingPodGate(self.api, s.node_id, s.blocking_pod_selector))
         gates += [HttpGate(session, url, s.gate_timeout) for url in s.gate_url]
         return gates
 
@@ -101,6 +151,7 @@ class AgentService:
                     lock_ttl_seconds=s.lock_ttl,
                     lock_release_delay_seconds=s.lock_release_delay,
                     max_consecutive_reboots=s.max_consecutive_reboots,
+                    force_reboot=s.force_reboot,
                 ),
                 window=self.window,
                 sentinel=self.sentinel,
@@ -109,6 +160,7 @@ class AgentService:
                 rebooter=build_rebooter(s),
                 state=StateStore(Path(s.state_dir), s.node_id),
                 clock=SystemClock(),
+                node=self.node,
             )
             self.collector = AgentCollector(self.agent)
             runner = await self._serve_http(self.agent, self.collector)
@@ -121,6 +173,8 @@ class AgentService:
                 close = getattr(self.lock, "close", None)
                 if close is not None:
                     await close()
+                if self.api is not None:
+                    await self.api.close()
 
     async def _sentinel_metric_loop(self) -> None:
         assert self.collector is not None

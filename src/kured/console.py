@@ -88,6 +88,16 @@ def status_of(agent: Agent, window_description: str) -> dict[str, Any]:
         ],
         "last_tick_at": view.last_tick_at,
         "failures": dict(view.failures_total),
+        "last_drain_failure": (
+            {
+                "at": view.last_drain_failure.at,
+                "message": view.last_drain_failure.message,
+                "pods": list(view.last_drain_failure.pods),
+                "action": view.last_drain_failure.action,
+            }
+            if view.last_drain_failure is not None
+            else None
+        ),
     }
 
 
@@ -110,4 +120,7 @@ def render(status: dict[str, Any]) -> str:
             )
     else:
         lines.append("lock holders: none")
+    drain = status.get("last_drain_failure")
+    if drain:
+        lines.append(f"last drain failure ({drain['action']}): {drain['message']}")
     return "\n".join(lines)

@@ -14,6 +14,26 @@ On start (kured's phase A) a reboot this agent triggered earlier is recognised f
 file: the circuit breaker is updated, and if the lock is still ours it is released after the
 release delay regardless of the window. Errors in a tick are logged, counted and the tick ends;
 they never escape the loop.
+
+With the Kubernetes backend the agent also has a ``NodeActuator`` (``node``) and follows
+kured's node choreography (kured-behaviour.md §2.2-2.4):
+
+* before taking the lock it reads whether the node is already cordoned, and the lock record
+  keeps that (``unschedulable``);
+* before the reboot: pre-reboot labels → cordon → drain. If the cordon or drain fails and
+  ``--force-reboot`` is off, the node is uncordoned (when the record says it was schedulable)
+  and the lock is released **at once**, without ``--lock-release-delay`` - kured sleeps the
+  delay first and so keeps a healthy node cordoned for it (#1129). The failure is the tick's
+  decision (``drain_failed``), counted (``kured_failures_total{kind="drain"}``) and kept in
+  ``kured status`` as the last drain failure. The next eligible tick tries again;
+* whenever it gives the lock back (after the reboot, after a failure, or because it is now
+  blocked) it first restores the node: uncordon only if the record says the node was
+  schedulable when the lock was taken (a node an operator cordoned stays cordoned), then the
+  post-reboot labels, and after a reboot the in-progress annotation once the sentinel is gone.
+  The release delay is slept only after a reboot;
+* on start, and on later ticks until it succeeds, a cordon marked as ours on a node that holds
+  no lock (an orphan: a lock force-released by an operator, an uncordon that failed) is undone;
+* with ``--annotate-nodes`` the two kured annotations are written before the gates run.
 """
 
 from __future__ import annotations
@@ -29,8 +49,8 @@ from typing import Protocol
 
 from kit.clock import Clock
 from kured.actuators.reboot import Rebooter
-from kured.core.errors import KuredError, LockError, RebootError, SensorError
-from kured.core.policy import Action, Decision, GateResult, Observation, decide
+from kured.core.errors import DrainError, KuredError, LockError, RebootError, SensorError
+from kured.core.policy import Action, Decision, GateResult, Observation, Reason, Why, decide
 from kured.locks.base import Holder, Lock
 from kured.sensors.sentinel import Sentinel
 from kured.state import AgentState, StateStore, current_boot_id
@@ -42,6 +62,27 @@ class Gate(Protocol):
     name: str
 
     async def check(self) -> GateResult: ...
+
+
+class NodeActuator(Protocol):
+    """This node's Kubernetes object (``kured.actuators.node.KubernetesNode``). Every method
+    may raise ``KuredError``; cordon/drain/uncordon raise ``DrainError``."""
+
+    async def unschedulable(self) -> bool: ...
+
+    async def cordon(self) -> bool: ...
+
+    async def uncordon(self) -> None: ...
+
+    async def drain(self) -> object: ...
+
+    async def undo_orphaned_cordon(self) -> bool: ...
+
+    async def apply_labels(self, when: str) -> bool: ...
+
+    async def note_reboot_needed(self, at: datetime) -> bool: ...
+
+    async def clear_reboot_in_progress(self) -> bool: ...
 
 
 class Window(Protocol):
@@ -57,6 +98,18 @@ class AgentConfig:
     lock_ttl_seconds: float
     lock_release_delay_seconds: float
     max_consecutive_reboots: int
+    force_reboot: bool = False  # reboot even when the cordon or drain failed
+
+
+@dataclass(frozen=True)
+class DrainFailure:
+    """The last failed cordon or drain: when (unix seconds), why, the pods left, and what the
+    agent did about it (``action``: "released" or "rebooting anyway")."""
+
+    at: float
+    message: str
+    pods: tuple[str, ...]
+    action: str
 
 
 @dataclass
@@ -69,6 +122,7 @@ class AgentView:
     failures_total: dict[str, int] = field(default_factory=dict)
     decisions_total: dict[str, int] = field(default_factory=dict)
     last_tick_at: float | None = None
+    last_drain_failure: DrainFailure | None = None
 
     def fail(self, kind: str) -> None:
         self.failures_total[kind] = self.failures_total.get(kind, 0) + 1
@@ -91,6 +145,7 @@ class Agent:
         clock: Clock,
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
+        node: NodeActuator | None = None,
     ) -> None:
         self.config = config
         self.window = window
@@ -106,6 +161,9 @@ class Agent:
         self.reboot_triggered = False
         self.rebooted_holding_lock = False
         self.view = AgentView()
+        self.node = node
+        # Look for an orphaned cordon of ours until one check succeeds (start, failed uncordon).
+        self.orphan_check_pending = node is not None
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
@@ -115,6 +173,16 @@ class Agent:
     async def recover(self) -> None:
         """Recognise a reboot this agent triggered before this start."""
         self.state = self.store.load()
+        if self.node is not None:
+            try:
+                holders = await self.lock.holders()
+                holds = any(
+                    h.node_id == self.config.node_id and not h.expired(self.now()) for h in holders
+                )
+            except LockError as exc:
+                log.warning("cannot read the lock at start: %s", exc.message)
+            else:
+                await self._check_orphaned_cordon(holds)
         if self.state.reboot_triggered_at is None:
             return
         log.info("started after a reboot triggered at %s", self.state.reboot_triggered_at)
@@ -155,6 +223,12 @@ class Agent:
             reboot_required, detail = None, exc.message
             self.view.fail("sentinel")
         gates = []
+        if window_open and reboot_required and self.node is not None:
+            try:
+                await self.node.note_reboot_needed(now)
+            except KuredError as exc:
+                log.warning("cannot annotate the node: %s", exc.message)
+                self.view.fail("node")
         if window_open and reboot_required:
             gates = list(await asyncio.gather(*(g.check() for g in self.gates)))
             for g in gates:
@@ -172,6 +246,7 @@ class Agent:
             self.view.fail("lock")
         if self.rebooted_holding_lock and holds is False:
             self.rebooted_holding_lock = False  # nothing to release
+        await self._check_orphaned_cordon(holds)
         breaker = self.state.breaker_open and bool(reboot_required)
         return Observation(
             now=now,
@@ -213,9 +288,20 @@ class Agent:
             self.store.save(self.state)
 
     async def _acquire(self) -> bool:
+        unschedulable = False
+        if self.node is not None:
+            # kured B3: remember whether the node is cordoned *before* we touch it.
+            try:
+                unschedulable = await self.node.unschedulable()
+            except KuredError as exc:
+                log.warning("cannot read the node before taking the lock: %s", exc.message)
+                self.view.fail("node")
+                return False
         try:
             ok = await self.lock.acquire(
-                self.config.node_id, unschedulable=False, ttl_seconds=self.config.lock_ttl_seconds
+                self.config.node_id,
+                unschedulable=unschedulable,
+                ttl_seconds=self.config.lock_ttl_seconds,
             )
         except LockError as exc:
             log.warning("cannot take the lock: %s", exc.message)
@@ -232,6 +318,10 @@ class Agent:
             await self._reboot()
 
     async def _release(self, after_reboot: bool) -> None:
+        """Give the lock back: restore the node first (Kubernetes backend), then sleep the
+        release delay only after a reboot (not after a failed drain: kured #1129)."""
+        if self.node is not None:
+            await self._restore_node()
         if after_reboot and self.config.lock_release_delay_seconds > 0:
             log.info(
                 "waiting %.0fs (--lock-release-delay) before releasing the lock",
@@ -247,7 +337,101 @@ class Agent:
         self.rebooted_holding_lock = False
         log.info("lock released by %s", self.config.node_id)
 
+    async def _restore_node(self) -> None:
+        """Uncordon per the lock record, post labels, and once the sentinel is gone the
+        in-progress annotation. Failures are logged and counted; the lock is released
+        regardless (a node that is not rebooting must not hold up the fleet), and a cordon of
+        ours left behind is found again by the orphan check."""
+        assert self.node is not None
+        me = self.config.node_id
+        own: Holder | None = None
+        try:
+            own = next((h for h in await self.lock.holders() if h.node_id == me), None)
+        except LockError as exc:
+            log.warning("cannot read the lock record before releasing: %s", exc.message)
+        try:
+            if own is None:
+                # No record to go by: undo the cordon only if it carries our mark.
+                await self.node.undo_orphaned_cordon()
+            elif own.unschedulable:
+                log.info("node %s was cordoned before the lock was taken: leaving it cordoned", me)
+            else:
+                await self.node.uncordon()
+        except KuredError as exc:
+            log.error("cannot uncordon node %s: %s", me, exc.message)
+            self.view.fail("uncordon")
+            self.orphan_check_pending = True
+        try:
+            await self.node.apply_labels("post")
+        except KuredError as exc:
+            log.warning("cannot apply the post-reboot labels: %s", exc.message)
+            self.view.fail("node")
+        # kured removes it in phase A only; any release with the sentinel gone means the
+        # reboot happened (also when kured itself triggered it before a rollout to us).
+        obs = self.view.observation
+        if obs is not None and obs.reboot_required is False:
+            try:
+                await self.node.clear_reboot_in_progress()
+            except KuredError as exc:
+                log.warning("cannot remove the reboot-in-progress annotation: %s", exc.message)
+                self.view.fail("node")
+
+    async def _check_orphaned_cordon(self, holds: bool | None) -> None:
+        if self.node is None or not self.orphan_check_pending or holds is not False:
+            return
+        try:
+            await self.node.undo_orphaned_cordon()
+        except KuredError as exc:
+            log.warning("cannot check the node for an orphaned cordon: %s", exc.message)
+            self.view.fail("node")
+            return
+        self.orphan_check_pending = False
+
+    async def _prepare_node(self) -> bool:
+        """Pre-reboot labels → cordon → drain. True to go on with the reboot; False when the
+        drain failed and the attempt was given up (node restored, lock released at once)."""
+        assert self.node is not None
+        try:
+            await self.node.apply_labels("pre")
+        except KuredError as exc:
+            log.warning("cannot apply the pre-reboot labels: %s", exc.message)  # kured: logged
+            self.view.fail("node")
+        try:
+            await self.node.cordon()
+            await self.node.drain()
+        except DrainError as exc:
+            self.view.fail("drain")
+            if self.config.force_reboot:
+                log.error("drain failed: %s; rebooting anyway (--force-reboot)", exc.message)
+                self.view.last_drain_failure = DrainFailure(
+                    time.time(), exc.message, exc.pods, "rebooting anyway"
+                )
+                return True
+            log.error(
+                "drain failed: %s; giving this attempt up: restoring the node and releasing "
+                "the lock now",
+                exc.message,
+            )
+            self.view.last_drain_failure = DrainFailure(
+                time.time(), exc.message, exc.pods, "released"
+            )
+            await self._release(after_reboot=False)
+            self.view.decision = Decision(
+                Action.RELEASE,
+                (
+                    Reason(
+                        Why.DRAIN_FAILED,
+                        f"drain failed: {exc.message}; lock released, node restored, "
+                        "next attempt at the next tick",
+                    ),
+                ),
+            )
+            return False
+        return True
+
     async def _reboot(self) -> None:
+        if self.node is not None and not await self._prepare_node():
+            return
         self.state.reboot_triggered_at = time.time()
         self.state.boot_id = current_boot_id()
         self.store.save(self.state)

@@ -10,8 +10,8 @@ users build alerts blind (kured-behaviour.md, "Little visibility"):
   hold it), ``kured_lock_holder_info{node,holder}``;
 * ``kured_last_reboot_timestamp_seconds{node}``, ``kured_circuit_breaker_open{node}``,
   ``kured_consecutive_reboots{node}``;
-* ``kured_failures_total{node,kind}`` (sentinel, gate, lock, reboot, tick) and
-  ``kured_decisions_total{node,action}``.
+* ``kured_failures_total{node,kind}`` (sentinel, gate, lock, reboot, tick, drain, uncordon,
+  node) and ``kured_decisions_total{node,action}``.
 """
 
 from __future__ import annotations

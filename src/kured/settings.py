@@ -50,6 +50,8 @@ from kit.settings import (
     parse_bool,
     parse_choice,
     parse_duration,
+    parse_int,
+    parse_non_negative_int,
     parse_port,
     parse_positive_int,
     split_list,
@@ -128,6 +130,31 @@ def _regexp(text: str) -> re.Pattern[str] | None:
         raise ValueError(f"invalid regular expression: {exc}") from None
 
 
+def _labels(text: str) -> tuple[tuple[str, str], ...]:
+    """One occurrence of a node-label flag: ``key=value`` entries, comma-separated (a pflag
+    string slice). An entry without ``=`` is refused (kured crashes on it at the first
+    reboot)."""
+    out = []
+    for item in split_list(text):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{item!r} is not key=value")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
+
+
+def _flatten(value: Any) -> Any:
+    """``kit.settings.load`` hands a repeatable option the tuple of its per-occurrence parses;
+    for options whose one occurrence is itself a list, join them."""
+    # The joined form holds (key, value) pairs of strings; the per-occurrence form holds
+    # tuples of such pairs (possibly empty), never strings.
+    if isinstance(value, tuple) and all(
+        isinstance(item, tuple) and all(isinstance(pair, tuple) for pair in item) for item in value
+    ):
+        return tuple(pair for occurrence in value for pair in occurrence)
+    return value
+
+
 def _flag(name: str) -> tuple[str, str]:
     """(env, flag) for a kured flag name: ``lock-ttl`` -> (``KURED_LOCK_TTL``, ``--lock-ttl``)."""
     return "KURED_" + name.upper().replace("-", "_"), "--" + name
@@ -195,6 +222,74 @@ class Settings:
         _non_empty,
         "annotation on the DaemonSet that stores the lock (kubernetes backend)",
         default="weave.works/kured-node-lock",
+    )
+    kubeconfig: str = option(
+        *_flag("kubeconfig"),
+        str.strip,
+        "kubeconfig file for the kubernetes backend ('' = the pod's service account, in-cluster)",
+        default="",
+    )
+    kubernetes_timeout: float = option(
+        *_flag("kubernetes-timeout"),
+        _positive_duration,
+        "timeout of one Kubernetes API request",
+        default=10.0,
+    )
+    drain_timeout: float = option(
+        *_flag("drain-timeout"),
+        _duration,
+        "give a drain up after this long: uncordon and release the lock, or reboot anyway with "
+        "--force-reboot (0 = wait for ever)",
+        default=0.0,
+    )
+    drain_grace_period: int = option(
+        *_flag("drain-grace-period"),
+        parse_int,
+        "grace seconds for each evicted pod (negative = the pod's own; 0 = kill at once)",
+        default=-1,
+    )
+    skip_wait_for_delete_timeout: int = option(
+        *_flag("skip-wait-for-delete-timeout"),
+        parse_non_negative_int,
+        "neither evict nor wait for pods terminating for longer than this many seconds (0 = off)",
+        default=0,
+    )
+    force_reboot: bool = option(
+        *_flag("force-reboot"),
+        parse_bool,
+        "reboot even when the cordon or drain failed or timed out",
+        default=False,
+    )
+    blocking_pod_selector: tuple[str, ...] = option(
+        *_flag("blocking-pod-selector"),
+        _non_empty,
+        "label selector: a matching pod on this node that has not finished blocks reboots "
+        "(repeatable, ORed; in the environment separate selectors with ';')",
+        default=(),
+        repeatable=True,
+        separator=";",
+    )
+    pre_reboot_node_labels: tuple[tuple[str, str], ...] = option(
+        *_flag("pre-reboot-node-labels"),
+        _labels,
+        "key=value labels set on the node before the cordon (comma-separated, repeatable)",
+        default=(),
+        repeatable=True,
+    )
+    post_reboot_node_labels: tuple[tuple[str, str], ...] = option(
+        *_flag("post-reboot-node-labels"),
+        _labels,
+        "key=value labels set on the node when it gives the lock back after the reboot or a "
+        "failed drain, also when it stays cordoned (comma-separated, repeatable)",
+        default=(),
+        repeatable=True,
+    )
+    annotate_nodes: bool = option(
+        *_flag("annotate-nodes"),
+        parse_bool,
+        "write kured's weave.works/kured-reboot-in-progress and "
+        "weave.works/kured-most-recent-reboot-needed node annotations",
+        default=False,
     )
     reboot_sentinel: Path = option(
         *_flag("reboot-sentinel"),
@@ -330,6 +425,8 @@ class Settings:
         days: Any = self.reboot_days
         if isinstance(days, tuple):
             object.__setattr__(self, "reboot_days", frozenset[int]().union(*days))
+        for name in ("pre_reboot_node_labels", "post_reboot_node_labels"):
+            object.__setattr__(self, name, _flatten(getattr(self, name)))
 
     def window(self) -> RebootWindow:
         """The reboot window these settings describe."""
@@ -348,6 +445,21 @@ def validate_settings(s: Settings) -> list[str]:
             "KURED_ETCD_ENDPOINTS / --etcd-endpoints must name at least one URL "
             "with --lock-backend=etcd"
         )
+    if s.lock_backend != "kubernetes":
+        needs = [
+            flag
+            for flag, used in (
+                ("--blocking-pod-selector", bool(s.blocking_pod_selector)),
+                ("--pre-reboot-node-labels", bool(s.pre_reboot_node_labels)),
+                ("--post-reboot-node-labels", bool(s.post_reboot_node_labels)),
+                ("--annotate-nodes", s.annotate_nodes),
+            )
+            if used
+        ]
+        if needs:
+            problems.append(
+                ", ".join(needs) + " need --lock-backend=kubernetes (they act on the Node object)"
+            )
     return problems
 
 

@@ -1,4 +1,4 @@
-"""Fixtures for kured's tests: a real etcd server on 127.0.0.1.
+"""Fixtures for kured's tests: a real etcd server on 127.0.0.1, and the Kubernetes API double.
 
 ``etcd`` (function scope) starts Debian's ``etcd`` (3.4) as a subprocess with a fresh data dir
 under the test's tmp_path and free ports, waits until ``/health`` answers ``{"health":"true"}``,
@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.kured.k8s_double import KubeDouble
 
 ETCD_START_TIMEOUT_SECONDS = 30.0
 ETCD_START_ATTEMPTS = 3
@@ -119,3 +121,24 @@ def etcd(tmp_path: Path) -> Iterator[str]:
         yield url
     finally:
         _stop(proc)
+
+
+# --- the Kubernetes API server double (no API server runs here: tests/kured/k8s_double.py) ---
+
+LOCK_NAMESPACE = "kube-system"
+LOCK_DAEMONSET = "kured"
+LOCK_ANNOTATION = "weave.works/kured-node-lock"
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeDouble]:
+    """A running Kubernetes API double with kured's DaemonSet (kube-system/kured)."""
+    with KubeDouble() as double:
+        double.add_daemonset(LOCK_NAMESPACE, LOCK_DAEMONSET)
+        yield double
+
+
+@pytest.fixture
+def kubeconfig(kube: KubeDouble, tmp_path: Path) -> Path:
+    """A kubeconfig file for ``kube`` (plain http, bearer token), as a user would write it."""
+    return kube.kubeconfig(tmp_path / "kubeconfig")

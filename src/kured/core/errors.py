@@ -34,3 +34,42 @@ class ConfigurationError(KuredError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("invalid configuration: " + "; ".join(problems))
         self.problems = problems
+
+
+class ApiError(KuredError):
+    """The Kubernetes API server refused a request or could not be reached.
+
+    ``status`` is the HTTP status (0: no answer at all: connection refused, timeout) and
+    ``reason`` the ``Status.reason`` the server gave (``Conflict``, ``NotFound``,
+    ``TooManyRequests``...; the HTTP reason phrase when the body was not a ``Status``; ``""``
+    without an answer). Callers translate it at their own boundary: the lock into ``LockError``,
+    a gate into "unknown", the drain into ``DrainError``.
+    """
+
+    def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def too_many_requests(self) -> bool:
+        return self.status == 429
+
+
+class DrainError(KuredError):
+    """The cordon or the drain did not complete (eviction refused until ``--drain-timeout``,
+    API unreachable). Without ``--force-reboot`` the agent gives this attempt up: it uncordons
+    the node if it cordoned it and releases the lock at once. ``pods`` names the pods still on
+    the node (``namespace/name``), for the log and ``kured status``."""
+
+    def __init__(self, message: str, pods: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.pods = pods

@@ -76,6 +76,9 @@ class Why(enum.Enum):
     LOCK_UNKNOWN = "lock_unknown"
     LOCK_HELD_ELSEWHERE = "lock_held_elsewhere"
     LOCK_NOT_HELD = "lock_not_held"
+    # Set by the agent, not by ``decide``: the cordon or drain failed and the attempt was
+    # given up (lock released at once, node restored); the next tick tries again.
+    DRAIN_FAILED = "drain_failed"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The ``Lock`` protocol every backend implements (etcd here, Kubernetes annotation later).
+"""The ``Lock`` protocol every backend implements (etcd, the Kubernetes DaemonSet annotation).
 
 Semantics (kured's, shared/reference/kured-behaviour.md §2.5), with our fixes noted:
 
@@ -55,6 +55,15 @@ class Holder:
             unschedulable=entry.unschedulable,
             created_raw=entry.created_raw or entry.created_text,
         )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An acquire's answer with the holders it was decided on (record order, expired entries
+    included): the record after our write if we wrote, else the record as read."""
+
+    acquired: bool
+    holders: list[Holder]
 
 
 class Lock(Protocol):

@@ -49,7 +49,7 @@ from kit.clock import Clock
 from kured.core import lockrecord
 from kured.core.errors import LockConflict, LockError
 from kured.core.lockrecord import LockRecord, Outcome, Transition, Write
-from kured.locks.base import Holder
+from kured.locks.base import Attempt, Holder
 
 API_PREFIXES = ("/v3", "/v3beta")
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 5.0
@@ -295,15 +295,6 @@ def _message(body: bytes) -> str:
     if isinstance(decoded, dict):
         return str(decoded.get("message") or decoded.get("error") or "")[:200]
     return ""
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """An acquire's answer with the holders it was decided on (record order, expired entries
-    included): the record after our write if we wrote, else the record as read."""
-
-    acquired: bool
-    holders: list[Holder]
 
 
 class EtcdLock:

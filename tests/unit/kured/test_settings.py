@@ -64,6 +64,82 @@ def test_defaults_are_kureds() -> None:
     assert s.max_consecutive_reboots == 3
     assert s.log_format == "text"
     assert s.window() == RebootWindow()
+    assert (s.kubeconfig, s.kubernetes_timeout) == ("", 10)
+    assert (s.drain_timeout, s.drain_grace_period, s.skip_wait_for_delete_timeout) == (0, -1, 0)
+    assert s.force_reboot is False
+    assert s.blocking_pod_selector == ()
+    assert (s.pre_reboot_node_labels, s.post_reboot_node_labels) == ((), ())
+    assert s.annotate_nodes is False
+
+
+def test_kubernetes_flags_take_kureds_syntax() -> None:
+    s = settings_from(
+        NODE,
+        "--lock-backend",
+        "kubernetes",
+        "--kubeconfig",
+        "/etc/kubeconfig",
+        "--drain-timeout",
+        "5m",
+        "--drain-grace-period",
+        "0",
+        "--skip-wait-for-delete-timeout",
+        "30",
+        "--force-reboot",
+        "--blocking-pod-selector",
+        "app=db,tier=primary",
+        "--blocking-pod-selector",
+        "job-name",
+        "--pre-reboot-node-labels",
+        "a=1,b=2",
+        "--pre-reboot-node-labels",
+        "c=",
+        "--post-reboot-node-labels=a=0",
+        "--annotate-nodes",
+    )
+    assert s.kubeconfig == "/etc/kubeconfig"
+    assert (s.drain_timeout, s.drain_grace_period, s.skip_wait_for_delete_timeout) == (300, 0, 30)
+    assert s.force_reboot is True
+    assert s.annotate_nodes is True
+    assert s.blocking_pod_selector == ("app=db,tier=primary", "job-name")  # one selector each
+    assert s.pre_reboot_node_labels == (("a", "1"), ("b", "2"), ("c", ""))
+    assert s.post_reboot_node_labels == (("a", "0"),)
+
+
+def test_blocking_pod_selectors_in_the_environment_are_separated_by_semicolons() -> None:
+    s = settings_from(
+        {
+            **NODE,
+            "KURED_LOCK_BACKEND": "kubernetes",
+            "KURED_BLOCKING_POD_SELECTOR": "app=db,tier=primary; job-name",
+            "KURED_POST_REBOOT_NODE_LABELS": "a=0,b=0",
+        }
+    )
+    assert s.blocking_pod_selector == ("app=db,tier=primary", "job-name")
+    assert s.post_reboot_node_labels == (("a", "0"), ("b", "0"))
+
+
+def test_a_node_label_without_equals_is_a_reported_problem() -> None:
+    problems = problems_from(
+        {**NODE, "KURED_LOCK_BACKEND": "kubernetes"},
+        "--pre-reboot-node-labels",
+        "ok=1,broken",
+        "--post-reboot-node-labels",
+        "=value",
+        "--drain-grace-period",
+        "soon",
+    )
+    assert len(problems) == 3
+    assert any("'broken' is not key=value" in p for p in problems)
+    assert any("'=value' is not key=value" in p for p in problems)
+
+
+def test_node_flags_without_the_kubernetes_backend_are_a_reported_problem() -> None:
+    problems = problems_from(NODE, "--blocking-pod-selector", "app=db", "--annotate-nodes")
+    assert problems == [
+        "--blocking-pod-selector, --annotate-nodes need --lock-backend=kubernetes "
+        "(they act on the Node object)"
+    ]
 
 
 def test_every_env_name_is_kured_and_the_flag_upper_cased() -> None:

@@ -1,0 +1,210 @@
+"""The reboot lock as kured keeps it: an annotation on kured's own DaemonSet.
+
+The annotation ``--lock-annotation`` (default ``weave.works/kured-node-lock``) on DaemonSet
+``--ds-namespace``/``--ds-name`` holds exactly what kured 1.23 writes there
+(``kured.core.lockrecord``): the single format when ``max_holders`` (``--concurrency``) is 1,
+``{"maxOwners":N,"locks":[…]}`` above. Records written by Go kured are honoured and ours parse
+as kured's, so a fleet can move from kured to us, or back, in the middle of a rollout.
+
+Every change is kured's cycle (kured-behaviour.md §2.5): GET the DaemonSet → apply the pure
+transition to the parsed annotation → PUT the whole object *as read*, only the annotation
+changed, carrying the ``resourceVersion`` that was read. The API server refuses a PUT on a
+stale ``resourceVersion`` with 409; mutual exclusion rests on that alone, never on timing, and
+never on a blind PATCH that could overwrite another node's record. A 409 (another node won the
+race, or an unrelated write such as a Helm sync) is retried from the GET after a jittered,
+growing pause (kured sleeps a flat second); after ``max_attempts`` conflicts in a row the call
+raises ``LockConflict``. A PUT whose answer was lost (a timeout) may have landed; the retry
+re-reads and the transition sees the change already made.
+
+Differences from kured, on purpose: kured retries the DaemonSet GET every 5 s for up to 5 min
+inside the lock; here one read failure is a ``LockError`` at once and the agent's next tick is
+the retry (the lock is then "unknown", which blocks a reboot and is shown). The transitions'
+own differences (pruning expired entries, no duplicate entries, format recognised from the
+stored JSON) are documented in ``kured.core.lockrecord``.
+
+Instances are safe to use from many tasks of one event loop; ``close()`` closes the
+``ApiServer`` only if this lock created it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+from functools import partial
+from typing import Any
+
+from kit.clock import Clock
+from kured.apiserver import ApiServer, JsonObject
+from kured.core import lockrecord
+from kured.core.errors import ApiError, LockConflict, LockError
+from kured.core.lockrecord import LockRecord, Outcome, Transition, Write
+from kured.locks.base import Attempt, Holder
+
+DEFAULT_MAX_ATTEMPTS = 16
+# Conflict backoff: full jitter over a cap that doubles from the base up to kured's flat 1 s.
+BACKOFF_BASE_SECONDS = 0.02
+BACKOFF_CAP_SECONDS = 1.0
+
+
+class KubernetesLock:
+    """The ``Lock`` protocol on annotation ``annotation`` of DaemonSet ``namespace/name``,
+    admitting ``max_holders`` nodes.
+
+    ``clock`` stamps ``created`` and judges expiry (kured uses the reading node's clock).
+    ``max_attempts`` bounds the GET+PUT rounds of one call. One instance may serve several
+    node ids; concurrent calls are safe, the API server's ``resourceVersion`` check orders them.
+    """
+
+    def __init__(
+        self,
+        api: ApiServer,
+        namespace: str,
+        name: str,
+        annotation: str,
+        max_holders: int,
+        clock: Clock,
+        *,
+        owns_api: bool = False,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_holders < 1:
+            raise ValueError("max_holders must be at least 1")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self._api = api
+        self._owns_api = owns_api
+        self._namespace = namespace
+        self._name = name
+        self._annotation = annotation
+        self._max_holders = max_holders
+        self._clock = clock
+        self._max_attempts = max_attempts
+        self._rng = rng or random.Random()
+        self.conflicts_total = 0  # 409s seen, for tests and logs
+
+    @property
+    def where(self) -> str:
+        return f"daemonset {self._namespace}/{self._name} annotation {self._annotation}"
+
+    @property
+    def max_holders(self) -> int:
+        return self._max_holders
+
+    async def close(self) -> None:
+        if self._owns_api:
+            await self._api.close()
+
+    def _now_ns(self) -> int:
+        return self._clock.now_ms() * 1_000_000
+
+    # -- the Lock protocol -----------------------------------------------------------------------
+
+    async def attempt(self, node_id: str, unschedulable: bool, ttl_seconds: float) -> Attempt:
+        """Like ``acquire``, also returning the holders the answer was decided on.
+
+        ``unschedulable`` is whether the node was cordoned before the lock was taken (kured's
+        ``metadata.unschedulable``); ``ttl_seconds`` ≥ 0 (0: never expires), stored as integer
+        nanoseconds. An unexpired entry of ``node_id`` is kept as is (no refresh). Raises
+        ``LockError`` (DaemonSet unreadable or missing, annotation not kured's JSON: the
+        annotation is left as it was) or ``LockConflict`` after ``max_attempts`` 409s.
+        """
+        if not node_id:
+            raise ValueError("node_id must not be empty")
+        if ttl_seconds < 0:
+            raise ValueError("ttl_seconds must not be negative")
+        ttl_ns = round(ttl_seconds * 1_000_000_000)
+
+        def transition(record: LockRecord | None) -> Outcome:
+            return lockrecord.acquire(
+                record,
+                node_id,
+                unschedulable=unschedulable,
+                ttl_ns=ttl_ns,
+                now_ns=self._now_ns(),
+                max_holders=self._max_holders,
+            )
+
+        outcome = await self._change(transition)
+        return Attempt(outcome.held, [Holder.from_entry(e) for e in outcome.entries])
+
+    async def acquire(self, node_id: str, unschedulable: bool, ttl_seconds: float) -> bool:
+        """Take a slot for ``node_id``; True if it holds one now (see ``attempt``)."""
+        return (await self.attempt(node_id, unschedulable, ttl_seconds)).acquired
+
+    async def release(self, node_id: str) -> None:
+        """Remove ``node_id``'s entries; a no-op if it has none. The last entry of a
+        single-holder lock removes the annotation; a multi-holder lock keeps
+        ``{"maxOwners":N,"locks":[]}`` (both as kured). No release delay here: that is the
+        agent's. Raises ``LockError``/``LockConflict`` like ``attempt``."""
+        await self._change(
+            partial(lockrecord.release, node_id=node_id, max_holders=self._max_holders)
+        )
+
+    async def holders(self) -> list[Holder]:
+        """Every stored entry, expired ones included, in record order. Raises ``LockError``."""
+        _, record = await self._read()
+        entries = record.entries if record is not None else ()
+        return [Holder.from_entry(entry) for entry in entries]
+
+    async def holding(self, node_id: str) -> bool:
+        """kured's Holding: ``node_id`` has an unexpired entry. Raises ``LockError``."""
+        _, record = await self._read()
+        return lockrecord.holding(record, node_id, self._now_ns())
+
+    # -- read, transition, PUT -------------------------------------------------------------------
+
+    async def _read(self) -> tuple[JsonObject, LockRecord | None]:
+        try:
+            obj = await self._api.get_daemonset(self._namespace, self._name)
+        except ApiError as exc:
+            if exc.not_found:
+                raise LockError(
+                    f"daemonset {self._namespace}/{self._name} not found: the lock lives in "
+                    "its annotation (check --ds-namespace and --ds-name)"
+                ) from exc
+            raise LockError(f"cannot read the lock: {exc.message}") from exc
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        value = annotations.get(self._annotation)
+        if value is None:
+            return obj, None
+        if not isinstance(value, str):
+            raise LockError(f"{self.where} is not a string")
+        return obj, lockrecord.parse(value)
+
+    def _updated(self, obj: JsonObject, outcome: Outcome) -> JsonObject:
+        """``obj`` as read with only the annotation changed (resourceVersion kept)."""
+        body = copy.deepcopy(obj)
+        metadata: dict[str, Any] = body.setdefault("metadata", {})
+        annotations = metadata.get("annotations")
+        if not isinstance(annotations, dict):
+            annotations = metadata["annotations"] = {}
+        if outcome.write is Write.DELETE:
+            annotations.pop(self._annotation, None)
+        else:
+            assert outcome.record is not None
+            annotations[self._annotation] = lockrecord.serialise(outcome.record).decode()
+        return body
+
+    async def _change(self, transition: Transition) -> Outcome:
+        for attempt in range(self._max_attempts):
+            obj, record = await self._read()
+            outcome = transition(record)
+            if outcome.write is Write.KEEP:
+                return outcome
+            try:
+                await self._api.replace_daemonset(
+                    self._namespace, self._name, self._updated(obj, outcome)
+                )
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise LockError(f"cannot write the lock: {exc.message}") from exc
+                self.conflicts_total += 1
+                cap = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**attempt)
+                await asyncio.sleep(self._rng.uniform(0, cap))
+                continue
+            return outcome
+        raise LockConflict(
+            f"{self.where}: the DaemonSet changed under {self._max_attempts} writes in a row (409)"
+        )

@@ -1,0 +1,100 @@
+"""In-process kured agents wired like ``kured.app`` does for ``--lock-backend=kubernetes``,
+against the Kubernetes API double, with a fake reboot.
+
+``KubeHost`` is one machine: its sentinel file, its state dir, and a ``FakeReboot`` that
+records the reboot and clears the sentinel (as a boot clears /var/run). ``boot()`` builds a
+fresh ``Agent`` on the same state dir, as the process started after a reboot would be, and runs
+its start-up recovery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.clock import SystemClock
+from kured.actuators.drain import DrainOptions
+from kured.actuators.node import KubernetesNode, NodeOptions
+from kured.apiserver import ApiServer
+from kured.core.window import RebootWindow
+from kured.locks.kubernetes import KubernetesLock
+from kured.loop import Agent, AgentConfig, Gate
+from kured.sensors.pods import BlockingPodGate
+from kured.sensors.sentinel import FileSentinel
+from kured.state import StateStore
+from tests.kured.conftest import LOCK_ANNOTATION, LOCK_DAEMONSET, LOCK_NAMESPACE
+
+
+class FakeReboot:
+    """A reboot that records itself and clears the sentinel, as a boot would."""
+
+    def __init__(self, sentinel: Path) -> None:
+        self.sentinel = sentinel
+        self.calls = 0
+
+    async def reboot(self) -> None:
+        self.calls += 1
+        self.sentinel.unlink(missing_ok=True)
+
+
+@dataclass
+class KubeHost:
+    root: Path
+    node_id: str
+    kubeconfig: Path
+    release_delay_seconds: float = 0.0
+    force_reboot: bool = False
+    drain: DrainOptions = field(default_factory=DrainOptions)
+    node_options: NodeOptions = field(default_factory=NodeOptions)
+    blocking_pod_selectors: tuple[str, ...] = ()
+    concurrency: int = 1
+    apis: list[ApiServer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.dir = self.root / self.node_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sentinel = self.dir / "reboot-required"
+        self.rebooter = FakeReboot(self.sentinel)
+
+    def agent(self) -> Agent:
+        """A new agent process for this host (not yet recovered)."""
+        api = ApiServer.connect(self.kubeconfig, request_timeout_seconds=5)
+        self.apis.append(api)
+        gates: list[Gate] = []
+        if self.blocking_pod_selectors:
+            gates.append(BlockingPodGate(api, self.node_id, self.blocking_pod_selectors))
+        return Agent(
+            AgentConfig(
+                node_id=self.node_id,
+                period_seconds=3600,
+                lock_ttl_seconds=0,
+                lock_release_delay_seconds=self.release_delay_seconds,
+                max_consecutive_reboots=3,
+                force_reboot=self.force_reboot,
+            ),
+            window=RebootWindow(),
+            sentinel=FileSentinel(self.sentinel),
+            gates=gates,
+            lock=KubernetesLock(
+                api,
+                LOCK_NAMESPACE,
+                LOCK_DAEMONSET,
+                LOCK_ANNOTATION,
+                self.concurrency,
+                SystemClock(),
+            ),
+            rebooter=self.rebooter,
+            state=StateStore(self.dir / "state", self.node_id),
+            clock=SystemClock(),
+            node=KubernetesNode(api, self.node_id, self.drain, self.node_options),
+        )
+
+    async def boot(self) -> Agent:
+        """Start an agent as the process does after (re)boot: recovery first."""
+        agent = self.agent()
+        await agent.recover()
+        return agent
+
+    async def close(self) -> None:
+        for api in self.apis:
+            await api.close()
