@@ -218,6 +218,12 @@ class ApiServer:
         """The Node as JSON. Raises ``ApiError`` (404 when absent)."""
         return await self._typed(f"GET node {name}", partial(self._core.read_node, name))
 
+    async def list_nodes(self) -> list[JsonObject]:
+        """Every Node as JSON (for ``kured status --all``)."""
+        data = await self._typed("LIST nodes", self._core.list_node)
+        items = data.get("items") or []
+        return [dict(item) for item in items if isinstance(item, dict)]
+
     async def patch_node(
         self,
         name: str,

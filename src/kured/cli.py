@@ -18,6 +18,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from typing import Any
 
 from kit import log as kit_log
 from kit.settings import SettingsError
@@ -72,7 +73,28 @@ def status(argv: list[str]) -> int:
         help="the agent's metrics address (env KURED_STATUS_URL)",
     )
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    parser.add_argument(
+        "--all", action="store_true", help="every node's agent, found through the Kubernetes API"
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KURED_KUBECONFIG"),
+        help="with --all: kubeconfig (default: in-cluster)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("KURED_METRICS_PORT", "8080")),
+        help="with --all: the agents' --metrics-port",
+    )
+    parser.add_argument(
+        "--address-types",
+        default=os.environ.get("KURED_ADDRESS_TYPES", "InternalIP,ExternalIP,Hostname"),
+        help="with --all: node address types to try, in order",
+    )
     args = parser.parse_args(argv)
+    if args.all:
+        return status_all(args)
     try:
         with urllib.request.urlopen(args.url.rstrip("/") + "/status", timeout=10) as resp:
             data = json.load(resp)
@@ -81,6 +103,71 @@ def status(argv: list[str]) -> int:
         return 1
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 3 if data.get("reason") not in ("none", "not_required", "lock_not_held") else 0
+
+
+def status_all(args: argparse.Namespace) -> int:
+    """Collect every agent's /status, addressing each node by the preferred address type."""
+    from kit.settings import split_list
+    from kured.core.addresses import KNOWN_ADDRESS_TYPES
+
+    types = split_list(args.address_types)
+    unknown = [t for t in types if t not in KNOWN_ADDRESS_TYPES]
+    if not types or unknown:
+        print(f"kured status: unknown address types {unknown or types}", file=sys.stderr)
+        return 2
+    from kured.core.errors import KuredError
+
+    try:
+        rows = asyncio.run(_collect_all(args.kubeconfig, types, args.metrics_port))
+    except KuredError as exc:
+        print(f"kured status: {exc.message}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        width = max([len(r["node"]) for r in rows] + [4])
+        for r in rows:
+            where = r["address"] or "-"
+            print(f"{r['node']:<{width}}  {where:<22}  {r['summary']}")
+    blocked = any(
+        r["status"] is None
+        or r["status"].get("reason") not in ("none", "not_required", "lock_not_held")
+        for r in rows
+    )
+    return 3 if blocked else 0
+
+
+async def _collect_all(kubeconfig: str | None, types: list[str], port: int) -> list[dict[str, Any]]:
+    import aiohttp
+
+    from kured.apiserver import ApiServer
+    from kured.core.addresses import preferred_address, url_host
+
+    api = ApiServer.connect(kubeconfig)
+    try:
+        nodes = await api.list_nodes()
+    finally:
+        await api.close()
+
+    async def one(session: aiohttp.ClientSession, node: dict[str, Any]) -> dict[str, Any]:
+        name = str((node.get("metadata") or {}).get("name", "?"))
+        address = preferred_address(node, types)
+        row: dict[str, Any] = {"node": name, "address": address, "status": None}
+        if address is None:
+            row["summary"] = f"no address of types {','.join(types)}"
+            return row
+        url = f"http://{url_host(address)}:{port}/status"
+        try:
+            async with asyncio.timeout(5), session.get(url) as resp:
+                row["status"] = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            row["summary"] = f"unreachable at {url}: {exc!r}"
+            return row
+        row["summary"] = row["status"].get("blocked_by") or row["status"].get("action", "")
+        return row
+
+    async with aiohttp.ClientSession() as session:
+        return list(await asyncio.gather(*(one(session, n) for n in nodes)))
 
 
 def fleetlock(argv: list[str]) -> int:

@@ -64,7 +64,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -478,7 +478,9 @@ class KubeDouble:
         unschedulable: bool = False,
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
+        addresses: Sequence[tuple[str, str]] = (),
     ) -> Obj:
+        """A Node; ``addresses`` are (type, address) pairs for ``status.addresses``."""
         spec: Obj = {"podCIDR": "10.0.0.0/24"}
         if unschedulable:
             spec["unschedulable"] = True
@@ -494,7 +496,10 @@ class KubeDouble:
                         "annotations": dict(annotations or {}),
                     },
                     "spec": spec,
-                    "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+                    "status": {
+                        "conditions": [{"type": "Ready", "status": "True"}],
+                        "addresses": [{"type": t, "address": a} for t, a in addresses],
+                    },
                 },
             )
 
