@@ -90,6 +90,7 @@ def test_eight_slow_peers_with_a_two_artifact_budget_stay_within_it(
             assert watcher.samples > 100
         finally:
             pass
+    print(f"8 slow peers: peak tmp {peak} of {budget} bytes over {watcher.samples} samples")
     try:
         assert 0 < peak <= budget, f"peak tmp {peak} bytes > budget {budget}"
         assert_holds(joiner, bodies)
@@ -174,6 +175,7 @@ def test_an_account_much_larger_than_the_budget_bootstraps_completely(
     with TmpWatcher(joiner_dir / "tmp") as watcher:
         joiner = start_joiner(joiner_dir, [peer.internal_url], tmp_dir_max_bytes=budget)
         assert wait_for(lambda: is_ready(joiner), 120), status(joiner)
+    print(f"24 x 256 KiB: peak tmp {watcher.peak} of {budget} bytes")
     try:
         assert watcher.peak <= budget
         assert_holds(joiner, bodies)
