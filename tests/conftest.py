@@ -69,7 +69,10 @@ class NodeProcess:
         return sorted(p for p in (self.data_dir / "blobs").rglob("*") if p.is_file())
 
     def staging_files(self) -> list[Path]:
-        return sorted(p for p in self.tmp_dir.rglob("*") if p.is_file())
+        """Files in the tmp dir, except the node's ownership lock (an empty file)."""
+        return sorted(
+            p for p in self.tmp_dir.rglob("*") if p.is_file() and p.name != ".kura.tmp.lock"
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

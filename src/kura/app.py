@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from kit.clock import Clock, SystemClock
@@ -56,6 +57,23 @@ log = logging.getLogger(__name__)
 MAINTENANCE_INTERVAL_SECONDS = 60.0
 # Request bodies are streamed; this only bounds what aiohttp itself would buffer.
 CLIENT_MAX_SIZE_BYTES = 1024 * 1024
+
+
+class _MalformedRequestFilter(logging.Filter):
+    """aiohttp logs every unparsable request (bad request line, conflicting framing headers)
+    with a full traceback at ERROR, which lets any client fill the log. The client already got
+    a 400; one INFO line without the traceback is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "rejected a malformed request: %s", (exc.message,)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_MalformedRequestFilter())
 
 
 class Node:
@@ -384,7 +402,11 @@ class Node:
     async def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT, then stop gracefully. A failed background task stops
         the node too, so its supervisor can restart it."""
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self._abandon_start()
+            raise
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -399,6 +421,13 @@ class Node:
         await self.stop()
         if failed:
             raise RuntimeError("a background task stopped unexpectedly; see the log")
+
+    async def _abandon_start(self) -> None:
+        """Undo a start that failed half-way (a port in use, an unusable host)."""
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        await self.peer_client.close()
+        await self.service.close()
 
 
 def _bound_port(runner: web.AppRunner) -> int:

@@ -46,6 +46,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="public ports are BASE, BASE+1, ...; internal ports BASE+100, ...",
     )
     dev.add_argument("--dir", default=".kura/dev", help="data and tmp dirs go under here")
+    demo = sub.add_parser("demo", help="run a whole-system scenario on this machine")
+    scenarios = demo.add_subparsers(dest="scenario", required=True)
+    rolling = scenarios.add_parser(
+        "rolling-reboot",
+        help="kured reboots every host of a live 3-node mesh, one at a time, under load",
+        description=(
+            "Runs N hosts on 127.0.0.1 (a kura node and a kured agent each) with one etcd and "
+            "one Prometheus, asks every host for a reboot at once, and shows kured rebooting "
+            "them one at a time while a load generator and real build tools use the cache. "
+            "Needs etcd and prometheus on PATH; the real clients need scripts/install-deps. "
+            "Exit 0 when every invariant held, 1 when one did not, 2 when it could not run."
+        ),
+    )
+    rolling.add_argument(
+        "--data-mb", type=float, default=40.0, help="artifacts written before the run (MB)"
+    )
+    rolling.add_argument("--hosts", type=int, default=3, help="how many hosts (default 3)")
+    rolling.add_argument(
+        "--workdir", default=".kura/demo", help="each run gets a rolling-<time> directory here"
+    )
+    rolling.add_argument(
+        "--keep", action="store_true", help="keep the data dirs (logs and summary always stay)"
+    )
+    rolling.add_argument(
+        "--tmp-mb", type=float, default=16.0, help="each node's KURA_TMP_DIR_MAX_BYTES in MiB"
+    )
+    rolling.add_argument(
+        "--no-clients", action="store_true", help="do not run the real Nx, Turborepo and ccache"
+    )
+    rolling.add_argument(
+        "--bootstrap-limit-mib",
+        type=float,
+        default=3.0,
+        help="per-transfer rate of bodies served to a bootstrapping peer, MiB/s (0 = unthrottled)",
+    )
+    rolling.add_argument("--repo", default=None, help="the kura checkout (default: found)")
+    rolling.add_argument(
+        "--route-before-discovery",
+        action="store_true",
+        help="send load to a restarted node as soon as /up answers, before it knows its peers",
+    )
+    rolling.add_argument(
+        "--timeout", type=float, default=900.0, help="give the rolling phase up after this long"
+    )
     return parser
 
 
@@ -60,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kura.devmesh import run_dev_mesh
 
         return run_dev_mesh(args.nodes, args.base_port, args.dir)
+    if args.command == "demo":
+        return demo(args)
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -87,6 +133,26 @@ def serve(args: argparse.Namespace) -> int:
         print(f"kura: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    from kura.demo import rolling  # imported late: only this command needs it
+
+    if args.hosts < 2 or args.data_mb <= 0 or args.tmp_mb < 1:
+        print("kura demo: --hosts >= 2, --data-mb > 0 and --tmp-mb >= 1", file=sys.stderr)
+        return 2
+    return rolling.main(
+        data_mb=args.data_mb,
+        hosts=args.hosts,
+        workdir=args.workdir,
+        keep=args.keep,
+        tmp_mb=args.tmp_mb,
+        clients=not args.no_clients,
+        repo=args.repo,
+        timeout=args.timeout,
+        route_before_discovery=args.route_before_discovery,
+        bootstrap_limit_mib=args.bootstrap_limit_mib,
+    )
 
 
 def status(args: argparse.Namespace) -> int:

@@ -61,6 +61,8 @@ def _prefix(text: str) -> str:
 
 def _tokens(text: str) -> tuple[str, ...]:
     tokens = tuple(split_list(text))
+    if text.strip() and not tokens:
+        raise ValueError("no token in the list (an empty list would leave the node open)")
     for t in tokens:
         if any(c.isspace() for c in t):
             raise ValueError("tokens must not contain whitespace")
@@ -318,8 +320,16 @@ class Settings:
         "KURA_MULTIPART_UPLOAD_TTL_SECONDS",
         "--multipart-upload-ttl-seconds",
         parse_positive_int,
-        "abandoned multipart uploads are removed after this long",
-        default=24 * 3600,
+        "abandoned multipart uploads (and the tmp budget their parts hold) are removed after "
+        "this long",
+        default=3600,
+    )
+    body_idle_timeout_seconds: int = option(
+        "KURA_BODY_IDLE_TIMEOUT_SECONDS",
+        "--body-idle-timeout-seconds",
+        parse_positive_int,
+        "an upload that sends no byte for this long is aborted and its tmp reservation freed",
+        default=60,
     )
     shutdown_timeout_seconds: int = option(
         "KURA_SHUTDOWN_TIMEOUT_SECONDS",
@@ -359,6 +369,13 @@ def validate_settings(s: Settings) -> list[str]:
         value = getattr(s, name)
         if value.split("/")[1] in ("api", "v1", "v8", "_internal", "up", "ready", "metrics"):
             problems.append(f"KURA_{name.upper()} {value!r} collides with a built-in route")
+    data, tmp = Path(s.data_dir).resolve(), Path(s.tmp_dir).resolve()
+    if data == tmp or data in tmp.parents or tmp in data.parents:
+        problems.append(
+            "KURA_DATA_DIR and KURA_TMP_DIR must not be the same directory or inside each other "
+            "(stored blobs would count against the tmp budget, and the start-up sweep of the "
+            "tmp dir must never reach data)"
+        )
     overlap = set(s.read_write_tokens) & set(s.read_only_tokens)
     if overlap:
         problems.append("a token is listed as both read-write and read-only")

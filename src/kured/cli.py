@@ -37,7 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def agent(argv: list[str]) -> int:
     from kured.settings import add_arguments, load_settings
 
-    parser = argparse.ArgumentParser(prog="kured", description="The reboot coordinator agent.")
+    parser = argparse.ArgumentParser(
+        prog="kured",
+        description="The reboot coordinator agent.",
+        epilog="other commands: 'kured status [--url URL | --all]' prints an agent's conditions; "
+        "'kured fleetlock --help' serves FleetLock for Zincati.",
+    )
     parser.add_argument("--version", action="version", version=f"kured {__version__}")
     add_arguments(parser)
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ would. The ``Host`` supervisor then starts the agent again, as a boot would.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -73,7 +74,12 @@ class Host:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KURED_")}
         log = self.log_path.open("a")
         self.proc = subprocess.Popen(
-            self.argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            start_new_session=True,  # its own process group: the reboot script dies with it
         )
         log.close()
         assert self.proc.stdout is not None
@@ -108,9 +114,7 @@ class Host:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self._kill_group(signal.SIGKILL)
 
     def stop(self) -> None:
         self._stop.set()
@@ -123,6 +127,14 @@ class Host:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._kill_group(signal.SIGKILL)  # whatever the agent started (a hung reboot script)
+
+    def _kill_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        self.proc.wait()
 
     def status(self) -> dict[str, object]:
         return httpx.get(self.url + "/status", timeout=10).json()  # type: ignore[no-any-return]

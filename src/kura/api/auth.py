@@ -51,7 +51,10 @@ class TokenAuth:
 def _member(token: str, tokens: tuple[str, ...]) -> bool:
     found = False
     for candidate in tokens:  # compare against all, in constant time each
-        found |= hmac.compare_digest(token.encode(), candidate.encode())
+        # surrogateescape: a header with non-UTF-8 bytes compares unequal instead of raising.
+        found |= hmac.compare_digest(
+            token.encode("utf-8", "surrogateescape"), candidate.encode("utf-8", "surrogateescape")
+        )
     return found
 
 

@@ -13,7 +13,7 @@ import json
 from aiohttp import web
 
 from kura.api.auth import Access
-from kura.api.http import count_bytes_out, count_lookup, ctx, endpoint, read_small_body
+from kura.api.http import count_bytes_out, count_lookup, ctx, endpoint, parse_json, read_small_body
 from kura.api.scope import namespace_of
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import SAFE_NAME, validate
@@ -32,10 +32,7 @@ async def put(request: web.Request) -> web.StreamResponse:
     c = ctx(request)
     namespace_of(request)  # reject a missing tenant before reading the body
     raw = await read_small_body(request, c.settings.max_keyvalue_bytes, PROTOCOL)
-    try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequest("body is not valid JSON") from None
+    doc = parse_json(raw)
     if not isinstance(doc, dict) or not isinstance(doc.get("cas_id"), str):
         raise InvalidRequest('body must be {"cas_id": string, "entries": [{"value": string}]}')
     entries = doc.get("entries")

@@ -9,8 +9,6 @@ is ``{cache_category}/{hash}/{name}`` from the query; the ``{id}`` path segment 
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
 from kura.api.auth import Access
@@ -20,6 +18,7 @@ from kura.api.http import (
     ctx,
     declared_length,
     endpoint,
+    parse_json,
     read_small_body,
     request_body,
 )
@@ -76,10 +75,7 @@ async def part(request: web.Request) -> web.StreamResponse:
 async def complete(request: web.Request) -> web.StreamResponse:
     upload_id = _upload_id(request)
     raw = await read_small_body(request, COMPLETE_BODY_LIMIT_BYTES, PROTOCOL)
-    try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequest("body is not valid JSON") from None
+    doc = parse_json(raw)
     parts = doc.get("parts") if isinstance(doc, dict) else None
     if not isinstance(parts, list) or not all(
         isinstance(p, int) and not isinstance(p, bool) for p in parts

@@ -12,13 +12,11 @@ parses on a 403 such as a read-only token's upload.
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
 from kura.api.auth import Access
 from kura.api.blob import serve, store
-from kura.api.http import ctx, endpoint, query_param, read_small_body
+from kura.api.http import ctx, endpoint, parse_json, query_param, read_small_body
 from kura.core.errors import InvalidRequest
 from kura.core.keys import ALNUM_HASH, NAMESPACE, validate
 from kura.storage.service import ArtifactRef
@@ -60,6 +58,8 @@ async def put(request: web.Request) -> web.StreamResponse:
         if value is not None:
             if len(value) > 1024:
                 raise InvalidRequest(f"{name} header is longer than 1024 characters")
+            if name == "x-artifact-duration" and not (value.isdigit() and len(value) <= 15):
+                raise InvalidRequest("x-artifact-duration must be a whole number of milliseconds")
             headers[name] = value
     await store(
         request,
@@ -75,20 +75,14 @@ async def put(request: web.Request) -> web.StreamResponse:
 @endpoint(PROTOCOL, Access.READ, style="vercel")
 async def events(request: web.Request) -> web.StreamResponse:
     raw = await read_small_body(request, SMALL_BODY_LIMIT_BYTES, PROTOCOL)
-    try:
-        json.loads(raw or b"[]")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequest("body is not valid JSON") from None
+    parse_json(raw or b"[]")
     return web.Response(status=200)
 
 
 @endpoint(PROTOCOL, Access.READ, style="vercel")
 async def query(request: web.Request) -> web.StreamResponse:
     raw = await read_small_body(request, SMALL_BODY_LIMIT_BYTES, PROTOCOL)
-    try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequest("body is not valid JSON") from None
+    doc = parse_json(raw)
     hashes = doc.get("hashes") if isinstance(doc, dict) else None
     if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
         raise InvalidRequest('body must be {"hashes": [string, ...]}')
@@ -102,10 +96,15 @@ async def query(request: web.Request) -> web.StreamResponse:
         else:
             answer[h] = {
                 "size": manifest.size,
-                "taskDurationMs": int(manifest.headers.get("x-artifact-duration", "0") or 0),
+                "taskDurationMs": _duration_ms(manifest.headers.get("x-artifact-duration")),
                 "tag": manifest.headers.get("x-artifact-tag"),
             }
     return web.json_response(answer)
+
+
+def _duration_ms(value: str | None) -> int:
+    """A stored ``x-artifact-duration`` as an integer (0 when absent or not an integer)."""
+    return int(value) if value is not None and value.isdigit() and len(value) <= 15 else 0
 
 
 def routes() -> list[web.RouteDef]:

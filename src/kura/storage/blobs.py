@@ -5,6 +5,7 @@ Layout (``LAYOUT_VERSION`` is written to ``DATA_DIR/layout`` and checked at star
     DATA_DIR/index.sqlite3             metadata (storage.index)
     DATA_DIR/blobs/ab/cd/<artifact_id> one file per artifact, named by its identity
     DATA_DIR/.kura.writer.lock         held (flock) by the one process that owns DATA_DIR
+    TMP_DIR/.kura.tmp.lock             held (flock) by the same process: one owner per tmp dir
     TMP_DIR/uploads/upload-<uuid>      request bodies being staged
     TMP_DIR/parts/part-<uuid>          multipart parts waiting for completion
     TMP_DIR/bootstrap/bootstrap-<uuid> bodies fetched from peers
@@ -55,6 +56,17 @@ class Staged:
     sha256: str
 
 
+def _exclusive_lock(path: Path, what: str) -> int:
+    """An flock held for the process's life; ``DataDirLocked`` if another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirLocked(f"{what} is in use by another kura process") from None
+    return fd
+
+
 def stat_signature(st: os.stat_result) -> str:
     """Identity of a file's current contents as far as the kernel tells: any write, truncate,
     rename-over or utime changes ``st_ctime_ns``, so a changed signature means "re-verify"."""
@@ -77,7 +89,7 @@ class BlobFiles:
         self.data_dir = data_dir
         self.tmp_dir = tmp_dir
         self.blobs_dir = data_dir / "blobs"
-        self._lock_fd: int | None = None
+        self._lock_fds: list[int] = []
 
     def open(self) -> None:
         """Create directories, take the writer lock, check the layout version.
@@ -87,15 +99,19 @@ class BlobFiles:
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.blobs_dir.mkdir(exist_ok=True)
-        fd = os.open(self.data_dir / ".kura.writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fds = [
+            _exclusive_lock(self.data_dir / ".kura.writer.lock", f"data directory {self.data_dir}"),
+        ]
+        # The tmp dir is swept at start-up: a second node sharing it would delete this node's
+        # in-flight staging files. So it has one owner too.
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DataDirLocked(
-                f"data directory {self.data_dir} is in use by another kura process"
-            ) from None
-        self._lock_fd = fd
+            self._lock_fds.append(
+                _exclusive_lock(self.tmp_dir / ".kura.tmp.lock", f"tmp directory {self.tmp_dir}")
+            )
+        except DataDirLocked:
+            self.close()
+            raise
         layout = self.data_dir / "layout"
         if layout.exists():
             found = layout.read_text().strip()
@@ -109,9 +125,9 @@ class BlobFiles:
             (self.tmp_dir / area).mkdir(parents=True, exist_ok=True)
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        for fd in self._lock_fds:
+            os.close(fd)
+        self._lock_fds = []
 
     def blob_path(self, artifact_id: str) -> Path:
         return self.blobs_dir / artifact_id[:2] / artifact_id[2:4] / artifact_id

@@ -54,6 +54,7 @@ from kura.storage.blobs import (
     BlobFiles,
     Staged,
     fsync_path,
+    sha256_file,
     stage_body,
     stat_signature,
 )
@@ -279,65 +280,88 @@ class CacheService:
         return None if row is None else row[0]
 
     def _read_sync(self, aid: str) -> StoredBody | None:
+        """Reader thread: the artifact verified against its manifest, or None.
+
+        A mismatch seen here may be a race with a write of the same key (the writer renames
+        the new file, then updates the row), so the verdict is left to the writer thread, where
+        file and row are consistent: it re-checks, and drops the entry only if it is really
+        corrupt. A race just means "look again".
+        """
         index = self._require_index()
-        for _attempt in range(3):
+        for _attempt in range(5):
             row = index.get(aid)
             if row is None:
                 return None
             manifest, inline_body, sig = row
             if manifest.inline:
                 assert inline_body is not None
-                if hashlib.sha256(inline_body).hexdigest() != manifest.sha256:
-                    self._drop_corrupt_sync(manifest, "inline body digest mismatch")
-                    return None
-                return StoredBody(manifest, data=inline_body)
-            try:
-                f = self.files.blob_path(aid).open("rb")
-            except FileNotFoundError:
-                if index.get(aid) != row:
-                    continue  # replaced or removed concurrently: look again
-                self._drop_corrupt_sync(manifest, "blob file missing")
-                return None
-            st = os.fstat(f.fileno())
-            if manifest.size <= SMALL_BLOB_BYTES:
-                data = f.read()
-                f.close()
-                if (
-                    len(data) == manifest.size
-                    and hashlib.sha256(data).hexdigest() == manifest.sha256
-                ):
-                    return StoredBody(manifest, data=data)
-            elif stat_signature(st) == sig:
-                return StoredBody(manifest, file=f)
+                if hashlib.sha256(inline_body).hexdigest() == manifest.sha256:
+                    return StoredBody(manifest, data=inline_body)
             else:
-                ok = st.st_size == manifest.size and _sha256_fileobj(f) == manifest.sha256
-                if ok:
-                    f.seek(0)
-                    self._writer.submit(index.set_stat_sig, aid, stat_signature(st)).result()
-                    return StoredBody(manifest, file=f)
-                f.close()
-            if index.get(aid) != row:
-                continue  # a concurrent write replaced it between our reads: look again
-            self._drop_corrupt_sync(manifest, "blob digest mismatch")
-            return None
+                body = self._open_verified(manifest, sig)
+                if body is not None:
+                    return body
+            if self._writer.submit(self._confirm_corrupt_sync, manifest).result():
+                return None
         return None
 
-    def _drop_corrupt_sync(self, manifest: Manifest, why: str) -> None:
-        """Reader thread: hand the drop to the writer (which owns counters and deletes)."""
-        log.warning("dropping artifact %s: %s", manifest.artifact_id, why)
-        self._writer.submit(self._drop_sync, manifest).result()
+    def _open_verified(self, manifest: Manifest, sig: str | None) -> StoredBody | None:
+        """The blob file if it matches ``manifest`` (by content, or for large blobs by an
+        unchanged stat signature), else None."""
+        try:
+            f = self.files.blob_path(manifest.artifact_id).open("rb")
+        except FileNotFoundError:
+            return None
+        st = os.fstat(f.fileno())
+        if manifest.size <= SMALL_BLOB_BYTES:
+            data = f.read()
+            f.close()
+            if len(data) == manifest.size and hashlib.sha256(data).hexdigest() == manifest.sha256:
+                return StoredBody(manifest, data=data)
+            return None
+        if stat_signature(st) == sig:
+            return StoredBody(manifest, file=f)
+        if st.st_size == manifest.size and _sha256_fileobj(f) == manifest.sha256:
+            f.seek(0)
+            self._writer.submit(
+                self._require_index().set_stat_sig, manifest.artifact_id, stat_signature(st)
+            ).result()
+            return StoredBody(manifest, file=f)
+        f.close()
+        return None
 
-    def _drop_sync(self, manifest: Manifest) -> None:
+    def _confirm_corrupt_sync(self, manifest: Manifest) -> bool:
+        """Writer thread (no commit runs concurrently): if ``manifest`` is still the stored
+        version and its bytes still do not match it, drop the entry and return True. False
+        means the reader raced a write and should look again."""
         index = self._require_index()
         current = index.get(manifest.artifact_id)
         if current is None or current[0] != manifest:
-            return  # already replaced or removed
+            return False
+        if manifest.inline:
+            body_ok = (
+                current[1] is not None and hashlib.sha256(current[1]).hexdigest() == manifest.sha256
+            )
+        else:
+            path = self.files.blob_path(manifest.artifact_id)
+            try:
+                body_ok = path.stat().st_size == manifest.size and (
+                    sha256_file(path) == manifest.sha256
+                )
+            except FileNotFoundError:
+                body_ok = False
+        if body_ok:
+            return False
+        log.warning(
+            "dropping artifact %s: stored bytes do not match its digest", manifest.artifact_id
+        )
         index.delete([manifest.artifact_id])
         self.files.remove(manifest.artifact_id)
         self.hot.invalidate([manifest.artifact_id])
         self.stats.corrupt_total += 1
         self.stats.used_bytes -= manifest.size
         self.stats.artifacts -= 1
+        return True
 
     # -- writes ------------------------------------------------------------------------------
 
