@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=3.0,
         help="per-transfer rate of bodies served to a bootstrapping peer, MiB/s (0 = unthrottled)",
     )
+    rolling.add_argument(
+        "--downloads-per-peer",
+        type=int,
+        default=1,
+        help="KURA_BOOTSTRAP_DOWNLOADS_PER_PEER of every node (kura's default is 4)",
+    )
     rolling.add_argument("--repo", default=None, help="the kura checkout (default: found)")
     rolling.add_argument(
         "--route-before-discovery",
@@ -138,8 +144,11 @@ def serve(args: argparse.Namespace) -> int:
 def demo(args: argparse.Namespace) -> int:
     from kura.demo import rolling  # imported late: only this command needs it
 
-    if args.hosts < 2 or args.data_mb <= 0 or args.tmp_mb < 1:
-        print("kura demo: --hosts >= 2, --data-mb > 0 and --tmp-mb >= 1", file=sys.stderr)
+    if args.hosts < 2 or args.data_mb <= 0 or args.tmp_mb < 1 or args.downloads_per_peer < 1:
+        print(
+            "kura demo: --hosts >= 2, --data-mb > 0, --tmp-mb >= 1, --downloads-per-peer >= 1",
+            file=sys.stderr,
+        )
         return 2
     return rolling.main(
         data_mb=args.data_mb,
@@ -152,6 +161,7 @@ def demo(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         route_before_discovery=args.route_before_discovery,
         bootstrap_limit_mib=args.bootstrap_limit_mib,
+        downloads_per_peer=args.downloads_per_peer,
     )
 
 

@@ -49,6 +49,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
+import http.client
 import io
 import itertools
 import json
@@ -86,6 +87,7 @@ HIT_LINE = re.compile(r"^REMOTE HIT\b", re.MULTILINE)
 KURA_LISTEN = re.compile(r"kura listening public=(http://\S+) internal=(https?://\S+)")
 KURED_LISTEN = re.compile(r"kured listening metrics=(http://\S+)")
 ALERT_LINE = re.compile(r"^\s*-\s*alert:\s*([A-Za-z_][A-Za-z0-9_]*)\s*$", re.MULTILINE)
+BOOTSTRAP_PCT = re.compile(r"bootstrap in progress: .*?(\d+)% of bytes")
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) \S+ \S+ (.*)$")
 CLIENT_TIMEOUT_SECONDS = 180.0
 START_TIMEOUT_SECONDS = 60.0
@@ -136,14 +138,19 @@ class RollingConfig:
     # more than this (KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND; 0 = unthrottled), and
     # a joining node downloads this many bodies at once from each peer. The defaults make a
     # wiped node's bootstrap of the CI data outlast kured's restart plus --lock-release-delay,
-    # so the run shows the /ready gate holding a free lock, not just the release delay.
+    # so the run shows the /ready gate holding a free lock, not just the release delay. One
+    # download per peer keeps bootstrap's reservations (at most peers x largest artifact) at
+    # half the 16 MiB budget: read-through reserves fail-fast, so a budget that bootstrap
+    # fills makes a joining node answer 404 (docs/rolling-reboot.md, "Findings").
     replication_limit_bytes_per_second: int = 3 * MiB
-    bootstrap_downloads_per_peer: int = 2
+    bootstrap_downloads_per_peer: int = 1
     rolling_timeout_seconds: float = 600.0
     keep: bool = False  # keep the data dirs (logs, events and the summary are always kept)
     seed: int = 0
     extra_kura_env: dict[str, str] = field(default_factory=dict)
     progress: Callable[[str], None] | None = None
+    # SIGINT/SIGTERM cancel the run (every process it started is stopped); main thread only.
+    handle_signals: bool = False
 
 
 @dataclass
@@ -174,6 +181,7 @@ class HostReport:
     tmp_peak_bootstrap_bytes: int = 0  # this host's tmp peak while it bootstrapped
     tmp_peak_during_any_bootstrap: dict[str, int] = field(default_factory=dict)
     tmp_peak_run_bytes: int = 0
+    tmp_reserved_peak_bytes: int = 0  # kura's own ledger (/status, every 0.1 s) while booting
     reboots: int = 0
 
 
@@ -199,6 +207,10 @@ class LoadReport:
     read_p99_ms_during: float | None = None
     read_p50_ms_outside: float | None = None
     read_p99_ms_outside: float | None = None
+    # Of the reads during reboots, those served by the node that was rebooting (booting or
+    # bootstrapping: misses are read through from peers).
+    reads_on_joining_node: int = 0
+    read_p99_ms_joining_node: float | None = None
     write_p99_ms_during: float | None = None
     write_p99_ms_outside: float | None = None
     ops_per_second: float = 0.0
@@ -908,33 +920,50 @@ class Host:
         self.run.note(f"{self.name}: outbox not empty after 30 s of draining; wiping anyway")
 
     def _watch_ready(self) -> None:
-        """From the restart until /ready answers 200: poll it every 10 ms, sample the bootstrap
-        progress for the progress line, and keep the tmp sampler's window open."""
+        """From the restart until /ready answers 200: poll it over one kept-alive connection,
+        every 20 ms while bootstrap is below 90 %, every 2 ms after (so ``ready_at`` trails the
+        node's own switch by a few ms); sample /status every 0.1 s for the progress line and
+        kura's reserved tmp bytes; keep the tmp sampler's window open meanwhile."""
         rep, sampler = self.report, self.run.sampler
         window = sampler.open_window()
         start_used: int | None = None
         next_status = 0.0
+        conn: http.client.HTTPConnection | None = None
         while not self.run.stopping.is_set():
             now = time.monotonic()
             if now >= next_status:
-                next_status = now + 0.5
+                next_status = now + 0.1
                 with contextlib.suppress(OSError, ValueError, KeyError):
                     st = _json(self.url + "/status", 2)
                     if start_used is None:
                         start_used = int(st["disk_used_bytes"])
+                    rep.tmp_reserved_peak_bytes = max(
+                        rep.tmp_reserved_peak_bytes, int(st["tmp_reserved_bytes"])
+                    )
                     b = st["bootstrap"]
                     total, done = int(b["bytes_total"]), int(b["bytes_done"])
                     pct = 100 * done / total if total else 100.0
-                    self.bootstrap_line = f"bootstrap {pct:.0f}% of {total / MiB:.1f} MiB"
+                    stored = (int(st["disk_used_bytes"]) - start_used) / MiB
+                    self.bootstrap_line = f"bootstrap {pct:.0f}%, {stored:.1f} MiB stored"
+            status, body = 0, b""
             try:
-                status, _ = _http(self.url + "/ready", 2)
-            except OSError:
-                status = 0
+                if conn is None:
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/ready")
+                response = conn.getresponse()
+                status, body = response.status, response.read()
+            except (OSError, http.client.HTTPException):
+                if conn is not None:
+                    conn.close()
+                conn = None
             if status == 200:
                 rep.ready_at = time.time()
                 break
             rep.last_not_ready_at = time.time()
-            time.sleep(0.01)
+            m = BOOTSTRAP_PCT.search(body.decode(errors="replace"))
+            time.sleep(0.02 if m is not None and int(m.group(1)) < 90 else 0.002)
+        if conn is not None:
+            conn.close()
         peaks = sampler.close_window(window)
         self.bootstrap_line = ""
         if rep.ready_at is None:
@@ -1007,7 +1036,8 @@ class Load:
         self.report = LoadReport()
         self.pre: list[Artifact] = []
         self.acked: list[Artifact] = []
-        self.ops: list[Op] = []
+        self.ops: list[Op] = []  # requests of the rolling phase only (not seeding)
+        self.recording = False
         self.counter = 0
         self.session: aiohttp.ClientSession | None = None
 
@@ -1105,7 +1135,8 @@ class Load:
             status, data, error, t0, t1, judged = await self._request(
                 target, method, path, headers, body
             )
-            self.ops.append(Op("write", target.name, t0, t1, judged))
+            if self.recording:
+                self.ops.append(Op("write", target.name, t0, t1, judged))
             if 200 <= status < 300:
                 art.writer, art.acked_at, art.pre_run = target.name, t1, pre
                 (self.pre if pre else self.acked).append(art)
@@ -1139,7 +1170,8 @@ class Load:
             host, "GET", art.get_path(), {}, None
         )
         self.report.reads += 1
-        self.ops.append(Op("read", host.name, t0, t1, judged))
+        if self.recording:
+            self.ops.append(Op("read", host.name, t0, t1, judged))
         if not judged:
             self.report.reads_excused += 1
             return
@@ -1184,6 +1216,7 @@ class Load:
     async def run_until(self, stop: asyncio.Event) -> None:
         cfg = self.run.config
         started = time.time()
+        self.recording = True
         tasks: set[asyncio.Task[None]] = set()
         writes = asyncio.Semaphore(3)
         reads = asyncio.Semaphore(8)
@@ -1199,25 +1232,32 @@ class Load:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-        next_write = next_read = time.monotonic()
-        while not stop.is_set():
-            now = time.monotonic()
-            if now >= next_write and not writes.locked():
-                await writes.acquire()
-                protocol = self.rng.choices(PROTOCOLS, PROTOCOL_WEIGHTS)[0]
-                spawn(self.write(protocol, cfg.run_write_max_bytes), writes)
-                next_write = now + self.rng.expovariate(cfg.write_rate)
-            if now >= next_read and not reads.locked():
-                candidates = self._up_hosts()
-                if candidates:
-                    pool = self.acked if self.acked and self.rng.random() < 0.4 else self.pre
-                    art = self.rng.choice(pool)
-                    await reads.acquire()
-                    spawn(self.read(art, self.rng.choice(candidates)), reads)
-                next_read = now + self.rng.expovariate(cfg.read_rate)
-            await asyncio.sleep(max(0.001, min(next_write, next_read, now + 0.05) - now))
-        if tasks:
-            await asyncio.wait(set(tasks))
+        try:
+            next_write = next_read = time.monotonic()
+            while not stop.is_set():
+                now = time.monotonic()
+                if now >= next_write and not writes.locked():
+                    await writes.acquire()
+                    protocol = self.rng.choices(PROTOCOLS, PROTOCOL_WEIGHTS)[0]
+                    spawn(self.write(protocol, cfg.run_write_max_bytes), writes)
+                    next_write = now + self.rng.expovariate(cfg.write_rate)
+                if now >= next_read and not reads.locked():
+                    candidates = self._up_hosts()
+                    if candidates:
+                        pool = self.acked if self.acked and self.rng.random() < 0.4 else self.pre
+                        art = self.rng.choice(pool)
+                        await reads.acquire()
+                        spawn(self.read(art, self.rng.choice(candidates)), reads)
+                    next_read = now + self.rng.expovariate(cfg.read_rate)
+                await asyncio.sleep(max(0.001, min(next_write, next_read, now + 0.05) - now))
+            if tasks:
+                await asyncio.wait(set(tasks))
+        finally:  # cancelled (the demo is stopping): no request may outlive the session
+            for task in list(tasks):
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+        self.recording = False
         elapsed = max(1e-6, time.time() - started)
         self.report.ops_per_second = len(self.ops) / elapsed
 
@@ -1255,11 +1295,25 @@ class Load:
         await asyncio.gather(*(check(a, h) for a in self.pre + self.acked for h in self.run.hosts))
         return count, lost
 
-    def latencies(self, windows: list[tuple[float, float]]) -> None:
-        """p50/p99 of judged reads and writes, during any reboot window and outside them."""
+    def latencies(self, windows: list[tuple[float, float, str]]) -> None:
+        """p50/p99 of judged reads and writes, during any reboot window and outside them; reads
+        during a window also split by whether the rebooting (joining) node served them."""
 
         def during(op: Op) -> bool:
-            return any(op.started < end and op.ended > start for start, end in windows)
+            return any(op.started < end and op.ended > start for start, end, _ in windows)
+
+        joining = [
+            1000 * (op.ended - op.started)
+            for op in self.ops
+            if op.judged
+            and op.kind == "read"
+            and any(
+                op.host == host and op.started < end and op.ended > start
+                for start, end, host in windows
+            )
+        ]
+        self.report.reads_on_joining_node = len(joining)
+        self.report.read_p99_ms_joining_node = percentile(joining, 99)
 
         groups: dict[tuple[str, bool], list[float]] = {}
         for op in self.ops:
@@ -1337,6 +1391,12 @@ class Clients:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             out, _ = await proc.communicate()
+        except asyncio.CancelledError:  # the demo is stopping (Ctrl-C): take the build down
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)  # its trap removes its temp dir
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
+            raise
         ended = time.time()
         up1, gen1 = host.snapshot()
         text = out.decode(errors="replace")
@@ -1573,6 +1633,11 @@ class Rolling:
         cfg = self.config
         res = self.result
         res.started_at = time.time()
+        if cfg.handle_signals:
+            loop, task = asyncio.get_running_loop(), asyncio.current_task()
+            assert task is not None
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, task.cancel)
         with self.phase("setup"):
             await asyncio.to_thread(self.setup)
         await self.load.open()
@@ -1609,13 +1674,29 @@ class Rolling:
         self._collect()
 
     async def _rolling(self) -> None:
-        res = self.result
         stop_load = asyncio.Event()
         stop_clients = asyncio.Event()
         load_task = asyncio.create_task(self.load.run_until(stop_load))
         clients_task = (
             asyncio.create_task(self.clients.loop(stop_clients)) if self.clients else None
         )
+        try:
+            await self._roll(load_task, clients_task, stop_load, stop_clients)
+        finally:  # also when cancelled: stop the load and the builds before the session closes
+            for task in (load_task, clients_task):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    async def _roll(
+        self,
+        load_task: asyncio.Task[None],
+        clients_task: asyncio.Task[None] | None,
+        stop_load: asyncio.Event,
+        stop_clients: asyncio.Event,
+    ) -> None:
+        res = self.result
         await asyncio.sleep(1.0)  # some load before the first reboot
         res.rolling_started_at = time.time()
         for h in self.hosts:
@@ -1756,7 +1837,9 @@ class Rolling:
         res.load = self.load.report
         if self.clients is not None:
             for c in self.clients.runs:
-                c.overlapped_reboot = any(c.started_at < e and c.ended_at > s for s, e in windows)
+                c.overlapped_reboot = any(
+                    c.started_at < e and c.ended_at > s for s, e, _ in windows
+                )
             res.clients = self.clients.runs
         with contextlib.suppress(OSError, ValueError, KeyError):
             span = max(60, int(time.time() - res.started_at) + 5)
@@ -1764,19 +1847,27 @@ class Rolling:
             res.prometheus["alerts_seen"] = sorted(
                 {f"{s['metric']['alertname']} ({s['metric'].get('alertstate', '')})" for s in seen}
             )
+            # Which agents Prometheus saw held back by a closed or unreachable gate.
+            gated = self.prometheus.query(
+                f'max by (node, reason) (max_over_time(kured_blocking_reason{{reason=~"gate_.*"}}[{span}s])) == 1'
+            )
+            res.prometheus["agents_gate_blocked"] = sorted(
+                f"{s['metric'].get('node', '')} ({s['metric'].get('reason', '')})" for s in gated
+            )
         res.ended_at = time.time()
         observed = res.violations + self.load.report.violations
         res.violations = evaluate(res) + observed
         res.ok = not res.violations
 
-    def reboot_windows(self) -> list[tuple[float, float]]:
-        """[reboot started, back ready] per host (the reboot script's event, else the request)."""
+    def reboot_windows(self) -> list[tuple[float, float, str]]:
+        """(reboot started, back ready, host) per host (the reboot script's event, else the
+        supervisor's request)."""
         out = []
         for h in self.hosts:
             rep = h.report
             start = rep.reboot_at or rep.requested_at
             if start is not None:
-                out.append((start, rep.ready_at or time.time()))
+                out.append((start, rep.ready_at or time.time(), h.name))
         return out
 
     def shutdown(self) -> None:
@@ -1903,6 +1994,8 @@ def run(config: RollingConfig) -> RollingResult:
     try:
         demo.preflight()
         asyncio.run(demo.main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None  # a signal cancelled the run (handle_signals)
     finally:
         demo.shutdown()
         demo.result.hosts = [h.report for h in demo.hosts]
@@ -1928,17 +2021,20 @@ def render_summary(res: RollingResult) -> str:
     lines.append("")
     header = (
         f"{'host':<6} {'stop':<8} {'wiped':<6} {'reboot':>8} {'ready':>8} {'boot→ready':>10} "
-        f"{'refill':>10} {'MiB/s':>7} {'tmp peak / budget':>20}"
+        f"{'refill':>10} {'MiB/s':>7}  tmp on disk / reserved / budget"
     )
     lines.append(header)
     for h in sorted(res.hosts, key=lambda h: h.reboot_at or float("inf")):
         boot = "-" if h.bootstrap_seconds is None else f"{h.bootstrap_seconds:.1f}s"
         rate = "-" if h.bootstrap_mib_per_second is None else f"{h.bootstrap_mib_per_second:.1f}"
-        tmp = f"{h.tmp_peak_bootstrap_bytes / MiB:.1f} / {h.tmp_budget_bytes / MiB:.0f} MiB"
+        tmp = (
+            f"{h.tmp_peak_bootstrap_bytes / MiB:.1f} / {h.tmp_reserved_peak_bytes / MiB:.1f} / "
+            f"{h.tmp_budget_bytes / MiB:.0f} MiB"
+        )
         lines.append(
             f"{h.name:<6} {h.stop_signal:<8} {'yes' if h.wiped else 'no':<6} "
             f"{rel(h.reboot_at):>8} {rel(h.ready_at):>8} {boot:>10} "
-            f"{h.refill_bytes / MiB:>6.1f} MiB {rate:>7} {tmp:>20}"
+            f"{h.refill_bytes / MiB:>6.1f} MiB {rate:>7}  {tmp}"
         )
     lines.append("")
     lines.append("lock history (kured agent logs):")
@@ -1964,7 +2060,9 @@ def render_summary(res: RollingResult) -> str:
         f"{ld.write_errors_on_up_nodes}; shed 503 {ld.writes_shed_503}; replication-lag misses "
         f"{ld.read_lag_misses}; cut by a reboot (excused) {ld.reads_excused + ld.writes_excused}",
         f"  read latency during reboots: p50 {_ms(ld.read_p50_ms_during)}, p99 "
-        f"{_ms(ld.read_p99_ms_during)} (n={ld.reads_during_reboot})",
+        f"{_ms(ld.read_p99_ms_during)} (n={ld.reads_during_reboot}; of these, served by the "
+        f"rebooting node while it booted: p99 {_ms(ld.read_p99_ms_joining_node)}, "
+        f"n={ld.reads_on_joining_node})",
         f"  read latency outside reboots: p50 {_ms(ld.read_p50_ms_outside)}, p99 "
         f"{_ms(ld.read_p99_ms_outside)} (n={ld.reads_outside_reboot})",
         f"lost artifacts: {len(res.lost)} of {res.artifacts_total} (each read from every node: "
@@ -1988,6 +2086,10 @@ def render_summary(res: RollingResult) -> str:
             f"prometheus: {len(rules)} rules loaded ({'ok' if prom.get('rules_loaded_ok') else 'NOT ok'}); "
             f"alerts seen: {', '.join(prom.get('alerts_seen', [])) or 'none'}"
         )
+        lines.append(
+            "  agents held back by a gate at some point: "
+            + (", ".join(prom.get("agents_gate_blocked", [])) or "none")
+        )
     lines.append("")
     if res.ok:
         lines.append("result: OK — every invariant held")
@@ -2010,6 +2112,7 @@ def main(
     timeout: float,
     route_before_discovery: bool = False,
     bootstrap_limit_mib: float = 3.0,
+    downloads_per_peer: int = 1,
 ) -> int:
     """``kura demo rolling-reboot``: 0 when every invariant held, 1 when one did not, 2 when
     the demo could not run."""
@@ -2029,12 +2132,20 @@ def main(
         keep=keep,
         rolling_timeout_seconds=timeout,
         route_before_discovery=route_before_discovery,
+        handle_signals=True,
         replication_limit_bytes_per_second=int(bootstrap_limit_mib * MiB),
+        bootstrap_downloads_per_peer=downloads_per_peer,
         progress=progress,
     )
     print(
         f"kura demo rolling-reboot: {hosts} hosts, {data_mb:g} MB of artifacts, work dir {run_dir}"
     )
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # outside the event loop (start-up, shutdown): like Ctrl-C
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         result = run(config)
     except DemoError as exc:
