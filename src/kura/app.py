@@ -127,7 +127,9 @@ class Node:
         self.read_through = ReadThrough(
             self.service,
             self.peer_client,
-            self.membership.healthy_peers,
+            # Before the first discovery round knows anyone, ask the seeds: a restarted node
+            # must not answer misses for what its peers hold.
+            lambda: self.membership.healthy_peers() or self.membership.targets(),
             self._read_through_enabled,
             settings.read_through_timeout_ms / 1000,
         )

@@ -83,12 +83,19 @@ class ReadThrough:
                     if fetched is None:
                         continue
                     try:
-                        await self._service.apply_replica(
-                            fetched.manifest,
-                            fetched.chunks(),
-                            declared_length=fetched.content_length,
-                            source="read_through",
+                        # Wait (within the timeout) for room in the tmp budget rather than
+                        # failing at once: a bootstrap may be holding it right now.
+                        reservation = await self._service.budget.reserve(
+                            max(1, fetched.manifest.size)
                         )
+                        with reservation:
+                            await self._service.apply_replica(
+                                fetched.manifest,
+                                fetched.chunks(),
+                                declared_length=fetched.content_length,
+                                source="read_through",
+                                reservation=reservation,
+                            )
                     finally:
                         await fetched.close()
                 self.stats.count("hit")
