@@ -40,7 +40,6 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import aiohttp
@@ -49,7 +48,7 @@ from kit.clock import Clock
 from kured.core import lockrecord
 from kured.core.errors import LockConflict, LockError
 from kured.core.lockrecord import LockRecord, Outcome, Transition, Write
-from kured.locks.base import Attempt, Holder
+from kured.locks.record import RecordLock
 
 API_PREFIXES = ("/v3", "/v3beta")
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 5.0
@@ -297,7 +296,7 @@ def _message(body: bytes) -> str:
     return ""
 
 
-class EtcdLock:
+class EtcdLock(RecordLock):
     """The ``Lock`` protocol on etcd key ``key`` admitting ``max_holders`` nodes.
 
     ``clock`` stamps ``created`` and judges expiry (kured uses the reading node's clock).
@@ -318,10 +317,7 @@ class EtcdLock:
         request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> None:
-        if max_holders < 1:
-            raise ValueError("max_holders must be at least 1")
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+        super().__init__(max_holders, clock, max_attempts)
         self._owns_kv = kv is None
         self._kv = (
             kv
@@ -329,78 +325,19 @@ class EtcdLock:
             else EtcdKV(endpoints, request_timeout_seconds=request_timeout_seconds)
         )
         self._key = key.encode()
-        self._max_holders = max_holders
-        self._clock = clock
-        self._max_attempts = max_attempts
 
     @property
     def key(self) -> str:
         return self._key.decode()
-
-    @property
-    def max_holders(self) -> int:
-        return self._max_holders
 
     async def close(self) -> None:
         """Close the HTTP session unless it was shared in through ``kv``."""
         if self._owns_kv:
             await self._kv.close()
 
-    def _now_ns(self) -> int:
-        return self._clock.now_ms() * 1_000_000
-
-    async def attempt(self, node_id: str, unschedulable: bool, ttl_seconds: float) -> Attempt:
-        """Like ``acquire``, also returning the holders the answer was decided on.
-
-        ``ttl_seconds`` ≥ 0 (0: the entry never expires), stored as integer nanoseconds. An
-        entry ``node_id`` already holds is kept as is (no refresh). Raises ``LockError``
-        (unreachable, unparsable record; the record is left as it was) or ``LockConflict``
-        after ``max_attempts`` lost compares.
-        """
-        if not node_id:
-            raise ValueError("node_id must not be empty")
-        if ttl_seconds < 0:
-            raise ValueError("ttl_seconds must not be negative")
-        ttl_ns = round(ttl_seconds * 1_000_000_000)
-
-        def transition(record: LockRecord | None) -> Outcome:
-            return lockrecord.acquire(
-                record,
-                node_id,
-                unschedulable=unschedulable,
-                ttl_ns=ttl_ns,
-                now_ns=self._now_ns(),
-                max_holders=self._max_holders,
-            )
-
-        outcome = await self._change(transition)
-        return Attempt(outcome.held, [Holder.from_entry(e) for e in outcome.entries])
-
-    async def acquire(self, node_id: str, unschedulable: bool, ttl_seconds: float) -> bool:
-        """Take a slot for ``node_id``; True if it holds one now (see ``attempt``)."""
-        return (await self.attempt(node_id, unschedulable, ttl_seconds)).acquired
-
-    async def release(self, node_id: str) -> None:
-        """Remove ``node_id``'s entries; a no-op if it has none. The last entry of a
-        single-holder lock deletes the key; a multi-holder lock keeps ``"locks":[]``. No
-        release delay here: that is the agent loop's (kured sleeps before every release).
-        Raises ``LockError``/``LockConflict`` like ``attempt``."""
-        await self._change(
-            partial(lockrecord.release, node_id=node_id, max_holders=self._max_holders)
-        )
-
-    async def holders(self) -> list[Holder]:
-        """Every stored entry, expired ones included, in record order. Raises ``LockError``."""
+    async def _read_record(self) -> LockRecord | None:
         current = await self._kv.get(self._key)
-        record = lockrecord.parse(current.value) if current is not None else None
-        entries = record.entries if record is not None else ()
-        return [Holder.from_entry(entry) for entry in entries]
-
-    async def holding(self, node_id: str) -> bool:
-        """kured's Holding: ``node_id`` has an unexpired entry. Raises ``LockError``."""
-        current = await self._kv.get(self._key)
-        record = lockrecord.parse(current.value) if current is not None else None
-        return lockrecord.holding(record, node_id, self._now_ns())
+        return lockrecord.parse(current.value) if current is not None else None
 
     async def _change(self, transition: Transition) -> Outcome:
         current = await self._kv.get(self._key)

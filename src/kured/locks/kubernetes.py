@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import random
-from functools import partial
 from typing import Any
 
 from kit.clock import Clock
@@ -39,7 +38,7 @@ from kured.apiserver import ApiServer, JsonObject
 from kured.core import lockrecord
 from kured.core.errors import ApiError, LockConflict, LockError
 from kured.core.lockrecord import LockRecord, Outcome, Transition, Write
-from kured.locks.base import Attempt, Holder
+from kured.locks.record import RecordLock
 
 DEFAULT_MAX_ATTEMPTS = 16
 # Conflict backoff: full jitter over a cap that doubles from the base up to kured's flat 1 s.
@@ -47,7 +46,7 @@ BACKOFF_BASE_SECONDS = 0.02
 BACKOFF_CAP_SECONDS = 1.0
 
 
-class KubernetesLock:
+class KubernetesLock(RecordLock):
     """The ``Lock`` protocol on annotation ``annotation`` of DaemonSet ``namespace/name``,
     admitting ``max_holders`` nodes.
 
@@ -69,18 +68,12 @@ class KubernetesLock:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         rng: random.Random | None = None,
     ) -> None:
-        if max_holders < 1:
-            raise ValueError("max_holders must be at least 1")
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+        super().__init__(max_holders, clock, max_attempts)
         self._api = api
         self._owns_api = owns_api
         self._namespace = namespace
         self._name = name
         self._annotation = annotation
-        self._max_holders = max_holders
-        self._clock = clock
-        self._max_attempts = max_attempts
         self._rng = rng or random.Random()
         self.conflicts_total = 0  # 409s seen, for tests and logs
 
@@ -88,70 +81,13 @@ class KubernetesLock:
     def where(self) -> str:
         return f"daemonset {self._namespace}/{self._name} annotation {self._annotation}"
 
-    @property
-    def max_holders(self) -> int:
-        return self._max_holders
-
     async def close(self) -> None:
         if self._owns_api:
             await self._api.close()
 
-    def _now_ns(self) -> int:
-        return self._clock.now_ms() * 1_000_000
-
-    # -- the Lock protocol -----------------------------------------------------------------------
-
-    async def attempt(self, node_id: str, unschedulable: bool, ttl_seconds: float) -> Attempt:
-        """Like ``acquire``, also returning the holders the answer was decided on.
-
-        ``unschedulable`` is whether the node was cordoned before the lock was taken (kured's
-        ``metadata.unschedulable``); ``ttl_seconds`` ≥ 0 (0: never expires), stored as integer
-        nanoseconds. An unexpired entry of ``node_id`` is kept as is (no refresh). Raises
-        ``LockError`` (DaemonSet unreadable or missing, annotation not kured's JSON: the
-        annotation is left as it was) or ``LockConflict`` after ``max_attempts`` 409s.
-        """
-        if not node_id:
-            raise ValueError("node_id must not be empty")
-        if ttl_seconds < 0:
-            raise ValueError("ttl_seconds must not be negative")
-        ttl_ns = round(ttl_seconds * 1_000_000_000)
-
-        def transition(record: LockRecord | None) -> Outcome:
-            return lockrecord.acquire(
-                record,
-                node_id,
-                unschedulable=unschedulable,
-                ttl_ns=ttl_ns,
-                now_ns=self._now_ns(),
-                max_holders=self._max_holders,
-            )
-
-        outcome = await self._change(transition)
-        return Attempt(outcome.held, [Holder.from_entry(e) for e in outcome.entries])
-
-    async def acquire(self, node_id: str, unschedulable: bool, ttl_seconds: float) -> bool:
-        """Take a slot for ``node_id``; True if it holds one now (see ``attempt``)."""
-        return (await self.attempt(node_id, unschedulable, ttl_seconds)).acquired
-
-    async def release(self, node_id: str) -> None:
-        """Remove ``node_id``'s entries; a no-op if it has none. The last entry of a
-        single-holder lock removes the annotation; a multi-holder lock keeps
-        ``{"maxOwners":N,"locks":[]}`` (both as kured). No release delay here: that is the
-        agent's. Raises ``LockError``/``LockConflict`` like ``attempt``."""
-        await self._change(
-            partial(lockrecord.release, node_id=node_id, max_holders=self._max_holders)
-        )
-
-    async def holders(self) -> list[Holder]:
-        """Every stored entry, expired ones included, in record order. Raises ``LockError``."""
+    async def _read_record(self) -> LockRecord | None:
         _, record = await self._read()
-        entries = record.entries if record is not None else ()
-        return [Holder.from_entry(entry) for entry in entries]
-
-    async def holding(self, node_id: str) -> bool:
-        """kured's Holding: ``node_id`` has an unexpired entry. Raises ``LockError``."""
-        _, record = await self._read()
-        return lockrecord.holding(record, node_id, self._now_ns())
+        return record
 
     # -- read, transition, PUT -------------------------------------------------------------------
 
