@@ -20,7 +20,6 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.typedefs import Handler
 
 from kit.clock import Clock, SystemClock
 from kura.api import (
@@ -163,6 +162,7 @@ class Node:
         self._runners: list[web.AppRunner] = []
         # Request handlers running right now, so that stop() can let them finish (_drain).
         self._handlers: set[asyncio.Task[Any]] = set()
+        self.metrics.count_inflight(lambda: len(self._handlers))
         self._tasks: asyncio.Task[None] | None = None
 
     # -- state -----------------------------------------------------------------------------
@@ -254,12 +254,11 @@ class Node:
             uploads=self.uploads,
             auth=TokenAuth(self.settings.read_write_tokens, self.settings.read_only_tokens),
             metrics=self.metrics,
+            handlers=self._handlers,  # shared by both listeners: the drain waits for all
         )
 
     def build_app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=CLIENT_MAX_SIZE_BYTES, middlewares=[self._track_handler]
-        )
+        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
         app[CTX_KEY] = self._context()
         app[probes.READINESS_KEY] = self.readiness_reasons
         app[probes.WARNINGS_KEY] = self.bootstrapper.warnings
@@ -284,9 +283,7 @@ class Node:
         return app
 
     def build_internal_app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=CLIENT_MAX_SIZE_BYTES, middlewares=[self._track_handler]
-        )
+        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
         app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
         app.add_routes(internal.routes())
@@ -351,17 +348,6 @@ class Node:
             reaped = self.uploads.reap_expired()
             if reaped:
                 log.info("removed %d abandoned multipart uploads", reaped)
-
-    @web.middleware
-    async def _track_handler(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Middleware: record the running handler's task for ``_drain``."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            return await handler(request)
-        finally:
-            self._handlers.discard(task)
 
     async def _drain(self) -> None:
         """Stop accepting, then let running handlers finish within the shutdown timeout.

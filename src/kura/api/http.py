@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -47,6 +47,8 @@ class ApiContext:
     uploads: MultipartUploads
     auth: TokenAuth
     metrics: KuraMetrics
+    # Handler tasks running now: the graceful drain waits for them; /metrics counts them.
+    handlers: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
 def ctx(request: web.Request) -> ApiContext:
@@ -62,7 +64,9 @@ def endpoint(
         async def run(request: web.Request) -> web.StreamResponse:
             c = ctx(request)
             started = time.perf_counter()
-            c.metrics.inflight.inc()
+            task = asyncio.current_task()
+            if task is not None:
+                c.handlers.add(task)
             status = 500
             try:
                 if access is not None:
@@ -82,7 +86,8 @@ def endpoint(
                 status = 500
                 raise
             finally:
-                c.metrics.inflight.dec()
+                if task is not None:
+                    c.handlers.discard(task)
                 c.metrics.observe_request(
                     protocol, request.method, status, time.perf_counter() - started
                 )
@@ -113,7 +118,7 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
     ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` (a stalled or slowloris client holding a tmp reservation),
     raises ``IncompleteBody``."""
     c = ctx(request)
-    bytes_in = c.metrics.bytes_in.labels(protocol)
+    bytes_in = c.metrics.bytes_in_child(protocol)
     idle = c.settings.body_idle_timeout_seconds
     content = request.content
     try:
@@ -204,7 +209,7 @@ def artifact_response(
 def count_bytes_out(request: web.Request, protocol: str, size_bytes: int) -> None:
     """Count an artifact body about to be sent; a HEAD answer sends none."""
     if request.method != "HEAD":
-        ctx(request).metrics.bytes_out.labels(protocol).inc(size_bytes)
+        ctx(request).metrics.bytes_out_child(protocol).inc(size_bytes)
 
 
 def count_lookup(request: web.Request, protocol: str, hit: bool) -> None:

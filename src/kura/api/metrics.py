@@ -235,6 +235,7 @@ class KuraMetrics:
     def __init__(self, region: str, tenant_id: str) -> None:
         self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._lookup_children: dict[tuple[str, bool], Any] = {}
+        self._bytes_children: dict[tuple[str, str], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -250,9 +251,10 @@ class KuraMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.inflight = Gauge(
-            "kura_http_inflight_requests", "HTTP requests being served.", registry=r
-        )
+        self._inflight_sources: list[Callable[[], int]] = []
+        inflight = Gauge("kura_http_inflight_requests", "HTTP requests being served.", registry=r)
+        # Read at scrape time: no locked increment and decrement on every request.
+        inflight.set_function(lambda: sum(f() for f in self._inflight_sources))
         self.lookups = Counter(
             "kura_cache_lookups_total",
             "Artifact reads by protocol and result (hit or miss).",
@@ -290,6 +292,22 @@ class KuraMetrics:
             )
         child[0].inc()
         child[1].observe(seconds)
+
+    def count_inflight(self, source: Callable[[], int]) -> None:
+        """Add a source of in-flight request counts (one per listener)."""
+        self._inflight_sources.append(source)
+
+    def bytes_in_child(self, protocol: str) -> Any:
+        child = self._bytes_children.get(("in", protocol))
+        if child is None:
+            child = self._bytes_children[("in", protocol)] = self.bytes_in.labels(protocol)
+        return child
+
+    def bytes_out_child(self, protocol: str) -> Any:
+        child = self._bytes_children.get(("out", protocol))
+        if child is None:
+            child = self._bytes_children[("out", protocol)] = self.bytes_out.labels(protocol)
+        return child
 
     def count_lookup(self, protocol: str, hit: bool) -> None:
         key = (protocol, hit)
