@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import NodeProcess, spawn_node
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
+from tests.reapi import action_result
 
 
 @pytest.fixture
@@ -40,6 +41,7 @@ def test_a_write_through_each_protocol_family_is_readable_byte_identical_on_ever
     a, b, c = mesh3.nodes
     big = os.urandom(3 * 1024 * 1024)  # past the in-memory path: the file/sendfile path
     digest = hashlib.sha256(big).hexdigest()
+    ac_body = action_result({"out": big})  # the ActionResult's output is the CAS blob
     kv = {"cas_id": "c1", "entries": [{"value": "v1"}, {"value": "v2"}]}
     with a.client() as w:
         assert (
@@ -56,14 +58,14 @@ def test_a_write_through_each_protocol_family_is_readable_byte_identical_on_ever
             == 202
         )
         assert w.put(f"/cache/cas/{digest}", content=big).status_code == 200
-        assert w.put(f"/cache/ac/{digest}", content=b"action-result").status_code == 200
+        assert w.put(f"/cache/ac/{digest}", content=ac_body).status_code == 200
     expected = {
         "/api/cache/cas/x1?tenant_id=t&namespace_id=p": b"xcode",
         "/api/cache/gradle/g1?tenant_id=t": b"gradle",
         "/v1/cache/1234": b"nx-bytes",
         "/v8/artifacts/abc?slug=team": b"turbo",
         f"/cache/cas/{digest}": big,
-        f"/cache/ac/{digest}": b"action-result",
+        f"/cache/ac/{digest}": ac_body,
     }
     for node in (b, c):
         for path, body in expected.items():

@@ -17,10 +17,13 @@ import pytest
 
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.integration import rawhttp
+from tests.reapi import action_result
 
 RW, RO = "rw-token-1", "ro-token-1"
 SCOPE = "tenant_id=acme&namespace_id=app"
 DIGEST = hashlib.sha256(b"payload").hexdigest()
+# An ActionResult whose one output is the CAS blob below (``/cache/ac`` bodies must parse).
+AC_BODY = action_result({"out": b"payload"})
 
 # (method, path, body) for a write on every protocol; the body is valid for its route.
 WRITES = [
@@ -32,7 +35,7 @@ WRITES = [
     ("PUT", f"/api/cache/keyvalue?{SCOPE}", b'{"cas_id": "k1", "entries": [{"value": "v"}]}'),
     ("PUT", f"/api/cache/gradle/g1?{SCOPE}", b"payload"),
     ("POST", f"/api/cache/module/start?{SCOPE}&hash=h&name=n", b""),
-    ("PUT", f"/cache/ac/{DIGEST}", b"payload"),
+    ("PUT", f"/cache/ac/{DIGEST}", AC_BODY),
     ("PUT", f"/cache/cas/{DIGEST}", b"payload"),
     ("PUT", "/cache/plain/key", b"payload"),
     ("PUT", "/dav/a/b/obj", b"payload"),

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import NodeProcess
 from tests.integration import rawhttp
+from tests.reapi import action_result
 
 MiB = 1024 * 1024
 SCOPE = "tenant_id=acme&namespace_id=app"
@@ -386,7 +387,7 @@ def test_turbo_without_a_team_is_400(node: NodeProcess, method: str, path: str) 
 def test_bazel_ac_and_cas_are_separate_keyspaces(node: NodeProcess) -> None:
     action = b"the action proto"
     digest = hashlib.sha256(action).hexdigest()
-    result = b"an ActionResult"
+    result = action_result({"out": action})  # its one output is the CAS blob below
     with node.client() as c:
         assert c.get(f"/cache/ac/{digest}").status_code == 404
         assert c.put(f"/cache/cas/{digest}", content=action).status_code == 200
@@ -414,10 +415,11 @@ def test_bazel_cas_put_of_an_existing_digest_is_200_without_reading_the_body(
 
 def test_bazel_ac_put_replaces_the_action_result(node: NodeProcess) -> None:
     digest = "a" * 64
+    first, second = action_result(exit_code=1), action_result(exit_code=2)
     with node.client() as c:
-        assert c.put(f"/cache/ac/{digest}", content=b"first").status_code == 200
-        assert c.put(f"/cache/ac/{digest}", content=b"second").status_code == 200
-        assert c.get(f"/cache/ac/{digest}").content == b"second"
+        assert c.put(f"/cache/ac/{digest}", content=first).status_code == 200
+        assert c.put(f"/cache/ac/{digest}", content=second).status_code == 200
+        assert c.get(f"/cache/ac/{digest}").content == second
 
 
 # -- plain HTTP cache -------------------------------------------------------------------------

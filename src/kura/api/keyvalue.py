@@ -4,11 +4,26 @@ PUT takes JSON ``{"cas_id": str, "entries": [{"value": str}, ...]}`` of at most
 ``KURA_MAX_KEYVALUE_BYTES`` (413), stores ``{"entries": [...]}`` inline under key
 ``action_cache/{cas_id}`` and answers 204. Every PUT writes a new version (no existence
 short-cut). GET answers the stored JSON or 404 "Key-value entry not found" (upstream Kura).
+
+References must resolve. Upstream Kura stores the entries opaquely
+(https://github.com/tuist/kura, ``src/http.rs`` ``put_keyvalue``/``get_keyvalue``); what a
+``value`` holds is the client's business. Tuist's Xcode cache client
+(https://github.com/tuist/tuist, ``cli/Sources/TuistCAS/Services/KeyValueService.swift``) sends
+each ``value`` as standard base64 of the bytes of Xcode's KeyValueDB value, a compile-job
+result; the CAS objects it points at appear in it as a 65-byte length-delimited field 1
+(``0x0A 0x41``) holding ``0x00`` and the object's 64-hex-digit id, which is the id the client
+saved the object under (``POST /api/cache/cas/{id}``, stored as ``blob/{id}`` in the same
+namespace; ``kura.api.xcode``). So a GET is a hit only while every such id is stored, else it is
+the same 404 as a missing entry (counted as a miss). A value that is not base64, or holds no
+such field, references nothing and is served as stored.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 
 from aiohttp import web
 
@@ -20,6 +35,25 @@ from kura.core.keys import SAFE_NAME, validate
 from kura.storage.service import ArtifactRef
 
 PROTOCOL = "keyvalue"
+# 0x0A 0x41 0x00 then the 64 hex digits of a CAS id (module docstring).
+_CAS_REFERENCE = re.compile(rb"\x0a\x41\x00([0-9A-Fa-f]{64})")
+
+
+def referenced_cas_ids(entries: object) -> list[str]:
+    """The CAS ids the stored ``entries`` (a list of ``{"value": str}``) reference, in order,
+    without repeats; empty when none can be found (module docstring)."""
+    ids: dict[str, None] = {}
+    for entry in entries if isinstance(entries, list) else ():
+        value = entry.get("value") if isinstance(entry, dict) else None
+        if not isinstance(value, str):
+            continue
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        for match in _CAS_REFERENCE.finditer(raw):
+            ids[match.group(1).decode("ascii")] = None
+    return list(ids)
 
 
 def _ref(request: web.Request, cas_id: str) -> ArtifactRef:
@@ -48,15 +82,29 @@ async def put(request: web.Request) -> web.StreamResponse:
 @endpoint(PROTOCOL, Access.READ)
 async def get(request: web.Request) -> web.StreamResponse:
     ref = _ref(request, request.match_info["cas_id"])
+    service = ctx(request).service
     try:
-        body = await ctx(request).service.read(ref)
+        body = await service.read(ref)
+        assert body.data is not None
+        ids = referenced_cas_ids(_entries(body.data))
+        if ids and await service.missing(
+            [ArtifactRef("xcode", ref.namespace_id, f"blob/{i}") for i in ids]
+        ):
+            raise NotFound("a referenced CAS object is gone")
     except NotFound:
         count_lookup(request, PROTOCOL, False)
         raise NotFound("Key-value entry not found") from None
     count_lookup(request, PROTOCOL, True)
-    assert body.data is not None
     count_bytes_out(request, PROTOCOL, len(body.data))
     return web.Response(status=200, body=body.data, content_type="application/json")
+
+
+def _entries(stored: bytes) -> object:
+    try:
+        doc = json.loads(stored)
+    except ValueError:
+        return None
+    return doc.get("entries") if isinstance(doc, dict) else None
 
 
 def routes() -> list[web.RouteDef]:

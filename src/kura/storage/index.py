@@ -158,6 +158,21 @@ class MetadataIndex:
         )
         return row is not None
 
+    def existing(self, artifact_ids: Sequence[str]) -> set[str]:
+        """The ids of ``artifact_ids`` that have a row (queried in chunks of 500)."""
+        found: set[str] = set()
+        conn = self._conn()
+        for start in range(0, len(artifact_ids), 500):
+            chunk = artifact_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            found.update(
+                str(r[0])
+                for r in conn.execute(
+                    f"SELECT artifact_id FROM artifacts WHERE artifact_id IN ({marks})", chunk
+                )
+            )
+        return found
+
     def tombstone(self, namespace_id: str) -> int | None:
         row = (
             self._conn()

@@ -246,6 +246,17 @@ class CacheService:
     async def exists(self, ref: ArtifactRef) -> bool:
         return await self._in(self._reader, self._require_index().exists, self.artifact_id(ref))
 
+    async def missing(self, refs: Sequence[ArtifactRef]) -> list[ArtifactRef]:
+        """The refs of ``refs`` with no stored version, in order (one index look-up, no body
+        read, no read-through). The stored ones are touched like a read (LRU), so the blobs a
+        hit references age with it."""
+        ids = [self.artifact_id(r) for r in refs]
+        present = await self._in(self._reader, self._require_index().existing, ids)
+        now = self.clock.now_ms()
+        for aid in present:
+            self._touches[aid] = now
+        return [r for r, aid in zip(refs, ids, strict=True) if aid not in present]
+
     async def read(self, ref: ArtifactRef) -> StoredBody:
         """The verified artifact, or ``NotFound`` (absent, evicted, or failed verification)."""
         aid = self.artifact_id(ref)
