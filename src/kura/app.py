@@ -11,7 +11,6 @@ the peer client and storage.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import ssl
@@ -373,19 +372,34 @@ class Node:
             await asyncio.wait(late, timeout=5)
 
     async def stop(self) -> None:
-        """Graceful stop; safe to call once after ``start``."""
+        """Graceful stop; safe to call once after ``start``.
+
+        Storage is closed (index flushed and closed, data-dir lock released) on every path,
+        also when a background task already failed or a step before it raises. A background
+        task's failure is logged here, once, with its traceback.
+        """
         self.draining = True
-        await self._drain()
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        if self._tasks is not None:
-            self._tasks.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tasks
-        self.uploads.abort_all()
-        await self.peer_client.close()
-        await self.service.close()
+        try:
+            await self._drain()
+            for runner in reversed(self._runners):
+                await runner.cleanup()
+            await self._stop_background()
+            self.uploads.abort_all()
+            await self.peer_client.close()
+        finally:
+            await self.service.close()
         log.info("kura stopped")
+
+    async def _stop_background(self) -> None:
+        task = self._tasks
+        if task is None:
+            return
+        task.cancel()
+        # wait() never raises: a task that failed before it was cancelled must not keep the
+        # rest of stop() (closing storage) from running.
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception())
 
     async def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT, then stop gracefully. A failed background task stops
@@ -404,9 +418,7 @@ class Node:
         done, _ = await asyncio.wait({waiter, self._tasks}, return_when=asyncio.FIRST_COMPLETED)
         failed = self._tasks in done
         waiter.cancel()
-        if failed and self._tasks.exception() is not None:
-            log.error("background task failed", exc_info=self._tasks.exception())
-        await self.stop()
+        await self.stop()  # logs the failed task's traceback
         if failed:
             raise RuntimeError("a background task stopped unexpectedly; see the log")
 

@@ -8,7 +8,9 @@ without a certificate from the peers' CA before any route runs.
   413/503 budget. The body is not read when the copy would be ignored.
 * ``DELETE /_internal/replicate/namespace?namespace_id=&version_ms=`` → 204.
 * ``GET /_internal/bootstrap/manifests?after=&limit=`` and ``.../namespace_tombstones`` —
-  cursor-paged in key order; ``next_after`` is null on the last page.
+  cursor-paged in key order; ``next_after`` is null on the last page. Without ``after`` a page
+  starts at the first key; with it (even ``after=``) strictly after it, because ``""`` is a real
+  key: the tenant-wide namespace's tombstone.
 * ``GET /_internal/bootstrap/artifacts/{artifact_id}`` — raw bytes with ``Kura-Manifest``; 404
   when unknown or evicted.
 """
@@ -44,8 +46,8 @@ def _check_tenant(request: web.Request) -> None:
         raise Forbidden(f"peer of tenant {tenant!r} is not part of this mesh")
 
 
-def _page_args(request: web.Request) -> tuple[str, int]:
-    after = request.query.get("after", "")
+def _page_args(request: web.Request) -> tuple[str | None, int]:
+    after = request.query.get("after")
     try:
         limit = int(request.query.get("limit", str(PAGE_LIMIT_DEFAULT)))
     except ValueError:

@@ -164,6 +164,11 @@ class _MeshCollector(Collector):
             "Replication deliveries by peer, operation and result.",
             labels=["peer", "operation", "result"],
         )
+        dropped = CounterMetricFamily(
+            "kura_replication_dropped",
+            "Copies dropped from a peer's queue because the peer refused them for good.",
+            labels=["peer", "reason"],
+        )
         now_ms = time.time_ns() // 1_000_000
         for url, state in sorted(self._shipper.peers.items()):
             peer = peer_label(url)
@@ -172,9 +177,12 @@ class _MeshCollector(Collector):
             age.add_metric([peer], max(0.0, (now_ms - oldest) / 1000) if oldest else 0.0)
             for (operation, result), n in sorted(state.results_total.items()):
                 results.add_metric([peer, operation, result], n)
+            for reason, n in sorted(state.dropped_total.items()):
+                dropped.add_metric([peer, reason], n)
         yield depth
         yield age
         yield results
+        yield dropped
         rt = CounterMetricFamily(
             "kura_read_through",
             "Reads served by fetching from a peer, by result.",

@@ -261,7 +261,7 @@ class Bootstrapper:
             raise PassIncomplete(f"{len(failures)} artifacts failed, e.g. {failures[0]}")
 
     async def _apply_tombstones(self, peer: str, progressed: Callable[[], None]) -> None:
-        after = ""
+        after: str | None = None  # the first page
         while True:
             page, next_after = await self._client.tombstones_page(peer, after, PAGE_LIMIT_DEFAULT)
             for namespace_id, version_ms in page:
@@ -283,7 +283,7 @@ class Bootstrapper:
     async def _manifests(
         self, peer: str, progressed: Callable[[], None]
     ) -> AsyncIterator[Manifest]:
-        after = ""
+        after: str | None = None  # the first page
         while True:
             page, next_after = await self._client.manifests_page(peer, after, PAGE_LIMIT_DEFAULT)
             progressed()

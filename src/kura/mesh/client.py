@@ -132,12 +132,12 @@ class PeerClient:
             raise PeerError(f"{url}: delete failed: {exc!r}") from exc
 
     async def manifests_page(
-        self, url: str, after: str, limit: int, timeout_seconds: float = 30.0
+        self, url: str, after: str | None, limit: int, timeout_seconds: float = 30.0
     ) -> tuple[list[Manifest], str | None]:
+        """One page strictly after the cursor ``after`` (None: the first page) and the next
+        cursor (None after the last page)."""
         data = await self._get_json(
-            url + "/_internal/bootstrap/manifests",
-            timeout_seconds,
-            {"after": after, "limit": str(limit)},
+            url + "/_internal/bootstrap/manifests", timeout_seconds, _page_params(after, limit)
         )
         try:
             manifests = [Manifest.from_json(m) for m in data["manifests"]]
@@ -146,12 +146,13 @@ class PeerClient:
             raise PeerError(f"{url}: malformed manifests page: {exc}") from exc
 
     async def tombstones_page(
-        self, url: str, after: str, limit: int, timeout_seconds: float = 30.0
+        self, url: str, after: str | None, limit: int, timeout_seconds: float = 30.0
     ) -> tuple[list[tuple[str, int]], str | None]:
+        """Like ``manifests_page``; the first page (``after`` None) includes namespace ``""``."""
         data = await self._get_json(
             url + "/_internal/bootstrap/namespace_tombstones",
             timeout_seconds,
-            {"after": after, "limit": str(limit)},
+            _page_params(after, limit),
         )
         try:
             items = [(str(t["namespace_id"]), int(t["version_ms"])) for t in data["tombstones"]]
@@ -198,6 +199,14 @@ class PeerClient:
                     return json.loads(body)
         except (aiohttp.ClientError, TimeoutError, OSError, json.JSONDecodeError) as exc:
             raise PeerError(f"{url}: {exc!r}") from exc
+
+
+def _page_params(after: str | None, limit: int) -> dict[str, str]:
+    """Query of a cursor page: no ``after`` at all for the first page (``after=`` is a cursor)."""
+    params = {"limit": str(limit)}
+    if after is not None:
+        params["after"] = after
+    return params
 
 
 class FetchedArtifact:

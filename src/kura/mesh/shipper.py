@@ -10,6 +10,12 @@ membership seeing the peer healthy again, resets the backoff.
 An upsert ships the artifact as it is stored *now* (its current version); if it is gone (evicted
 or cleaned) the message counts as delivered. Out-of-order delivery is safe: receivers apply
 last-writer-wins.
+
+A copy the peer refuses for good (``refusal_reason``: 413, 507, or any other 4xx except 401,
+408 and 429) is dropped from that peer's queue, logged at WARNING with peer, artifact, status
+and message, and counted in ``PeerShipping.dropped_total`` (``kura_replication_dropped_total``).
+Retrying it would only hold the head of the queue forever: one artifact the peer cannot take
+once delayed 285 of 300 later ones past 90 s. 5xx answers and unreachable peers are retried.
 """
 
 from __future__ import annotations
@@ -34,6 +40,37 @@ BATCH = 64
 PIPELINE = 4
 
 
+# Statuses of a refusal worth retrying: 401 (the peer credential may be rolled out yet; the
+# queue waits for it rather than losing writes), 408 Request Timeout and 429 Too Many Requests
+# (RFC 9110 §15.5.9, RFC 6585 §4: transient by definition).
+RETRYABLE_4XX = frozenset({401, 408, 429})
+# The closed set of drop reasons (a metric label).
+_REFUSALS = {
+    400: "bad_request",
+    403: "forbidden",
+    404: "not_found",
+    409: "conflict",
+    413: "payload_too_large",
+    422: "unprocessable_entity",
+    507: "insufficient_storage",
+}
+
+
+def refusal_reason(status: int | None) -> str | None:
+    """The drop reason when a peer's ``status`` refuses a copy for good, else None (retry).
+
+    Permanent: 413, 507 and every 4xx but ``RETRYABLE_4XX``; a 4xx without its own name is
+    ``"other_4xx"``. None for success, 5xx (507 aside), 3xx and an unreached peer (``None``).
+    """
+    if status is None:
+        return None
+    if status in _REFUSALS:
+        return _REFUSALS[status]
+    if 400 <= status < 500 and status not in RETRYABLE_4XX:
+        return "other_4xx"
+    return None
+
+
 @dataclass
 class PeerShipping:
     """Per-peer delivery state, read by metrics and ``kura status``."""
@@ -45,6 +82,8 @@ class PeerShipping:
     oldest_enqueued_ms: int | None = None
     last_error: str = ""
     results_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    # reason (refusal_reason) -> copies dropped because the peer refused them for good
+    dropped_total: dict[str, int] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def count(self, operation: str, result: str) -> None:
@@ -143,6 +182,10 @@ class Shipper:
                     await self._send(state, msg)
                     return msg.id
                 except PeerError as exc:
+                    reason = refusal_reason(exc.status)
+                    if reason is not None:
+                        _drop(state, msg, reason, exc)
+                        return msg.id  # acknowledged: deleted from the queue
                     failed.append(str(exc))
                     return None
 
@@ -201,3 +244,20 @@ class Shipper:
         finally:
             body.close()
         state.count("upsert_artifact", outcome)
+
+
+def _drop(state: PeerShipping, msg: OutboxMessage, reason: str, exc: PeerError) -> None:
+    state.dropped_total[reason] = state.dropped_total.get(reason, 0) + 1
+    what = (
+        f"tombstone of namespace {msg.namespace_id!r} at version {msg.version_ms}"
+        if msg.kind == DELETE_NAMESPACE
+        else f"artifact {msg.artifact_id}"
+    )
+    log.warning(
+        "replication to %s dropped %s: the peer refused it for good with %s (%s): %s",
+        state.peer,
+        what,
+        exc.status,
+        reason,
+        exc,
+    )

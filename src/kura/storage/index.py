@@ -99,6 +99,13 @@ def _row_to_manifest(row: tuple[object, ...]) -> Manifest:
     )
 
 
+def _cursor(column: str, after: str | None) -> tuple[str, tuple[str, ...]]:
+    """The WHERE clause of a cursor page. None starts at the first row: ``""`` cannot mean
+    "from the start" because it is a real key (the tenant-wide namespace), which a ``> ''``
+    first page skipped."""
+    return ("1", ()) if after is None else (f"{column} > ?", (after,))
+
+
 class MetadataIndex:
     """SQLite access. Thread-safe: each thread gets its own connection."""
 
@@ -190,13 +197,15 @@ class MetadataIndex:
         )
         return int(row[0]), int(row[1])
 
-    def manifests_after(self, after: str, limit: int) -> list[Manifest]:
-        """Manifests with artifact_id > ``after``, in artifact_id order, at most ``limit``."""
+    def manifests_after(self, after: str | None, limit: int) -> list[Manifest]:
+        """Manifests with artifact_id > ``after`` (every one when ``after`` is None), in
+        artifact_id order, at most ``limit``."""
+        where, args = _cursor("artifact_id", after)
         rows = (
             self._conn()
             .execute(
-                f"SELECT {_COLUMNS} FROM artifacts WHERE artifact_id > ? ORDER BY artifact_id LIMIT ?",
-                (after, limit),
+                f"SELECT {_COLUMNS} FROM artifacts WHERE {where} ORDER BY artifact_id LIMIT ?",
+                (*args, limit),
             )
             .fetchall()
         )
@@ -205,13 +214,17 @@ class MetadataIndex:
     def all_ids(self) -> set[str]:
         return {r[0] for r in self._conn().execute("SELECT artifact_id FROM artifacts")}
 
-    def tombstones_after(self, after: str, limit: int) -> list[tuple[str, int]]:
+    def tombstones_after(self, after: str | None, limit: int) -> list[tuple[str, int]]:
+        """(namespace_id, version_ms) with namespace_id > ``after`` (every one when ``after`` is
+        None, so the tenant-wide namespace ``""`` is on the first page), in namespace_id order,
+        at most ``limit``."""
+        where, args = _cursor("namespace_id", after)
         rows = (
             self._conn()
             .execute(
-                "SELECT namespace_id, version_ms FROM tombstones WHERE namespace_id > ? "
+                f"SELECT namespace_id, version_ms FROM tombstones WHERE {where} "
                 "ORDER BY namespace_id LIMIT ?",
-                (after, limit),
+                (*args, limit),
             )
             .fetchall()
         )

@@ -106,7 +106,7 @@ class StorageStats:
     evictions_total: int = 0
     evicted_bytes_total: int = 0
     corrupt_total: int = 0
-    outbox_depth: int = 0
+    outbox_depth: int = 0  # changed on the writer thread only
     # (source, outcome) -> count; source is "local", "replication", "bootstrap", "read_through".
     apply_outcomes_total: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -720,11 +720,12 @@ class CacheService:
 
     # -- paging for peers ----------------------------------------------------------------------
 
-    async def manifests_page(self, after: str, limit: int) -> list[Manifest]:
-        """Manifests in artifact_id order strictly after ``after`` (cursor paging)."""
+    async def manifests_page(self, after: str | None, limit: int) -> list[Manifest]:
+        """Manifests in artifact_id order strictly after ``after`` (None: from the first)."""
         return await self._in(self._reader, self._require_index().manifests_after, after, limit)
 
-    async def tombstones_page(self, after: str, limit: int) -> list[tuple[str, int]]:
+    async def tombstones_page(self, after: str | None, limit: int) -> list[tuple[str, int]]:
+        """Tombstones in namespace_id order strictly after ``after`` (None: from the first)."""
         return await self._in(self._reader, self._require_index().tombstones_after, after, limit)
 
     # -- outbox ------------------------------------------------------------------------------
@@ -736,8 +737,12 @@ class CacheService:
         """Delete delivered messages (only after the peer acknowledged them)."""
         if not ids:
             return
-        deleted = await self._in(self._writer, self._require_index().outbox_delete, ids)
-        self.stats.outbox_depth -= deleted
+        await self._in(self._writer, self._outbox_ack_sync, ids)
+
+    def _outbox_ack_sync(self, ids: Sequence[int]) -> None:
+        # Writer thread, like every other change of ``stats.outbox_depth`` (_commit_sync,
+        # _delete_namespace_sync): ``+=``/``-=`` from two threads could lose an update.
+        self.stats.outbox_depth -= self._require_index().outbox_delete(ids)
 
     async def outbox_depths(self) -> dict[str, tuple[int, int]]:
         return await self._in(self._reader, self._require_index().outbox_depths)
