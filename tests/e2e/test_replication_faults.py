@@ -53,6 +53,8 @@ def test_a_copy_the_peer_refuses_for_good_is_dropped_and_the_queue_moves_on(
         assert sender.metric(dropped) == 1, {
             k: v for k, v in sender.metrics().items() if "dropped" in k
         }
+        result = f'kura_replication_requests_total{{operation="upsert_artifact",peer="{peer}",result="dropped"}}'
+        assert sender.metric(result) == 1
         aid = next(a for a, m in manifests(sender).items() if m["key"] == "toobig")
         warning = re.search(
             rf"WARNING .*replication to \S+ dropped artifact {aid}.*507", sender.log()

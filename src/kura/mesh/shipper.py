@@ -220,8 +220,8 @@ class Shipper:
         if msg.kind == DELETE_NAMESPACE:
             try:
                 await self._client.push_tombstone(msg.peer, msg.namespace_id, msg.version_ms)
-            except PeerError:
-                state.count("delete_namespace", "error")
+            except PeerError as exc:
+                state.count("delete_namespace", _failure(exc))
                 raise
             state.count("delete_namespace", "ok")
             return
@@ -238,12 +238,17 @@ class Shipper:
             payload = body.file
         try:
             outcome = await self._client.push_artifact(msg.peer, body.manifest, payload)
-        except PeerError:
-            state.count("upsert_artifact", "error")
+        except PeerError as exc:
+            state.count("upsert_artifact", _failure(exc))
             raise
         finally:
             body.close()
         state.count("upsert_artifact", outcome)
+
+
+def _failure(exc: PeerError) -> str:
+    """The result label of a failed delivery: ``dropped`` (refused for good) or ``error``."""
+    return "error" if refusal_reason(exc.status) is None else "dropped"
 
 
 def _drop(state: PeerShipping, msg: OutboxMessage, reason: str, exc: PeerError) -> None:
