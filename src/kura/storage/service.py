@@ -247,15 +247,21 @@ class CacheService:
         return await self._in(self._reader, self._require_index().exists, self.artifact_id(ref))
 
     async def missing(self, refs: Sequence[ArtifactRef]) -> list[ArtifactRef]:
-        """The refs of ``refs`` with no stored version, in order (one index look-up, no body
-        read, no read-through). The stored ones are touched like a read (LRU), so the blobs a
-        hit references age with it."""
+        """The refs of ``refs`` with no stored version, in order: one index look-up (no body
+        read), then, like ``read``, a fetch from peers (``on_miss``, read-through) of each
+        absent one, stopping at the first that cannot be had (so a miss may list only one).
+        The stored ones are touched like a read (LRU), so the blobs a hit references age with
+        it."""
         ids = [self.artifact_id(r) for r in refs]
         present = await self._in(self._reader, self._require_index().existing, ids)
         now = self.clock.now_ms()
         for aid in present:
             self._touches[aid] = now
-        return [r for r, aid in zip(refs, ids, strict=True) if aid not in present]
+        absent = [(r, aid) for r, aid in zip(refs, ids, strict=True) if aid not in present]
+        for i, (_ref, aid) in enumerate(absent):
+            if self.on_miss is None or not await self.on_miss(aid):
+                return [r for r, _ in absent[i:]]
+        return []
 
     async def read(self, ref: ArtifactRef) -> StoredBody:
         """The verified artifact, or ``NotFound`` (absent, evicted, or failed verification)."""
