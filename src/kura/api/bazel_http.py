@@ -35,7 +35,7 @@ async def get_cas(request: web.Request) -> web.StreamResponse:
     return await serve(request, _ref(request, "cas"), PROTOCOL)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
 async def put_ac(request: web.Request) -> web.StreamResponse:
     await store(
         request, _ref(request, "ac"), PROTOCOL, limit_bytes=ctx(request).settings.max_artifact_bytes
@@ -43,7 +43,7 @@ async def put_ac(request: web.Request) -> web.StreamResponse:
     return web.Response(status=200)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
 async def put_cas(request: web.Request) -> web.StreamResponse:
     ref = _ref(request, "cas")
     c = ctx(request)
