@@ -315,15 +315,8 @@ class Node:
         )
         await runner.setup()
         self._runners.append(runner)
-        site = web.TCPSite(
-            runner,
-            self.settings.host,
-            port,
-            backlog=1024,
-            reuse_address=True,
-            ssl_context=ssl_context,
-        )
-        await site.start()
+        for sock in connections.listening_sockets(self.connections, self.settings.host, port):
+            await web.SockSite(runner, sock, backlog=1024, ssl_context=ssl_context).start()
         return _bound_port(runner)
 
     async def start(self) -> None:

@@ -10,10 +10,11 @@ gets in. Three parts keep that from happening:
   ``KURA_MAX_CONNECTIONS`` below it, keeping a reserve (a quarter of the limit, at least
   ``MIN_RESERVED_DESCRIPTORS``) for blob files, SQLite, peer connections and the executor, so
   ``accept`` itself never runs out.
-* ``ConnectionGuard`` counts every open connection of both listeners. Past the cap it closes the
+* ``ConnectionGuard`` counts every open connection of both listeners, admitting each in
+  ``accept`` itself (``GuardedSocket``, the listeners' sockets). At the cap it closes the
   connection that has waited longest for a request head (idle keep-alive, or a client that never
-  finished its head), so that a real request such as ``/up`` still gets in; with none waiting, it
-  answers the new connection ``503`` and closes it. A handler that is running is never closed.
+  finished its head), so that a real request such as ``/up`` still gets in; with none waiting,
+  it answers the new connection ``503`` and closes it. A running handler is never closed.
 * ``AcceptErrorFilter`` turns asyncio's accept-error reports into one line per
   ``ACCEPT_ERROR_LOG_INTERVAL_SECONDS`` without the traceback, should the limit be reached anyway
   (descriptors used elsewhere in the process).
@@ -26,8 +27,10 @@ closes the connection when it fires while no complete request head has arrived
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import resource
+import socket
 import time
 from typing import Any
 
@@ -84,17 +87,27 @@ def _waiting_since(handler: RequestHandler) -> float | None:
 
 
 class ConnectionGuard:
-    """Open connections of one node (both listeners). Event-loop confined."""
+    """Open connections of one node (both listeners). Event-loop confined.
+
+    Admission happens in ``accept`` itself (``GuardedSocket``): asyncio accepts up to a whole
+    backlog of connections in one loop iteration before any of them reaches aiohttp, so a cap
+    applied later would let a burst exhaust the descriptors first. The count is exact: every
+    accepted socket until it is closed, whether it ever reached aiohttp (a failed TLS handshake
+    does not) or not.
+    """
 
     def __init__(self, max_connections: int) -> None:
         self.max_connections = max_connections
-        self._open: set[RequestHandler] = set()
+        self._accepted: dict[int, socket.socket] = {}  # fd -> accepted socket, until closed
+        self._closing: set[int] = set()  # fds of connections closed to make room
+        self._handlers: set[RequestHandler] = set()
         self.closed_idle_total = 0
         self.refused_total = 0
 
     @property
     def open_connections(self) -> int:
-        return len(self._open)
+        self._prune()
+        return len(self._accepted)
 
     def apply_descriptor_limit(self) -> None:
         """Clamp the cap to the descriptor limit (``descriptor_cap``) and log the result."""
@@ -112,7 +125,7 @@ class ConnectionGuard:
             "gauge",
             "kura_http_open_connections",
             "Open connections, both listeners.",
-            lambda: len(self._open),
+            lambda: self.open_connections,
         )
         metrics.watch_value(
             "gauge",
@@ -133,29 +146,116 @@ class ConnectionGuard:
             lambda: self.refused_total,
         )
 
-    def opened(self, handler: RequestHandler, transport: Any) -> None:
-        """Admit a new connection, making room or refusing it at the cap."""
-        self._open.add(handler)
-        if len(self._open) <= self.max_connections:
-            return
+    def has_room(self) -> bool:
+        """Whether one more connection fits under the cap now."""
+        if len(self._accepted) >= self.max_connections:
+            self._prune()
+        return len(self._accepted) < self.max_connections
+
+    def track(self, conn: socket.socket) -> None:
+        """Count an accepted socket until it is closed."""
+        self._accepted[conn.fileno()] = conn
+
+    def make_room(self) -> bool:
+        """Close the connection that has waited longest for a request head. True if one is
+        closing now (its descriptor is free by the next loop iteration)."""
+        if self._closing:
+            return True
         victim: RequestHandler | None = None
         oldest = float("inf")
-        for other in self._open:
-            since = _waiting_since(other) if other is not handler else None
+        for handler in self._handlers:
+            since = _waiting_since(handler)
             if since is not None and since < oldest:
-                victim, oldest = other, since
-        if victim is not None:
-            self.closed_idle_total += 1
-            self._open.discard(victim)
-            victim.force_close()
-            return
+                victim, oldest = handler, since
+        if victim is None:
+            return False
+        self._handlers.discard(victim)
+        transport = victim.transport
+        raw = transport.get_extra_info("socket") if transport is not None else None
+        if raw is not None:
+            self._closing.add(raw.fileno())
+        victim.force_close()
+        if transport is not None:
+            transport.abort()  # a response the client never read must not delay the close
+        self.closed_idle_total += 1
+        return True
+
+    def refuse(self, conn: socket.socket) -> None:
+        """Answer ``conn`` 503 and close it now (no descriptor is kept)."""
         self.refused_total += 1
-        self._open.discard(handler)
-        transport.write(REFUSAL)
-        handler.force_close()
+        try:
+            conn.setblocking(False)
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                # Read what the client already sent, so the close is a FIN, not a reset that
+                # could discard the answer.
+                while conn.recv(65536):
+                    pass
+            conn.send(REFUSAL)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def opened(self, handler: RequestHandler) -> None:
+        self._handlers.add(handler)
 
     def closed(self, handler: RequestHandler) -> None:
-        self._open.discard(handler)
+        self._handlers.discard(handler)
+
+    def _prune(self) -> None:
+        for fd, conn in list(self._accepted.items()):
+            if conn.fileno() == -1:
+                del self._accepted[fd]
+        self._closing &= self._accepted.keys()
+
+
+class GuardedSocket(socket.socket):
+    """A listening socket whose ``accept`` asks the guard first.
+
+    At the cap it makes room (closing the longest-idle connection) and reports "nothing to
+    accept" for this loop iteration: asyncio then waits for the next readiness event
+    (CPython ``selector_events._accept_connection`` treats ``BlockingIOError`` as an empty
+    queue), by which time the closed connection's descriptor is free. With nothing idle it
+    accepts and refuses with 503, so the queue drains instead of spinning.
+    """
+
+    guard: ConnectionGuard
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        guard = self.guard
+        while True:
+            if guard.has_room():
+                conn, addr = super().accept()
+                guard.track(conn)
+                return conn, addr
+            if guard.make_room():
+                raise BlockingIOError("at the connection cap; room is being made")
+            conn, _addr = super().accept()  # BlockingIOError when the queue is empty
+            guard.refuse(conn)
+
+
+def listening_sockets(guard: ConnectionGuard, host: str, port: int) -> list[socket.socket]:
+    """Bound (not yet listening) ``GuardedSocket``s for ``host:port``, one per address the host
+    resolves to, as ``loop.create_server`` would bind them (``SO_REUSEADDR``; IPv6 only on
+    IPv6 sockets). Raises OSError when an address cannot be bound."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(
+            (i[0], i[1], i[2], "", i[4]) for i in infos
+        ):
+            sock = GuardedSocket(family, kind, proto)
+            sock.guard = guard
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError:
+        for bound in sockets:
+            bound.close()
+        raise
+    return sockets
 
 
 class GuardedServer(web.Server):
@@ -167,7 +267,7 @@ class GuardedServer(web.Server):
 
     def connection_made(self, handler: RequestHandler, transport: Any) -> None:
         super().connection_made(handler, transport)
-        self._guard.opened(handler, transport)
+        self._guard.opened(handler)
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         self._guard.closed(handler)
