@@ -1,7 +1,8 @@
 """Composition root: builds a node's parts, starts them in order and stops them in reverse.
 
-Start: storage (takes the data-dir lock, sweeps staging leftovers and orphans) → peer client →
-internal listener (peer routes, optional mTLS) → public listener → background tasks in one
+Start: descriptor limit and connection cap (``api/connections``) → storage (takes the data-dir
+lock, sweeps staging leftovers and orphans) → peer client → internal listener (peer routes,
+optional mTLS) → public listener (both share the cap) → background tasks in one
 ``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper). Stop (SIGTERM):
 mark draining (``/ready`` 503), stop accepting and let in-flight requests finish within
 ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open multipart uploads, close
