@@ -73,17 +73,22 @@ def descriptor_cap(configured: int) -> tuple[int, int]:
 
 def _waiting_since(handler: RequestHandler) -> float | None:
     """When ``handler`` started waiting for a request head (loop time), or None while it is
-    busy (parsing a body, running a handler, sending a response) or not started yet.
+    busy: a request parsed and queued, or one being handled (reading its body, running its
+    handler, sending its response). A connection just accepted counts as waiting from when it
+    opened.
 
-    aiohttp has no public idle state: a connection waits for a head exactly while its
-    ``_waiter`` future is pending, and ``_next_keepalive_close_time`` is the keep-alive deadline
-    armed when it opened or last answered (aiohttp 3.14 ``web_protocol.RequestHandler.start``).
+    aiohttp has no public idle state: a request is in hand exactly while ``_messages`` holds it
+    or ``_request_in_progress`` is set, and ``_next_keepalive_close_time`` is the keep-alive
+    deadline armed when the connection opened or last answered (aiohttp 3.14
+    ``web_protocol.RequestHandler.start``). Unknown attributes count as busy: never close what
+    cannot be shown idle.
     """
-    waiter = getattr(handler, "_waiter", None)
-    if waiter is None or waiter.done():
+    if getattr(handler, "_request_in_progress", True) or getattr(handler, "_messages", True):
         return None
-    deadline = getattr(handler, "_next_keepalive_close_time", 0.0)
-    return float(deadline) - handler.keepalive_timeout
+    deadline = getattr(handler, "_next_keepalive_close_time", None)
+    if not isinstance(deadline, float):
+        return None
+    return deadline - handler.keepalive_timeout
 
 
 class ConnectionGuard:
