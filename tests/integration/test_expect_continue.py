@@ -157,3 +157,46 @@ def test_an_acceptable_upload_gets_100_then_its_success(
     assert r.status_code == 200
     assert hashlib.sha256(r.content).digest() == hashlib.sha256(data).digest()
     assert node.metric("kura_tmp_reserved_bytes") == 0
+
+
+LIMIT = 64 * 1024
+SCOPE = "tenant_id=acme&namespace_id=app"
+HEX = "ab" * 32
+UPLOAD_ROUTES = [
+    ("PUT", "/cache/k", LIMIT),
+    ("PUT", f"/cache/ac/{HEX}", LIMIT),
+    ("PUT", f"/cache/cas/{HEX}", LIMIT),
+    ("PUT", "/v1/cache/abc", LIMIT),
+    ("PUT", "/api/metro/cache/k", LIMIT),
+    ("PUT", "/v8/artifacts/abc?teamId=t", LIMIT),
+    ("POST", f"/api/cache/cas/obj1?{SCOPE}", LIMIT),
+    ("PUT", f"/api/cache/keyvalue?{SCOPE}", LIMIT),
+    ("PUT", f"/api/cache/gradle/k?{SCOPE}", LIMIT),
+    ("PUT", "/dav/a/b", LIMIT),
+    ("POST", "/api/cache/module/part?upload_id={upload_id}&part_number=1", 10 * MiB),
+]
+
+
+def test_every_upload_route_declares_the_limit_its_handler_enforces(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """The limit checked before 100 is the one the handler applies: one byte over it is 413
+    with and without ``Expect``; exactly at it, the expectation is met with 100."""
+    node = start_node(
+        max_artifact_bytes=LIMIT,
+        max_xcode_bytes=LIMIT,
+        max_gradle_bytes=LIMIT,
+        max_keyvalue_bytes=LIMIT,
+    )
+    with node.client() as c:
+        r = c.post(f"/api/cache/module/start?{SCOPE}&hash=h&name=M")
+        upload_id = r.json()["upload_id"]
+    for method, template, limit in UPLOAD_ROUTES:
+        path = template.format(upload_id=upload_id)
+        assert _expect(node.url, method, path, limit + 1, {})[0] == 413, path
+        with rawhttp.connect(node.url) as sock:
+            rawhttp.send_head(sock, method, path, {"Content-Length": str(limit + 1)})
+            assert rawhttp.read_response(sock)[0] == 413, path
+        assert _expect(node.url, method, path, limit, {})[0] == 100, path
+    assert node.metric("kura_tmp_reserved_bytes") == 0
+    assert node.index_rows() == 0
