@@ -110,6 +110,8 @@ def endpoint(
                     # Unread body bytes cannot be skipped cheaply: close the connection.
                     response.force_close()
                 status = response.status
+                if isinstance(exc, UploadAborted):
+                    await _send_and_close(request, response)
                 return response
             except Exception:
                 log.exception("unhandled error in %s %s", request.method, request.path)
@@ -187,6 +189,21 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
         raise IncompleteBody(f"client stopped sending the body: {exc}") from exc
 
 
+class UploadAborted(IncompleteBody):
+    """``request_body`` gave up on a client that stalled or trickled (400)."""
+
+
+async def _send_and_close(request: web.Request, response: web.Response) -> None:
+    """Send ``response`` and close the connection now. aiohttp would otherwise keep reading and
+    discarding the unread body for its lingering time (10 s), which is what a trickling
+    client wants; the client it is meant for (one that sends its body regardless of an early
+    answer, RFC 9112 §9.6) is not this one."""
+    await response.prepare(request)
+    await response.write_eof()
+    if request.transport is not None:
+        request.transport.close()  # flushes the answer first
+
+
 def _aborted(
     c: ApiContext, protocol: str, reason: str, received: int, seconds: float
 ) -> IncompleteBody:
@@ -199,7 +216,7 @@ def _aborted(
             f"{c.settings.min_upload_bytes_per_second} bytes per second; giving up"
         )
     log.info("aborted a %s upload (%s): %s", protocol, reason, message)
-    return IncompleteBody(message)
+    return UploadAborted(message)
 
 
 async def read_small_body(request: web.Request, limit_bytes: int, protocol: str) -> bytes:
