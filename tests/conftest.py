@@ -15,7 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,13 +108,14 @@ def node_env(tmp: Path, **settings: object) -> dict[str, str]:
     return env
 
 
-def spawn_node(directory: Path, env: dict[str, str]) -> NodeProcess:
-    """Start ``kura serve`` and wait for its listening line. Raises if it exits first."""
+def spawn_node(directory: Path, env: dict[str, str], wrapper: Sequence[str] = ()) -> NodeProcess:
+    """Start ``kura serve`` (under ``wrapper``, e.g. ``prlimit --nofile=...``) and wait for its
+    listening line. Raises if it exits first."""
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / f"node-{len(list(directory.glob('node-*.log')))}.log"
     log_file = log_path.open("w")  # the child keeps its own descriptor
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kura.cli", "serve"],
+        [*wrapper, sys.executable, "-m", "kura.cli", "serve"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=log_file,

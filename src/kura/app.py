@@ -1,7 +1,8 @@
 """Composition root: builds a node's parts, starts them in order and stops them in reverse.
 
-Start: storage (takes the data-dir lock, sweeps staging leftovers and orphans) → peer client →
-internal listener (peer routes, optional mTLS) → public listener → background tasks in one
+Start: descriptor limit and connection cap (``api/connections``) → storage (takes the data-dir
+lock, sweeps staging leftovers and orphans) → peer client → internal listener (peer routes,
+optional mTLS) → public listener (both share the cap) → background tasks in one
 ``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper). Stop (SIGTERM):
 mark draining (``/ready`` 503), stop accepting and let in-flight requests finish within
 ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open multipart uploads, close
@@ -23,6 +24,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from kit.clock import Clock, SystemClock
 from kura.api import (
     bazel_http,
+    connections,
+    expect,
     gradle,
     http_cache,
     internal,
@@ -93,8 +96,12 @@ class Node:
             hot_cache_bytes=settings.hot_cache_bytes,
         )
         self.uploads = MultipartUploads(
-            self.service, self.clock, settings.multipart_upload_ttl_seconds
+            self.service,
+            self.clock,
+            settings.multipart_upload_ttl_seconds,
+            settings.multipart_upload_idle_seconds,
         )
+        self.connections = connections.ConnectionGuard(settings.max_connections)
         server_ssl: ssl.SSLContext | None = None
         client_ssl: ssl.SSLContext | None = None
         if settings.internal_tls:
@@ -156,6 +163,13 @@ class Node:
             self.service.hot,
         )
         self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
+        self.connections.watch(self.metrics)
+        self.metrics.watch_value(
+            "counter",
+            "kura_multipart_reclaimed_uploads",
+            "Idle multipart uploads reclaimed at the open-upload cap.",
+            lambda: self.uploads.reclaimed_total,
+        )
         self.draining = False
         self.public_url = ""
         self._runners: list[web.AppRunner] = []
@@ -278,39 +292,35 @@ class Node:
             http_cache.routes(s.http_cache_prefix),
             webdav.routes(s.webdav_prefix),
         ):
-            app.add_routes(module_routes)
+            app.add_routes(expect.guarded(module_routes))
         return app
 
     def build_internal_app(self) -> web.Application:
         app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
         app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
-        app.add_routes(internal.routes())
+        app.add_routes(expect.guarded(internal.routes()))
         return app
 
     async def _listen(
         self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None
     ) -> int:
-        runner = web.AppRunner(
+        runner = connections.GuardedAppRunner(
             app,
+            self.connections,
+            keepalive_timeout=float(self.settings.header_read_timeout_seconds),
             access_log=logging.getLogger("kura.access") if self.settings.access_log else None,
             shutdown_timeout=float(self.settings.shutdown_timeout_seconds),
             handle_signals=False,
         )
         await runner.setup()
         self._runners.append(runner)
-        site = web.TCPSite(
-            runner,
-            self.settings.host,
-            port,
-            backlog=1024,
-            reuse_address=True,
-            ssl_context=ssl_context,
-        )
-        await site.start()
+        for sock in connections.listening_sockets(self.connections, self.settings.host, port):
+            await web.SockSite(runner, sock, backlog=1024, ssl_context=ssl_context).start()
         return _bound_port(runner)
 
     async def start(self) -> None:
+        self.connections.apply_descriptor_limit()
         await self.service.start()
         await self.peer_client.start()
         internal_port = await self._listen(

@@ -331,6 +331,44 @@ class Settings:
         "an upload that sends no byte for this long is aborted and its tmp reservation freed",
         default=60,
     )
+    min_upload_bytes_per_second: int = option(
+        "KURA_MIN_UPLOAD_BYTES_PER_SECOND",
+        "--min-upload-bytes-per-second",
+        parse_non_negative_int,
+        "after the grace period, an upload averaging less than this is aborted and its tmp "
+        "reservation freed (0 = no minimum)",
+        default=16 * 1024,
+    )
+    upload_grace_seconds: int = option(
+        "KURA_UPLOAD_GRACE_SECONDS",
+        "--upload-grace-seconds",
+        parse_positive_int,
+        "how long an upload may run before its average rate is held to the minimum",
+        default=10,
+    )
+    header_read_timeout_seconds: int = option(
+        "KURA_HEADER_READ_TIMEOUT_SECONDS",
+        "--header-read-timeout-seconds",
+        parse_positive_int,
+        "a connection that has not sent a complete request head this long after it opened (or "
+        "after its previous response) is closed",
+        default=60,
+    )
+    max_connections: int = option(
+        "KURA_MAX_CONNECTIONS",
+        "--max-connections",
+        parse_positive_int,
+        "open client and peer connections per node, both listeners together (clamped below "
+        "the descriptor limit)",
+        default=4096,
+    )
+    multipart_upload_idle_seconds: int = option(
+        "KURA_MULTIPART_UPLOAD_IDLE_SECONDS",
+        "--multipart-upload-idle-seconds",
+        parse_positive_int,
+        "at the open-upload cap, a multipart upload idle this long may be reclaimed for a new one",
+        default=60,
+    )
     shutdown_timeout_seconds: int = option(
         "KURA_SHUTDOWN_TIMEOUT_SECONDS",
         "--shutdown-timeout-seconds",

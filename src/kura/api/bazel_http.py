@@ -87,7 +87,7 @@ async def get_cas(request: web.Request) -> web.StreamResponse:
     return await serve(request, _ref(request, "cas"), PROTOCOL)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
 async def put_ac(request: web.Request) -> web.StreamResponse:
     ref = _ref(request, "ac")
     c = ctx(request)
@@ -107,7 +107,7 @@ async def put_ac(request: web.Request) -> web.StreamResponse:
     return web.Response(status=200)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
 async def put_cas(request: web.Request) -> web.StreamResponse:
     ref = _ref(request, "cas")
     c = ctx(request)

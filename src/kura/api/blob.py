@@ -6,6 +6,7 @@ from aiohttp import web
 
 from kura.api.http import artifact_response, count_lookup, ctx, declared_length, request_body
 from kura.core.errors import NotFound
+from kura.core.manifest import stored_header_problem
 from kura.storage.service import ArtifactRef, PutResult
 
 
@@ -23,8 +24,13 @@ async def serve(
         count_lookup(request, protocol, False)
         raise
     count_lookup(request, protocol, True)
+    stored = body.manifest.headers
+    # Defence in depth: a value stored before the rule existed is left out, not sent (a CR or
+    # LF in it would make aiohttp drop the connection without an answer).
     extra = {
-        h: body.manifest.headers[h] for h in headers_from_manifest if h in body.manifest.headers
+        h: stored[h]
+        for h in headers_from_manifest
+        if h in stored and stored_header_problem(h, stored[h]) is None
     }
     return artifact_response(request, body, protocol, extra_headers=extra)
 

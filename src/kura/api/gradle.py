@@ -30,7 +30,7 @@ async def get(request: web.Request) -> web.StreamResponse:
     return await serve(request, _ref(request), PROTOCOL)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_gradle_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
     c = ctx(request)

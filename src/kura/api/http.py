@@ -55,10 +55,40 @@ def ctx(request: web.Request) -> ApiContext:
     return request.app[CTX_KEY]
 
 
+BodyLimit = Callable[[Settings], int]
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    """What a decorated handler checks before it reads a body; ``kura.api.expect`` runs the same
+    checks before answering ``100 Continue``. ``body_limit`` is None for routes without an
+    upload body (or with a small JSON body they check themselves)."""
+
+    protocol: str
+    access: Access | None
+    style: ErrorStyle
+    body_limit: BodyLimit | None
+
+
+SPEC_ATTR = "kura_endpoint_spec"
+
+
+def endpoint_spec(handler: object) -> EndpointSpec | None:
+    """The ``EndpointSpec`` an ``endpoint`` handler was declared with, or None."""
+    spec = getattr(handler, SPEC_ATTR, None)
+    return spec if isinstance(spec, EndpointSpec) else None
+
+
 def endpoint(
-    protocol: str, access: Access | None, *, style: ErrorStyle = "json"
+    protocol: str,
+    access: Access | None,
+    *,
+    style: ErrorStyle = "json",
+    body_limit: BodyLimit | None = None,
 ) -> Callable[[Handler], Handler]:
-    """Decorate a handler: check ``access`` (None = no auth), map errors, record metrics."""
+    """Decorate a handler: check ``access`` (None = no auth), map errors, record metrics.
+    ``body_limit`` declares an upload route's largest body in bytes (from the settings), for
+    the checks made before ``100 Continue`` (``kura.api.expect``)."""
 
     def wrap(handler: Handler) -> Handler:
         async def run(request: web.Request) -> web.StreamResponse:
@@ -80,6 +110,8 @@ def endpoint(
                     # Unread body bytes cannot be skipped cheaply: close the connection.
                     response.force_close()
                 status = response.status
+                if isinstance(exc, UploadAborted):
+                    await _send_and_close(request, response)
                 return response
             except Exception:
                 log.exception("unhandled error in %s %s", request.method, request.path)
@@ -94,6 +126,7 @@ def endpoint(
 
         run.__name__ = handler.__name__
         run.__doc__ = handler.__doc__
+        setattr(run, SPEC_ATTR, EndpointSpec(protocol, access, style, body_limit))
         return run
 
     return wrap
@@ -114,25 +147,76 @@ def declared_length(request: web.Request) -> int | None:
 
 
 async def request_body(request: web.Request, protocol: str) -> AsyncIterator[bytes]:
-    """Yield the body's chunks. A disconnect before the end, or no byte for
-    ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` (a stalled or slowloris client holding a tmp reservation),
-    raises ``IncompleteBody``."""
+    """Yield the body's chunks. A disconnect before the end raises ``IncompleteBody``, and so
+    does a client holding a tmp reservation without using it: no byte for
+    ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` (a stall), or, once ``KURA_UPLOAD_GRACE_SECONDS`` have
+    passed, an average rate since the first read below ``KURA_MIN_UPLOAD_BYTES_PER_SECOND``
+    (a trickle: four 2 GiB uploads sending a byte a second held a whole staging budget). Every
+    protocol's body comes through here, peer replication included. Each abort is logged once
+    and counted in ``kura_http_aborted_uploads_total{reason}``; the caller's staging cleanup
+    frees the file and reservation, and ``endpoint`` closes the connection (body unread)."""
     c = ctx(request)
     bytes_in = c.metrics.bytes_in_child(protocol)
     idle = c.settings.body_idle_timeout_seconds
+    min_rate = c.settings.min_upload_bytes_per_second
+    grace = c.settings.upload_grace_seconds
     content = request.content
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    received = 0
     try:
         while True:
-            async with asyncio.timeout(idle):
-                chunk = await content.read(READ_CHUNK_BYTES)
+            wait = float(idle)
+            if min_rate > 0:
+                # The moment the average would fall below the minimum if nothing more arrives.
+                wait = min(wait, max(grace, received / min_rate) - (loop.time() - started))
+            try:
+                async with asyncio.timeout(max(wait, 0.0)):
+                    chunk = await content.read(READ_CHUNK_BYTES)
+            except TimeoutError:
+                if loop.time() - started >= grace and min_rate > 0 and wait < idle:
+                    raise _aborted(c, protocol, "slow", received, loop.time() - started) from None
+                raise _aborted(c, protocol, "stalled", received, float(idle)) from None
             if not chunk:
                 return
+            received += len(chunk)
             bytes_in.inc(len(chunk))
+            elapsed = loop.time() - started
+            if min_rate > 0 and elapsed >= grace and received < min_rate * elapsed:
+                raise _aborted(c, protocol, "slow", received, elapsed)
             yield chunk
-    except TimeoutError as exc:
-        raise IncompleteBody(f"no body bytes arrived for {idle:g} s; giving up") from exc
     except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError) as exc:
         raise IncompleteBody(f"client stopped sending the body: {exc}") from exc
+
+
+class UploadAborted(IncompleteBody):
+    """``request_body`` gave up on a client that stalled or trickled (400)."""
+
+
+async def _send_and_close(request: web.Request, response: web.Response) -> None:
+    """Send ``response`` and close the connection now. aiohttp would otherwise keep reading and
+    discarding the unread body for its lingering time (10 s), which is what a trickling
+    client wants; the client it is meant for (one that sends its body regardless of an early
+    answer, RFC 9112 §9.6) is not this one."""
+    await response.prepare(request)
+    await response.write_eof()
+    if request.transport is not None:
+        request.transport.close()  # flushes the answer first
+
+
+def _aborted(
+    c: ApiContext, protocol: str, reason: str, received: int, seconds: float
+) -> IncompleteBody:
+    c.metrics.count_aborted_upload(reason)
+    if reason == "stalled":
+        message = f"no body bytes arrived for {seconds:g} s; giving up"
+    else:
+        message = (
+            f"upload too slow: {received} bytes in {seconds:.1f} s, below the minimum of "
+            f"{c.settings.min_upload_bytes_per_second} bytes per second; giving up"
+        )
+    log.info("aborted a %s upload (%s): %s", protocol, reason, message)
+    return UploadAborted(message)
 
 
 async def read_small_body(request: web.Request, limit_bytes: int, protocol: str) -> bytes:

@@ -28,7 +28,7 @@ async def get(request: web.Request) -> web.StreamResponse:
     return await serve(request, _ref(request), PROTOCOL)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     result = await store(
         request, _ref(request), PROTOCOL, limit_bytes=ctx(request).settings.max_artifact_bytes

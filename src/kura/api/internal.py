@@ -65,7 +65,7 @@ async def status(request: web.Request) -> web.StreamResponse:
     )
 
 
-@endpoint(PROTOCOL, None)
+@endpoint(PROTOCOL, None, body_limit=lambda s: s.max_disk_bytes)
 async def replicate_artifact(request: web.Request) -> web.StreamResponse:
     _check_tenant(request)
     try:

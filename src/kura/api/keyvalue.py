@@ -61,7 +61,7 @@ def _ref(request: web.Request, cas_id: str) -> ArtifactRef:
     return ArtifactRef("xcode", namespace_of(request), f"action_cache/{cas_id}")
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_keyvalue_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     c = ctx(request)
     namespace_of(request)  # reject a missing tenant before reading the body

@@ -237,6 +237,17 @@ class _MeshCollector(Collector):
         yield from (nbytes, arts, phase, abandoned, passes, results)
 
 
+class _ValueCollector(Collector):
+    def __init__(
+        self, kind: str, name: str, documentation: str, source: Callable[[], float]
+    ) -> None:
+        self._family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+        self._name, self._documentation, self._source = name, documentation, source
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield self._family(self._name, self._documentation, self._source())
+
+
 class KuraMetrics:
     """All of one node's metrics. Create once per process (or per test app)."""
 
@@ -279,6 +290,13 @@ class KuraMetrics:
             "kura_http_sent_bytes_total",
             "Artifact bytes sent in response bodies.",
             ["protocol"],
+            registry=r,
+        )
+        self.aborted_uploads = Counter(
+            "kura_http_aborted_uploads_total",
+            "Uploads aborted for holding a reservation without sending: stalled (no byte for "
+            "the idle timeout) or slow (below the minimum rate after the grace period).",
+            ["reason"],
             registry=r,
         )
         info = Gauge(
@@ -325,6 +343,17 @@ class KuraMetrics:
                 protocol, "hit" if hit else "miss"
             )
         child.inc()
+
+    def count_aborted_upload(self, reason: str) -> None:
+        """One upload aborted; ``reason`` is ``stalled`` or ``slow``."""
+        self.aborted_uploads.labels(reason).inc()
+
+    def watch_value(
+        self, kind: str, name: str, documentation: str, source: Callable[[], float]
+    ) -> None:
+        """Expose ``source()`` at scrape time as a ``gauge`` or ``counter`` (``name`` without
+        ``_total``; the exposition adds it)."""
+        self.registry.register(_ValueCollector(kind, name, documentation, source))
 
     def watch_store(
         self,

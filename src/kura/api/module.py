@@ -25,6 +25,7 @@ from kura.api.http import (
 from kura.api.scope import namespace_of
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import SAFE_NAME, validate
+from kura.storage.multipart import MAX_PART_BYTES
 from kura.storage.service import ArtifactRef
 
 PROTOCOL = "module"
@@ -58,7 +59,7 @@ def _upload_id(request: web.Request) -> str:
     return upload_id
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda _s: MAX_PART_BYTES)
 async def part(request: web.Request) -> web.StreamResponse:
     upload_id = _upload_id(request)
     try:

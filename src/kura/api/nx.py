@@ -28,7 +28,7 @@ async def get(request: web.Request) -> web.StreamResponse:
     return await serve(request, _ref(request), PROTOCOL)
 
 
-@endpoint(PROTOCOL, Access.WRITE, style="text")
+@endpoint(PROTOCOL, Access.WRITE, style="text", body_limit=lambda s: s.max_artifact_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
     if not await ctx(request).service.exists(ref):

@@ -19,6 +19,7 @@ from kura.api.blob import serve, store
 from kura.api.http import ctx, endpoint, parse_json, query_param, read_small_body
 from kura.core.errors import InvalidRequest
 from kura.core.keys import ALNUM_HASH, NAMESPACE, validate
+from kura.core.manifest import stored_header_problem
 from kura.storage.service import ArtifactRef
 
 PROTOCOL = "turbo"
@@ -49,15 +50,16 @@ async def get(request: web.Request) -> web.StreamResponse:
     return await serve(request, _ref(request), PROTOCOL, headers_from_manifest=STORED_HEADERS)
 
 
-@endpoint(PROTOCOL, Access.WRITE, style="vercel")
+@endpoint(PROTOCOL, Access.WRITE, style="vercel", body_limit=lambda s: s.max_artifact_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
     headers = {}
     for name in STORED_HEADERS:
         value = request.headers.get(name)
         if value is not None:
-            if len(value) > 1024:
-                raise InvalidRequest(f"{name} header is longer than 1024 characters")
+            problem = stored_header_problem(name, value)
+            if problem is not None:
+                raise InvalidRequest(problem)
             if name == "x-artifact-duration" and not (value.isdigit() and len(value) <= 15):
                 raise InvalidRequest("x-artifact-duration must be a whole number of milliseconds")
             headers[name] = value

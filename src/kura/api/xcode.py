@@ -29,7 +29,7 @@ async def get(request: web.Request) -> web.StreamResponse:
     return await serve(request, _ref(request), PROTOCOL)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_xcode_bytes)
 async def post(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
     c = ctx(request)

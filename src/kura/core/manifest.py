@@ -7,8 +7,39 @@ Its JSON form is the wire format peers exchange (kura-behaviour.md §1.4 "Manife
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+MAX_STORED_HEADER_VALUE_CHARS = 1024
+# An HTTP field name is a token (RFC 9110 §5.1, §5.6.2).
+_FIELD_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
+# RFC 9110 §5.5: a field value is visible ASCII, space and tab (obs-text is not stored); CR, LF
+# and NUL are never allowed, and a value with CR or LF would split the response it is sent in
+# (aiohttp refuses to send it and the connection closes without an answer).
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+def stored_header_problem(name: str, value: str) -> str | None:
+    """Why ``name: value`` may not be stored with an artifact (and later sent as a response
+    header), or None if it may. The one rule for every entry point: a client's upload, a peer's
+    replica, a bootstrap or read-through manifest, and the serving path (defence in depth)."""
+    if not _FIELD_NAME.fullmatch(name):
+        return f"stored header name {name[:64]!r} is not an HTTP token"
+    if len(value) > MAX_STORED_HEADER_VALUE_CHARS:
+        return f"{name} header is longer than {MAX_STORED_HEADER_VALUE_CHARS} characters"
+    if not _FIELD_VALUE.fullmatch(value):
+        return f"{name} header contains a control character (CR, LF, NUL or other) or non-ASCII"
+    return None
+
+
+def check_stored_headers(headers: Mapping[str, str]) -> None:
+    """Raise ValueError with the first problem of ``stored_header_problem``."""
+    for name, value in headers.items():
+        problem = stored_header_problem(name, value)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 @dataclass(frozen=True)
@@ -32,11 +63,14 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
-        """Parse a peer's manifest. Raises ValueError on a missing or mistyped field."""
+        """Parse a peer's manifest. Raises ValueError on a missing or mistyped field, or a
+        stored header that ``stored_header_problem`` refuses."""
         try:
             headers = data.get("headers") or {}
             if not isinstance(headers, dict):
                 raise ValueError("headers must be an object")
+            parsed = {str(k): str(v) for k, v in headers.items()}
+            check_stored_headers(parsed)
             return cls(
                 artifact_id=str(data["artifact_id"]),
                 producer=str(data["producer"]),
@@ -48,7 +82,7 @@ class Manifest:
                 version_ms=int(data["version_ms"]),
                 created_at_ms=int(data["created_at_ms"]),
                 inline=bool(data.get("inline", False)),
-                headers={str(k): str(v) for k, v in headers.items()},
+                headers=parsed,
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"invalid manifest: {exc}") from exc

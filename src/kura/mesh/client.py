@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from kura.mesh.wire import (
     decode_manifest,
     encode_manifest,
 )
+
+log = logging.getLogger(__name__)
 
 STREAM_CHUNK_BYTES = 256 * 1024
 
@@ -140,10 +143,21 @@ class PeerClient:
             url + "/_internal/bootstrap/manifests", timeout_seconds, _page_params(after, limit)
         )
         try:
-            manifests = [Manifest.from_json(m) for m in data["manifests"]]
-            return manifests, data.get("next_after")
-        except (KeyError, TypeError, ValueError) as exc:
+            entries = list(data["manifests"])
+            next_after = data.get("next_after")
+        except (KeyError, TypeError) as exc:
             raise PeerError(f"{url}: malformed manifests page: {exc}") from exc
+        manifests = []
+        for entry in entries:
+            # One bad manifest (a stored header with CR/LF, a mistyped field) is refused on its
+            # own; it must not fail the page and with it every other artifact of the peer.
+            try:
+                if not isinstance(entry, dict):
+                    raise ValueError("not an object")
+                manifests.append(Manifest.from_json(entry))
+            except ValueError as exc:
+                log.warning("refused a manifest from %s: %s", url, exc)
+        return manifests, next_after
 
     async def tombstones_page(
         self, url: str, after: str | None, limit: int, timeout_seconds: float = 30.0

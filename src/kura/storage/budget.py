@@ -157,6 +157,14 @@ class TmpBudget:
         self._take_now(size_bytes)
         return Reservation(self, size_bytes)
 
+    def check_room(self, size_bytes: int) -> None:
+        """Raise what ``try_reserve(size_bytes)`` would raise right now, reserving nothing (the
+        checks made before answering ``100 Continue``)."""
+        self._check_could_ever_fit(size_bytes)
+        outside = self._outside_bytes()
+        if not self._ledger.fits(size_bytes, outside):
+            raise self._exhausted(size_bytes, outside)
+
     async def reserve(self, size_bytes: int) -> Reservation:
         """Reserve ``size_bytes``, waiting as long as it takes for room.
 
@@ -199,11 +207,14 @@ class TmpBudget:
     def _take_now(self, size_bytes: int) -> None:
         outside = self._outside_bytes()
         if not self._ledger.take(size_bytes, outside):
-            raise ResourceExhausted(
-                "temporary storage budget exhausted: "
-                f"{self._ledger.reserved_bytes} bytes reserved, {outside} bytes of other files, "
-                f"{size_bytes} bytes requested, {self._ledger.capacity_bytes} bytes allowed"
-            )
+            raise self._exhausted(size_bytes, outside)
+
+    def _exhausted(self, size_bytes: int, outside: int) -> ResourceExhausted:
+        return ResourceExhausted(
+            "temporary storage budget exhausted: "
+            f"{self._ledger.reserved_bytes} bytes reserved, {outside} bytes of other files, "
+            f"{size_bytes} bytes requested, {self._ledger.capacity_bytes} bytes allowed"
+        )
 
     def _give_back(self, size_bytes: int) -> None:
         self._ledger.give_back(size_bytes)

@@ -4,6 +4,11 @@ Rules from upstream Kura (kura-behaviour.md §1.3): a part is at most 10 MiB (41
 total at most 2 GiB (422; replacing a part number counts only the new size), and ``complete``
 needs the exact ascending list of uploaded part numbers (400). Unknown uploads are 404.
 
+At ``MAX_OPEN_UPLOADS`` a ``start`` reclaims the least recently active upload that has been
+idle (no part received or in flight) for longer than ``idle_seconds``, freeing its parts and
+their tmp budget; only when every open upload is active does it answer 503 + Retry-After (1,024
+``start`` calls otherwise locked every module upload out for the whole TTL).
+
 Parts are staged in ``TMP_DIR/parts`` and each keeps its tmp-budget reservation until the upload
 completes, is abandoned (TTL) or the part is replaced, so parts count against the same budget as
 every other occupant. Upload state is in memory: the tmp dir is wiped at start-up anyway, so an
@@ -12,6 +17,7 @@ upload cannot survive a restart (upstream behaves the same).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,6 +34,8 @@ from kura.core.errors import (
 from kura.storage.blobs import stage_body
 from kura.storage.budget import Reservation
 from kura.storage.service import ArtifactRef, CacheService, PutResult
+
+log = logging.getLogger(__name__)
 
 MAX_PART_BYTES = 10 * 1024 * 1024
 MAX_TOTAL_BYTES = 2 * 1024 * 1024 * 1024
@@ -47,6 +55,9 @@ class _Upload:
     ref: ArtifactRef
     started_at: float
     parts: dict[int, _Part] = field(default_factory=dict)
+    # Monotonic seconds of the last start, part begun or part staged; parts being received now.
+    active_at: float = 0.0
+    parts_in_flight: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -56,11 +67,19 @@ class _Upload:
 class MultipartUploads:
     """Open uploads of one node. Event-loop confined; not thread-safe."""
 
-    def __init__(self, service: CacheService, clock: Clock, ttl_seconds: float) -> None:
+    def __init__(
+        self,
+        service: CacheService,
+        clock: Clock,
+        ttl_seconds: float,
+        idle_seconds: float = 60.0,
+    ) -> None:
         self._service = service
         self._clock = clock
         self._ttl_seconds = ttl_seconds
+        self._idle_seconds = idle_seconds
         self._uploads: dict[str, _Upload] = {}
+        self.reclaimed_total = 0
 
     @property
     def open_uploads(self) -> int:
@@ -71,11 +90,38 @@ class MultipartUploads:
         if await self._service.exists(ref):
             return None
         self.reap_expired()
-        if len(self._uploads) >= MAX_OPEN_UPLOADS:
-            raise ResourceExhausted("too many multipart uploads in progress", 5)
+        if len(self._uploads) >= MAX_OPEN_UPLOADS and not self._reclaim_idle():
+            raise ResourceExhausted(
+                f"{MAX_OPEN_UPLOADS} multipart uploads are in progress and each was active "
+                f"within the last {self._idle_seconds:g} s; retry later",
+                5,
+            )
         upload_id = str(uuid.uuid4())
-        self._uploads[upload_id] = _Upload(ref, self._clock.monotonic())
+        now = self._clock.monotonic()
+        self._uploads[upload_id] = _Upload(ref, now, active_at=now)
         return upload_id
+
+    def _reclaim_idle(self) -> bool:
+        """Abort the least recently active upload idle past ``idle_seconds``; whether one was."""
+        now = self._clock.monotonic()
+        idle = [
+            (up.active_at, upload_id)
+            for upload_id, up in self._uploads.items()
+            if up.parts_in_flight == 0 and now - up.active_at > self._idle_seconds
+        ]
+        if not idle:
+            return False
+        _active_at, upload_id = min(idle)
+        self.abort(upload_id)
+        self.reclaimed_total += 1
+        if self.reclaimed_total == 1 or self.reclaimed_total % 1000 == 0:
+            log.warning(
+                "open multipart uploads at the cap of %d: reclaimed the least recently active "
+                "idle upload (%d reclaimed so far)",
+                MAX_OPEN_UPLOADS,
+                self.reclaimed_total,
+            )
+        return True
 
     async def put_part(
         self,
@@ -103,6 +149,8 @@ class MultipartUploads:
             else min(MAX_PART_BYTES, budget.capacity_bytes)
         )
         reservation = budget.try_reserve(max(1, first))
+        upload.parts_in_flight += 1
+        upload.active_at = self._clock.monotonic()
         try:
             staged = await stage_body(
                 body,
@@ -117,6 +165,9 @@ class MultipartUploads:
         except BaseException:
             reservation.release()
             raise
+        finally:
+            upload.parts_in_flight -= 1
+            upload.active_at = self._clock.monotonic()
         if self._uploads.get(upload_id) is not upload or others + staged.size > MAX_TOTAL_BYTES:
             staged.path.unlink(missing_ok=True)
             reservation.release()

@@ -1,0 +1,335 @@
+"""The node's open connections: one cap for both listeners, and a quiet accept loop.
+
+Field report: 1,100 idle connections under a 1,024-descriptor limit made ``/up`` time out and
+wrote 166,623 tracebacks (74 MB of log) in 30 s. Once the process is out of descriptors,
+asyncio's accept loop fails with EMFILE, logs it with a traceback, pauses one second and tries
+again (CPython ``selector_events._accept_connection``), and no new client, ``/up`` included,
+gets in. Three parts keep that from happening:
+
+* ``descriptor_cap`` raises the soft ``RLIMIT_NOFILE`` to the hard limit at start and clamps
+  ``KURA_MAX_CONNECTIONS`` below it, keeping a reserve (a quarter of the limit, at least
+  ``MIN_RESERVED_DESCRIPTORS``) for blob files, SQLite, peer connections and the executor, so
+  ``accept`` itself never runs out.
+* ``ConnectionGuard`` counts every open connection of both listeners, admitting each in
+  ``accept`` itself (``GuardedSocket``, the listeners' sockets). At the cap it closes the
+  connection that has waited longest for a request head (idle keep-alive, or a client that never
+  finished its head), so that a real request such as ``/up`` still gets in; with none waiting,
+  it answers the new connection ``503`` and closes it. A running handler is never closed.
+* ``AcceptErrorFilter`` turns asyncio's accept-error reports into one line per
+  ``ACCEPT_ERROR_LOG_INTERVAL_SECONDS`` without the traceback, should the limit be reached anyway
+  (descriptors used elsewhere in the process).
+
+The header-read timeout is aiohttp's keep-alive timeout (``GuardedAppRunner`` is given
+``keepalive_timeout``): aiohttp arms it when a connection opens and after every response, and
+closes the connection when it fires while no complete request head has arrived
+(aiohttp ``web_protocol.RequestHandler._process_keepalive``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import socket
+import time
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from kura.api.metrics import KuraMetrics
+
+log = logging.getLogger(__name__)
+
+MIN_RESERVED_DESCRIPTORS = 64
+# RLIM_INFINITY as a soft limit is refused by Linux (fs.nr_open bounds it); never ask for more.
+MAX_SOFT_DESCRIPTORS = 1 << 20
+ACCEPT_ERROR_LOG_INTERVAL_SECONDS = 10.0
+_REFUSAL_BODY = b"connection limit reached; retry later\n"
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSAL_BODY), _REFUSAL_BODY)
+)
+
+
+def descriptor_cap(configured: int) -> tuple[int, int]:
+    """Raise the soft descriptor limit to the hard one; return ``(effective cap, limit)``.
+
+    The cap is ``configured`` clamped to ``limit - reserve`` (reserve: a quarter of the limit,
+    at least ``MIN_RESERVED_DESCRIPTORS``), and at least 1. Process-wide; call once at start.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = MAX_SOFT_DESCRIPTORS if hard == resource.RLIM_INFINITY else hard
+    target = min(target, MAX_SOFT_DESCRIPTORS)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the descriptor limit from %d to %d: %s", soft, target, exc)
+    reserve = max(MIN_RESERVED_DESCRIPTORS, soft // 4)
+    return max(1, min(configured, soft - reserve)), soft
+
+
+def _waiting_since(handler: RequestHandler) -> float | None:
+    """When ``handler`` started waiting for a request head (loop time), or None while it is
+    busy: a request parsed and queued, or one being handled (reading its body, running its
+    handler, sending its response). A connection just accepted counts as waiting from when it
+    opened.
+
+    aiohttp has no public idle state: a request is in hand exactly while ``_messages`` holds it
+    or ``_request_in_progress`` is set, and ``_next_keepalive_close_time`` is the keep-alive
+    deadline armed when the connection opened or last answered (aiohttp 3.14
+    ``web_protocol.RequestHandler.start``). Unknown attributes count as busy: never close what
+    cannot be shown idle.
+    """
+    if getattr(handler, "_request_in_progress", True) or getattr(handler, "_messages", True):
+        return None
+    deadline = getattr(handler, "_next_keepalive_close_time", None)
+    if not isinstance(deadline, float):
+        return None
+    return deadline - handler.keepalive_timeout
+
+
+class ConnectionGuard:
+    """Open connections of one node (both listeners). Event-loop confined.
+
+    Admission happens in ``accept`` itself (``GuardedSocket``): asyncio accepts up to a whole
+    backlog of connections in one loop iteration before any of them reaches aiohttp, so a cap
+    applied later would let a burst exhaust the descriptors first. The count is exact: every
+    accepted socket until it is closed, whether it ever reached aiohttp (a failed TLS handshake
+    does not) or not.
+    """
+
+    def __init__(self, max_connections: int) -> None:
+        self.max_connections = max_connections
+        self._accepted: dict[int, socket.socket] = {}  # fd -> accepted socket, until closed
+        self._closing: set[int] = set()  # fds of connections closed to make room
+        self._handlers: set[RequestHandler] = set()
+        self.closed_idle_total = 0
+        self.refused_total = 0
+
+    @property
+    def open_connections(self) -> int:
+        self._prune()
+        return len(self._accepted)
+
+    def apply_descriptor_limit(self) -> None:
+        """Clamp the cap to the descriptor limit (``descriptor_cap``) and log the result."""
+        configured = self.max_connections
+        self.max_connections, limit = descriptor_cap(configured)
+        log.info(
+            "connection cap %d (KURA_MAX_CONNECTIONS=%d, descriptor limit %d)",
+            self.max_connections,
+            configured,
+            limit,
+        )
+
+    def watch(self, metrics: KuraMetrics) -> None:
+        metrics.watch_value(
+            "gauge",
+            "kura_http_open_connections",
+            "Open connections, both listeners.",
+            lambda: self.open_connections,
+        )
+        metrics.watch_value(
+            "gauge",
+            "kura_http_max_connections",
+            "Effective connection cap (KURA_MAX_CONNECTIONS clamped to the descriptor limit).",
+            lambda: self.max_connections,
+        )
+        metrics.watch_value(
+            "counter",
+            "kura_http_connections_closed_at_cap",
+            "Connections waiting for a request head closed to make room at the cap.",
+            lambda: self.closed_idle_total,
+        )
+        metrics.watch_value(
+            "counter",
+            "kura_http_connections_refused_at_cap",
+            "New connections answered 503 at the cap because none was idle.",
+            lambda: self.refused_total,
+        )
+
+    def has_room(self) -> bool:
+        """Whether one more connection fits under the cap now."""
+        if len(self._accepted) >= self.max_connections:
+            self._prune()
+        return len(self._accepted) < self.max_connections
+
+    def track(self, conn: socket.socket) -> None:
+        """Count an accepted socket until it is closed."""
+        self._accepted[conn.fileno()] = conn
+
+    def make_room(self) -> bool:
+        """Close the connection that has waited longest for a request head. True if one is
+        closing now (its descriptor is free by the next loop iteration)."""
+        if self._closing:
+            return True
+        victim: RequestHandler | None = None
+        oldest = float("inf")
+        for handler in self._handlers:
+            since = _waiting_since(handler)
+            if since is not None and since < oldest:
+                victim, oldest = handler, since
+        if victim is None:
+            return False
+        self._handlers.discard(victim)
+        transport = victim.transport
+        raw = transport.get_extra_info("socket") if transport is not None else None
+        if raw is not None:
+            self._closing.add(raw.fileno())
+        victim.force_close()
+        if transport is not None:
+            transport.abort()  # a response the client never read must not delay the close
+        self.closed_idle_total += 1
+        return True
+
+    def refuse(self, conn: socket.socket) -> None:
+        """Answer ``conn`` 503 and close it now (no descriptor is kept)."""
+        self.refused_total += 1
+        try:
+            conn.setblocking(False)
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                # Read what the client already sent, so the close is a FIN, not a reset that
+                # could discard the answer.
+                while conn.recv(65536):
+                    pass
+            conn.send(REFUSAL)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def opened(self, handler: RequestHandler) -> None:
+        self._handlers.add(handler)
+
+    def closed(self, handler: RequestHandler) -> None:
+        self._handlers.discard(handler)
+
+    def _prune(self) -> None:
+        for fd, conn in list(self._accepted.items()):
+            if conn.fileno() == -1:
+                del self._accepted[fd]
+        self._closing &= self._accepted.keys()
+
+
+class GuardedSocket(socket.socket):
+    """A listening socket whose ``accept`` asks the guard first.
+
+    At the cap it makes room (closing the longest-idle connection) and reports "nothing to
+    accept" for this loop iteration: asyncio then waits for the next readiness event
+    (CPython ``selector_events._accept_connection`` treats ``BlockingIOError`` as an empty
+    queue), by which time the closed connection's descriptor is free. With nothing idle it
+    accepts and refuses with 503, so the queue drains instead of spinning.
+    """
+
+    guard: ConnectionGuard
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        guard = self.guard
+        while True:
+            if guard.has_room():
+                conn, addr = super().accept()
+                guard.track(conn)
+                return conn, addr
+            if guard.make_room():
+                raise BlockingIOError("at the connection cap; room is being made")
+            conn, _addr = super().accept()  # BlockingIOError when the queue is empty
+            guard.refuse(conn)
+
+
+def listening_sockets(guard: ConnectionGuard, host: str, port: int) -> list[socket.socket]:
+    """Bound (not yet listening) ``GuardedSocket``s for ``host:port``, one per address the host
+    resolves to, as ``loop.create_server`` would bind them (``SO_REUSEADDR``; IPv6 only on
+    IPv6 sockets). Raises OSError when an address cannot be bound."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(
+            (i[0], i[1], i[2], "", i[4]) for i in infos
+        ):
+            sock = GuardedSocket(family, kind, proto)
+            sock.guard = guard
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError:
+        for bound in sockets:
+            bound.close()
+        raise
+    return sockets
+
+
+class GuardedServer(web.Server):
+    """aiohttp's low-level server, reporting each connection to a ``ConnectionGuard``."""
+
+    def __init__(self, guard: ConnectionGuard, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard = guard
+
+    def connection_made(self, handler: RequestHandler, transport: Any) -> None:
+        super().connection_made(handler, transport)
+        self._guard.opened(handler)
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self._guard.closed(handler)
+        super().connection_lost(handler, exc)
+
+
+class GuardedAppRunner(web.AppRunner):
+    """An ``AppRunner`` whose connections count against ``guard``.
+
+    aiohttp offers no hook for a connection's arrival except its ``Server``; this rebuilds the
+    server the app made with the same arguments (aiohttp 3.14 ``AppRunner._make_server``).
+    """
+
+    def __init__(self, app: web.Application, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._guard = guard
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()
+        return GuardedServer(
+            self._guard,
+            made.request_handler,
+            request_factory=made.request_factory,
+            handler_cancellation=made.handler_cancellation,
+            **made._kwargs,
+        )
+
+
+class AcceptErrorFilter(logging.Filter):
+    """asyncio reports every failed ``accept`` (EMFILE and friends) at ERROR with a traceback,
+    once per retry; let one line without the traceback through per interval."""
+
+    PREFIXES = (
+        "socket.accept() out of system resource",
+        "Error on transport creation for incoming connection",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last_logged = float("-inf")
+        self._suppressed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not isinstance(record.msg, str) or not record.msg.startswith(self.PREFIXES):
+            return True
+        now = time.monotonic()
+        if now - self._last_logged < ACCEPT_ERROR_LOG_INTERVAL_SECONDS:
+            self._suppressed += 1
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        first_line = record.msg.split("\n", 1)[0]
+        record.msg = "%s: %s (%d more like it suppressed in the last %g s)"
+        record.args = (first_line, exc, self._suppressed, ACCEPT_ERROR_LOG_INTERVAL_SECONDS)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        self._last_logged, self._suppressed = now, 0
+        return True
+
+
+logging.getLogger("asyncio").addFilter(AcceptErrorFilter())
