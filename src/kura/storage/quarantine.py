@@ -1,7 +1,7 @@
 """The quarantine: where stored bytes go when they no longer match their manifest.
 
 A corrupt entry is evidence (a failing disk, a bad controller, an operator's mistake), so it is
-moved aside instead of deleted: ``DATA_DIR/quarantine/<stamp>-<artifact_id>`` holds the bytes
+moved aside instead of deleted: ``DATA_DIR/quarantine/<ms>-<artifact_id>-<rand>`` holds the bytes
 as found and ``<same name>.json`` what they should have been (the manifest) and what was found.
 The directory is bounded by ``max_bytes`` (``KURA_QUARANTINE_MAX_BYTES``): admitting a file
 deletes the oldest ones first until the total fits, so a disk that keeps corrupting cannot fill
@@ -57,7 +57,8 @@ class Quarantine:
         A missing ``blob`` is recorded without bytes. Raises OSError only if the record cannot
         be written; the stored file has then still been moved or removed.
         """
-        target = self.directory / f"{now_ms:015d}-{manifest.artifact_id}"
+        # The suffix keeps two damages of one artifact in one millisecond apart.
+        target = self.directory / f"{now_ms:015d}-{manifest.artifact_id}-{os.urandom(4).hex()}"
         size = 0
         if blob is not None:
             try:
