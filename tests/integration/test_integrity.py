@@ -382,3 +382,33 @@ def test_the_quarantine_keeps_within_its_byte_bound_dropping_the_oldest(
     assert sum(p.stat().st_size for p in kept) <= 250 * KiB
     assert node.metric("kura_storage_quarantine_bytes") == 200 * KiB
     assert sorted(str(r["key"]) for r in records(node)) == ["q/1", "q/2"]  # the oldest went
+
+
+# -- the scrub's rate -------------------------------------------------------------------------
+
+
+def test_the_scrub_never_hashes_faster_than_its_byte_rate(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    rate = 1 * MiB
+    node = start_node(scrub_interval_seconds=1, scrub_max_bytes_per_second=rate)
+    with node.client() as c:
+        for i in range(4):
+            assert c.put(f"/cache/rate/{i}", content=os.urandom(MiB)).status_code == 201
+    # Sample the byte counter; every sample since the first byte must be within the rate.
+    samples: list[tuple[float, float]] = []
+
+    def sample() -> bool:
+        m = node.metrics()
+        samples.append((time.monotonic(), m.get("kura_scrub_scrubbed_bytes_total", 0.0)))
+        return m.get("kura_scrub_passes_total", 0.0) >= 1
+
+    assert wait_for(sample, 60, interval=0.1)
+    first = next(t for t, n in samples if n > 0)
+    done = samples[-1][0]
+    # 4 MiB at 1 MiB/s: the first chunk (1 MiB) is free, the other three take >= 3 s.
+    assert done - first >= 3 * MiB / rate - 0.5, samples
+    for t, n in samples:
+        if n > 0:
+            assert n <= rate * (t - first) + 2 * MiB, (t - first, n)
+    assert node.metric(corrupt("scrub")) == 0
