@@ -345,8 +345,9 @@ class CacheService:
 
     def _open_verified(self, manifest: Manifest, sig: str | None) -> StoredBody | None:
         """The blob file if its size matches ``manifest`` and, for small blobs, its hash (else
-        None). A large one is returned unhashed (``verified=False``, hashed while sent) unless
-        ``verify_reads == "changed"``: then it is hashed here when its stat signature changed."""
+        None). A large one whose stat signature is the recorded one is returned unhashed
+        (``verified=False``: hashed while sent) unless ``verify_reads == "changed"``, which
+        trusts the signature; with another signature it is hashed here first."""
         try:
             f = self._blob_path(manifest).open("rb")
         except FileNotFoundError:
@@ -361,10 +362,11 @@ class CacheService:
             if problem_with_bytes(data, manifest) is None:
                 return StoredBody(manifest, data=data)
             return None
-        if self.verify_reads == "always":
-            return StoredBody(manifest, file=f, verified=False)
         if stat_signature(st) == sig:
-            return StoredBody(manifest, file=f)
+            # The very file the row was committed with; "always" still hashes it while sending.
+            return StoredBody(manifest, file=f, verified=self.verify_reads == "changed")
+        # Changed since last verified, or a reader that raced a write opened the next version's
+        # file: hash it now, so a race is told apart from damage (by the writer) before sending.
         if _sha256_fileobj(f) == manifest.sha256:
             f.seek(0)
             self._writer.submit(
