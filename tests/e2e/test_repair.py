@@ -46,7 +46,7 @@ def test_a_peer_copy_repairs_damage_found_by_a_read_and_by_the_scrub(tmp_path: P
         assert wait_for(lambda: outcome(url, bodies["read"]) == "ok", 30)
         # Nobody reads the second: the scrub finds it within its period, the peer repairs it.
         assert wait_for(lambda: a.metric(corrupt("scrub")) >= 1, 6 + 30)
-        assert wait_for(lambda: a.metric('kura_repair_results_total{result="repaired"}') == 2, 30)
+        assert wait_for(lambda: a.metric('kura_repair_results_total{result="repaired"}') >= 2, 30)
         assert outcome(a.url + "/cache/repair/scrub", bodies["scrub"]) == "ok"
         assert a.metric(corrupt("read")) + a.metric(corrupt("scrub")) == 2
         assert len(quarantined(a)) == 2

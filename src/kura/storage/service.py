@@ -272,7 +272,8 @@ class CacheService:
         return await self.verify_stored(self.artifact_id(ref), detected_by="put")
 
     async def read(self, ref: ArtifactRef) -> StoredBody:
-        """The verified artifact, or ``NotFound`` (absent, evicted, or failed verification)."""
+        """The artifact, or ``NotFound`` (absent, evicted, or failed verification). Small ones
+        are verified; a large one may carry ``verified=False``, to be hashed while sent."""
         aid = self.artifact_id(ref)
         body = await self._read_cached(aid)
         if body is None and self.on_miss is not None and await self.on_miss(aid):
