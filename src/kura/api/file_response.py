@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
+from typing import NoReturn
 
 import aiohttp
 from aiohttp import web
@@ -83,18 +84,26 @@ class OpenFileResponse(web.StreamResponse):
             digest = asyncio.wrap_future(cfut)
             digest.add_done_callback(_retrieve)
         await writer.drain()
-        sent = await loop.sendfile(transport, f, 0, size - tail)
+        try:
+            sent = await loop.sendfile(transport, f, 0, size - tail)
+        except ConnectionError:
+            raise  # the client went away
+        except OSError as exc:  # EIO and friends: the disk, not the client
+            await self._fail(transport, f"reading the file failed: {exc}")
         if sent < size - tail:
             await self._fail(transport, f"the file ended after {sent} of {size} bytes")
         if digest is not None:
-            d = await digest
+            try:
+                d = await digest
+            except OSError as exc:
+                await self._fail(transport, f"hashing the file failed: {exc}")
             if d.size_bytes < size:
                 await self._fail(transport, f"the file ended after {d.size_bytes} of {size} bytes")
             if d.sha256 != self._stored.manifest.sha256:
                 await self._fail(transport, f"the file hashes to sha256 {d.sha256}")
             await writer.write(d.tail)
 
-    async def _fail(self, transport: asyncio.Transport, found: str) -> None:
+    async def _fail(self, transport: asyncio.Transport, found: str) -> NoReturn:
         transport.abort()
         await report(self._service, self._stored, found)
         raise DamagedBlob(found)

@@ -44,22 +44,25 @@ def problem_with_file(
     """What is wrong with the file at ``path`` as the body of ``manifest`` (None = intact).
 
     ``pace(n)`` is called after every chunk of ``n`` bytes read (the scrub's rate limit; it may
-    sleep or raise to stop the check). Raises only what ``pace`` raises and I/O errors other than
-    a missing file.
+    sleep or raise to stop the check). Raises only what ``pace`` raises; a missing or unreadable
+    file is a problem, not an error.
     """
     try:
         f = path.open("rb")
     except FileNotFoundError:
         return "the blob file is missing"
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        if size != manifest.size:
-            return f"the file holds {size} bytes"
-        h = hashlib.sha256()
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            h.update(chunk)
-            if pace is not None:
-                pace(len(chunk))
+    try:
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size != manifest.size:
+                return f"the file holds {size} bytes"
+            h = hashlib.sha256()
+            while chunk := f.read(HASH_CHUNK_BYTES):
+                h.update(chunk)
+                if pace is not None:
+                    pace(len(chunk))
+    except OSError as exc:  # EIO from a failing disk: unreadable bytes are damaged bytes
+        return f"reading the file failed: {exc}"
     digest = h.hexdigest()
     if digest != manifest.sha256:
         return f"the file hashes to sha256 {digest}"
