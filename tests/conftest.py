@@ -56,6 +56,10 @@ class NodeProcess:
     def metric(self, name: str) -> float:
         return self.metrics().get(name, 0.0)
 
+    def metric_sum(self, name: str) -> float:
+        """The sum of ``name`` over all its label values (0 if absent)."""
+        return sum(v for k, v in self.metrics().items() if k == name or k.startswith(name + "{"))
+
     def index_rows(self) -> int:
         """Rows in the metadata index (read-only connection; WAL allows it while running)."""
         db = self.data_dir / "index.sqlite3"

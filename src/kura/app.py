@@ -3,7 +3,8 @@
 Start: descriptor limit and connection cap (``api/connections``) → storage (takes the data-dir
 lock, sweeps staging leftovers and orphans) → peer client → internal listener (peer routes,
 optional mTLS) → public listener (both share the cap) → background tasks in one
-``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper). Stop (SIGTERM):
+``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper, scrub, repair of
+quarantined artifacts from peers). Stop (SIGTERM):
 mark draining (``/ready`` 503), stop accepting and let in-flight requests finish within
 ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open multipart uploads, close
 the peer client and storage.
@@ -41,16 +42,19 @@ from kura.api import (
 )
 from kura.api.auth import TokenAuth
 from kura.api.http import CTX_KEY, ApiContext
+from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
 from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
 from kura.mesh.membership import Membership
 from kura.mesh.read_through import ReadThrough
+from kura.mesh.repair import Repairer
 from kura.mesh.shipper import Shipper
 from kura.mesh.wire import peer_label
 from kura.settings import Settings
 from kura.storage.budget import TmpBudget
 from kura.storage.multipart import MultipartUploads
+from kura.storage.scrub import Scrubber
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
@@ -94,6 +98,14 @@ class Node:
             min_free_disk_bytes=settings.min_free_disk_bytes,
             outbox_max_depth=settings.outbox_max_depth,
             hot_cache_bytes=settings.hot_cache_bytes,
+            verify_reads=settings.verify_reads,
+            quarantine_max_bytes=settings.quarantine_max_bytes,
+            on_quarantine=self._repair_quarantined,
+        )
+        self.scrubber = Scrubber(
+            self.service,
+            interval_seconds=settings.scrub_interval_seconds,
+            max_bytes_per_second=settings.scrub_max_bytes_per_second,
         )
         self.uploads = MultipartUploads(
             self.service,
@@ -138,6 +150,7 @@ class Node:
             self._read_through_enabled,
             settings.read_through_timeout_ms / 1000,
         )
+        self.repairer = Repairer(self.read_through.repair)
         self.bootstrapper = Bootstrapper(
             service=self.service,
             client=self.peer_client,
@@ -170,6 +183,14 @@ class Node:
             "Idle multipart uploads reclaimed at the open-upload cap.",
             lambda: self.uploads.reclaimed_total,
         )
+        self.metrics.registry.register(
+            IntegrityCollector(
+                self.service.stats,
+                self.service.quarantine,
+                self.scrubber.stats,
+                self.repairer.stats,
+            )
+        )
         self.draining = False
         self.public_url = ""
         self._runners: list[web.AppRunner] = []
@@ -195,6 +216,10 @@ class Node:
     def _read_through_enabled(self) -> bool:
         mode = self.settings.read_through
         return mode == "always" or (mode == "joining" and bool(self.readiness_reasons()))
+
+    def _repair_quarantined(self, artifact_id: str) -> None:
+        """Storage's writer thread quarantined an entry: fetch a good copy from a peer."""
+        self.repairer.request_threadsafe(artifact_id)
 
     def _on_membership_change(self, change: str, node_url: str) -> None:
         if change == "healthy":
@@ -322,6 +347,7 @@ class Node:
     async def start(self) -> None:
         self.connections.apply_descriptor_limit()
         await self.service.start()
+        self.repairer.bind(asyncio.get_running_loop())
         await self.peer_client.start()
         internal_port = await self._listen(
             self.build_internal_app(), self.settings.internal_port, self._server_ssl
@@ -350,6 +376,8 @@ class Node:
             tg.create_task(self.membership.run())
             tg.create_task(self.shipper.run())
             tg.create_task(self.bootstrapper.run())
+            tg.create_task(self.scrubber.run())
+            tg.create_task(self.repairer.run())
 
     async def _reap_uploads(self) -> None:
         while True:

@@ -128,6 +128,36 @@ class Settings:
         "writes fail with 503 when the data filesystem would have less free space",
         default=256 * MiB,
     )
+    verify_reads: str = option(
+        "KURA_VERIFY_READS",
+        "--verify-reads",
+        parse_choice(["always", "changed"]),
+        "hash large blobs on every GET while sending them (always), or only when their file's "
+        "stat signature changed (changed: faster, misses corruption below the filesystem)",
+        default="always",
+    )
+    scrub_interval_seconds: int = option(
+        "KURA_SCRUB_INTERVAL_SECONDS",
+        "--scrub-interval-seconds",
+        parse_non_negative_int,
+        "every stored artifact is re-hashed once per this period (0 = no scrub)",
+        default=86400,
+    )
+    scrub_max_bytes_per_second: int = option(
+        "KURA_SCRUB_MAX_BYTES_PER_SECOND",
+        "--scrub-max-bytes-per-second",
+        parse_positive_bytes,
+        "the scrub never hashes faster than this",
+        default=16 * MiB,
+    )
+    quarantine_max_bytes: int = option(
+        "KURA_QUARANTINE_MAX_BYTES",
+        "--quarantine-max-bytes",
+        parse_bytes,
+        "damaged blobs kept in DATA_DIR/quarantine for inspection; the oldest are deleted past "
+        "this (0 = keep none)",
+        default=1 * GiB,
+    )
     tenant_id: str = option(
         "KURA_TENANT_ID", "--tenant-id", _tenant, "this mesh's tenant", default="default"
     )

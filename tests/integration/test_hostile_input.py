@@ -115,8 +115,9 @@ def test_reads_racing_writes_of_one_key_never_miss(node: NodeProcess) -> None:
     assert reads > 20
     assert misses == 0, f"{misses} of {reads} reads missed"
     assert errors == []
-    assert node.metric("kura_storage_corrupt_artifacts_total") == 0
-    assert "dropping artifact" not in node.log()
+    assert 'kura_storage_corrupt_artifacts_total{detected_by="read"}' in node.metrics()
+    assert node.metric_sum("kura_storage_corrupt_artifacts_total") == 0
+    assert "quarantined artifact" not in node.log()
 
 
 def test_a_stalled_upload_is_aborted_and_frees_its_reservation(

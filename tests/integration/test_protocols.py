@@ -607,6 +607,11 @@ EXPECTED_FAMILIES = {
     "kura_tmp_capacity_bytes": "gauge",
     "kura_tmp_waiting_reservations": "gauge",
     "kura_tmp_dir_bytes": "gauge",
+    "kura_storage_quarantine_bytes": "gauge",
+    "kura_scrub_scrubbed_bytes_total": "counter",
+    "kura_scrub_scrubbed_artifacts_total": "counter",
+    "kura_scrub_passes_total": "counter",
+    "kura_repair_results_total": "counter",
 }
 
 

@@ -2,7 +2,8 @@
 
 Bazel 4 (clients.md) GETs ``ac/`` (404 is a miss), PUTs its outputs to ``cas/`` and then the
 ActionResult to ``ac/``. A ``cas/`` body must hash to the digest in its path (400 otherwise, and
-nothing is stored); a ``cas/`` entry that already exists is not re-read. ``{prefix}`` is
+nothing is stored); a ``cas/`` entry that is already stored and intact is not re-read (a damaged one is
+quarantined and replaced by the new body). ``{prefix}`` is
 ``KURA_HTTP_CACHE_PREFIX`` (default ``/cache``).
 
 ``ac/`` follows the rules in ``kura.api.action_cache``: an upload must be a valid
@@ -111,7 +112,7 @@ async def put_ac(request: web.Request) -> web.StreamResponse:
 async def put_cas(request: web.Request) -> web.StreamResponse:
     ref = _ref(request, "cas")
     c = ctx(request)
-    if not await c.service.exists(ref):
+    if not await c.service.intact(ref):
         await store(
             request,
             ref,

@@ -1,6 +1,7 @@
 """Gradle build cache on Kura's route: ``PUT``/``GET /api/cache/gradle/{cache_key}``.
 
-PUT answers 201 when stored and 200 when the entry already existed (the body is then not read),
+PUT answers 201 when stored and 200 when the entry already existed intact (the body is then not
+read; a damaged stored copy is quarantined and the body stored),
 like the Rust Kura monorepo. Bodies are limited by ``KURA_MAX_GRADLE_BYTES``. Gradle's stock
 ``HttpBuildCache`` cannot add ``tenant_id`` to its URLs; point it at the plain HTTP cache
 (``kura.api.http_cache``) instead.
@@ -34,7 +35,7 @@ async def get(request: web.Request) -> web.StreamResponse:
 async def put(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
     c = ctx(request)
-    if await c.service.exists(ref):
+    if await c.service.intact(ref):  # a damaged copy is quarantined and replaced
         return web.Response(status=200)
     await store(request, ref, PROTOCOL, limit_bytes=c.settings.max_gradle_bytes)
     return web.Response(status=201)

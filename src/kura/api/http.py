@@ -5,7 +5,7 @@
 * ``request_body`` turns an aiohttp request body into the byte stream storage consumes, and turns
   a client that disconnects mid-body into ``IncompleteBody``.
 * ``artifact_response`` sends a stored artifact: small ones from memory, large ones with
-  ``sendfile`` from the already-open, already-verified file.
+  ``sendfile`` from the already-open file, verified while sent (``kura.api.file_response``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from aiohttp import web
 
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
+from kura.api.file_response import OpenFileResponse
 from kura.api.metrics import KuraMetrics
 from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
 from kura.settings import Settings
@@ -243,36 +244,6 @@ async def read_small_body(request: web.Request, limit_bytes: int, protocol: str)
     return b"".join(parts)
 
 
-class _OpenFileResponse(web.StreamResponse):
-    """Sends an already-open file with sendfile (falls back to reads where unsupported)."""
-
-    def __init__(self, body: StoredBody, headers: dict[str, str]) -> None:
-        super().__init__(status=200, headers=headers)
-        self._stored = body
-        self.content_length = body.manifest.size
-
-    async def prepare(self, request: web.BaseRequest) -> aiohttp.abc.AbstractStreamWriter | None:
-        try:
-            writer = await super().prepare(request)
-            assert writer is not None
-            f = self._stored.file
-            assert f is not None
-            transport = request.transport
-            if request.method != "HEAD" and transport is not None:
-                loop = asyncio.get_running_loop()
-                try:
-                    await writer.drain()
-                    await loop.sendfile(transport, f, 0, self._stored.manifest.size)
-                except NotImplementedError:
-                    f.seek(0)
-                    while chunk := await loop.run_in_executor(None, f.read, READ_CHUNK_BYTES):
-                        await writer.write(chunk)
-            await super().write_eof()
-            return writer
-        finally:
-            self._stored.close()
-
-
 def artifact_response(
     request: web.Request,
     body: StoredBody,
@@ -287,7 +258,7 @@ def artifact_response(
     if body.data is not None:
         # aiohttp sends Content-Length and omits the body itself for HEAD.
         return web.Response(status=200, body=body.data, headers=headers)
-    return _OpenFileResponse(body, headers)
+    return OpenFileResponse(body, headers, ctx(request).service)
 
 
 def count_bytes_out(request: web.Request, protocol: str, size_bytes: int) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.api.http import artifact_response, ctx, declared_length, endpoint, request_body
 from kura.core.errors import Forbidden, InvalidRequest
 from kura.core.keys import HEX_SHA256, NAMESPACE, PRODUCERS, validate
@@ -158,22 +159,21 @@ async def _throttled(
     loop = asyncio.get_running_loop()
     started = loop.time()
     sent = 0
+    c = ctx(request)
     try:
         await response.prepare(request)
-        while True:
-            if body.data is not None:
-                chunk = body.data[sent : sent + THROTTLE_CHUNK_BYTES]
-            else:
-                assert body.file is not None
-                chunk = await loop.run_in_executor(None, body.file.read, THROTTLE_CHUNK_BYTES)
-            if not chunk:
-                break
+        async for chunk in verified_chunks(c.service, body, THROTTLE_CHUNK_BYTES):
             await response.write(chunk)
             sent += len(chunk)
             ahead = sent / rate - (loop.time() - started)
             if ahead > 0:
                 await asyncio.sleep(ahead)
         await response.write_eof()
+    except DamagedBlob:
+        # A chunked body cut short would look complete to a peer: reset the connection instead
+        # (aiohttp then sees a client gone away when it finishes the response).
+        if request.transport is not None:
+            request.transport.abort()
     finally:
         body.close()
     return response

@@ -70,11 +70,7 @@ class _StoreCollector(Collector):
             "Bytes evicted to stay in the disk budget.",
             s.evicted_bytes_total,
         )
-        yield CounterMetricFamily(
-            "kura_storage_corrupt_artifacts",
-            "Artifacts dropped because their bytes did not match their digest.",
-            s.corrupt_total,
-        )
+        # kura_storage_corrupt_artifacts_total{detected_by}: kura.api.integrity_metrics
         yield GaugeMetricFamily(
             "kura_hot_cache_bytes",
             "Bytes of verified small artifacts held in memory.",

@@ -1,7 +1,7 @@
 """Xcode compilation cache CAS: ``POST``/``GET /api/cache/cas/{id}`` (Kura's own route).
 
-POST answers 204, also when the artifact already exists, in which case the body is not read
-(upstream's early existence check). Bodies are limited by ``KURA_MAX_XCODE_BYTES``.
+POST answers 204, also when the artifact already exists intact, in which case the body is not
+read (upstream's early existence check; a damaged stored copy is quarantined and replaced). Bodies are limited by ``KURA_MAX_XCODE_BYTES``.
 Keys are stored as ``blob/{id}`` like upstream.
 """
 
@@ -33,7 +33,7 @@ async def get(request: web.Request) -> web.StreamResponse:
 async def post(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
     c = ctx(request)
-    if not await c.service.exists(ref):
+    if not await c.service.intact(ref):
         await store(request, ref, PROTOCOL, limit_bytes=c.settings.max_xcode_bytes)
     return web.Response(status=204)
 

@@ -53,6 +53,11 @@ class ReadThrough:
         """True if the artifact is now stored locally (fetched by this or a concurrent call)."""
         if not self._enabled():
             return False
+        return await self.repair(artifact_id)
+
+    async def repair(self, artifact_id: str) -> bool:
+        """Like ``fetch`` but whatever ``KURA_READ_THROUGH`` says: a quarantined (damaged)
+        entry is fetched again from a peer that has it (``mesh.repair``)."""
         peers = self._peers()
         if not peers:
             return False

@@ -226,7 +226,8 @@ class Shipper:
             state.count("delete_namespace", "ok")
             return
         try:
-            body = await self._service.read_by_id(msg.artifact_id)
+            # Hashed first: a damaged copy is quarantined here, not refused by every peer.
+            body = await self._service.read_by_id(msg.artifact_id, hashed=True)
         except NotFound:
             state.count("upsert_artifact", "gone")
             return  # evicted or cleaned since: nothing to ship

@@ -7,9 +7,14 @@ Guarantees:
   rejected write leaves no blob, no index row and no reserved bytes.
 * Every artifact has a ``version_ms``; local writes get strictly increasing versions, and an
   index row is replaced only by a strictly newer version (last writer wins, ``core.version``).
-* Stored bytes are checked against the recorded SHA-256 before they are served: small blobs on
-  every read, large ones whenever the file's stat signature changed since it was last verified.
-  A mismatch drops the entry and reads as a miss, never as a hit with wrong bytes.
+* Stored bytes are checked against the recorded size and SHA-256 before they are served: the
+  size on every open, small blobs by hash on every read, large ones by a hash computed while they
+  are sent (``verify_reads="always"``; the sender holds the tail back until the digest matched)
+  or, with ``verify_reads="changed"``, only when the file's stat signature changed. A mismatch
+  quarantines the entry (``storage.quarantine``) and reads as a miss, never as a 200 with wrong
+  bytes. ``verify_stored`` is the same check for the scrub and for PUT routes that skip keys
+  which are already stored ("exists and intact"); ``on_quarantine(artifact_id)`` is called (on
+  the writer thread) for every entry quarantined, so the mesh can fetch a good copy.
 * Stored bytes stay within ``max_disk_bytes`` by least-recently-used eviction. Evictions are
   local: they are never replicated.
 * Every local write (and namespace clean) enqueues one outbox message per replication target in
@@ -54,13 +59,14 @@ from kura.storage.blobs import (
     BlobFiles,
     Staged,
     fsync_path,
-    sha256_file,
     stage_body,
     stat_signature,
 )
 from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex, OutboxMessage
+from kura.storage.quarantine import Quarantine
+from kura.storage.verify import ReadVerifier, digest_fd, problem_with_bytes, problem_with_file
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +88,18 @@ class ArtifactRef:
 
 @dataclass
 class StoredBody:
-    """A verified artifact ready to send: ``data`` for small ones, else an open ``file``.
+    """An artifact ready to send: ``data`` for small ones, else an open ``file``.
 
-    The caller must close ``file`` (``close()`` does it and is idempotent).
+    ``data`` is always verified. A ``file`` whose size matched but whose bytes were not hashed
+    yet has ``verified=False``: the sender must hash it while sending and abort on a mismatch
+    (``kura.api.file_response``). The caller must close ``file`` (``close()`` does it and is
+    idempotent).
     """
 
     manifest: Manifest
     data: bytes | None = None
     file: BinaryIO | None = None
+    verified: bool = True
 
     def close(self) -> None:
         if self.file is not None:
@@ -105,7 +115,8 @@ class StorageStats:
     artifacts: int = 0
     evictions_total: int = 0
     evicted_bytes_total: int = 0
-    corrupt_total: int = 0
+    # detected_by ("read", "scrub", "put") -> entries quarantined.
+    corrupt_total: dict[str, int] = field(default_factory=dict)
     outbox_depth: int = 0  # changed on the writer thread only
     # (source, outcome) -> count; source is "local", "replication", "bootstrap", "read_through".
     apply_outcomes_total: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -135,8 +146,15 @@ class CacheService:
         min_free_disk_bytes: int,
         outbox_max_depth: int = 100_000,
         hot_cache_bytes: int = 64 * 1024 * 1024,
+        verify_reads: str = "always",
+        quarantine_max_bytes: int = 1024 * 1024 * 1024,
+        on_quarantine: Callable[[str], None] = lambda artifact_id: None,
     ) -> None:
         self.files = BlobFiles(data_dir, tmp_dir)
+        self.verify_reads = verify_reads
+        self.quarantine = Quarantine(data_dir / "quarantine", quarantine_max_bytes)
+        self.verifier = ReadVerifier()
+        self._on_quarantine = on_quarantine
         self.hot = HotCache(hot_cache_bytes, SMALL_BLOB_BYTES)
         self.outbox_max_depth = outbox_max_depth
         # Set by the mesh: who local writes are shipped to, and how to wake the shipper.
@@ -165,6 +183,7 @@ class CacheService:
 
     def _open_sync(self) -> None:
         self.files.open()
+        self.quarantine.open()
         swept = self.files.sweep_staging()
         self._index = MetadataIndex(self.files.data_dir / "index.sqlite3")
         orphans = self._remove_orphans()
@@ -206,6 +225,7 @@ class CacheService:
         if self._index is not None:
             await self.flush_touches()
             await self._in(self._writer, self._close_sync)
+        self.verifier.close()
         for pool in (self._reader, self._syncer, self._writer):
             pool.shutdown(wait=True)
 
@@ -263,8 +283,14 @@ class CacheService:
                 return [r for r, _ in absent[i:]]
         return []
 
+    async def intact(self, ref: ArtifactRef) -> bool:
+        """Stored and intact: what a PUT route that skips existing keys must ask instead of
+        ``exists``, so a PUT over a damaged copy (quarantined here) stores the new body."""
+        return await self.verify_stored(self.artifact_id(ref), detected_by="put")
+
     async def read(self, ref: ArtifactRef) -> StoredBody:
-        """The verified artifact, or ``NotFound`` (absent, evicted, or failed verification)."""
+        """The artifact, or ``NotFound`` (absent, evicted, or failed verification). Small ones
+        are verified; a large one may carry ``verified=False``, to be hashed while sent."""
         aid = self.artifact_id(ref)
         body = await self._read_cached(aid)
         if body is None and self.on_miss is not None and await self.on_miss(aid):
@@ -285,12 +311,26 @@ class CacheService:
             self.hot.put(body.manifest, body.data, generation)
         return body
 
-    async def read_by_id(self, aid: str) -> StoredBody:
-        """Like ``read`` but by artifact id (peers address artifacts by id)."""
+    async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
+        """Like ``read`` but by artifact id (peers address artifacts by id). ``hashed=True``
+        hashes an unverified large blob before returning it, for senders that cannot verify
+        while sending (the shipper); damage found then is quarantined and raises NotFound."""
         body = await self._read_cached(aid)
+        if body is not None and hashed and not body.verified:
+            body = await self._in(self._reader, self._hash_body_sync, body)
         if body is None:
             raise NotFound("Artifact not found")
         return body
+
+    def _hash_body_sync(self, body: StoredBody) -> StoredBody | None:
+        assert body.file is not None
+        d = digest_fd(os.dup(body.file.fileno()), body.manifest.size, 0)
+        if d.size_bytes == body.manifest.size and d.sha256 == body.manifest.sha256:
+            body.verified = True
+            return body
+        body.close()
+        self._writer.submit(self._confirm_corrupt_sync, body.manifest, "read").result()
+        return None
 
     async def read_manifest(self, aid: str) -> Manifest | None:
         row = await self._in(self._reader, self._require_index().get, aid)
@@ -311,34 +351,41 @@ class CacheService:
                 return None
             manifest, inline_body, sig = row
             if manifest.inline:
-                assert inline_body is not None
-                if hashlib.sha256(inline_body).hexdigest() == manifest.sha256:
+                if problem_with_bytes(inline_body, manifest) is None:
                     return StoredBody(manifest, data=inline_body)
             else:
                 body = self._open_verified(manifest, sig)
                 if body is not None:
                     return body
-            if self._writer.submit(self._confirm_corrupt_sync, manifest).result():
+            if self._writer.submit(self._confirm_corrupt_sync, manifest, "read").result():
                 return None
         return None
 
     def _open_verified(self, manifest: Manifest, sig: str | None) -> StoredBody | None:
-        """The blob file if it matches ``manifest`` (by content, or for large blobs by an
-        unchanged stat signature), else None."""
+        """The blob file if its size matches ``manifest`` and, for small blobs, its hash (else
+        None). A large one whose stat signature is the recorded one is returned unhashed
+        (``verified=False``: hashed while sent) unless ``verify_reads == "changed"``, which
+        trusts the signature; with another signature it is hashed here first."""
         try:
-            f = self.files.blob_path(manifest.artifact_id).open("rb")
+            f = self._blob_path(manifest).open("rb")
         except FileNotFoundError:
             return None
         st = os.fstat(f.fileno())
+        if st.st_size != manifest.size:
+            f.close()
+            return None
         if manifest.size <= SMALL_BLOB_BYTES:
             data = f.read()
             f.close()
-            if len(data) == manifest.size and hashlib.sha256(data).hexdigest() == manifest.sha256:
+            if problem_with_bytes(data, manifest) is None:
                 return StoredBody(manifest, data=data)
             return None
         if stat_signature(st) == sig:
-            return StoredBody(manifest, file=f)
-        if st.st_size == manifest.size and _sha256_fileobj(f) == manifest.sha256:
+            # The very file the row was committed with; "always" still hashes it while sending.
+            return StoredBody(manifest, file=f, verified=self.verify_reads == "changed")
+        # Changed since last verified, or a reader that raced a write opened the next version's
+        # file: hash it now, so a race is told apart from damage (by the writer) before sending.
+        if _sha256_fileobj(f) == manifest.sha256:
             f.seek(0)
             self._writer.submit(
                 self._require_index().set_stat_sig, manifest.artifact_id, stat_signature(st)
@@ -347,37 +394,109 @@ class CacheService:
         f.close()
         return None
 
-    def _confirm_corrupt_sync(self, manifest: Manifest) -> bool:
+    def _blob_path(self, manifest: Manifest) -> Path:
+        """The one place the integrity checks map a manifest to its blob file."""
+        return self.files.blob_path(manifest.artifact_id)
+
+    async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
+        """A sender found ``manifest``'s bytes damaged: re-check them on the writer thread and
+        quarantine the entry if they really are. True if it was quarantined."""
+        return await self._in(self._writer, self._confirm_corrupt_sync, manifest, detected_by)
+
+    async def verify_stored(
+        self,
+        artifact_id: str,
+        *,
+        detected_by: str,
+        pace: Callable[[int], None] | None = None,
+        executor: ThreadPoolExecutor | None = None,
+    ) -> bool:
+        """True if the artifact is stored and intact (size and SHA-256 match its manifest).
+
+        A damaged entry is quarantined (counted under ``detected_by``: "put", "scrub") and
+        reads False, like an absent one. ``pace(n)`` is called per chunk hashed (rate limits);
+        it runs on ``executor`` (default: the reader pool). Safe to call concurrently.
+        """
+        return await self._in(
+            executor or self._reader, self._verify_stored_sync, artifact_id, detected_by, pace
+        )
+
+    def _verify_stored_sync(
+        self, aid: str, detected_by: str, pace: Callable[[int], None] | None
+    ) -> bool:
+        index = self._require_index()
+        for _attempt in range(5):
+            row = index.get(aid)
+            if row is None:
+                return False
+            manifest, inline_body, _sig = row
+            if manifest.inline:
+                problem = problem_with_bytes(inline_body, manifest)
+                if pace is not None:
+                    pace(manifest.size)
+            else:
+                problem = problem_with_file(self._blob_path(manifest), manifest, pace)
+            if problem is None:
+                return True
+            if self._writer.submit(self._confirm_corrupt_sync, manifest, detected_by).result():
+                return False
+        return False
+
+    def _confirm_corrupt_sync(self, manifest: Manifest, detected_by: str) -> bool:
         """Writer thread (no commit runs concurrently): if ``manifest`` is still the stored
-        version and its bytes still do not match it, drop the entry and return True. False
-        means the reader raced a write and should look again."""
+        version and its bytes still do not match it, quarantine the entry and return True.
+        False means the caller raced a write and should look again.
+
+        This is the one place an entry is dropped for damage: the file (or inline body) moves to
+        the quarantine, the row goes, the hot cache and disk accounting follow, a WARNING names
+        what was expected and what was found, and ``on_quarantine`` is told.
+        """
         index = self._require_index()
         current = index.get(manifest.artifact_id)
         if current is None or current[0] != manifest:
             return False
-        if manifest.inline:
-            body_ok = (
-                current[1] is not None and hashlib.sha256(current[1]).hexdigest() == manifest.sha256
-            )
+        path = None if manifest.inline else self._blob_path(manifest)
+        if path is None:
+            problem = problem_with_bytes(current[1], manifest)
         else:
-            path = self.files.blob_path(manifest.artifact_id)
-            try:
-                body_ok = path.stat().st_size == manifest.size and (
-                    sha256_file(path) == manifest.sha256
-                )
-            except FileNotFoundError:
-                body_ok = False
-        if body_ok:
+            problem = problem_with_file(path, manifest)
+        if problem is None:
             return False
         log.warning(
-            "dropping artifact %s: stored bytes do not match its digest", manifest.artifact_id
+            "quarantined artifact %s (producer %s, namespace %r, key %r): expected %d bytes "
+            "with sha256 %s, but %s (detected by %s)",
+            manifest.artifact_id,
+            manifest.producer,
+            manifest.namespace_id,
+            manifest.key,
+            manifest.size,
+            manifest.sha256,
+            problem,
+            detected_by,
         )
         index.delete([manifest.artifact_id])
-        self.files.remove(manifest.artifact_id)
         self.hot.invalidate([manifest.artifact_id])
-        self.stats.corrupt_total += 1
+        try:
+            self.quarantine.admit(
+                manifest,
+                blob=path,
+                inline_body=current[1] if path is None else None,
+                found=problem,
+                detected_by=detected_by,
+                now_ms=self.clock.now_ms(),
+            )
+        except OSError:
+            log.exception("could not quarantine %s; removing it", manifest.artifact_id)
+            if path is not None:
+                path.unlink(missing_ok=True)
+        by = self.stats.corrupt_total
+        by[detected_by] = by.get(detected_by, 0) + 1
         self.stats.used_bytes -= manifest.size
         self.stats.artifacts -= 1
+        try:
+            self._on_quarantine(manifest.artifact_id)
+        except Exception:
+            log.exception("on_quarantine hook failed for %s", manifest.artifact_id)
         return True
 
     # -- writes ------------------------------------------------------------------------------

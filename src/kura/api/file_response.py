@@ -1,0 +1,151 @@
+"""Sending a stored blob from its open file without ever completing a wrong or short response.
+
+A 200 promises ``Content-Length`` bytes; a client that gets fewer on a clean connection end, or
+gets the promised count with wrong bytes, caches garbage. Two rules follow:
+
+* Short: ``sendfile`` (or a read) that ends before ``manifest.size`` bytes means the file shrank
+  under us. The connection is aborted (``transport.abort()``: the client sees a reset, never a
+  clean short body, and nothing waits for bytes that will not come) and the entry is reported
+  to storage, which re-checks and quarantines it.
+* Wrong: a blob whose bytes were not hashed when opened (``StoredBody.verified`` is False, the
+  ``KURA_VERIFY_READS=always`` default) is hashed in a worker thread while ``sendfile`` sends all
+  but its last ``TAIL_BYTES``. Those last bytes are sent only once the digest matched, and they
+  are the very bytes that were hashed. On a mismatch the connection is aborted and the entry
+  reported, so the client has an incomplete transfer, never a 200 with wrong bytes. This catches
+  corruption below the filesystem that leaves the file's metadata unchanged.
+
+Failing a transfer raises ``ConnectionResetError`` out of ``prepare``, which aiohttp treats as a
+client gone away (no traceback, no second response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from typing import NoReturn
+
+import aiohttp
+from aiohttp import web
+
+from kura.storage.service import CacheService, StoredBody
+from kura.storage.verify import FileDigest, digest_fd
+
+log = logging.getLogger(__name__)
+
+# Held back until the digest matched; also what a chunked sender keeps in hand.
+TAIL_BYTES = 64 * 1024
+READ_CHUNK_BYTES = 256 * 1024
+
+
+class DamagedBlob(ConnectionResetError):
+    """The blob being sent turned out short or wrong; the transfer was aborted."""
+
+
+class OpenFileResponse(web.StreamResponse):
+    """200 with an already-open blob file, sent with sendfile and verified as it goes."""
+
+    def __init__(self, body: StoredBody, headers: dict[str, str], service: CacheService) -> None:
+        super().__init__(status=200, headers=headers)
+        self._stored = body
+        self._service = service
+        self.content_length = body.manifest.size
+
+    async def prepare(self, request: web.BaseRequest) -> aiohttp.abc.AbstractStreamWriter | None:
+        try:
+            writer = await super().prepare(request)
+            assert writer is not None
+            transport = request.transport
+            if request.method != "HEAD" and transport is not None:
+                await self._send(writer, transport)
+            await super().write_eof()
+            return writer
+        finally:
+            self._stored.close()
+
+    async def _send(
+        self, writer: aiohttp.abc.AbstractStreamWriter, transport: asyncio.Transport
+    ) -> None:
+        f = self._stored.file
+        assert f is not None
+        size = self._stored.manifest.size
+        loop = asyncio.get_running_loop()
+        digest: asyncio.Future[FileDigest] | None = None
+        tail = 0
+        if not self._stored.verified:
+            tail = min(TAIL_BYTES, size)
+            # Its own descriptor: the hash may outlive this response (client gone) safely.
+            cfut: Future[FileDigest] = self._service.verifier.pool.submit(
+                digest_fd, os.dup(f.fileno()), size, tail
+            )
+            digest = asyncio.wrap_future(cfut)
+            digest.add_done_callback(_retrieve)
+        await writer.drain()
+        try:
+            sent = await loop.sendfile(transport, f, 0, size - tail)
+        except ConnectionError:
+            raise  # the client went away
+        except OSError as exc:  # EIO and friends: the disk, not the client
+            await self._fail(transport, f"reading the file failed: {exc}")
+        if sent < size - tail:
+            await self._fail(transport, f"the file ended after {sent} of {size} bytes")
+        if digest is not None:
+            try:
+                d = await digest
+            except OSError as exc:
+                await self._fail(transport, f"hashing the file failed: {exc}")
+            if d.size_bytes < size:
+                await self._fail(transport, f"the file ended after {d.size_bytes} of {size} bytes")
+            if d.sha256 != self._stored.manifest.sha256:
+                await self._fail(transport, f"the file hashes to sha256 {d.sha256}")
+            await writer.write(d.tail)
+
+    async def _fail(self, transport: asyncio.Transport, found: str) -> NoReturn:
+        transport.abort()
+        await report(self._service, self._stored, found)
+        raise DamagedBlob(found)
+
+
+async def report(service: CacheService, body: StoredBody, found: str) -> None:
+    """Log a damaged send and let storage re-check and quarantine the entry."""
+    log.warning("aborted sending artifact %s: %s", body.manifest.artifact_id, found)
+    await service.report_corrupt(body.manifest, "read")
+
+
+async def verified_chunks(
+    service: CacheService, body: StoredBody, chunk_bytes: int = READ_CHUNK_BYTES
+) -> AsyncIterator[bytes]:
+    """The blob's bytes in chunks, for senders that write every byte themselves (the throttled
+    peer download). Raises ``DamagedBlob`` (after reporting the entry) instead of yielding the
+    last chunk when the file is short or does not hash to its manifest's digest."""
+    if body.data is not None:
+        for i in range(0, len(body.data), chunk_bytes):
+            yield body.data[i : i + chunk_bytes]
+        return
+    f = body.file
+    assert f is not None
+    size = body.manifest.size
+    loop = asyncio.get_running_loop()
+    h = hashlib.sha256()
+    done = 0
+    while done < size:
+        chunk = await loop.run_in_executor(
+            service.verifier.pool, os.pread, f.fileno(), min(chunk_bytes, size - done), done
+        )
+        if not chunk:
+            await report(service, body, f"the file ended after {done} of {size} bytes")
+            raise DamagedBlob("short file")
+        h.update(chunk)
+        done += len(chunk)
+        if done >= size and h.hexdigest() != body.manifest.sha256:
+            await report(service, body, f"the file hashes to sha256 {h.hexdigest()}")
+            raise DamagedBlob("digest mismatch")
+        yield chunk
+
+
+def _retrieve(fut: asyncio.Future[FileDigest]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("hashing a blob being sent failed: %s", fut.exception())

@@ -1,0 +1,103 @@
+"""``storage.verify.digest_fd`` (the hash a large GET waits for before its last bytes) and
+``storage.quarantine.Quarantine`` (bounded evidence), on real files.
+
+digest_fd's tail is what the sender writes after the digest matched, so it must be exactly the
+file's last bytes, for every size and tail length, and the digest must be the file's SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kura.core.manifest import Manifest
+from kura.storage.quarantine import Quarantine
+from kura.storage.verify import HASH_CHUNK_BYTES, digest_fd, problem_with_file
+
+SIZES = st.integers(0, 3 * HASH_CHUNK_BYTES + 17)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size=SIZES,
+    tail=st.integers(0, 2 * HASH_CHUNK_BYTES + 5),
+    seed=st.binary(min_size=8, max_size=8),
+)
+def test_digest_fd_hashes_the_file_and_keeps_exactly_its_last_bytes(
+    size: int, tail: int, seed: bytes
+) -> None:
+    tail = min(tail, size)
+    data = (hashlib.sha256(seed).digest() * (size // 32 + 1))[:size]
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        d = digest_fd(os.dup(f.fileno()), size, tail)
+    assert d.sha256 == hashlib.sha256(data).hexdigest()
+    assert d.size_bytes == size
+    assert d.tail == data[size - tail :]
+
+
+def test_digest_fd_reports_a_file_shorter_than_promised(tmp_path: Path) -> None:
+    path = tmp_path / "short"
+    path.write_bytes(b"x" * 1000)
+    d = digest_fd(os.open(path, os.O_RDONLY), 5000, 100)
+    assert d.size_bytes == 1000
+
+
+def manifest(aid: str, data: bytes) -> Manifest:
+    return Manifest(
+        artifact_id=aid,
+        producer="http_cache",
+        namespace_id="ns",
+        key="k",
+        content_type="application/octet-stream",
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        version_ms=1,
+        created_at_ms=1,
+        inline=False,
+        headers={},
+    )
+
+
+def test_problem_with_file_names_size_and_digest_mismatches(tmp_path: Path) -> None:
+    path = tmp_path / "blob"
+    path.write_bytes(b"hello")
+    assert problem_with_file(path, manifest("a" * 64, b"hello")) is None
+    assert problem_with_file(path, manifest("a" * 64, b"hello!")) == "the file holds 5 bytes"
+    found = problem_with_file(path, manifest("a" * 64, b"HELLO"))
+    assert found == f"the file hashes to sha256 {hashlib.sha256(b'hello').hexdigest()}"
+    assert problem_with_file(tmp_path / "gone", manifest("a" * 64, b"x")) == (
+        "the blob file is missing"
+    )
+
+
+def test_the_quarantine_deletes_the_oldest_past_its_bound_and_counts_what_it_holds(
+    tmp_path: Path,
+) -> None:
+    q = Quarantine(tmp_path / "q", max_bytes=250)
+    q.open()
+    for i in range(4):
+        blob = tmp_path / f"blob{i}"
+        blob.write_bytes(bytes([i]) * 100)
+        q.admit(
+            manifest(f"{i}" * 64, b"?" * 100),
+            blob=blob,
+            inline_body=None,
+            found="the file hashes to sha256 ...",
+            detected_by="scrub",
+            now_ms=1000 + i,
+        )
+        assert not blob.exists()
+    kept = sorted(p for p in (tmp_path / "q").iterdir() if p.suffix != ".json")
+    assert [p.read_bytes()[0] for p in kept] == [2, 3]
+    assert len(list((tmp_path / "q").glob("*.json"))) == 2
+    assert q.size_bytes == 200
+    reopened = Quarantine(tmp_path / "q", max_bytes=150)
+    reopened.open()  # a smaller bound applies at start-up
+    assert reopened.size_bytes == 100
