@@ -3,8 +3,11 @@
 Guarantees:
 
 * A write is visible only once complete: its body is staged in the tmp dir under a reservation
-  from the tmp budget, fsynced, renamed into place and then recorded in the index. A failed or
-  rejected write leaves no blob, no index row and no reserved bytes.
+  from the tmp budget, fsynced, renamed into place beside any older version and then recorded
+  in the index (committed with ``synchronous=FULL``); only then is the older version's file
+  unlinked. A crash at any point leaves the acknowledged version intact, and start-up removes
+  the rest (``storage.reconcile``; ``docs/durability.md``). A failed or rejected write leaves
+  no blob, no index row and no reserved bytes.
 * Every artifact has a ``version_ms``; local writes get strictly increasing versions, and an
   index row is replaced only by a strictly newer version (last writer wins, ``core.version``).
 * Stored bytes are checked against the recorded SHA-256 before they are served: small blobs on
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from kit.clock import Clock
+from kit.failpoint import failpoint
 from kura.core.errors import (
     DigestMismatch,
     InsufficientStorage,
@@ -61,6 +65,7 @@ from kura.storage.blobs import (
 from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex, OutboxMessage
+from kura.storage.recovery import StartReport, open_storage, warnings
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +161,7 @@ class CacheService:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kura-write")
         self._last_version_ms = 0
         self._touches: dict[str, int] = {}
+        self.start_report = StartReport()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -164,42 +170,18 @@ class CacheService:
         await self._in(self._writer, self._open_sync)
 
     def _open_sync(self) -> None:
-        self.files.open()
-        swept = self.files.sweep_staging()
-        self._index = MetadataIndex(self.files.data_dir / "index.sqlite3")
-        orphans = self._remove_orphans()
+        self._index, self.start_report = open_storage(self.files)
         count, used = self._index.totals()
         self.stats.artifacts, self.stats.used_bytes = count, used
         self.stats.outbox_depth = sum(n for n, _ in self._index.outbox_depths().values())
-        if swept or orphans:
+        swept, rec = self.start_report.swept_files, self.start_report.reconciled
+        if swept or rec.removed_files or rec.dropped_rows:
+            orphans = rec.removed_files + rec.dropped_rows
             log.info("start-up sweep removed %d staging files and %d orphans", swept, orphans)
 
-    def _remove_orphans(self) -> int:
-        """Delete blob files with no index row, and index rows whose blob file is gone."""
-        index = self._require_index()
-        on_disk = self.files.stored_ids()
-        removed = 0
-        known_files: set[str] = set()
-        missing: list[str] = []
-        after = ""
-        while True:
-            page = index.manifests_after(after, 1000)
-            if not page:
-                break
-            for m in page:
-                if not m.inline:
-                    if m.artifact_id in on_disk:
-                        known_files.add(m.artifact_id)
-                    else:
-                        missing.append(m.artifact_id)
-            after = page[-1].artifact_id
-        for aid in on_disk - known_files:
-            self.files.remove(aid)
-            removed += 1
-        if missing:
-            index.delete(missing)
-            removed += len(missing)
-        return removed
+    def warnings(self) -> list[str]:
+        """Storage problems for an operator (``/ready`` warnings); see ``recovery.warnings``."""
+        return warnings(self.start_report, self.files.data_dir, self.min_free_disk_bytes)
 
     async def close(self) -> None:
         """Flush access times and release the data dir. Safe to call once after start."""
@@ -225,8 +207,11 @@ class CacheService:
 
     async def flush_touches(self) -> None:
         touches, self._touches = self._touches, {}
-        if touches:
-            await self._in(self._writer, self._require_index().touch, touches)
+        # Access times are best effort: not recorded while the disk is full or read-only.
+        index = self._require_index()
+        full = shutil.disk_usage(self.files.data_dir).free <= self.min_free_disk_bytes
+        if touches and not index.read_only and not full:
+            await self._in(self._writer, index.touch, touches)
 
     # -- identity and versions ---------------------------------------------------------------
 
@@ -309,7 +294,7 @@ class CacheService:
         """The blob file if it matches ``manifest`` (by content, or for large blobs by an
         unchanged stat signature), else None."""
         try:
-            f = self.files.blob_path(manifest.artifact_id).open("rb")
+            f = self.files.blob_path(manifest).open("rb")
         except FileNotFoundError:
             return None
         st = os.fstat(f.fileno())
@@ -343,7 +328,7 @@ class CacheService:
                 current[1] is not None and hashlib.sha256(current[1]).hexdigest() == manifest.sha256
             )
         else:
-            path = self.files.blob_path(manifest.artifact_id)
+            path = self.files.blob_path(manifest)
             try:
                 body_ok = path.stat().st_size == manifest.size and (
                     sha256_file(path) == manifest.sha256
@@ -352,11 +337,13 @@ class CacheService:
                 body_ok = False
         if body_ok:
             return False
+        if index.read_only:  # cannot drop it now: a miss, until a restart reconciles
+            return True
         log.warning(
             "dropping artifact %s: stored bytes do not match its digest", manifest.artifact_id
         )
         index.delete([manifest.artifact_id])
-        self.files.remove(manifest.artifact_id)
+        self.files.remove(manifest)
         self.hot.invalidate([manifest.artifact_id])
         self.stats.corrupt_total += 1
         self.stats.used_bytes -= manifest.size
@@ -391,7 +378,14 @@ class CacheService:
                 retry_after_seconds=5,
             )
 
+    def _check_writable(self) -> None:
+        """ResourceExhausted (503) while the index is read-only (a full disk at start-up)."""
+        reason = self.start_report.read_only_reason
+        if reason:
+            raise ResourceExhausted(reason, retry_after_seconds=30)
+
     def _check_free_disk(self, incoming_bytes: int) -> None:
+        self._check_writable()
         free = shutil.disk_usage(self.files.data_dir).free
         if free - incoming_bytes < self.min_free_disk_bytes:
             raise ResourceExhausted(
@@ -558,11 +552,24 @@ class CacheService:
         old_size = 0 if existing is None else existing[0].size
         self._evict_sync(manifest.size - old_size, manifest.artifact_id)
         sig = None
+        # New version's file beside the old one, commit, and only then unlink the old file: a
+        # crash anywhere leaves the acknowledged version whole (start-up reconciles the rest).
+        old_file = None if existing is None or existing[0].inline else existing[0]
+        new_file = None if staged_path is None else self.files.blob_path(manifest)
         if staged_path is not None:
-            sig = stat_signature(self.files.persist(staged_path, manifest.artifact_id))
-        elif existing is not None and not existing[0].inline:
-            self.files.remove(manifest.artifact_id)
-        index.upsert(manifest, inline_body, sig, self.clock.now_ms(), outbox_peers)
+            sig = stat_signature(self.files.persist(staged_path, manifest))
+            failpoint("storage.after_publish")
+        try:
+            index.upsert(manifest, inline_body, sig, self.clock.now_ms(), outbox_peers)
+        except BaseException:
+            if new_file is not None and (
+                old_file is None or self.files.blob_path(old_file) != new_file
+            ):
+                new_file.unlink(missing_ok=True)
+            raise
+        failpoint("storage.after_commit")
+        if old_file is not None and self.files.blob_path(old_file) != new_file:
+            self.files.remove(old_file)
         # After the row and the file changed: a read that began earlier cannot re-insert old bytes.
         self.hot.invalidate([manifest.artifact_id])
         self.stats.outbox_depth += len(outbox_peers)
@@ -588,7 +595,7 @@ class CacheService:
             self.hot.invalidate([v[0] for v in victims])
             for aid, size, inline in victims:
                 if not inline:
-                    self.files.remove(aid)
+                    self.files.remove_artifact(aid)
                 self.stats.used_bytes -= size
                 self.stats.artifacts -= 1
                 self.stats.evictions_total += 1
@@ -679,6 +686,7 @@ class CacheService:
         """Tombstone ``namespace_id`` at ``version_ms`` (default: a new local version) and delete
         every artifact of it at or below that version. A local clean is enqueued for every
         replication target; a tombstone from a peer is not. Returns the tombstone version."""
+        self._check_writable()
         if source == "local":
             self.check_outbox()
         version = self.next_version_ms() if version_ms is None else version_ms
@@ -702,7 +710,7 @@ class CacheService:
         self.stats.outbox_depth += len(peers)
         for aid, size, inline in victims:
             if not inline:
-                self.files.remove(aid)
+                self.files.remove_artifact(aid)
             self.stats.used_bytes -= size
             self.stats.artifacts -= 1
         return True
@@ -723,8 +731,8 @@ class CacheService:
 
     async def outbox_ack(self, ids: Sequence[int]) -> None:
         """Delete delivered messages (only after the peer acknowledged them)."""
-        if not ids:
-            return
+        if not ids or self._require_index().read_only:
+            return  # read-only: the messages are sent again later, and applying is idempotent
         deleted = await self._in(self._writer, self._require_index().outbox_delete, ids)
         self.stats.outbox_depth -= deleted
 
