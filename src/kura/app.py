@@ -156,6 +156,7 @@ class Node:
             self.service.files.tmp_dir_bytes,
             self.service.hot,
             lambda: self.service.start_report,
+            self.service.free_disk_bytes,
         )
         self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
         self.draining = False

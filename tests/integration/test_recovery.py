@@ -151,6 +151,8 @@ def test_a_node_on_a_full_disk_starts_serves_reads_and_refuses_writes(
             assert c.get("/cache/rec/new").status_code == 404
             ready = c.get("/ready").json()
         assert any("disk full" in w for w in ready["warnings"]), ready
+        assert node.metric("kura_disk_free_bytes") == 0
+        assert "disk full" in node.log()
         if stop_signal == signal.SIGTERM:  # no -shm left: SQLite cannot size one, read-only
             assert node.metric("kura_storage_read_only") == 1
             assert "disk full at start-up" in node.log()

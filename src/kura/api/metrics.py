@@ -48,9 +48,11 @@ class _StoreCollector(Collector):
         tmp_dir_bytes: Callable[[], int],
         hot: HotCache,
         start_report: Callable[[], StartReport],
+        free_bytes: Callable[[], int],
     ) -> None:
         self._hot = hot
         self._start_report = start_report
+        self._free_bytes = free_bytes
         self._stats = stats
         self._budget = budget
         self._max_disk_bytes = max_disk_bytes
@@ -79,6 +81,12 @@ class _StoreCollector(Collector):
             s.corrupt_total,
         )
         start = self._start_report()
+        yield GaugeMetricFamily(
+            "kura_disk_free_bytes",
+            "Free bytes on the data dir's filesystem (writes answer 503 at or below "
+            "KURA_MIN_FREE_DISK_BYTES).",
+            self._free_bytes(),
+        )
         yield GaugeMetricFamily(
             "kura_storage_read_only",
             "1 when the index was opened read-only because the disk was full at start-up.",
@@ -349,9 +357,12 @@ class KuraMetrics:
         tmp_dir_bytes: Callable[[], int],
         hot: HotCache,
         start_report: Callable[[], StartReport] = StartReport,
+        free_bytes: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry.register(
-            _StoreCollector(stats, budget, max_disk_bytes, tmp_dir_bytes, hot, start_report)
+            _StoreCollector(
+                stats, budget, max_disk_bytes, tmp_dir_bytes, hot, start_report, free_bytes
+            )
         )
 
     def watch_mesh(

@@ -174,6 +174,8 @@ class CacheService:
         count, used = self._index.totals()
         self.stats.artifacts, self.stats.used_bytes = count, used
         self.stats.outbox_depth = sum(n for n, _ in self._index.outbox_depths().values())
+        for warning in self.warnings()[len(self.start_report.warnings) :]:
+            log.warning("at start-up: %s", warning)  # a full disk (the rest is logged already)
         swept, rec = self.start_report.swept_files, self.start_report.reconciled
         if swept or rec.removed_files or rec.dropped_rows:
             orphans = rec.removed_files + rec.dropped_rows
@@ -377,6 +379,13 @@ class CacheService:
                 f"outbox messages pending (limit {self.outbox_max_depth})",
                 retry_after_seconds=5,
             )
+
+    def free_disk_bytes(self) -> int:
+        """Free bytes on the data dir's filesystem (0 before ``start`` created the dir)."""
+        try:
+            return shutil.disk_usage(self.files.data_dir).free
+        except FileNotFoundError:
+            return 0
 
     def _check_writable(self) -> None:
         """ResourceExhausted (503) while the index is read-only (a full disk at start-up)."""
