@@ -214,7 +214,7 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
     assert tally.lost == [], tally.lost[:20]
     assert kills >= 50
     assert in_window >= 10
-    assert tally.acknowledged > 500
+    assert tally.acknowledged > 200
     assert staging == []
     assert len(blob_files) == rows
     # Every blob file is the file of its row's current version: nothing superseded is left.

@@ -30,7 +30,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -337,3 +337,24 @@ async def stage_body(
     except BaseException:
         path.unlink(missing_ok=True)
         raise
+
+
+def concatenate(parts: Sequence[Path], out: Path) -> Staged:
+    """Write the concatenation of ``parts`` to ``out``, fsynced; its size and SHA-256. On any
+    failure ``out`` is removed. Blocking (multipart completion, in the sync pool)."""
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with out.open("wb") as dst:
+            for part in parts:
+                with part.open("rb") as src:
+                    while chunk := src.read(1024 * 1024):
+                        dst.write(chunk)
+                        h.update(chunk)
+                        size += len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return Staged(out, size, h.hexdigest())

@@ -366,12 +366,19 @@ class MetadataIndex:
         return [OutboxMessage(*r) for r in rows]
 
     def outbox_delete(self, ids: Iterable[int]) -> int:
+        """Delete delivered messages; returns how many. 0 when the disk is full (SQLITE_FULL):
+        the messages stay and are delivered again, which peers apply idempotently (LWW)."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
             cur = conn.executemany("DELETE FROM outbox WHERE id = ?", ((i,) for i in ids))
             conn.execute("COMMIT")
             return cur.rowcount
+        except sqlite3.OperationalError as exc:
+            _rollback(conn)
+            if exc.sqlite_errorname != "SQLITE_FULL":
+                raise
+            return 0
         except BaseException:
             _rollback(conn)
             raise

@@ -57,6 +57,7 @@ from kura.storage.blobs import (
     GROW_STEP_BYTES,
     BlobFiles,
     Staged,
+    concatenate,
     fsync_path,
     sha256_file,
     stage_body,
@@ -211,7 +212,7 @@ class CacheService:
         touches, self._touches = self._touches, {}
         # Access times are best effort: not recorded while the disk is full or read-only.
         index = self._require_index()
-        full = shutil.disk_usage(self.files.data_dir).free <= self.min_free_disk_bytes
+        full = self.free_disk_bytes() <= self.min_free_disk_bytes
         if touches and not index.read_only and not full:
             await self._in(self._writer, index.touch, touches)
 
@@ -389,8 +390,7 @@ class CacheService:
 
     def _check_writable(self) -> None:
         """ResourceExhausted (503) while the index is read-only (a full disk at start-up)."""
-        reason = self.start_report.read_only_reason
-        if reason:
+        if reason := self.start_report.read_only_reason:
             raise ResourceExhausted(reason, retry_after_seconds=30)
 
     def _check_free_disk(self, incoming_bytes: int) -> None:
@@ -446,7 +446,7 @@ class CacheService:
         self.check_size(total, self.max_disk_bytes)
         incoming = self.files.blobs_dir / f"multipart.incoming-{os.urandom(8).hex()}"
         try:
-            staged = await self._in(self._syncer, _concatenate, parts, incoming)
+            staged = await self._in(self._syncer, concatenate, parts, incoming)
             return await self._commit_staged(ref, staged, content_type, {}, fsynced=True)
         finally:
             incoming.unlink(missing_ok=True)
@@ -563,22 +563,20 @@ class CacheService:
         sig = None
         # New version's file beside the old one, commit, and only then unlink the old file: a
         # crash anywhere leaves the acknowledged version whole (start-up reconciles the rest).
-        old_file = None if existing is None or existing[0].inline else existing[0]
-        new_file = None if staged_path is None else self.files.blob_path(manifest)
+        old = None if existing is None or existing[0].inline else self.files.blob_path(existing[0])
+        new = None if staged_path is None else self.files.blob_path(manifest)
         if staged_path is not None:
             sig = stat_signature(self.files.persist(staged_path, manifest))
             failpoint("storage.after_publish")
         try:
             index.upsert(manifest, inline_body, sig, self.clock.now_ms(), outbox_peers)
         except BaseException:
-            if new_file is not None and (
-                old_file is None or self.files.blob_path(old_file) != new_file
-            ):
-                new_file.unlink(missing_ok=True)
+            if new is not None and new != old:
+                new.unlink(missing_ok=True)  # never acknowledged
             raise
         failpoint("storage.after_commit")
-        if old_file is not None and self.files.blob_path(old_file) != new_file:
-            self.files.remove(old_file)
+        if old is not None and old != new:
+            old.unlink(missing_ok=True)  # a reader that has it open keeps its bytes
         # After the row and the file changed: a read that began earlier cannot re-insert old bytes.
         self.hot.invalidate([manifest.artifact_id])
         self.stats.outbox_depth += len(outbox_peers)
@@ -736,12 +734,16 @@ class CacheService:
     # -- outbox ------------------------------------------------------------------------------
 
     async def outbox_batch(self, peer: str, limit: int) -> list[OutboxMessage]:
+        """The oldest pending messages for ``peer``; none while deliveries cannot be recorded
+        (index read-only, or the disk full): shipping resumes once space is back."""
+        if self._require_index().read_only or self.free_disk_bytes() <= self.min_free_disk_bytes:
+            return []
         return await self._in(self._reader, self._require_index().outbox_batch, peer, limit)
 
     async def outbox_ack(self, ids: Sequence[int]) -> None:
         """Delete delivered messages (only after the peer acknowledged them)."""
-        if not ids or self._require_index().read_only:
-            return  # read-only: the messages are sent again later, and applying is idempotent
+        if not ids:
+            return
         deleted = await self._in(self._writer, self._require_index().outbox_delete, ids)
         self.stats.outbox_depth -= deleted
 
@@ -784,22 +786,3 @@ def _sha256_fileobj(f: BinaryIO) -> str:
     while chunk := f.read(1024 * 1024):
         h.update(chunk)
     return h.hexdigest()
-
-
-def _concatenate(parts: Sequence[Path], out: Path) -> Staged:
-    h = hashlib.sha256()
-    size = 0
-    try:
-        with out.open("wb") as dst:
-            for part in parts:
-                with part.open("rb") as src:
-                    while chunk := src.read(1024 * 1024):
-                        dst.write(chunk)
-                        h.update(chunk)
-                        size += len(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-    except BaseException:
-        out.unlink(missing_ok=True)
-        raise
-    return Staged(out, size, h.hexdigest())
