@@ -161,7 +161,7 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
     tally = Tally()
     directory = tmp_path / "crash"
     plain, faulty = node_env(directory), node_env(directory, failpoints=FAILPOINTS)
-    kills = in_window = 0
+    kills = after_publish = after_commit = 0
     started = time.monotonic()
     for cycle in range(KILLS):
         with_failpoints = cycle % 2 == 1
@@ -193,8 +193,8 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
             node.stop(signal.SIGKILL)
         kills += 1
         log = node.log()
-        in_window += log.count("failpoint storage.after_publish: kill")
-        in_window += log.count("failpoint storage.after_commit: kill")
+        after_publish += log.count("failpoint storage.after_publish: kill")
+        after_commit += log.count("failpoint storage.after_commit: kill")
         assert "Traceback" not in log, log[-3000:]
 
     node = start_node("crash")  # clean start: what a kill leaves behind is reconciled
@@ -205,9 +205,11 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
     blob_files = node.blob_files()
     rows = file_backed_rows(node.data_dir)
     elapsed = time.monotonic() - started
+    in_window = after_publish + after_commit
     print(
         f"\ncrash test: {tally.acknowledged} writes acknowledged, {tally.unacknowledged} "
-        f"unacknowledged, {kills} kills ({in_window} inside the publish/commit window), "
+        f"unacknowledged, {kills} kills ({in_window} inside the publish/commit window: "
+        f"{after_publish} after publish, {after_commit} after commit), "
         f"{len(tally.lost)} lost or corrupt, {len(new_keys)} new keys, "
         f"{len(blob_files)} blob files, {rows} file-backed rows, {elapsed:.0f} s"
     )

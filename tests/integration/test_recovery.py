@@ -87,19 +87,27 @@ def test_start_up_removes_versions_a_crash_left_beside_the_committed_one(
     node = start_node()
     body = os.urandom(10 * KiB)
     with node.client() as c:
+        assert c.put("/cache/rec/gone", content=b"its file will vanish").status_code == 201
+        (vanishing,) = node.blob_files()
         assert c.put("/cache/rec/key", content=body).status_code == 201
-    (live,) = node.blob_files()
+    (live,) = [p for p in node.blob_files() if p != vanishing]
     aid, version = live.name.split(".")[0], int(live.name.split(".")[1].split("-")[0])
     node.stop(signal.SIGKILL)
     uncommitted = live.with_name(f"{aid}.{version + 5}-{'a' * 16}")  # killed before its commit
     superseded = live.with_name(f"{aid}.{version - 5}-{'b' * 16}")  # killed before its unlink
     for path in (uncommitted, superseded):
         path.write_bytes(os.urandom(10 * KiB))
+    vanishing.unlink()  # a row whose file is gone
     node = spawn_node(node.log_path.parent, node.env)
     try:
         assert_served(node, {"/cache/rec/key": body})
         assert node.blob_files() == [live]
+        assert node.index_rows() == 1
         assert node.metric('kura_storage_reconciled_total{kind="file"}') == 2
+        assert node.metric('kura_storage_reconciled_total{kind="row"}') == 1
+        assert "dropping 1 index rows whose blob file is missing" in node.log()
+        with node.client() as c:
+            assert c.get("/cache/rec/gone").status_code == 404
     finally:
         node.stop()
 
