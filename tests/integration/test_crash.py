@@ -11,6 +11,9 @@ the window between publishing a new version's file and committing its row
 The rule checked after every restart, for every key: the bytes served are those of the last
 acknowledged write, or the whole bytes of a later write whose answer was lost in the kill; never
 an older version, never absent once acknowledged, never anything else (partial or mixed).
+
+A second test races readers against overwrites of the same keys (small and large blobs):
+every read is one whole version, and only the current version's file stays on disk.
 """
 
 from __future__ import annotations
@@ -221,3 +224,47 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
     assert len(blob_files) == rows
     # Every blob file is the file of its row's current version: nothing superseded is left.
     assert all(os.path.basename(p).count(".") == 1 for p in blob_files)
+
+
+def test_readers_racing_overwrites_always_get_one_whole_version(node: NodeProcess) -> None:
+    """The old version's file is unlinked after the commit, never truncated or renamed over:
+    a reader that opened it keeps its bytes, a later reader gets the new row and file."""
+    sizes = {"big": 1024 * 1024 + 7, "small": 10_000}
+    digests: dict[str, set[bytes]] = {k: set() for k in sizes}
+    for key, size in sizes.items():
+        body = os.urandom(size)
+        digests[key].add(hashlib.sha256(body).digest())
+        assert httpx.put(f"{node.url}/cache/race/{key}", content=body).status_code == 201
+    done = threading.Event()
+    bad: list[str] = []
+    reads = [0]
+
+    def read() -> None:
+        with node.client() as c:
+            while not done.is_set():
+                for key in sizes:
+                    r = c.get(f"/cache/race/{key}")
+                    reads[0] += 1
+                    if (
+                        r.status_code != 200
+                        or hashlib.sha256(r.content).digest() not in digests[key]
+                    ):
+                        bad.append(f"{key}: {r.status_code}, {len(r.content)} bytes")
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for t in readers:
+        t.start()
+    try:
+        with node.client() as c:
+            for _ in range(30):
+                for key, size in sizes.items():
+                    body = os.urandom(size)
+                    digests[key].add(hashlib.sha256(body).digest())  # before it can be served
+                    assert c.put(f"/cache/race/{key}", content=body).status_code == 200
+    finally:
+        done.set()
+        for t in readers:
+            t.join(30)
+    assert bad == []
+    assert reads[0] > 30
+    assert len(node.blob_files()) == 2  # every superseded version's file is gone
