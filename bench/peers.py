@@ -362,7 +362,7 @@ def kura_artifact_id(key: str, tenant: str = "default", producer: str = "http") 
 class KuraPeer(Peer):
     """`kura serve` with its data and tmp dirs under this peer's store.
 
-    kura keeps blobs at data/blobs/ab/cd/<artifact_id> plus one SQLite row per key. With
+    kura keeps blobs at data/blobs/ab/cd/<artifact_id>[.<version>] plus one SQLite row per key. With
     cleanup="files" (default) PUT-load blobs are deleted like the other peers' files, at the
     path computed from kura's artifact-id rule; their index rows stay (used-bytes accounting
     over-counts them, hence the large KURA_MAX_DISK_BYTES; nothing reads those keys again). With
@@ -425,7 +425,14 @@ class KuraPeer(Peer):
             return None
         tenant = self.settings.get("KURA_TENANT_ID", "default")
         aid = kura_artifact_id(key, tenant)
-        return os.path.join(self.data_dir, "blobs", aid[:2], aid[2:4], aid)
+        bucket = os.path.join(self.data_dir, "blobs", aid[:2], aid[2:4])
+        # Layout 2 names each version <artifact_id>.<version_ms>-<sha256[:16]>; layout 1 (kura
+        # before issue 10) used <artifact_id> alone. Either way one file per stored key.
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(bucket):
+                if name.startswith(aid + ".") and ".incoming-" not in name:
+                    return os.path.join(bucket, name)
+        return os.path.join(bucket, aid)
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KURA_")}

@@ -174,6 +174,8 @@ class Node:
             settings.max_disk_bytes,
             self.service.files.tmp_dir_bytes,
             self.service.hot,
+            lambda: self.service.start_report,
+            self.service.free_disk_bytes,
         )
         self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
         self.connections.watch(self.metrics)
@@ -212,6 +214,11 @@ class Node:
             reasons.append("discovery settling")
         reasons.extend(self.bootstrapper.reasons())
         return reasons
+
+    def warnings(self) -> list[str]:
+        """Problems that do not block readiness but need an operator: storage (a full disk, a
+        damaged index set aside at start-up) and bootstrap (an abandoned peer)."""
+        return self.service.warnings() + self.bootstrapper.warnings()
 
     def _read_through_enabled(self) -> bool:
         mode = self.settings.read_through
@@ -272,7 +279,7 @@ class Node:
             "region": self.settings.region,
             "ready": not reasons,
             "reasons": reasons,
-            "warnings": self.bootstrapper.warnings(),
+            "warnings": self.warnings(),
             "bootstrap": bootstrap,
             "generation": self.membership.generation,
             "peers": peers,
@@ -299,7 +306,7 @@ class Node:
         app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
         app[CTX_KEY] = self._context()
         app[probes.READINESS_KEY] = self.readiness_reasons
-        app[probes.WARNINGS_KEY] = self.bootstrapper.warnings
+        app[probes.WARNINGS_KEY] = self.warnings
         app[probes.MEMBERS_KEY] = self.membership.members
         app[probes.STATUS_KEY] = self.status
         s = self.settings

@@ -33,6 +33,7 @@ EXPECTED_ALERTS = {
     "KuraOutboxGrowing",
     "KuraTmpBudgetSaturated",
     "KuraDiskBudgetNearlyFull",
+    "KuraStorageDegraded",
 }
 
 
@@ -58,7 +59,7 @@ def alerts() -> dict[str, dict[str, object]]:
     return out
 
 
-def test_the_rule_files_hold_the_ten_alerts() -> None:
+def test_the_rule_files_hold_the_expected_alerts() -> None:
     assert set(alerts()) == EXPECTED_ALERTS
 
 

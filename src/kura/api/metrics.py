@@ -30,6 +30,7 @@ from kura.mesh.shipper import Shipper
 from kura.mesh.wire import peer_label
 from kura.storage.budget import TmpBudget
 from kura.storage.hotcache import HotCache
+from kura.storage.recovery import StartReport
 from kura.storage.service import StorageStats
 
 # The *_created series only add noise for a long-running server.
@@ -46,8 +47,12 @@ class _StoreCollector(Collector):
         max_disk_bytes: int,
         tmp_dir_bytes: Callable[[], int],
         hot: HotCache,
+        start_report: Callable[[], StartReport],
+        free_bytes: Callable[[], int],
     ) -> None:
         self._hot = hot
+        self._start_report = start_report
+        self._free_bytes = free_bytes
         self._stats = stats
         self._budget = budget
         self._max_disk_bytes = max_disk_bytes
@@ -71,6 +76,32 @@ class _StoreCollector(Collector):
             s.evicted_bytes_total,
         )
         # kura_storage_corrupt_artifacts_total{detected_by}: kura.api.integrity_metrics
+        start = self._start_report()
+        yield GaugeMetricFamily(
+            "kura_disk_free_bytes",
+            "Free bytes on the data dir's filesystem (writes answer 503 at or below "
+            "KURA_MIN_FREE_DISK_BYTES).",
+            self._free_bytes(),
+        )
+        yield GaugeMetricFamily(
+            "kura_storage_read_only",
+            "1 when the index was opened read-only because the disk was full at start-up.",
+            1 if start.read_only_reason else 0,
+        )
+        yield GaugeMetricFamily(
+            "kura_storage_index_damaged",
+            "1 when start-up found the index damaged, set it aside and began an empty one.",
+            1 if start.index_damaged else 0,
+        )
+        reconciled = CounterMetricFamily(
+            "kura_storage_reconciled",
+            "What start-up reconciliation removed, by kind (blob files no row names, rows "
+            "whose blob file was missing).",
+            labels=["kind"],
+        )
+        reconciled.add_metric(["file"], start.reconciled.removed_files)
+        reconciled.add_metric(["row"], start.reconciled.dropped_rows)
+        yield reconciled
         yield GaugeMetricFamily(
             "kura_hot_cache_bytes",
             "Bytes of verified small artifacts held in memory.",
@@ -358,8 +389,14 @@ class KuraMetrics:
         max_disk_bytes: int,
         tmp_dir_bytes: Callable[[], int],
         hot: HotCache,
+        start_report: Callable[[], StartReport] = StartReport,
+        free_bytes: Callable[[], int] = lambda: 0,
     ) -> None:
-        self.registry.register(_StoreCollector(stats, budget, max_disk_bytes, tmp_dir_bytes, hot))
+        self.registry.register(
+            _StoreCollector(
+                stats, budget, max_disk_bytes, tmp_dir_bytes, hot, start_report, free_bytes
+            )
+        )
 
     def watch_mesh(
         self,

@@ -3,7 +3,8 @@
 Layout (``LAYOUT_VERSION`` is written to ``DATA_DIR/layout`` and checked at start-up)::
 
     DATA_DIR/index.sqlite3             metadata (storage.index)
-    DATA_DIR/blobs/ab/cd/<artifact_id> one file per artifact, named by its identity
+    DATA_DIR/blobs/ab/cd/<artifact_id>.<version_ms>-<sha256[:16]>
+                                       one file per artifact *version*, named from its manifest
     DATA_DIR/.kura.writer.lock         held (flock) by the one process that owns DATA_DIR
     TMP_DIR/.kura.tmp.lock             held (flock) by the same process: one owner per tmp dir
     TMP_DIR/uploads/upload-<uuid>      request bodies being staged
@@ -13,6 +14,13 @@ Layout (``LAYOUT_VERSION`` is written to ``DATA_DIR/layout`` and checked at star
 Staging files are worthless after a restart, so ``sweep_staging`` deletes them at start-up
 (upstream Kura does the same; leftover files had filled disks). A blob becomes visible only by
 ``os.replace`` of a fully written, fsynced staging file, so a reader never sees a partial blob.
+
+Each version has its own file name (layout 2), so an overwrite publishes the new version
+*beside* the old one; the writer commits the new row and only then unlinks the old file
+(``storage.reconcile`` removes whatever a crash leaves between those steps). Layout 1 named the
+file by the artifact id alone, so an overwrite renamed the new bytes over the acknowledged ones
+before the row committed, and a crash in that window lost the old version (issue 10).
+``storage.reconcile`` migrates a layout-1 data dir at start-up.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,9 +42,12 @@ from kura.core.errors import (
     PayloadTooLarge,
     ResourceExhausted,
 )
+from kura.core.manifest import Manifest
 from kura.storage.budget import Reservation
 
-LAYOUT_VERSION = "1"
+LAYOUT_VERSION = "2"
+# Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
+SUPPORTED_LAYOUTS = ("1", "2")
 STAGING_AREAS = ("uploads", "parts", "bootstrap")
 # Bodies without a Content-Length grow their reservation in steps of this many bytes.
 GROW_STEP_BYTES = 1024 * 1024
@@ -91,11 +102,14 @@ class BlobFiles:
         self.blobs_dir = data_dir / "blobs"
         self._lock_fds: list[int] = []
 
-    def open(self) -> None:
-        """Create directories, take the writer lock, check the layout version.
+    def open(self) -> str | None:
+        """Create directories, take the writer lock, read the layout version.
 
-        Raises ``DataDirLocked`` if another process holds the lock (field report B32: two
-        servers on one data directory drift apart and serve entries the other deleted).
+        Returns the layout found (one of ``SUPPORTED_LAYOUTS``), or None for a data dir that has
+        none yet; the caller migrates it and calls ``write_layout``. Raises ``DataDirLocked`` if
+        another process holds the lock (field report B32: two servers on one data directory
+        drift apart and serve entries the other deleted), ``KuraError`` for an unknown layout.
+        Writes nothing when the directories and lock files exist (start-up on a full disk).
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.blobs_dir.mkdir(exist_ok=True)
@@ -112,25 +126,47 @@ class BlobFiles:
         except DataDirLocked:
             self.close()
             raise
-        layout = self.data_dir / "layout"
-        if layout.exists():
-            found = layout.read_text().strip()
-            if found != LAYOUT_VERSION:
-                raise KuraError(
-                    f"data directory layout {found!r} is not supported (expected {LAYOUT_VERSION})"
-                )
-        else:
-            layout.write_text(LAYOUT_VERSION + "\n")
         for area in STAGING_AREAS:
             (self.tmp_dir / area).mkdir(parents=True, exist_ok=True)
+        layout = self.data_dir / "layout"
+        if not layout.exists():
+            return None
+        found = layout.read_text().strip()
+        if found not in SUPPORTED_LAYOUTS:
+            self.close()
+            raise KuraError(
+                f"data directory layout {found!r} is not supported (expected {LAYOUT_VERSION})"
+            )
+        return found
+
+    def write_layout(self) -> None:
+        """Record ``LAYOUT_VERSION`` durably (write a temporary file, fsync, rename, fsync dir)."""
+        layout = self.data_dir / "layout"
+        tmp = self.data_dir / "layout.tmp"
+        with tmp.open("w") as f:
+            f.write(LAYOUT_VERSION + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, layout)
+        fsync_dir(self.data_dir)
 
     def close(self) -> None:
         for fd in self._lock_fds:
             os.close(fd)
         self._lock_fds = []
 
-    def blob_path(self, artifact_id: str) -> Path:
-        return self.blobs_dir / artifact_id[:2] / artifact_id[2:4] / artifact_id
+    def bucket(self, artifact_id: str) -> Path:
+        """The directory holding every version file of ``artifact_id``."""
+        return self.blobs_dir / artifact_id[:2] / artifact_id[2:4]
+
+    def blob_path(self, manifest: Manifest) -> Path:
+        """The file of exactly this version of the artifact (layout 2): readers derive it from
+        the row they read, so a reader holding an older row finds the older file or nothing."""
+        return self.bucket(manifest.artifact_id) / blob_name(manifest)
+
+    def legacy_blob_path(self, artifact_id: str) -> Path:
+        """Where layout 1 kept an artifact's one file (migration only)."""
+        return self.bucket(artifact_id) / artifact_id
 
     def new_staging_path(self, area: str) -> Path:
         prefix = {"uploads": "upload", "parts": "part", "bootstrap": "bootstrap"}[area]
@@ -165,20 +201,24 @@ class BlobFiles:
                     continue
         return total
 
-    def stored_ids(self) -> set[str]:
-        """artifact_ids of every blob file on disk."""
-        ids: set[str] = set()
+    def stored_files(self) -> dict[str, list[Path]]:
+        """{artifact_id: its version files on disk} for every blob file under ``blobs/``
+        (any name starting with a 64-hex artifact id; staging leftovers are swept before)."""
+        found: dict[str, list[Path]] = {}
         for path in self.blobs_dir.glob("*/*/*"):
-            if path.is_file() and len(path.name) == 64:
-                ids.add(path.name)
-        return ids
+            if len(path.name) >= 64 and path.is_file():
+                found.setdefault(path.name[:64], []).append(path)
+        return found
 
-    def persist(self, staged_path: Path, artifact_id: str) -> os.stat_result:
-        """Move a fsynced staging file into place atomically and return its stat.
+    def persist(self, staged_path: Path, manifest: Manifest) -> os.stat_result:
+        """Publish a fsynced staging file as ``blob_path(manifest)`` (rename, then fsync the
+        directory) and return its stat. Any other version's file is left alone: the caller
+        removes the old one after the new row commits.
 
         Falls back to copy + fsync + rename when the tmp dir is on another filesystem.
         """
-        final = self.blob_path(artifact_id)
+        artifact_id = manifest.artifact_id
+        final = self.blob_path(manifest)
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.replace(staged_path, final)
@@ -197,15 +237,39 @@ class BlobFiles:
             finally:
                 incoming.unlink(missing_ok=True)
                 staged_path.unlink(missing_ok=True)
-        dir_fd = os.open(final.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(final.parent)
         return os.stat(final)
 
-    def remove(self, artifact_id: str) -> None:
-        self.blob_path(artifact_id).unlink(missing_ok=True)
+    def remove(self, manifest: Manifest) -> None:
+        """Unlink this version's file (a reader that has it open keeps reading it)."""
+        self.blob_path(manifest).unlink(missing_ok=True)
+
+    def remove_artifact(self, artifact_id: str) -> None:
+        """Unlink every version file of ``artifact_id`` (its row is gone: evicted, tombstoned,
+        dropped). Writer thread only, so no version of it is being published meanwhile."""
+        bucket = self.bucket(artifact_id)
+        try:
+            names = os.listdir(bucket)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.startswith(artifact_id):
+                (bucket / name).unlink(missing_ok=True)
+
+
+def blob_name(manifest: Manifest) -> str:
+    """``<artifact_id>.<version_ms>-<first 16 hex of sha256>``: one name per version (a write
+    at the same version with other bytes gets another name too)."""
+    return f"{manifest.artifact_id}.{manifest.version_ms}-{manifest.sha256[:16]}"
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, making renames and unlinks in it durable."""
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def fsync_path(path: Path) -> None:
@@ -273,3 +337,24 @@ async def stage_body(
     except BaseException:
         path.unlink(missing_ok=True)
         raise
+
+
+def concatenate(parts: Sequence[Path], out: Path) -> Staged:
+    """Write the concatenation of ``parts`` to ``out``, fsynced; its size and SHA-256. On any
+    failure ``out`` is removed. Blocking (multipart completion, in the sync pool)."""
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with out.open("wb") as dst:
+            for part in parts:
+                with part.open("rb") as src:
+                    while chunk := src.read(1024 * 1024):
+                        dst.write(chunk)
+                        h.update(chunk)
+                        size += len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return Staged(out, size, h.hexdigest())

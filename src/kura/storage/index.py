@@ -10,10 +10,21 @@ connection per thread (SQLite connections must not be shared across threads with
 writes go through a single writer thread, so write transactions never contend.
 
 The schema carries a version in ``meta``; ``open_index`` creates or migrates it at start-up.
+
+Durability: every connection runs ``synchronous=FULL``, so in WAL mode each COMMIT fsyncs the
+WAL before it returns; a committed row survives a power loss, not only a process crash
+(https://www.sqlite.org/pragma.html#pragma_synchronous; ``NORMAL`` may lose the last commits on
+power loss). ``docs/durability.md`` states the whole guarantee.
+
+``read_only=True`` opens the file with ``immutable=1`` (no ``-shm``, no locks, no writes): the
+start-up fallback on a full disk, where SQLite cannot size the ``-shm`` file it needs for WAL
+(``SQLITE_IOERR_SHMSIZE``). Only valid while nothing else writes the file and its WAL is empty
+(https://www.sqlite.org/uri.html#uriimmutable).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -109,10 +120,16 @@ def _cursor(column: str, after: str | None) -> tuple[str, tuple[str, ...]]:
 class MetadataIndex:
     """SQLite access. Thread-safe: each thread gets its own connection."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self._path = path
+        self.read_only = read_only
         self._local = threading.local()
         conn = self._conn()
+        if read_only:
+            row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+            if row is None or int(row[0]) != SCHEMA_VERSION:
+                raise RuntimeError(f"metadata schema {row} cannot be opened read-only")
+            return
         conn.executescript(_SCHEMA)
         row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
         if row is None:
@@ -127,10 +144,14 @@ class MetadataIndex:
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
+        if conn is None and self.read_only:
+            uri = f"file:{self._path}?immutable=1"
+            conn = sqlite3.connect(uri, isolation_level=None, check_same_thread=True, uri=True)
+            self._local.conn = conn
+        elif conn is None:
             conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=True)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA busy_timeout=5000")
             self._local.conn = conn
         return conn
@@ -142,6 +163,12 @@ class MetadataIndex:
             self._local.conn = None
 
     # -- reads -------------------------------------------------------------------------------
+
+    def quick_check(self) -> str:
+        """``PRAGMA quick_check``: "ok", or the first problem SQLite found (a damaged page,
+        an index out of step with its table). Reads every page: O(file size)."""
+        rows = self._conn().execute("PRAGMA quick_check(1)").fetchall()
+        return str(rows[0][0]) if rows else "ok"
 
     def get(self, artifact_id: str) -> tuple[Manifest, bytes | None, str | None] | None:
         """(manifest, inline body or None, stat signature or None), or None if absent."""
@@ -291,7 +318,7 @@ class MetadataIndex:
             )
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
         return None if old is None else int(old[0])
 
@@ -304,7 +331,7 @@ class MetadataIndex:
             )
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     def apply_tombstone(
@@ -348,7 +375,7 @@ class MetadataIndex:
             conn.execute("COMMIT")
             return victims
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     # -- outbox --------------------------------------------------------------------------------
@@ -367,14 +394,21 @@ class MetadataIndex:
         return [OutboxMessage(*r) for r in rows]
 
     def outbox_delete(self, ids: Iterable[int]) -> int:
+        """Delete delivered messages; returns how many. 0 when the disk is full (SQLITE_FULL):
+        the messages stay and are delivered again, which peers apply idempotently (LWW)."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
             cur = conn.executemany("DELETE FROM outbox WHERE id = ?", ((i,) for i in ids))
             conn.execute("COMMIT")
             return cur.rowcount
+        except sqlite3.OperationalError as exc:
+            _rollback(conn)
+            if exc.sqlite_errorname != "SQLITE_FULL":
+                raise
+            return 0
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     def outbox_depths(self) -> dict[str, tuple[int, int]]:
@@ -397,10 +431,22 @@ class MetadataIndex:
             )
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     def set_stat_sig(self, artifact_id: str, stat_sig: str) -> None:
-        self._conn().execute(
-            "UPDATE artifacts SET stat_sig = ? WHERE artifact_id = ?", (stat_sig, artifact_id)
-        )
+        """Record a verified file's stat signature. Best effort: it only saves a re-hash, so a
+        failed write (a full disk) is ignored and the next read hashes again."""
+        if self.read_only:
+            return
+        with contextlib.suppress(sqlite3.OperationalError):
+            self._conn().execute(
+                "UPDATE artifacts SET stat_sig = ? WHERE artifact_id = ?", (stat_sig, artifact_id)
+            )
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open: SQLite has already rolled back by itself
+    after some errors (SQLITE_FULL), and a second ROLLBACK would mask the first error."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")

@@ -3,8 +3,11 @@
 Guarantees:
 
 * A write is visible only once complete: its body is staged in the tmp dir under a reservation
-  from the tmp budget, fsynced, renamed into place and then recorded in the index. A failed or
-  rejected write leaves no blob, no index row and no reserved bytes.
+  from the tmp budget, fsynced, renamed into place beside any older version and then recorded
+  in the index (committed with ``synchronous=FULL``); only then is the older version's file
+  unlinked. A crash at any point leaves the acknowledged version intact, and start-up removes
+  the rest (``storage.reconcile``; ``docs/durability.md``). A failed or rejected write leaves
+  no blob, no index row and no reserved bytes.
 * Every artifact has a ``version_ms``; local writes get strictly increasing versions, and an
   index row is replaced only by a strictly newer version (last writer wins, ``core.version``).
 * Stored bytes are checked against the recorded size and SHA-256 before they are served: the
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from kit.clock import Clock
+from kit.failpoint import failpoint
 from kura.core.errors import (
     DigestMismatch,
     InsufficientStorage,
@@ -58,6 +62,7 @@ from kura.storage.blobs import (
     GROW_STEP_BYTES,
     BlobFiles,
     Staged,
+    concatenate,
     fsync_path,
     stage_body,
     stat_signature,
@@ -66,6 +71,7 @@ from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex, OutboxMessage
 from kura.storage.quarantine import Quarantine
+from kura.storage.recovery import StartReport, open_storage, warnings
 from kura.storage.verify import ReadVerifier, digest_fd, problem_with_bytes, problem_with_file
 
 log = logging.getLogger(__name__)
@@ -174,6 +180,7 @@ class CacheService:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kura-write")
         self._last_version_ms = 0
         self._touches: dict[str, int] = {}
+        self.start_report = StartReport()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -182,43 +189,21 @@ class CacheService:
         await self._in(self._writer, self._open_sync)
 
     def _open_sync(self) -> None:
-        self.files.open()
+        self._index, self.start_report = open_storage(self.files)
         self.quarantine.open()
-        swept = self.files.sweep_staging()
-        self._index = MetadataIndex(self.files.data_dir / "index.sqlite3")
-        orphans = self._remove_orphans()
         count, used = self._index.totals()
         self.stats.artifacts, self.stats.used_bytes = count, used
         self.stats.outbox_depth = sum(n for n, _ in self._index.outbox_depths().values())
-        if swept or orphans:
+        for warning in self.warnings()[len(self.start_report.warnings) :]:
+            log.warning("at start-up: %s", warning)  # a full disk (the rest is logged already)
+        swept, rec = self.start_report.swept_files, self.start_report.reconciled
+        if swept or rec.removed_files or rec.dropped_rows:
+            orphans = rec.removed_files + rec.dropped_rows
             log.info("start-up sweep removed %d staging files and %d orphans", swept, orphans)
 
-    def _remove_orphans(self) -> int:
-        """Delete blob files with no index row, and index rows whose blob file is gone."""
-        index = self._require_index()
-        on_disk = self.files.stored_ids()
-        removed = 0
-        known_files: set[str] = set()
-        missing: list[str] = []
-        after = ""
-        while True:
-            page = index.manifests_after(after, 1000)
-            if not page:
-                break
-            for m in page:
-                if not m.inline:
-                    if m.artifact_id in on_disk:
-                        known_files.add(m.artifact_id)
-                    else:
-                        missing.append(m.artifact_id)
-            after = page[-1].artifact_id
-        for aid in on_disk - known_files:
-            self.files.remove(aid)
-            removed += 1
-        if missing:
-            index.delete(missing)
-            removed += len(missing)
-        return removed
+    def warnings(self) -> list[str]:
+        """Storage problems for an operator (``/ready`` warnings); see ``recovery.warnings``."""
+        return warnings(self.start_report, self.files.data_dir, self.min_free_disk_bytes)
 
     async def close(self) -> None:
         """Flush access times and release the data dir. Safe to call once after start."""
@@ -245,8 +230,11 @@ class CacheService:
 
     async def flush_touches(self) -> None:
         touches, self._touches = self._touches, {}
-        if touches:
-            await self._in(self._writer, self._require_index().touch, touches)
+        # Access times are best effort: not recorded while the disk is full or read-only.
+        index = self._require_index()
+        full = self.free_disk_bytes() <= self.min_free_disk_bytes
+        if touches and not index.read_only and not full:
+            await self._in(self._writer, index.touch, touches)
 
     # -- identity and versions ---------------------------------------------------------------
 
@@ -396,7 +384,7 @@ class CacheService:
 
     def _blob_path(self, manifest: Manifest) -> Path:
         """The one place the integrity checks map a manifest to its blob file."""
-        return self.files.blob_path(manifest.artifact_id)
+        return self.files.blob_path(manifest)
 
     async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
         """A sender found ``manifest``'s bytes damaged: re-check them on the writer thread and
@@ -462,6 +450,8 @@ class CacheService:
             problem = problem_with_file(path, manifest)
         if problem is None:
             return False
+        if index.read_only:  # cannot drop it now: a miss, until a restart reconciles
+            return True
         log.warning(
             "quarantined artifact %s (producer %s, namespace %r, key %r): expected %d bytes "
             "with sha256 %s, but %s (detected by %s)",
@@ -527,7 +517,20 @@ class CacheService:
                 retry_after_seconds=5,
             )
 
+    def free_disk_bytes(self) -> int:
+        """Free bytes on the data dir's filesystem (0 before ``start`` created the dir)."""
+        try:
+            return shutil.disk_usage(self.files.data_dir).free
+        except FileNotFoundError:
+            return 0
+
+    def _check_writable(self) -> None:
+        """ResourceExhausted (503) while the index is read-only (a full disk at start-up)."""
+        if reason := self.start_report.read_only_reason:
+            raise ResourceExhausted(reason, retry_after_seconds=30)
+
     def _check_free_disk(self, incoming_bytes: int) -> None:
+        self._check_writable()
         free = shutil.disk_usage(self.files.data_dir).free
         if free - incoming_bytes < self.min_free_disk_bytes:
             raise ResourceExhausted(
@@ -579,7 +582,7 @@ class CacheService:
         self.check_size(total, self.max_disk_bytes)
         incoming = self.files.blobs_dir / f"multipart.incoming-{os.urandom(8).hex()}"
         try:
-            staged = await self._in(self._syncer, _concatenate, parts, incoming)
+            staged = await self._in(self._syncer, concatenate, parts, incoming)
             return await self._commit_staged(ref, staged, content_type, {}, fsynced=True)
         finally:
             incoming.unlink(missing_ok=True)
@@ -694,11 +697,22 @@ class CacheService:
         old_size = 0 if existing is None else existing[0].size
         self._evict_sync(manifest.size - old_size, manifest.artifact_id)
         sig = None
+        # New version's file beside the old one, commit, and only then unlink the old file: a
+        # crash anywhere leaves the acknowledged version whole (start-up reconciles the rest).
+        old = None if existing is None or existing[0].inline else self.files.blob_path(existing[0])
+        new = None if staged_path is None else self.files.blob_path(manifest)
         if staged_path is not None:
-            sig = stat_signature(self.files.persist(staged_path, manifest.artifact_id))
-        elif existing is not None and not existing[0].inline:
-            self.files.remove(manifest.artifact_id)
-        index.upsert(manifest, inline_body, sig, self.clock.now_ms(), outbox_peers)
+            sig = stat_signature(self.files.persist(staged_path, manifest))
+            failpoint("storage.after_publish")
+        try:
+            index.upsert(manifest, inline_body, sig, self.clock.now_ms(), outbox_peers)
+        except BaseException:
+            if new is not None and new != old:
+                new.unlink(missing_ok=True)  # never acknowledged
+            raise
+        failpoint("storage.after_commit")
+        if old is not None and old != new:
+            old.unlink(missing_ok=True)  # a reader that has it open keeps its bytes
         # After the row and the file changed: a read that began earlier cannot re-insert old bytes.
         self.hot.invalidate([manifest.artifact_id])
         self.stats.outbox_depth += len(outbox_peers)
@@ -724,7 +738,7 @@ class CacheService:
             self.hot.invalidate([v[0] for v in victims])
             for aid, size, inline in victims:
                 if not inline:
-                    self.files.remove(aid)
+                    self.files.remove_artifact(aid)
                 self.stats.used_bytes -= size
                 self.stats.artifacts -= 1
                 self.stats.evictions_total += 1
@@ -815,6 +829,7 @@ class CacheService:
         """Tombstone ``namespace_id`` at ``version_ms`` (default: a new local version) and delete
         every artifact of it at or below that version. A local clean is enqueued for every
         replication target; a tombstone from a peer is not. Returns the tombstone version."""
+        self._check_writable()
         if source == "local":
             self.check_outbox()
         version = self.next_version_ms() if version_ms is None else version_ms
@@ -838,7 +853,7 @@ class CacheService:
         self.stats.outbox_depth += len(peers)
         for aid, size, inline in victims:
             if not inline:
-                self.files.remove(aid)
+                self.files.remove_artifact(aid)
             self.stats.used_bytes -= size
             self.stats.artifacts -= 1
         return True
@@ -856,6 +871,10 @@ class CacheService:
     # -- outbox ------------------------------------------------------------------------------
 
     async def outbox_batch(self, peer: str, limit: int) -> list[OutboxMessage]:
+        """The oldest pending messages for ``peer``; none while deliveries cannot be recorded
+        (index read-only, or the disk full): shipping resumes once space is back."""
+        if self._require_index().read_only or self.free_disk_bytes() <= self.min_free_disk_bytes:
+            return []
         return await self._in(self._reader, self._require_index().outbox_batch, peer, limit)
 
     async def outbox_ack(self, ids: Sequence[int]) -> None:
@@ -908,22 +927,3 @@ def _sha256_fileobj(f: BinaryIO) -> str:
     while chunk := f.read(1024 * 1024):
         h.update(chunk)
     return h.hexdigest()
-
-
-def _concatenate(parts: Sequence[Path], out: Path) -> Staged:
-    h = hashlib.sha256()
-    size = 0
-    try:
-        with out.open("wb") as dst:
-            for part in parts:
-                with part.open("rb") as src:
-                    while chunk := src.read(1024 * 1024):
-                        dst.write(chunk)
-                        h.update(chunk)
-                        size += len(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-    except BaseException:
-        out.unlink(missing_ok=True)
-        raise
-    return Staged(out, size, h.hexdigest())

@@ -1,0 +1,237 @@
+"""Opening a data dir at start-up so that a full disk or a damaged index never crash-loops.
+
+``open_storage`` takes the data dir (``BlobFiles.open``), sweeps staging leftovers, opens the
+index, migrates the layout and reconciles files with rows (``storage.reconcile``). Two faults
+are handled instead of exiting (issue 10: a node on a full disk exited with an SQLite I/O error,
+and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
+
+* **Full disk.** With a clean previous stop SQLite must create and size the ``-shm`` file for
+  WAL, which fails with ``SQLITE_IOERR_SHMSIZE`` when no block is free. If the disk is full and
+  the WAL is empty, the index is opened read-only (``immutable=1``): reads are served, every
+  write answers 503 with the reason, until a restart after space was freed. Start-up itself
+  writes nothing else then (directories and lock files exist; reconciliation only deletes).
+* **Damaged index.** A ``sqlite3.DatabaseError`` of the damage kind (``SQLITE_CORRUPT``,
+  ``SQLITE_NOTADB``, ``SQLITE_CANTOPEN``) while opening, checking (``PRAGMA quick_check``) or
+  reconciling; a zero-length index file in a data dir that has a layout (it held rows once);
+  or a WAL whose header is not a WAL header. The damaged files are renamed to
+  ``index.sqlite3.damaged-<UTC stamp>`` (and ``-wal``/``-shm`` likewise) for an operator to
+  inspect, every blob file is removed (without its manifest a blob cannot be served; peers
+  refill the node by bootstrap), and a fresh index is created. Logged at ERROR.
+
+Every such reason lands in ``StartReport.warnings`` (``/ready`` shows them). Other errors (an
+unknown layout, a schema newer than this code, a locked data dir, I/O errors on a disk with
+space) still stop the start: restarting would not help.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kura.storage.blobs import LAYOUT_VERSION, BlobFiles
+from kura.storage.index import MetadataIndex
+from kura.storage.reconcile import ReconcileReport, migrate_layout_1, reconcile
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "index.sqlite3"
+# Below this many free bytes an SQLite I/O error at open is taken for a full disk.
+FULL_DISK_BYTES = 1024 * 1024
+_DAMAGE_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_CANTOPEN")
+# First four bytes of a WAL file, big- or little-endian checksums (https://www.sqlite.org/fileformat2.html#walformat).
+_WAL_MAGIC = (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
+
+
+class IndexDamaged(Exception):
+    """The index file is unusable; ``reason`` says how."""
+
+
+@dataclass
+class StartReport:
+    """What start-up found and did. ``warnings`` are for an operator (``/ready``)."""
+
+    swept_files: int = 0
+    reconciled: ReconcileReport = field(default_factory=ReconcileReport)
+    read_only_reason: str = ""
+    index_damaged: bool = False
+    quick_check_seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+def open_storage(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
+    """Open the data dir and its index as the module docstring says. Blocking; one thread.
+
+    Returns the index and the report. Raises ``DataDirLocked``/``KuraError`` from
+    ``BlobFiles.open``, ``OSError``/``sqlite3.Error`` for faults that are neither of the two.
+    """
+    layout = files.open()
+    report = StartReport(swept_files=files.sweep_staging())
+    path = files.data_dir / INDEX_NAME
+    index: MetadataIndex | None = None
+    try:
+        index = _open_checked(files, path, layout, report)
+        migrated = _migrate(files, index, layout, report)
+        report.reconciled = reconcile(files, index)
+    except (IndexDamaged, sqlite3.DatabaseError) as exc:
+        if isinstance(exc, sqlite3.DatabaseError) and not _is_damage(exc):
+            raise
+        if index is not None:
+            index.close_thread_connection()
+        _start_fresh(files, path, str(exc), report)
+        index = MetadataIndex(path)
+        migrated = _migrate(files, index, None, report)
+        report.reconciled = reconcile(files, index)
+    report.reconciled.migrated_files = migrated
+    return index, report
+
+
+def warnings(report: StartReport, data_dir: Path, min_free_disk_bytes: int) -> list[str]:
+    """What start-up found (read-only on a full disk, a damaged index set aside), plus a disk
+    that is full now (at most ``min_free_disk_bytes`` free). Cheap: one ``statvfs``."""
+    found = list(report.warnings)
+    free = shutil.disk_usage(data_dir).free
+    if free <= min_free_disk_bytes:
+        found.append(
+            f"disk full: {free} bytes free (KURA_MIN_FREE_DISK_BYTES={min_free_disk_bytes}); "
+            f"writes answer 503"
+        )
+    return found
+
+
+def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+    return exc.sqlite_errorname in _DAMAGE_CODES
+
+
+def _migrate(
+    files: BlobFiles, index: MetadataIndex, layout: str | None, report: StartReport
+) -> int:
+    """Bring the blob layout to ``LAYOUT_VERSION``; returns the files renamed. The renames
+    need no free space; if recording the layout fails (a full disk) the next start redoes it."""
+    if layout == LAYOUT_VERSION:
+        return 0
+    migrated = migrate_layout_1(files, index) if layout == "1" else 0
+    if migrated:
+        log.info("migrated %d blob files from layout 1 to %s", migrated, LAYOUT_VERSION)
+    try:
+        files.write_layout()
+    except OSError as exc:
+        report.warnings.append(f"could not record data dir layout {LAYOUT_VERSION}: {exc}")
+        log.warning("%s", report.warnings[-1])
+    return migrated
+
+
+def _open_checked(
+    files: BlobFiles, path: Path, layout: str | None, report: StartReport
+) -> MetadataIndex:
+    """The index, opened and verified, or ``IndexDamaged``."""
+    if path.is_dir():
+        raise IndexDamaged(f"{path} is a directory")
+    if layout is not None and path.exists() and path.stat().st_size == 0:
+        raise IndexDamaged(f"{path} is empty although the data dir has layout {layout}")
+    _set_aside_damaged_wal(path, report)
+    index: MetadataIndex | None = None
+    try:
+        index = _open(files, path, report)
+        started = time.monotonic()
+        verdict = index.quick_check()
+        report.quick_check_seconds = time.monotonic() - started
+        if verdict != "ok":
+            raise IndexDamaged(f"PRAGMA quick_check: {' '.join(verdict.split())}")
+        # A first read of every row: damage quick_check missed surfaces here as an error.
+        index.totals()
+        return index
+    except sqlite3.DatabaseError as exc:
+        if not _is_damage(exc):
+            raise
+        if index is not None:
+            index.close_thread_connection()
+        raise IndexDamaged(f"{exc} ({exc.sqlite_errorname})") from exc
+    except IndexDamaged:
+        if index is not None:
+            index.close_thread_connection()
+        raise
+
+
+def _open(files: BlobFiles, path: Path, report: StartReport) -> MetadataIndex:
+    """Read-write, or read-only when the disk is full (see module docstring)."""
+    try:
+        return MetadataIndex(path)
+    except sqlite3.OperationalError as exc:
+        name = exc.sqlite_errorname
+        if not (name.startswith("SQLITE_IOERR") or name == "SQLITE_FULL"):
+            raise
+        free = shutil.disk_usage(files.data_dir).free
+        wal = path.with_name(path.name + "-wal")
+        wal_bytes = wal.stat().st_size if wal.exists() else 0
+        if free >= FULL_DISK_BYTES or wal_bytes or not path.exists():
+            raise
+        report.read_only_reason = (
+            f"disk full at start-up ({free} bytes free; SQLite: {exc}): index opened read-only, "
+            f"reads are served and writes answer 503 until a restart after freeing space"
+        )
+        log.error("%s", report.read_only_reason)
+        report.warnings.append(report.read_only_reason)
+        return MetadataIndex(path, read_only=True)
+
+
+def _set_aside_damaged_wal(path: Path, report: StartReport) -> None:
+    """SQLite silently ignores a WAL with a bad header, losing the commits it held: say so,
+    and keep the file for an operator."""
+    wal = path.with_name(path.name + "-wal")
+    try:
+        with wal.open("rb") as f:
+            head = f.read(4)
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        head = b"dir!"
+    if not head or head in _WAL_MAGIC:
+        return
+    aside = _aside_name(wal)
+    os.rename(wal, aside)
+    path.with_name(path.name + "-shm").unlink(missing_ok=True)
+    reason = (
+        f"index write-ahead log was damaged (no WAL header) and was moved to {aside.name}; "
+        f"commits it held are lost"
+    )
+    log.error("%s", reason)
+    report.warnings.append(reason)
+
+
+def _start_fresh(files: BlobFiles, path: Path, reason: str, report: StartReport) -> None:
+    """Move the damaged index aside and remove every blob file (they have no manifests)."""
+    moved = []
+    for suffix in ("", "-wal", "-shm"):
+        part = path.with_name(path.name + suffix)
+        if part.exists() or part.is_symlink():
+            aside = _aside_name(part)
+            os.rename(part, aside)
+            moved.append(aside.name)
+    removed = 0
+    for versions in files.stored_files().values():
+        for blob in versions:
+            blob.unlink(missing_ok=True)
+            removed += 1
+    message = (
+        f"index was damaged ({reason}); moved to {', '.join(moved) or '(nothing)'} and started "
+        f"with an empty index; removed {removed} blob files that had no manifest left "
+        f"(peers refill this node by bootstrap)"
+    )
+    log.error("%s", message)
+    report.index_damaged = True
+    report.warnings.append(message)
+
+
+def _aside_name(path: Path) -> Path:
+    """``<name>.damaged-<UTC stamp>`` beside ``path``; the index's parts share one stamp."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    base = path.name
+    for suffix in ("-wal", "-shm"):
+        if base.endswith(suffix):
+            return path.with_name(f"{base[: -len(suffix)]}.damaged-{stamp}{suffix}")
+    return path.with_name(f"{base}.damaged-{stamp}")

@@ -1,0 +1,255 @@
+"""Start-up under faults, against real node processes (storage.recovery, storage.reconcile):
+a layout-1 data dir is migrated, what a crash leaves beside a blob is reconciled, a node on a
+REAL full filesystem (a tmpfs filled to 100 %) starts read-only and serves its data, and a node
+whose index is damaged in any of several ways sets it aside and starts instead of crash-looping
+(issue 10).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import NodeProcess, node_env, spawn_node
+
+KiB = 1024
+SCOPE = "tenant_id=acme&namespace_id=rec"
+
+
+def store_some(c: httpx.Client, n: int = 4) -> dict[str, bytes]:
+    """Small, large (> 64 KiB) and inline artifacts; returns {GET path: body}."""
+    stored: dict[str, bytes] = {}
+    for i in range(n):
+        small, large = os.urandom(3 * KiB + i), os.urandom(100 * KiB + i)
+        assert c.put(f"/cache/rec/s{i}", content=small).status_code == 201
+        assert c.put(f"/v8/artifacts/l{i}?slug=rec", content=large).status_code == 202
+        value = os.urandom(200).hex()
+        doc = {"cas_id": f"kv{i}", "entries": [{"value": value}]}
+        assert c.put(f"/api/cache/keyvalue?{SCOPE}", json=doc).status_code == 204
+        stored[f"/cache/rec/s{i}"] = small
+        stored[f"/v8/artifacts/l{i}?slug=rec"] = large
+        stored[f"/api/cache/keyvalue/kv{i}?{SCOPE}"] = (
+            b'{"entries":[{"value":"' + value.encode() + b'"}]}'
+        )
+    return stored
+
+
+def assert_served(node: NodeProcess, stored: dict[str, bytes]) -> None:
+    with node.client() as c:
+        for path, body in stored.items():
+            r = c.get(path)
+            assert r.status_code == 200, (path, r.status_code, r.text)
+            assert hashlib.sha256(r.content).digest() == hashlib.sha256(body).digest(), path
+
+
+def restart(node: NodeProcess, sig: int = signal.SIGTERM) -> NodeProcess:
+    node.stop(sig)
+    return spawn_node(node.log_path.parent, node.env)
+
+
+# -- layout migration and reconciliation ------------------------------------------------------
+
+
+def test_a_layout_1_data_dir_is_migrated_and_serves_every_artifact(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node()
+    with node.client() as c:
+        stored = store_some(c)
+    node.stop()
+    # Rewrite the dir as layout 1 kept it: one file per artifact, named by its id alone.
+    files = node.blob_files()
+    for path in files:
+        path.rename(path.with_name(path.name[:64]))
+    (node.data_dir / "layout").write_text("1\n")
+    node = spawn_node(node.log_path.parent, node.env)
+    try:
+        assert_served(node, stored)
+        assert node.blob_files() == files  # each renamed to its layout-2 name
+        assert (node.data_dir / "layout").read_text() == "2\n"
+        assert f"migrated {len(files)} blob files from layout 1" in node.log()
+        assert node.metric('kura_storage_reconciled_total{kind="file"}') == 0
+    finally:
+        node.stop()
+
+
+def test_start_up_removes_versions_a_crash_left_beside_the_committed_one(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node()
+    body = os.urandom(10 * KiB)
+    with node.client() as c:
+        assert c.put("/cache/rec/gone", content=b"its file will vanish").status_code == 201
+        (vanishing,) = node.blob_files()
+        assert c.put("/cache/rec/key", content=body).status_code == 201
+    (live,) = [p for p in node.blob_files() if p != vanishing]
+    aid, version = live.name.split(".")[0], int(live.name.split(".")[1].split("-")[0])
+    node.stop(signal.SIGKILL)
+    uncommitted = live.with_name(f"{aid}.{version + 5}-{'a' * 16}")  # killed before its commit
+    superseded = live.with_name(f"{aid}.{version - 5}-{'b' * 16}")  # killed before its unlink
+    for path in (uncommitted, superseded):
+        path.write_bytes(os.urandom(10 * KiB))
+    vanishing.unlink()  # a row whose file is gone
+    node = spawn_node(node.log_path.parent, node.env)
+    try:
+        assert_served(node, {"/cache/rec/key": body})
+        assert node.blob_files() == [live]
+        assert node.index_rows() == 1
+        assert node.metric('kura_storage_reconciled_total{kind="file"}') == 2
+        assert node.metric('kura_storage_reconciled_total{kind="row"}') == 1
+        assert "dropping 1 index rows whose blob file is missing" in node.log()
+        with node.client() as c:
+            assert c.get("/cache/rec/gone").status_code == 404
+    finally:
+        node.stop()
+
+
+# -- full disk --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 32 MiB tmpfs mounted for the test (needs root, as in CI); unmounted after."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(directory: Path) -> None:
+    """Fill the filesystem of ``directory`` to 100 % with one filler file."""
+    with (directory / "filler").open("wb", buffering=0) as f:
+        for chunk in (1024 * KiB, 4 * KiB, 1):
+            with pytest.raises(OSError, match="No space left") as raised:  # noqa: PT012
+                while True:
+                    f.write(b"\0" * chunk)
+            assert raised.value.errno == errno.ENOSPC
+    assert os.statvfs(directory).f_bavail == 0
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL])
+def test_a_node_on_a_full_disk_starts_serves_reads_and_refuses_writes(
+    full_disk: Path, stop_signal: signal.Signals
+) -> None:
+    env = node_env(full_disk, data_dir=full_disk / "data", tmp_dir=full_disk / "tmp")
+    node = spawn_node(full_disk.parent / "logs", env)
+    try:
+        with node.client() as c:
+            stored = store_some(c)
+        node.stop(stop_signal)
+        fill(full_disk)
+        node = spawn_node(full_disk.parent / "logs", env)
+        with node.client() as c:
+            assert c.get("/up").status_code == 200
+            assert_served(node, stored)
+            r = c.put("/cache/rec/new", content=b"x" * 1000)
+            assert r.status_code == 503, r.text
+            assert "disk" in r.text
+            assert c.get("/cache/rec/new").status_code == 404
+            ready = c.get("/ready").json()
+        assert any("disk full" in w for w in ready["warnings"]), ready
+        assert node.metric("kura_disk_free_bytes") == 0
+        assert "disk full" in node.log()
+        if stop_signal == signal.SIGTERM:  # no -shm left: SQLite cannot size one, read-only
+            assert node.metric("kura_storage_read_only") == 1
+            assert "disk full at start-up" in node.log()
+        assert node.proc.poll() is None
+        assert "Traceback" not in node.log()
+    finally:
+        node.stop()
+
+
+# -- damaged index ----------------------------------------------------------------------------
+
+
+def _garbage_header(db: Path) -> None:
+    with db.open("r+b") as f:
+        f.write(os.urandom(100))
+
+
+def _truncated(db: Path) -> None:
+    os.truncate(db, db.stat().st_size // 2 + 100)
+
+
+def _zeroed_pages(db: Path) -> None:
+    with db.open("r+b") as f:
+        f.seek(db.stat().st_size // 3 // 4096 * 4096)
+        f.write(b"\0" * 4 * 4096)
+
+
+def _garbage_wal(db: Path) -> None:
+    db.with_name(db.name + "-wal").write_bytes(os.urandom(8 * KiB))
+
+
+def _zero_length(db: Path) -> None:
+    os.truncate(db, 0)
+
+
+def _directory(db: Path) -> None:
+    db.unlink()
+    db.mkdir()
+    (db / "junk").write_bytes(b"junk")
+
+
+DAMAGE = {
+    "garbage header": _garbage_header,
+    "truncated": _truncated,
+    "zeroed pages": _zeroed_pages,
+    "garbage wal": _garbage_wal,
+    "zero length": _zero_length,
+    "a directory": _directory,
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_node_with_a_damaged_index_sets_it_aside_and_starts(
+    start_node: Callable[..., NodeProcess], damage: str
+) -> None:
+    node = start_node()
+    with node.client() as c:
+        stored = store_some(c, n=40)  # enough rows for many index pages
+    node.stop()
+    db = node.data_dir / "index.sqlite3"
+    DAMAGE[damage](db)
+    node = spawn_node(node.log_path.parent, node.env)
+    try:
+        with node.client() as c:
+            assert c.get("/up").status_code == 200
+            ready = c.get("/ready")
+            assert ready.status_code == 200  # warnings, not reasons: the node serves
+            warnings = ready.json()["warnings"]
+            assert any("damaged" in w for w in warnings), warnings
+            assert c.put("/cache/rec/after", content=b"after the damage").status_code == 201
+            assert c.get("/cache/rec/after").content == b"after the damage"
+        logged = [line for line in node.log().splitlines() if "ERROR kura.storage.recovery" in line]
+        assert any("damaged" in line for line in logged), node.log()[-2000:]
+        aside = sorted(p.name for p in node.data_dir.glob("index.sqlite3.damaged-*"))
+        assert aside, list(node.data_dir.iterdir())
+        if damage == "garbage wal":  # the main file was intact: everything is still there
+            assert_served(node, stored)
+        else:
+            assert node.metric("kura_storage_index_damaged") == 1
+            with node.client() as c:
+                assert c.get("/cache/rec/s0").status_code == 404
+            assert node.index_rows() == 1
+            assert len(node.blob_files()) == 1
+    finally:
+        node.stop()
+    node = spawn_node(node.log_path.parent, node.env)  # and the next start is a normal one
+    try:
+        with node.client() as c:
+            assert c.get("/cache/rec/after").content == b"after the damage"
+            assert not any("damaged" in w for w in c.get("/ready").json()["warnings"])
+    finally:
+        node.stop()
