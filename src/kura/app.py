@@ -40,6 +40,7 @@ from kura.api import (
 from kura.api.auth import TokenAuth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.metrics import KuraMetrics
+from kura.api.peer_auth import PeerAuth
 from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
 from kura.mesh.membership import Membership
@@ -92,6 +93,7 @@ class Node:
             min_free_disk_bytes=settings.min_free_disk_bytes,
             outbox_max_depth=settings.outbox_max_depth,
             hot_cache_bytes=settings.hot_cache_bytes,
+            max_clock_skew_ms=settings.max_clock_skew_ms,
         )
         self.uploads = MultipartUploads(
             self.service, self.clock, settings.multipart_upload_ttl_seconds
@@ -106,7 +108,12 @@ class Node:
             )
             server_ssl, client_ssl = server_ssl_context(*tls), client_ssl_context(*tls)
         self._server_ssl = server_ssl
-        self.peer_client = PeerClient(settings.tenant_id, client_ssl)
+        self.peer_auth = PeerAuth(settings.internal_tokens)
+        self.peer_client = PeerClient(
+            settings.tenant_id,
+            client_ssl,
+            peer_token=settings.internal_tokens[0] if settings.internal_tokens else None,
+        )
         self.node_url = settings.node_url or ""
         self.membership = Membership(
             self_url=lambda: self.node_url,
@@ -157,6 +164,12 @@ class Node:
             self.service.hot,
         )
         self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
+        self.metrics.watch_counts(
+            "kura_internal_auth_failures",
+            "Requests to /_internal/ refused for missing or invalid peer credentials.",
+            "reason",
+            lambda: self.peer_auth.failures_total,
+        )
         self.draining = False
         self.public_url = ""
         self._runners: list[web.AppRunner] = []
@@ -283,7 +296,9 @@ class Node:
         return app
 
     def build_internal_app(self) -> web.Application:
-        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
+        app = web.Application(
+            client_max_size=CLIENT_MAX_SIZE_BYTES, middlewares=[self.peer_auth.middleware]
+        )
         app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
         app.add_routes(internal.routes())
