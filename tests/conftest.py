@@ -15,7 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,13 +108,24 @@ def node_env(tmp: Path, **settings: object) -> dict[str, str]:
     return env
 
 
-def spawn_node(directory: Path, env: dict[str, str]) -> NodeProcess:
-    """Start ``kura serve`` and wait for its listening line. Raises if it exits first."""
+def faketime_prefix(offset: str) -> tuple[str, ...]:
+    """Run a node with its wall clock shifted by ``offset`` (``"+60s"``, ``"-30s"``) through
+    Debian's libfaketime. Its monotonic clock is left alone: faked, Python's timed waits
+    (``threading.Event.wait``, which executors use) compute deadlines the kernel never reaches
+    and hang. ``time.sleep`` fails with EINVAL under this mode (libfaketime 0.9.10), which a
+    node never calls."""
+    return ("env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-f", offset)
+
+
+def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ()) -> NodeProcess:
+    """Start ``kura serve`` and wait for its listening line. Raises if it exits first.
+
+    ``prefix`` is a command the node runs under, e.g. ``faketime_prefix("+60s")``."""
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / f"node-{len(list(directory.glob('node-*.log')))}.log"
     log_file = log_path.open("w")  # the child keeps its own descriptor
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kura.cli", "serve"],
+        [*prefix, sys.executable, "-m", "kura.cli", "serve"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=log_file,
@@ -158,12 +169,13 @@ def spawn_node(directory: Path, env: dict[str, str]) -> NodeProcess:
 
 @pytest.fixture
 def start_node(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
-    """Factory: ``start_node(name="a", **settings)`` starts a node with KURA_<SETTING> values."""
+    """Factory: ``start_node(name="a", prefix=(), **settings)`` starts a node with
+    KURA_<SETTING> values, optionally under a command ``prefix`` (see ``spawn_node``)."""
     nodes: list[NodeProcess] = []
 
-    def start(name: str = "node", **settings: object) -> NodeProcess:
+    def start(name: str = "node", prefix: Sequence[str] = (), **settings: object) -> NodeProcess:
         directory = tmp_path / name
-        node = spawn_node(directory, node_env(directory, **settings))
+        node = spawn_node(directory, node_env(directory, **settings), prefix)
         nodes.append(node)
         return node
 
