@@ -109,12 +109,25 @@ def node_env(tmp: Path, **settings: object) -> dict[str, str]:
 
 
 def faketime_prefix(offset: str) -> tuple[str, ...]:
-    """Run a node with its wall clock shifted by ``offset`` (``"+60s"``, ``"-30s"``) through
-    Debian's libfaketime. Its monotonic clock is left alone: faked, Python's timed waits
+    """A command prefix that runs a node with its wall clock shifted by ``offset`` (``"+60s"``,
+    ``"-30s"``) through Debian's libfaketime (package ``faketime``, see scripts/install-deps).
+
+    The library is preloaded through ``env`` rather than the ``faketime`` wrapper, which forks
+    the program and does not forward SIGTERM (the test's stop would kill the wrapper and orphan
+    the node). The monotonic clock is left alone: faked, Python's timed waits
     (``threading.Event.wait``, which executors use) compute deadlines the kernel never reaches
-    and hang. ``time.sleep`` fails with EINVAL under this mode (libfaketime 0.9.10), which a
-    node never calls."""
-    return ("env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-f", offset)
+    and hang; ``time.sleep`` then fails with EINVAL (libfaketime 0.9.10), which a node never
+    calls. Raises FileNotFoundError when libfaketime is not installed (the test fails).
+    """
+    libs = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not libs:
+        raise FileNotFoundError("libfaketime not found: apt-get install faketime")
+    return (
+        "env",
+        f"LD_PRELOAD={libs[0]}",
+        f"FAKETIME={offset}",
+        "FAKETIME_DONT_FAKE_MONOTONIC=1",
+    )
 
 
 def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ()) -> NodeProcess:
