@@ -286,6 +286,7 @@ def test_bootstrap_from_a_peer_holding_far_future_versions_skips_them_and_comple
     conn.close()
     assert changed == 1
     source = start_node("source", internal_tokens=TOKEN)
+    assert "ahead of this node's clock: local writes" in source.log()  # told at start-up
     fresh = start_node("fresh", internal_tokens=TOKEN, peers=source.internal_url)
     assert wait_for(lambda: httpx.get(fresh.url + "/ready").status_code == 200, 60), httpx.get(
         fresh.url + "/ready"

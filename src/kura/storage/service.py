@@ -184,7 +184,17 @@ class CacheService:
         self.files.open()
         swept = self.files.sweep_staging()
         self._index = MetadataIndex(self.files.data_dir / "index.sqlite3")
-        self.versions.observe(self._index.max_version_ms())  # a restart never goes backwards
+        latest = self._index.max_version_ms()
+        self.versions.observe(latest)  # a restart never goes backwards
+        if ahead_of_skew_ms(latest, self.clock.now_ms(), self.max_clock_skew_ms):
+            log.warning(
+                "the index holds version_ms %d, %d ms ahead of this node's clock: local writes "
+                "are stamped after it, and peers refuse them until their clocks catch up "
+                "(KURA_MAX_CLOCK_SKEW_MS=%d); check this machine's clock",
+                latest,
+                latest - self.clock.now_ms(),
+                self.max_clock_skew_ms,
+            )
         orphans = self._remove_orphans()
         count, used = self._index.totals()
         self.stats.artifacts, self.stats.used_bytes = count, used
