@@ -25,6 +25,7 @@ from kura.core.manifest import Manifest
 from kura.mesh.wire import encode_manifest
 from tests.conftest import NodeProcess, node_env
 from tests.e2e.mesh import Mesh, manifests, wait_for
+from tests.e2e.test_mesh import make_ca, make_leaf, tls_client
 from tests.integration.rawhttp import connect, read_response, send_head
 
 TOKEN = "peer-" + secrets.token_hex(16)
@@ -334,3 +335,38 @@ def test_a_node_on_a_non_loopback_host_with_a_peer_token_starts_and_requires_it(
     assert httpx.get(node.url.replace("0.0.0.0", "127.0.0.1") + "/up").status_code == 200
     assert httpx.get(internal + "/_internal/status").status_code == 401
     assert httpx.get(internal + "/_internal/status", headers=bearer(TOKEN)).status_code == 200
+
+
+def test_with_mutual_tls_and_a_peer_token_both_are_required(
+    tmp_path: Path, start_node: Callable[..., NodeProcess]
+) -> None:
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_ca(pki, "ca")
+    make_leaf(pki, "ca", "node")
+    tls = {
+        "internal_tls_ca_cert_path": pki / "ca.pem",
+        "internal_tls_cert_path": pki / "node.pem",
+        "internal_tls_key_path": pki / "node.key",
+    }
+    # mTLS alone is a credential: a non-loopback host may use it without a token.
+    alone = start_node("alone", host="0.0.0.0", **tls)
+    url = alone.internal_url.replace("0.0.0.0", "127.0.0.1") + "/_internal/status"
+    assert httpx.get(url, verify=tls_client(pki, "node")).status_code == 200
+    with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+        httpx.get(url, verify=tls_client(pki, None), headers=bearer(TOKEN))
+    # Both configured: a mesh replicates with both, and a certificate without the token is 401.
+    mesh = Mesh(tmp_path / "mesh", 2, scheme="https", internal_tokens=TOKEN, **tls)
+    try:
+        mesh.wait_ready()
+        write_keys(mesh.nodes[0])
+        mesh.wait_drained()
+        assert_keys_served(mesh.nodes[1])
+        url = mesh.nodes[0].internal_url + "/_internal/status"
+        assert httpx.get(url, verify=tls_client(pki, "node")).status_code == 401
+        ok = httpx.get(url, verify=tls_client(pki, "node"), headers=bearer(TOKEN))
+        assert ok.status_code == 200
+        with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+            httpx.get(url, verify=tls_client(pki, None), headers=bearer(TOKEN))
+    finally:
+        mesh.stop_all()
