@@ -24,6 +24,7 @@ from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
 from kura.mesh.wire import encode_manifest
 from tests.conftest import NodeProcess, node_env
+from tests.e2e.fakepeer import FakePeer, honest
 from tests.e2e.mesh import Mesh, manifests, wait_for
 from tests.e2e.test_mesh import make_ca, make_leaf, tls_client
 from tests.integration.rawhttp import connect, read_response, send_head
@@ -370,3 +371,22 @@ def test_with_mutual_tls_and_a_peer_token_both_are_required(
             httpx.get(url, verify=tls_client(pki, None), headers=bearer(TOKEN))
     finally:
         mesh.stop_all()
+
+
+def test_read_through_refuses_a_far_future_copy_and_answers_a_miss(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    future = honest("rt-future", b"from a peer a day ahead", now_ms() + DAY_MS)
+    present = honest("rt-present", b"from a peer on time")
+    # TEST DOUBLE (see fakepeer.py): no real node can be made to hold a far-future version
+    # now that every node refuses them.
+    with FakePeer([future, present]) as peer:
+        node = start_node(peers=peer.url, read_through="always")
+        with node.client() as c:
+            assert c.get("/cache/rt-future").status_code == 404
+            assert c.get("/cache/rt-present").content == b"from a peer on time"
+        metrics = node.metrics()
+        key = 'kura_replication_rejected_total{reason="future_version",source="read_through"}'
+        assert metrics[key] == 1
+        assert node.index_rows() == 1
+        assert node.staging_files() == []
