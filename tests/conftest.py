@@ -112,14 +112,37 @@ def node_env(tmp: Path, **settings: object) -> dict[str, str]:
     return env
 
 
-def spawn_node(directory: Path, env: dict[str, str], wrapper: Sequence[str] = ()) -> NodeProcess:
-    """Start ``kura serve`` (under ``wrapper``, e.g. ``prlimit --nofile=...``) and wait for its
-    listening line. Raises if it exits first."""
+def faketime_prefix(offset: str) -> tuple[str, ...]:
+    """A command prefix that runs a node with its wall clock shifted by ``offset`` (``"+60s"``,
+    ``"-30s"``) through Debian's libfaketime (package ``faketime``, see scripts/install-deps).
+
+    The library is preloaded through ``env`` rather than the ``faketime`` wrapper, which forks
+    the program and does not forward SIGTERM (the test's stop would kill the wrapper and orphan
+    the node). The monotonic clock is left alone: faked, Python's timed waits
+    (``threading.Event.wait``, which executors use) compute deadlines the kernel never reaches
+    and hang; ``time.sleep`` then fails with EINVAL (libfaketime 0.9.10), which a node never
+    calls. Raises FileNotFoundError when libfaketime is not installed (the test fails).
+    """
+    libs = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not libs:
+        raise FileNotFoundError("libfaketime not found: apt-get install faketime")
+    return (
+        "env",
+        f"LD_PRELOAD={libs[0]}",
+        f"FAKETIME={offset}",
+        "FAKETIME_DONT_FAKE_MONOTONIC=1",
+    )
+
+
+def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ()) -> NodeProcess:
+    """Start ``kura serve`` and wait for its listening line. Raises if it exits first.
+
+    ``prefix`` is a command the node runs under, e.g. ``faketime_prefix("+60s")``."""
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / f"node-{len(list(directory.glob('node-*.log')))}.log"
     log_file = log_path.open("w")  # the child keeps its own descriptor
     proc = subprocess.Popen(
-        [*wrapper, sys.executable, "-m", "kura.cli", "serve"],
+        [*prefix, sys.executable, "-m", "kura.cli", "serve"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=log_file,
@@ -163,12 +186,13 @@ def spawn_node(directory: Path, env: dict[str, str], wrapper: Sequence[str] = ()
 
 @pytest.fixture
 def start_node(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
-    """Factory: ``start_node(name="a", **settings)`` starts a node with KURA_<SETTING> values."""
+    """Factory: ``start_node(name="a", prefix=(), **settings)`` starts a node with
+    KURA_<SETTING> values, optionally under a command ``prefix`` (see ``spawn_node``)."""
     nodes: list[NodeProcess] = []
 
-    def start(name: str = "node", **settings: object) -> NodeProcess:
+    def start(name: str = "node", prefix: Sequence[str] = (), **settings: object) -> NodeProcess:
         directory = tmp_path / name
-        node = spawn_node(directory, node_env(directory, **settings))
+        node = spawn_node(directory, node_env(directory, **settings), prefix)
         nodes.append(node)
         return node
 

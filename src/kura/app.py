@@ -44,6 +44,7 @@ from kura.api.auth import TokenAuth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
+from kura.api.peer_auth import PeerAuth
 from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
 from kura.mesh.membership import Membership
@@ -101,6 +102,7 @@ class Node:
             verify_reads=settings.verify_reads,
             quarantine_max_bytes=settings.quarantine_max_bytes,
             on_quarantine=self._repair_quarantined,
+            max_clock_skew_ms=settings.max_clock_skew_ms,
         )
         self.scrubber = Scrubber(
             self.service,
@@ -124,7 +126,12 @@ class Node:
             )
             server_ssl, client_ssl = server_ssl_context(*tls), client_ssl_context(*tls)
         self._server_ssl = server_ssl
-        self.peer_client = PeerClient(settings.tenant_id, client_ssl)
+        self.peer_auth = PeerAuth(settings.internal_tokens)
+        self.peer_client = PeerClient(
+            settings.tenant_id,
+            client_ssl,
+            peer_token=settings.internal_tokens[0] if settings.internal_tokens else None,
+        )
         self.node_url = settings.node_url or ""
         self.membership = Membership(
             self_url=lambda: self.node_url,
@@ -192,6 +199,12 @@ class Node:
                 self.scrubber.stats,
                 self.repairer.stats,
             )
+        )
+        self.metrics.watch_counts(
+            "kura_internal_auth_failures",
+            "Requests to /_internal/ refused for missing or invalid peer credentials.",
+            "reason",
+            lambda: self.peer_auth.failures_total,
         )
         self.draining = False
         self.public_url = ""
@@ -328,10 +341,12 @@ class Node:
         return app
 
     def build_internal_app(self) -> web.Application:
-        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
+        app = web.Application(
+            client_max_size=CLIENT_MAX_SIZE_BYTES, middlewares=[self.peer_auth.middleware]
+        )
         app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
-        app.add_routes(expect.guarded(internal.routes()))
+        app.add_routes(expect.guarded(internal.routes(), self.peer_auth.refusal))
         return app
 
     async def _listen(

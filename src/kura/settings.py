@@ -9,6 +9,7 @@ mandatory: with no configuration at all a node serves on 127.0.0.1:4000 with its
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from pathlib import Path
 
 from kit.settings import (
@@ -226,6 +227,21 @@ class Settings:
         _path,
         "this node's private key",
         default=None,
+    )
+    internal_tokens: tuple[str, ...] = option(
+        "KURA_INTERNAL_TOKENS",
+        "--internal-tokens",
+        _tokens,
+        "comma-separated shared peer tokens: the first is sent to peers, any is accepted on "
+        "/_internal/ (list old,new while rotating)",
+        default=(),
+    )
+    max_clock_skew_ms: int = option(
+        "KURA_MAX_CLOCK_SKEW_MS",
+        "--max-clock-skew-ms",
+        parse_positive_int,
+        "a peer's artifact or tombstone version further ahead of this node's clock is refused",
+        default=300_000,
     )
     outbox_max_depth: int = option(
         "KURA_OUTBOX_MAX_DEPTH",
@@ -467,4 +483,22 @@ def validate_settings(s: Settings) -> list[str]:
     for path in tls:
         if path is not None and not Path(path).is_file():
             problems.append(f"TLS file {path} does not exist")
+    if not is_loopback(s.host) and not s.internal_tokens and not all(tls):
+        problems.append(
+            f"KURA_HOST {s.host!r} exposes the peer listener (/_internal/) beyond this machine "
+            "without credentials: set KURA_INTERNAL_TOKENS (a shared secret, e.g. "
+            "`openssl rand -hex 32`) or KURA_INTERNAL_TLS_CA_CERT_PATH, "
+            "KURA_INTERNAL_TLS_CERT_PATH and KURA_INTERNAL_TLS_KEY_PATH, or bind 127.0.0.1"
+        )
     return problems
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and addresses in 127.0.0.0/8 or ``::1``; False for anything else,
+    including names that merely resolve to loopback (only the literal is trusted)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -123,7 +123,10 @@ def container_env(
     return env
 
 
-KURA_SECRETS = {"kura-tokens/read-write-tokens": "a-token"}
+KURA_SECRETS = {
+    "kura-tokens/read-write-tokens": "a-token",
+    "kura-peer-tokens/internal-tokens": "a-peer-token",
+}
 
 
 def kura_env(manifests: list[Manifest], pod_name: str = "kura-0") -> dict[str, str]:
@@ -354,6 +357,29 @@ def test_kura_environment_is_settings_kura_accepts(manifests: list[Manifest]) ->
     assert settings.internal_port != settings.port
     assert settings.node_url == "http://kura-1.kura-peers.kura.svc.cluster.local:4100"
     assert settings.read_write_tokens == ("a-token",)
+
+
+def test_kura_peers_authenticate_with_a_required_secret_token(manifests: list[Manifest]) -> None:
+    settings = kura_settings(manifests)
+    assert settings.internal_tokens == ("a-peer-token",)
+    sts = find(manifests, "StatefulSet", "kura", "kura")
+    (entry,) = [e for e in container(sts, "kura")["env"] if e["name"] == "KURA_INTERNAL_TOKENS"]
+    ref = entry["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref.get("optional", False)) == ("kura-peer-tokens", False)
+    # Without it the pods would not start: the peer listener binds beyond loopback.
+    env = {k: v for k, v in kura_env(manifests).items() if k != "KURA_INTERNAL_TOKENS"}
+    without = load(KuraSettings, argparse.Namespace(), env)
+    assert any("KURA_INTERNAL_TOKENS" in p for p in validate_kura_settings(without))
+
+
+def test_the_readme_creates_both_secrets_with_random_values() -> None:
+    readme = (DEPLOY.parent / "README.md").read_text()
+    for secret, key in (
+        ("kura-tokens", "read-write-tokens"),
+        ("kura-peer-tokens", "internal-tokens"),
+    ):
+        pattern = rf'create secret generic {secret} \\\s+--from-literal={key}="\$\(openssl rand -hex 32\)"'
+        assert re.search(pattern, readme), f"README does not create {secret}/{key}"
 
 
 def test_kura_peers_find_each_other_through_the_headless_service(manifests: list[Manifest]) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -27,13 +28,14 @@ class FakeArtifact:
     body: bytes  # what is actually sent (may differ from what the manifest says)
 
 
-def honest(key: str, data: bytes, version_ms: int = 1_800_000_000_000) -> FakeArtifact:
+def honest(key: str, data: bytes, version_ms: int | None = None) -> FakeArtifact:
     return lying(key, data, data, version_ms)
 
 
-def lying(
-    key: str, claimed: bytes, sent: bytes, version_ms: int = 1_800_000_000_000
-) -> FakeArtifact:
+def lying(key: str, claimed: bytes, sent: bytes, version_ms: int | None = None) -> FakeArtifact:
+    """``version_ms`` defaults to now: a node refuses versions far ahead of its clock."""
+    if version_ms is None:
+        version_ms = time.time_ns() // 1_000_000
     m = Manifest(
         artifact_id=artifact_id("http", "default", "", key),
         producer="http",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -20,10 +20,23 @@ def free_port() -> int:
 
 
 class Mesh:
-    """N kura nodes on 127.0.0.1, each seeded with every node's internal URL."""
+    """N kura nodes on 127.0.0.1, each seeded with every node's internal URL.
 
-    def __init__(self, root: Path, n: int, scheme: str = "http", **settings: object) -> None:
+    ``prefixes`` maps a node index to a command it runs under (``faketime_prefix("+60s")``);
+    ``node_settings`` maps a node index to settings that override ``settings`` for it."""
+
+    def __init__(
+        self,
+        root: Path,
+        n: int,
+        scheme: str = "http",
+        prefixes: Mapping[int, Sequence[str]] | None = None,
+        node_settings: Mapping[int, Mapping[str, object]] | None = None,
+        **settings: object,
+    ) -> None:
         self.root = root
+        self.prefixes = dict(prefixes or {})
+        self.node_settings = dict(node_settings or {})
         self.internal_ports = [free_port() for _ in range(n)]
         self.internal_urls = [f"{scheme}://127.0.0.1:{p}" for p in self.internal_ports]
         self.settings = settings
@@ -32,7 +45,7 @@ class Mesh:
             self.nodes.append(self._spawn(i))
 
     def _env(self, i: int) -> dict[str, str]:
-        env = node_env(self.root / f"n{i}", **self.settings)
+        env = node_env(self.root / f"n{i}", **{**self.settings, **self.node_settings.get(i, {})})
         env["KURA_INTERNAL_PORT"] = str(self.internal_ports[i])
         env["KURA_NODE_URL"] = self.internal_urls[i]
         env["KURA_PEERS"] = ",".join(self.internal_urls)
@@ -40,7 +53,7 @@ class Mesh:
         return env
 
     def _spawn(self, i: int) -> NodeProcess:
-        return spawn_node(self.root / f"n{i}", self._env(i))
+        return spawn_node(self.root / f"n{i}", self._env(i), self.prefixes.get(i, ()))
 
     def restart(self, i: int) -> NodeProcess:
         """Start node ``i`` again on its data dir (after it was stopped or killed)."""
@@ -79,14 +92,17 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
         time.sleep(interval)
 
 
-def manifests(node: NodeProcess) -> dict[str, dict[str, object]]:
-    """Every manifest a node holds, by artifact_id (through its internal paging API)."""
+def manifests(node: NodeProcess, peer_token: str = "") -> dict[str, dict[str, object]]:
+    """Every manifest a node holds, by artifact_id (through its internal paging API, with
+    ``peer_token`` when the node has KURA_INTERNAL_TOKENS)."""
     out: dict[str, dict[str, object]] = {}
     after = ""
+    headers = {"Authorization": f"Bearer {peer_token}"} if peer_token else {}
     while True:
         r = httpx.get(
             node.internal_url + "/_internal/bootstrap/manifests",
             params={"after": after, "limit": 500},
+            headers=headers,
             timeout=30,
         )
         r.raise_for_status()

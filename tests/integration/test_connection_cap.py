@@ -27,7 +27,7 @@ def limited_node(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     def start(**settings: object) -> NodeProcess:
         directory = tmp_path / f"n{len(nodes)}"
         node = spawn_node(
-            directory, node_env(directory, **settings), wrapper=["prlimit", "--nofile=128:256"]
+            directory, node_env(directory, **settings), prefix=["prlimit", "--nofile=128:256"]
         )
         nodes.append(node)
         return node

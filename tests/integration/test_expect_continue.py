@@ -12,11 +12,13 @@ import pytest
 
 from kura.core.keys import artifact_id
 from tests.conftest import NodeProcess
+from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
 
 MiB = 1024 * 1024
 RW = {"Authorization": "Bearer rw"}
 RO = {"Authorization": "Bearer ro"}
+PEER_WRONG = {"Authorization": "Bearer not-the-peer-secret"}
 
 
 def _expect(
@@ -200,3 +202,37 @@ def test_every_upload_route_declares_the_limit_its_handler_enforces(
         assert _expect(node.url, method, path, limit, {})[0] == 100, path
     assert node.metric("kura_tmp_reserved_bytes") == 0
     assert node.index_rows() == 0
+
+
+def test_the_internal_listener_checks_peer_credentials_before_100(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    # aiohttp runs the expect handler before any middleware, so the peer-token middleware alone
+    # would let 100 Continue out to a peer it then refuses.
+    node = start_node(internal_tokens="peer-secret")
+    manifest = {"Kura-Manifest": _replica_manifest("r", 10)}
+    for auth, needle in (({}, b"missing peer credentials"), (PEER_WRONG, b"invalid peer token")):
+        status, h, body = _expect(
+            node.internal_url, "PUT", "/_internal/replicate/artifact", 10, {**manifest, **auth}
+        )
+        assert (status, needle in body, h.get("connection")) == (401, True, "close"), body
+    status, _h, body = _expect(
+        node.internal_url,
+        "PUT",
+        "/_internal/replicate/artifact",
+        10,
+        {**manifest, "Authorization": "Bearer peer-secret"},
+    )
+    assert status == 100, body
+    # The accepted peer then hung up without its body: once the handler has finished (it counts
+    # the request), its staging file is gone with it.
+    assert wait_for(
+        lambda: any(
+            k.startswith("kura_http_requests_total{") and 'protocol="internal"' in k
+            for k in node.metrics()
+        ),
+        10,
+    )
+    _assert_nothing_left(node)
+    assert node.metric('kura_internal_auth_failures_total{reason="missing"}') == 1
+    assert node.metric('kura_internal_auth_failures_total{reason="invalid"}') == 1

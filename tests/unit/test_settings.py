@@ -64,6 +64,8 @@ def test_environment_values_are_parsed() -> None:
     s = settings_from(
         {
             "KURA_HOST": "0.0.0.0",
+            "KURA_INTERNAL_TOKENS": "peer-old,peer-new",
+            "KURA_MAX_CLOCK_SKEW_MS": "60000",
             "KURA_PORT": " 5000 ",
             "KURA_DATA_DIR": "/srv/kura",
             "KURA_TMP_DIR_MAX_BYTES": "512M",
@@ -92,6 +94,8 @@ def test_environment_values_are_parsed() -> None:
     assert s.access_log is True
     assert s.log_level == "DEBUG"
     assert s.shutdown_timeout_seconds == 0
+    assert s.internal_tokens == ("peer-old", "peer-new")
+    assert s.max_clock_skew_ms == 60000
 
 
 @pytest.mark.parametrize(
@@ -235,6 +239,21 @@ def test_all_cross_field_problems_are_reported_together() -> None:
         }
     )
     assert len(problems) == 3, problems
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.7", "::", "kura-0.kura", "127.example"])
+def test_a_non_loopback_peer_listener_without_credentials_is_refused(host: str) -> None:
+    problems = problems_from({"KURA_HOST": host})
+    assert len(problems) == 1, problems
+    assert "KURA_INTERNAL_TOKENS" in problems[0]
+    assert "openssl rand -hex 32" in problems[0]
+    s = settings_from({"KURA_HOST": host, "KURA_INTERNAL_TOKENS": "s3cret"})
+    assert s.internal_tokens == ("s3cret",)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost"])
+def test_a_loopback_peer_listener_may_stay_open(host: str) -> None:
+    assert settings_from({"KURA_HOST": host}).internal_tokens == ()
 
 
 def test_port_zero_twice_is_allowed() -> None:

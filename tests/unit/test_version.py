@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kura.core.version import ApplyOutcome, decide_apply, next_version_ms
+from kura.core.errors import InvalidRequest
+from kura.core.version import (
+    ApplyOutcome,
+    FutureVersion,
+    VersionClock,
+    ahead_of_skew_ms,
+    decide_apply,
+    next_version_ms,
+)
 
 MS = st.integers(0, 2**53)
 
@@ -118,3 +127,79 @@ def test_two_writes_in_one_millisecond_get_distinct_versions() -> None:
     assert (first, second) == (1000, 1001)
     assert next_version_ms(900, second) == 1002  # a clock step backwards
     assert next_version_ms(5000, 1002) == 5000
+
+
+@given(MS, MS, st.none() | MS, st.none() | MS)
+def test_a_local_version_beats_the_stored_copy_and_the_tombstone_it_was_issued_against(
+    now: int, last: int, stored: int | None, tombstone: int | None
+) -> None:
+    issued = next_version_ms(now, last, stored, tombstone)
+    assert issued >= now
+    assert issued > last
+    # The rule's purpose: the local write is applied locally (and so by every peer).
+    assert decide_apply(issued, stored, tombstone, "0" * 64, "f" * 64) is ApplyOutcome.APPLIED
+    # ...and it is the smallest such version: no needless jump ahead of the wall clock.
+    floor = max(x for x in (last, stored, tombstone) if x is not None)
+    assert issued == max(now, floor + 1)
+
+
+def test_a_node_behind_its_peer_issues_versions_above_the_peers_copy() -> None:
+    # The field report: a peer 60 s ahead wrote at 1_060_000; this node's clock says 1_000_000.
+    assert next_version_ms(1_000_000, 999_990, stored_version_ms=1_060_000) == 1_060_001
+    assert next_version_ms(1_000_000, 0, tombstone_version_ms=1_060_000) == 1_060_001
+    assert next_version_ms(1_070_000, 0, 1_060_000, 1_050_000) == 1_070_000
+
+
+@given(st.lists(st.tuples(st.booleans(), MS), max_size=60))
+def test_the_version_clock_issues_above_everything_it_issued_or_observed(
+    events: list[tuple[bool, int]],
+) -> None:
+    clock = VersionClock()
+    seen = 0
+    for is_observation, ms in events:
+        if is_observation:
+            clock.observe(ms)
+            seen = max(seen, ms)
+        else:
+            issued = clock.issue(ms)
+            assert issued > seen
+            assert issued >= ms
+            seen = issued
+        assert clock.last_ms == seen
+
+
+def test_observations_from_other_threads_are_never_lost() -> None:
+    clock = VersionClock(5)
+    observed = [[t * 1_000_000 + i for i in range(2000)] for t in range(1, 5)]
+
+    def observe(values: list[int]) -> None:
+        for v in values:
+            clock.observe(v)
+            clock.issue(0)
+
+    threads = [threading.Thread(target=observe, args=(v,)) for v in observed]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert clock.issue(0) > max(max(v) for v in observed)
+
+
+@pytest.mark.parametrize(
+    ("version", "now", "skew", "ahead"),
+    [
+        (1_000, 1_000, 300_000, 0),
+        (301_000, 1_000, 300_000, 0),  # exactly at the limit is accepted
+        (301_001, 1_000, 300_000, 1),
+        (1_000 + 86_400_000, 1_000, 300_000, 86_100_000),
+        (0, 1_000, 300_000, 0),  # the past is never "ahead"
+    ],
+)
+def test_ahead_of_skew_measures_only_what_lies_beyond_the_limit(
+    version: int, now: int, skew: int, ahead: int
+) -> None:
+    assert ahead_of_skew_ms(version, now, skew) == ahead
+
+
+def test_a_future_version_is_a_permanent_bad_request() -> None:
+    assert issubclass(FutureVersion, InvalidRequest)  # 400: the sender must not retry it

@@ -19,7 +19,7 @@ a forecast, not a reservation.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
@@ -31,10 +31,27 @@ from kura.core.errors import KuraError
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
-def guarded(route_defs: Iterable[web.RouteDef]) -> list[web.RouteDef]:
-    """``route_defs`` with ``expect_continue`` as every route's expect handler (same order)."""
+Precheck = Callable[[web.Request], web.StreamResponse | None]
+
+
+def guarded(
+    route_defs: Iterable[web.RouteDef], precheck: Precheck | None = None
+) -> list[web.RouteDef]:
+    """``route_defs`` with ``expect_continue`` as every route's expect handler (same order).
+
+    ``precheck`` runs first and may answer instead (the internal listener's peer credentials,
+    which its middleware checks too late for an expectation: aiohttp runs the expect handler
+    before any middleware)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse | None:
+        if precheck is not None and request.headers.get(hdrs.EXPECT) is not None:
+            refused = precheck(request)
+            if refused is not None:
+                return refused
+        return await expect_continue(request)
+
     return [
-        web.RouteDef(d.method, d.path, d.handler, {**d.kwargs, "expect_handler": expect_continue})
+        web.RouteDef(d.method, d.path, d.handler, {**d.kwargs, "expect_handler": handler})
         for d in route_defs
     ]
 

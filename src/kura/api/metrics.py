@@ -126,6 +126,15 @@ class _StoreCollector(Collector):
         for (source, outcome), n in sorted(s.apply_outcomes_total.items()):
             applied.add_metric([source, outcome], n)
         yield applied
+        rejected = CounterMetricFamily(
+            "kura_replication_rejected",
+            "Artifact and tombstone copies from peers refused, never applied, by source and "
+            "reason (future_version: further ahead than KURA_MAX_CLOCK_SKEW_MS).",
+            labels=["source", "reason"],
+        )
+        for (source, reason), n in sorted(s.rejected_total.items()):
+            rejected.add_metric([source, reason], n)
+        yield rejected
         yield GaugeMetricFamily(
             "kura_tmp_reserved_bytes",
             "Bytes reserved in the tmp staging budget.",
@@ -247,7 +256,8 @@ class _MeshCollector(Collector):
         )
         results = CounterMetricFamily(
             "kura_bootstrap_artifact_results",
-            "Bootstrap artifact results per peer (applied, ignored_*, gone, too_large, error).",
+            "Bootstrap artifact results per peer (applied, ignored_*, gone, too_large, "
+            "rejected_future, error).",
             labels=["peer", "result"],
         )
         for url, p in progress:
@@ -273,6 +283,19 @@ class _ValueCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield self._family(self._name, self._documentation, self._source())
+
+
+class _CountsCollector(Collector):
+    def __init__(
+        self, name: str, documentation: str, label: str, counts: Callable[[], dict[str, int]]
+    ) -> None:
+        self._name, self._doc, self._label, self._counts = name, documentation, label, counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._doc, labels=[self._label])
+        for value, n in sorted(self._counts().items()):
+            family.add_metric([value], n)
+        yield family
 
 
 class KuraMetrics:
@@ -406,6 +429,12 @@ class KuraMetrics:
         bootstrapper: Bootstrapper,
     ) -> None:
         self.registry.register(_MeshCollector(membership, shipper, read_through, bootstrapper))
+
+    def watch_counts(
+        self, name: str, documentation: str, label: str, counts: Callable[[], dict[str, int]]
+    ) -> None:
+        """Export ``counts()`` (label value → count, a closed set) as counter ``name``_total."""
+        self.registry.register(_CountsCollector(name, documentation, label, counts))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

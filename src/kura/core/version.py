@@ -1,6 +1,6 @@
-"""Versions and the last-writer-wins rule.
+"""Versions, the last-writer-wins rule, and the clock that issues local versions.
 
-Every artifact carries ``version_ms``, the writer's wall-clock time in integer milliseconds. An
+Every artifact carries ``version_ms``, an integer millisecond stamp from the writer. An
 incoming copy is applied only if it is newer than what is stored and strictly newer than the
 namespace tombstone; an older copy is ignored (Kura's apply rule,
 shared/reference/kura-behaviour.md §2.6). Version 0 is never applied over a tombstone.
@@ -9,11 +9,25 @@ Ties: two nodes can write the same key in the same millisecond. Upstream ignores
 version, so each node keeps its own bytes and the mesh never converges. Here an equal version
 is broken by the content digest (the larger SHA-256 hex wins), which every node decides the
 same way; identical copies are ignored.
+
+Versions never go backwards (a hybrid-logical-clock rule in whole milliseconds; Kulkarni et al.,
+"Logical Physical Clocks", 2014, https://cse.buffalo.edu/tech-reports/2014-04.pdf): a local
+write's version is ``max(now, last issued + 1, stored + 1, tombstone + 1)``, and every version
+learned from a peer advances the clock. Without it, a node whose clock runs behind a peer's
+issues versions below the peer's copy: its write is answered 200 but loses everywhere.
+
+A peer's version more than ``max_skew_ms`` ahead of this node's clock is refused
+(``FutureVersion``): one such version, accepted, would pull every later local version up to it
+and let a forged or broken peer shadow every write (a far-future tombstone cleans a namespace
+for good).
 """
 
 from __future__ import annotations
 
 import enum
+import threading
+
+from kura.core.errors import InvalidRequest
 
 
 class ApplyOutcome(enum.Enum):
@@ -47,10 +61,66 @@ def decide_apply(
     return ApplyOutcome.APPLIED
 
 
-def next_version_ms(now_ms: int, last_issued_ms: int) -> int:
-    """A local write's version: wall-clock ms, but strictly above the last one this node issued.
+def next_version_ms(
+    now_ms: int,
+    last_issued_ms: int,
+    stored_version_ms: int | None = None,
+    tombstone_version_ms: int | None = None,
+) -> int:
+    """A local write's version: wall-clock ms, but strictly above the last one this node issued
+    (or learned from a peer), the stored copy's and the namespace tombstone's.
 
     Two writes in the same millisecond (or a clock step backwards) would otherwise get equal
-    versions and the second would be dropped by peers as stale.
+    versions and the second would be dropped by peers as stale; a peer's newer copy or
+    tombstone would make the local write lose (see module docstring). Pure.
     """
-    return max(now_ms, last_issued_ms + 1)
+    floor = last_issued_ms
+    if stored_version_ms is not None:
+        floor = max(floor, stored_version_ms)
+    if tombstone_version_ms is not None:
+        floor = max(floor, tombstone_version_ms)
+    return max(now_ms, floor + 1)
+
+
+class FutureVersion(InvalidRequest):
+    """A peer's version lies further ahead of this node's clock than the configured skew
+    allows; it is never applied (400: the sender must not retry it)."""
+
+
+def ahead_of_skew_ms(version_ms: int, now_ms: int, max_skew_ms: int) -> int:
+    """How far ``version_ms`` lies beyond ``now_ms + max_skew_ms`` (0 when acceptable). Pure."""
+    return max(0, version_ms - now_ms - max_skew_ms)
+
+
+class VersionClock:
+    """The node's version clock: the largest version issued or learned, and the next one.
+
+    ``observe`` (any thread) advances it with a version learned from the index or a peer;
+    ``issue`` (the storage writer thread) returns the next local version by
+    ``next_version_ms``. Both take one lock, so a concurrent ``observe`` is never lost.
+    """
+
+    def __init__(self, last_ms: int = 0) -> None:
+        self._last_ms = last_ms
+        self._lock = threading.Lock()
+
+    @property
+    def last_ms(self) -> int:
+        return self._last_ms
+
+    def observe(self, version_ms: int) -> None:
+        with self._lock:
+            if version_ms > self._last_ms:
+                self._last_ms = version_ms
+
+    def issue(
+        self,
+        now_ms: int,
+        stored_version_ms: int | None = None,
+        tombstone_version_ms: int | None = None,
+    ) -> int:
+        with self._lock:
+            self._last_ms = next_version_ms(
+                now_ms, self._last_ms, stored_version_ms, tombstone_version_ms
+            )
+            return self._last_ms

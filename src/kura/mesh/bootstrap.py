@@ -17,6 +17,9 @@ This is the fix for the incident in shared/seeds/000_*, built right from the sta
   is cut off and rejected. The reservation is released on every path once the artifact is
   persisted or abandoned. An artifact larger than the whole budget can never be staged: it is
   refused up front with a clear error (counted as ``too_large``) instead of waiting forever.
+* **Versions from the future.** A tombstone or manifest further ahead of this node's clock than
+  ``KURA_MAX_CLOCK_SKEW_MS`` is refused by the service (logged, counted), skipped here (result
+  ``rejected_future``) and does not fail the pass: a peer holding one cannot stall bootstrap.
 * **Failures.** One failing artifact does not stop a pass; the pass then reports itself
   incomplete and is retried with backoff. A pass that makes no progress for
   ``stall_timeout_seconds`` is abandoned and retried.
@@ -39,7 +42,7 @@ from dataclasses import dataclass, field
 from kit.clock import Clock
 from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
-from kura.core.version import ApplyOutcome
+from kura.core.version import ApplyOutcome, FutureVersion
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT
 from kura.storage.budget import TmpBudget
@@ -48,6 +51,10 @@ from kura.storage.service import CacheService
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.5
+# Artifact results that finish an artifact for good (the rest are retried by the next pass).
+DONE_RESULTS = frozenset(
+    {"applied", "ignored_stale", "ignored_tombstone", "gone", "rejected_future"}
+)
 RETRY_START_SECONDS = 1.0
 RETRY_MAX_SECONDS = 60.0
 
@@ -265,7 +272,12 @@ class Bootstrapper:
         while True:
             page, next_after = await self._client.tombstones_page(peer, after, PAGE_LIMIT_DEFAULT)
             for namespace_id, version_ms in page:
-                await self._service.delete_namespace(namespace_id, version_ms, source="bootstrap")
+                try:
+                    await self._service.delete_namespace(
+                        namespace_id, version_ms, source="bootstrap"
+                    )
+                except FutureVersion:
+                    continue  # logged and counted by the service; the pass goes on
             progressed()
             if next_after is None:
                 return
@@ -309,7 +321,7 @@ class Bootstrapper:
                 )
             else:
                 state.count(result)
-                if result in ("applied", "ignored_stale", "ignored_tombstone", "gone"):
+                if result in DONE_RESULTS:
                     state.bytes_done += manifest.size
                     state.artifacts_done += 1
                 progressed()
@@ -341,7 +353,7 @@ class Bootstrapper:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[aid] = done
         try:
-            outcome = await self._service.apply_outcome_for(manifest)
+            outcome = await self._service.apply_outcome_for(manifest, source="bootstrap")
             if outcome is not ApplyOutcome.APPLIED:
                 return str(outcome.value)
             if manifest.size > self._budget.capacity_bytes:
@@ -354,6 +366,8 @@ class Bootstrapper:
                 )
                 return "too_large"
             return await self._download(peer, manifest)
+        except FutureVersion:
+            return "rejected_future"  # logged and counted by the service; never retried
         finally:
             done.set_result(None)
             if self._inflight.get(aid) is done:

@@ -2,7 +2,8 @@
 
 Every call has a timeout (``asyncio.timeout``) and turns aiohttp's errors into ``PeerError``, so
 callers deal with one exception type. With mutual TLS configured, every connection presents this
-node's certificate and verifies the peer's against the shared CA.
+node's certificate and verifies the peer's against the shared CA; with a peer token configured
+(the first of ``KURA_INTERNAL_TOKENS``), every request carries it as a bearer token.
 """
 
 from __future__ import annotations
@@ -68,17 +69,21 @@ class PeerClient:
         tenant_id: str,
         ssl_context: ssl.SSLContext | None,
         request_timeout_seconds: float = 30.0,
+        peer_token: str | None = None,
     ) -> None:
         self._tenant_id = tenant_id
+        self._peer_token = peer_token
         self._ssl = ssl_context
         self._timeout = request_timeout_seconds
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=64, limit_per_host=16, ssl=self._ssl or False)
-        self._session = aiohttp.ClientSession(
-            connector=connector, headers={TENANT_HEADER: self._tenant_id}
-        )
+        headers = {TENANT_HEADER: self._tenant_id}
+        if self._peer_token:
+            # Set once here, so every peer request carries it (KURA_INTERNAL_TOKENS).
+            headers["Authorization"] = f"Bearer {self._peer_token}"
+        self._session = aiohttp.ClientSession(connector=connector, headers=headers)
 
     async def close(self) -> None:
         if self._session is not None:

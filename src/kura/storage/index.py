@@ -215,6 +215,22 @@ class MetadataIndex:
         )
         return None if row is None else int(row[0])
 
+    def max_version_ms(self, namespace_id: str | None = None) -> int:
+        """The largest version stored for ``namespace_id``'s artifacts, or with None for any
+        artifact or tombstone (where the version clock starts after a restart); 0 when none."""
+        conn = self._conn()
+        if namespace_id is not None:
+            row = conn.execute(
+                "SELECT COALESCE(MAX(version_ms), 0) FROM artifacts WHERE namespace_id = ?",
+                (namespace_id,),
+            ).fetchone()
+            return int(row[0])
+        row = conn.execute(
+            "SELECT MAX(COALESCE((SELECT MAX(version_ms) FROM artifacts), 0), "
+            "COALESCE((SELECT MAX(version_ms) FROM tombstones), 0))"
+        ).fetchone()
+        return int(row[0])
+
     def totals(self) -> tuple[int, int]:
         """(artifact count, bytes of file-backed and inline bodies)."""
         row = (

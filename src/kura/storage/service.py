@@ -8,8 +8,13 @@ Guarantees:
   unlinked. A crash at any point leaves the acknowledged version intact, and start-up removes
   the rest (``storage.reconcile``; ``docs/durability.md``). A failed or rejected write leaves
   no blob, no index row and no reserved bytes.
-* Every artifact has a ``version_ms``; local writes get strictly increasing versions, and an
-  index row is replaced only by a strictly newer version (last writer wins, ``core.version``).
+* Every artifact has a ``version_ms``; an index row is replaced only by a strictly newer version
+  (last writer wins, ``core.version``). A local write's version is issued in the writer thread
+  above the stored copy's, the namespace tombstone's and every version this node has issued or
+  learned (``VersionClock``, started from the index's largest version), so an acknowledged
+  local write always wins; a local write that is not applied raises ``Unavailable``. Versions
+  from peers more than ``max_clock_skew_ms`` ahead of the clock raise ``FutureVersion``
+  (``_admit``, the one gate every non-local copy and tombstone passes).
 * Stored bytes are checked against the recorded size and SHA-256 before they are served: the
   size on every open, small blobs by hash on every read, large ones by a hash computed while they
   are sent (``verify_reads="always"``; the sender holds the tail back until the digest matched)
@@ -34,6 +39,7 @@ one single-threaded writer, which serialises commits of the same key.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import os
@@ -53,11 +59,18 @@ from kura.core.errors import (
     NotFound,
     PayloadTooLarge,
     ResourceExhausted,
+    Unavailable,
 )
 from kura.core.eviction import bytes_to_free
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
-from kura.core.version import ApplyOutcome, decide_apply, next_version_ms
+from kura.core.version import (
+    ApplyOutcome,
+    FutureVersion,
+    VersionClock,
+    ahead_of_skew_ms,
+    decide_apply,
+)
 from kura.storage.blobs import (
     GROW_STEP_BYTES,
     BlobFiles,
@@ -126,6 +139,8 @@ class StorageStats:
     outbox_depth: int = 0  # changed on the writer thread only
     # (source, outcome) -> count; source is "local", "replication", "bootstrap", "read_through".
     apply_outcomes_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (source, reason) -> copies from peers refused before applying; reason "future_version".
+    rejected_total: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -155,6 +170,7 @@ class CacheService:
         verify_reads: str = "always",
         quarantine_max_bytes: int = 1024 * 1024 * 1024,
         on_quarantine: Callable[[str], None] = lambda artifact_id: None,
+        max_clock_skew_ms: int = 300_000,
     ) -> None:
         self.files = BlobFiles(data_dir, tmp_dir)
         self.verify_reads = verify_reads
@@ -178,7 +194,8 @@ class CacheService:
         self._reader = ThreadPoolExecutor(4, thread_name_prefix="kura-read")
         self._syncer = ThreadPoolExecutor(4, thread_name_prefix="kura-sync")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kura-write")
-        self._last_version_ms = 0
+        self.max_clock_skew_ms = max_clock_skew_ms
+        self.versions = VersionClock()
         self._touches: dict[str, int] = {}
         self.start_report = StartReport()
 
@@ -191,6 +208,17 @@ class CacheService:
     def _open_sync(self) -> None:
         self._index, self.start_report = open_storage(self.files)
         self.quarantine.open()
+        latest = self._index.max_version_ms()
+        self.versions.observe(latest)  # a restart never goes backwards
+        if ahead_of_skew_ms(latest, self.clock.now_ms(), self.max_clock_skew_ms):
+            log.warning(
+                "the index holds version_ms %d, %d ms ahead of this node's clock: local writes "
+                "are stamped after it, and peers refuse them until their clocks catch up "
+                "(KURA_MAX_CLOCK_SKEW_MS=%d); check this machine's clock",
+                latest,
+                latest - self.clock.now_ms(),
+                self.max_clock_skew_ms,
+            )
         count, used = self._index.totals()
         self.stats.artifacts, self.stats.used_bytes = count, used
         self.stats.outbox_depth = sum(n for n, _ in self._index.outbox_depths().values())
@@ -246,8 +274,34 @@ class CacheService:
         return artifact_id(manifest.producer, self.tenant_id, manifest.namespace_id, manifest.key)
 
     def next_version_ms(self) -> int:
-        self._last_version_ms = next_version_ms(self.clock.now_ms(), self._last_version_ms)
-        return self._last_version_ms
+        """A new version above every version issued or learned (writes take theirs in the
+        writer thread instead, where the stored copy is known)."""
+        return self.versions.issue(self.clock.now_ms())
+
+    def _admit(self, version_ms: int, source: str, subject: str) -> None:
+        """The one skew gate for versions from peers (replication, bootstrap, read-through):
+        more than ``max_clock_skew_ms`` ahead of this node's clock raises ``FutureVersion``
+        (logged at WARNING, counted in ``rejected_total``); an admitted version advances the
+        version clock. Safe on any thread."""
+        now = self.clock.now_ms()
+        if ahead_of_skew_ms(version_ms, now, self.max_clock_skew_ms):
+            key = (source, "future_version")
+            self.stats.rejected_total[key] = self.stats.rejected_total.get(key, 0) + 1
+            log.warning(
+                "refused %s from %s: version_ms %d is %d ms ahead of this node's clock "
+                "(KURA_MAX_CLOCK_SKEW_MS=%d)",
+                subject,
+                source,
+                version_ms,
+                version_ms - now,
+                self.max_clock_skew_ms,
+            )
+            raise FutureVersion(
+                f"{subject}: version_ms {version_ms} is {version_ms - now} ms ahead of this "
+                f"node's clock, more than KURA_MAX_CLOCK_SKEW_MS={self.max_clock_skew_ms}; "
+                "refused, never applied"
+            )
+        self.versions.observe(version_ms)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -639,6 +693,9 @@ class CacheService:
         )
         if peers and result.outcome is ApplyOutcome.APPLIED:
             self.on_outbox_write()
+        if source == "local" and result.outcome is not ApplyOutcome.APPLIED:
+            # The version rule makes this unreachable; a 2xx must never report a lost write.
+            raise Unavailable(f"the write was not applied ({result.outcome.value}); retry it")
         return result
 
     def _new_manifest(
@@ -652,7 +709,6 @@ class CacheService:
         *,
         inline: bool = False,
     ) -> Manifest:
-        version = self.next_version_ms()
         return Manifest(
             artifact_id=aid,
             producer=ref.producer,
@@ -661,7 +717,7 @@ class CacheService:
             content_type=content_type,
             size=size,
             sha256=sha256,
-            version_ms=version,
+            version_ms=0,  # issued by _commit_sync in the writer thread
             created_at_ms=self.clock.now_ms(),
             inline=inline,
             headers=headers,
@@ -690,6 +746,13 @@ class CacheService:
         if touches:
             index.touch(touches)
         existing = index.get(manifest.artifact_id)
+        if source == "local":
+            version = self.versions.issue(
+                self.clock.now_ms(),
+                None if existing is None else existing[0].version_ms,
+                index.tombstone(manifest.namespace_id),
+            )
+            manifest = dataclasses.replace(manifest, version_ms=version)
         outcome = _decide(index, manifest, None if existing is None else existing[0])
         self._count(source, outcome.value)
         if outcome is not ApplyOutcome.APPLIED:
@@ -746,8 +809,13 @@ class CacheService:
 
     # -- copies from peers -------------------------------------------------------------------
 
-    async def apply_outcome_for(self, manifest: Manifest) -> ApplyOutcome:
-        """What applying ``manifest`` would do now (a pre-check before fetching its body)."""
+    async def apply_outcome_for(
+        self, manifest: Manifest, source: str | None = None
+    ) -> ApplyOutcome:
+        """What applying ``manifest`` would do now (a pre-check before fetching its body).
+        With ``source``, a version too far ahead raises ``FutureVersion`` first (``_admit``)."""
+        if source is not None:
+            self._admit(manifest.version_ms, source, _subject(manifest))
         return await self._in(self._reader, self._precheck_sync, manifest)
 
     def _precheck_sync(self, manifest: Manifest) -> ApplyOutcome:
@@ -771,9 +839,10 @@ class CacheService:
         newer than what is stored, or is covered by a tombstone, is ignored without staging it.
         Staging uses ``reservation`` when given (bootstrap reserves and waits itself), else a
         fail-fast ``try_reserve`` (``ResourceExhausted`` when the tmp budget is full).
-        Never enqueues outbox messages. Safe to call concurrently.
+        A version more than ``max_clock_skew_ms`` ahead raises ``FutureVersion`` (400) before
+        anything is read. Never enqueues outbox messages. Safe to call concurrently.
         """
-        outcome = await self.apply_outcome_for(manifest)
+        outcome = await self.apply_outcome_for(manifest, source)
         if outcome is not ApplyOutcome.APPLIED:
             self._count(source, outcome.value)
             return outcome
@@ -828,27 +897,39 @@ class CacheService:
     ) -> int:
         """Tombstone ``namespace_id`` at ``version_ms`` (default: a new local version) and delete
         every artifact of it at or below that version. A local clean is enqueued for every
-        replication target; a tombstone from a peer is not. Returns the tombstone version."""
+        replication target; a tombstone from a peer is not. Returns the tombstone version.
+
+        A local clean's version is issued in the writer thread above every version of the
+        namespace held here; a peer's tombstone too far ahead raises ``FutureVersion``."""
         self._check_writable()
         if source == "local":
             self.check_outbox()
-        version = self.next_version_ms() if version_ms is None else version_ms
+        elif version_ms is not None:
+            self._admit(version_ms, source, f"tombstone of namespace {namespace_id!r}")
         peers: Sequence[str] = self.replication_targets() if source == "local" else ()
-        applied = await self._in(
-            self._writer, self._delete_namespace_sync, namespace_id, version, peers
+        applied, version = await self._in(
+            self._writer, self._delete_namespace_sync, namespace_id, version_ms, peers
         )
         self._count(source + "_tombstone", "applied" if applied else "ignored_older")
         if applied and peers:
             self.on_outbox_write()
+        if source == "local" and not applied:
+            raise Unavailable("the clean was not applied (an equal tombstone exists); retry it")
         return version
 
     def _delete_namespace_sync(
-        self, namespace_id: str, version_ms: int, peers: Sequence[str]
-    ) -> bool:
+        self, namespace_id: str, version_ms: int | None, peers: Sequence[str]
+    ) -> tuple[bool, int]:
         index = self._require_index()
+        if version_ms is None:
+            version_ms = self.versions.issue(
+                self.clock.now_ms(),
+                index.max_version_ms(namespace_id),
+                index.tombstone(namespace_id),
+            )
         victims = index.apply_tombstone(namespace_id, version_ms, self.clock.now_ms(), peers)
         if victims is None:
-            return False
+            return False, version_ms
         self.hot.invalidate([v[0] for v in victims])
         self.stats.outbox_depth += len(peers)
         for aid, size, inline in victims:
@@ -856,7 +937,7 @@ class CacheService:
                 self.files.remove_artifact(aid)
             self.stats.used_bytes -= size
             self.stats.artifacts -= 1
-        return True
+        return True, version_ms
 
     # -- paging for peers ----------------------------------------------------------------------
 
@@ -911,6 +992,10 @@ def _decide(index: MetadataIndex, incoming: Manifest, stored: Manifest | None) -
         incoming.sha256,
         "" if stored is None else stored.sha256,
     )
+
+
+def _subject(manifest: Manifest) -> str:
+    return f"{manifest.producer} artifact in namespace {manifest.namespace_id!r}"
 
 
 async def _capped(body: AsyncIterator[bytes], limit_bytes: int) -> AsyncIterator[bytes]:
