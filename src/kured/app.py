@@ -40,7 +40,7 @@ from kured.sensors.sentinel import (
     Sentinel,
 )
 from kured.settings import Settings
-from kured.state import StateStore
+from kured.state import StateStore, current_boot_id
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ class AgentService:
                 state=StateStore(Path(s.state_dir), s.node_id),
                 clock=SystemClock(),
                 node=self.node,
+                boot_id=lambda: current_boot_id(s.boot_id_file),
             )
             self.collector = AgentCollector(self.agent)
             runner = await self._serve_http(self.agent, self.collector)

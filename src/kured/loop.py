@@ -11,9 +11,15 @@ start, then every P) so that agents do not all reach for the lock at once. One t
    down.
 
 On start (kured's phase A) a reboot this agent triggered earlier is recognised from its state
-file: the circuit breaker is updated, and if the lock is still ours it is released after the
-release delay regardless of the window. Errors in a tick are logged, counted and the tick ends;
-they never escape the loop.
+file, and confirmed by the kernel's boot ID (``kured.state``): the circuit breaker is updated,
+and if the lock is still ours it is released after the release delay regardless of the window.
+The delay counts from when the agent first came back (``AgentState.came_back_at``), so a restart
+during the delay sleeps only what is left. When the boot ID is unchanged the machine did not
+reboot: nothing is released as if it had; the attempt is counted towards the circuit breaker
+(``kured_failures_total{kind="reboot"}``) and the normal decision runs with the lock still held
+- it reboots again when everything still allows it, or restores the node and releases the lock
+when something now blocks. Errors in a tick are logged, counted and the tick ends; they never
+escape the loop.
 
 With the Kubernetes backend the agent also has a ``NodeActuator`` (``node``) and follows
 kured's node choreography (kured-behaviour.md §2.2-2.4):
@@ -30,7 +36,10 @@ kured's node choreography (kured-behaviour.md §2.2-2.4):
   blocked) it first restores the node: uncordon only if the record says the node was
   schedulable when the lock was taken (a node an operator cordoned stays cordoned), then the
   post-reboot labels, and after a reboot the in-progress annotation once the sentinel is gone.
-  The release delay is slept only after a reboot;
+  A failed uncordon is retried with jittered exponential backoff (``uncordon_backoff_*``) and
+  the lock is kept until it succeeds: releasing it with the node still cordoned would let the
+  next node cordon while this one is still out of service (issue 15). The tick's decision
+  says so meanwhile (``uncordon_failed``). The release delay is slept only after a reboot;
 * on start, and on later ticks until it succeeds, a cordon marked as ours on a node that holds
   no lock (an orphan: a lock force-released by an operator, an uncordon that failed) is undone;
 * with ``--annotate-nodes`` the two kured annotations are written before the gates run.
@@ -99,6 +108,9 @@ class AgentConfig:
     lock_release_delay_seconds: float
     max_consecutive_reboots: int
     force_reboot: bool = False  # reboot even when the cordon or drain failed
+    # A failed uncordon is retried after a pause drawn from [½p, p), p doubling up to the cap.
+    uncordon_backoff_initial_seconds: float = 1.0
+    uncordon_backoff_cap_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +158,7 @@ class Agent:
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
         node: NodeActuator | None = None,
+        boot_id: Callable[[], str] = current_boot_id,
     ) -> None:
         self.config = config
         self.window = window
@@ -162,6 +175,7 @@ class Agent:
         self.rebooted_holding_lock = False
         self.view = AgentView()
         self.node = node
+        self.boot_id = boot_id
         # Look for an orphaned cordon of ours until one check succeeds (start, failed uncordon).
         self.orphan_check_pending = node is not None
 
@@ -183,11 +197,24 @@ class Agent:
                 log.warning("cannot read the lock at start: %s", exc.message)
             else:
                 await self._check_orphaned_cordon(holds)
+        if self.state.came_back_at is not None:
+            left = self.config.lock_release_delay_seconds - (self._unix() - self.state.came_back_at)
+            log.info(
+                "restarted during post-reboot recovery (back since %s): %.1fs of "
+                "--lock-release-delay left before releasing the lock",
+                datetime.fromtimestamp(self.state.came_back_at, tz=UTC).isoformat(),
+                max(0.0, left),
+            )
+            self.rebooted_holding_lock = True
+            return
         if self.state.reboot_triggered_at is None:
+            return
+        if self._reboot_did_not_happen():
             return
         log.info("started after a reboot triggered at %s", self.state.reboot_triggered_at)
         self.state.last_reboot_at = self.state.reboot_triggered_at
         self.state.reboot_triggered_at = None
+        self.state.came_back_at = self._unix()
         try:
             still_required, detail = await self.sentinel.check()
         except SensorError as exc:
@@ -199,17 +226,45 @@ class Agent:
                 self.state.consecutive_reboots,
                 detail,
             )
-            if self.state.consecutive_reboots >= self.config.max_consecutive_reboots:
-                self.state.breaker_open = True
-                log.error(
-                    "circuit breaker open: %d reboots in a row did not clear the "
-                    "sentinel; not rebooting again until an operator looks",
-                    self.state.consecutive_reboots,
-                )
+            self._check_breaker()
         else:
             self.state.consecutive_reboots = 0
         self.store.save(self.state)
         self.rebooted_holding_lock = True  # release if the lock is still ours
+
+    def _reboot_did_not_happen(self) -> bool:
+        """True (and the attempt recorded as failed) when the boot ID recorded before the reboot
+        is still the current one: the process restarted, the machine did not."""
+        before, now = self.state.boot_id, self.boot_id()
+        if not before or not now:
+            log.warning("no boot ID to confirm the reboot triggered earlier: assuming it happened")
+            return False
+        if before != now:
+            return False
+        self.state.reboot_triggered_at = None
+        self.state.consecutive_reboots += 1
+        self.view.fail("reboot")
+        log.error(
+            "the reboot triggered earlier did not happen (boot ID %s unchanged); not releasing "
+            "the lock as after a reboot: deciding again with the lock held (attempt %d in a row)",
+            now,
+            self.state.consecutive_reboots,
+        )
+        self._check_breaker()
+        self.store.save(self.state)
+        return True
+
+    def _check_breaker(self) -> None:
+        if self.state.consecutive_reboots >= self.config.max_consecutive_reboots:
+            self.state.breaker_open = True
+            log.error(
+                "circuit breaker open: %d reboots in a row did not clear the "
+                "sentinel; not rebooting again until an operator looks",
+                self.state.consecutive_reboots,
+            )
+
+    def _unix(self) -> float:
+        return self.clock.now_ms() / 1000
 
     # -- one tick --------------------------------------------------------------------------------
 
@@ -246,6 +301,7 @@ class Agent:
             self.view.fail("lock")
         if self.rebooted_holding_lock and holds is False:
             self.rebooted_holding_lock = False  # nothing to release
+            self._recovery_done()
         await self._check_orphaned_cordon(holds)
         breaker = self.state.breaker_open and bool(reboot_required)
         return Observation(
@@ -322,12 +378,17 @@ class Agent:
         release delay only after a reboot (not after a failed drain: kured #1129)."""
         if self.node is not None:
             await self._restore_node()
-        if after_reboot and self.config.lock_release_delay_seconds > 0:
+        delay = self.config.lock_release_delay_seconds
+        if after_reboot and delay > 0:
+            back = self.state.came_back_at
+            left = delay if back is None else max(0.0, delay - (self._unix() - back))
             log.info(
-                "waiting %.0fs (--lock-release-delay) before releasing the lock",
-                self.config.lock_release_delay_seconds,
+                "waiting %.1fs (--lock-release-delay %.0fs, counted from the return after the "
+                "reboot) before releasing the lock",
+                left,
+                delay,
             )
-            await self.sleep(self.config.lock_release_delay_seconds)
+            await self.sleep(left)
         try:
             await self.lock.release(self.config.node_id)
         except LockError as exc:
@@ -335,13 +396,18 @@ class Agent:
             self.view.fail("lock")
             return
         self.rebooted_holding_lock = False
+        self._recovery_done()
         log.info("lock released by %s", self.config.node_id)
 
+    def _recovery_done(self) -> None:
+        if self.state.came_back_at is not None:
+            self.state.came_back_at = None
+            self.store.save(self.state)
+
     async def _restore_node(self) -> None:
-        """Uncordon per the lock record, post labels, and once the sentinel is gone the
-        in-progress annotation. Failures are logged and counted; the lock is released
-        regardless (a node that is not rebooting must not hold up the fleet), and a cordon of
-        ours left behind is found again by the orphan check."""
+        """Uncordon per the lock record (retried until it succeeds: see the module docstring),
+        post labels, and once the sentinel is gone the in-progress annotation. Label and
+        annotation failures are logged and counted; they do not hold the lock."""
         assert self.node is not None
         me = self.config.node_id
         own: Holder | None = None
@@ -349,18 +415,13 @@ class Agent:
             own = next((h for h in await self.lock.holders() if h.node_id == me), None)
         except LockError as exc:
             log.warning("cannot read the lock record before releasing: %s", exc.message)
-        try:
-            if own is None:
-                # No record to go by: undo the cordon only if it carries our mark.
-                await self.node.undo_orphaned_cordon()
-            elif own.unschedulable:
-                log.info("node %s was cordoned before the lock was taken: leaving it cordoned", me)
-            else:
-                await self.node.uncordon()
-        except KuredError as exc:
-            log.error("cannot uncordon node %s: %s", me, exc.message)
-            self.view.fail("uncordon")
-            self.orphan_check_pending = True
+        if own is None:
+            # No record to go by: undo the cordon only if it carries our mark.
+            await self._until_uncordoned(self.node.undo_orphaned_cordon)
+        elif own.unschedulable:
+            log.info("node %s was cordoned before the lock was taken: leaving it cordoned", me)
+        else:
+            await self._until_uncordoned(self.node.uncordon)
         try:
             await self.node.apply_labels("post")
         except KuredError as exc:
@@ -375,6 +436,37 @@ class Agent:
             except KuredError as exc:
                 log.warning("cannot remove the reboot-in-progress annotation: %s", exc.message)
                 self.view.fail("node")
+
+    async def _until_uncordoned(self, uncordon: Callable[[], Awaitable[object]]) -> None:
+        """Run ``uncordon`` until it succeeds, pausing with full jitter over a doubling cap
+        between attempts; every failure is logged, counted and shown as the decision."""
+        pause = self.config.uncordon_backoff_initial_seconds
+        attempt = 0
+        while True:
+            try:
+                await uncordon()
+            except KuredError as exc:
+                attempt += 1
+                wait = self.rng.uniform(pause / 2, pause)
+                text = (
+                    f"cannot uncordon node {self.config.node_id} (attempt {attempt}): "
+                    f"{exc.message}; keeping the lock, retrying in {wait:.1f}s"
+                )
+                log.error("%s", text)
+                self.view.fail("uncordon")
+                self.view.decision = Decision(Action.RELEASE, (Reason(Why.UNCORDON_FAILED, text),))
+                await self.sleep(wait)
+                pause = min(pause * 2, self.config.uncordon_backoff_cap_seconds)
+                continue
+            if attempt:
+                log.info(
+                    "uncordoned node %s after %d failed attempts", self.config.node_id, attempt
+                )
+                self.view.decision = Decision(
+                    Action.RELEASE,
+                    (Reason(Why.UNCORDON_FAILED, f"uncordoned after {attempt} failed attempts"),),
+                )
+            return
 
     async def _check_orphaned_cordon(self, holds: bool | None) -> None:
         if self.node is None or not self.orphan_check_pending or holds is not False:
@@ -433,7 +525,7 @@ class Agent:
         if self.node is not None and not await self._prepare_node():
             return
         self.state.reboot_triggered_at = time.time()
-        self.state.boot_id = current_boot_id()
+        self.state.boot_id = self.boot_id()
         self.store.save(self.state)
         log.warning("rebooting node %s", self.config.node_id)
         try:

@@ -409,6 +409,12 @@ class Settings:
         "where the agent keeps its reboot bookkeeping",
         default=Path("/var/lib/kured"),
     )
+    boot_id_file: Path = option(
+        *_flag("boot-id-file"),
+        _path,
+        "the kernel's boot ID; a reboot is confirmed when it changed (proc(5))",
+        default=Path("/proc/sys/kernel/random/boot_id"),
+    )
     max_consecutive_reboots: int = option(
         *_flag("max-consecutive-reboots"),
         parse_positive_int,

@@ -51,6 +51,10 @@ Test-side helpers (``add_node``, ``add_pod``, ``add_pdb``, ``add_daemonset``, ``
 ``daemonset``, ``set_pod_phase``, ``touch_daemonset``, ``conflict_next_puts``) change or read
 the store directly, under the same lock the handlers use; ``requests`` and ``evictions`` record
 what clients did, and ``annotation_history`` every stored value of a DaemonSet annotation.
+``schedulable_history`` records every stored Node version as (monotonic seconds, node,
+unschedulable). Faults: ``fail_next_uncordons`` answers **500 InternalError** (the real
+``Status`` a failing apiserver or admission webhook gives) to a node's next uncordons - patches
+that would turn ``spec.unschedulable`` from true to false - without storing them.
 """
 
 from __future__ import annotations
@@ -351,6 +355,8 @@ class KubeDouble:
         self._runner: web.AppRunner | None = None
         self._ready = threading.Event()
         self._seq = 0
+        self._uncordon_faults: dict[str, int] = {}
+        self.schedulable_history: list[tuple[float, str, bool]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -434,6 +440,9 @@ class KubeDouble:
         self._objects[key] = obj
         if kind == "DaemonSet":
             self._history.setdefault(key[1:], []).append(copy.deepcopy(obj))
+        if kind == "Node":
+            cordoned = bool((obj.get("spec") or {}).get("unschedulable"))
+            self.schedulable_history.append((time.monotonic(), meta["name"], cordoned))
         return copy.deepcopy(obj)
 
     def add_daemonset(
@@ -641,6 +650,11 @@ class KubeDouble:
         with self._lock:
             self._conflicts_pending += count
 
+    def fail_next_uncordons(self, node: str, count: int) -> None:
+        """Answer 500 to the next ``count`` patches that would uncordon ``node``."""
+        with self._lock:
+            self._uncordon_faults[node] = self._uncordon_faults.get(node, 0) + count
+
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
         with self._lock:
             obj = copy.deepcopy(self._objects[("Pod", namespace, name)])
@@ -755,6 +769,14 @@ class KubeDouble:
             after = self._patched(request.headers.get("Content-Type", ""), raw, current, resource)
             if kind == "Node":
                 _validate_node(after)
+                uncordons = bool(current["spec"].get("unschedulable")) and not bool(
+                    after["spec"].get("unschedulable")
+                )
+                if uncordons and self._uncordon_faults.get(name, 0) > 0:
+                    self._uncordon_faults[name] -= 1
+                    raise ApiFailure(
+                        500, "InternalError", "Internal error occurred: injected uncordon fault"
+                    )
             else:
                 _validate_metadata(after)
             return web.json_response(self._commit(kind, current, after))
