@@ -1,7 +1,10 @@
 """The agent: observe → decide → act, once per tick, with time injected.
 
-Ticks are jittered like kured's (the first at a uniformly random point in [½P, 1½P) after
-start, then every P) so that agents do not all reach for the lock at once. One tick:
+The agent checks once at start-up, then at a uniformly random point in [½P, 1½P), then every
+P: kured waits the jittered interval before its first check, so a freshly started agent showed
+nothing for up to 1½ periods (issue 15); the jitter after the first check still keeps the agents
+of a fleet from reaching for the lock in step. A decision is logged when its action or reason
+changes, not every period. One tick:
 
 1. **Observe**: the window at now, the sentinel, every gate, the lock's holders.
 2. **Decide**: ``kured.core.policy.decide`` — pure.
@@ -61,6 +64,7 @@ from kured.actuators.reboot import Rebooter
 from kured.core.errors import DrainError, KuredError, LockError, RebootError, SensorError
 from kured.core.policy import Action, Decision, GateResult, Observation, Reason, Why, decide
 from kured.locks.base import Holder, Lock
+from kured.lockview import LockView
 from kured.sensors.sentinel import Sentinel
 from kured.state import AgentState, StateStore, current_boot_id
 
@@ -130,10 +134,10 @@ class AgentView:
 
     observation: Observation | None = None
     decision: Decision | None = None
-    holders: tuple[Holder, ...] = ()
     failures_total: dict[str, int] = field(default_factory=dict)
     decisions_total: dict[str, int] = field(default_factory=dict)
     last_tick_at: float | None = None
+    next_check_at: float | None = None  # unix seconds of the next (or first) check
     last_drain_failure: DrainFailure | None = None
 
     def fail(self, kind: str) -> None:
@@ -176,6 +180,7 @@ class Agent:
         self.view = AgentView()
         self.node = node
         self.boot_id = boot_id
+        self.lock_view = LockView(lock, clock)
         # Look for an orphaned cordon of ours until one check succeeds (start, failed uncordon).
         self.orphan_check_pending = node is not None
 
@@ -291,10 +296,9 @@ class Agent:
                     self.view.fail("gate")
         holds: bool | None
         try:
-            holders = await self.lock.holders()
+            holders = await self.lock_view.refresh()
             live = [h for h in holders if not h.expired(now)]
             holds = any(h.node_id == self.config.node_id for h in live)
-            self.view.holders = tuple(holders)
         except LockError as exc:
             log.warning("cannot read the lock: %s", exc.message)
             holds, live = None, []
@@ -334,6 +338,10 @@ class Agent:
         return decision
 
     def _record(self, obs: Observation, decision: Decision) -> None:
+        said = self.view.decision
+        if said is None or (said.action, said.first) != (decision.action, decision.first):
+            # Once per change, not every period: the log says why, without flooding.
+            log.info("decision %s: %s", decision.action.value, decision.first or "reboot now")
         self.view.observation, self.view.decision = obs, decision
         key = decision.action.value
         self.view.decisions_total[key] = self.view.decisions_total.get(key, 0) + 1
@@ -365,7 +373,14 @@ class Agent:
             return False
         if ok:
             log.info("lock acquired by %s", self.config.node_id)
-        return ok
+        return ok  # the tick observes (and so re-reads the lock) right after
+
+    async def _reread_lock(self) -> None:
+        """Refresh the holders status and metrics show, right after a lock operation."""
+        try:
+            await self.lock_view.refresh()
+        except LockError as exc:
+            log.warning("cannot read the lock after changing it: %s", exc.message)
 
     async def _act(self, decision: Decision) -> None:
         if decision.action is Action.RELEASE:
@@ -398,6 +413,7 @@ class Agent:
         self.rebooted_holding_lock = False
         self._recovery_done()
         log.info("lock released by %s", self.config.node_id)
+        await self._reread_lock()
 
     def _recovery_done(self) -> None:
         if self.state.came_back_at is not None:
@@ -542,11 +558,20 @@ class Agent:
     # -- forever ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Recover, then tick forever with jitter. Expected failures never escape."""
+        """Recover, check at once, then at a uniformly random point in [½P, 1½P) (spreading
+        the agents of a fleet, as kured's jittered ticker does), then every P. Expected
+        failures never escape."""
         await self.recover()
-        delay = self.rng.uniform(0.5, 1.5) * self.config.period_seconds
-        if self.rebooted_holding_lock:
-            delay = 0.0  # release promptly after a reboot (after the release delay)
+        period = self.config.period_seconds
+        self.view.next_check_at = self._unix()
+        log.info(
+            "node %s: first check now (%s), then about every %gs",
+            self.config.node_id,
+            datetime.fromtimestamp(self.view.next_check_at, tz=UTC).isoformat(),
+            period,
+        )
+        delay = 0.0
+        first = True
         while True:
             await self.sleep(delay)
             try:
@@ -554,4 +579,11 @@ class Agent:
             except KuredError as exc:
                 log.error("tick failed: %s", exc.message)
                 self.view.fail("tick")
-            delay = self.config.period_seconds
+            delay = self.rng.uniform(0.5, 1.5) * period if first else period
+            self.view.next_check_at = self._unix() + delay
+            if first:
+                log.info(
+                    "next check at %s",
+                    datetime.fromtimestamp(self.view.next_check_at, tz=UTC).isoformat(),
+                )
+            first = False

@@ -15,6 +15,9 @@ likely appends them instead (kured-behaviour.md §1.1 marks that as inferred); r
 Where we differ from kured, on purpose:
 
 * Every problem is reported at once (``SettingsError.problems``) instead of exiting at the first.
+* ``--start-time`` equal to ``--end-time`` is refused: kured's ``pkg/timewindow`` accepts it
+  as a one-second window (the end is inclusive through its second), which nobody configures
+  on purpose.
 * Values kured accepts but ignores are refused: an unknown ``--log-format``, a negative duration,
   a non-positive ``--period``, a Prometheus or gate URL that is not http(s).
 * An empty ``--alert-filter-regexp`` means "no filter". In kured an empty regexp matches every
@@ -44,6 +47,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kit.settings import (
+    Option,
     load,
     option,
     options_of,
@@ -181,7 +185,9 @@ class Settings:
     lock_ttl: float = option(
         *_flag("lock-ttl"),
         _duration,
-        "a lock record older than this expires (0 = never)",
+        "TTL written into the lock records this agent creates: such a record older than it "
+        "expires (0 = never). Expiry uses each record's own TTL, so a record written with "
+        "TTL 0 (kured's default, the manual pause) never expires",
         default=0.0,
     )
     lock_release_delay: float = option(
@@ -439,9 +445,68 @@ class Settings:
         return RebootWindow(self.reboot_days, self.start_time, self.end_time, self.time_zone)
 
 
+def go_duration(seconds: float) -> str:
+    """``seconds`` as the Go duration a user would write: ``1h``, ``1h30m``, ``1.5s``, ``0``
+    (millisecond resolution; ``parse_duration`` reads every answer back to the same value)."""
+    total_ms = round(seconds * 1000)
+    if total_ms == 0:
+        return "0"
+    hours, rest = divmod(total_ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
+    parts.append(f"{rest / 1000:g}s" if rest else "")
+    return "".join(parts)
+
+
+# Placeholders for values that have no text a flag could take.
+REQUIRED, EMPTY, NONE, UNSET = "(required)", "(empty)", "(none)", "(unset)"
+
+
+def flag_text(opt: Option, value: Any) -> str:
+    """``value`` of the setting ``opt`` written as its flag accepts it (durations as Go
+    durations, booleans as ``true``/``false``, lists comma-separated, commands as shell words),
+    or one of the placeholders ``(empty)``, ``(none)`` (an empty list) and ``(unset)``. Used
+    for the start-up log line and the flag table in docs/kured.md (a test checks the table)."""
+    if value is None:
+        return UNSET
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return go_duration(value)
+    if isinstance(value, re.Pattern):
+        return str(value.pattern)
+    if isinstance(value, time):
+        return value.isoformat()
+    if isinstance(value, frozenset):
+        return ",".join(str(day) for day in sorted(value))
+    if isinstance(value, tuple):
+        if not value:
+            return NONE
+        if opt.parse is _argv:
+            return shlex.join(value)
+        if all(isinstance(item, tuple) for item in value):
+            return ",".join(f"{k}={v}" for k, v in value)
+        return opt.separator.join(str(item) for item in value)
+    text = str(value)
+    return text if text else EMPTY
+
+
+def describe(s: Settings) -> str:
+    """Every setting as ``--flag=value``, for the start-up log."""
+    return " ".join(f"{o.flag}={flag_text(o, getattr(s, f.name))}" for f, o in options_of(Settings))
+
+
 def validate_settings(s: Settings) -> list[str]:
     """Cross-field rules; returns every problem found (empty when the settings are usable)."""
     problems: list[str] = []
+    if s.start_time == s.end_time:
+        # kured (pkg/timewindow) makes this a one-second window, silently; nobody means that.
+        problems.append(
+            f"KURED_START_TIME / --start-time and KURED_END_TIME / --end-time are both "
+            f"{s.start_time.isoformat()}: that window is open for one second a day. For all day "
+            "use --start-time 00:00 --end-time 23:59:59; otherwise give a later end (an end "
+            "before the start crosses midnight)"
+        )
     if s.reboot_method == "command" and not s.reboot_command:
         problems.append(
             "KURED_REBOOT_COMMAND / --reboot-command must not be empty with --reboot-method=command"
