@@ -97,11 +97,13 @@ def build_node(s: Settings, api: ApiServer | None) -> KubernetesNode | None:
             timeout_seconds=s.drain_timeout,
             grace_period_seconds=s.drain_grace_period,
             skip_wait_for_delete_timeout_seconds=s.skip_wait_for_delete_timeout,
+            pod_selector=s.drain_pod_selector,
         ),
         NodeOptions(
             pre_reboot_labels=s.pre_reboot_node_labels,
             post_reboot_labels=s.post_reboot_node_labels,
             annotate=s.annotate_nodes,
+            prefer_no_schedule_taint=s.prefer_no_schedule_taint,
         ),
     )
 
@@ -154,6 +156,8 @@ class AgentService:
                     lock_release_delay_seconds=s.lock_release_delay,
                     max_consecutive_reboots=s.max_consecutive_reboots,
                     force_reboot=s.force_reboot,
+                    drain_delay_seconds=s.drain_delay,
+                    reboot_delay_seconds=s.reboot_delay,
                 ),
                 window=self.window,
                 sentinel=self.sentinel,

@@ -97,6 +97,8 @@ class NodeActuator(Protocol):
 
     async def clear_reboot_in_progress(self) -> bool: ...
 
+    async def prefer_no_schedule(self, on: bool) -> bool: ...
+
 
 class Window(Protocol):
     def contains(self, instant: datetime) -> bool: ...
@@ -112,6 +114,8 @@ class AgentConfig:
     lock_release_delay_seconds: float
     max_consecutive_reboots: int
     force_reboot: bool = False  # reboot even when the cordon or drain failed
+    drain_delay_seconds: float = 0.0  # --drain-delay: after the pre labels, before the cordon
+    reboot_delay_seconds: float = 0.0  # --reboot-delay: after the drain, before the reboot
     # A failed uncordon is retried after a pause drawn from [½p, p), p doubling up to the cap.
     uncordon_backoff_initial_seconds: float = 1.0
     uncordon_backoff_cap_seconds: float = 60.0
@@ -183,6 +187,7 @@ class Agent:
         self.lock_view = LockView(lock, clock)
         # Look for an orphaned cordon of ours until one check succeeds (start, failed uncordon).
         self.orphan_check_pending = node is not None
+        self.tainted: bool | None = None  # our PreferNoSchedule taint as last set; None: unknown
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
@@ -334,8 +339,30 @@ class Agent:
             self._record(obs, decision)
             if decision.action is not Action.ACQUIRE or not await self._acquire():
                 break
+        await self._prefer_no_schedule(decision)
         await self._act(decision)
         return decision
+
+    async def _prefer_no_schedule(self, decision: Decision) -> None:
+        """kured's ``--prefer-no-schedule-taint``: on while waiting for the lock (the acquire
+        failed), off once no reboot is pending; unchanged otherwise."""
+        if decision.action is Action.ACQUIRE:
+            want = True
+        elif decision.why in (Why.NOT_REQUIRED, Why.OUTSIDE_WINDOW, Why.REBOOTED):
+            want = False
+        else:
+            return
+        if self.node is None or self.tainted is want:
+            return
+        try:
+            await self.node.prefer_no_schedule(want)
+        except KuredError as exc:
+            log.warning(
+                "cannot %s the PreferNoSchedule taint: %s", "add" if want else "remove", exc.message
+            )
+            self.view.fail("node")
+            return
+        self.tainted = want
 
     def _record(self, obs: Observation, decision: Decision) -> None:
         said = self.view.decision
@@ -504,6 +531,11 @@ class Agent:
         except KuredError as exc:
             log.warning("cannot apply the pre-reboot labels: %s", exc.message)  # kured: logged
             self.view.fail("node")
+        if self.config.drain_delay_seconds > 0:
+            log.info(
+                "waiting %gs (--drain-delay) before the drain", self.config.drain_delay_seconds
+            )
+            await self.sleep(self.config.drain_delay_seconds)
         try:
             await self.node.cordon()
             await self.node.drain()
@@ -540,6 +572,11 @@ class Agent:
     async def _reboot(self) -> None:
         if self.node is not None and not await self._prepare_node():
             return
+        if self.config.reboot_delay_seconds > 0:
+            log.info(
+                "waiting %gs (--reboot-delay) before the reboot", self.config.reboot_delay_seconds
+            )
+            await self.sleep(self.config.reboot_delay_seconds)
         self.state.reboot_triggered_at = time.time()
         self.state.boot_id = self.boot_id()
         self.store.save(self.state)

@@ -147,6 +147,21 @@ def _labels(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+_QUALIFIED_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def _taint_key(text: str) -> str:
+    """'' (off) or a taint key: a Kubernetes qualified name (optional DNS prefix ``/``, a name
+    of at most 63 characters), the rule the API server applies to taint keys."""
+    text = text.strip()
+    if text and (not _QUALIFIED_NAME.match(text) or len(text.rpartition("/")[2]) > 63):
+        raise ValueError(f"{text!r} is not a valid taint key (e.g. kured.dev/kured-node-reboot)")
+    return text
+
+
 def _flatten(value: Any) -> Any:
     """``kit.settings.load`` hands a repeatable option the tuple of its per-occurrence parses;
     for options whose one occurrence is itself a list, join them."""
@@ -259,6 +274,34 @@ class Settings:
         parse_non_negative_int,
         "neither evict nor wait for pods terminating for longer than this many seconds (0 = off)",
         default=0,
+    )
+    drain_delay: float = option(
+        *_flag("drain-delay"),
+        _duration,
+        "wait this long after taking the lock (and the pre-reboot labels) before the cordon "
+        "and drain (0 = off)",
+        default=0.0,
+    )
+    drain_pod_selector: str = option(
+        *_flag("drain-pod-selector"),
+        str.strip,
+        "label selector: the drain evicts only the pods that match it, e.g. to leave Longhorn's "
+        "instance managers for its own node drain policy ('' = every pod)",
+        default="",
+    )
+    reboot_delay: float = option(
+        *_flag("reboot-delay"),
+        _duration,
+        "wait this long after the drain before running the reboot (0 = off)",
+        default=0.0,
+    )
+    prefer_no_schedule_taint: str = option(
+        *_flag("prefer-no-schedule-taint"),
+        _taint_key,
+        "taint key put on the node with effect PreferNoSchedule while it waits for the lock, "
+        "so new pods avoid a node about to be drained; removed once no reboot is pending "
+        "('' = off; kured's chart suggests kured.dev/kured-node-reboot)",
+        default="",
     )
     force_reboot: bool = option(
         *_flag("force-reboot"),
@@ -524,6 +567,9 @@ def validate_settings(s: Settings) -> list[str]:
                 ("--pre-reboot-node-labels", bool(s.pre_reboot_node_labels)),
                 ("--post-reboot-node-labels", bool(s.post_reboot_node_labels)),
                 ("--annotate-nodes", s.annotate_nodes),
+                ("--drain-delay", s.drain_delay > 0),
+                ("--drain-pod-selector", bool(s.drain_pod_selector)),
+                ("--prefer-no-schedule-taint", bool(s.prefer_no_schedule_taint)),
             )
             if used
         ]

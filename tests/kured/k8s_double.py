@@ -22,7 +22,8 @@ token, see ``kubeconfig``):
   refused with 422) and JSON patch (``application/json-patch+json``, RFC 6902: add, remove,
   replace, test; a failed ``test`` or a missing path is 422). The result is validated like the
   real server does for those fields: ``spec.unschedulable`` a boolean, labels with valid keys
-  and values, string annotations; anything else is **422 Invalid**.
+  and values, string annotations, ``spec.taints`` with valid keys, a known effect and unique
+  (key, effect) pairs; anything else is **422 Invalid**.
 * **Pods**: list across namespaces (``/api/v1/pods``) or in one, with ``labelSelector``
   (equality and set-based: ``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``,
   ``k notin (a,b)``) and ``fieldSelector`` (``metadata.name``, ``metadata.namespace``,
@@ -281,6 +282,14 @@ def json_patch(target: Obj, ops: list[Any]) -> Obj:
     return doc
 
 
+def _label_key_ok(key: str) -> bool:
+    """A qualified name, the rule for label keys and taint keys."""
+    prefix, _, name = key.rpartition("/")
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+        return False
+    return not prefix or (len(prefix) <= 253 and bool(_DNS_PREFIX.match(prefix)))
+
+
 def _validate_metadata(obj: Obj) -> None:
     meta = obj.get("metadata") or {}
     causes = []
@@ -309,6 +318,23 @@ def _validate_node(obj: Obj) -> None:
     unschedulable = (obj.get("spec") or {}).get("unschedulable")
     if unschedulable is not None and not isinstance(unschedulable, bool):
         raise ApiFailure(422, "Invalid", "spec.unschedulable: must be a boolean")
+    taints = (obj.get("spec") or {}).get("taints") or []
+    if not isinstance(taints, list):
+        raise ApiFailure(422, "Invalid", "spec.taints: must be a list")
+    seen = set()
+    for taint in taints:
+        key, effect = (taint or {}).get("key", ""), (taint or {}).get("effect", "")
+        if not isinstance(key, str) or not _label_key_ok(key):
+            raise ApiFailure(422, "Invalid", f"spec.taints.key: Invalid value: {key!r}")
+        if effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise ApiFailure(422, "Invalid", f"spec.taints.effect: Unsupported value: {effect!r}")
+        if (key, effect) in seen:
+            raise ApiFailure(
+                422,
+                "Invalid",
+                "spec.taints: Duplicate value: taints must be unique by key and effect pair",
+            )
+        seen.add((key, effect))
 
 
 # --- the double ---------------------------------------------------------------------------------
@@ -488,11 +514,14 @@ class KubeDouble:
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         addresses: Sequence[tuple[str, str]] = (),
+        taints: Sequence[Obj] = (),
     ) -> Obj:
         """A Node; ``addresses`` are (type, address) pairs for ``status.addresses``."""
         spec: Obj = {"podCIDR": "10.0.0.0/24"}
         if unschedulable:
             spec["unschedulable"] = True
+        if taints:
+            spec["taints"] = [dict(t) for t in taints]
         with self._lock:
             return self._store(
                 "Node",

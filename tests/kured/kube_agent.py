@@ -10,6 +10,7 @@ its start-up recovery.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +35,12 @@ class FakeReboot:
         self.sentinel = sentinel
         self.boot_id = boot_id
         self.calls = 0
+        self.at: list[float] = []  # time.monotonic() of each call
         self.happens = True  # False: the command "succeeds" but the machine stays up
 
     async def reboot(self) -> None:
         self.calls += 1
+        self.at.append(time.monotonic())
         if self.happens:
             self.sentinel.unlink(missing_ok=True)
             self.boot_id.write_text(f"{uuid.uuid4()}\n")
@@ -55,6 +58,8 @@ class KubeHost:
     blocking_pod_selectors: tuple[str, ...] = ()
     concurrency: int = 1
     uncordon_backoff_initial_seconds: float = 1.0
+    drain_delay_seconds: float = 0.0
+    reboot_delay_seconds: float = 0.0
     apis: list[ApiServer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -81,6 +86,8 @@ class KubeHost:
                 max_consecutive_reboots=3,
                 force_reboot=self.force_reboot,
                 uncordon_backoff_initial_seconds=self.uncordon_backoff_initial_seconds,
+                drain_delay_seconds=self.drain_delay_seconds,
+                reboot_delay_seconds=self.reboot_delay_seconds,
             ),
             window=RebootWindow(),
             sentinel=FileSentinel(self.sentinel),
