@@ -46,6 +46,9 @@ kured's node choreography (kured-behaviour.md §2.2-2.4):
 * on start, and on later ticks until it succeeds, a cordon marked as ours on a node that holds
   no lock (an orphan: a lock force-released by an operator, an uncordon that failed) is undone;
 * with ``--annotate-nodes`` the two kured annotations are written before the gates run.
+
+The node steps are in ``kured.choreography`` (a base class of ``Agent``); the protocols, the
+configuration and the view are in ``kured.contract`` and re-exported here.
 """
 
 from __future__ import annotations
@@ -54,16 +57,24 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Protocol
 
 from kit.clock import Clock
 from kured.actuators.reboot import Rebooter
-from kured.core.errors import DrainError, KuredError, LockError, RebootError, SensorError
-from kured.core.policy import Action, Decision, GateResult, Observation, Reason, Why, decide
-from kured.locks.base import Holder, Lock
+from kured.choreography import NodeSteps
+from kured.contract import (
+    AgentConfig,
+    AgentView,
+    DrainFailure,
+    Gate,
+    NodeActuator,
+    Sleep,
+    Window,
+)
+from kured.core.errors import KuredError, LockError, RebootError, SensorError
+from kured.core.policy import Action, Decision, Observation, decide
+from kured.locks.base import Lock
 from kured.lockview import LockView
 from kured.sensors.sentinel import Sentinel
 from kured.state import AgentState, StateStore, current_boot_id
@@ -71,87 +82,18 @@ from kured.state import AgentState, StateStore, current_boot_id
 log = logging.getLogger(__name__)
 
 
-class Gate(Protocol):
-    name: str
-
-    async def check(self) -> GateResult: ...
-
-
-class NodeActuator(Protocol):
-    """This node's Kubernetes object (``kured.actuators.node.KubernetesNode``). Every method
-    may raise ``KuredError``; cordon/drain/uncordon raise ``DrainError``."""
-
-    async def unschedulable(self) -> bool: ...
-
-    async def cordon(self) -> bool: ...
-
-    async def uncordon(self) -> None: ...
-
-    async def drain(self) -> object: ...
-
-    async def undo_orphaned_cordon(self) -> bool: ...
-
-    async def apply_labels(self, when: str) -> bool: ...
-
-    async def note_reboot_needed(self, at: datetime) -> bool: ...
-
-    async def clear_reboot_in_progress(self) -> bool: ...
-
-    async def prefer_no_schedule(self, on: bool) -> bool: ...
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "AgentView",
+    "DrainFailure",
+    "Gate",
+    "NodeActuator",
+    "Window",
+]
 
 
-class Window(Protocol):
-    def contains(self, instant: datetime) -> bool: ...
-
-    def next_open(self, after: datetime) -> datetime | None: ...
-
-
-@dataclass
-class AgentConfig:
-    node_id: str
-    period_seconds: float
-    lock_ttl_seconds: float
-    lock_release_delay_seconds: float
-    max_consecutive_reboots: int
-    force_reboot: bool = False  # reboot even when the cordon or drain failed
-    drain_delay_seconds: float = 0.0  # --drain-delay: after the pre labels, before the cordon
-    reboot_delay_seconds: float = 0.0  # --reboot-delay: after the drain, before the reboot
-    # A failed uncordon is retried after a pause drawn from [½p, p), p doubling up to the cap.
-    uncordon_backoff_initial_seconds: float = 1.0
-    uncordon_backoff_cap_seconds: float = 60.0
-
-
-@dataclass(frozen=True)
-class DrainFailure:
-    """The last failed cordon or drain: when (unix seconds), why, the pods left, and what the
-    agent did about it (``action``: "released" or "rebooting anyway")."""
-
-    at: float
-    message: str
-    pods: tuple[str, ...]
-    action: str
-
-
-@dataclass
-class AgentView:
-    """The last observation and decision, for ``kured status`` and metrics."""
-
-    observation: Observation | None = None
-    decision: Decision | None = None
-    failures_total: dict[str, int] = field(default_factory=dict)
-    decisions_total: dict[str, int] = field(default_factory=dict)
-    last_tick_at: float | None = None
-    next_check_at: float | None = None  # unix seconds of the next (or first) check
-    last_drain_failure: DrainFailure | None = None
-
-    def fail(self, kind: str) -> None:
-        self.failures_total[kind] = self.failures_total.get(kind, 0) + 1
-
-
-Sleep = Callable[[float], Awaitable[None]]
-
-
-class Agent:
+class Agent(NodeSteps):
     def __init__(
         self,
         config: AgentConfig,
@@ -343,27 +285,6 @@ class Agent:
         await self._act(decision)
         return decision
 
-    async def _prefer_no_schedule(self, decision: Decision) -> None:
-        """kured's ``--prefer-no-schedule-taint``: on while waiting for the lock (the acquire
-        failed), off once no reboot is pending; unchanged otherwise."""
-        if decision.action is Action.ACQUIRE:
-            want = True
-        elif decision.why in (Why.NOT_REQUIRED, Why.OUTSIDE_WINDOW, Why.REBOOTED):
-            want = False
-        else:
-            return
-        if self.node is None or self.tainted is want:
-            return
-        try:
-            await self.node.prefer_no_schedule(want)
-        except KuredError as exc:
-            log.warning(
-                "cannot %s the PreferNoSchedule taint: %s", "add" if want else "remove", exc.message
-            )
-            self.view.fail("node")
-            return
-        self.tainted = want
-
     def _record(self, obs: Observation, decision: Decision) -> None:
         said = self.view.decision
         if said is None or (said.action, said.first) != (decision.action, decision.first):
@@ -446,128 +367,6 @@ class Agent:
         if self.state.came_back_at is not None:
             self.state.came_back_at = None
             self.store.save(self.state)
-
-    async def _restore_node(self) -> None:
-        """Uncordon per the lock record (retried until it succeeds: see the module docstring),
-        post labels, and once the sentinel is gone the in-progress annotation. Label and
-        annotation failures are logged and counted; they do not hold the lock."""
-        assert self.node is not None
-        me = self.config.node_id
-        own: Holder | None = None
-        try:
-            own = next((h for h in await self.lock.holders() if h.node_id == me), None)
-        except LockError as exc:
-            log.warning("cannot read the lock record before releasing: %s", exc.message)
-        if own is None:
-            # No record to go by: undo the cordon only if it carries our mark.
-            await self._until_uncordoned(self.node.undo_orphaned_cordon)
-        elif own.unschedulable:
-            log.info("node %s was cordoned before the lock was taken: leaving it cordoned", me)
-        else:
-            await self._until_uncordoned(self.node.uncordon)
-        try:
-            await self.node.apply_labels("post")
-        except KuredError as exc:
-            log.warning("cannot apply the post-reboot labels: %s", exc.message)
-            self.view.fail("node")
-        # kured removes it in phase A only; any release with the sentinel gone means the
-        # reboot happened (also when kured itself triggered it before a rollout to us).
-        obs = self.view.observation
-        if obs is not None and obs.reboot_required is False:
-            try:
-                await self.node.clear_reboot_in_progress()
-            except KuredError as exc:
-                log.warning("cannot remove the reboot-in-progress annotation: %s", exc.message)
-                self.view.fail("node")
-
-    async def _until_uncordoned(self, uncordon: Callable[[], Awaitable[object]]) -> None:
-        """Run ``uncordon`` until it succeeds, pausing with full jitter over a doubling cap
-        between attempts; every failure is logged, counted and shown as the decision."""
-        pause = self.config.uncordon_backoff_initial_seconds
-        attempt = 0
-        while True:
-            try:
-                await uncordon()
-            except KuredError as exc:
-                attempt += 1
-                wait = self.rng.uniform(pause / 2, pause)
-                text = (
-                    f"cannot uncordon node {self.config.node_id} (attempt {attempt}): "
-                    f"{exc.message}; keeping the lock, retrying in {wait:.1f}s"
-                )
-                log.error("%s", text)
-                self.view.fail("uncordon")
-                self.view.decision = Decision(Action.RELEASE, (Reason(Why.UNCORDON_FAILED, text),))
-                await self.sleep(wait)
-                pause = min(pause * 2, self.config.uncordon_backoff_cap_seconds)
-                continue
-            if attempt:
-                log.info(
-                    "uncordoned node %s after %d failed attempts", self.config.node_id, attempt
-                )
-                self.view.decision = Decision(
-                    Action.RELEASE,
-                    (Reason(Why.UNCORDON_FAILED, f"uncordoned after {attempt} failed attempts"),),
-                )
-            return
-
-    async def _check_orphaned_cordon(self, holds: bool | None) -> None:
-        if self.node is None or not self.orphan_check_pending or holds is not False:
-            return
-        try:
-            await self.node.undo_orphaned_cordon()
-        except KuredError as exc:
-            log.warning("cannot check the node for an orphaned cordon: %s", exc.message)
-            self.view.fail("node")
-            return
-        self.orphan_check_pending = False
-
-    async def _prepare_node(self) -> bool:
-        """Pre-reboot labels → cordon → drain. True to go on with the reboot; False when the
-        drain failed and the attempt was given up (node restored, lock released at once)."""
-        assert self.node is not None
-        try:
-            await self.node.apply_labels("pre")
-        except KuredError as exc:
-            log.warning("cannot apply the pre-reboot labels: %s", exc.message)  # kured: logged
-            self.view.fail("node")
-        if self.config.drain_delay_seconds > 0:
-            log.info(
-                "waiting %gs (--drain-delay) before the drain", self.config.drain_delay_seconds
-            )
-            await self.sleep(self.config.drain_delay_seconds)
-        try:
-            await self.node.cordon()
-            await self.node.drain()
-        except DrainError as exc:
-            self.view.fail("drain")
-            if self.config.force_reboot:
-                log.error("drain failed: %s; rebooting anyway (--force-reboot)", exc.message)
-                self.view.last_drain_failure = DrainFailure(
-                    time.time(), exc.message, exc.pods, "rebooting anyway"
-                )
-                return True
-            log.error(
-                "drain failed: %s; giving this attempt up: restoring the node and releasing "
-                "the lock now",
-                exc.message,
-            )
-            self.view.last_drain_failure = DrainFailure(
-                time.time(), exc.message, exc.pods, "released"
-            )
-            await self._release(after_reboot=False)
-            self.view.decision = Decision(
-                Action.RELEASE,
-                (
-                    Reason(
-                        Why.DRAIN_FAILED,
-                        f"drain failed: {exc.message}; lock released, node restored, "
-                        "next attempt at the next tick",
-                    ),
-                ),
-            )
-            return False
-        return True
 
     async def _reboot(self) -> None:
         if self.node is not None and not await self._prepare_node():
