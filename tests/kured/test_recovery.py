@@ -89,11 +89,12 @@ async def test_a_failing_uncordon_keeps_the_lock_until_it_succeeds_and_nobody_el
         await asyncio.sleep(0.05)
     decision = await recovery
 
+    # While n1 was cordoned the lock stayed n1's: first the safety property, then the counts.
+    assert held_while_cordoned  # the loop saw n1 cordoned at least once
+    assert set(held_while_cordoned) == {"n1"}, held_while_cordoned
     assert decision.action is Action.RELEASE
     assert kube.count("PATCH", "/nodes/n1$", 500) == 2
     assert back.view.failures_total["uncordon"] == 2
-    assert held_while_cordoned  # the loop saw n1 cordoned at least once
-    assert set(held_while_cordoned) == {"n1"}, held_while_cordoned
     n1_cordon = [(s, e) for s, e, n in out_of_service(kube) if n == "n1"]
     assert len(n1_cordon) == 1
     assert n1_cordon[0][1] != float("inf")  # the third uncordon succeeded

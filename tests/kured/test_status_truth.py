@@ -180,3 +180,24 @@ def test_first_check_at_start_reasons_logged_once_per_change_and_gate_errors_in_
     finally:
         slow.stop()
         fast.stop()
+
+
+async def test_before_the_first_check_status_says_when_it_runs(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    from kured.console import render, status_of
+    from tests.kured.kube_agent import KubeHost
+
+    host = KubeHost(tmp_path, "n1", kubeconfig)
+    try:
+        agent = host.agent()
+        assert status_of(agent, "always")["blocked_by"] == (
+            "first check once start-up recovery is done"
+        )
+        agent.view.next_check_at = 1_800_000_000.0
+        status = status_of(agent, "always")
+        assert status["blocked_by"] == "first check at 2027-01-15T08:00:00+00:00"
+        assert status["next_check_at"] == "2027-01-15T08:00:00+00:00"
+        assert "no decision yet" not in render(status)
+    finally:
+        await host.close()
