@@ -12,6 +12,7 @@ account) serves the DaemonSet-annotation lock, the blocking-pod gate and the nod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -25,8 +26,9 @@ from kured.actuators.node import KubernetesNode, NodeOptions, label_keys_differ
 from kured.actuators.reboot import CommandReboot, Rebooter, SignalReboot, wants_host_namespace
 from kured.apiserver import ApiServer
 from kured.console import status_of
-from kured.core.errors import ConfigurationError, SensorError
+from kured.core.errors import ConfigurationError, LockError, SensorError
 from kured.locks.base import Lock
+from kured.lockview import READ_TIMEOUT_SECONDS
 from kured.loop import Agent, AgentConfig, Gate
 from kured.metrics import AgentCollector, exposition, registry_for
 from kured.sensors.alerts import PrometheusAlertGate
@@ -39,8 +41,8 @@ from kured.sensors.sentinel import (
     KernelSentinel,
     Sentinel,
 )
-from kured.settings import Settings
-from kured.state import StateStore
+from kured.settings import Settings, describe
+from kured.state import StateStore, current_boot_id
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +97,13 @@ def build_node(s: Settings, api: ApiServer | None) -> KubernetesNode | None:
             timeout_seconds=s.drain_timeout,
             grace_period_seconds=s.drain_grace_period,
             skip_wait_for_delete_timeout_seconds=s.skip_wait_for_delete_timeout,
+            pod_selector=s.drain_pod_selector,
         ),
         NodeOptions(
             pre_reboot_labels=s.pre_reboot_node_labels,
             post_reboot_labels=s.post_reboot_node_labels,
             annotate=s.annotate_nodes,
+            prefer_no_schedule_taint=s.prefer_no_schedule_taint,
         ),
     )
 
@@ -152,6 +156,8 @@ class AgentService:
                     lock_release_delay_seconds=s.lock_release_delay,
                     max_consecutive_reboots=s.max_consecutive_reboots,
                     force_reboot=s.force_reboot,
+                    drain_delay_seconds=s.drain_delay,
+                    reboot_delay_seconds=s.reboot_delay,
                 ),
                 window=self.window,
                 sentinel=self.sentinel,
@@ -161,6 +167,7 @@ class AgentService:
                 state=StateStore(Path(s.state_dir), s.node_id),
                 clock=SystemClock(),
                 node=self.node,
+                boot_id=lambda: current_boot_id(s.boot_id_file),
             )
             self.collector = AgentCollector(self.agent)
             runner = await self._serve_http(self.agent, self.collector)
@@ -191,12 +198,19 @@ class AgentService:
         description = self.window.describe()
 
         async def metrics(_request: web.Request) -> web.Response:
+            await refresh_lock()
             return web.Response(
                 body=exposition(registry),
                 headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
             )
 
+        async def refresh_lock() -> None:
+            # Status and metrics follow the lock store, not the last tick (kured.lockview).
+            with contextlib.suppress(LockError):  # shown as stale, with the reason and age
+                await agent.lock_view.refresh(READ_TIMEOUT_SECONDS)
+
         async def status(_request: web.Request) -> web.Response:
+            await refresh_lock()
             return web.json_response(status_of(agent, description))
 
         app = web.Application()
@@ -212,6 +226,7 @@ class AgentService:
 
 
 async def run_agent(settings: Settings) -> None:
+    log.info("kured starting: %s", describe(settings))
     service = AgentService(settings)
     task = asyncio.create_task(service.run())
     loop = asyncio.get_running_loop()

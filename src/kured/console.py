@@ -2,10 +2,46 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from kured.core.policy import Action
 from kured.loop import Agent
+
+
+def _iso(unix: float | None) -> str:
+    return "" if unix is None else datetime.fromtimestamp(unix, tz=UTC).isoformat()
+
+
+def lock_condition(agent: Agent) -> dict[str, Any]:
+    """The lock as last read from the store (``kured.lockview``): held or not, and whether
+    that is stale (the last read failed), with its age."""
+    lv = agent.lock_view
+    now = agent.now()
+    holds = any(h.node_id == agent.config.node_id and not h.expired(now) for h in lv.holders)
+    age = lv.age_seconds()
+    if age is None:
+        return {
+            "name": "lock",
+            "ok": False,
+            "value": "unknown" + (f": {lv.error}" if lv.error else " (not read yet)"),
+        }
+    value = "held by this node" if holds else "not held"
+    if lv.stale:
+        value += f" (stale: last read {age:.0f}s ago; {lv.error})"
+    return {"name": "lock", "ok": holds and not lv.stale, "value": value}
+
+
+def lock_read(agent: Agent) -> dict[str, Any]:
+    """When the holders shown were read, and whether they are stale."""
+    lv = agent.lock_view
+    age = lv.age_seconds()
+    return {
+        "read_at": _iso(lv.read_at) or None,
+        "age_seconds": None if age is None else round(age, 3),
+        "stale": lv.stale,
+        "error": lv.error,
+    }
 
 
 def status_of(agent: Agent, window_description: str) -> dict[str, Any]:
@@ -48,17 +84,7 @@ def status_of(agent: Agent, window_description: str) -> dict[str, Any]:
                     "value": ("unknown: " if g.blocking is None else "") + g.detail,
                 }
             )
-        conditions.append(
-            {
-                "name": "lock",
-                "ok": bool(obs.holds_lock),
-                "value": "held by this node"
-                if obs.holds_lock
-                else "unknown"
-                if obs.holds_lock is None
-                else "not held",
-            }
-        )
+        conditions.append(lock_condition(agent))
         conditions.append(
             {
                 "name": "circuit breaker",
@@ -68,11 +94,17 @@ def status_of(agent: Agent, window_description: str) -> dict[str, Any]:
                 else f"closed ({agent.state.consecutive_reboots} in a row)",
             }
         )
+    first_check = (
+        f"first check at {_iso(view.next_check_at)}"
+        if view.next_check_at is not None
+        else "first check once start-up recovery is done"
+    )
     return {
         "node": agent.config.node_id,
         "action": decision.action.value if decision else "starting",
         "rebooting": decision is not None and decision.action in (Action.REBOOT, Action.HOLD),
-        "blocked_by": decision.first if decision else "no decision yet",
+        "blocked_by": decision.first if decision else first_check,
+        "next_check_at": _iso(view.next_check_at) or None,
         "reason": decision.why.value if decision else "none",
         "reasons": [r.text for r in decision.reasons] if decision else [],
         "conditions": conditions,
@@ -83,9 +115,11 @@ def status_of(agent: Agent, window_description: str) -> dict[str, Any]:
                 "ttl_seconds": h.ttl_seconds,
                 "unschedulable": h.unschedulable,
                 "expired": h.expired(now),
+                "stale": agent.lock_view.stale,
             }
-            for h in view.holders
+            for h in agent.lock_view.holders
         ],
+        "lock": lock_read(agent),
         "last_tick_at": view.last_tick_at,
         "failures": dict(view.failures_total),
         "last_drain_failure": (
@@ -109,6 +143,11 @@ def render(status: dict[str, Any]) -> str:
         mark = "ok " if c["ok"] else "-- "
         lines.append(f"  {mark}{c['name']:<16} {c['value']}")
     holders = status["lock_holders"]
+    read = status.get("lock") or {}
+    if read.get("stale"):
+        age = read.get("age_seconds")
+        when = f"{age:.0f}s old" if age is not None else "never read"
+        lines.append(f"lock holders are STALE ({when}): {read.get('error')}")
     if holders:
         lines.append("lock holders:")
         for h in holders:

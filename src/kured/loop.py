@@ -1,7 +1,10 @@
 """The agent: observe → decide → act, once per tick, with time injected.
 
-Ticks are jittered like kured's (the first at a uniformly random point in [½P, 1½P) after
-start, then every P) so that agents do not all reach for the lock at once. One tick:
+The agent checks once at start-up, then at a uniformly random point in [½P, 1½P), then every
+P: kured waits the jittered interval before its first check, so a freshly started agent showed
+nothing for up to 1½ periods (issue 15); the jitter after the first check still keeps the agents
+of a fleet from reaching for the lock in step. A decision is logged when its action or reason
+changes, not every period. One tick:
 
 1. **Observe**: the window at now, the sentinel, every gate, the lock's holders.
 2. **Decide**: ``kured.core.policy.decide`` — pure.
@@ -11,9 +14,15 @@ start, then every P) so that agents do not all reach for the lock at once. One t
    down.
 
 On start (kured's phase A) a reboot this agent triggered earlier is recognised from its state
-file: the circuit breaker is updated, and if the lock is still ours it is released after the
-release delay regardless of the window. Errors in a tick are logged, counted and the tick ends;
-they never escape the loop.
+file, and confirmed by the kernel's boot ID (``kured.state``): the circuit breaker is updated,
+and if the lock is still ours it is released after the release delay regardless of the window.
+The delay counts from when the agent first came back (``AgentState.came_back_at``), so a restart
+during the delay sleeps only what is left. When the boot ID is unchanged the machine did not
+reboot: nothing is released as if it had; the attempt is counted towards the circuit breaker
+(``kured_failures_total{kind="reboot"}``) and the normal decision runs with the lock still held
+- it reboots again when everything still allows it, or restores the node and releases the lock
+when something now blocks. Errors in a tick are logged, counted and the tick ends; they never
+escape the loop.
 
 With the Kubernetes backend the agent also has a ``NodeActuator`` (``node``) and follows
 kured's node choreography (kured-behaviour.md §2.2-2.4):
@@ -30,10 +39,16 @@ kured's node choreography (kured-behaviour.md §2.2-2.4):
   blocked) it first restores the node: uncordon only if the record says the node was
   schedulable when the lock was taken (a node an operator cordoned stays cordoned), then the
   post-reboot labels, and after a reboot the in-progress annotation once the sentinel is gone.
-  The release delay is slept only after a reboot;
+  A failed uncordon is retried with jittered exponential backoff (``uncordon_backoff_*``) and
+  the lock is kept until it succeeds: releasing it with the node still cordoned would let the
+  next node cordon while this one is still out of service (issue 15). The tick's decision
+  says so meanwhile (``uncordon_failed``). The release delay is slept only after a reboot;
 * on start, and on later ticks until it succeeds, a cordon marked as ours on a node that holds
   no lock (an orphan: a lock force-released by an operator, an uncordon that failed) is undone;
 * with ``--annotate-nodes`` the two kured annotations are written before the gates run.
+
+The node steps are in ``kured.choreography`` (a base class of ``Agent``); the protocols, the
+configuration and the view are in ``kured.contract`` and re-exported here.
 """
 
 from __future__ import annotations
@@ -42,96 +57,43 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Protocol
 
 from kit.clock import Clock
 from kured.actuators.reboot import Rebooter
-from kured.core.errors import DrainError, KuredError, LockError, RebootError, SensorError
-from kured.core.policy import Action, Decision, GateResult, Observation, Reason, Why, decide
-from kured.locks.base import Holder, Lock
+from kured.choreography import NodeSteps
+from kured.contract import (
+    AgentConfig,
+    AgentView,
+    DrainFailure,
+    Gate,
+    NodeActuator,
+    Sleep,
+    Window,
+)
+from kured.core.errors import KuredError, LockError, RebootError, SensorError
+from kured.core.policy import Action, Decision, Observation, decide
+from kured.locks.base import Lock
+from kured.lockview import LockView
 from kured.sensors.sentinel import Sentinel
 from kured.state import AgentState, StateStore, current_boot_id
 
 log = logging.getLogger(__name__)
 
 
-class Gate(Protocol):
-    name: str
-
-    async def check(self) -> GateResult: ...
-
-
-class NodeActuator(Protocol):
-    """This node's Kubernetes object (``kured.actuators.node.KubernetesNode``). Every method
-    may raise ``KuredError``; cordon/drain/uncordon raise ``DrainError``."""
-
-    async def unschedulable(self) -> bool: ...
-
-    async def cordon(self) -> bool: ...
-
-    async def uncordon(self) -> None: ...
-
-    async def drain(self) -> object: ...
-
-    async def undo_orphaned_cordon(self) -> bool: ...
-
-    async def apply_labels(self, when: str) -> bool: ...
-
-    async def note_reboot_needed(self, at: datetime) -> bool: ...
-
-    async def clear_reboot_in_progress(self) -> bool: ...
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "AgentView",
+    "DrainFailure",
+    "Gate",
+    "NodeActuator",
+    "Window",
+]
 
 
-class Window(Protocol):
-    def contains(self, instant: datetime) -> bool: ...
-
-    def next_open(self, after: datetime) -> datetime | None: ...
-
-
-@dataclass
-class AgentConfig:
-    node_id: str
-    period_seconds: float
-    lock_ttl_seconds: float
-    lock_release_delay_seconds: float
-    max_consecutive_reboots: int
-    force_reboot: bool = False  # reboot even when the cordon or drain failed
-
-
-@dataclass(frozen=True)
-class DrainFailure:
-    """The last failed cordon or drain: when (unix seconds), why, the pods left, and what the
-    agent did about it (``action``: "released" or "rebooting anyway")."""
-
-    at: float
-    message: str
-    pods: tuple[str, ...]
-    action: str
-
-
-@dataclass
-class AgentView:
-    """The last observation and decision, for ``kured status`` and metrics."""
-
-    observation: Observation | None = None
-    decision: Decision | None = None
-    holders: tuple[Holder, ...] = ()
-    failures_total: dict[str, int] = field(default_factory=dict)
-    decisions_total: dict[str, int] = field(default_factory=dict)
-    last_tick_at: float | None = None
-    last_drain_failure: DrainFailure | None = None
-
-    def fail(self, kind: str) -> None:
-        self.failures_total[kind] = self.failures_total.get(kind, 0) + 1
-
-
-Sleep = Callable[[float], Awaitable[None]]
-
-
-class Agent:
+class Agent(NodeSteps):
     def __init__(
         self,
         config: AgentConfig,
@@ -146,6 +108,7 @@ class Agent:
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
         node: NodeActuator | None = None,
+        boot_id: Callable[[], str] = current_boot_id,
     ) -> None:
         self.config = config
         self.window = window
@@ -162,8 +125,11 @@ class Agent:
         self.rebooted_holding_lock = False
         self.view = AgentView()
         self.node = node
+        self.boot_id = boot_id
+        self.lock_view = LockView(lock, clock)
         # Look for an orphaned cordon of ours until one check succeeds (start, failed uncordon).
         self.orphan_check_pending = node is not None
+        self.tainted: bool | None = None  # our PreferNoSchedule taint as last set; None: unknown
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
@@ -183,11 +149,24 @@ class Agent:
                 log.warning("cannot read the lock at start: %s", exc.message)
             else:
                 await self._check_orphaned_cordon(holds)
+        if self.state.came_back_at is not None:
+            left = self.config.lock_release_delay_seconds - (self._unix() - self.state.came_back_at)
+            log.info(
+                "restarted during post-reboot recovery (back since %s): %.1fs of "
+                "--lock-release-delay left before releasing the lock",
+                datetime.fromtimestamp(self.state.came_back_at, tz=UTC).isoformat(),
+                max(0.0, left),
+            )
+            self.rebooted_holding_lock = True
+            return
         if self.state.reboot_triggered_at is None:
+            return
+        if self._reboot_did_not_happen():
             return
         log.info("started after a reboot triggered at %s", self.state.reboot_triggered_at)
         self.state.last_reboot_at = self.state.reboot_triggered_at
         self.state.reboot_triggered_at = None
+        self.state.came_back_at = self._unix()
         try:
             still_required, detail = await self.sentinel.check()
         except SensorError as exc:
@@ -199,17 +178,45 @@ class Agent:
                 self.state.consecutive_reboots,
                 detail,
             )
-            if self.state.consecutive_reboots >= self.config.max_consecutive_reboots:
-                self.state.breaker_open = True
-                log.error(
-                    "circuit breaker open: %d reboots in a row did not clear the "
-                    "sentinel; not rebooting again until an operator looks",
-                    self.state.consecutive_reboots,
-                )
+            self._check_breaker()
         else:
             self.state.consecutive_reboots = 0
         self.store.save(self.state)
         self.rebooted_holding_lock = True  # release if the lock is still ours
+
+    def _reboot_did_not_happen(self) -> bool:
+        """True (and the attempt recorded as failed) when the boot ID recorded before the reboot
+        is still the current one: the process restarted, the machine did not."""
+        before, now = self.state.boot_id, self.boot_id()
+        if not before or not now:
+            log.warning("no boot ID to confirm the reboot triggered earlier: assuming it happened")
+            return False
+        if before != now:
+            return False
+        self.state.reboot_triggered_at = None
+        self.state.consecutive_reboots += 1
+        self.view.fail("reboot")
+        log.error(
+            "the reboot triggered earlier did not happen (boot ID %s unchanged); not releasing "
+            "the lock as after a reboot: deciding again with the lock held (attempt %d in a row)",
+            now,
+            self.state.consecutive_reboots,
+        )
+        self._check_breaker()
+        self.store.save(self.state)
+        return True
+
+    def _check_breaker(self) -> None:
+        if self.state.consecutive_reboots >= self.config.max_consecutive_reboots:
+            self.state.breaker_open = True
+            log.error(
+                "circuit breaker open: %d reboots in a row did not clear the "
+                "sentinel; not rebooting again until an operator looks",
+                self.state.consecutive_reboots,
+            )
+
+    def _unix(self) -> float:
+        return self.clock.now_ms() / 1000
 
     # -- one tick --------------------------------------------------------------------------------
 
@@ -236,16 +243,16 @@ class Agent:
                     self.view.fail("gate")
         holds: bool | None
         try:
-            holders = await self.lock.holders()
+            holders = await self.lock_view.refresh()
             live = [h for h in holders if not h.expired(now)]
             holds = any(h.node_id == self.config.node_id for h in live)
-            self.view.holders = tuple(holders)
         except LockError as exc:
             log.warning("cannot read the lock: %s", exc.message)
             holds, live = None, []
             self.view.fail("lock")
         if self.rebooted_holding_lock and holds is False:
             self.rebooted_holding_lock = False  # nothing to release
+            self._recovery_done()
         await self._check_orphaned_cordon(holds)
         breaker = self.state.breaker_open and bool(reboot_required)
         return Observation(
@@ -274,10 +281,15 @@ class Agent:
             self._record(obs, decision)
             if decision.action is not Action.ACQUIRE or not await self._acquire():
                 break
+        await self._prefer_no_schedule(decision)
         await self._act(decision)
         return decision
 
     def _record(self, obs: Observation, decision: Decision) -> None:
+        said = self.view.decision
+        if said is None or (said.action, said.first) != (decision.action, decision.first):
+            # Once per change, not every period: the log says why, without flooding.
+            log.info("decision %s: %s", decision.action.value, decision.first or "reboot now")
         self.view.observation, self.view.decision = obs, decision
         key = decision.action.value
         self.view.decisions_total[key] = self.view.decisions_total.get(key, 0) + 1
@@ -309,7 +321,14 @@ class Agent:
             return False
         if ok:
             log.info("lock acquired by %s", self.config.node_id)
-        return ok
+        return ok  # the tick observes (and so re-reads the lock) right after
+
+    async def _reread_lock(self) -> None:
+        """Refresh the holders status and metrics show, right after a lock operation."""
+        try:
+            await self.lock_view.refresh()
+        except LockError as exc:
+            log.warning("cannot read the lock after changing it: %s", exc.message)
 
     async def _act(self, decision: Decision) -> None:
         if decision.action is Action.RELEASE:
@@ -322,12 +341,17 @@ class Agent:
         release delay only after a reboot (not after a failed drain: kured #1129)."""
         if self.node is not None:
             await self._restore_node()
-        if after_reboot and self.config.lock_release_delay_seconds > 0:
+        delay = self.config.lock_release_delay_seconds
+        if after_reboot and delay > 0:
+            back = self.state.came_back_at
+            left = delay if back is None else max(0.0, delay - (self._unix() - back))
             log.info(
-                "waiting %.0fs (--lock-release-delay) before releasing the lock",
-                self.config.lock_release_delay_seconds,
+                "waiting %.1fs (--lock-release-delay %.0fs, counted from the return after the "
+                "reboot) before releasing the lock",
+                left,
+                delay,
             )
-            await self.sleep(self.config.lock_release_delay_seconds)
+            await self.sleep(left)
         try:
             await self.lock.release(self.config.node_id)
         except LockError as exc:
@@ -335,105 +359,25 @@ class Agent:
             self.view.fail("lock")
             return
         self.rebooted_holding_lock = False
+        self._recovery_done()
         log.info("lock released by %s", self.config.node_id)
+        await self._reread_lock()
 
-    async def _restore_node(self) -> None:
-        """Uncordon per the lock record, post labels, and once the sentinel is gone the
-        in-progress annotation. Failures are logged and counted; the lock is released
-        regardless (a node that is not rebooting must not hold up the fleet), and a cordon of
-        ours left behind is found again by the orphan check."""
-        assert self.node is not None
-        me = self.config.node_id
-        own: Holder | None = None
-        try:
-            own = next((h for h in await self.lock.holders() if h.node_id == me), None)
-        except LockError as exc:
-            log.warning("cannot read the lock record before releasing: %s", exc.message)
-        try:
-            if own is None:
-                # No record to go by: undo the cordon only if it carries our mark.
-                await self.node.undo_orphaned_cordon()
-            elif own.unschedulable:
-                log.info("node %s was cordoned before the lock was taken: leaving it cordoned", me)
-            else:
-                await self.node.uncordon()
-        except KuredError as exc:
-            log.error("cannot uncordon node %s: %s", me, exc.message)
-            self.view.fail("uncordon")
-            self.orphan_check_pending = True
-        try:
-            await self.node.apply_labels("post")
-        except KuredError as exc:
-            log.warning("cannot apply the post-reboot labels: %s", exc.message)
-            self.view.fail("node")
-        # kured removes it in phase A only; any release with the sentinel gone means the
-        # reboot happened (also when kured itself triggered it before a rollout to us).
-        obs = self.view.observation
-        if obs is not None and obs.reboot_required is False:
-            try:
-                await self.node.clear_reboot_in_progress()
-            except KuredError as exc:
-                log.warning("cannot remove the reboot-in-progress annotation: %s", exc.message)
-                self.view.fail("node")
-
-    async def _check_orphaned_cordon(self, holds: bool | None) -> None:
-        if self.node is None or not self.orphan_check_pending or holds is not False:
-            return
-        try:
-            await self.node.undo_orphaned_cordon()
-        except KuredError as exc:
-            log.warning("cannot check the node for an orphaned cordon: %s", exc.message)
-            self.view.fail("node")
-            return
-        self.orphan_check_pending = False
-
-    async def _prepare_node(self) -> bool:
-        """Pre-reboot labels → cordon → drain. True to go on with the reboot; False when the
-        drain failed and the attempt was given up (node restored, lock released at once)."""
-        assert self.node is not None
-        try:
-            await self.node.apply_labels("pre")
-        except KuredError as exc:
-            log.warning("cannot apply the pre-reboot labels: %s", exc.message)  # kured: logged
-            self.view.fail("node")
-        try:
-            await self.node.cordon()
-            await self.node.drain()
-        except DrainError as exc:
-            self.view.fail("drain")
-            if self.config.force_reboot:
-                log.error("drain failed: %s; rebooting anyway (--force-reboot)", exc.message)
-                self.view.last_drain_failure = DrainFailure(
-                    time.time(), exc.message, exc.pods, "rebooting anyway"
-                )
-                return True
-            log.error(
-                "drain failed: %s; giving this attempt up: restoring the node and releasing "
-                "the lock now",
-                exc.message,
-            )
-            self.view.last_drain_failure = DrainFailure(
-                time.time(), exc.message, exc.pods, "released"
-            )
-            await self._release(after_reboot=False)
-            self.view.decision = Decision(
-                Action.RELEASE,
-                (
-                    Reason(
-                        Why.DRAIN_FAILED,
-                        f"drain failed: {exc.message}; lock released, node restored, "
-                        "next attempt at the next tick",
-                    ),
-                ),
-            )
-            return False
-        return True
+    def _recovery_done(self) -> None:
+        if self.state.came_back_at is not None:
+            self.state.came_back_at = None
+            self.store.save(self.state)
 
     async def _reboot(self) -> None:
         if self.node is not None and not await self._prepare_node():
             return
+        if self.config.reboot_delay_seconds > 0:
+            log.info(
+                "waiting %gs (--reboot-delay) before the reboot", self.config.reboot_delay_seconds
+            )
+            await self.sleep(self.config.reboot_delay_seconds)
         self.state.reboot_triggered_at = time.time()
-        self.state.boot_id = current_boot_id()
+        self.state.boot_id = self.boot_id()
         self.store.save(self.state)
         log.warning("rebooting node %s", self.config.node_id)
         try:
@@ -450,11 +394,20 @@ class Agent:
     # -- forever ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Recover, then tick forever with jitter. Expected failures never escape."""
+        """Recover, check at once, then at a uniformly random point in [½P, 1½P) (spreading
+        the agents of a fleet, as kured's jittered ticker does), then every P. Expected
+        failures never escape."""
         await self.recover()
-        delay = self.rng.uniform(0.5, 1.5) * self.config.period_seconds
-        if self.rebooted_holding_lock:
-            delay = 0.0  # release promptly after a reboot (after the release delay)
+        period = self.config.period_seconds
+        self.view.next_check_at = self._unix()
+        log.info(
+            "node %s: first check now (%s), then about every %gs",
+            self.config.node_id,
+            datetime.fromtimestamp(self.view.next_check_at, tz=UTC).isoformat(),
+            period,
+        )
+        delay = 0.0
+        first = True
         while True:
             await self.sleep(delay)
             try:
@@ -462,4 +415,11 @@ class Agent:
             except KuredError as exc:
                 log.error("tick failed: %s", exc.message)
                 self.view.fail("tick")
-            delay = self.config.period_seconds
+            delay = self.rng.uniform(0.5, 1.5) * period if first else period
+            self.view.next_check_at = self._unix() + delay
+            if first:
+                log.info(
+                    "next check at %s",
+                    datetime.fromtimestamp(self.view.next_check_at, tz=UTC).isoformat(),
+                )
+            first = False

@@ -7,7 +7,10 @@ users build alerts blind (kured-behaviour.md, "Little visibility"):
 * ``kured_blocking_reason{node,reason}`` — 1 for the reason kind currently in force (closed set,
   ``kured.core.policy.Why``), 0 for the others;
 * ``kured_window_open{node}``, ``kured_lock_held{node}``, ``kured_lock_holders{node}`` (how many
-  hold it), ``kured_lock_holder_info{node,holder}``;
+  hold it), ``kured_lock_holder_info{node,holder}``: the lock as last read from the store,
+  re-read at every scrape (``kured.lockview``); ``kured_lock_stale{node}`` is 1 while that read
+  fails (the holders are then the last known) and ``kured_lock_read_age_seconds{node}`` says
+  how old they are;
 * ``kured_last_reboot_timestamp_seconds{node}``, ``kured_circuit_breaker_open{node}``,
   ``kured_consecutive_reboots{node}``;
 * ``kured_failures_total{node,kind}`` (sentinel, gate, lock, reboot, tick, drain, uncordon,
@@ -61,21 +64,33 @@ class AgentCollector(Collector):
             node,
             1 if obs is not None and obs.window_open else 0,
         )
+        lv = a.lock_view
+        now = a.now()
+        holds = any(h.node_id == node and not h.expired(now) for h in lv.holders)
         yield _gauge(
-            "kured_lock_held",
-            "1 while this node holds the reboot lock.",
+            "kured_lock_held", "1 while this node holds the reboot lock.", node, 1 if holds else 0
+        )
+        yield _gauge("kured_lock_holders", "Nodes holding the reboot lock.", node, len(lv.holders))
+        yield _gauge(
+            "kured_lock_stale",
+            "1 while the last read of the lock failed (the holders shown are the last known).",
             node,
-            1 if obs is not None and obs.holds_lock else 0,
+            1 if lv.stale else 0,
         )
-        yield _gauge(
-            "kured_lock_holders", "Nodes holding the reboot lock.", node, len(view.holders)
-        )
+        age = lv.age_seconds()
+        if age is not None:
+            yield _gauge(
+                "kured_lock_read_age_seconds",
+                "Seconds since the lock was last read successfully.",
+                node,
+                age,
+            )
         info = GaugeMetricFamily(
             "kured_lock_holder_info",
             "1 per node holding the reboot lock.",
             labels=["node", "holder"],
         )
-        for h in view.holders:
+        for h in lv.holders:
             info.add_metric([node, h.node_id], 1)
         yield info
         yield _gauge(

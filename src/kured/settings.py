@@ -15,6 +15,9 @@ likely appends them instead (kured-behaviour.md §1.1 marks that as inferred); r
 Where we differ from kured, on purpose:
 
 * Every problem is reported at once (``SettingsError.problems``) instead of exiting at the first.
+* ``--start-time`` equal to ``--end-time`` is refused: kured's ``pkg/timewindow`` accepts it
+  as a one-second window (the end is inclusive through its second), which nobody configures
+  on purpose.
 * Values kured accepts but ignores are refused: an unknown ``--log-format``, a negative duration,
   a non-positive ``--period``, a Prometheus or gate URL that is not http(s).
 * An empty ``--alert-filter-regexp`` means "no filter". In kured an empty regexp matches every
@@ -44,6 +47,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kit.settings import (
+    Option,
     load,
     option,
     options_of,
@@ -143,6 +147,21 @@ def _labels(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+_QUALIFIED_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def _taint_key(text: str) -> str:
+    """'' (off) or a taint key: a Kubernetes qualified name (optional DNS prefix ``/``, a name
+    of at most 63 characters), the rule the API server applies to taint keys."""
+    text = text.strip()
+    if text and (not _QUALIFIED_NAME.match(text) or len(text.rpartition("/")[2]) > 63):
+        raise ValueError(f"{text!r} is not a valid taint key (e.g. kured.dev/kured-node-reboot)")
+    return text
+
+
 def _flatten(value: Any) -> Any:
     """``kit.settings.load`` hands a repeatable option the tuple of its per-occurrence parses;
     for options whose one occurrence is itself a list, join them."""
@@ -181,7 +200,9 @@ class Settings:
     lock_ttl: float = option(
         *_flag("lock-ttl"),
         _duration,
-        "a lock record older than this expires (0 = never)",
+        "TTL written into the lock records this agent creates: such a record older than it "
+        "expires (0 = never). Expiry uses each record's own TTL, so a record written with "
+        "TTL 0 (kured's default, the manual pause) never expires",
         default=0.0,
     )
     lock_release_delay: float = option(
@@ -253,6 +274,34 @@ class Settings:
         parse_non_negative_int,
         "neither evict nor wait for pods terminating for longer than this many seconds (0 = off)",
         default=0,
+    )
+    drain_delay: float = option(
+        *_flag("drain-delay"),
+        _duration,
+        "wait this long after taking the lock (and the pre-reboot labels) before the cordon "
+        "and drain (0 = off)",
+        default=0.0,
+    )
+    drain_pod_selector: str = option(
+        *_flag("drain-pod-selector"),
+        str.strip,
+        "label selector: the drain evicts only the pods that match it, e.g. to leave Longhorn's "
+        "instance managers for its own node drain policy ('' = every pod)",
+        default="",
+    )
+    reboot_delay: float = option(
+        *_flag("reboot-delay"),
+        _duration,
+        "wait this long after the drain before running the reboot (0 = off)",
+        default=0.0,
+    )
+    prefer_no_schedule_taint: str = option(
+        *_flag("prefer-no-schedule-taint"),
+        _taint_key,
+        "taint key put on the node with effect PreferNoSchedule while it waits for the lock, "
+        "so new pods avoid a node about to be drained; removed once no reboot is pending "
+        "('' = off; kured's chart suggests kured.dev/kured-node-reboot)",
+        default="",
     )
     force_reboot: bool = option(
         *_flag("force-reboot"),
@@ -409,6 +458,12 @@ class Settings:
         "where the agent keeps its reboot bookkeeping",
         default=Path("/var/lib/kured"),
     )
+    boot_id_file: Path = option(
+        *_flag("boot-id-file"),
+        _path,
+        "the kernel's boot ID; a reboot is confirmed when it changed (proc(5))",
+        default=Path("/proc/sys/kernel/random/boot_id"),
+    )
     max_consecutive_reboots: int = option(
         *_flag("max-consecutive-reboots"),
         parse_positive_int,
@@ -433,9 +488,68 @@ class Settings:
         return RebootWindow(self.reboot_days, self.start_time, self.end_time, self.time_zone)
 
 
+def go_duration(seconds: float) -> str:
+    """``seconds`` as the Go duration a user would write: ``1h``, ``1h30m``, ``1.5s``, ``0``
+    (millisecond resolution; ``parse_duration`` reads every answer back to the same value)."""
+    total_ms = round(seconds * 1000)
+    if total_ms == 0:
+        return "0"
+    hours, rest = divmod(total_ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
+    parts.append(f"{rest / 1000:g}s" if rest else "")
+    return "".join(parts)
+
+
+# Placeholders for values that have no text a flag could take.
+REQUIRED, EMPTY, NONE, UNSET = "(required)", "(empty)", "(none)", "(unset)"
+
+
+def flag_text(opt: Option, value: Any) -> str:
+    """``value`` of the setting ``opt`` written as its flag accepts it (durations as Go
+    durations, booleans as ``true``/``false``, lists comma-separated, commands as shell words),
+    or one of the placeholders ``(empty)``, ``(none)`` (an empty list) and ``(unset)``. Used
+    for the start-up log line and the flag table in docs/kured.md (a test checks the table)."""
+    if value is None:
+        return UNSET
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return go_duration(value)
+    if isinstance(value, re.Pattern):
+        return str(value.pattern)
+    if isinstance(value, time):
+        return value.isoformat()
+    if isinstance(value, frozenset):
+        return ",".join(str(day) for day in sorted(value))
+    if isinstance(value, tuple):
+        if not value:
+            return NONE
+        if opt.parse is _argv:
+            return shlex.join(value)
+        if all(isinstance(item, tuple) for item in value):
+            return ",".join(f"{k}={v}" for k, v in value)
+        return opt.separator.join(str(item) for item in value)
+    text = str(value)
+    return text if text else EMPTY
+
+
+def describe(s: Settings) -> str:
+    """Every setting as ``--flag=value``, for the start-up log."""
+    return " ".join(f"{o.flag}={flag_text(o, getattr(s, f.name))}" for f, o in options_of(Settings))
+
+
 def validate_settings(s: Settings) -> list[str]:
     """Cross-field rules; returns every problem found (empty when the settings are usable)."""
     problems: list[str] = []
+    if s.start_time == s.end_time:
+        # kured (pkg/timewindow) makes this a one-second window, silently; nobody means that.
+        problems.append(
+            f"KURED_START_TIME / --start-time and KURED_END_TIME / --end-time are both "
+            f"{s.start_time.isoformat()}: that window is open for one second a day. For all day "
+            "use --start-time 00:00 --end-time 23:59:59; otherwise give a later end (an end "
+            "before the start crosses midnight)"
+        )
     if s.reboot_method == "command" and not s.reboot_command:
         problems.append(
             "KURED_REBOOT_COMMAND / --reboot-command must not be empty with --reboot-method=command"
@@ -453,6 +567,9 @@ def validate_settings(s: Settings) -> list[str]:
                 ("--pre-reboot-node-labels", bool(s.pre_reboot_node_labels)),
                 ("--post-reboot-node-labels", bool(s.post_reboot_node_labels)),
                 ("--annotate-nodes", s.annotate_nodes),
+                ("--drain-delay", s.drain_delay > 0),
+                ("--drain-pod-selector", bool(s.drain_pod_selector)),
+                ("--prefer-no-schedule-taint", bool(s.prefer_no_schedule_taint)),
             )
             if used
         ]

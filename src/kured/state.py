@@ -5,6 +5,16 @@ reboot it caused has happened (kured infers it from holding the lock; we need it
 breaker too). ``consecutive_reboots`` counts reboots after which the sentinel still asked for a
 reboot; at ``--max-consecutive-reboots`` the breaker opens and stays open until an operator
 removes the state file (or a reboot is no longer required). Writes are atomic (temp + rename).
+
+``boot_id`` is the kernel's boot ID (``/proc/sys/kernel/random/boot_id``, a fresh random UUID at
+every boot; see proc(5)) read just before the reboot is triggered. The next start compares it
+with the current one: unchanged means the machine did not reboot (the process was restarted),
+and recovery must not run as if it had. An empty ID (not Linux, file unreadable, state written
+by an older version) cannot confirm anything and counts as a reboot, the behaviour before.
+
+``came_back_at`` is when the agent first started after a confirmed reboot (unix seconds); it is
+cleared once the lock is released. ``--lock-release-delay`` counts from it, so an agent restarted
+during the delay sleeps only what is left instead of skipping the delay (issue 15).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ class AgentState:
     consecutive_reboots: int = 0
     breaker_open: bool = False
     last_reboot_at: float | None = None
+    came_back_at: float | None = None  # unix seconds; set while post-reboot recovery runs
 
 
 class StateStore:
@@ -48,8 +59,12 @@ class StateStore:
         os.replace(tmp, self.path)
 
 
-def current_boot_id() -> str:
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+def current_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    """The boot ID read from ``path`` (``--boot-id-file``), or "" when it cannot be read."""
     try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return path.read_text().strip()
     except OSError:
         return ""

@@ -2,8 +2,8 @@
 
 A "host" is a directory with a sentinel file and a state dir. Its reboot command is
 ``reboot.sh``: it appends ``<unix time> <node> reboot`` to the shared event log, deletes the
-sentinel (as a boot clears /var/run) and kills the agent (its parent), as the machine going down
-would. The ``Host`` supervisor then starts the agent again, as a boot would.
+sentinel (as a boot clears /var/run), writes a new boot ID (as the kernel does at every boot)
+and kills the agent (its parent), as the machine going down would. The ``Host`` supervisor then starts the agent again, as a boot would.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ REBOOT_SCRIPT = """#!/bin/sh
 # Test reboot: record, clear the sentinel, take the agent down like a power cycle would.
 echo "$(date +%s.%N) $1 reboot" >> "$2"
 rm -f "$3"
+cat /proc/sys/kernel/random/uuid > "$4"
 kill -9 $PPID
 """
 
@@ -39,6 +40,8 @@ class Host:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sentinel = self.dir / "reboot-required"
         self.events = events
+        self.boot_id = self.dir / "boot_id"
+        self.boot_id.write_text(Path("/proc/sys/kernel/random/uuid").read_text())
         script = root / "reboot.sh"
         if not script.exists():
             script.write_text(REBOOT_SCRIPT)
@@ -54,7 +57,9 @@ class Host:
             "--reboot-sentinel",
             str(self.sentinel),
             "--reboot-command",
-            f"{script} {node} {events} {self.sentinel}",
+            f"{script} {node} {events} {self.sentinel} {self.boot_id}",
+            "--boot-id-file",
+            str(self.boot_id),
             "--state-dir",
             str(self.dir / "state"),
             "--metrics-port",

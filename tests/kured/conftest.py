@@ -95,9 +95,26 @@ def _start_etcd(
     return proc, client_url, log_path
 
 
+class EtcdServer:
+    """A running etcd: ``url`` and ``stop()`` (to make it unreachable in a test)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str) -> None:
+        self.proc = proc
+        self.url = url
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
 @pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[str]:
-    """A running single-member etcd; yields its client URL. Fails if etcd is missing."""
+def etcd(etcd_server: EtcdServer) -> str:
+    """A running single-member etcd; its client URL. Fails if etcd is missing."""
+    return etcd_server.url
+
+
+@pytest.fixture
+def etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A running single-member etcd (``EtcdServer``). Fails if etcd is missing."""
     executable = shutil.which("etcd")
     if executable is None:
         pytest.fail(
@@ -118,7 +135,7 @@ def etcd(tmp_path: Path) -> Iterator[str]:
     else:
         pytest.fail("etcd did not start:\n" + "\n---\n".join(logs))
     try:
-        yield url
+        yield EtcdServer(proc, url)
     finally:
         _stop(proc)
 

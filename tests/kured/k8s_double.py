@@ -22,7 +22,8 @@ token, see ``kubeconfig``):
   refused with 422) and JSON patch (``application/json-patch+json``, RFC 6902: add, remove,
   replace, test; a failed ``test`` or a missing path is 422). The result is validated like the
   real server does for those fields: ``spec.unschedulable`` a boolean, labels with valid keys
-  and values, string annotations; anything else is **422 Invalid**.
+  and values, string annotations, ``spec.taints`` with valid keys, a known effect and unique
+  (key, effect) pairs; anything else is **422 Invalid**.
 * **Pods**: list across namespaces (``/api/v1/pods``) or in one, with ``labelSelector``
   (equality and set-based: ``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``,
   ``k notin (a,b)``) and ``fieldSelector`` (``metadata.name``, ``metadata.namespace``,
@@ -51,6 +52,10 @@ Test-side helpers (``add_node``, ``add_pod``, ``add_pdb``, ``add_daemonset``, ``
 ``daemonset``, ``set_pod_phase``, ``touch_daemonset``, ``conflict_next_puts``) change or read
 the store directly, under the same lock the handlers use; ``requests`` and ``evictions`` record
 what clients did, and ``annotation_history`` every stored value of a DaemonSet annotation.
+``schedulable_history`` records every stored Node version as (monotonic seconds, node,
+unschedulable). Faults: ``fail_next_uncordons`` answers **500 InternalError** (the real
+``Status`` a failing apiserver or admission webhook gives) to a node's next uncordons - patches
+that would turn ``spec.unschedulable`` from true to false - without storing them.
 """
 
 from __future__ import annotations
@@ -277,6 +282,14 @@ def json_patch(target: Obj, ops: list[Any]) -> Obj:
     return doc
 
 
+def _label_key_ok(key: str) -> bool:
+    """A qualified name, the rule for label keys and taint keys."""
+    prefix, _, name = key.rpartition("/")
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+        return False
+    return not prefix or (len(prefix) <= 253 and bool(_DNS_PREFIX.match(prefix)))
+
+
 def _validate_metadata(obj: Obj) -> None:
     meta = obj.get("metadata") or {}
     causes = []
@@ -305,6 +318,23 @@ def _validate_node(obj: Obj) -> None:
     unschedulable = (obj.get("spec") or {}).get("unschedulable")
     if unschedulable is not None and not isinstance(unschedulable, bool):
         raise ApiFailure(422, "Invalid", "spec.unschedulable: must be a boolean")
+    taints = (obj.get("spec") or {}).get("taints") or []
+    if not isinstance(taints, list):
+        raise ApiFailure(422, "Invalid", "spec.taints: must be a list")
+    seen = set()
+    for taint in taints:
+        key, effect = (taint or {}).get("key", ""), (taint or {}).get("effect", "")
+        if not isinstance(key, str) or not _label_key_ok(key):
+            raise ApiFailure(422, "Invalid", f"spec.taints.key: Invalid value: {key!r}")
+        if effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise ApiFailure(422, "Invalid", f"spec.taints.effect: Unsupported value: {effect!r}")
+        if (key, effect) in seen:
+            raise ApiFailure(
+                422,
+                "Invalid",
+                "spec.taints: Duplicate value: taints must be unique by key and effect pair",
+            )
+        seen.add((key, effect))
 
 
 # --- the double ---------------------------------------------------------------------------------
@@ -351,6 +381,8 @@ class KubeDouble:
         self._runner: web.AppRunner | None = None
         self._ready = threading.Event()
         self._seq = 0
+        self._uncordon_faults: dict[str, int] = {}
+        self.schedulable_history: list[tuple[float, str, bool]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -434,6 +466,9 @@ class KubeDouble:
         self._objects[key] = obj
         if kind == "DaemonSet":
             self._history.setdefault(key[1:], []).append(copy.deepcopy(obj))
+        if kind == "Node":
+            cordoned = bool((obj.get("spec") or {}).get("unschedulable"))
+            self.schedulable_history.append((time.monotonic(), meta["name"], cordoned))
         return copy.deepcopy(obj)
 
     def add_daemonset(
@@ -479,11 +514,14 @@ class KubeDouble:
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         addresses: Sequence[tuple[str, str]] = (),
+        taints: Sequence[Obj] = (),
     ) -> Obj:
         """A Node; ``addresses`` are (type, address) pairs for ``status.addresses``."""
         spec: Obj = {"podCIDR": "10.0.0.0/24"}
         if unschedulable:
             spec["unschedulable"] = True
+        if taints:
+            spec["taints"] = [dict(t) for t in taints]
         with self._lock:
             return self._store(
                 "Node",
@@ -641,6 +679,11 @@ class KubeDouble:
         with self._lock:
             self._conflicts_pending += count
 
+    def fail_next_uncordons(self, node: str, count: int) -> None:
+        """Answer 500 to the next ``count`` patches that would uncordon ``node``."""
+        with self._lock:
+            self._uncordon_faults[node] = self._uncordon_faults.get(node, 0) + count
+
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
         with self._lock:
             obj = copy.deepcopy(self._objects[("Pod", namespace, name)])
@@ -755,6 +798,14 @@ class KubeDouble:
             after = self._patched(request.headers.get("Content-Type", ""), raw, current, resource)
             if kind == "Node":
                 _validate_node(after)
+                uncordons = bool(current["spec"].get("unschedulable")) and not bool(
+                    after["spec"].get("unschedulable")
+                )
+                if uncordons and self._uncordon_faults.get(name, 0) > 0:
+                    self._uncordon_faults[name] -= 1
+                    raise ApiFailure(
+                        500, "InternalError", "Internal error occurred: injected uncordon fault"
+                    )
             else:
                 _validate_metadata(after)
             return web.json_response(self._commit(kind, current, after))

@@ -1,14 +1,17 @@
 """In-process kured agents wired like ``kured.app`` does for ``--lock-backend=kubernetes``,
 against the Kubernetes API double, with a fake reboot.
 
-``KubeHost`` is one machine: its sentinel file, its state dir, and a ``FakeReboot`` that
-records the reboot and clears the sentinel (as a boot clears /var/run). ``boot()`` builds a
+``KubeHost`` is one machine: its sentinel file, its state dir, its boot ID file, and a
+``FakeReboot`` that records the reboot, clears the sentinel (as a boot clears /var/run) and
+writes a new boot ID (as the kernel does at every boot). ``boot()`` builds a
 fresh ``Agent`` on the same state dir, as the process started after a reboot would be, and runs
 its start-up recovery.
 """
 
 from __future__ import annotations
 
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,20 +24,26 @@ from kured.locks.kubernetes import KubernetesLock
 from kured.loop import Agent, AgentConfig, Gate
 from kured.sensors.pods import BlockingPodGate
 from kured.sensors.sentinel import FileSentinel
-from kured.state import StateStore
+from kured.state import StateStore, current_boot_id
 from tests.kured.conftest import LOCK_ANNOTATION, LOCK_DAEMONSET, LOCK_NAMESPACE
 
 
 class FakeReboot:
     """A reboot that records itself and clears the sentinel, as a boot would."""
 
-    def __init__(self, sentinel: Path) -> None:
+    def __init__(self, sentinel: Path, boot_id: Path) -> None:
         self.sentinel = sentinel
+        self.boot_id = boot_id
         self.calls = 0
+        self.at: list[float] = []  # time.monotonic() of each call
+        self.happens = True  # False: the command "succeeds" but the machine stays up
 
     async def reboot(self) -> None:
         self.calls += 1
-        self.sentinel.unlink(missing_ok=True)
+        self.at.append(time.monotonic())
+        if self.happens:
+            self.sentinel.unlink(missing_ok=True)
+            self.boot_id.write_text(f"{uuid.uuid4()}\n")
 
 
 @dataclass
@@ -48,13 +57,18 @@ class KubeHost:
     node_options: NodeOptions = field(default_factory=NodeOptions)
     blocking_pod_selectors: tuple[str, ...] = ()
     concurrency: int = 1
+    uncordon_backoff_initial_seconds: float = 1.0
+    drain_delay_seconds: float = 0.0
+    reboot_delay_seconds: float = 0.0
     apis: list[ApiServer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.dir = self.root / self.node_id
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sentinel = self.dir / "reboot-required"
-        self.rebooter = FakeReboot(self.sentinel)
+        self.boot_id = self.dir / "boot_id"
+        self.boot_id.write_text(f"{uuid.uuid4()}\n")
+        self.rebooter = FakeReboot(self.sentinel, self.boot_id)
 
     def agent(self) -> Agent:
         """A new agent process for this host (not yet recovered)."""
@@ -71,6 +85,9 @@ class KubeHost:
                 lock_release_delay_seconds=self.release_delay_seconds,
                 max_consecutive_reboots=3,
                 force_reboot=self.force_reboot,
+                uncordon_backoff_initial_seconds=self.uncordon_backoff_initial_seconds,
+                drain_delay_seconds=self.drain_delay_seconds,
+                reboot_delay_seconds=self.reboot_delay_seconds,
             ),
             window=RebootWindow(),
             sentinel=FileSentinel(self.sentinel),
@@ -87,6 +104,7 @@ class KubeHost:
             state=StateStore(self.dir / "state", self.node_id),
             clock=SystemClock(),
             node=KubernetesNode(api, self.node_id, self.drain, self.node_options),
+            boot_id=lambda: current_boot_id(self.boot_id),
         )
 
     async def boot(self) -> Agent:

@@ -107,6 +107,7 @@ def test_invalid_flags_are_all_listed_and_exit_2(tmp_path: Path) -> None:
 STUCK_REBOOT = """#!/bin/sh
 # A reboot after which the sentinel is still there (a package that keeps asking).
 echo "$(date +%s.%N) $1 reboot" >> "$2"
+cat /proc/sys/kernel/random/uuid > "$3"
 kill -9 $PPID
 """
 
@@ -119,7 +120,7 @@ def test_a_node_that_keeps_needing_a_reboot_trips_the_breaker_instead_of_looping
     script.write_text(STUCK_REBOOT)
     script.chmod(0o755)
     host = Host(tmp_path, "n0", etcd, events, "--period", "1s", "--max-consecutive-reboots", "2")
-    host.argv[host.argv.index("--reboot-command") + 1] = f"{script} n0 {events}"
+    host.argv[host.argv.index("--reboot-command") + 1] = f"{script} n0 {events} {host.boot_id}"
     host.sentinel.touch()
     try:
         host.start()

@@ -27,6 +27,9 @@
   bound. When it runs out, ``DrainError`` names every pod still on the node with the last
   answer about it. Pods evicted before the failure are not put back (nothing can).
 
+``--drain-pod-selector`` limits the drain to the pods matching that label selector (kubectl's
+``PodSelector``, as kured passes it); the others stay on the node through the reboot.
+
 ``--drain-grace-period``: a value ≥ 0 goes into each eviction's delete options (0 kills at
 once); a negative one leaves each pod's own ``terminationGracePeriodSeconds``.
 
@@ -64,6 +67,7 @@ class DrainOptions:
     timeout_seconds: float = 0.0  # --drain-timeout; 0 = no bound
     grace_period_seconds: int = -1  # --drain-grace-period; negative = each pod's own
     skip_wait_for_delete_timeout_seconds: int = 0  # --skip-wait-for-delete-timeout; 0 = off
+    pod_selector: str = ""  # --drain-pod-selector; '' = every pod
     poll_interval_seconds: float = 1.0  # kubectl's wait poll
     backoff_initial_seconds: float = 1.0  # first pause after a 429
     backoff_cap_seconds: float = 16.0
@@ -243,7 +247,9 @@ class Drainer:
     async def _pods(self) -> list[JsonObject]:
         try:
             return await self._api.list_pods(
-                field_selector=f"spec.nodeName={self.node_id}", limit=LIST_PAGE
+                label_selector=self.options.pod_selector,
+                field_selector=f"spec.nodeName={self.node_id}",
+                limit=LIST_PAGE,
             )
         except ApiError as exc:
             raise DrainError(f"cannot list the pods of node {self.node_id}: {exc.message}") from exc

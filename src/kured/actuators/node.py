@@ -16,6 +16,10 @@
   is absent - before the gates run, so "most recent reboot needed" records the first time it
   was seen even if the reboot was then blocked (kured PR #749). In-progress is removed after
   the reboot once the sentinel is gone; most-recent is never removed.
+* ``--prefer-no-schedule-taint KEY``: while the node needs a reboot and waits for the lock, the
+  taint ``KEY:PreferNoSchedule`` asks the scheduler to put new pods elsewhere (they would only
+  be evicted again by this node's drain); it is removed once no reboot is pending (after the
+  reboot, or when the sentinel or the window says no), as kured does.
 
 Methods raise ``DrainError`` (cordon, drain, uncordon) or ``ApiError`` (labels, annotations);
 both are ``KuredError``.
@@ -23,17 +27,23 @@ both are ``KuredError``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from kured.actuators.drain import Drainer, DrainOptions, DrainReport
 from kured.apiserver import MERGE_PATCH, ApiServer
+from kured.core.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 REBOOT_IN_PROGRESS_ANNOTATION = "weave.works/kured-reboot-in-progress"
 MOST_RECENT_REBOOT_NEEDED_ANNOTATION = "weave.works/kured-most-recent-reboot-needed"
 
 Labels = tuple[tuple[str, str], ...]
+PREFER = "PreferNoSchedule"
+TAINT_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class NodeOptions:
     pre_reboot_labels: Labels = ()
     post_reboot_labels: Labels = ()
     annotate: bool = False  # --annotate-nodes
+    prefer_no_schedule_taint: str = ""  # --prefer-no-schedule-taint; '' = off
 
 
 def annotation_time(at: datetime) -> str:
@@ -120,6 +131,41 @@ class KubernetesNode:
             return False
         await self._patch({"metadata": {"annotations": {REBOOT_IN_PROGRESS_ANNOTATION: None}}})
         return True
+
+    # -- the PreferNoSchedule taint ----------------------------------------------------------------
+
+    async def prefer_no_schedule(self, on: bool) -> bool:
+        """With ``--prefer-no-schedule-taint``, add (``on``) or remove our taint (that key,
+        effect ``PreferNoSchedule``, no value: kured's ``internal/taints``). Returns whether it
+        wrote. Other taints are kept: the patch carries the node's ``resourceVersion`` and a
+        409 is re-read. Raises ``ApiError``."""
+        key = self.options.prefer_no_schedule_taint
+        if not key:
+            return False
+        for _ in range(TAINT_ATTEMPTS):
+            node = await self._api.get_node(self.node_id)
+            taints = list((node.get("spec") or {}).get("taints") or [])
+            ours = [t for t in taints if t.get("key") == key and t.get("effect") == PREFER]
+            if bool(ours) == on:
+                return False
+            kept = [t for t in taints if t not in ours]
+            patch = {
+                "metadata": {
+                    "resourceVersion": (node.get("metadata") or {}).get("resourceVersion")
+                },
+                "spec": {"taints": [*kept, {"key": key, "effect": PREFER}] if on else kept},
+            }
+            try:
+                await self._patch(patch)
+            except ApiError as exc:
+                if exc.conflict:
+                    continue
+                raise
+            log.info(
+                "%s taint %s:%s on node %s", "added" if on else "removed", key, PREFER, self.node_id
+            )
+            return True
+        raise ApiError(f"cannot change the taints of node {self.node_id}: it kept changing")
 
     async def _patch(self, patch: dict[str, object]) -> None:
         await self._api.patch_node(self.node_id, patch, MERGE_PATCH)

@@ -79,6 +79,9 @@ class Why(enum.Enum):
     # Set by the agent, not by ``decide``: the cordon or drain failed and the attempt was
     # given up (lock released at once, node restored); the next tick tries again.
     DRAIN_FAILED = "drain_failed"
+    # Set by the agent: the uncordon before a release failed; it is retried with backoff and
+    # the lock is kept meanwhile.
+    UNCORDON_FAILED = "uncordon_failed"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import aiohttp
 
 from kured.core.errors import SensorError
 from kured.core.policy import GateResult
+from kured.sensors.failure import unreachable
 
 
 def active_alerts(
@@ -35,7 +36,10 @@ def active_alerts(
     Raises ``SensorError`` when the response is not a successful vector result.
     """
     if not isinstance(data, dict) or data.get("status") != "success":
-        raise SensorError(f"prometheus answered an error: {str(data)[:200]}")
+        if isinstance(data, dict) and data.get("error"):
+            kind = f"{data.get('errorType')}: " if data.get("errorType") else ""
+            raise SensorError(f"Prometheus answered an error: {kind}{str(data['error'])[:200]}")
+        raise SensorError("Prometheus answered something that is not a query result")
     result = data.get("data", {})
     if result.get("resultType") != "vector":
         raise SensorError(f"prometheus answered a {result.get('resultType')!r}, not a vector")
@@ -89,7 +93,9 @@ class PrometheusAlertGate:
                             return await get.json(content_type=None)
                     return await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            raise SensorError(f"prometheus {self.url} unreachable: {exc!r}") from exc
+            raise SensorError(
+                unreachable(f"Prometheus at {self.url}", exc, self.timeout_seconds)
+            ) from exc
 
     async def check(self) -> GateResult:
         try:

@@ -14,6 +14,7 @@ import json
 import aiohttp
 
 from kured.core.policy import GateResult
+from kured.sensors.failure import unreachable
 
 
 class HttpGate:
@@ -30,7 +31,8 @@ class HttpGate:
                     body = await resp.read()
                     status = resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return GateResult(self.name, None, f"gate {self.url} unreachable: {exc!r}")
+            detail = unreachable(f"gate {self.url}", exc, self.timeout_seconds)
+            return GateResult(self.name, None, detail)
         if 200 <= status < 300:
             return GateResult(self.name, False, f"gate {self.url} answered {status}")
         detail = f"gate {self.url} answered {status}"

@@ -355,3 +355,20 @@ def test_period_must_be_positive_and_timeouts_too() -> None:
         {**NODE, "KURED_PERIOD": "0", "KURED_GATE_TIMEOUT": "0s", "KURED_PROMETHEUS_TIMEOUT": "-1s"}
     )
     assert len(problems) == 3
+
+
+@pytest.mark.parametrize(
+    ("start", "end"), [("03:00", "03:00"), ("3am", "03:00:00"), ("0", "00:00")]
+)
+def test_a_window_whose_start_equals_its_end_is_refused(start: str, end: str) -> None:
+    problems = problems_from(NODE, "--start-time", start, "--end-time", end)
+    assert len(problems) == 1
+    assert "--start-time" in problems[0]
+    assert "--end-time" in problems[0]
+    assert "one second" in problems[0]
+    assert "23:59:59" in problems[0]  # says how to write "all day"
+
+
+def test_a_one_second_longer_window_and_a_midnight_crossing_one_are_accepted() -> None:
+    assert settings_from(NODE, "--start-time", "03:00", "--end-time", "03:00:01")
+    assert settings_from(NODE, "--start-time", "22:00", "--end-time", "21:59:59")

@@ -1,0 +1,183 @@
+"""The node choreography of the Kubernetes backend, as steps of the agent (``kured.loop``):
+pre-reboot labels, ``--drain-delay``, cordon and drain before the reboot; restoring the node
+(uncordon retried until it succeeds, post labels, the in-progress annotation) before every
+release; the orphaned-cordon check; and the ``--prefer-no-schedule-taint`` taint. The rules and
+their sources are in the ``kured.loop`` module docstring.
+
+``NodeSteps`` is a base class of ``Agent``: it declares the agent attributes it uses, and
+``_release`` is the agent's.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from kured.contract import AgentConfig, AgentView, DrainFailure, NodeActuator, Sleep
+from kured.core.errors import DrainError, KuredError, LockError
+from kured.core.policy import Action, Decision, Reason, Why
+from kured.locks.base import Holder, Lock
+
+log = logging.getLogger(__name__)
+
+
+class NodeSteps:
+    """The node steps of ``Agent`` (see the module docstring). Not safe for concurrent use:
+    one agent task drives them."""
+
+    config: AgentConfig
+    node: NodeActuator | None
+    lock: Lock
+    view: AgentView
+    rng: random.Random
+    sleep: Sleep
+    orphan_check_pending: bool
+    tainted: bool | None
+
+    async def _release(self, after_reboot: bool) -> None:
+        raise NotImplementedError  # the agent's
+
+    async def _prefer_no_schedule(self, decision: Decision) -> None:
+        """kured's ``--prefer-no-schedule-taint``: on while waiting for the lock (the acquire
+        failed), off once no reboot is pending; unchanged otherwise."""
+        if decision.action is Action.ACQUIRE:
+            want = True
+        elif decision.why in (Why.NOT_REQUIRED, Why.OUTSIDE_WINDOW, Why.REBOOTED):
+            want = False
+        else:
+            return
+        if self.node is None or self.tainted is want:
+            return
+        try:
+            await self.node.prefer_no_schedule(want)
+        except KuredError as exc:
+            log.warning(
+                "cannot %s the PreferNoSchedule taint: %s", "add" if want else "remove", exc.message
+            )
+            self.view.fail("node")
+            return
+        self.tainted = want
+
+    async def _restore_node(self) -> None:
+        """Uncordon per the lock record (retried until it succeeds: see the module docstring),
+        post labels, and once the sentinel is gone the in-progress annotation. Label and
+        annotation failures are logged and counted; they do not hold the lock."""
+        assert self.node is not None
+        me = self.config.node_id
+        own: Holder | None = None
+        try:
+            own = next((h for h in await self.lock.holders() if h.node_id == me), None)
+        except LockError as exc:
+            log.warning("cannot read the lock record before releasing: %s", exc.message)
+        if own is None:
+            # No record to go by: undo the cordon only if it carries our mark.
+            await self._until_uncordoned(self.node.undo_orphaned_cordon)
+        elif own.unschedulable:
+            log.info("node %s was cordoned before the lock was taken: leaving it cordoned", me)
+        else:
+            await self._until_uncordoned(self.node.uncordon)
+        try:
+            await self.node.apply_labels("post")
+        except KuredError as exc:
+            log.warning("cannot apply the post-reboot labels: %s", exc.message)
+            self.view.fail("node")
+        # kured removes it in phase A only; any release with the sentinel gone means the
+        # reboot happened (also when kured itself triggered it before a rollout to us).
+        obs = self.view.observation
+        if obs is not None and obs.reboot_required is False:
+            try:
+                await self.node.clear_reboot_in_progress()
+            except KuredError as exc:
+                log.warning("cannot remove the reboot-in-progress annotation: %s", exc.message)
+                self.view.fail("node")
+
+    async def _until_uncordoned(self, uncordon: Callable[[], Awaitable[object]]) -> None:
+        """Run ``uncordon`` until it succeeds, pausing with full jitter over a doubling cap
+        between attempts; every failure is logged, counted and shown as the decision."""
+        pause = self.config.uncordon_backoff_initial_seconds
+        attempt = 0
+        while True:
+            try:
+                await uncordon()
+            except KuredError as exc:
+                attempt += 1
+                wait = self.rng.uniform(pause / 2, pause)
+                text = (
+                    f"cannot uncordon node {self.config.node_id} (attempt {attempt}): "
+                    f"{exc.message}; keeping the lock, retrying in {wait:.1f}s"
+                )
+                log.error("%s", text)
+                self.view.fail("uncordon")
+                self.view.decision = Decision(Action.RELEASE, (Reason(Why.UNCORDON_FAILED, text),))
+                await self.sleep(wait)
+                pause = min(pause * 2, self.config.uncordon_backoff_cap_seconds)
+                continue
+            if attempt:
+                log.info(
+                    "uncordoned node %s after %d failed attempts", self.config.node_id, attempt
+                )
+                self.view.decision = Decision(
+                    Action.RELEASE,
+                    (Reason(Why.UNCORDON_FAILED, f"uncordoned after {attempt} failed attempts"),),
+                )
+            return
+
+    async def _check_orphaned_cordon(self, holds: bool | None) -> None:
+        if self.node is None or not self.orphan_check_pending or holds is not False:
+            return
+        try:
+            await self.node.undo_orphaned_cordon()
+        except KuredError as exc:
+            log.warning("cannot check the node for an orphaned cordon: %s", exc.message)
+            self.view.fail("node")
+            return
+        self.orphan_check_pending = False
+
+    async def _prepare_node(self) -> bool:
+        """Pre-reboot labels → cordon → drain. True to go on with the reboot; False when the
+        drain failed and the attempt was given up (node restored, lock released at once)."""
+        assert self.node is not None
+        try:
+            await self.node.apply_labels("pre")
+        except KuredError as exc:
+            log.warning("cannot apply the pre-reboot labels: %s", exc.message)  # kured: logged
+            self.view.fail("node")
+        if self.config.drain_delay_seconds > 0:
+            log.info(
+                "waiting %gs (--drain-delay) before the drain", self.config.drain_delay_seconds
+            )
+            await self.sleep(self.config.drain_delay_seconds)
+        try:
+            await self.node.cordon()
+            await self.node.drain()
+        except DrainError as exc:
+            self.view.fail("drain")
+            if self.config.force_reboot:
+                log.error("drain failed: %s; rebooting anyway (--force-reboot)", exc.message)
+                self.view.last_drain_failure = DrainFailure(
+                    time.time(), exc.message, exc.pods, "rebooting anyway"
+                )
+                return True
+            log.error(
+                "drain failed: %s; giving this attempt up: restoring the node and releasing "
+                "the lock now",
+                exc.message,
+            )
+            self.view.last_drain_failure = DrainFailure(
+                time.time(), exc.message, exc.pods, "released"
+            )
+            await self._release(after_reboot=False)
+            self.view.decision = Decision(
+                Action.RELEASE,
+                (
+                    Reason(
+                        Why.DRAIN_FAILED,
+                        f"drain failed: {exc.message}; lock released, node restored, "
+                        "next attempt at the next tick",
+                    ),
+                ),
+            )
+            return False
+        return True
