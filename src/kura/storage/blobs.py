@@ -44,6 +44,7 @@ from kura.core.errors import (
 )
 from kura.core.manifest import Manifest
 from kura.storage.budget import Reservation
+from kura.storage.checksum import BodyDigests
 
 LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
@@ -60,11 +61,13 @@ class DataDirLocked(KuraError):
 
 @dataclass(frozen=True)
 class Staged:
-    """A fully received body in the tmp dir: its path, size and SHA-256 (hex)."""
+    """A fully received body in the tmp dir: its path, size, SHA-256 and XXH3-128 (hex, both
+    over exactly the same bytes; ``storage.checksum``)."""
 
     path: Path
     size: int
     sha256: str
+    xxh3_128: str
 
 
 def _exclusive_lock(path: Path, what: str) -> int:
@@ -298,7 +301,7 @@ async def stage_body(
     caller owns releasing the reservation. The file is not yet fsynced.
     """
     reservation.track(path)
-    h = hashlib.sha256()
+    h = BodyDigests()
     size = 0
     try:
         with path.open("wb") as f:
@@ -323,12 +326,12 @@ async def stage_body(
                 h.update(chunk)
         if declared_length is not None and size != declared_length:
             raise IncompleteBody(f"body ended after {size} of {declared_length} declared bytes")
-        digest = h.hexdigest()
+        digest = h.sha256
         if expected_sha256 is not None and digest != expected_sha256:
             raise DigestMismatch(
                 f"body hashes to sha256 {digest}, not the digest {expected_sha256} in its path"
             )
-        return Staged(path, size, digest)
+        return Staged(path, size, digest, h.xxh3_128)
     except OSError as exc:
         path.unlink(missing_ok=True)
         if exc.errno == 28:  # ENOSPC
@@ -340,9 +343,9 @@ async def stage_body(
 
 
 def concatenate(parts: Sequence[Path], out: Path) -> Staged:
-    """Write the concatenation of ``parts`` to ``out``, fsynced; its size and SHA-256. On any
+    """Write the concatenation of ``parts`` to ``out``, fsynced; its size and digests. On any
     failure ``out`` is removed. Blocking (multipart completion, in the sync pool)."""
-    h = hashlib.sha256()
+    h = BodyDigests()
     size = 0
     try:
         with out.open("wb") as dst:
@@ -357,4 +360,4 @@ def concatenate(parts: Sequence[Path], out: Path) -> Staged:
     except BaseException:
         out.unlink(missing_ok=True)
         raise
-    return Staged(out, size, h.hexdigest())
+    return Staged(out, size, h.sha256, h.xxh3_128)

@@ -9,7 +9,11 @@ All methods are synchronous and blocking; ``CacheService`` calls them from its e
 connection per thread (SQLite connections must not be shared across threads without care); all
 writes go through a single writer thread, so write transactions never contend.
 
-The schema carries a version in ``meta``; ``open_index`` creates or migrates it at start-up.
+The schema carries a version in ``meta``; opening the index creates or migrates it in place.
+Version 2 added ``artifacts.xxh3_128`` (the fast checksum of ``storage.checksum``, NULL for rows
+written before it): an ``ALTER TABLE ... ADD COLUMN``, which rewrites no row
+(https://www.sqlite.org/lang_altertable.html#altertabaddcol). A version-1 file opened read-only
+(a full disk) is read as it is, every row without a checksum.
 
 Durability: every connection runs ``synchronous=FULL``, so in WAL mode each COMMIT fsyncs the
 WAL before it returns; a committed row survives a power loss, not only a process crash
@@ -34,7 +38,9 @@ from pathlib import Path
 
 from kura.core.manifest import Manifest
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions a read-only open accepts as they are (it cannot migrate).
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -51,7 +57,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
     last_access_ms INTEGER NOT NULL,
     inline_body    BLOB,
     headers        TEXT NOT NULL DEFAULT '{}',
-    stat_sig       TEXT
+    stat_sig       TEXT,
+    xxh3_128       TEXT
 );
 CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
 CREATE INDEX IF NOT EXISTS artifacts_by_access ON artifacts(last_access_ms);
@@ -124,11 +131,15 @@ class MetadataIndex:
         self._path = path
         self.read_only = read_only
         self._local = threading.local()
+        # The expression ``get`` selects for the fast checksum (NULL on a version-1 file).
+        self._xxh3_column = "xxh3_128"
         conn = self._conn()
         if read_only:
             row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
-            if row is None or int(row[0]) != SCHEMA_VERSION:
+            if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
                 raise RuntimeError(f"metadata schema {row} cannot be opened read-only")
+            if int(row[0]) < 2:
+                self._xxh3_column = "NULL"
             return
         conn.executescript(_SCHEMA)
         row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
@@ -140,6 +151,8 @@ class MetadataIndex:
             raise RuntimeError(
                 f"metadata schema version {row[0]} is newer than this kura ({SCHEMA_VERSION})"
             )
+        elif int(row[0]) < SCHEMA_VERSION:
+            _migrate_schema(conn)
         conn.commit()
 
     def _conn(self) -> sqlite3.Connection:
@@ -170,19 +183,21 @@ class MetadataIndex:
         rows = self._conn().execute("PRAGMA quick_check(1)").fetchall()
         return str(rows[0][0]) if rows else "ok"
 
-    def get(self, artifact_id: str) -> tuple[Manifest, bytes | None, str | None] | None:
-        """(manifest, inline body or None, stat signature or None), or None if absent."""
+    def get(self, artifact_id: str) -> tuple[Manifest, bytes | None, str | None, str | None] | None:
+        """(manifest, inline body or None, stat signature or None, XXH3-128 hex or None), or
+        None if absent."""
         row = (
             self._conn()
             .execute(
-                f"SELECT {_COLUMNS}, inline_body, stat_sig FROM artifacts WHERE artifact_id = ?",
+                f"SELECT {_COLUMNS}, inline_body, stat_sig, {self._xxh3_column} "
+                "FROM artifacts WHERE artifact_id = ?",
                 (artifact_id,),
             )
             .fetchone()
         )
         if row is None:
             return None
-        return _row_to_manifest(row), row[11], row[12]
+        return _row_to_manifest(row), row[11], row[12], row[13]
 
     def exists(self, artifact_id: str) -> bool:
         row = (
@@ -295,9 +310,12 @@ class MetadataIndex:
         stat_sig: str | None,
         now_ms: int,
         outbox_peers: Sequence[str] = (),
+        *,
+        xxh3_128: str | None = None,
     ) -> int | None:
-        """Insert or replace one manifest and enqueue it for ``outbox_peers``, atomically;
-        return the size it replaced (None if new)."""
+        """Insert or replace one manifest (with the XXH3-128 of its file's bytes, if known)
+        and enqueue it for ``outbox_peers``, atomically; return the size it replaced (None if
+        new)."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -307,7 +325,7 @@ class MetadataIndex:
             conn.execute(
                 "INSERT OR REPLACE INTO artifacts (artifact_id, producer, namespace_id, key, "
                 "content_type, size, sha256, version_ms, created_at_ms, last_access_ms, "
-                "inline_body, headers, stat_sig) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "inline_body, headers, stat_sig, xxh3_128) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     manifest.artifact_id,
                     manifest.producer,
@@ -322,6 +340,7 @@ class MetadataIndex:
                     inline_body,
                     json.dumps(manifest.headers, sort_keys=True),
                     stat_sig,
+                    xxh3_128,
                 ),
             )
             conn.executemany(
@@ -459,6 +478,40 @@ class MetadataIndex:
             self._conn().execute(
                 "UPDATE artifacts SET stat_sig = ? WHERE artifact_id = ?", (stat_sig, artifact_id)
             )
+
+    def set_xxh3_128(self, manifest: Manifest, xxh3_128: str) -> None:
+        """Record the XXH3-128 of bytes that were just verified to hash to ``manifest.sha256``
+        (a row written before schema 2). Only the row of exactly that version without a
+        checksum changes, so a newer version written meanwhile is never given another
+        version's checksum. Best effort, like ``set_stat_sig``."""
+        if self.read_only:
+            return
+        with contextlib.suppress(sqlite3.OperationalError):
+            self._conn().execute(
+                "UPDATE artifacts SET xxh3_128 = ? WHERE artifact_id = ? AND version_ms = ? "
+                "AND sha256 = ? AND size = ? AND xxh3_128 IS NULL",
+                (
+                    xxh3_128,
+                    manifest.artifact_id,
+                    manifest.version_ms,
+                    manifest.sha256,
+                    manifest.size,
+                ),
+            )
+
+
+def _migrate_schema(conn: sqlite3.Connection) -> None:
+    """Version 1 to 2 in one transaction: add ``artifacts.xxh3_128`` (NULL for every row)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(artifacts)")}
+        if "xxh3_128" not in columns:
+            conn.execute("ALTER TABLE artifacts ADD COLUMN xxh3_128 TEXT")
+        conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -39,6 +39,7 @@ one single-threaded writer, which serialises commits of the same key.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -81,6 +82,7 @@ from kura.storage.blobs import (
     stat_signature,
 )
 from kura.storage.budget import Reservation, TmpBudget
+from kura.storage.checksum import SHA256, XXH3_128
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex, OutboxMessage
 from kura.storage.quarantine import Quarantine
@@ -111,14 +113,16 @@ class StoredBody:
 
     ``data`` is always verified. A ``file`` whose size matched but whose bytes were not hashed
     yet has ``verified=False``: the sender must hash it while sending and abort on a mismatch
-    (``kura.api.file_response``). The caller must close ``file`` (``close()`` does it and is
-    idempotent).
+    (``kura.api.file_response``), against ``xxh3_128`` (hex, recorded at write time) when the
+    row has one, else against ``manifest.sha256``. The caller must close ``file`` (``close()``
+    does it and is idempotent).
     """
 
     manifest: Manifest
     data: bytes | None = None
     file: BinaryIO | None = None
     verified: bool = True
+    xxh3_128: str | None = None
 
     def close(self) -> None:
         if self.file is not None:
@@ -366,8 +370,9 @@ class CacheService:
 
     def _hash_body_sync(self, body: StoredBody) -> StoredBody | None:
         assert body.file is not None
-        d = digest_fd(os.dup(body.file.fileno()), body.manifest.size, 0)
-        if d.size_bytes == body.manifest.size and d.sha256 == body.manifest.sha256:
+        want = (XXH3_128, body.xxh3_128) if body.xxh3_128 else (SHA256, body.manifest.sha256)
+        d = digest_fd(os.dup(body.file.fileno()), body.manifest.size, 0, want[:1])
+        if d.size_bytes == body.manifest.size and d.digests[want[0]] == want[1]:
             body.verified = True
             return body
         body.close()
@@ -391,19 +396,21 @@ class CacheService:
             row = index.get(aid)
             if row is None:
                 return None
-            manifest, inline_body, sig = row
+            manifest, inline_body, sig, xxh3 = row
             if manifest.inline:
                 if problem_with_bytes(inline_body, manifest) is None:
                     return StoredBody(manifest, data=inline_body)
             else:
-                body = self._open_verified(manifest, sig)
+                body = self._open_verified(manifest, sig, xxh3)
                 if body is not None:
                     return body
             if self._writer.submit(self._confirm_corrupt_sync, manifest, "read").result():
                 return None
         return None
 
-    def _open_verified(self, manifest: Manifest, sig: str | None) -> StoredBody | None:
+    def _open_verified(
+        self, manifest: Manifest, sig: str | None, xxh3: str | None = None
+    ) -> StoredBody | None:
         """The blob file if its size matches ``manifest`` and, for small blobs, its hash (else
         None). A large one whose stat signature is the recorded one is returned unhashed
         (``verified=False``: hashed while sent) unless ``verify_reads == "changed"``, which
@@ -424,7 +431,9 @@ class CacheService:
             return None
         if stat_signature(st) == sig:
             # The very file the row was committed with; "always" still hashes it while sending.
-            return StoredBody(manifest, file=f, verified=self.verify_reads == "changed")
+            return StoredBody(
+                manifest, file=f, verified=self.verify_reads == "changed", xxh3_128=xxh3
+            )
         # Changed since last verified, or a reader that raced a write opened the next version's
         # file: hash it now, so a race is told apart from damage (by the writer) before sending.
         if _sha256_fileobj(f) == manifest.sha256:
@@ -439,6 +448,14 @@ class CacheService:
     def _blob_path(self, manifest: Manifest) -> Path:
         """The one place the integrity checks map a manifest to its blob file."""
         return self.files.blob_path(manifest)
+
+    def record_xxh3_128(self, manifest: Manifest, xxh3_128: str) -> None:
+        """A sender verified a row without a checksum with SHA-256 and computed its XXH3-128 in
+        the same pass: record it (writer thread, not waited for; best effort) so the next read
+        of that version checks the fast one (``MetadataIndex.set_xxh3_128``)."""
+        index = self._require_index()
+        with contextlib.suppress(RuntimeError):  # the writer pool is shutting down
+            self._writer.submit(index.set_xxh3_128, manifest, xxh3_128)
 
     async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
         """A sender found ``manifest``'s bytes damaged: re-check them on the writer thread and
@@ -471,7 +488,7 @@ class CacheService:
             row = index.get(aid)
             if row is None:
                 return False
-            manifest, inline_body, _sig = row
+            manifest, inline_body = row[0], row[1]
             if manifest.inline:
                 problem = problem_with_bytes(inline_body, manifest)
                 if pace is not None:
@@ -668,7 +685,9 @@ class CacheService:
             manifest = self._new_manifest(
                 ref, aid, staged.size, staged.sha256, content_type, headers
             )
-            return await self._commit(manifest, staged.path, None, source="local")
+            return await self._commit(
+                manifest, staged.path, None, source="local", xxh3_128=staged.xxh3_128
+            )
         finally:
             staged.path.unlink(missing_ok=True)
 
@@ -679,6 +698,7 @@ class CacheService:
         inline_body: bytes | None,
         *,
         source: str,
+        xxh3_128: str | None = None,
     ) -> PutResult:
         peers: Sequence[str] = self.replication_targets() if source == "local" else ()
         result = await self._in(
@@ -690,6 +710,7 @@ class CacheService:
             self._take_touches(),
             peers,
             source,
+            xxh3_128,
         )
         if peers and result.outcome is ApplyOutcome.APPLIED:
             self.on_outbox_write()
@@ -739,9 +760,10 @@ class CacheService:
         touches: dict[str, int],
         outbox_peers: Sequence[str],
         source: str,
+        xxh3_128: str | None = None,
     ) -> PutResult:
-        """Writer thread: LWW check, eviction, publish the file, record the row and the outbox
-        messages in one transaction."""
+        """Writer thread: LWW check, eviction, publish the file, record the row (with the
+        file's XXH3-128) and the outbox messages in one transaction."""
         index = self._require_index()
         if touches:
             index.touch(touches)
@@ -768,7 +790,9 @@ class CacheService:
             sig = stat_signature(self.files.persist(staged_path, manifest))
             failpoint("storage.after_publish")
         try:
-            index.upsert(manifest, inline_body, sig, self.clock.now_ms(), outbox_peers)
+            index.upsert(
+                manifest, inline_body, sig, self.clock.now_ms(), outbox_peers, xxh3_128=xxh3_128
+            )
         except BaseException:
             if new is not None and new != old:
                 new.unlink(missing_ok=True)  # never acknowledged
@@ -883,7 +907,10 @@ class CacheService:
                 ) from None
             try:
                 await self._in(self._syncer, fsync_path, staged.path)
-                return (await self._commit(manifest, staged.path, None, source=source)).outcome
+                result = await self._commit(
+                    manifest, staged.path, None, source=source, xxh3_128=staged.xxh3_128
+                )
+                return result.outcome
             finally:
                 staged.path.unlink(missing_ok=True)
         finally:

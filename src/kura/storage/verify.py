@@ -9,6 +9,9 @@ bytes equals ``manifest.sha256``.
 ``ReadVerifier`` hashes a blob *while* it is being sent (``digest_fd`` on a duplicate of the
 open file's descriptor, in its own bounded thread pool; hashlib releases the GIL on large
 updates), so a large GET pays for the hash in parallel with ``sendfile`` instead of before it.
+The sender checks the row's XXH3-128 when it has one (``storage.checksum``: many times faster
+than SHA-256), else SHA-256; either way a mismatch is confirmed with SHA-256 by the writer
+before anything is quarantined.
 All functions here block; call them from an executor.
 """
 
@@ -16,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from kura.core.manifest import Manifest
+from kura.storage.checksum import SHA256, new_hasher
 
 HASH_CHUNK_BYTES = 1024 * 1024
 
@@ -71,20 +75,29 @@ def problem_with_file(
 
 @dataclass(frozen=True)
 class FileDigest:
-    """What ``digest_fd`` read: the SHA-256 (hex) of ``size_bytes`` bytes from offset 0, and
-    the last ``len(tail)`` of those bytes, exactly as hashed."""
+    """What ``digest_fd`` read: {algorithm: hex digest} of ``size_bytes`` bytes from offset
+    0, every algorithm over the same bytes, and the last ``len(tail)`` of those bytes, exactly
+    as hashed."""
 
-    sha256: str
+    digests: dict[str, str]
     size_bytes: int
     tail: bytes
 
+    @property
+    def sha256(self) -> str:
+        """The SHA-256 (``KeyError`` if it was not asked for)."""
+        return self.digests[SHA256]
 
-def digest_fd(fd: int, size_bytes: int, tail_bytes: int) -> FileDigest:
-    """Hash the first ``size_bytes`` bytes of ``fd`` with ``pread`` (no shared file offset, so
-    another reader of the same open file is undisturbed) and keep the last ``tail_bytes``.
-    Stops early at end of file (``size_bytes`` of the result is then smaller). Closes ``fd``."""
+
+def digest_fd(
+    fd: int, size_bytes: int, tail_bytes: int, algorithms: Sequence[str] = (SHA256,)
+) -> FileDigest:
+    """Hash the first ``size_bytes`` bytes of ``fd`` with each of ``algorithms``
+    (``storage.checksum.ALGORITHMS``) using ``pread`` (no shared file offset, so another
+    reader of the same open file is undisturbed) and keep the last ``tail_bytes``. Stops early
+    at end of file (``size_bytes`` of the result is then smaller). Closes ``fd``."""
     try:
-        h = hashlib.sha256()
+        hashers = {a: new_hasher(a) for a in algorithms}
         tail_from = size_bytes - tail_bytes
         tail: list[bytes] = []
         offset = 0
@@ -92,12 +105,14 @@ def digest_fd(fd: int, size_bytes: int, tail_bytes: int) -> FileDigest:
             chunk = os.pread(fd, min(HASH_CHUNK_BYTES, size_bytes - offset), offset)
             if not chunk:
                 break
-            h.update(chunk)
+            for h in hashers.values():
+                h.update(chunk)
             end = offset + len(chunk)
             if end > tail_from:
                 tail.append(chunk[max(0, tail_from - offset) :])
             offset = end
-        return FileDigest(h.hexdigest(), offset, b"".join(tail))
+        digests = {a: h.hexdigest() for a, h in hashers.items()}
+        return FileDigest(digests, offset, b"".join(tail))
     finally:
         os.close(fd)
 
