@@ -151,11 +151,13 @@ class Node:
         self.read_through = ReadThrough(
             self.service,
             self.peer_client,
-            # Before the first discovery round knows anyone, ask the seeds: a restarted node
-            # must not answer misses for what its peers hold.
-            lambda: self.membership.healthy_peers() or self.membership.targets(),
+            # Never a peer that is down; before the first discovery round, the seeds: a
+            # restarted node must not answer misses for what its peers hold.
+            self.membership.askable_peers,
             self._read_through_enabled,
             settings.read_through_timeout_ms / 1000,
+            negative_ttl_seconds=settings.read_through_negative_ttl_ms / 1000,
+            monotonic=self.clock.monotonic,
         )
         self.repairer = Repairer(self.read_through.repair)
         self.bootstrapper = Bootstrapper(

@@ -261,15 +261,22 @@ class Settings:
         "KURA_READ_THROUGH",
         "--read-through",
         parse_choice(["joining", "always", "never"]),
-        "ask peers on a local miss: while not ready (joining), always, or never",
-        default="joining",
+        "ask healthy peers on a local miss: always, only while not ready (joining), or never",
+        default="always",
     )
     read_through_timeout_ms: int = option(
         "KURA_READ_THROUGH_TIMEOUT_MS",
         "--read-through-timeout-ms",
         parse_positive_int,
-        "how long a read-through may wait for a peer",
+        "how long one read-through may wait for all the peers it asks together",
         default=1000,
+    )
+    read_through_negative_ttl_ms: int = option(
+        "KURA_READ_THROUGH_NEGATIVE_TTL_MS",
+        "--read-through-negative-ttl-ms",
+        parse_non_negative_int,
+        "a key no peer had is not asked for again for this long (0 = off)",
+        default=5000,
     )
     bootstrap_max_concurrent_peers: int = option(
         "KURA_BOOTSTRAP_MAX_CONCURRENT_PEERS",
