@@ -17,6 +17,7 @@ from kit.settings import (
     parse_bool,
     parse_bytes,
     parse_choice,
+    parse_duration,
     parse_non_negative_int,
     parse_port,
     parse_positive_bytes,
@@ -68,6 +69,17 @@ def _tokens(text: str) -> tuple[str, ...]:
         if any(c.isspace() for c in t):
             raise ValueError("tokens must not contain whitespace")
     return tokens
+
+
+def _positive_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``6h`` or ``1h30m``; must be above 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = parse_duration(text)
+    if not seconds > 0:
+        raise ValueError("must be a duration above 0, such as 90s, 30m or 6h")
+    return seconds
 
 
 def _tenant(text: str) -> str:
@@ -247,8 +259,17 @@ class Settings:
         "KURA_OUTBOX_MAX_DEPTH",
         "--outbox-max-depth",
         parse_positive_int,
-        "pending replication messages at which public writes get 503",
+        "pending replication messages per peer; a peer at it gets no more and is marked "
+        "to be caught up (writes are never refused because of a peer)",
         default=100_000,
+    )
+    peer_forget_after_seconds: float = option(
+        "KURA_PEER_FORGET_AFTER",
+        "--peer-forget-after",
+        _positive_duration,
+        "a peer not seen healthy this long (6h, 30m, 90s or seconds) loses its outbox queue "
+        "and is caught up when it returns",
+        default=6 * 3600.0,
     )
     replication_backoff_max_ms: int = option(
         "KURA_REPLICATION_BACKOFF_MAX_MS",
