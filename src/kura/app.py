@@ -16,6 +16,8 @@ import asyncio
 import logging
 import signal
 import ssl
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
 from kura.api.peer_auth import PeerAuth
 from kura.mesh.bootstrap import Bootstrapper
+from kura.mesh.catch_up import CatchUp
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
 from kura.mesh.membership import Membership
 from kura.mesh.read_through import ReadThrough
@@ -151,11 +154,13 @@ class Node:
         self.read_through = ReadThrough(
             self.service,
             self.peer_client,
-            # Before the first discovery round knows anyone, ask the seeds: a restarted node
-            # must not answer misses for what its peers hold.
-            lambda: self.membership.healthy_peers() or self.membership.targets(),
+            # Never a peer that is down; before the first discovery round, the seeds: a
+            # restarted node must not answer misses for what its peers hold.
+            self.membership.askable_peers,
             self._read_through_enabled,
             settings.read_through_timeout_ms / 1000,
+            negative_ttl_seconds=settings.read_through_negative_ttl_ms / 1000,
+            monotonic=self.clock.monotonic,
         )
         self.repairer = Repairer(self.read_through.repair)
         self.bootstrapper = Bootstrapper(
@@ -169,7 +174,14 @@ class Node:
             max_failed_passes=settings.bootstrap_max_failed_passes,
             stall_timeout_seconds=settings.bootstrap_timeout_ms / 1000,
         )
-        self.service.replication_targets = self.membership.targets
+        self.catch_up = CatchUp(
+            self.service,
+            self.membership,
+            self.clock,
+            settings.peer_forget_after_seconds,
+            self.shipper.wake,
+        )
+        self.service.replication_targets = self.catch_up.targets
         self.service.on_outbox_write = self.shipper.wake
         if settings.read_through != "never":
             self.service.on_miss = self.read_through.fetch
@@ -186,6 +198,7 @@ class Node:
         )
         self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
         self.connections.watch(self.metrics)
+        self._watch_catch_up()
         self.metrics.watch_value(
             "counter",
             "kura_multipart_reclaimed_uploads",
@@ -252,20 +265,29 @@ class Node:
         now_ms = self.clock.now_ms()
         peers = []
         known = {p.node_url: p for p in self.membership.peers.values()}
-        for url in sorted(set(self.membership.targets()) | set(known) | set(self.shipper.peers)):
+        marks = self.service.queues.marks
+        for url in sorted(
+            set(self.membership.targets()) | set(known) | set(self.shipper.peers) | set(marks)
+        ):
             peer = known.get(url)
             ship = self.shipper.peers.get(url)
             oldest = ship.oldest_enqueued_ms if ship else None
+            mark = marks.get(url)
             peers.append(
                 {
                     "node_url": url,
                     "known": peer is not None,
                     "healthy": bool(peer and peer.healthy),
                     "region": peer.region if peer else "",
-                    "outbox_messages": ship.depth if ship else 0,
+                    "outbox_messages": self.service.queues.depth(url),
                     "outbox_oldest_age_seconds": (now_ms - oldest) / 1000 if oldest else 0.0,
                     "replication_failures_in_a_row": ship.failures if ship else 0,
                     "last_error": ship.last_error if ship else "",
+                    "needs_catch_up": mark is not None,
+                    "catch_up_reason": mark.reason if mark else "",
+                    "catching_up": self.catch_up.catching_up(url),
+                    "forgotten_at": _iso(mark.forgotten_at_ms if mark else None),
+                    "outbox_dropped_messages": mark.dropped_messages if mark else 0,
                 }
             )
         reasons = self.readiness_reasons()
@@ -304,6 +326,43 @@ class Node:
         }
 
     # -- wiring ----------------------------------------------------------------------------
+
+    def _watch_catch_up(self) -> None:
+        stats = self.catch_up.stats
+        for name, doc, counts in (
+            (
+                "kura_outbox_dropped_queues",
+                "Peer queues dropped because the peer was absent past KURA_PEER_FORGET_AFTER.",
+                lambda: stats.dropped_queues_total,
+            ),
+            (
+                "kura_outbox_dropped_messages",
+                "Outbox messages dropped with a forgotten peer's queue.",
+                lambda: stats.dropped_messages_total,
+            ),
+            (
+                "kura_outbox_skipped_messages",
+                "Messages not enqueued because the peer's queue was at KURA_OUTBOX_MAX_DEPTH.",
+                lambda: self.service.queues.skipped_total,
+            ),
+            (
+                "kura_outbox_catch_up_messages",
+                "Messages re-offered to a returning peer that was marked to be caught up.",
+                lambda: stats.reoffered_total,
+            ),
+            (
+                "kura_outbox_catch_ups",
+                "Catch-up passes completed (the peer's mark cleared).",
+                lambda: stats.catch_ups_total,
+            ),
+        ):
+            self.metrics.watch_counts(name, doc, "peer", _by_peer_label(counts))
+        self.metrics.watch_value(
+            "gauge",
+            "kura_outbox_peers_needing_catch_up",
+            "Peers marked to be caught up (queue dropped or at its cap).",
+            lambda: len(self.service.queues.marks),
+        )
 
     def _context(self) -> ApiContext:
         return ApiContext(
@@ -397,6 +456,7 @@ class Node:
             tg.create_task(self._reap_uploads())
             tg.create_task(self.membership.run())
             tg.create_task(self.shipper.run())
+            tg.create_task(self.catch_up.run())
             tg.create_task(self.bootstrapper.run())
             tg.create_task(self.scrubber.run())
             tg.create_task(self.repairer.run())
@@ -488,6 +548,17 @@ class Node:
             await runner.cleanup()
         await self.peer_client.close()
         await self.service.close()
+
+
+def _iso(ms: int | None) -> str | None:
+    """Unix milliseconds as an RFC 3339 UTC time, or None."""
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _by_peer_label(counts: Callable[[], dict[str, int]]) -> Callable[[], dict[str, int]]:
+    return lambda: {peer_label(url): n for url, n in counts().items()}
 
 
 def _bound_port(runner: web.AppRunner) -> int:

@@ -52,4 +52,16 @@ def render_status(status: dict[str, Any]) -> str:
             f"  {p['node_url']:<32} {state:<10} {p['outbox_messages']:>7} "
             f"{p['outbox_oldest_age_seconds']:>7.1f}s  {p['last_error'][:60]}"
         )
+        if p.get("needs_catch_up"):
+            forgotten = p.get("forgotten_at")
+            lines.append(
+                "    needs catch-up ("
+                + (
+                    f"queue of {p.get('outbox_dropped_messages', 0)} dropped at {forgotten}"
+                    if forgotten
+                    else "queue reached its cap"
+                )
+                + ("; catching up now" if p.get("catching_up") else "")
+                + ")"
+            )
     return "\n".join(lines)

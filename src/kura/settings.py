@@ -17,6 +17,7 @@ from kit.settings import (
     parse_bool,
     parse_bytes,
     parse_choice,
+    parse_duration,
     parse_non_negative_int,
     parse_port,
     parse_positive_bytes,
@@ -68,6 +69,17 @@ def _tokens(text: str) -> tuple[str, ...]:
         if any(c.isspace() for c in t):
             raise ValueError("tokens must not contain whitespace")
     return tokens
+
+
+def _positive_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``6h`` or ``1h30m``; must be above 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = parse_duration(text)
+    if not seconds > 0:
+        raise ValueError("must be a duration above 0, such as 90s, 30m or 6h")
+    return seconds
 
 
 def _tenant(text: str) -> str:
@@ -247,8 +259,17 @@ class Settings:
         "KURA_OUTBOX_MAX_DEPTH",
         "--outbox-max-depth",
         parse_positive_int,
-        "pending replication messages at which public writes get 503",
+        "pending replication messages per peer; a peer at it gets no more and is marked "
+        "to be caught up (writes are never refused because of a peer)",
         default=100_000,
+    )
+    peer_forget_after_seconds: float = option(
+        "KURA_PEER_FORGET_AFTER",
+        "--peer-forget-after",
+        _positive_duration,
+        "a peer not seen healthy this long (6h, 30m, 90s or seconds) loses its outbox queue "
+        "and is caught up when it returns",
+        default=6 * 3600.0,
     )
     replication_backoff_max_ms: int = option(
         "KURA_REPLICATION_BACKOFF_MAX_MS",
@@ -261,15 +282,22 @@ class Settings:
         "KURA_READ_THROUGH",
         "--read-through",
         parse_choice(["joining", "always", "never"]),
-        "ask peers on a local miss: while not ready (joining), always, or never",
-        default="joining",
+        "ask healthy peers on a local miss: always, only while not ready (joining), or never",
+        default="always",
     )
     read_through_timeout_ms: int = option(
         "KURA_READ_THROUGH_TIMEOUT_MS",
         "--read-through-timeout-ms",
         parse_positive_int,
-        "how long a read-through may wait for a peer",
+        "how long one read-through may wait for all the peers it asks together",
         default=1000,
+    )
+    read_through_negative_ttl_ms: int = option(
+        "KURA_READ_THROUGH_NEGATIVE_TTL_MS",
+        "--read-through-negative-ttl-ms",
+        parse_non_negative_int,
+        "a key no peer had is not asked for again for this long (0 = off)",
+        default=5000,
     )
     bootstrap_max_concurrent_peers: int = option(
         "KURA_BOOTSTRAP_MAX_CONCURRENT_PEERS",

@@ -214,22 +214,26 @@ def test_read_through_serves_a_miss_from_a_peer_when_replication_has_not_deliver
         mesh.stop_all()
 
 
-def test_outbox_at_its_cap_sheds_public_writes_with_503(tmp_path: Path) -> None:
+def test_a_peer_at_its_outbox_cap_is_marked_for_catch_up_and_writes_go_on(
+    tmp_path: Path,
+) -> None:
+    """Issue 11 replaced "503 at the cap": the cap is per peer and never refuses a write."""
     mesh = Mesh(tmp_path, 2, outbox_max_depth=5, discovery_settle_ms=0)
     try:
         a, b = mesh.nodes
         b.stop(signal.SIGKILL)
         with a.client() as w:
-            for i in range(5):
+            for i in range(8):
                 assert w.put(f"/cache/cap/{i}", content=b"x").status_code == 201
-            r = w.put("/cache/cap/5", content=b"x")
-            assert r.status_code == 503
-            assert r.headers["Retry-After"].isdigit()
-            assert "replication" in r.json()["message"]
-        mesh.restart(1)
+        peer = status(a)["peers"][0]
+        assert peer["outbox_messages"] == 5
+        assert peer["needs_catch_up"] is True
+        assert peer["catch_up_reason"] == "overflow"
+        assert a.metric_sum("kura_outbox_skipped_messages_total") == 3
+        b = mesh.restart(1)
+        assert wait_for(lambda: len(manifests(b)) == 8, 60), manifests(b)
+        assert wait_for(lambda: status(a)["peers"][0]["needs_catch_up"] is False, 30)
         assert wait_for(lambda: status(a)["outbox_messages"] == 0, 60)
-        with a.client() as w:
-            assert w.put("/cache/cap/5", content=b"x").status_code == 201
     finally:
         mesh.stop_all()
 

@@ -169,6 +169,7 @@ def test_every_bad_value_is_reported_at_once() -> None:
 # One value per parser that it must reject. A new setting with a new parser fails
 # test_each_setting_reports_its_own_bad_value until a bad value is added here.
 BAD_VALUE_BY_PARSER = {
+    "_positive_duration": "0s",
     "_non_empty": "   ",
     "parse_port": "65536",
     "_path": " ",
@@ -259,3 +260,16 @@ def test_a_loopback_peer_listener_may_stay_open(host: str) -> None:
 def test_port_zero_twice_is_allowed() -> None:
     s = settings_from({"KURA_PORT": "0", "KURA_INTERNAL_PORT": "0"})
     assert (s.port, s.internal_port) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("6h", 21600.0), ("30m", 1800.0), ("90s", 90.0), ("45", 45.0)]
+)
+def test_peer_forget_after_takes_a_duration_or_seconds(text: str, seconds: float) -> None:
+    assert settings_from({"KURA_PEER_FORGET_AFTER": text}).peer_forget_after_seconds == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "-5m", "soon", ""])
+def test_peer_forget_after_refuses_what_is_not_a_duration_above_zero(text: str) -> None:
+    with pytest.raises(SettingsError, match="KURA_PEER_FORGET_AFTER"):
+        settings_from({"KURA_PEER_FORGET_AFTER": text})

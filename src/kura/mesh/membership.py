@@ -83,6 +83,7 @@ class Membership:
         self._resolved: dict[str, str] = {}
         self._answered_once: set[str] = set()
         self.generation = 0
+        self.rounds_completed = 0  # discovery rounds finished (every candidate probed)
         self.initial_discovery_completed = False
         self._started_at = clock.monotonic()
         self._changed_at = -1e9
@@ -104,6 +105,12 @@ class Membership:
 
     def healthy_peers(self) -> list[str]:
         return sorted(p.node_url for p in self.peers.values() if p.healthy)
+
+    def askable_peers(self) -> list[str]:
+        """Peers worth a request that can wait for nobody (read-through): the healthy ones once
+        a discovery round has finished (empty when all are down), before that the seeds and
+        known peers (``targets``), so a restarted node asks its peers from its first read."""
+        return self.healthy_peers() if self.rounds_completed else self.targets()
 
     def members(self) -> list[str]:
         """Node URLs of this node and every known peer, sorted."""
@@ -206,6 +213,7 @@ class Membership:
             if not peer.healthy and not (peer.candidate_urls & current):
                 del self.peers[url]
                 self._change("left", url)
+        self.rounds_completed += 1
         if not self.initial_discovery_completed and (
             self._answered_once.issuperset(candidates)
             or self._clock.monotonic() - self._started_at >= self._initial_timeout

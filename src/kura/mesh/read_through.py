@@ -1,17 +1,30 @@
-"""Read-through while joining (beyond upstream Kura).
+"""Read-through: a hit anywhere is a hit everywhere (beyond upstream Kura).
 
-A node that misses locally while it is not yet ready (``KURA_READ_THROUGH=joining``, the
-default) or always (``always``) asks its healthy peers for the artifact, each within
-``timeout_seconds``. The first peer that has it wins: its copy is verified (size and SHA-256
-against its manifest), stored locally at the peer's version, and then served — so clients see
-hits during a node's first minutes instead of misses. Concurrent misses of one artifact share
-one fetch.
+A node that misses locally asks its peers for the artifact: always (``KURA_READ_THROUGH=always``,
+the default), only while it is not yet ready (``joining``), or never. Evictions are local, so
+without it a key evicted on one node misses there and hits on its peer, and reads flip between
+nodes behind one Service (issue 11, "A hit anywhere is a hit everywhere").
+
+* The ask goes only to peers membership sees healthy (``peers()``; before the first discovery
+  round, the seeds), one after the other, and the whole ask — every peer together, body
+  included — is bounded by ``timeout_seconds``: a miss costs at most that much extra latency.
+* The first peer that has it wins: its copy is verified (size and SHA-256 against its manifest),
+  stored locally at the peer's version within the tmp budget (reserved before a byte is staged)
+  and the disk budget (LRU eviction in the writer thread), and then served.
+* A miss on every asked peer is remembered for ``negative_ttl_seconds`` (at most
+  ``NEGATIVE_CACHE_ENTRIES`` ids, oldest forgotten first): a client probing keys that exist
+  nowhere (every build's first run) costs one round of peer requests per key per TTL, not one per
+  read. An error or a timeout counts as a miss there too, so a slow peer is not asked again on
+  every read either. ``repair`` (a quarantined entry) ignores the negative cache.
+* Concurrent misses of one artifact share one fetch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +33,9 @@ from kura.mesh.client import PeerClient, PeerError
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
+
+# Ids remembered as missing everywhere; past this the oldest entry is forgotten first.
+NEGATIVE_CACHE_ENTRIES = 10_000
 
 
 @dataclass
@@ -40,20 +56,41 @@ class ReadThrough:
         peers: Callable[[], list[str]],
         enabled: Callable[[], bool],
         timeout_seconds: float,
+        negative_ttl_seconds: float = 0.0,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self._service = service
         self._client = client
         self._peers = peers
         self._enabled = enabled
         self._timeout = timeout_seconds
+        self._negative_ttl = negative_ttl_seconds
+        self._monotonic = monotonic or time.monotonic
+        # artifact id -> monotonic seconds until which a miss everywhere is remembered
+        self._negative: OrderedDict[str, float] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[bool]] = {}
         self.stats = ReadThroughStats()
 
     async def fetch(self, artifact_id: str) -> bool:
-        """True if the artifact is now stored locally (fetched by this or a concurrent call)."""
+        """True if the artifact is now stored locally (fetched by this or a concurrent call).
+
+        False at once while read-through is off or while ``artifact_id`` is in the negative
+        cache (counted as result ``negative_cached``)."""
         if not self._enabled():
             return False
-        return await self.repair(artifact_id)
+        until = self._negative.get(artifact_id)
+        if until is not None:
+            if until > self._monotonic():
+                self.stats.count("negative_cached")
+                return False
+            del self._negative[artifact_id]
+        found = await self.repair(artifact_id)
+        if not found and self._negative_ttl > 0:
+            self._negative[artifact_id] = self._monotonic() + self._negative_ttl
+            self._negative.move_to_end(artifact_id)
+            while len(self._negative) > NEGATIVE_CACHE_ENTRIES:
+                self._negative.popitem(last=False)
+        return found
 
     async def repair(self, artifact_id: str) -> bool:
         """Like ``fetch`` but whatever ``KURA_READ_THROUGH`` says: a quarantined (damaged)
@@ -81,10 +118,16 @@ class ReadThrough:
             del self._inflight[artifact_id]
 
     async def _fetch_from_any(self, artifact_id: str, peers: list[str]) -> bool:
+        deadline = self._monotonic() + self._timeout
         for peer in peers:
+            remaining = deadline - self._monotonic()
+            if remaining <= 0:
+                self.stats.count("timeout")
+                log.info("read-through of %s: no time left to ask %s", artifact_id, peer)
+                break
             try:
-                async with asyncio.timeout(self._timeout):
-                    fetched = await self._client.fetch_artifact(peer, artifact_id, self._timeout)
+                async with asyncio.timeout(remaining):
+                    fetched = await self._client.fetch_artifact(peer, artifact_id, remaining)
                     if fetched is None:
                         continue
                     try:

@@ -169,6 +169,11 @@ class MetadataIndex:
             self._local.conn = conn
         return conn
 
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection, for storage modules owning tables of their own
+        (``storage.peer_queue``). Same rules: writes on the writer thread only."""
+        return self._conn()
+
     def close_thread_connection(self) -> None:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:

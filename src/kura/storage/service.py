@@ -28,8 +28,8 @@ Guarantees:
 * Every local write (and namespace clean) enqueues one outbox message per replication target in
   the same SQLite transaction as the data. Copies received from peers (``apply_replica``) are
   applied by last-writer-wins and are not re-enqueued: every node ships its own writes to all.
-  Past ``outbox_max_depth`` pending messages, local writes fail with ``ResourceExhausted``
-  rather than growing an unbounded backlog.
+  A peer whose queue holds ``outbox_max_depth`` messages gets no more and is marked to be
+  caught up (``storage.peer_queue``); a write is never refused because of a peer.
 
 Blocking work runs off the event loop: SQLite reads and file opens in a small reader pool,
 fsync and hashing in a sync pool, and every index write plus the rename that publishes a blob in
@@ -85,6 +85,7 @@ from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.checksum import SHA256, XXH3_128
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex, OutboxMessage
+from kura.storage.peer_queue import PeerQueues
 from kura.storage.quarantine import Quarantine
 from kura.storage.recovery import StartReport, open_storage, warnings
 from kura.storage.verify import ReadVerifier, digest_fd, problem_with_bytes, problem_with_file
@@ -194,6 +195,7 @@ class CacheService:
         self.max_disk_bytes = max_disk_bytes
         self.min_free_disk_bytes = min_free_disk_bytes
         self.stats = StorageStats()
+        self.queues = PeerQueues(lambda: self.stats, outbox_max_depth)
         self._index: MetadataIndex | None = None
         self._reader = ThreadPoolExecutor(4, thread_name_prefix="kura-read")
         self._syncer = ThreadPoolExecutor(4, thread_name_prefix="kura-sync")
@@ -225,7 +227,7 @@ class CacheService:
             )
         count, used = self._index.totals()
         self.stats.artifacts, self.stats.used_bytes = count, used
-        self.stats.outbox_depth = sum(n for n, _ in self._index.outbox_depths().values())
+        self.queues.load(self._index.connection(), self._index.read_only)
         for warning in self.warnings()[len(self.start_report.warnings) :]:
             log.warning("at start-up: %s", warning)  # a full disk (the rest is logged already)
         swept, rec = self.start_report.swept_files, self.start_report.reconciled
@@ -579,15 +581,6 @@ class CacheService:
             )
         self._check_free_disk(declared_length)
 
-    def check_outbox(self) -> None:
-        """Refuse a local write while the replication backlog is at its cap (503 + Retry-After)."""
-        if self.stats.outbox_depth >= self.outbox_max_depth:
-            raise ResourceExhausted(
-                f"shedding writes while replication catches up: {self.stats.outbox_depth} "
-                f"outbox messages pending (limit {self.outbox_max_depth})",
-                retry_after_seconds=5,
-            )
-
     def free_disk_bytes(self) -> int:
         """Free bytes on the data dir's filesystem (0 before ``start`` created the dir)."""
         try:
@@ -626,7 +619,6 @@ class CacheService:
         Raises (leaving nothing behind): PayloadTooLarge, ResourceExhausted (tmp budget, disk),
         IncompleteBody, DigestMismatch, InvalidRequest.
         """
-        self.check_outbox()
         self.check_size(declared_length, limit_bytes)
         first = (
             declared_length
@@ -648,7 +640,6 @@ class CacheService:
         self, ref: ArtifactRef, parts: Sequence[Path], content_type: str
     ) -> PutResult:
         """Store the concatenation of ``parts`` (multipart completion). Parts are left in place."""
-        self.check_outbox()
         total = sum(p.stat().st_size for p in parts)
         self.check_size(total, self.max_disk_bytes)
         incoming = self.files.blobs_dir / f"multipart.incoming-{os.urandom(8).hex()}"
@@ -660,7 +651,6 @@ class CacheService:
 
     async def put_inline(self, ref: ArtifactRef, data: bytes, content_type: str) -> PutResult:
         """Store a small body inside the index (key-value entries)."""
-        self.check_outbox()
         self._check_free_disk(len(data))
         aid = self.artifact_id(ref)
         manifest = self._new_manifest(
@@ -789,6 +779,7 @@ class CacheService:
         if staged_path is not None:
             sig = stat_signature(self.files.persist(staged_path, manifest))
             failpoint("storage.after_publish")
+        outbox_peers = self.queues.admit(index.connection(), outbox_peers, self.clock.now_ms())
         try:
             index.upsert(
                 manifest, inline_body, sig, self.clock.now_ms(), outbox_peers, xxh3_128=xxh3_128
@@ -802,7 +793,7 @@ class CacheService:
             old.unlink(missing_ok=True)  # a reader that has it open keeps its bytes
         # After the row and the file changed: a read that began earlier cannot re-insert old bytes.
         self.hot.invalidate([manifest.artifact_id])
-        self.stats.outbox_depth += len(outbox_peers)
+        self.queues.enqueued(outbox_peers)
         self.stats.used_bytes += manifest.size - old_size
         if existing is None:
             self.stats.artifacts += 1
@@ -929,9 +920,7 @@ class CacheService:
         A local clean's version is issued in the writer thread above every version of the
         namespace held here; a peer's tombstone too far ahead raises ``FutureVersion``."""
         self._check_writable()
-        if source == "local":
-            self.check_outbox()
-        elif version_ms is not None:
+        if source != "local" and version_ms is not None:
             self._admit(version_ms, source, f"tombstone of namespace {namespace_id!r}")
         peers: Sequence[str] = self.replication_targets() if source == "local" else ()
         applied, version = await self._in(
@@ -954,11 +943,12 @@ class CacheService:
                 index.max_version_ms(namespace_id),
                 index.tombstone(namespace_id),
             )
+        peers = self.queues.admit(index.connection(), peers, self.clock.now_ms())
         victims = index.apply_tombstone(namespace_id, version_ms, self.clock.now_ms(), peers)
         if victims is None:
             return False, version_ms
         self.hot.invalidate([v[0] for v in victims])
-        self.stats.outbox_depth += len(peers)
+        self.queues.enqueued(peers)
         for aid, size, inline in victims:
             if not inline:
                 self.files.remove_artifact(aid)
@@ -994,10 +984,15 @@ class CacheService:
     def _outbox_ack_sync(self, ids: Sequence[int]) -> None:
         # Writer thread, like every other change of ``stats.outbox_depth`` (_commit_sync,
         # _delete_namespace_sync): ``+=``/``-=`` from two threads could lose an update.
-        self.stats.outbox_depth -= self._require_index().outbox_delete(ids)
+        self.queues.acked(self._require_index().connection(), ids)
 
     async def outbox_depths(self) -> dict[str, tuple[int, int]]:
         return await self._in(self._reader, self._require_index().outbox_depths)
+
+    async def in_writer(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(connection, *args)`` on the writer thread with its index connection (the
+        ``PeerQueues`` operations: forget a peer, re-offer pages, clear a mark)."""
+        return await self._in(self._writer, lambda: fn(self._require_index().connection(), *args))
 
     # -- plumbing ----------------------------------------------------------------------------
 

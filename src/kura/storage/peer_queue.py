@@ -1,0 +1,274 @@
+"""Per-peer outbox accounting and the durable "to be caught up" marks (issue 11, deliverable 1).
+
+Each peer's outbox queue is capped on its own (``max_depth_per_peer``, ``KURA_OUTBOX_MAX_DEPTH``):
+a peer at its cap gets no more messages, and is *marked* to be caught up instead, so a write is
+never refused because of a peer (one dead peer used to shed every write once the messages of
+all peers together reached the cap). A peer absent too long loses its whole queue (``forget``)
+and is marked too. The mark lives in the ``catch_up`` table of the index, so it survives a
+restart:
+
+* ``since_ms``: every artifact and tombstone at or above this version may be missing on the
+  peer (the oldest message dropped or never enqueued; a version is never below the wall-clock
+  time of its write, ``core.version``).
+* ``forgotten_at_ms``: when its queue was dropped for absence (None: only the cap was reached).
+
+The interim catch-up rule (until incremental catch-up and anti-entropy replace it) re-offers,
+for the marked peer, every artifact and tombstone this node holds at or above ``since_ms``, in
+pages (``enqueue_artifacts``), and clears the mark only if nothing was skipped for that peer
+while it ran (``clear``). Re-offered copies the peer already has cost a request each and are
+ignored there (last writer wins).
+
+Every method that changes rows or counters runs on the storage writer thread (the caller passes
+that thread's connection), like every other change of ``StorageStats.outbox_depth``, which stays
+the exact number of outbox rows. ``marks`` and ``depths`` are replaced, never mutated in place,
+so the event loop may read them at any time.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kura.storage.index import DELETE_NAMESPACE, UPSERT
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS catch_up (
+    peer             TEXT PRIMARY KEY,
+    reason           TEXT NOT NULL,
+    marked_at_ms     INTEGER NOT NULL,
+    since_ms         INTEGER NOT NULL,
+    forgotten_at_ms  INTEGER,
+    dropped_messages INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+# Why a peer is marked (a closed set): its queue reached the cap, or it was absent too long.
+OVERFLOW = "overflow"
+ABSENT = "absent"
+# A message skipped at the cap was for a write whose version was issued a moment before the
+# check; re-offering from a second earlier covers it (and costs a few duplicate offers).
+SINCE_MARGIN_MS = 1000
+
+
+class DepthGauge(Protocol):
+    outbox_depth: int
+
+
+@dataclass(frozen=True)
+class CatchUpMark:
+    """One peer marked to be caught up. Times are Unix milliseconds."""
+
+    peer: str
+    reason: str
+    marked_at_ms: int
+    since_ms: int
+    forgotten_at_ms: int | None
+    dropped_messages: int
+
+
+class PeerQueues:
+    """See module docstring. ``gauge()`` is the service's current stats (the object holding
+    ``outbox_depth``); ``load`` on the writer thread."""
+
+    def __init__(self, gauge: Callable[[], DepthGauge], max_depth_per_peer: int) -> None:
+        self._gauge = gauge
+        self.max_depth_per_peer = max_depth_per_peer
+        self.depths: dict[str, int] = {}
+        self.marks: dict[str, CatchUpMark] = {}
+        # peer -> messages not enqueued because its queue was at the cap (since start).
+        self.skipped_total: dict[str, int] = {}
+
+    def depth(self, peer: str) -> int:
+        return self.depths.get(peer, 0)
+
+    def load(self, conn: sqlite3.Connection, read_only: bool) -> None:
+        """Writer thread, at start-up: create the table, read the depths and the marks."""
+        if not read_only:
+            conn.executescript(SCHEMA)
+        self.depths = {
+            str(peer): int(n)
+            for peer, n in conn.execute("SELECT peer, COUNT(*) FROM outbox GROUP BY peer")
+        }
+        self._gauge().outbox_depth = sum(self.depths.values())
+        try:
+            rows = conn.execute(
+                "SELECT peer, reason, marked_at_ms, since_ms, forgotten_at_ms, dropped_messages "
+                "FROM catch_up"
+            ).fetchall()
+        except sqlite3.OperationalError:  # read-only index written by an older kura
+            rows = []
+        self.marks = {str(r[0]): CatchUpMark(*r) for r in rows}
+
+    # -- the write path ------------------------------------------------------------------------
+
+    def admit(self, conn: sqlite3.Connection, peers: Sequence[str], now_ms: int) -> list[str]:
+        """Writer thread, before a local write's transaction: the ``peers`` whose queue has room.
+        A peer at its cap is skipped (counted) and, if it was not yet, marked ``overflow``."""
+        kept = []
+        for peer in peers:
+            if self.depth(peer) < self.max_depth_per_peer:
+                kept.append(peer)
+                continue
+            self.skipped_total = {**self.skipped_total, peer: self.skipped_total.get(peer, 0) + 1}
+            if peer not in self.marks:
+                self._write_mark(
+                    conn, CatchUpMark(peer, OVERFLOW, now_ms, now_ms - SINCE_MARGIN_MS, None, 0)
+                )
+        return kept
+
+    def enqueued(self, peers: Iterable[str], per_peer: int = 1) -> None:
+        """Writer thread, after a committed transaction enqueued ``per_peer`` rows per peer."""
+        depths = dict(self.depths)
+        for peer in peers:
+            depths[peer] = depths.get(peer, 0) + per_peer
+            self._gauge().outbox_depth += per_peer
+        self.depths = depths
+
+    def acked(self, conn: sqlite3.Connection, ids: Sequence[int]) -> int:
+        """Writer thread: delete delivered messages in one transaction; returns how many. 0 when
+        the disk is full (SQLITE_FULL): they stay and are delivered again (idempotent, LWW)."""
+        gone: dict[str, int] = {}
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for i in ids:
+                row = conn.execute(
+                    "DELETE FROM outbox WHERE id = ? RETURNING peer", (i,)
+                ).fetchone()
+                if row is not None:
+                    gone[str(row[0])] = gone.get(str(row[0]), 0) + 1
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            _rollback(conn)
+            if exc.sqlite_errorname != "SQLITE_FULL":
+                raise
+            return 0
+        except BaseException:
+            _rollback(conn)
+            raise
+        depths = dict(self.depths)
+        for peer, n in gone.items():
+            depths[peer] = max(0, depths.get(peer, 0) - n)
+        self.depths = depths
+        removed = sum(gone.values())
+        self._gauge().outbox_depth -= removed
+        return removed
+
+    # -- end of life and catch-up --------------------------------------------------------------
+
+    def forget(self, conn: sqlite3.Connection, peer: str, now_ms: int) -> int:
+        """Writer thread: drop ``peer``'s whole queue and mark it ``absent``, in one
+        transaction. Returns the messages dropped (0 if its queue was empty)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            n, lowest = conn.execute(
+                "SELECT COUNT(*), MIN(version_ms) FROM outbox WHERE peer = ?", (peer,)
+            ).fetchone()
+            conn.execute("DELETE FROM outbox WHERE peer = ?", (peer,))
+            old = self.marks.get(peer)
+            since = min(
+                now_ms,
+                now_ms if lowest is None else int(lowest),
+                now_ms if old is None else old.since_ms,
+            )
+            mark = CatchUpMark(
+                peer,
+                ABSENT,
+                now_ms if old is None else old.marked_at_ms,
+                since,
+                now_ms,
+                int(n) + (0 if old is None else old.dropped_messages),
+            )
+            self._write_mark(conn, mark)
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        self.depths = {**self.depths, peer: 0}
+        self._gauge().outbox_depth -= int(n)
+        return int(n)
+
+    def enqueue_tombstones(
+        self, conn: sqlite3.Connection, peer: str, since_ms: int, now_ms: int
+    ) -> int:
+        """Writer thread: enqueue for ``peer`` every namespace tombstone at or above
+        ``since_ms`` (few: one per cleaned namespace), in one transaction. Returns how many."""
+        rows = conn.execute(
+            "SELECT namespace_id, version_ms FROM tombstones WHERE version_ms >= ?", (since_ms,)
+        ).fetchall()
+        self._insert(
+            conn, [(peer, DELETE_NAMESPACE, "", str(r[0]), int(r[1]), now_ms) for r in rows]
+        )
+        self.enqueued([peer], len(rows))
+        return len(rows)
+
+    def enqueue_artifacts(
+        self,
+        conn: sqlite3.Connection,
+        peer: str,
+        since_ms: int,
+        after: str,
+        limit: int,
+        now_ms: int,
+    ) -> tuple[int, str]:
+        """Writer thread: enqueue for ``peer`` the next ``limit`` artifacts (artifact_id order,
+        strictly after ``after``; ``""`` starts at the first) whose version is at or above
+        ``since_ms``, in one transaction. Returns (how many, the last artifact_id or ``after``).
+        Fewer than ``limit`` means the pass is complete."""
+        rows = conn.execute(
+            "SELECT artifact_id, version_ms FROM artifacts WHERE artifact_id > ? "
+            "AND version_ms >= ? ORDER BY artifact_id LIMIT ?",
+            (after, since_ms, limit),
+        ).fetchall()
+        self._insert(conn, [(peer, UPSERT, str(r[0]), "", int(r[1]), now_ms) for r in rows])
+        self.enqueued([peer], len(rows))
+        return len(rows), (str(rows[-1][0]) if rows else after)
+
+    def clear(self, conn: sqlite3.Connection, peer: str, skipped_at_start: int) -> bool:
+        """Writer thread: remove ``peer``'s mark, unless messages were skipped for it since the
+        catch-up pass began (``skipped_total`` was ``skipped_at_start``); then False (run the
+        pass again: what was skipped may lie behind its cursor)."""
+        if self.skipped_total.get(peer, 0) != skipped_at_start:
+            return False
+        conn.execute("DELETE FROM catch_up WHERE peer = ?", (peer,))
+        self.marks = {p: m for p, m in self.marks.items() if p != peer}
+        return True
+
+    def _write_mark(self, conn: sqlite3.Connection, mark: CatchUpMark) -> None:
+        """Autocommits outside a transaction; part of it inside one."""
+        conn.execute(
+            "INSERT OR REPLACE INTO catch_up (peer, reason, marked_at_ms, since_ms, "
+            "forgotten_at_ms, dropped_messages) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                mark.peer,
+                mark.reason,
+                mark.marked_at_ms,
+                mark.since_ms,
+                mark.forgotten_at_ms,
+                mark.dropped_messages,
+            ),
+        )
+        self.marks = {**self.marks, mark.peer: mark}
+
+    def _insert(
+        self, conn: sqlite3.Connection, rows: list[tuple[str, str, str, str, int, int]]
+    ) -> None:
+        if not rows:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "INSERT INTO outbox (peer, kind, artifact_id, namespace_id, version_ms, "
+                "enqueued_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")

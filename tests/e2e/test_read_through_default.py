@@ -1,0 +1,94 @@
+"""A hit anywhere is a hit everywhere (issue 11, deliverable 5), on real node processes.
+
+With default settings (no ``KURA_READ_THROUGH``) a key evicted on one node is still a hit there,
+a miss on every peer costs at most ``KURA_READ_THROUGH_TIMEOUT_MS``, and a repeated miss inside
+``KURA_READ_THROUGH_NEGATIVE_TTL_MS`` does not ask the peers again.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.mesh import Mesh, manifests, wait_for
+
+# The peer's internal listener counts every bootstrap/artifacts lookup it answered 404.
+PEER_MISSES = 'kura_http_requests_total{method="GET",protocol="internal",status="404"}'
+
+
+def test_a_key_evicted_on_a_is_a_hit_on_a_by_default_when_b_holds_it(tmp_path: Path) -> None:
+    body_bytes = 1000
+    # A keeps about 4 bodies; B keeps all 12.
+    mesh = Mesh(tmp_path, 2, discovery_settle_ms=200, node_settings={0: {"max_disk_bytes": 4500}})
+    try:
+        mesh.wait_ready()
+        a, b = mesh.nodes
+        assert "KURA_READ_THROUGH" not in a.env  # the default is what is tested
+        bodies = {f"/cache/ev/{i:02d}": bytes([i]) * body_bytes for i in range(12)}
+        with b.client() as w:
+            for path, body in bodies.items():
+                assert w.put(path, content=body).status_code == 201
+        mesh.wait_drained()
+        held_by_b, held_by_a = manifests(b), manifests(a)
+        assert len(held_by_b) == 12
+        assert len(held_by_a) <= 4
+        assert a.metric_sum("kura_storage_evictions_total") >= 8
+        lookup = {str(m["key"]).rsplit("/", 1)[-1]: aid for aid, m in held_by_b.items()}
+        evicted = [p for p in bodies if lookup[p.rsplit("/", 1)[1]] not in held_by_a]
+        assert len(evicted) >= 8
+        with a.client() as r:
+            for path in evicted[:3]:
+                got = r.get(path)
+                assert got.status_code == 200, path
+                assert got.content == bodies[path]
+        assert a.metric('kura_read_through_total{result="hit"}') == 3
+        assert a.metric("kura_disk_used_bytes") <= 4500  # stored within A's budget
+    finally:
+        mesh.stop_all()
+
+
+def test_a_miss_everywhere_is_bounded_and_not_asked_again_inside_the_negative_ttl(
+    tmp_path: Path,
+) -> None:
+    timeout_ms = 400
+    mesh = Mesh(
+        tmp_path,
+        3,
+        discovery_settle_ms=200,
+        read_through_timeout_ms=timeout_ms,
+        read_through_negative_ttl_ms=30_000,
+    )
+    try:
+        mesh.wait_ready()
+        a, b, c = mesh.nodes
+        before = b.metric(PEER_MISSES)
+        t0 = time.monotonic()
+        assert httpx.get(a.url + "/cache/nowhere/1", timeout=30).status_code == 404
+        first_s = time.monotonic() - t0
+        assert wait_for(lambda: b.metric(PEER_MISSES) == before + 1, 10)
+        t0 = time.monotonic()
+        assert httpx.get(a.url + "/cache/nowhere/1", timeout=30).status_code == 404
+        second_s = time.monotonic() - t0
+        assert b.metric(PEER_MISSES) == before + 1  # B was not asked again
+        assert a.metric('kura_read_through_total{result="negative_cached"}') == 1
+        # A peer that hangs (stopped, still healthy in A's view) costs at most the timeout.
+        c.proc.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            assert httpx.get(a.url + "/cache/nowhere/2", timeout=30).status_code == 404
+            hung_s = time.monotonic() - t0
+        finally:
+            c.proc.send_signal(signal.SIGCONT)
+        print(
+            f"\nmiss on 2 peers: {first_s * 1000:.0f} ms; negative-cached repeat: "
+            f"{second_s * 1000:.0f} ms; one peer hung: {hung_s * 1000:.0f} ms "
+            f"(bound {timeout_ms} ms)"
+        )
+        slack_s = 1.5  # a loaded 2-core CI machine
+        assert first_s < timeout_ms / 1000 + slack_s
+        assert hung_s < timeout_ms / 1000 + slack_s
+    finally:
+        mesh.stop_all()
