@@ -106,6 +106,7 @@ class Node:
             quarantine_max_bytes=settings.quarantine_max_bytes,
             on_quarantine=self._repair_quarantined,
             max_clock_skew_ms=settings.max_clock_skew_ms,
+            max_inline_bytes=settings.max_keyvalue_bytes,
         )
         self.scrubber = Scrubber(
             self.service,

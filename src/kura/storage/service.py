@@ -176,6 +176,7 @@ class CacheService:
         quarantine_max_bytes: int = 1024 * 1024 * 1024,
         on_quarantine: Callable[[str], None] = lambda artifact_id: None,
         max_clock_skew_ms: int = 300_000,
+        max_inline_bytes: int = 1024 * 1024,
     ) -> None:
         self.files = BlobFiles(data_dir, tmp_dir)
         self.verify_reads = verify_reads
@@ -201,6 +202,10 @@ class CacheService:
         self._syncer = ThreadPoolExecutor(4, thread_name_prefix="kura-sync")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kura-write")
         self.max_clock_skew_ms = max_clock_skew_ms
+        # Inline bodies are read into memory and stored in SQLite, outside the tmp budget: a
+        # peer's copy that claims to be inline may be no larger than a local inline write
+        # (KURA_MAX_KEYVALUE_BYTES, as upstream Kura limits inline replicas).
+        self.max_inline_bytes = max_inline_bytes
         self.versions = VersionClock()
         self._touches: dict[str, int] = {}
         self.start_report = StartReport()
@@ -857,6 +862,12 @@ class CacheService:
         A version more than ``max_clock_skew_ms`` ahead raises ``FutureVersion`` (400) before
         anything is read. Never enqueues outbox messages. Safe to call concurrently.
         """
+        if manifest.inline and manifest.size > self.max_inline_bytes:
+            raise PayloadTooLarge(
+                f"an inline artifact of {manifest.size} bytes exceeds the inline limit of "
+                f"{self.max_inline_bytes} bytes (KURA_MAX_KEYVALUE_BYTES)",
+                self.max_inline_bytes,
+            )
         outcome = await self.apply_outcome_for(manifest, source)
         if outcome is not ApplyOutcome.APPLIED:
             self._count(source, outcome.value)
