@@ -244,6 +244,11 @@ def test_a_node_with_a_damaged_index_sets_it_aside_and_starts(
                 assert c.get("/cache/rec/s0").status_code == 404
             assert node.index_rows() == 1
             assert len(node.blob_files()) == 1
+            # The acknowledged blobs are moved aside for an operator, never deleted.
+            (kept,) = node.data_dir.glob("blobs.damaged-*")
+            file_backed = [p for p in stored if "keyvalue" not in p]
+            assert sum(1 for p in kept.rglob("*") if p.is_file()) == len(file_backed)
+            assert any(kept.name in w for w in warnings), warnings
     finally:
         node.stop()
     node = spawn_node(node.log_path.parent, node.env)  # and the next start is a normal one

@@ -15,8 +15,9 @@ and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
   reconciling; a zero-length index file in a data dir that has a layout (it held rows once);
   or a WAL whose header is not a WAL header. The damaged files are renamed to
   ``index.sqlite3.damaged-<UTC stamp>`` (and ``-wal``/``-shm`` likewise) for an operator to
-  inspect, every blob file is removed (without its manifest a blob cannot be served; peers
-  refill the node by bootstrap), and a fresh index is created. Logged at ERROR.
+  inspect, the blob files are moved aside with it to ``blobs.damaged-<UTC stamp>`` (without
+  their manifests they cannot be served, but they are never deleted; peers refill the node by
+  bootstrap), and a fresh index is created. Logged at ERROR.
 
 Every such reason lands in ``StartReport.warnings`` (``/ready`` shows them). Other errors (an
 unknown layout, a schema newer than this code, a locked data dir, I/O errors on a disk with
@@ -204,7 +205,8 @@ def _set_aside_damaged_wal(path: Path, report: StartReport) -> None:
 
 
 def _start_fresh(files: BlobFiles, path: Path, reason: str, report: StartReport) -> None:
-    """Move the damaged index aside and remove every blob file (they have no manifests)."""
+    """Move the damaged index aside, and the blob files with it (without their manifests they
+    cannot be served, but they are acknowledged data: kept for an operator, never deleted)."""
     moved = []
     for suffix in ("", "-wal", "-shm"):
         part = path.with_name(path.name + suffix)
@@ -212,15 +214,22 @@ def _start_fresh(files: BlobFiles, path: Path, reason: str, report: StartReport)
             aside = _aside_name(part)
             os.rename(part, aside)
             moved.append(aside.name)
-    removed = 0
-    for versions in files.stored_files().values():
-        for blob in versions:
-            blob.unlink(missing_ok=True)
-            removed += 1
+    kept = sum(len(versions) for versions in files.stored_files().values())
+    blobs_aside = ""
+    if kept:
+        target = _aside_name(files.blobs_dir)
+        os.rename(files.blobs_dir, target)  # one rename, whatever the count
+        files.blobs_dir.mkdir()
+        blobs_aside = target.name
     message = (
         f"index was damaged ({reason}); moved to {', '.join(moved) or '(nothing)'} and started "
-        f"with an empty index; removed {removed} blob files that had no manifest left "
-        f"(peers refill this node by bootstrap)"
+        f"with an empty index; "
+        + (
+            f"{kept} blob files that have no manifest left were moved to {blobs_aside} "
+            "(not counted in the disk budget; delete it once peers have refilled this node)"
+            if kept
+            else "there were no blob files"
+        )
     )
     log.error("%s", message)
     report.index_damaged = True
