@@ -18,6 +18,8 @@ from typing import Literal
 from aiohttp import web
 
 from kura.core import errors as e
+from kura.core.version import FutureVersion
+from kura.mesh.wire import FUTURE_VERSION, REFUSAL_HEADER
 
 ErrorStyle = Literal["json", "text", "vercel"]
 
@@ -51,6 +53,8 @@ def error_response(exc: e.KuraError, style: ErrorStyle = "json") -> web.Response
         headers["Retry-After"] = str(exc.retry_after_seconds)
     if isinstance(exc, e.Unauthenticated):
         headers["WWW-Authenticate"] = 'Bearer realm="kura"'
+    if isinstance(exc, FutureVersion):
+        headers[REFUSAL_HEADER] = FUTURE_VERSION  # the sender keeps it queued (mesh.shipper)
     if style == "text":
         # Exactly "text/plain": Nx 24 compares the header byte for byte, and aiohttp's ``text=``
         # would append "; charset=utf-8" (then Nx reports "Requests should respond with

@@ -3,7 +3,8 @@ public port (kura-behaviour.md §1.4). With mutual TLS configured, the listener 
 without a certificate from the peers' CA before any route runs; with ``KURA_INTERNAL_TOKENS``,
 every route first requires one of the peer tokens (``kura.api.peer_auth``: 401 otherwise).
 A replica or tombstone whose version is more than ``KURA_MAX_CLOCK_SKEW_MS`` ahead of this
-node's clock answers 400 (``FutureVersion``), a permanent refusal the sender must not retry.
+node's clock answers 400 (``FutureVersion``) with ``Kura-Refusal: future_version``: not applied
+now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason``).
 
 * ``GET /_internal/status`` → ``{"region", "tenant_id", "node_url"}`` (discovery probes).
 * ``PUT /_internal/replicate/artifact`` — raw body, manifest in ``Kura-Manifest``. 204 whether

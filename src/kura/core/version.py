@@ -84,7 +84,9 @@ def next_version_ms(
 
 class FutureVersion(InvalidRequest):
     """A peer's version lies further ahead of this node's clock than the configured skew
-    allows; it is never applied (400: the sender must not retry it)."""
+    allows; it is not applied now (400 with ``Kura-Refusal: future_version``: a sender keeps
+    the copy queued and retries it with backoff, and it applies once this node's clock is
+    within the skew; bootstrap and read-through skip it)."""
 
 
 def ahead_of_skew_ms(version_ms: int, now_ms: int, max_skew_ms: int) -> int:

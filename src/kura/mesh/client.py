@@ -22,6 +22,7 @@ from kura.core.manifest import Manifest
 from kura.mesh.wire import (
     MANIFEST_HEADER,
     OUTCOME_HEADER,
+    REFUSAL_HEADER,
     TENANT_HEADER,
     decode_manifest,
     encode_manifest,
@@ -35,9 +36,11 @@ STREAM_CHUNK_BYTES = 256 * 1024
 class PeerError(Exception):
     """A peer could not be reached or answered with an error. ``status`` is None if unreached."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, refusal: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        # The peer's ``Kura-Refusal`` header on an error answer (e.g. ``future_version``).
+        self.refusal = refusal
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,9 @@ class PeerClient:
                     text = await resp.text()
                     if resp.status // 100 != 2:
                         raise PeerError(
-                            f"{url}: replicate answered {resp.status}: {text[:200]}", resp.status
+                            f"{url}: replicate answered {resp.status}: {text[:200]}",
+                            resp.status,
+                            resp.headers.get(REFUSAL_HEADER),
                         )
                     return resp.headers.get(OUTCOME_HEADER, "applied")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -134,7 +139,9 @@ class PeerClient:
                     text = await resp.text()
                     if resp.status // 100 != 2:
                         raise PeerError(
-                            f"{url}: delete answered {resp.status}: {text[:200]}", resp.status
+                            f"{url}: delete answered {resp.status}: {text[:200]}",
+                            resp.status,
+                            resp.headers.get(REFUSAL_HEADER),
                         )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise PeerError(f"{url}: delete failed: {exc!r}") from exc

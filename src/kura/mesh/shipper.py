@@ -29,6 +29,7 @@ from typing import BinaryIO
 from kit.clock import Clock
 from kura.core.errors import NotFound
 from kura.mesh.client import PeerClient, PeerError
+from kura.mesh.wire import FUTURE_VERSION
 from kura.storage.index import DELETE_NAMESPACE, OutboxMessage
 from kura.storage.service import CacheService
 
@@ -56,12 +57,17 @@ _REFUSALS = {
 }
 
 
-def refusal_reason(status: int | None) -> str | None:
+def refusal_reason(status: int | None, refusal: str | None = None) -> str | None:
     """The drop reason when a peer's ``status`` refuses a copy for good, else None (retry).
 
     Permanent: 413, 507 and every 4xx but ``RETRYABLE_4XX``; a 4xx without its own name is
     ``"other_4xx"``. None for success, 5xx (507 aside), 3xx and an unreached peer (``None``).
+    A copy refused with ``Kura-Refusal: future_version`` is not permanent either: the peer
+    applies it once its clock is within its skew limit of the version, so it stays queued
+    (dropping it lost the write for good, silently; the per-peer cap bounds the backlog).
     """
+    if refusal == FUTURE_VERSION:
+        return None
     if status is None:
         return None
     if status in _REFUSALS:
@@ -182,7 +188,7 @@ class Shipper:
                     await self._send(state, msg)
                     return msg.id
                 except PeerError as exc:
-                    reason = refusal_reason(exc.status)
+                    reason = refusal_reason(exc.status, exc.refusal)
                     if reason is not None:
                         _drop(state, msg, reason, exc)
                         return msg.id  # acknowledged: deleted from the queue
@@ -249,7 +255,7 @@ class Shipper:
 
 def _failure(exc: PeerError) -> str:
     """The result label of a failed delivery: ``dropped`` (refused for good) or ``error``."""
-    return "error" if refusal_reason(exc.status) is None else "dropped"
+    return "error" if refusal_reason(exc.status, exc.refusal) is None else "dropped"
 
 
 def _drop(state: PeerShipping, msg: OutboxMessage, reason: str, exc: PeerError) -> None:

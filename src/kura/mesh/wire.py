@@ -15,6 +15,9 @@ from kura.core.manifest import Manifest
 MANIFEST_HEADER = "Kura-Manifest"
 TENANT_HEADER = "Kura-Tenant"
 OUTCOME_HEADER = "Kura-Outcome"
+# On a refused copy: why, when the status alone does not tell the sender what to do.
+REFUSAL_HEADER = "Kura-Refusal"
+FUTURE_VERSION = "future_version"
 PAGE_LIMIT_DEFAULT = 256
 PAGE_LIMIT_MAX = 1000
 
