@@ -1,7 +1,7 @@
 """The Kubernetes API server, through the official ``kubernetes`` client: the only kured module
 that imports it.
 
-``ApiServer`` offers the few calls kured makes (its DaemonSet, its Node, pods on the node,
+``ApiServer`` offers the few calls kured makes (its DaemonSet or Lease, its Node, pods on the node,
 evictions) as coroutines. The client is synchronous, so every call runs in this instance's own
 bounded thread pool (``max_workers`` threads), carries the client's ``_request_timeout`` and is
 awaited under ``asyncio.timeout`` slightly longer, so no call can hang the agent. A call whose
@@ -154,6 +154,7 @@ class ApiServer:
         self._client = k8s.ApiClient(configuration)
         self._core = k8s.CoreV1Api(self._client)
         self._apps = k8s.AppsV1Api(self._client)
+        self._coordination = k8s.CoordinationV1Api(self._client)
         self._timeout_seconds = request_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="kured-apiserver")
         self._closed = False
@@ -208,6 +209,37 @@ class ApiServer:
             what,
             "PUT",
             "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}",
+            {"namespace": namespace, "name": name},
+            dict(obj),
+        )
+
+    # -- Leases (coordination.k8s.io/v1) --------------------------------------------------------
+
+    async def get_lease(self, namespace: str, name: str) -> JsonObject:
+        """The Lease as JSON. Raises ``ApiError`` (404 when absent)."""
+        return await self._typed(
+            f"GET lease {namespace}/{name}",
+            partial(self._coordination.read_namespaced_lease, name, namespace),
+        )
+
+    async def create_lease(self, namespace: str, obj: Mapping[str, Any]) -> JsonObject:
+        """POST a new Lease and return it. Raises ``ApiError``; 409 (``AlreadyExists``) when
+        another client created it first."""
+        return await self._raw(
+            f"POST lease {namespace}",
+            "POST",
+            "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+            {"namespace": namespace},
+            dict(obj),
+        )
+
+    async def replace_lease(self, namespace: str, name: str, obj: Mapping[str, Any]) -> JsonObject:
+        """PUT the whole Lease (``metadata.resourceVersion`` as read). Raises ``ApiError``;
+        409 when it changed since it was read."""
+        return await self._raw(
+            f"PUT lease {namespace}/{name}",
+            "PUT",
+            "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
             {"namespace": namespace, "name": name},
             dict(obj),
         )

@@ -4,7 +4,7 @@ the HTTP endpoint serving ``/metrics`` and ``/status`` on ``--metrics-host:--met
 Background tasks run in one ``TaskGroup``: the agent loop and the one-minute sentinel loop that
 refreshes ``kured_reboot_required`` (kured's metric cadence, independent of ``--period``).
 
-With ``--lock-backend=kubernetes`` one ``ApiServer`` (``--kubeconfig``, or the pod's service
+With ``--lock-backend=kubernetes`` (or ``lease``: the lock in a Lease) one ``ApiServer`` (``--kubeconfig``, or the pod's service
 account) serves the DaemonSet-annotation lock, the blocking-pod gate and the node actuator
 (cordon, drain, labels, annotations).
 """
@@ -41,7 +41,7 @@ from kured.sensors.sentinel import (
     KernelSentinel,
     Sentinel,
 )
-from kured.settings import Settings, describe
+from kured.settings import KUBERNETES_BACKENDS, Settings, describe
 from kured.state import StateStore, current_boot_id
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def build_sentinel(s: Settings) -> Sentinel:
 def build_api(s: Settings) -> ApiServer | None:
     """The Kubernetes API client for the kubernetes backend (None otherwise). Raises
     ``ConfigurationError`` when no credentials can be loaded."""
-    if s.lock_backend != "kubernetes":
+    if s.lock_backend not in KUBERNETES_BACKENDS:
         return None
     return ApiServer.connect(s.kubeconfig or None, request_timeout_seconds=s.kubernetes_timeout)
 
@@ -78,6 +78,12 @@ def build_lock(s: Settings, api: ApiServer | None = None) -> Lock:
 
         return KubernetesLock(
             api, s.ds_namespace, s.ds_name, s.lock_annotation, s.concurrency, SystemClock()
+        )
+    if s.lock_backend == "lease" and api is not None:
+        from kured.locks.lease import LeaseLock
+
+        return LeaseLock(
+            api, s.lease_namespace, s.lease_name, s.lock_annotation, s.concurrency, SystemClock()
         )
     raise ConfigurationError([f"--lock-backend {s.lock_backend} is not available in this build"])
 

@@ -63,6 +63,8 @@ from kit.settings import (
 from kured.core.window import EVERY_DAY, RebootWindow, parse_days, parse_time, parse_zone
 
 DEFAULT_REBOOT_COMMAND = ("/bin/systemctl", "reboot")
+# The lock backends that talk to the Kubernetes API (and so can act on this node's Node).
+KUBERNETES_BACKENDS = ("kubernetes", "lease")
 
 
 def _non_empty(text: str) -> str:
@@ -213,8 +215,9 @@ class Settings:
     )
     lock_backend: str = option(
         *_flag("lock-backend"),
-        parse_choice(["etcd", "kubernetes"]),
-        "where the lock lives: etcd or kubernetes (a DaemonSet annotation)",
+        parse_choice(["etcd", "kubernetes", "lease"]),
+        "where the lock lives: etcd, kubernetes (a DaemonSet annotation) or lease (a "
+        "coordination.k8s.io/v1 Lease; the node steps as with kubernetes)",
         default="etcd",
     )
     etcd_endpoints: tuple[str, ...] = option(
@@ -241,8 +244,21 @@ class Settings:
     lock_annotation: str = option(
         *_flag("lock-annotation"),
         _non_empty,
-        "annotation on the DaemonSet that stores the lock (kubernetes backend)",
+        "annotation that stores the lock record: on the DaemonSet (kubernetes backend) or the "
+        "Lease (lease backend)",
         default="weave.works/kured-node-lock",
+    )
+    lease_namespace: str = option(
+        *_flag("lease-namespace"),
+        _non_empty,
+        "namespace of the Lease holding the lock (lease backend)",
+        default="kube-system",
+    )
+    lease_name: str = option(
+        *_flag("lease-name"),
+        _non_empty,
+        "name of the Lease holding the lock (lease backend; created at the first acquire)",
+        default="kured",
     )
     kubeconfig: str = option(
         *_flag("kubeconfig"),
@@ -559,7 +575,7 @@ def validate_settings(s: Settings) -> list[str]:
             "KURED_ETCD_ENDPOINTS / --etcd-endpoints must name at least one URL "
             "with --lock-backend=etcd"
         )
-    if s.lock_backend != "kubernetes":
+    if s.lock_backend not in KUBERNETES_BACKENDS:
         needs = [
             flag
             for flag, used in (
@@ -575,7 +591,8 @@ def validate_settings(s: Settings) -> list[str]:
         ]
         if needs:
             problems.append(
-                ", ".join(needs) + " need --lock-backend=kubernetes (they act on the Node object)"
+                ", ".join(needs)
+                + " need --lock-backend=kubernetes or lease (they act on the Node object)"
             )
     return problems
 

@@ -44,6 +44,8 @@ token, see ``kubeconfig``):
   ``StatefulSet`` is recreated with the *same name and a new UID* once it is gone - so a drain
   must wait for "gone or UID changed", as kubectl's does.
 * **PodDisruptionBudgets**: listed per namespace and across namespaces.
+* **Leases** (``coordination.k8s.io/v1``): create (409 AlreadyExists), GET, PUT (409 on a
+  stale resourceVersion), validated; in ``tests.kured.k8s_leases``.
 
 Errors are ``Status`` objects with the real ``reason`` values (``NotFound``, ``Conflict``,
 ``TooManyRequests``, ``Invalid``, ``BadRequest``, ``Unauthorized``, ``MethodNotAllowed``).
@@ -76,6 +78,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from tests.kured.k8s_leases import LeaseRoutes
 
 Obj = dict[str, Any]
 
@@ -358,7 +362,7 @@ class Eviction:
     status: int
 
 
-class KubeDouble:
+class KubeDouble(LeaseRoutes):
     """The double (see the module docstring). Use as a context manager or start()/stop().
 
     ``time_scale`` multiplies grace periods (seconds) into real seconds, so a pod with a 30 s
@@ -376,6 +380,7 @@ class KubeDouble:
         self.requests: list[Request] = []
         self.evictions: list[Eviction] = []
         self._history: dict[tuple[str, str], list[Obj]] = {}  # every stored DaemonSet version
+        self._lease_history: dict[tuple[str, str], list[Obj]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -425,6 +430,7 @@ class KubeDouble:
         r.add_route("*", "/apis/apps/v1/namespaces/{ns}/daemonsets/{name}", self._daemonset)
         r.add_route("GET", "/apis/policy/v1/poddisruptionbudgets", self._list_pdbs)
         r.add_route("GET", "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", self._list_pdbs)
+        self._add_lease_routes(r)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
