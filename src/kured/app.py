@@ -23,10 +23,12 @@ from aiohttp import web
 from kit.clock import SystemClock
 from kured.actuators.drain import DrainOptions
 from kured.actuators.node import KubernetesNode, NodeOptions, label_keys_differ
+from kured.actuators.notify import Notifier
 from kured.actuators.reboot import CommandReboot, Rebooter, SignalReboot, wants_host_namespace
 from kured.apiserver import ApiServer
 from kured.console import status_of
 from kured.core.errors import ConfigurationError, LockError, SensorError
+from kured.core.notify_urls import translate
 from kured.locks.base import Lock
 from kured.lockview import READ_TIMEOUT_SECONDS
 from kured.loop import Agent, AgentConfig, Gate
@@ -114,6 +116,22 @@ def build_node(s: Settings, api: ApiServer | None) -> KubernetesNode | None:
     )
 
 
+def build_notifier(s: Settings) -> Notifier | None:
+    """The ``--notify-url`` notifier (None without a URL); URLs were checked at load."""
+    if not s.notify_url:
+        return None
+    return Notifier(
+        [translate(u) for u in s.notify_url],
+        {
+            "drain": s.message_template_drain,
+            "reboot": s.message_template_reboot,
+            "uncordon": s.message_template_uncordon,
+        },
+        s.node_id,
+        s.notify_timeout,
+    )
+
+
 def build_rebooter(s: Settings) -> Rebooter:
     if s.reboot_method == "signal":
         return SignalReboot(s.reboot_signal)
@@ -127,6 +145,7 @@ class AgentService:
         self.api = build_api(settings)
         self.lock = build_lock(settings, self.api)
         self.node = build_node(settings, self.api)
+        self.notifier = build_notifier(settings)
         self.sentinel = build_sentinel(settings)
         self.window = settings.window()
         self.agent: Agent | None = None
@@ -174,6 +193,7 @@ class AgentService:
                 clock=SystemClock(),
                 node=self.node,
                 boot_id=lambda: current_boot_id(s.boot_id_file),
+                notifier=self.notifier,
             )
             self.collector = AgentCollector(self.agent)
             runner = await self._serve_http(self.agent, self.collector)
@@ -182,6 +202,8 @@ class AgentService:
                     tg.create_task(self.agent.run())
                     tg.create_task(self._sentinel_metric_loop())
             finally:
+                if self.notifier is not None:
+                    await self.notifier.close()  # bounded: messages in flight may still leave
                 await runner.cleanup()
                 close = getattr(self.lock, "close", None)
                 if close is not None:

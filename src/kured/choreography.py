@@ -1,5 +1,5 @@
 """The node choreography of the Kubernetes backend, as steps of the agent (``kured.loop``):
-pre-reboot labels, ``--drain-delay``, cordon and drain before the reboot; restoring the node
+pre-reboot labels, ``--drain-delay``, the drain notification, cordon and drain before the reboot; restoring the node
 (uncordon retried until it succeeds, post labels, the in-progress annotation) before every
 release; the orphaned-cordon check; and the ``--prefer-no-schedule-taint`` taint. The rules and
 their sources are in the ``kured.loop`` module docstring.
@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from kured.contract import AgentConfig, AgentView, DrainFailure, NodeActuator, Sleep
+from kured.contract import AgentConfig, AgentView, DrainFailure, NodeActuator, Notify, Sleep
 from kured.core.errors import DrainError, KuredError, LockError
 from kured.core.policy import Action, Decision, Reason, Why
 from kured.locks.base import Holder, Lock
@@ -35,9 +35,15 @@ class NodeSteps:
     sleep: Sleep
     orphan_check_pending: bool
     tainted: bool | None
+    notifier: Notify | None
 
     async def _release(self, after_reboot: bool) -> None:
         raise NotImplementedError  # the agent's
+
+    def _notify(self, event: str) -> None:
+        """Start the ``--notify-url`` message for ``event``; never blocks, never raises."""
+        if self.notifier is not None:
+            self.notifier.send(event)
 
     async def _prefer_no_schedule(self, decision: Decision) -> None:
         """kured's ``--prefer-no-schedule-taint``: on while waiting for the lock (the acquire
@@ -149,6 +155,7 @@ class NodeSteps:
                 "waiting %gs (--drain-delay) before the drain", self.config.drain_delay_seconds
             )
             await self.sleep(self.config.drain_delay_seconds)
+        self._notify("drain")
         try:
             await self.node.cordon()
             await self.node.drain()

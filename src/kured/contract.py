@@ -44,6 +44,15 @@ class NodeActuator(Protocol):
     async def prefer_no_schedule(self, on: bool) -> bool: ...
 
 
+class Notify(Protocol):
+    """``kured.actuators.notify.Notifier``: ``send`` never blocks nor raises for a delivery
+    problem; ``flush`` waits for deliveries in flight, bounded by their timeout."""
+
+    def send(self, event: str) -> None: ...
+
+    async def flush(self) -> None: ...
+
+
 class Window(Protocol):
     def contains(self, instant: datetime) -> bool: ...
 

@@ -47,6 +47,11 @@ kured's node choreography (kured-behaviour.md §2.2-2.4):
   no lock (an orphan: a lock force-released by an operator, an uncordon that failed) is undone;
 * with ``--annotate-nodes`` the two kured annotations are written before the gates run.
 
+With ``--notify-url`` (``notifier``) kured's three messages go out: drain (before the cordon),
+reboot (right before the reboot; the agent waits for it at most the delivery timeout) and
+uncordon (after the reboot, once the node is restored). Delivery never blocks or fails a reboot
+(``kured.actuators.notify``).
+
 The node steps are in ``kured.choreography`` (a base class of ``Agent``); the protocols, the
 configuration and the view are in ``kured.contract`` and re-exported here.
 """
@@ -69,6 +74,7 @@ from kured.contract import (
     DrainFailure,
     Gate,
     NodeActuator,
+    Notify,
     Sleep,
     Window,
 )
@@ -109,6 +115,7 @@ class Agent(NodeSteps):
         rng: random.Random | None = None,
         node: NodeActuator | None = None,
         boot_id: Callable[[], str] = current_boot_id,
+        notifier: Notify | None = None,
     ) -> None:
         self.config = config
         self.window = window
@@ -130,6 +137,7 @@ class Agent(NodeSteps):
         # Look for an orphaned cordon of ours until one check succeeds (start, failed uncordon).
         self.orphan_check_pending = node is not None
         self.tainted: bool | None = None  # our PreferNoSchedule taint as last set; None: unknown
+        self.notifier = notifier
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
@@ -341,6 +349,8 @@ class Agent(NodeSteps):
         release delay only after a reboot (not after a failed drain: kured #1129)."""
         if self.node is not None:
             await self._restore_node()
+            if after_reboot:
+                self._notify("uncordon")
         delay = self.config.lock_release_delay_seconds
         if after_reboot and delay > 0:
             back = self.state.came_back_at
@@ -376,6 +386,9 @@ class Agent(NodeSteps):
                 "waiting %gs (--reboot-delay) before the reboot", self.config.reboot_delay_seconds
             )
             await self.sleep(self.config.reboot_delay_seconds)
+        if self.notifier is not None:
+            self.notifier.send("reboot")
+            await self.notifier.flush()  # bounded: the message must leave before the machine
         self.state.reboot_triggered_at = time.time()
         self.state.boot_id = self.boot_id()
         self.store.save(self.state)

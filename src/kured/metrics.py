@@ -14,7 +14,9 @@ users build alerts blind (kured-behaviour.md, "Little visibility"):
 * ``kured_last_reboot_timestamp_seconds{node}``, ``kured_circuit_breaker_open{node}``,
   ``kured_consecutive_reboots{node}``;
 * ``kured_failures_total{node,kind}`` (sentinel, gate, lock, reboot, tick, drain, uncordon,
-  node) and ``kured_decisions_total{node,action}``.
+  node) and ``kured_decisions_total{node,action}``;
+* with ``--notify-url``: ``kured_notifications_total{node,event,result}`` (event drain, reboot,
+  uncordon; result sent, failed, timeout), every delivery to every URL.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kured.actuators.notify import Notifier
 from kured.core.policy import Why
 from kured.loop import Agent
 
@@ -123,6 +126,16 @@ class AgentCollector(Collector):
         for action, n in sorted(view.decisions_total.items()):
             decisions.add_metric([node, action], n)
         yield decisions
+        notifier = a.notifier
+        if isinstance(notifier, Notifier):
+            sent = CounterMetricFamily(
+                "kured_notifications",
+                "Notification deliveries by event and result (sent, failed, timeout).",
+                labels=["node", "event", "result"],
+            )
+            for (event, result), n in sorted(notifier.counts.items()):
+                sent.add_metric([node, event, result], n)
+            yield sent
 
 
 def _gauge(name: str, doc: str, node: str, value: float) -> GaugeMetricFamily:

@@ -93,6 +93,22 @@ def _url_list(text: str) -> tuple[str, ...]:
     return tuple(_url(u) for u in split_list(text))
 
 
+def _notify_url(text: str) -> str:
+    """A ``--notify-url``: kured's shoutrrr URL or an apprise URL, kept as given once apprise
+    can use its translation (``kured.core.notify_urls``)."""
+    from kured.actuators.notify import check_url
+    from kured.core.notify_urls import translate
+
+    check_url(translate(text))
+    return text.strip()
+
+
+def _template(text: str) -> str:
+    from kured.core.notify_urls import check_template
+
+    return check_template(text)
+
+
 def _duration(text: str) -> float:
     seconds = parse_duration(text)
     if seconds < 0:
@@ -456,6 +472,41 @@ class Settings:
     gate_timeout: float = option(
         *_flag("gate-timeout"), _positive_duration, "timeout of one gate request", default=5.0
     )
+    notify_url: tuple[str, ...] = option(
+        *_flag("notify-url"),
+        _notify_url,
+        "where to send the drain, reboot and uncordon messages: a shoutrrr URL as kured takes "
+        "(smtp://, generic://, slack://, discord://, telegram://, gotify://, pushover://) or an "
+        "apprise URL (repeatable; in the environment separate URLs with ';'; delivery never "
+        "blocks a reboot)",
+        default=(),
+        repeatable=True,
+        separator=";",
+    )
+    message_template_drain: str = option(
+        *_flag("message-template-drain"),
+        _template,
+        "message sent before the drain; %s is the node name",
+        default="Draining node %s",
+    )
+    message_template_reboot: str = option(
+        *_flag("message-template-reboot"),
+        _template,
+        "message sent right before the reboot; %s is the node name",
+        default="Rebooting node %s",
+    )
+    message_template_uncordon: str = option(
+        *_flag("message-template-uncordon"),
+        _template,
+        "message sent after the reboot once the node is uncordoned; %s is the node name",
+        default="Node %s rebooted & uncordoned successfully!",
+    )
+    notify_timeout: float = option(
+        *_flag("notify-timeout"),
+        _positive_duration,
+        "bound of one notification delivery (and of the wait for the reboot message)",
+        default=10.0,
+    )
     prometheus_timeout: float = option(
         *_flag("prometheus-timeout"),
         _positive_duration,
@@ -551,8 +602,17 @@ def flag_text(opt: Option, value: Any) -> str:
 
 
 def describe(s: Settings) -> str:
-    """Every setting as ``--flag=value``, for the start-up log."""
-    return " ".join(f"{o.flag}={flag_text(o, getattr(s, f.name))}" for f, o in options_of(Settings))
+    """Every setting as ``--flag=value``, for the start-up log (notify URLs as
+    ``scheme://host``: their tokens are secrets)."""
+    from kured.core.notify_urls import redact
+
+    def text(name: str, opt: Option) -> str:
+        value = getattr(s, name)
+        if name == "notify_url" and value:
+            value = tuple(redact(u) for u in value)
+        return flag_text(opt, value)
+
+    return " ".join(f"{o.flag}={text(f.name, o)}" for f, o in options_of(Settings))
 
 
 def validate_settings(s: Settings) -> list[str]:

@@ -137,7 +137,7 @@ def test_a_node_label_without_equals_is_a_reported_problem() -> None:
 def test_node_flags_without_the_kubernetes_backend_are_a_reported_problem() -> None:
     problems = problems_from(NODE, "--blocking-pod-selector", "app=db", "--annotate-nodes")
     assert problems == [
-        "--blocking-pod-selector, --annotate-nodes need --lock-backend=kubernetes "
+        "--blocking-pod-selector, --annotate-nodes need --lock-backend=kubernetes or lease "
         "(they act on the Node object)"
     ]
 
