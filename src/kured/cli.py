@@ -175,32 +175,55 @@ async def _collect_all(kubeconfig: str | None, types: list[str], port: int) -> l
         return list(await asyncio.gather(*(one(session, n) for n in nodes)))
 
 
-def fleetlock(argv: list[str]) -> int:
-    from kit.settings import split_list
-
+def fleetlock_parser() -> argparse.ArgumentParser:
+    """The ``kured fleetlock`` flags; every one has help text naming its environment variable."""
     parser = argparse.ArgumentParser(
-        prog="kured fleetlock", description="FleetLock server (Zincati) on etcd."
+        prog="kured fleetlock",
+        description="FleetLock server (Zincati) on etcd; also serves /v1/status and /metrics.",
     )
-    parser.add_argument("--host", default=os.environ.get("KURED_FLEETLOCK_HOST", "127.0.0.1"))
+    env = os.environ.get
     parser.add_argument(
-        "--port", type=int, default=int(os.environ.get("KURED_FLEETLOCK_PORT", "3333"))
+        "--host",
+        default=env("KURED_FLEETLOCK_HOST", "127.0.0.1"),
+        help="bind address (env KURED_FLEETLOCK_HOST; default 127.0.0.1)",
     )
     parser.add_argument(
-        "--etcd-endpoints", default=os.environ.get("KURED_ETCD_ENDPOINTS", "http://127.0.0.1:2379")
+        "--port",
+        type=int,
+        default=int(env("KURED_FLEETLOCK_PORT", "3333")),
+        help="bind port, 0 = the OS picks (env KURED_FLEETLOCK_PORT; default 3333)",
     )
     parser.add_argument(
-        "--prefix", default=os.environ.get("KURED_FLEETLOCK_PREFIX", "/kured/fleetlock")
+        "--etcd-endpoints",
+        default=env("KURED_ETCD_ENDPOINTS", "http://127.0.0.1:2379"),
+        help="comma-separated etcd client URLs (env KURED_ETCD_ENDPOINTS; "
+        "default http://127.0.0.1:2379)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=env("KURED_FLEETLOCK_PREFIX", "/kured/fleetlock"),
+        help="etcd key prefix: group G is the key PREFIX/G, beside the agents' --lock-key "
+        "(env KURED_FLEETLOCK_PREFIX; default /kured/fleetlock)",
     )
     parser.add_argument(
         "--default-slots",
         type=int,
-        default=int(os.environ.get("KURED_FLEETLOCK_DEFAULT_SLOTS", "1")),
+        default=int(env("KURED_FLEETLOCK_DEFAULT_SLOTS", "1")),
+        help="slots (hosts rebooting at once) of a group not in --group-slots "
+        "(env KURED_FLEETLOCK_DEFAULT_SLOTS; default 1)",
     )
     parser.add_argument(
         "--group-slots",
-        default=os.environ.get("KURED_FLEETLOCK_GROUP_SLOTS", ""),
-        help="per-group slots, e.g. workers=2,control=1",
+        default=env("KURED_FLEETLOCK_GROUP_SLOTS", ""),
+        help="per-group slots, e.g. workers=2,control=1 (env KURED_FLEETLOCK_GROUP_SLOTS)",
     )
+    return parser
+
+
+def fleetlock(argv: list[str]) -> int:
+    from kit.settings import split_list
+
+    parser = fleetlock_parser()
     args = parser.parse_args(argv)
     groups: dict[str, int] = {}
     problems = []

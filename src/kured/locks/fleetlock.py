@@ -11,6 +11,8 @@ slots.
 * ``GET /v1/status`` — for operators, not part of the protocol: every configured group and
   every group with a stored semaphore, with its slot count and holders (B45: "which node holds
   the slot?").
+* ``GET /metrics`` — Prometheus: slots, slots in use and holders per group, read from etcd at
+  every scrape (``kured.locks.fleetlock_metrics``).
 
 Both protocol endpoints require the header ``fleet-lock-protocol: true`` (exactly) and a JSON
 body ``{"client_params": {"id": "<non-empty>", "group": "<[a-zA-Z0-9.-]+>"}}``. Validation runs
@@ -65,6 +67,7 @@ from kit.clock import Clock, SystemClock
 from kured.core import lockrecord
 from kured.core.errors import ConfigurationError, LockError
 from kured.locks.etcd import DEFAULT_REQUEST_TIMEOUT_SECONDS, EtcdKV, EtcdLock
+from kured.locks.fleetlock_metrics import metrics
 
 log = logging.getLogger("kured.fleetlock")
 
@@ -317,6 +320,7 @@ def build_app(
     app.router.add_post("/v1/pre-reboot", pre_reboot)
     app.router.add_post("/v1/steady-state", steady_state)
     app.router.add_get("/v1/status", status, allow_head=False)
+    app.router.add_get("/metrics", metrics, allow_head=False)
 
     async def close_kv(app: web.Application) -> None:
         await app[KV].close()
