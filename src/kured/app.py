@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from kit.clock import SystemClock
+from kured.actuators.deleted_nodes import DeletedHolders
 from kured.actuators.drain import DrainOptions
 from kured.actuators.node import KubernetesNode, NodeOptions, label_keys_differ
 from kured.actuators.notify import Notifier
@@ -194,6 +195,13 @@ class AgentService:
                 node=self.node,
                 boot_id=lambda: current_boot_id(s.boot_id_file),
                 notifier=self.notifier,
+                deleted_holders=(
+                    DeletedHolders(
+                        self.api, self.lock.release, s.node_id, s.deleted_node_grace, SystemClock()
+                    )
+                    if s.release_lock_of_deleted_nodes and self.api is not None
+                    else None
+                ),
             )
             self.collector = AgentCollector(self.agent)
             runner = await self._serve_http(self.agent, self.collector)

@@ -1,7 +1,8 @@
 """The node choreography of the Kubernetes backend, as steps of the agent (``kured.loop``):
 pre-reboot labels, ``--drain-delay``, the drain notification, cordon and drain before the reboot; restoring the node
 (uncordon retried until it succeeds, post labels, the in-progress annotation) before every
-release; the orphaned-cordon check; and the ``--prefer-no-schedule-taint`` taint. The rules and
+release; the orphaned-cordon check; the ``--prefer-no-schedule-taint`` taint; and the
+``--release-lock-of-deleted-nodes`` check (``kured.actuators.deleted_nodes``) before each tick. The rules and
 their sources are in the ``kured.loop`` module docstring.
 
 ``NodeSteps`` is a base class of ``Agent``: it declares the agent attributes it uses, and
@@ -15,7 +16,15 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-from kured.contract import AgentConfig, AgentView, DrainFailure, NodeActuator, Notify, Sleep
+from kured.contract import (
+    AgentConfig,
+    AgentView,
+    DeletedHolderCheck,
+    DrainFailure,
+    NodeActuator,
+    Notify,
+    Sleep,
+)
 from kured.core.errors import DrainError, KuredError, LockError
 from kured.core.policy import Action, Decision, Reason, Why
 from kured.locks.base import Holder, Lock
@@ -36,9 +45,24 @@ class NodeSteps:
     orphan_check_pending: bool
     tainted: bool | None
     notifier: Notify | None
+    deleted_holders: DeletedHolderCheck | None
 
     async def _release(self, after_reboot: bool) -> None:
         raise NotImplementedError  # the agent's
+
+    async def _reread_lock(self) -> None:
+        raise NotImplementedError  # the agent's
+
+    async def _release_deleted_holders(self) -> None:
+        """``--release-lock-of-deleted-nodes``: before observing, so a freed slot is seen."""
+        if self.deleted_holders is None:
+            return
+        try:
+            holders = await self.lock.holders()
+        except LockError:
+            return  # observe() reads again, logs and counts it
+        if await self.deleted_holders.check(h.node_id for h in holders):
+            await self._reread_lock()
 
     def _notify(self, event: str) -> None:
         """Start the ``--notify-url`` message for ``event``; never blocks, never raises."""

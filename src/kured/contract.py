@@ -7,7 +7,7 @@ share them without importing each other.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -51,6 +51,15 @@ class Notify(Protocol):
     def send(self, event: str) -> None: ...
 
     async def flush(self) -> None: ...
+
+
+class DeletedHolderCheck(Protocol):
+    """``kured.actuators.deleted_nodes.DeletedHolders``: releases the lock of holders whose
+    Node is gone; returns their ids; never raises."""
+
+    released_total: int
+
+    async def check(self, holders: Iterable[str]) -> list[str]: ...
 
 
 class Window(Protocol):

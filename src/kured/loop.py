@@ -71,6 +71,7 @@ from kured.choreography import NodeSteps
 from kured.contract import (
     AgentConfig,
     AgentView,
+    DeletedHolderCheck,
     DrainFailure,
     Gate,
     NodeActuator,
@@ -116,6 +117,7 @@ class Agent(NodeSteps):
         node: NodeActuator | None = None,
         boot_id: Callable[[], str] = current_boot_id,
         notifier: Notify | None = None,
+        deleted_holders: DeletedHolderCheck | None = None,
     ) -> None:
         self.config = config
         self.window = window
@@ -138,6 +140,7 @@ class Agent(NodeSteps):
         self.orphan_check_pending = node is not None
         self.tainted: bool | None = None  # our PreferNoSchedule taint as last set; None: unknown
         self.notifier = notifier
+        self.deleted_holders = deleted_holders
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
@@ -283,6 +286,7 @@ class Agent(NodeSteps):
     async def tick(self) -> Decision:
         """One observe → decide → act round. Never raises for expected failures."""
         self.view.last_tick_at = time.time()
+        await self._release_deleted_holders()
         for _ in range(3):  # an acquired lock is used in the same tick
             obs = await self.observe()
             decision = decide(obs)

@@ -16,7 +16,8 @@ users build alerts blind (kured-behaviour.md, "Little visibility"):
 * ``kured_failures_total{node,kind}`` (sentinel, gate, lock, reboot, tick, drain, uncordon,
   node) and ``kured_decisions_total{node,action}``;
 * with ``--notify-url``: ``kured_notifications_total{node,event,result}`` (event drain, reboot,
-  uncordon; result sent, failed, timeout), every delivery to every URL.
+  uncordon; result sent, failed, timeout), every delivery to every URL;
+* with ``--release-lock-of-deleted-nodes``: ``kured_lock_releases_of_deleted_nodes_total{node}``.
 """
 
 from __future__ import annotations
@@ -126,6 +127,14 @@ class AgentCollector(Collector):
         for action, n in sorted(view.decisions_total.items()):
             decisions.add_metric([node, action], n)
         yield decisions
+        if a.deleted_holders is not None:
+            reaped = CounterMetricFamily(
+                "kured_lock_releases_of_deleted_nodes",
+                "Lock entries of holders whose Node was gone, released by this agent.",
+                labels=["node"],
+            )
+            reaped.add_metric([node], a.deleted_holders.released_total)
+            yield reaped
         notifier = a.notifier
         if isinstance(notifier, Notifier):
             sent = CounterMetricFamily(

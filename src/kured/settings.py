@@ -335,6 +335,20 @@ class Settings:
         "('' = off; kured's chart suggests kured.dev/kured-node-reboot)",
         default="",
     )
+    release_lock_of_deleted_nodes: bool = option(
+        *_flag("release-lock-of-deleted-nodes"),
+        parse_bool,
+        "release the lock of a holder whose Node the API has answered 404 for longer than "
+        "--deleted-node-grace (never kured's manual pause record); logged and counted",
+        default=False,
+    )
+    deleted_node_grace: float = option(
+        *_flag("deleted-node-grace"),
+        _positive_duration,
+        "how long a lock holder's Node must be absent before --release-lock-of-deleted-nodes "
+        "releases its lock (checked at each check, so at least one --period)",
+        default=600.0,
+    )
     force_reboot: bool = option(
         *_flag("force-reboot"),
         parse_bool,
@@ -646,6 +660,7 @@ def validate_settings(s: Settings) -> list[str]:
                 ("--drain-delay", s.drain_delay > 0),
                 ("--drain-pod-selector", bool(s.drain_pod_selector)),
                 ("--prefer-no-schedule-taint", bool(s.prefer_no_schedule_taint)),
+                ("--release-lock-of-deleted-nodes", s.release_lock_of_deleted_nodes),
             )
             if used
         ]

@@ -372,3 +372,19 @@ def test_a_window_whose_start_equals_its_end_is_refused(start: str, end: str) ->
 def test_a_one_second_longer_window_and_a_midnight_crossing_one_are_accepted() -> None:
     assert settings_from(NODE, "--start-time", "03:00", "--end-time", "03:00:01")
     assert settings_from(NODE, "--start-time", "22:00", "--end-time", "21:59:59")
+
+
+def test_deleted_node_release_is_off_by_default_and_needs_a_kubernetes_backend() -> None:
+    s = settings_from(NODE)
+    assert s.release_lock_of_deleted_nodes is False
+    assert s.deleted_node_grace == 600.0
+    problems = problems_from(NODE, "--release-lock-of-deleted-nodes")
+    assert problems == [
+        "--release-lock-of-deleted-nodes need --lock-backend=kubernetes or lease "
+        "(they act on the Node object)"
+    ]
+    lease = settings_from(
+        NODE, "--lock-backend=lease", "--release-lock-of-deleted-nodes", "--deleted-node-grace=90s"
+    )
+    assert (lease.release_lock_of_deleted_nodes, lease.deleted_node_grace) == (True, 90.0)
+    assert problems_from(NODE, "--deleted-node-grace=0")
