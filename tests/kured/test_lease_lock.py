@@ -221,3 +221,43 @@ async def test_endless_conflicts_raise_lock_conflict(make_lock: MakeLock, kube: 
     lease = kube.lease(NS, NAME)
     assert lease is not None
     assert "holderIdentity" not in lease["spec"]
+
+
+async def test_fifty_agents_never_store_two_holders_in_any_lease_version(
+    make_lock: MakeLock, kube: KubeDouble
+) -> None:
+    """The suite's contention test (test_lock_suite.py) checks the agents' own hold intervals;
+    this one checks every version the API server stored."""
+
+    async def agent(index: int) -> None:
+        lock = make_lock()
+        node = f"node-{index:02d}"
+        while True:
+            try:
+                if await lock.acquire(node, unschedulable=False, ttl_seconds=0):
+                    break
+            except LockConflict:
+                pass
+            await asyncio.sleep(0.01 + (index % 7) * 0.005)  # the agent's next tick
+        await asyncio.sleep(0.002)
+        while True:
+            try:
+                await lock.release(node)
+                return
+            except LockConflict:
+                continue
+
+    async with asyncio.timeout(120), asyncio.TaskGroup() as tg:
+        for index in range(50):
+            tg.create_task(agent(index))
+    history = kube.lease_history(NS, NAME)
+    holders = [v["spec"].get("holderIdentity") for v in history]
+    records = [(v["metadata"].get("annotations") or {}).get(KEY) for v in history]
+    assert all(h is None or "," not in h for h in holders)
+    assert all(r is None or "nodeID" in json.loads(r) for r in records)  # single format only
+    assert sum(1 for h in holders if h) == 50  # every acquisition stored exactly once
+    assert len({h for h in holders if h}) == 50
+    conflicts = kube.count("PUT", rf"/leases/{NAME}$", status=409) + kube.count(
+        "POST", r"/leases$", status=409
+    )
+    assert conflicts > 0  # they did collide
