@@ -90,10 +90,11 @@ class NodeSteps:
             return
         self.tainted = want
 
-    async def _restore_node(self) -> None:
+    async def _restore_node(self) -> bool:
         """Uncordon per the lock record (retried until it succeeds: see the module docstring),
         post labels, and once the sentinel is gone the in-progress annotation. Label and
-        annotation failures are logged and counted; they do not hold the lock."""
+        annotation failures are logged and counted; they do not hold the lock. False when the
+        node was left cordoned on purpose (an operator cordoned it before the lock)."""
         assert self.node is not None
         me = self.config.node_id
         own: Holder | None = None
@@ -108,6 +109,7 @@ class NodeSteps:
             log.info("node %s was cordoned before the lock was taken: leaving it cordoned", me)
         else:
             await self._until_uncordoned(self.node.uncordon)
+        uncordoned = own is None or not own.unschedulable
         try:
             await self.node.apply_labels("post")
         except KuredError as exc:
@@ -122,6 +124,7 @@ class NodeSteps:
             except KuredError as exc:
                 log.warning("cannot remove the reboot-in-progress annotation: %s", exc.message)
                 self.view.fail("node")
+        return uncordoned
 
     async def _until_uncordoned(self, uncordon: Callable[[], Awaitable[object]]) -> None:
         """Run ``uncordon`` until it succeeds, pausing with full jitter over a doubling cap

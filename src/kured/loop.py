@@ -49,7 +49,8 @@ kured's node choreography (kured-behaviour.md §2.2-2.4):
 
 With ``--notify-url`` (``notifier``) kured's three messages go out: drain (before the cordon),
 reboot (right before the reboot; the agent waits for it at most the delivery timeout) and
-uncordon (after the reboot, once the node is restored). Delivery never blocks or fails a reboot
+uncordon (after the reboot, once the node is uncordoned; not when it stays cordoned because
+it was cordoned before the lock). Delivery never blocks or fails a reboot
 (``kured.actuators.notify``).
 
 The node steps are in ``kured.choreography`` (a base class of ``Agent``); the protocols, the
@@ -351,10 +352,8 @@ class Agent(NodeSteps):
     async def _release(self, after_reboot: bool) -> None:
         """Give the lock back: restore the node first (Kubernetes backend), then sleep the
         release delay only after a reboot (not after a failed drain: kured #1129)."""
-        if self.node is not None:
-            await self._restore_node()
-            if after_reboot:
-                self._notify("uncordon")
+        if self.node is not None and await self._restore_node() and after_reboot:
+            self._notify("uncordon")
         delay = self.config.lock_release_delay_seconds
         if after_reboot and delay > 0:
             back = self.state.came_back_at

@@ -249,3 +249,29 @@ async def test_receivers_that_are_down_or_hang_neither_block_nor_fail_the_reboot
         host.stop()
         stop.set()
         hanging.close()
+
+
+async def test_a_node_left_cordoned_on_purpose_gets_no_uncordon_message(
+    tmp_path: Path,
+    kube: KubeDouble,
+    kubeconfig: Path,
+    webhook: tuple[list[dict[str, object]], int],
+) -> None:
+    received, http_port = webhook
+    kube.add_node("n1", unschedulable=True)  # an operator cordoned it before the lock
+    host = _host(
+        tmp_path, kubeconfig, "--notify-url", f"generic+http://127.0.0.1:{http_port}/hooks/kured"
+    )
+    host.sentinel.touch()
+    host.start()
+    try:
+        assert await _until(lambda: host.boots >= 2 and _lease_holder(kube) is None, 60), host.log()
+        assert await _until(lambda: len(received) >= 2, 10)
+        assert await _until(
+            lambda: "leaving it cordoned" in host.log(), 10
+        )  # the post-reboot release ran
+        await asyncio.sleep(0.5)
+        assert [m["message"] for m in received] == ["Draining node n1", "Rebooting node n1"]
+        assert kube.node("n1")["spec"].get("unschedulable") is True
+    finally:
+        host.stop()
