@@ -204,5 +204,7 @@ def test_the_cli_exits_2_on_an_unknown_scheme_and_help_lists_the_notify_flags() 
         "--notify-timeout",
         "--lease-name",
         "--lease-namespace",
+        "--release-lock-of-deleted-nodes",
+        "--deleted-node-grace",
     ):
         assert flag in help_text
