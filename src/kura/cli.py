@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="public ports are BASE, BASE+1, ...; internal ports BASE+100, ...",
     )
     dev.add_argument("--dir", default=".kura/dev", help="data and tmp dirs go under here")
+    dev.add_argument(
+        "request",
+        nargs="*",
+        metavar="restart N",
+        help="`kura dev restart N` starts node N of the running `kura dev` (same --dir) again",
+    )
     demo = sub.add_parser("demo", help="run a whole-system scenario on this machine")
     scenarios = demo.add_subparsers(dest="scenario", required=True)
     rolling = scenarios.add_parser(
@@ -107,9 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         return status(args)
     if args.command == "dev":
-        from kura.devmesh import run_dev_mesh
+        from kura.devmesh import restart_node, run_dev_mesh
 
-        return run_dev_mesh(args.nodes, args.base_port, args.dir)
+        if not args.request:
+            return run_dev_mesh(args.nodes, args.base_port, args.dir)
+        if len(args.request) != 2 or args.request[0] != "restart" or not args.request[1].isdigit():
+            parser.error("kura dev: the only request is `kura dev restart N`")
+        return restart_node(int(args.request[1]), args.dir)
     if args.command == "demo":
         return demo(args)
     parser.error(f"unknown command {args.command}")
