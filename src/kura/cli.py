@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kit import log as kit_log
 from kit.settings import SettingsError, add_arguments, load
@@ -34,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(
         "--token",
-        default=os.environ.get("KURA_TOKEN"),
-        help="bearer token, if the node requires one (env KURA_TOKEN)",
+        default=os.environ.get("KURA_TOKEN") or _own_token(os.environ),
+        help="bearer token, if the node requires one (env KURA_TOKEN; inside a node's own "
+        "environment, e.g. `kubectl exec`, the first of KURA_READ_ONLY_TOKENS or "
+        "KURA_READ_WRITE_TOKENS)",
     )
     dev = sub.add_parser("dev", help="run an N-node mesh on 127.0.0.1 for trying replication")
     dev.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
@@ -103,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=900.0, help="give the rolling phase up after this long"
     )
     return parser
+
+
+def _own_token(env: Mapping[str, str]) -> str | None:
+    for name in ("KURA_READ_ONLY_TOKENS", "KURA_READ_WRITE_TOKENS"):
+        tokens = [t.strip() for t in env.get(name, "").split(",") if t.strip()]
+        if tokens:
+            return tokens[0]
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

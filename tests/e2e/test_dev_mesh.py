@@ -178,6 +178,14 @@ def test_a_killed_dev_node_is_named_restarted_and_catches_up(dev_mesh: DevMesh) 
     row = next(line for line in seen.stdout.splitlines() if str(node2_internal) in line)
     assert "healthy" in row, seen.stdout
 
+    # The hint `kura dev` printed at start-up is a command that works as printed.
+    hint_line = next(line for line in mesh.lines if " status --url " in line)
+    printed = subprocess.run(
+        ["bash", "-c", hint_line.strip()], capture_output=True, text=True, timeout=60
+    )
+    assert printed.returncode == 0, hint_line + printed.stdout + printed.stderr
+    assert "ready    yes" in printed.stdout, printed.stdout
+
     pids = [mesh.pid(n) for n in (1, 2, 3)]
     assert mesh.stop() == 0, context()
     for pid in pids:

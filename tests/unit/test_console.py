@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kura.console import LINE_WIDTH, render_status
 
@@ -77,3 +81,33 @@ def test_long_errors_and_reasons_wrap_instead_of_being_cut() -> None:
     flat = " ".join(line.strip() for line in text.splitlines())
     assert error in flat
     assert reason in flat
+
+
+def test_the_printed_kura_command_is_the_one_that_is_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kura import devmesh
+
+    script = tmp_path / ".venv" / "bin" / "kura"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    monkeypatch.setattr(sys, "argv", [str(script), "dev"])
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert devmesh.kura_command() == str(script)  # not a bare `kura` that is not on PATH
+    monkeypatch.setattr(sys, "argv", ["/x/kura/cli.py", "dev"])
+    assert devmesh.kura_command() == f"{sys.executable} -m kura.cli"
+
+
+def test_kura_status_inside_a_node_uses_the_nodes_own_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kura.cli import build_parser
+
+    monkeypatch.delenv("KURA_TOKEN", raising=False)
+    monkeypatch.setenv("KURA_READ_ONLY_TOKENS", "")
+    monkeypatch.setenv("KURA_READ_WRITE_TOKENS", " rw-1 ,rw-2")
+    assert build_parser().parse_args(["status"]).token == "rw-1"
+    monkeypatch.setenv("KURA_READ_ONLY_TOKENS", "ro-1")
+    assert build_parser().parse_args(["status"]).token == "ro-1"
+    monkeypatch.setenv("KURA_TOKEN", "mine")
+    assert build_parser().parse_args(["status"]).token == "mine"
