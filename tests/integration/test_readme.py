@@ -93,7 +93,14 @@ def token_node(start_node: Callable[..., NodeProcess]) -> NodeProcess:
     return start_node(read_write_tokens=TOKEN)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_FILES))
+# Gradle and Bazel runs take 35-75 s each on a loaded 2-core machine (JVM and Bazel server starts).
+SLOW = {"gradle", "bazel"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(EXPECTED_FILES)],
+)
 def test_readme_configuration_gets_a_remote_hit(
     name: str, token_node: NodeProcess, tmp_path: Path
 ) -> None:
