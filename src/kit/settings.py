@@ -4,7 +4,7 @@ A component describes its settings as a frozen dataclass whose fields carry ``op
 metadata: the environment variable, the flag, a parser and a help line. ``load`` builds an
 argparse parser from that description, reads the environment, applies the precedence the
 component asks for, and raises ``SettingsError`` listing *every* invalid or missing value, the
-way Kura reports configuration errors (shared/reference/kura-behaviour.md §6.1).
+way Kura reports configuration errors (docs/reference/kura-behaviour.md §6.1).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kit import log as kit_log
 from kit.settings import SettingsError, add_arguments, load
@@ -34,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(
         "--token",
-        default=os.environ.get("KURA_TOKEN"),
-        help="bearer token, if the node requires one (env KURA_TOKEN)",
+        default=os.environ.get("KURA_TOKEN") or _own_token(os.environ),
+        help="bearer token, if the node requires one (env KURA_TOKEN; inside a node's own "
+        "environment, e.g. `kubectl exec`, the first of KURA_READ_ONLY_TOKENS or "
+        "KURA_READ_WRITE_TOKENS)",
     )
     dev = sub.add_parser("dev", help="run an N-node mesh on 127.0.0.1 for trying replication")
     dev.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
@@ -46,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="public ports are BASE, BASE+1, ...; internal ports BASE+100, ...",
     )
     dev.add_argument("--dir", default=".kura/dev", help="data and tmp dirs go under here")
+    dev.add_argument(
+        "request",
+        nargs="*",
+        metavar="restart N",
+        help="`kura dev restart N` starts node N of the running `kura dev` (same --dir) again",
+    )
     demo = sub.add_parser("demo", help="run a whole-system scenario on this machine")
     scenarios = demo.add_subparsers(dest="scenario", required=True)
     rolling = scenarios.add_parser(
@@ -99,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _own_token(env: Mapping[str, str]) -> str | None:
+    for name in ("KURA_READ_ONLY_TOKENS", "KURA_READ_WRITE_TOKENS"):
+        tokens = [t.strip() for t in env.get(name, "").split(",") if t.strip()]
+        if tokens:
+            return tokens[0]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -107,9 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         return status(args)
     if args.command == "dev":
-        from kura.devmesh import run_dev_mesh
+        from kura.devmesh import restart_node, run_dev_mesh
 
-        return run_dev_mesh(args.nodes, args.base_port, args.dir)
+        if not args.request:
+            return run_dev_mesh(args.nodes, args.base_port, args.dir)
+        if len(args.request) != 2 or args.request[0] != "restart" or not args.request[1].isdigit():
+            parser.error("kura dev: the only request is `kura dev restart N`")
+        return restart_node(int(args.request[1]), args.dir)
     if args.command == "demo":
         return demo(args)
     parser.error(f"unknown command {args.command}")

@@ -5,9 +5,11 @@ Pure formatting of the JSON a node serves; no network here (``cli`` fetches it).
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 BAR_WIDTH = 30
+LINE_WIDTH = 100  # long reasons and errors wrap at this width, continued under an indent
 
 
 def human_bytes(n: float) -> str:
@@ -25,12 +27,45 @@ def progress_bar(done: float, total: float, width: int = BAR_WIDTH) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {fraction * 100:3.0f}%"
 
 
+def bootstrap_line(bootstrap: dict[str, Any]) -> str:
+    """The bootstrap bar and the numbers it is drawn from.
+
+    The bar is the smaller of the peer fraction (peers done of peers) and the byte fraction, so
+    it is never full while a peer is still to do: before a peer's inventory is read its bytes
+    are not yet in ``bytes_total``, and "0 B of 0 B" alone would draw 100 %.
+    """
+    peers_done, peers_total = bootstrap.get("peers_done", 0), bootstrap.get("peers_total", 0)
+    bytes_done, bytes_total = bootstrap.get("bytes_done", 0), bootstrap.get("bytes_total", 0)
+    fraction = min(_fraction(peers_done, peers_total), _fraction(bytes_done, bytes_total))
+    return (
+        f"bootstrap {progress_bar(fraction, 1.0)} {peers_done} of {peers_total} peers, "
+        f"{human_bytes(bytes_done)} of {human_bytes(bytes_total)}"
+    )
+
+
+def _fraction(done: float, total: float) -> float:
+    return 1.0 if total <= 0 else max(0.0, min(1.0, done / total))
+
+
+def wrapped(first: str, text: str, indent: int) -> list[str]:
+    """``first + text`` wrapped at ``LINE_WIDTH``, continuation lines indented by ``indent``."""
+    return textwrap.wrap(
+        first + text,
+        width=LINE_WIDTH,
+        subsequent_indent=" " * indent,
+        break_long_words=True,
+        break_on_hyphens=False,
+    ) or [first.rstrip()]
+
+
 def render_status(status: dict[str, Any]) -> str:
     """The mesh as one node sees it, as lines of text."""
     lines = [
         f"node     {status['node_url']}  (public {status['public_url']}, "
         f"tenant {status['tenant_id']}, region {status['region']})",
-        "ready    " + ("yes" if status["ready"] else "NO: " + "; ".join(status["reasons"])),
+        *wrapped(
+            "ready    ", "yes" if status["ready"] else "NO: " + "; ".join(status["reasons"]), 9
+        ),
         f"store    {status['artifacts']} artifacts, {human_bytes(status['disk_used_bytes'])}; "
         f"tmp {human_bytes(status['tmp_reserved_bytes'])} of "
         f"{human_bytes(status['tmp_capacity_bytes'])} reserved; "
@@ -38,20 +73,17 @@ def render_status(status: dict[str, Any]) -> str:
     ]
     bootstrap = status.get("bootstrap")
     if bootstrap:
-        lines.append(
-            "bootstrap "
-            + progress_bar(bootstrap.get("bytes_done", 0), bootstrap.get("bytes_total", 0))
-            + f" {bootstrap.get('peers_done', 0)} of {bootstrap.get('peers_total', 0)} peers"
-        )
+        lines.append(bootstrap_line(bootstrap))
     lines.append(f"peers    {len(status['peers'])} (membership generation {status['generation']})")
     header = f"  {'peer':<32} {'state':<10} {'outbox':>7} {'oldest':>8}  last error"
     lines.append(header)
     for p in status["peers"]:
         state = "healthy" if p["healthy"] else ("down" if p["known"] else "unprobed")
-        lines.append(
+        row = (
             f"  {p['node_url']:<32} {state:<10} {p['outbox_messages']:>7} "
-            f"{p['outbox_oldest_age_seconds']:>7.1f}s  {p['last_error'][:60]}"
+            f"{p['outbox_oldest_age_seconds']:>7.1f}s  "
         )
+        lines.extend(wrapped(row, p["last_error"], len(row)))
         if p.get("needs_catch_up"):
             forgotten = p.get("forgotten_at")
             lines.append(

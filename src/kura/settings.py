@@ -1,6 +1,6 @@
 """kura's settings: every ``KURA_*`` environment variable and its matching flag.
 
-Names follow the Rust Kura server where it has them (shared/reference/kura-behaviour.md §6), so
+Names follow the Rust Kura server where it has them (docs/reference/kura-behaviour.md §6), so
 deployments can switch without rewriting their environment. Unlike upstream, nothing is
 mandatory: with no configuration at all a node serves on 127.0.0.1:4000 with its data under
 ``./.kura`` (the README's first command). Flags win over the environment.

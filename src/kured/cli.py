@@ -13,16 +13,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit import log as kit_log
 from kit.settings import SettingsError
 from kured import __version__
+
+if TYPE_CHECKING:
+    from kured.settings import Settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,6 +58,9 @@ def agent(argv: list[str]) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return 2
     kit_log.configure("INFO")
+    warning = real_reboot_warning(settings, os.geteuid())
+    if warning:
+        logging.getLogger("kured").warning(warning)
     from kured.app import run_agent
     from kured.core.errors import KuredError
 
@@ -66,6 +73,29 @@ def agent(argv: list[str]) -> int:
         print(f"kured: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def real_reboot_warning(settings: Settings, euid: int) -> str | None:
+    """The start-up warning for an agent that would reboot this very machine, else None.
+
+    As root, the default ``--reboot-command`` (``/bin/systemctl reboot``) and
+    ``--reboot-method=signal`` really reboot the host once a reboot is required and the lock is
+    taken: fine on a node, a surprise on a laptop trying kured out.
+    """
+    from kured.settings import DEFAULT_REBOOT_COMMAND
+
+    if euid != 0:
+        return None
+    if settings.reboot_method == "signal":
+        how = f"--reboot-method=signal sends signal {settings.reboot_signal} to PID 1"
+    elif settings.reboot_command == DEFAULT_REBOOT_COMMAND:
+        how = "the default --reboot-command " + " ".join(DEFAULT_REBOOT_COMMAND) + " runs"
+    else:
+        return None
+    return (
+        f"running as root: {how} and REALLY REBOOTS THIS MACHINE once a reboot is required "
+        "and the lock is taken; to try kured out, pass e.g. --reboot-command='/bin/echo reboot'"
+    )
 
 
 def status(argv: list[str]) -> int:
@@ -196,8 +226,8 @@ def fleetlock_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--etcd-endpoints",
         default=env("KURED_ETCD_ENDPOINTS", "http://127.0.0.1:2379"),
-        help="comma-separated etcd client URLs (env KURED_ETCD_ENDPOINTS; "
-        "default http://127.0.0.1:2379)",
+        help="comma-separated etcd client URLs (env KURED_ETCD_ENDPOINTS; default "
+        "http://127.0.0.1:2379): give it whenever etcd is not on 127.0.0.1:2379",
     )
     parser.add_argument(
         "--prefix",

@@ -1,6 +1,6 @@
 """kured's settings: every flag, its ``KURED_<FLAG>`` environment override, and their rules.
 
-Flag names, defaults and value syntax are kured 1.23.0's (shared/reference/kured-behaviour.md §1)
+Flag names, defaults and value syntax are kured 1.23.0's (docs/reference/kured-behaviour.md §1)
 so existing DaemonSet manifests and Helm values keep working: Go durations (``30m``, ``1h30m``,
 ``1.5s``, ``0``), Go booleans (``true``, ``1``, ``T``...), comma-separated lists, and the window
 syntax of ``kured.core.window``. The environment variable of ``--lock-release-delay`` is

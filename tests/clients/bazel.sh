@@ -6,7 +6,7 @@
 #   for each output; on a miss PUT {BASE_URL}/cas/{sha256} (outputs, stdout/stderr, Command, Action)
 #   and finally PUT {BASE_URL}/ac/{sha256}. Any 2xx accepted for PUT.
 # Env: TOKEN (sent as `Authorization: Bearer TOKEN` via --remote_header), BAZEL_BIN (default: bazel on
-#      PATH), KEEP=1.
+#      PATH), CLIENT_CONFIG (a directory: its `bazelrc` replaces --remote_cache and the token), KEEP=1.
 # Setup: each run has its own --output_base under a per-script --output_user_root in the temp dir (so no
 #   local action cache, disk cache or outputs survive), home/workspace rc files ignored, no --disk_cache. Both Bazel
 #   servers are shut down at the end (and --max_idle_secs bounds them if this script is killed -9).
@@ -27,6 +27,7 @@ bz() {  # $1 = run number (selects the output_base), then a timeout in seconds, 
   local n="$1" t="$2"; shift 2
   local startup=(--nohome_rc --noworkspace_rc --output_user_root="$ROOT" --output_base="$ROOT/ob$n"
                  --max_idle_secs=60)
+  [ -n "${CLIENT_CONFIG:-}" ] && startup+=(--bazelrc="$CLIENT_CONFIG/bazelrc")
   [ -n "${BAZEL_INSTALL_BASE:-}" ] && startup+=(--install_base="$BAZEL_INSTALL_BASE" --trust_install_base)
   timeout "$t" "$BAZEL_BIN" "${startup[@]}" "$@"
 }
@@ -49,9 +50,12 @@ genrule(
     cmd = "echo 'kura $(date +%s%N) $$ $RANDOM' > \$@",
 )
 EOF
-FLAGS=(--remote_cache="$BASE" --remote_accept_cached --remote_upload_local_results
-       --remote_timeout=20 --spawn_strategy=local --color=no --curses=no --show_progress=no)
-[ -n "${TOKEN:-}" ] && FLAGS+=(--remote_header="Authorization=Bearer ${TOKEN}")
+FLAGS=(--remote_accept_cached --remote_upload_local_results --remote_timeout=20 --spawn_strategy=local --color=no --curses=no --show_progress=no)
+# CLIENT_CONFIG: the user's own .bazelrc lines (README.md "Bazel", a --bazelrc) instead of these two.
+if [ -z "${CLIENT_CONFIG:-}" ]; then
+  FLAGS+=(--remote_cache="$BASE")
+  [ -n "${TOKEN:-}" ] && FLAGS+=(--remote_header="Authorization=Bearer ${TOKEN}")
+fi
 run() {  # $1 = run number
   bz "$1" 60 build //:gen "${FLAGS[@]}" > "$W/run$1.log" 2>&1
 }

@@ -6,7 +6,8 @@
 #   GET -> 200 body | 404 miss; PUT (Content-Type application/octet-stream, Content-Length) -> any 2xx.
 #   Two objects per compile (manifest + result). ccache sends no HEAD.
 # Env: PREFIX (default /cache; set PREFIX= to put keys right under BASE_URL), LAYOUT=subdirs|flat|bazel,
-#      TOKEN (sent as `Authorization: Bearer TOKEN`), CCACHE_BIN (default: ccache on PATH), KEEP=1.
+#      TOKEN (sent as `Authorization: Bearer TOKEN`), CCACHE_BIN (default: ccache on PATH), KEEP=1,
+#      CLIENT_CONFIG (a directory: its `env` file, sourced, sets CCACHE_REMOTE_STORAGE instead).
 # Hit detection: after wiping CCACHE_DIR, `ccache --print-stats` shows remote_storage_hit >= 1 and the
 #   object file is byte-identical to the first compile's.
 # Exit 0 = REMOTE HIT; 1 = no hit; 2 = setup error.
@@ -36,6 +37,11 @@ export CCACHE_DIR="$W/ccache-local" CCACHE_CONFIGPATH="$W/ccache.conf" CCACHE_BA
 URL="${BASE}${PREFIX}|layout=${LAYOUT}"
 [ -n "${TOKEN:-}" ] && URL="${URL}|bearer-token=${TOKEN}"
 export CCACHE_REMOTE_STORAGE="$URL"
+if [ -n "${CLIENT_CONFIG:-}" ]; then   # the user's own line instead (README.md "ccache")
+  unset CCACHE_REMOTE_STORAGE
+  . "$CLIENT_CONFIG/env" || { echo "SETUP FAILED: cannot source $CLIENT_CONFIG/env"; exit 2; }
+  URL="$CCACHE_REMOTE_STORAGE"
+fi
 stat_of() { "$CCACHE_BIN" --print-stats | awk -v k="$1" '$1==k{print $2}'; }
 echo "ccache $("$CCACHE_BIN" --version | head -1 | awk '{print $3}'); remote_storage=${URL%%|bearer-token=*}"
 

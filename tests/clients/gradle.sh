@@ -5,7 +5,9 @@
 #   GET|PUT {BASE_URL}/{32-hex key}. PUT: Content-Type application/vnd.gradle.build-cache-artifact.v1,
 #   Content-Length, gzip tar body; any 2xx accepted. GET 200 = hit, 404 = miss.
 # Env: TOKEN (sent as HTTP Basic auth user "kura", password TOKEN — Gradle 4.4 has no bearer option; Gradle
-#      sends it preemptively), GRADLE_BIN (default: gradle on PATH), KEEP=1.
+#      sends it preemptively), GRADLE_BIN (default: gradle on PATH), KEEP=1,
+#      CLIENT_CONFIG (a directory: its settings.gradle and gradle.properties are the project's own,
+#      and gradle runs without --build-cache).
 # Setup: settings.gradle turns the local (directory) build cache OFF and points HttpBuildCache at BASE_URL
 #   with push=true; each run gets a fresh GRADLE_USER_HOME and build/ + .gradle/ are deleted in between.
 #   Runs with --no-daemon --build-cache (never --offline: that disables the remote cache).
@@ -37,6 +39,12 @@ buildCache {
   }
 }
 EOF
+BUILD_CACHE=--build-cache
+if [ -n "${CLIENT_CONFIG:-}" ]; then   # the user's own files instead (README.md "Gradle")
+  { echo "rootProject.name = 'kuraprobe'"; cat "$CLIENT_CONFIG/settings.gradle"; } > settings.gradle || exit 2
+  cp "$CLIENT_CONFIG/gradle.properties" gradle.properties || exit 2
+  BUILD_CACHE=""                       # gradle.properties must turn the build cache on by itself
+fi
 echo "apply plugin: 'java'" > build.gradle
 cat > src/main/java/kura/Probe.java <<EOF
 package kura;
@@ -45,7 +53,7 @@ EOF
 export KURA_GRADLE_TOKEN="${TOKEN:-}"
 unset GRADLE_OPTS JAVA_TOOL_OPTIONS
 run() {  # $1 = log, $2 = fresh GRADLE_USER_HOME
-  timeout 60 "$GRADLE_BIN" --no-daemon --build-cache --console=plain -g "$2" compileJava > "$1" 2>&1
+  timeout 60 "$GRADLE_BIN" --no-daemon $BUILD_CACHE --console=plain -g "$2" compileJava > "$1" 2>&1
 }
 CLASS=build/classes/java/main/kura/Probe.class
 

@@ -4,6 +4,7 @@
 # URL layout: GET/PUT {BASE_URL}/v1/cache/{hash}  (hash = decimal u64; body = tar.gz).
 #   The server MUST answer PUT with 200 (409/403 are tolerated); 201/204 make Nx retry and fail the run.
 # Env: TOKEN (sent as `Authorization: Bearer TOKEN`; none sent if unset),
+#      CLIENT_CONFIG (a directory: its `env` file is sourced instead of the two NX_ settings above),
 #      KURA_TOOLS (default <repo>/.tools; nx comes from $KURA_TOOLS/npm, see scripts/install-deps), KEEP=1.
 # Hit detection: run 2 (after deleting .nx/ and the outputs) prints "Nx read the output from the cache"
 #   and restores the output file.
@@ -40,6 +41,10 @@ export NX_DAEMON=false NX_NO_CLOUD=true NX_TUI=false NX_SKIP_NX_CACHE=false NX_V
        NX_SELF_HOSTED_REMOTE_CACHE_SERVER="$BASE"
 unset NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN
 [ -n "${TOKEN:-}" ] && export NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN="$TOKEN"
+if [ -n "${CLIENT_CONFIG:-}" ]; then   # the user's own lines instead (README.md "Nx")
+  unset NX_SELF_HOSTED_REMOTE_CACHE_SERVER NX_SELF_HOSTED_REMOTE_CACHE_ACCESS_TOKEN
+  . "$CLIENT_CONFIG/env" || { echo "SETUP FAILED: cannot source $CLIENT_CONFIG/env"; exit 2; }
+fi
 run() { timeout 40 "$NM/.bin/nx" run a:build --outputStyle=static > "$1" 2>&1; }
 
 run run1.log; rc1=$?

@@ -6,6 +6,7 @@
 #   Miss: GET {BASE_URL}/a/b/c/{sha256} -> 404, PROPFIND each parent, MKCOL a/, a/b/, a/b/c/, PUT (zip body).
 #   Hit: GET -> 200. PROPFIND must answer 207 or 404 and MKCOL 201 (405 makes every write fail).
 # Env: TOKEN (SCCACHE_WEBDAV_TOKEN, sent as `Authorization: Bearer TOKEN`),
+#      CLIENT_CONFIG (a directory: its `env` file is sourced instead of the two WEBDAV settings),
 #      SCCACHE_BIN (default <repo>/.venv/bin/sccache, else sccache on PATH — must be >= 0.5 with WebDAV), KEEP=1.
 # Setup: a dedicated sccache server on a free SCCACHE_SERVER_PORT, fresh SCCACHE_DIR and empty SCCACHE_CONF;
 #   the server is stopped between the runs (its in-memory state goes with it), SCCACHE_DIR is wiped, and
@@ -36,6 +37,10 @@ export SCCACHE_SERVER_PORT SCCACHE_CONF="$W/sccache.conf" SCCACHE_DIR="$W/local"
        SCCACHE_WEBDAV_ENDPOINT="$BASE" SCCACHE_IDLE_TIMEOUT=120 SCCACHE_ERROR_LOG="$W/server.log" \
        SCCACHE_LOG=info
 [ -n "${TOKEN:-}" ] && export SCCACHE_WEBDAV_TOKEN="$TOKEN"
+if [ -n "${CLIENT_CONFIG:-}" ]; then   # the user's own lines instead (README.md "sccache")
+  unset SCCACHE_WEBDAV_ENDPOINT SCCACHE_WEBDAV_TOKEN
+  . "$CLIENT_CONFIG/env" || { echo "SETUP FAILED: cannot source $CLIENT_CONFIG/env"; exit 2; }
+fi
 : > "$SCCACHE_CONF"
 stop_server() { timeout 15 "$SCCACHE_BIN" --stop-server >/dev/null 2>&1; return 0; }
 cleanup() {

@@ -7,6 +7,7 @@
 # Env: TOKEN (Bearer token; default tok123 — turbo disables remote caching without one),
 #      TEAM (sent as ?slug=, default team1), TEAMID (sent as ?teamId= instead of slug),
 #      SIGNATURE_KEY (turns on remoteCache.signature; server must echo x-artifact-tag on GET),
+#      CLIENT_CONFIG (a directory: its `env` file is sourced and turbo runs with no --api/--token/--team),
 #      KURA_TOOLS (default <repo>/.tools; turbo comes from $KURA_TOOLS/npm), KEEP=1.
 # Hit detection: run 2 (after deleting .turbo/ and the outputs) prints "a:build: cache hit" and the
 #   output file is restored. The workspace is a committed git repo (turbo hashes git-tracked inputs).
@@ -63,7 +64,13 @@ git init -q . && git add -A && git -c user.email=k@k -c user.name=k commit -qm i
 
 export TURBO_TELEMETRY_DISABLED=1 DO_NOT_TRACK=1 TURBO_NO_UPDATE_NOTIFIER=1 TURBO_UI=false
 if [ -n "${TEAMID:-}" ]; then export TURBO_TEAMID="$TEAMID"; TEAMARG=(); else TEAMARG=(--team "$TEAM"); fi
-run() { timeout 40 "$NM/.bin/turbo" run build --api="$BASE" --token="$TOKEN" "${TEAMARG[@]}" > "$1" 2>&1; }
+if [ -n "${CLIENT_CONFIG:-}" ]; then   # the user's own lines instead (README.md "Turborepo")
+  unset TURBO_API TURBO_TOKEN TURBO_TEAM TURBO_TEAMID
+  . "$CLIENT_CONFIG/env" || { echo "SETUP FAILED: cannot source $CLIENT_CONFIG/env"; exit 2; }
+  run() { timeout 40 "$NM/.bin/turbo" run build > "$1" 2>&1; }
+else
+  run() { timeout 40 "$NM/.bin/turbo" run build --api="$BASE" --token="$TOKEN" "${TEAMARG[@]}" > "$1" 2>&1; }
+fi
 
 run run1.log; rc1=$?
 echo "run1 rc=$rc1: $(grep -m1 -E 'a:build: cache' run1.log)"

@@ -3,6 +3,7 @@ and the circuit breaker that stops a reboot loop."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from kured.settings import Settings
 from tests.kured.agents import Host, read_events
 from tests.kured.prom import free_port
 
@@ -150,3 +152,70 @@ def test_a_node_that_keeps_needing_a_reboot_trips_the_breaker_instead_of_looping
         assert "circuit breaker open" in str(status["blocked_by"])
     finally:
         host.stop()
+
+
+def test_fleetlock_help_says_when_etcd_endpoints_is_needed() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kured.cli", "fleetlock", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    help_text = " ".join(out.stdout.split())
+    assert "give it whenever etcd is not on 127.0.0.1:2379" in help_text, out.stdout
+
+
+def test_real_reboot_warning_names_root_with_the_default_command_or_signal() -> None:
+    from kured.cli import real_reboot_warning
+    from kured.settings import load_settings
+
+    def settings(*argv: str) -> Settings:
+        import argparse
+
+        from kured.settings import add_arguments
+
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return load_settings(parser.parse_args(["--node-id", "n1", *argv]), {})
+
+    default = settings()
+    warning = real_reboot_warning(default, 0)
+    assert warning is not None
+    assert "/bin/systemctl reboot" in warning
+    assert "REALLY REBOOTS THIS MACHINE" in warning
+    assert real_reboot_warning(default, 1000) is None
+    assert real_reboot_warning(settings("--reboot-command", "/bin/echo reboot"), 0) is None
+    signal_warning = real_reboot_warning(settings("--reboot-method", "signal"), 0)
+    assert signal_warning is not None
+    assert "signal 39 to PID 1" in signal_warning
+
+
+def test_agent_logs_the_real_reboot_warning_at_start_up(tmp_path: Path) -> None:
+    # No sentinel file and no reachable etcd: this agent can never reboot anything.
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("00000000-0000-0000-0000-000000000001\n")
+    stderr = tmp_path / "kured.log"
+    with stderr.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kured.cli", "--node-id", "n1",
+             "--etcd-endpoints", "http://127.0.0.1:1",
+             "--reboot-sentinel", str(tmp_path / "never-created"),
+             "--boot-id-file", str(boot_id), "--state-dir", str(tmp_path / "state"),
+             "--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening" in line, (line, stderr.read_text())
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    log = stderr.read_text()
+    warned = "REALLY REBOOTS THIS MACHINE" in log
+    assert warned == (os.geteuid() == 0), log

@@ -2,7 +2,7 @@
 
 A ledger has a fixed ``capacity_bytes`` and a running ``reserved_bytes``. A reservation is taken
 only if it fits entirely; nothing is ever written to the tmp dir before its bytes are taken here.
-This is the fix for Kura's bootstrap stall (shared/seeds/000_*, kura-behaviour.md §0): a
+This is the fix for Kura's bootstrap stall (docs/reference/kura-behaviour.md §0): a
 point-in-time "is there room?" check reserved nothing, so concurrent stagers all passed it.
 
 ``outside_bytes`` lets the caller count occupants the ledger did not reserve (leftover or

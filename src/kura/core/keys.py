@@ -1,7 +1,7 @@
 """Keys, namespaces and artifact identity.
 
 An artifact is identified by ``artifact_id = hex(sha256(producer 0x00 tenant 0x00 namespace 0x00
-key))``, the rule of the Rust Kura server (shared/reference/kura-behaviour.md §1.2), so the same
+key))``, the rule of the Rust Kura server (docs/reference/kura-behaviour.md §1.2), so the same
 (producer, namespace, key) names the same artifact on every node of a tenant's mesh. The tenant is
 the node's configured tenant, never a query parameter.
 

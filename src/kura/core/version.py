@@ -3,7 +3,7 @@
 Every artifact carries ``version_ms``, an integer millisecond stamp from the writer. An
 incoming copy is applied only if it is newer than what is stored and strictly newer than the
 namespace tombstone; an older copy is ignored (Kura's apply rule,
-shared/reference/kura-behaviour.md §2.6). Version 0 is never applied over a tombstone.
+docs/reference/kura-behaviour.md §2.6). Version 0 is never applied over a tombstone.
 
 Ties: two nodes can write the same key in the same millisecond. Upstream ignores an equal
 version, so each node keeps its own bytes and the mesh never converges. Here an equal version

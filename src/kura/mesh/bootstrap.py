@@ -1,6 +1,6 @@
 """Bootstrap: a node pulls every peer's state, within the tmp budget, and gates ``/ready`` on it.
 
-This is the fix for the incident in shared/seeds/000_*, built right from the start
+This is the fix for the stall in docs/reference/kura-behaviour.md §0, built right from the start
 (kura-behaviour.md §0 and §5):
 
 * **Order.** For each known peer: namespace tombstones first (so nothing they cover is ever

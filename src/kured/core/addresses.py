@@ -2,7 +2,7 @@
 
 Like the kubelet's ``--kubelet-preferred-address-types`` (default here
 ``InternalIP,ExternalIP,Hostname``): a node with no ExternalIP and an unresolvable Hostname —
-the Elastic Metal and macOS nodes of shared/seeds/000_*, part 2 — is still reached through its
+a bare-metal or macOS node that registers nothing else, for example — is still reached through its
 InternalIP.
 """
 

@@ -1,6 +1,6 @@
 """kured's lock record: the JSON kured keeps in its lock annotation, and the rules that change it.
 
-Owns parsing and serialising the two formats kured writes (shared/reference/kured-behaviour.md
+Owns parsing and serialising the two formats kured writes (docs/reference/kured-behaviour.md
 §2.5), byte for byte as Go's ``encoding/json`` writes them, and the pure acquire/release
 transitions every record-based ``Lock`` (etcd now, the Kubernetes annotation next) applies
 between its read and its compare-and-swap write.

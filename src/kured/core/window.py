@@ -6,7 +6,7 @@ at this instant?" and "when does it next open?". It is pure: no clock, no asynci
 it reads is time-zone data, through ``zoneinfo`` (and ``/etc/localtime`` or ``$TZ`` for the zone
 named ``Local``, exactly as Go resolves it).
 
-Parsing (kured 1.23.0 ``pkg/timewindow``, shared/reference/kured-behaviour.md §2.10):
+Parsing (kured 1.23.0 ``pkg/timewindow``, docs/reference/kured-behaviour.md §2.10):
 
 * Days: case-insensitive ``su sun sunday mo mon monday tu tue tuesday we wed wednesday th thu
   thursday fr fri friday sa sat saturday``, or an integer 0-6 with 0 = Sunday (Go's

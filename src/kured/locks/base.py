@@ -1,6 +1,6 @@
 """The ``Lock`` protocol every backend implements (etcd, the Kubernetes DaemonSet annotation).
 
-Semantics (kured's, shared/reference/kured-behaviour.md §2.5), with our fixes noted:
+Semantics (kured's, docs/reference/kured-behaviour.md §2.5), with our fixes noted:
 
 * At most ``max_holders`` (``--concurrency``) holders at once, enforced by the store's
   compare-and-swap, never by timing.

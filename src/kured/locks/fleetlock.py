@@ -1,7 +1,7 @@
 """``kured fleetlock``: a FleetLock server for Fedora CoreOS's Zincati, on the etcd lock.
 
 Protocol (coreos/zincati ``docs/development/fleetlock/protocol.md``;
-shared/reference/kured-behaviour.md §5): a counting semaphore per group with owned, recursive
+docs/reference/kured-behaviour.md §5): a counting semaphore per group with owned, recursive
 slots.
 
 * ``POST /v1/pre-reboot`` — RecursiveLock: take a slot in the client's group, or confirm the one
