@@ -62,7 +62,8 @@ class BatchFetcher:
         self._unsupported: set[str] = set()
 
     def batchable(self, peer: str, manifest: Manifest) -> bool:
-        return peer not in self._unsupported and manifest.size <= BATCH_MAX_BODY_BYTES
+        limit = min(BATCH_MAX_BODY_BYTES, self._service.max_inline_bytes)
+        return peer not in self._unsupported and manifest.size <= limit
 
     def full(self, batch: list[Manifest]) -> bool:
         """Whether ``batch`` should be sent now (by count, or by bytes against the budget)."""
@@ -122,7 +123,7 @@ class BatchFetcher:
                         continue  # not asked for, or a duplicate frame: ignored
                     if state == "missing":
                         record(asked, "gone", None)  # evicted or cleaned since listing
-                    elif manifest is None or body is None or manifest.size > BATCH_MAX_BODY_BYTES:
+                    elif manifest is None or body is None or not self.batchable(peer, manifest):
                         later.append(asked)  # "large", or grew since listing
                     else:
                         items.append((manifest, body))
