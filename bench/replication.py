@@ -45,6 +45,52 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_node(
+    root: Path, internal_port: int, peers: list[str], extra_env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """Start one ``kura serve`` with its data under ``root``; return the process and its public
+    URL (read from its start-up line). ``peers`` are internal URLs (``KURA_PEERS``)."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "KURA_PORT": "0",
+            "KURA_INTERNAL_PORT": str(internal_port),
+            "KURA_NODE_URL": f"http://127.0.0.1:{internal_port}",
+            "KURA_PEERS": ",".join(peers),
+            "KURA_DATA_DIR": str(root / "data"),
+            "KURA_TMP_DIR": str(root / "tmp"),
+            "KURA_MIN_FREE_DISK_BYTES": "0",
+            "KURA_DISCOVERY_SETTLE_MS": "0",
+            "KURA_LOG_LEVEL": "WARNING",
+        }
+    )
+    env.update(extra_env or {})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kura.cli", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    m = LISTEN.search(line)
+    if m is None:
+        raise RuntimeError(f"node under {root} did not start: {line!r}")
+    return proc, m.group(1)
+
+
+def stop_node(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class Cluster:
     """N kura processes, each seeded with all internal URLs."""
 
@@ -54,35 +100,9 @@ class Cluster:
         self.procs: list[subprocess.Popen[str]] = []
         self.urls: list[str] = []
         for i in range(n):
-            env = dict(os.environ)
-            env.update(
-                {
-                    "KURA_PORT": "0",
-                    "KURA_INTERNAL_PORT": str(ports[i]),
-                    "KURA_NODE_URL": internal[i],
-                    "KURA_PEERS": ",".join(internal) if n > 1 else "",
-                    "KURA_DATA_DIR": str(root / f"n{i}/data"),
-                    "KURA_TMP_DIR": str(root / f"n{i}/tmp"),
-                    "KURA_MIN_FREE_DISK_BYTES": "0",
-                    "KURA_DISCOVERY_SETTLE_MS": "0",
-                    "KURA_LOG_LEVEL": "WARNING",
-                }
-            )
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "kura.cli", "serve"],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-                start_new_session=True,
-            )
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            m = LISTEN.search(line)
-            if m is None:
-                raise RuntimeError(f"node {i} did not start: {line!r}")
+            proc, url = start_node(root / f"n{i}", ports[i], internal if n > 1 else [])
             self.procs.append(proc)
-            self.urls.append(m.group(1))
+            self.urls.append(url)
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

@@ -32,6 +32,7 @@ from kura.api import (
     gradle,
     http_cache,
     internal,
+    internal_batch,
     keyvalue,
     metro,
     module,
@@ -406,7 +407,9 @@ class Node:
         )
         app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
-        app.add_routes(expect.guarded(internal.routes(), self.peer_auth.refusal))
+        app.add_routes(
+            expect.guarded(internal.routes() + internal_batch.routes(), self.peer_auth.refusal)
+        )
         return app
 
     async def _listen(

@@ -3,8 +3,9 @@
 TEST DOUBLE: a real kura peer verifies every body against its digest before serving it, so no
 real node can be made to send a body longer than its manifest. This double speaks the internal
 wire protocol exactly as ``kura.api.internal`` does (``/_internal/status``, cursor-paged
-``manifests`` and ``namespace_tombstones``, ``artifacts/{id}`` with ``Kura-Manifest``) but
-serves bodies that the test scripts: some honest, some chunked and longer than declared.
+``manifests`` and ``namespace_tombstones``, ``artifacts/{id}`` with ``Kura-Manifest``, and with
+``batches=True`` the framed ``bodies`` batch route) but serves bodies that the test scripts: some
+honest, some chunked and longer than declared, some of the right length with the wrong bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from aiohttp import web
 
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
+from kura.mesh.wire import encode_absent, encode_frame
 
 
 @dataclass
@@ -53,9 +55,12 @@ def lying(key: str, claimed: bytes, sent: bytes, version_ms: int | None = None) 
 class FakePeer:
     """Runs the double on 127.0.0.1 in a background thread. ``url`` is its internal URL."""
 
-    def __init__(self, artifacts: list[FakeArtifact], chunk_delay: float = 0.005) -> None:
+    def __init__(
+        self, artifacts: list[FakeArtifact], chunk_delay: float = 0.005, batches: bool = False
+    ) -> None:
         self.artifacts = {a.manifest.artifact_id: a for a in artifacts}
         self.chunk_delay = chunk_delay
+        self.batches = batches  # serve POST /_internal/bootstrap/bodies (else 405, an old peer)
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -68,7 +73,20 @@ class FakePeer:
         app.router.add_get("/_internal/bootstrap/manifests", self._manifests)
         app.router.add_get("/_internal/bootstrap/namespace_tombstones", self._tombstones)
         app.router.add_get("/_internal/bootstrap/artifacts/{aid}", self._artifact)
+        if self.batches:
+            app.router.add_post("/_internal/bootstrap/bodies", self._bodies)
         return app
+
+    async def _bodies(self, request: web.Request) -> web.Response:
+        """Frames as ``kura.api.internal_batch`` sends them, but with the scripted bytes."""
+        frames = []
+        for aid in (await request.json())["artifact_ids"]:
+            art = self.artifacts.get(aid)
+            if art is None:
+                frames.append(encode_absent(aid, "missing"))
+            else:
+                frames.append(encode_frame(art.manifest, art.body))
+        return web.Response(body=b"".join(frames))
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response({"region": "fake", "tenant_id": "default", "node_url": self.url})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import secrets
 import sqlite3
 import subprocess
@@ -128,6 +129,12 @@ def internal_requests(forged_version_ms: int) -> list[tuple[str, str, dict[str, 
         ("GET", "/_internal/bootstrap/namespace_tombstones?after=&limit=10", {}, b""),
         ("GET", f"/_internal/bootstrap/artifacts/{aid}", {}, b""),
         ("HEAD", f"/_internal/bootstrap/artifacts/{aid}", {}, b""),
+        (
+            "POST",
+            "/_internal/bootstrap/bodies",
+            {"Content-Type": "application/json"},
+            json.dumps({"artifact_ids": [aid]}).encode(),
+        ),
     ]
     return requests
 

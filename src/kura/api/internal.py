@@ -22,7 +22,7 @@ now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 
 from aiohttp import web
 
@@ -160,18 +160,10 @@ async def _throttled(
     response = web.StreamResponse(status=200, headers=headers)
     response.content_type = body.manifest.content_type or "application/octet-stream"
     response.enable_chunked_encoding()
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    sent = 0
     c = ctx(request)
     try:
         await response.prepare(request)
-        async for chunk in verified_chunks(c.service, body, THROTTLE_CHUNK_BYTES):
-            await response.write(chunk)
-            sent += len(chunk)
-            ahead = sent / rate - (loop.time() - started)
-            if ahead > 0:
-                await asyncio.sleep(ahead)
+        await paced_write(response, verified_chunks(c.service, body, THROTTLE_CHUNK_BYTES), rate)
         await response.write_eof()
     except DamagedBlob:
         # A chunked body cut short would look complete to a peer: reset the connection instead
@@ -181,6 +173,32 @@ async def _throttled(
     finally:
         body.close()
     return response
+
+
+async def paced_write(
+    response: web.StreamResponse, chunks: AsyncIterable[bytes] | Iterable[bytes], rate: int
+) -> None:
+    """Write ``chunks`` (cut to ``THROTTLE_CHUNK_BYTES``) at no more than ``rate`` bytes/s."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    sent = 0
+
+    async def pieces() -> AsyncIterator[bytes]:
+        if isinstance(chunks, AsyncIterable):
+            async for chunk in chunks:
+                yield chunk
+        else:
+            for chunk in chunks:
+                yield chunk
+
+    async for chunk in pieces():
+        for i in range(0, len(chunk), THROTTLE_CHUNK_BYTES):
+            piece = chunk[i : i + THROTTLE_CHUNK_BYTES]
+            await response.write(piece)
+            sent += len(piece)
+            ahead = sent / rate - (loop.time() - started)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
 
 
 def routes() -> list[web.RouteDef]:

@@ -36,15 +36,16 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kit.clock import Clock
 from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, FutureVersion
+from kura.mesh.bootstrap_batch import BatchFetcher
 from kura.mesh.client import PeerClient, PeerError
-from kura.mesh.wire import PAGE_LIMIT_DEFAULT
+from kura.mesh.wire import PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
 from kura.storage.budget import TmpBudget
 from kura.storage.service import CacheService
 
@@ -123,6 +124,13 @@ class Bootstrapper:
         self.progress: dict[str, PeerProgress] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._batches = BatchFetcher(
+            service=service,
+            client=client,
+            budget=budget,
+            inflight=self._inflight,
+            timeout_seconds=stall_timeout_seconds,
+        )
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -285,55 +293,86 @@ class Bootstrapper:
 
     async def _count_needed(self, state: PeerProgress, progressed: Callable[[], None]) -> None:
         bytes_total = artifacts_total = 0
-        async for manifest in self._manifests(state.peer, progressed):
-            if await self._service.apply_outcome_for(manifest) is ApplyOutcome.APPLIED:
-                bytes_total += manifest.size
-                artifacts_total += 1
+        async for page in self._pages(state.peer, progressed):
+            outcomes = await self._service.apply_outcomes_for(page)
+            for manifest, outcome in zip(page, outcomes, strict=True):
+                if outcome is ApplyOutcome.APPLIED:
+                    bytes_total += manifest.size
+                    artifacts_total += 1
         state.bytes_total, state.artifacts_total = bytes_total, artifacts_total
         state.bytes_done = state.artifacts_done = 0
 
-    async def _manifests(
+    async def _pages(
         self, peer: str, progressed: Callable[[], None]
-    ) -> AsyncIterator[Manifest]:
+    ) -> AsyncIterator[list[Manifest]]:
         after: str | None = None  # the first page
         while True:
-            page, next_after = await self._client.manifests_page(peer, after, PAGE_LIMIT_DEFAULT)
+            page, next_after = await self._client.manifests_page(peer, after, PAGE_LIMIT_MAX)
             progressed()
-            for manifest in page:
-                yield manifest
+            yield page
             if next_after is None:
                 return
             after = next_after
 
     async def _fetch_all(self, state: PeerProgress, progressed: Callable[[], None]) -> list[str]:
+        """Fetch what the peer holds and this node needs: small artifacts in batches
+        (``mesh.bootstrap_batch``), the rest one by one, ``downloads_per_peer`` at a time."""
         failures: list[str] = []
         downloads = asyncio.Semaphore(self._downloads_per_peer)
         tasks: set[asyncio.Task[None]] = set()
+
+        def record(manifest: Manifest, result: str | None, error: str | None) -> None:
+            if error is not None:
+                state.count("error")
+                failures.append(f"{manifest.artifact_id}: {error}")
+                log.info(
+                    "bootstrap of %s from %s failed: %s", manifest.artifact_id, state.peer, error
+                )
+                return
+            assert result is not None
+            state.count(result)
+            if result in DONE_RESULTS:
+                state.bytes_done += manifest.size
+                state.artifacts_done += 1
+            progressed()
 
         async def one(manifest: Manifest) -> None:
             try:
                 result = await self._fetch_one(state.peer, manifest)
             except (PeerError, KuraError, TimeoutError, OSError) as exc:
-                state.count("error")
-                failures.append(f"{manifest.artifact_id}: {exc}")
-                log.info(
-                    "bootstrap of %s from %s failed: %s", manifest.artifact_id, state.peer, exc
-                )
+                record(manifest, None, str(exc))
             else:
-                state.count(result)
-                if result in DONE_RESULTS:
-                    state.bytes_done += manifest.size
-                    state.artifacts_done += 1
-                progressed()
-            finally:
-                downloads.release()
+                record(manifest, result, None)
 
+        async def spawn(work: Awaitable[None]) -> None:
+            await downloads.acquire()
+
+            async def run() -> None:
+                try:
+                    await work
+                finally:
+                    downloads.release()
+
+            task = asyncio.create_task(run())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        batch: list[Manifest] = []
         try:
-            async for manifest in self._manifests(state.peer, progressed):
-                await downloads.acquire()
-                task = asyncio.create_task(one(manifest))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+            async for page in self._pages(state.peer, progressed):
+                outcomes = await self._service.apply_outcomes_for(page)
+                for manifest, outcome in zip(page, outcomes, strict=True):
+                    if outcome is not ApplyOutcome.APPLIED:
+                        record(manifest, str(outcome.value), None)
+                    elif self._batches.batchable(state.peer, manifest):
+                        batch.append(manifest)
+                        if self._batches.full(batch):
+                            await spawn(self._batches.fetch(state.peer, batch, record, one))
+                            batch = []
+                    else:
+                        await spawn(one(manifest))
+            if batch:
+                await spawn(self._batches.fetch(state.peer, batch, record, one))
             while tasks:
                 await asyncio.gather(*tasks)
         finally:

@@ -24,6 +24,7 @@ from kura.mesh.wire import (
     OUTCOME_HEADER,
     REFUSAL_HEADER,
     TENANT_HEADER,
+    decode_frames,
     decode_manifest,
     encode_manifest,
 )
@@ -212,6 +213,30 @@ class PeerClient:
             resp.release()
             raise PeerError(f"{url}: {exc}") from exc
         return FetchedArtifact(manifest, resp.content_length, resp)
+
+    async def fetch_small(
+        self, url: str, artifact_ids: list[str], timeout_seconds: float
+    ) -> list[tuple[str, Manifest | None, bytes | None, str]]:
+        """Many small artifacts in one request (``POST /_internal/bootstrap/bodies``):
+        ``(artifact_id, manifest, body, state)`` per frame (``kura.mesh.wire.decode_frames``).
+        Raises ``PeerError`` on a transport failure, a non-200 or a malformed answer; an older
+        peer without the route answers 404 or 405 (``PeerError.status``)."""
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                async with self.session.post(
+                    url + "/_internal/bootstrap/bodies", json={"artifact_ids": artifact_ids}
+                ) as resp:
+                    payload = await resp.read()
+                    if resp.status != 200:
+                        raise PeerError(
+                            f"{url}: bodies answered {resp.status}: {payload[:200]!r}", resp.status
+                        )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise PeerError(f"{url}: bodies request failed: {exc!r}") from exc
+        try:
+            return decode_frames(payload)
+        except ValueError as exc:
+            raise PeerError(f"{url}: malformed bodies answer: {exc}") from exc
 
     async def _get_json(
         self, url: str, timeout_seconds: float, params: dict[str, str] | None = None

@@ -41,3 +41,49 @@ def peer_label(url: str) -> str:
     """``host:port`` of a peer URL: the metric label for a peer (a small, configured set)."""
     rest = url.split("://", 1)[-1]
     return rest.split("/", 1)[0]
+
+
+# Many small bodies in one response (``POST /_internal/bootstrap/bodies``): per requested id, a
+# line of compact JSON, then, for a manifest, exactly ``size`` raw bytes. A line that is not a
+# manifest says why the body is absent: ``{"artifact_id": …, "missing": true}`` (unknown,
+# evicted or damaged) or ``{"artifact_id": …, "large": true}`` (fetch it on its own).
+BATCH_MAX_IDS = 256
+BATCH_MAX_BODY_BYTES = 64 * 1024
+
+
+def encode_frame(manifest: Manifest, data: bytes) -> bytes:
+    return encode_manifest(manifest).encode() + b"\n" + data
+
+
+def encode_absent(artifact_id: str, why: str) -> bytes:
+    return json.dumps({"artifact_id": artifact_id, why: True}).encode() + b"\n"
+
+
+def decode_frames(payload: bytes) -> list[tuple[str, Manifest | None, bytes | None, str]]:
+    """``(artifact_id, manifest, body, state)`` per frame, state ``ok``, ``missing`` or
+    ``large``. Raises ValueError on a malformed or truncated payload."""
+    out: list[tuple[str, Manifest | None, bytes | None, str]] = []
+    pos = 0
+    while pos < len(payload):
+        end = payload.find(b"\n", pos)
+        if end < 0:
+            raise ValueError("truncated frame header")
+        try:
+            head = json.loads(payload[pos:end])
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"invalid frame header: {exc}") from exc
+        pos = end + 1
+        if not isinstance(head, dict) or not isinstance(head.get("artifact_id"), str):
+            raise ValueError("frame header is not an object with an artifact_id")
+        for state in ("missing", "large"):
+            if head.get(state) is True:
+                out.append((head["artifact_id"], None, None, state))
+                break
+        else:
+            manifest = Manifest.from_json(head)
+            body = payload[pos : pos + manifest.size]
+            if len(body) != manifest.size:
+                raise ValueError(f"frame of {manifest.artifact_id} is truncated")
+            pos += manifest.size
+            out.append((manifest.artifact_id, manifest, body, "ok"))
+    return out

@@ -227,6 +227,22 @@ class MetadataIndex:
             )
         return found
 
+    def versions(self, artifact_ids: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """``artifact_id -> (version_ms, sha256)`` for the ids of ``artifact_ids`` that have a
+        row (queried in chunks of 500): the batch form of what the version rule reads."""
+        found: dict[str, tuple[int, str]] = {}
+        conn = self._conn()
+        for start in range(0, len(artifact_ids), 500):
+            chunk = artifact_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for r in conn.execute(
+                "SELECT artifact_id, version_ms, sha256 FROM artifacts "
+                f"WHERE artifact_id IN ({marks})",
+                chunk,
+            ):
+                found[str(r[0])] = (int(r[1]), str(r[2]))
+        return found
+
     def tombstone(self, namespace_id: str) -> int | None:
         row = (
             self._conn()
@@ -321,46 +337,62 @@ class MetadataIndex:
         """Insert or replace one manifest (with the XXH3-128 of its file's bytes, if known)
         and enqueue it for ``outbox_peers``, atomically; return the size it replaced (None if
         new)."""
+        return self.upsert_many(
+            [(manifest, inline_body, stat_sig, xxh3_128)], now_ms, outbox_peers
+        )[0]
+
+    def upsert_many(
+        self,
+        rows: Sequence[tuple[Manifest, bytes | None, str | None, str | None]],
+        now_ms: int,
+        outbox_peers: Sequence[str] = (),
+    ) -> list[int | None]:
+        """``upsert`` for many ``(manifest, inline body, stat signature, XXH3-128)`` rows in one
+        transaction (one durable commit); return the sizes they replaced, in order."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
+        replaced: list[int | None] = []
         try:
-            old = conn.execute(
-                "SELECT size FROM artifacts WHERE artifact_id = ?", (manifest.artifact_id,)
-            ).fetchone()
-            conn.execute(
-                "INSERT OR REPLACE INTO artifacts (artifact_id, producer, namespace_id, key, "
-                "content_type, size, sha256, version_ms, created_at_ms, last_access_ms, "
-                "inline_body, headers, stat_sig, xxh3_128) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    manifest.artifact_id,
-                    manifest.producer,
-                    manifest.namespace_id,
-                    manifest.key,
-                    manifest.content_type,
-                    manifest.size,
-                    manifest.sha256,
-                    manifest.version_ms,
-                    manifest.created_at_ms,
-                    now_ms,
-                    inline_body,
-                    json.dumps(manifest.headers, sort_keys=True),
-                    stat_sig,
-                    xxh3_128,
-                ),
-            )
-            conn.executemany(
-                "INSERT INTO outbox (peer, kind, artifact_id, version_ms, enqueued_at_ms) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (
-                    (p, UPSERT, manifest.artifact_id, manifest.version_ms, now_ms)
-                    for p in outbox_peers
-                ),
-            )
+            for manifest, inline_body, stat_sig, xxh3_128 in rows:
+                old = conn.execute(
+                    "SELECT size FROM artifacts WHERE artifact_id = ?", (manifest.artifact_id,)
+                ).fetchone()
+                replaced.append(None if old is None else int(old[0]))
+                conn.execute(
+                    "INSERT OR REPLACE INTO artifacts (artifact_id, producer, namespace_id, key, "
+                    "content_type, size, sha256, version_ms, created_at_ms, last_access_ms, "
+                    "inline_body, headers, stat_sig, xxh3_128) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        manifest.artifact_id,
+                        manifest.producer,
+                        manifest.namespace_id,
+                        manifest.key,
+                        manifest.content_type,
+                        manifest.size,
+                        manifest.sha256,
+                        manifest.version_ms,
+                        manifest.created_at_ms,
+                        now_ms,
+                        inline_body,
+                        json.dumps(manifest.headers, sort_keys=True),
+                        stat_sig,
+                        xxh3_128,
+                    ),
+                )
+                conn.executemany(
+                    "INSERT INTO outbox (peer, kind, artifact_id, version_ms, enqueued_at_ms) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (
+                        (p, UPSERT, manifest.artifact_id, manifest.version_ms, now_ms)
+                        for p in outbox_peers
+                    ),
+                )
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
             raise
-        return None if old is None else int(old[0])
+        return replaced
 
     def delete(self, artifact_ids: Iterable[str]) -> None:
         conn = self._conn()

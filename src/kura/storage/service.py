@@ -57,6 +57,7 @@ from kura.core.errors import (
     DigestMismatch,
     InsufficientStorage,
     InvalidRequest,
+    KuraError,
     NotFound,
     PayloadTooLarge,
     ResourceExhausted,
@@ -918,6 +919,105 @@ class CacheService:
         finally:
             if own:
                 held.release()
+
+    # -- many small copies at once (bootstrap batches) --------------------------------------
+
+    async def apply_outcomes_for(self, manifests: Sequence[Manifest]) -> list[ApplyOutcome]:
+        """``apply_outcome_for`` (without the skew gate) for many manifests in one reader-thread
+        call: what applying each would do now."""
+        return await self._in(self._reader, self._precheck_many_sync, list(manifests))
+
+    def _precheck_many_sync(self, manifests: list[Manifest]) -> list[ApplyOutcome]:
+        index = self._require_index()
+        stored = index.versions([m.artifact_id for m in manifests])
+        tombstones: dict[str, int | None] = {}
+        outcomes = []
+        for m in manifests:
+            if m.namespace_id not in tombstones:
+                tombstones[m.namespace_id] = index.tombstone(m.namespace_id)
+            version, sha = stored.get(m.artifact_id, (None, ""))
+            outcomes.append(
+                decide_apply(m.version_ms, version, tombstones[m.namespace_id], m.sha256, sha)
+            )
+        return outcomes
+
+    async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
+        """``read_by_id`` for many ids in one reader-thread call, without the hot cache: each
+        body verified as ``_read_sync`` does, None when absent or damaged. The caller closes
+        every ``file`` body."""
+        return await self._in(self._reader, lambda: [self._read_sync(a) for a in aids])
+
+    async def apply_small_replicas(
+        self, items: Sequence[tuple[Manifest, bytes]], *, source: str
+    ) -> list[ApplyOutcome | KuraError]:
+        """Apply many peers' copies of small artifacts, each at the peer's version (last writer
+        wins), stored inline in the index in ONE transaction: one durable commit for the batch
+        instead of a file, a directory and a WAL fsync per artifact. For each item, in order:
+        its outcome, or the error that refused it (``DigestMismatch`` for bytes that do not
+        match the manifest, ``PayloadTooLarge`` above ``max_inline_bytes``, ``FutureVersion``
+        past the skew limit). Raises ``ResourceExhausted``/``Unavailable`` (nothing applied)
+        when the disk cannot take the batch. Never enqueues outbox messages."""
+        results: list[ApplyOutcome | KuraError] = []
+        accepted: list[tuple[int, Manifest, bytes]] = []
+        for i, (manifest, data) in enumerate(items):
+            try:
+                if manifest.size > self.max_inline_bytes:
+                    raise PayloadTooLarge(
+                        f"{manifest.size} bytes is above the inline limit", self.max_inline_bytes
+                    )
+                self._admit(manifest.version_ms, source, _subject(manifest))
+                if problem_with_bytes(data, manifest) is not None:
+                    raise DigestMismatch("body does not match its manifest")
+            except KuraError as exc:
+                results.append(exc)
+                continue
+            results.append(ApplyOutcome.APPLIED)  # replaced below by the writer's verdict
+            accepted.append((i, dataclasses.replace(manifest, inline=True), data))
+        if not accepted:
+            return results
+        self._check_free_disk(sum(m.size for _i, m, _d in accepted))
+        outcomes = await self._in(
+            self._writer, self._commit_many_sync, accepted, self._take_touches(), source
+        )
+        for (i, _m, _d), outcome in zip(accepted, outcomes, strict=True):
+            results[i] = outcome
+        return results
+
+    def _commit_many_sync(
+        self,
+        items: list[tuple[int, Manifest, bytes]],
+        touches: dict[str, int],
+        source: str,
+    ) -> list[ApplyOutcome]:
+        """Writer thread: the version rule for each item, eviction for the whole batch, then
+        every applied row in one transaction; replaced files are unlinked after the commit."""
+        index = self._require_index()
+        if touches:
+            index.touch(touches)
+        self._evict_sync(sum(m.size for _i, m, _d in items), "")
+        outcomes: list[ApplyOutcome] = []
+        rows: list[tuple[Manifest, bytes | None, str | None, str | None]] = []
+        replaced: list[Manifest | None] = []
+        for _i, manifest, data in items:
+            existing = index.get(manifest.artifact_id)
+            stored = None if existing is None else existing[0]
+            outcome = _decide(index, manifest, stored)
+            self._count(source, outcome.value)
+            outcomes.append(outcome)
+            if outcome is ApplyOutcome.APPLIED:
+                rows.append((manifest, data, None, None))
+                replaced.append(stored)
+        if not rows:
+            return outcomes
+        index.upsert_many(rows, self.clock.now_ms())
+        self.hot.invalidate([m.artifact_id for m, _d, _s, _x in rows])
+        for (manifest, _d, _s, _x), old in zip(rows, replaced, strict=True):
+            if old is not None and not old.inline:
+                self.files.blob_path(old).unlink(missing_ok=True)
+            self.stats.used_bytes += manifest.size - (0 if old is None else old.size)
+            if old is None:
+                self.stats.artifacts += 1
+        return outcomes
 
     # -- namespaces --------------------------------------------------------------------------
 
