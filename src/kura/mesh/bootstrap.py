@@ -4,10 +4,14 @@ This is the fix for the incident in shared/seeds/000_*, built right from the sta
 (kura-behaviour.md §0 and §5):
 
 * **Order.** For each known peer: namespace tombstones first (so nothing they cover is ever
-  resurrected), then manifests in cursor-paged artifact_id order, then artifact bodies. A first
+  resurrected), then manifests cursor-paged newest first, then artifact bodies. A first
   walk over the manifests counts what is needed (bytes and artifacts) so progress can be shown
   as a percentage; the second walk fetches. Artifacts already held at an equal or newer version
   are skipped, so a retried pass, or a restarted node, never re-downloads what it has.
+* **Disk budget.** A pass fetches newest first, stops fetching at the first artifact that would
+  take the store past its share of ``KURA_MAX_DISK_BYTES``, never evicts to make room, and keeps
+  eviction off everything it fetched while bootstrap is active; it then completes, counting what
+  it skipped (``mesh.bootstrap_budget`` owns these rules).
 * **Concurrency.** At most ``max_concurrent_peers`` passes at once, at most one per peer, and
   ``downloads_per_peer`` body downloads per pass. Two passes never download the same artifact at
   once (single flight per artifact_id).
@@ -43,6 +47,14 @@ from kit.clock import Clock
 from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, FutureVersion
+from kura.mesh.bootstrap_budget import (
+    SKIPPED_BUDGET,
+    BudgetReport,
+    DiskAllowance,
+    EvictionGuard,
+    budget_report,
+    newest_manifests,
+)
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT
 from kura.storage.budget import TmpBudget
@@ -82,6 +94,13 @@ class PeerProgress:
     artifacts_done: int = 0
     last_error: str = ""
     results_total: dict[str, int] = field(default_factory=dict)
+    # The last pass's walk (mesh.bootstrap_budget): everything the peer listed, what did not fit
+    # the disk budget, and whether the pass stopped fetching there.
+    listed_artifacts: int = 0
+    listed_bytes: int = 0
+    skipped_artifacts: int = 0
+    skipped_bytes: int = 0
+    budget_stopped: bool = False
 
     def count(self, result: str) -> None:
         self.results_total[result] = self.results_total.get(result, 0) + 1
@@ -110,6 +129,8 @@ class Bootstrapper:
         downloads_per_peer: int,
         max_failed_passes: int,
         stall_timeout_seconds: float,
+        disk_limit_bytes: int | None = None,
+        rest_served_by: str = "the rest is served by read-through",
     ) -> None:
         self._service = service
         self._client = client
@@ -123,6 +144,16 @@ class Bootstrapper:
         self.progress: dict[str, PeerProgress] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
+        # The disk budget (mesh.bootstrap_budget); None: no limit.
+        self.allowance = (
+            None
+            if disk_limit_bytes is None
+            else DiskAllowance(disk_limit_bytes, lambda: service.stats.used_bytes)
+        )
+        self._guard = EvictionGuard(
+            lambda ms: setattr(service, "eviction_floor_ms", ms), clock.now_ms
+        )
+        self._rest_served_by = rest_served_by
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -142,12 +173,21 @@ class Bootstrapper:
         ]
 
     def warnings(self) -> list[str]:
-        return [
+        warnings = [
             f"bootstrap from {p.peer} abandoned after {p.failed_passes_in_a_row} failed passes "
             f"(still retrying): {p.last_error}"
             for p in self.progress.values()
             if p.abandoned and p.phase is not PeerPhase.DONE
         ]
+        report = self.budget()
+        if report.stopped:
+            warnings.append(report.warning(self._rest_served_by))
+        return warnings
+
+    def budget(self) -> BudgetReport:
+        """The share of the peers' data held, and whether a pass stopped at the disk budget."""
+        limit = -1 if self.allowance is None else self.allowance.limit_bytes
+        return budget_report([self._progress(p) for p in self._peers()], limit)
 
     def summary(self) -> dict[str, int]:
         known = [self._progress(p) for p in self._peers()]
@@ -180,6 +220,7 @@ class Bootstrapper:
         try:
             while True:
                 now = self._clock.monotonic()
+                self._guard.update(self._active())
                 for peer in self._peers():
                     state = self._progress(peer)
                     task = self._running.get(peer)
@@ -198,8 +239,14 @@ class Bootstrapper:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
+    def _active(self) -> bool:
+        """A pass runs, or a peer still gates readiness: eviction must spare bootstrap's data."""
+        running = any(not t.done() for t in self._running.values())
+        return running or any(self._progress(p).gates_readiness for p in self._peers())
+
     async def _guarded_pass(self, state: PeerProgress) -> None:
         async with self._semaphore:
+            self._guard.update(True)
             state.phase = PeerPhase.RUNNING
             state.passes += 1
             try:
@@ -226,6 +273,15 @@ class Bootstrapper:
                 state.artifacts_done,
                 state.bytes_done,
             )
+            if state.budget_stopped:
+                log.warning(
+                    "bootstrap from %s stopped at the disk budget: %d artifacts (%d bytes) of "
+                    "its %d skipped",
+                    state.peer,
+                    state.skipped_artifacts,
+                    state.skipped_bytes,
+                    state.listed_artifacts,
+                )
 
     def _failed(self, state: PeerProgress, error: str) -> None:
         state.phase = PeerPhase.FAILED
@@ -284,26 +340,21 @@ class Bootstrapper:
             after = next_after
 
     async def _count_needed(self, state: PeerProgress, progressed: Callable[[], None]) -> None:
-        bytes_total = artifacts_total = 0
+        bytes_total = artifacts_total = listed_bytes = listed_artifacts = 0
         async for manifest in self._manifests(state.peer, progressed):
+            listed_bytes += manifest.size
+            listed_artifacts += 1
             if await self._service.apply_outcome_for(manifest) is ApplyOutcome.APPLIED:
                 bytes_total += manifest.size
                 artifacts_total += 1
         state.bytes_total, state.artifacts_total = bytes_total, artifacts_total
         state.bytes_done = state.artifacts_done = 0
+        state.listed_bytes, state.listed_artifacts = listed_bytes, listed_artifacts
+        state.skipped_bytes = state.skipped_artifacts = 0
+        state.budget_stopped = False
 
-    async def _manifests(
-        self, peer: str, progressed: Callable[[], None]
-    ) -> AsyncIterator[Manifest]:
-        after: str | None = None  # the first page
-        while True:
-            page, next_after = await self._client.manifests_page(peer, after, PAGE_LIMIT_DEFAULT)
-            progressed()
-            for manifest in page:
-                yield manifest
-            if next_after is None:
-                return
-            after = next_after
+    def _manifests(self, peer: str, progressed: Callable[[], None]) -> AsyncIterator[Manifest]:
+        return newest_manifests(self._client, peer, progressed)
 
     async def _fetch_all(self, state: PeerProgress, progressed: Callable[[], None]) -> list[str]:
         failures: list[str] = []
@@ -312,7 +363,7 @@ class Bootstrapper:
 
         async def one(manifest: Manifest) -> None:
             try:
-                result = await self._fetch_one(state.peer, manifest)
+                result = await self._fetch_one(state, manifest)
             except (PeerError, KuraError, TimeoutError, OSError) as exc:
                 state.count("error")
                 failures.append(f"{manifest.artifact_id}: {exc}")
@@ -321,6 +372,9 @@ class Bootstrapper:
                 )
             else:
                 state.count(result)
+                if result == SKIPPED_BUDGET:
+                    state.skipped_artifacts += 1
+                    state.skipped_bytes += manifest.size
                 if result in DONE_RESULTS:
                     state.bytes_done += manifest.size
                     state.artifacts_done += 1
@@ -344,8 +398,8 @@ class Bootstrapper:
                     await task
         return failures
 
-    async def _fetch_one(self, peer: str, manifest: Manifest) -> str:
-        """Fetch and apply one artifact; returns the outcome label."""
+    async def _fetch_one(self, state: PeerProgress, manifest: Manifest) -> str:
+        """Fetch and apply one artifact within the disk budget; returns the outcome label."""
         aid = manifest.artifact_id
         while (pending := self._inflight.get(aid)) is not None:
             await asyncio.wait({pending})  # another pass is fetching it: wait, then re-check
@@ -365,7 +419,17 @@ class Bootstrapper:
                     self._budget.capacity_bytes,
                 )
                 return "too_large"
-            return await self._download(peer, manifest)
+            if state.budget_stopped:
+                return SKIPPED_BUDGET  # the pass stopped fetching; it only counts the rest
+            claim = True if self.allowance is None else self.allowance.claim(aid, manifest.size)
+            if claim is False:
+                state.budget_stopped = True
+                return SKIPPED_BUDGET
+            try:
+                return await self._download(state.peer, manifest)
+            finally:
+                if claim and self.allowance is not None:
+                    self.allowance.release(aid)
         except FutureVersion:
             return "rejected_future"  # logged and counted by the service; never retried
         finally:

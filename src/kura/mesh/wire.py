@@ -41,3 +41,21 @@ def peer_label(url: str) -> str:
     """``host:port`` of a peer URL: the metric label for a peer (a small, configured set)."""
     rest = url.split("://", 1)[-1]
     return rest.split("/", 1)[0]
+
+
+# ``GET /_internal/bootstrap/manifests?order=newest``: pages by (version_ms descending,
+# artifact_id) with the compound cursor ``"<version_ms>:<artifact_id>"``. A peer that predates
+# the ordering ignores ``order`` and answers without an ``order`` field, in artifact_id order.
+ORDER_NEWEST = "newest"
+
+
+def encode_version_cursor(version_ms: int, artifact_id: str) -> str:
+    return f"{version_ms}:{artifact_id}"
+
+
+def decode_version_cursor(text: str) -> tuple[int, str]:
+    """``(version_ms, artifact_id)`` of a newest-first cursor; ValueError when malformed."""
+    version, sep, artifact_id = text.partition(":")
+    if not sep or not version.isdigit() or not artifact_id:
+        raise ValueError(f"cursor {text!r} is not <version_ms>:<artifact_id>")
+    return int(version), artifact_id
