@@ -112,6 +112,17 @@ def test_a_joiner_with_half_the_peers_data_in_budget_holds_the_newest_half_and_s
         assert got.status_code == 200
         assert got.content == bodies[str(oldest["key"])]
         assert joiner.metric('kura_read_through_total{result="hit"}') == 1
+
+        # Bootstrap is over: live writes past the budget evict the oldest fetched versions first
+        # (bootstrap copies count as last used when it began), never the newest.
+        kept = sorted(held, key=order.index)  # newest first
+        fill(joiner, "live", 16, SIZE)
+        assert wait_for(lambda: joiner.metric_sum("kura_storage_evictions_total") > 0, 30)
+        after = set(manifests(joiner))
+        gone = [aid for aid in kept if aid not in after]
+        assert gone, "the live writes evicted nothing"
+        assert gone == kept[-len(gone) :], [kept.index(g) for g in gone]
+        assert joiner.metric("kura_disk_used_bytes") <= MAX_DISK_BYTES
     finally:
         if joiner is not None:
             joiner.stop()

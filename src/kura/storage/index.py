@@ -61,9 +61,14 @@ CREATE TABLE IF NOT EXISTS artifacts (
     xxh3_128       TEXT
 );
 CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
-CREATE INDEX IF NOT EXISTS artifacts_by_access ON artifacts(last_access_ms);
--- Bootstrap pages newest first (mesh.bootstrap_budget). An index, not a schema change: files of
--- every schema version get it at their next writable open (built once, O(rows)).
+-- Eviction order, ties (a bootstrap stamps its copies alike) by oldest version: the whole order
+-- in the index, so a batch reads O(batch) rows however large a tie is. It replaces the
+-- last_access_ms-only index; the DROP is a no-op after the first open.
+DROP INDEX IF EXISTS artifacts_by_access;
+CREATE INDEX IF NOT EXISTS artifacts_by_access_version
+    ON artifacts(last_access_ms, version_ms, artifact_id);
+-- Bootstrap pages newest first (mesh.bootstrap_budget). Indexes, not a schema change: a file of
+-- any schema version gets them at its next writable open (built once, O(rows)).
 CREATE INDEX IF NOT EXISTS artifacts_by_version ON artifacts(version_ms DESC, artifact_id);
 CREATE TABLE IF NOT EXISTS tombstones (
     namespace_id TEXT PRIMARY KEY,
@@ -326,15 +331,16 @@ class MetadataIndex:
     def least_recently_used(
         self, limit: int, exclude: str, used_before_ms: int | None = None
     ) -> list[tuple[str, int, bool]]:
-        """Up to ``limit`` (artifact_id, size, inline) oldest by access, skipping ``exclude``
-        and, with ``used_before_ms``, every artifact last used (or written) at or after it."""
+        """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
+        version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
+        used (or written) at or after it."""
         before = (1 << 62) if used_before_ms is None else used_before_ms
         rows = (
             self._conn()
             .execute(
                 "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
                 "WHERE artifact_id != ? AND last_access_ms < ? "
-                "ORDER BY last_access_ms, artifact_id LIMIT ?",
+                "ORDER BY last_access_ms, version_ms, artifact_id LIMIT ?",
                 (exclude, before, limit),
             )
             .fetchall()

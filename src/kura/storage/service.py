@@ -26,7 +26,8 @@ Guarantees:
 * Stored bytes stay within ``max_disk_bytes`` by least-recently-used eviction. Evictions are
   local: they are never replicated. While ``eviction_floor_ms`` is set (a bootstrap runs),
   eviction only picks artifacts last used before it; a write that finds nothing it may evict is
-  still stored, over the budget, as when nothing at all is evictable.
+  still stored, over the budget, as when nothing at all is evictable. A bootstrap copy is
+  stamped as last used at the floor, and equal stamps are evicted oldest version first.
 * Every local write (and namespace clean) enqueues one outbox message per replication target in
   the same SQLite transaction as the data. Copies received from peers (``apply_replica``) are
   applied by last-writer-wins and are not re-enqueued: every node ships its own writes to all.
@@ -790,10 +791,12 @@ class CacheService:
             sig = stat_signature(self.files.persist(staged_path, manifest))
             failpoint("storage.after_publish")
         outbox_peers = self.queues.admit(index.connection(), outbox_peers, self.clock.now_ms())
+        # A bootstrap copy counts as last used when the bootstrap began: never used here, and
+        # equal stamps leave LRU to evict the oldest versions first once the bootstrap is over.
+        floor = self.eviction_floor_ms
+        stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
         try:
-            index.upsert(
-                manifest, inline_body, sig, self.clock.now_ms(), outbox_peers, xxh3_128=xxh3_128
-            )
+            index.upsert(manifest, inline_body, sig, stamp_ms, outbox_peers, xxh3_128=xxh3_128)
         except BaseException:
             if new is not None and new != old:
                 new.unlink(missing_ok=True)  # never acknowledged
