@@ -232,3 +232,29 @@ def test_a_peer_that_predates_newest_first_paging_is_still_bootstrapped_complete
             assert "predates newest-first paging" in joiner.log()
         finally:
             joiner.stop()
+
+
+def test_diverged_peers_are_merged_by_version_so_the_joiner_holds_the_newest_of_the_union(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    # Two nodes that never met: the first holds the older half, the second the newer half.
+    older, newer = start_node("older"), start_node("newer")
+    fill(older, "older", COUNT // 2, SIZE)
+    fill(newer, "newer", COUNT // 2, SIZE)
+    newest = set(manifests(newer))
+    joiner = start_joiner(
+        tmp_path / "c", [older.internal_url, newer.internal_url], max_disk_bytes=MAX_DISK_BYTES
+    )
+    try:
+        assert wait_for(lambda: is_ready(joiner), 120), status(joiner)
+        held = set(manifests(joiner))
+        print(f"diverged peers: {len(held & newest)} of the newer, {len(held - newest)} older")
+        assert COUNT // 2 - 1 <= len(held) <= COUNT // 2
+        assert len(held - newest) <= 1
+        assert joiner.metric_sum("kura_storage_evictions_total") == 0
+        boot = status(joiner)["bootstrap"]
+        assert isinstance(boot, dict)
+        # The union is estimated from what was fetched plus the largest skip: both halves.
+        assert (boot["held_artifacts"], boot["peer_data_artifacts"]) == (len(held), COUNT)
+    finally:
+        joiner.stop()

@@ -52,6 +52,7 @@ from kura.mesh.bootstrap_budget import (
     BudgetReport,
     DiskAllowance,
     EvictionGuard,
+    VersionGate,
     budget_report,
     newest_manifests,
 )
@@ -98,6 +99,8 @@ class PeerProgress:
     # the disk budget, and whether the pass stopped fetching there.
     listed_artifacts: int = 0
     listed_bytes: int = 0
+    applied_artifacts: int = 0
+    applied_bytes: int = 0
     skipped_artifacts: int = 0
     skipped_bytes: int = 0
     budget_stopped: bool = False
@@ -154,6 +157,7 @@ class Bootstrapper:
             lambda ms: setattr(service, "eviction_floor_ms", ms), clock.now_ms
         )
         self._rest_served_by = rest_served_by
+        self._gate = VersionGate(self._budget_may_bind)
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -239,6 +243,17 @@ class Bootstrapper:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
+    def _budget_may_bind(self) -> bool:
+        """Some running pass is still counting, or what they still need exceeds the allowance."""
+        if self.allowance is None:
+            return False
+        if self._gate.counting:
+            return True
+        running = [self._progress(p) for p in self._gate.peers]
+        needed = sum(max(0, p.bytes_total - p.bytes_done) for p in running)
+        used = self._service.stats.used_bytes + self.allowance.claimed_bytes
+        return used + needed > self.allowance.limit_bytes
+
     def _active(self) -> bool:
         """A pass runs, or a peer still gates readiness: eviction must spare bootstrap's data."""
         running = any(not t.done() for t in self._running.values())
@@ -316,10 +331,14 @@ class Bootstrapper:
         def progressed() -> None:
             watchdog.reschedule(asyncio.get_running_loop().time() + self._stall_timeout)
 
-        async with watchdog:
-            await self._apply_tombstones(state.peer, progressed)
-            await self._count_needed(state, progressed)
-            failures = await self._fetch_all(state, progressed)
+        self._gate.join(state.peer)
+        try:
+            async with watchdog:
+                await self._apply_tombstones(state.peer, progressed)
+                await self._count_needed(state, progressed)
+                failures = await self._fetch_all(state, progressed)
+        finally:
+            self._gate.leave(state.peer)
         if failures:
             raise PassIncomplete(f"{len(failures)} artifacts failed, e.g. {failures[0]}")
 
@@ -351,6 +370,7 @@ class Bootstrapper:
         state.bytes_done = state.artifacts_done = 0
         state.listed_bytes, state.listed_artifacts = listed_bytes, listed_artifacts
         state.skipped_bytes = state.skipped_artifacts = 0
+        state.applied_bytes = state.applied_artifacts = 0
         state.budget_stopped = False
 
     def _manifests(self, peer: str, progressed: Callable[[], None]) -> AsyncIterator[Manifest]:
@@ -375,6 +395,9 @@ class Bootstrapper:
                 if result == SKIPPED_BUDGET:
                     state.skipped_artifacts += 1
                     state.skipped_bytes += manifest.size
+                elif result == "applied":
+                    state.applied_artifacts += 1
+                    state.applied_bytes += manifest.size
                 if result in DONE_RESULTS:
                     state.bytes_done += manifest.size
                     state.artifacts_done += 1
@@ -384,10 +407,15 @@ class Bootstrapper:
 
         try:
             async for manifest in self._manifests(state.peer, progressed):
+                if state.budget_stopped:
+                    self._gate.leave(state.peer)  # admits no more: it only counts the rest
+                else:
+                    await self._gate.turn(state.peer, manifest, progressed)
                 await downloads.acquire()
                 task = asyncio.create_task(one(manifest))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+            self._gate.leave(state.peer)  # listed everything: it no longer holds others back
             while tasks:
                 await asyncio.gather(*tasks)
         finally:

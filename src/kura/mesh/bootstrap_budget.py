@@ -8,11 +8,13 @@ full pass of ``mesh.bootstrap`` therefore follows three rules, owned here:
   (``GET /_internal/bootstrap/manifests?order=newest``, a compound cursor, an index on the peer).
   A peer that predates the ordering answers in artifact_id order; its pass still completes, in
   that order, and this is logged once per pass. *Several peers:* each pass walks its own peer
-  newest first and passes run concurrently; in a converged mesh (every node ships its writes to
-  every peer, so every peer lists the same set) the passes walk the same sequence and single
-  flight shares the downloads, so the union is fetched newest first to within the few downloads
-  in flight. With diverged peers, a pass over one peer's older data can take room that another
-  peer's newer artifact then lacks: newest first holds per peer, not across them.
+  newest first and passes run concurrently; ``VersionGate`` merges them by version: while the
+  budget may bind (some running pass is still counting, or the stored bytes plus what the
+  running passes still need exceed the allowance), a pass admits its next artifact only when no
+  other running pass is at a newer one. So the union is admitted newest first across peers
+  (equal keys, the same artifact on converged peers, go together and single flight downloads
+  it once); a pass that waits is held at the pace of the others. With room for everything the
+  gate is open and passes run at their own pace.
 * **Stop at the budget.** ``DiskAllowance`` admits an artifact only while the stored bytes, plus
   the bytes of admitted downloads not yet committed, plus this artifact stay within
   ``limit_bytes``: ``KURA_BOOTSTRAP_DISK_PERCENT`` of ``KURA_MAX_DISK_BYTES`` (default 90 %,
@@ -26,13 +28,16 @@ full pass of ``mesh.bootstrap`` therefore follows three rules, owned here:
   eviction then only picks artifacts last used before it. Everything fetched, written or read
   since is kept; a live write may still evict older data that nobody used since.
 
-``budget_report`` turns the per-peer counts into the ``/ready`` warning and ``/status`` fields.
-"The peers' data" is the largest single peer's listing (every manifest it listed in the pass):
-exact for a converged mesh, a lower bound of the union when peers diverged. Event-loop confined.
+``budget_report`` turns the per-peer counts of the last passes into the ``/ready`` warning and
+``/status`` fields: held = the most any peer listed that was already here + everything the passes
+applied (single flight: each artifact is applied by one pass); skipped = the largest count one
+pass skipped; the peers' data = max(the largest listing, held + skipped). Exact for a converged
+mesh and for disjoint peers, a lower bound of the union in between. Event-loop confined.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -53,6 +58,10 @@ class BudgetedPeer(Protocol):
     peer: str
     listed_artifacts: int
     listed_bytes: int
+    artifacts_total: int  # needed: listed and not held at the start of the pass
+    bytes_total: int
+    applied_artifacts: int
+    applied_bytes: int
     skipped_artifacts: int
     skipped_bytes: int
     budget_stopped: bool
@@ -108,6 +117,55 @@ class EvictionGuard:
             self.floor_ms = None
             self._set_floor(None)
             log.info("bootstrap finished: eviction is plain least-recently-used again")
+
+
+Key = tuple[int, str]  # (-version_ms, artifact_id): smaller is admitted first
+
+
+class VersionGate:
+    """Merges the running passes' newest-first walks by version (module docstring).
+
+    ``join`` when a pass starts (its position unknown until its first ``turn``, which holds the
+    others back while it counts), ``turn`` before admitting each artifact, ``leave`` when it
+    admits no more (idempotent). ``engaged()`` says whether the budget may bind; while it does
+    not, ``turn`` never waits. ``progressed()`` is called on every wake-up: the others moved."""
+
+    def __init__(self, engaged: Callable[[], bool]) -> None:
+        self._engaged = engaged
+        self._heads: dict[str, Key | None] = {}
+        self._moved = asyncio.Event()
+
+    @property
+    def counting(self) -> bool:
+        return any(head is None for head in self._heads.values())
+
+    @property
+    def peers(self) -> list[str]:
+        return list(self._heads)
+
+    def join(self, peer: str) -> None:
+        self._heads[peer] = None
+        self._wake()
+
+    def leave(self, peer: str) -> None:
+        if self._heads.pop(peer, 0) != 0:
+            self._wake()
+
+    async def turn(self, peer: str, manifest: Manifest, progressed: Callable[[], None]) -> None:
+        key = (-manifest.version_ms, manifest.artifact_id)
+        self._heads[peer] = key
+        self._wake()
+        while self._engaged() and not self._first(peer, key):
+            moved = self._moved
+            await moved.wait()
+            progressed()
+
+    def _first(self, peer: str, key: Key) -> bool:
+        return all(h is not None and key <= h for p, h in self._heads.items() if p != peer)
+
+    def _wake(self) -> None:
+        self._moved.set()
+        self._moved = asyncio.Event()
 
 
 async def newest_manifests(
@@ -176,18 +234,27 @@ class BudgetReport:
 
 
 def budget_report(peers: Iterable[BudgetedPeer], limit_bytes: int) -> BudgetReport:
-    """Summarise the passes' counts (module docstring: "the peers' data")."""
+    """Summarise the last passes' counts (module docstring: held, skipped, the peers' data)."""
     known = list(peers)
-    largest = max(known, key=lambda p: (p.listed_bytes, p.listed_artifacts), default=None)
-    if largest is None:
+    if not known:
         return BudgetReport(False, limit_bytes, 0, 0, 0, 0, 0, 0)
+    held_artifacts = max(p.listed_artifacts - p.artifacts_total for p in known) + sum(
+        p.applied_artifacts for p in known
+    )
+    held_bytes = max(p.listed_bytes - p.bytes_total for p in known) + sum(
+        p.applied_bytes for p in known
+    )
+    skipped_artifacts = max(p.skipped_artifacts for p in known)
+    skipped_bytes = max(p.skipped_bytes for p in known)
     return BudgetReport(
         stopped=any(p.budget_stopped for p in known),
         limit_bytes=limit_bytes,
-        peer_artifacts=largest.listed_artifacts,
-        peer_bytes=largest.listed_bytes,
-        held_artifacts=max(0, largest.listed_artifacts - largest.skipped_artifacts),
-        held_bytes=max(0, largest.listed_bytes - largest.skipped_bytes),
-        skipped_artifacts=largest.skipped_artifacts,
-        skipped_bytes=largest.skipped_bytes,
+        peer_artifacts=max(
+            max(p.listed_artifacts for p in known), held_artifacts + skipped_artifacts
+        ),
+        peer_bytes=max(max(p.listed_bytes for p in known), held_bytes + skipped_bytes),
+        held_artifacts=held_artifacts,
+        held_bytes=held_bytes,
+        skipped_artifacts=skipped_artifacts,
+        skipped_bytes=skipped_bytes,
     )
