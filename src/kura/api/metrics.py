@@ -275,7 +275,7 @@ class _MeshCollector(Collector):
         )
         results = CounterMetricFamily(
             "kura_bootstrap_artifact_results",
-            "Bootstrap artifact results per peer (applied, ignored_*, gone, too_large, "
+            "Bootstrap artifact results per peer (applied, ignored_*, gone, too_large, skipped_budget, "
             "rejected_future, error).",
             labels=["peer", "result"],
         )
