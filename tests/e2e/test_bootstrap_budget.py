@@ -70,6 +70,7 @@ def test_a_joiner_with_half_the_peers_data_in_budget_holds_the_newest_half_and_s
         ready = httpx.get(joiner.url + "/ready", timeout=10).json()
         stopped = [w for w in ready["warnings"] if "stopped at the disk budget" in w]
         assert len(stopped) == 1, ready
+        print(f"/ready: {stopped[0]}")
         assert f"{len(held)} of {COUNT} artifacts" in stopped[0]
         assert f"{len(held) * SIZE} of {COUNT * SIZE} bytes" in stopped[0]
         assert "served by read-through" in stopped[0]
