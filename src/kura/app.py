@@ -175,6 +175,12 @@ class Node:
             downloads_per_peer=settings.bootstrap_downloads_per_peer,
             max_failed_passes=settings.bootstrap_max_failed_passes,
             stall_timeout_seconds=settings.bootstrap_timeout_ms / 1000,
+            disk_limit_bytes=settings.max_disk_bytes * settings.bootstrap_disk_percent // 100,
+            rest_served_by=(
+                "the rest is served by read-through"
+                if settings.read_through == "always"
+                else f"the rest misses here (KURA_READ_THROUGH={settings.read_through})"
+            ),
         )
         self.catch_up = CatchUp(
             self.service,
@@ -294,6 +300,7 @@ class Node:
             )
         reasons = self.readiness_reasons()
         bootstrap: dict[str, Any] = dict(self.bootstrapper.summary())
+        bootstrap.update(self.bootstrapper.budget().as_json())
         bootstrap["peers"] = [
             {
                 "peer": p.peer,
@@ -306,6 +313,11 @@ class Node:
                 "failed_passes_in_a_row": p.failed_passes_in_a_row,
                 "abandoned": p.abandoned,
                 "last_error": p.last_error,
+                "listed_artifacts": p.listed_artifacts,
+                "listed_bytes": p.listed_bytes,
+                "skipped_artifacts": p.skipped_artifacts,
+                "skipped_bytes": p.skipped_bytes,
+                "budget_stopped": p.budget_stopped,
             }
             for p in sorted(self.bootstrapper.progress.values(), key=lambda p: p.peer)
         ]

@@ -74,6 +74,14 @@ def render_status(status: dict[str, Any]) -> str:
     bootstrap = status.get("bootstrap")
     if bootstrap:
         lines.append(bootstrap_line(bootstrap))
+        if bootstrap.get("budget_stopped"):
+            lines.append(
+                f"  stopped at the disk budget ({human_bytes(bootstrap['budget_limit_bytes'])}): "
+                f"holding {bootstrap['held_percent']}% of the peers' data "
+                f"({bootstrap['held_artifacts']} of {bootstrap['peer_data_artifacts']} artifacts, "
+                f"{human_bytes(bootstrap['held_bytes'])} of "
+                f"{human_bytes(bootstrap['peer_data_bytes'])})"
+            )
     lines.append(f"peers    {len(status['peers'])} (membership generation {status['generation']})")
     header = f"  {'peer':<32} {'state':<10} {'outbox':>7} {'oldest':>8}  last error"
     lines.append(header)

@@ -82,6 +82,16 @@ def _positive_duration(text: str) -> float:
     return seconds
 
 
+def _percent(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("must be a whole percentage from 1 to 100") from None
+    if not 1 <= value <= 100:
+        raise ValueError("must be a whole percentage from 1 to 100")
+    return value
+
+
 def _tenant(text: str) -> str:
     text = _non_empty(text)
     try:
@@ -326,6 +336,14 @@ class Settings:
         parse_positive_int,
         "a bootstrap pass that makes no progress for this long is abandoned and retried",
         default=300_000,
+    )
+    bootstrap_disk_percent: int = option(
+        "KURA_BOOTSTRAP_DISK_PERCENT",
+        "--bootstrap-disk-percent",
+        _percent,
+        "bootstrap stops fetching before stored bytes pass this share of KURA_MAX_DISK_BYTES "
+        "(the rest is left for live writes)",
+        default=90,
     )
     replication_bandwidth_limit_bytes_per_second: int = option(
         "KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND",

@@ -15,6 +15,10 @@ now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason
   cursor-paged in key order; ``next_after`` is null on the last page. Without ``after`` a page
   starts at the first key; with it (even ``after=``) strictly after it, because ``""`` is a real
   key: the tenant-wide namespace's tombstone.
+* ``GET /_internal/bootstrap/manifests?order=newest&after=<version_ms>:<artifact_id>&limit=`` —
+  the same manifests newest first, by (version_ms descending, artifact_id), with a compound
+  cursor; the answer carries ``"order": "newest"`` (an older peer ignores ``order`` and answers
+  without it, in key order). 400 for another ``order`` or a malformed cursor.
 * ``GET /_internal/bootstrap/artifacts/{artifact_id}`` — raw bytes with ``Kura-Manifest``; 404
   when unknown or evicted.
 """
@@ -32,12 +36,15 @@ from kura.core.errors import Forbidden, InvalidRequest
 from kura.core.keys import HEX_SHA256, NAMESPACE, PRODUCERS, validate
 from kura.mesh.wire import (
     MANIFEST_HEADER,
+    ORDER_NEWEST,
     OUTCOME_HEADER,
     PAGE_LIMIT_DEFAULT,
     PAGE_LIMIT_MAX,
     TENANT_HEADER,
     decode_manifest,
+    decode_version_cursor,
     encode_manifest,
+    encode_version_cursor,
 )
 from kura.storage.service import StoredBody
 
@@ -112,6 +119,11 @@ async def replicate_namespace(request: web.Request) -> web.StreamResponse:
 @endpoint(PROTOCOL, None)
 async def manifests(request: web.Request) -> web.StreamResponse:
     after, limit = _page_args(request)
+    order = request.query.get("order", "artifact_id")
+    if order == ORDER_NEWEST:
+        return await _manifests_newest(request, after, limit)
+    if order != "artifact_id":
+        raise InvalidRequest(f"order must be artifact_id or {ORDER_NEWEST}, not {order!r}")
     page = await ctx(request).service.manifests_page(after, limit + 1)
     more = len(page) > limit
     page = page[:limit]
@@ -119,6 +131,28 @@ async def manifests(request: web.Request) -> web.StreamResponse:
         {
             "manifests": [m.to_json() for m in page],
             "next_after": page[-1].artifact_id if more else None,
+        }
+    )
+
+
+async def _manifests_newest(
+    request: web.Request, after: str | None, limit: int
+) -> web.StreamResponse:
+    try:
+        cursor = None if after is None else decode_version_cursor(after)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    page = await ctx(request).service.manifests_newest_page(cursor, limit + 1)
+    more = len(page) > limit
+    page = page[:limit]
+    last = page[-1] if more else None
+    return web.json_response(
+        {
+            "manifests": [m.to_json() for m in page],
+            "order": ORDER_NEWEST,
+            "next_after": None
+            if last is None
+            else encode_version_cursor(last.version_ms, last.artifact_id),
         }
     )
 

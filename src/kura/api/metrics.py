@@ -233,12 +233,14 @@ class _MeshCollector(Collector):
         progress = sorted(self._bootstrapper.progress.items())
         nbytes = GaugeMetricFamily(
             "kura_bootstrap_bytes",
-            "Bootstrap bytes needed (total) and applied (done), per peer.",
+            "Bootstrap bytes needed (total), applied (done) and left out at the disk budget "
+            "(skipped), per peer.",
             labels=["peer", "kind"],
         )
         arts = GaugeMetricFamily(
             "kura_bootstrap_artifacts",
-            "Bootstrap artifacts needed (total) and applied (done), per peer.",
+            "Bootstrap artifacts needed (total), applied (done) and left out at the disk budget "
+            "(skipped), per peer.",
             labels=["peer", "kind"],
         )
         phase = GaugeMetricFamily(
@@ -251,12 +253,29 @@ class _MeshCollector(Collector):
             "1 when a peer failed so many passes in a row that it no longer gates readiness.",
             labels=["peer"],
         )
+        stopped = GaugeMetricFamily(
+            "kura_bootstrap_budget_stopped",
+            "1 when the peer's last bootstrap pass stopped fetching at the disk budget.",
+            labels=["peer"],
+        )
+        report = self._bootstrapper.budget()
+        limit = GaugeMetricFamily(
+            "kura_bootstrap_budget_limit_bytes",
+            "Stored bytes bootstrap fills up to (KURA_BOOTSTRAP_DISK_PERCENT of "
+            "KURA_MAX_DISK_BYTES).",
+            report.limit_bytes,
+        )
+        held = GaugeMetricFamily(
+            "kura_bootstrap_held_ratio",
+            "Share of the largest peer's data (bytes) this node holds after bootstrap, 0..1.",
+            report.held_percent / 100,
+        )
         passes = CounterMetricFamily(
             "kura_bootstrap_passes", "Bootstrap passes started per peer.", labels=["peer"]
         )
         results = CounterMetricFamily(
             "kura_bootstrap_artifact_results",
-            "Bootstrap artifact results per peer (applied, ignored_*, gone, too_large, "
+            "Bootstrap artifact results per peer (applied, ignored_*, gone, too_large, skipped_budget, "
             "rejected_future, error).",
             labels=["peer", "result"],
         )
@@ -266,12 +285,15 @@ class _MeshCollector(Collector):
             nbytes.add_metric([peer, "done"], min(p.bytes_done, p.bytes_total))
             arts.add_metric([peer, "total"], p.artifacts_total)
             arts.add_metric([peer, "done"], min(p.artifacts_done, p.artifacts_total))
+            nbytes.add_metric([peer, "skipped"], p.skipped_bytes)
+            arts.add_metric([peer, "skipped"], p.skipped_artifacts)
+            stopped.add_metric([peer], 1 if p.budget_stopped else 0)
             phase.add_metric([peer, p.phase.value], 1)
             abandoned.add_metric([peer], 1 if p.abandoned else 0)
             passes.add_metric([peer], p.passes)
             for result, n in sorted(p.results_total.items()):
                 results.add_metric([peer, result], n)
-        yield from (nbytes, arts, phase, abandoned, passes, results)
+        yield from (nbytes, arts, phase, abandoned, stopped, limit, held, passes, results)
 
 
 class _ValueCollector(Collector):

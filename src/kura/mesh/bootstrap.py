@@ -4,10 +4,15 @@ This is the fix for the stall in docs/reference/kura-behaviour.md §0, built rig
 (kura-behaviour.md §0 and §5):
 
 * **Order.** For each known peer: namespace tombstones first (so nothing they cover is ever
-  resurrected), then manifests in cursor-paged artifact_id order, then artifact bodies. A first
+  resurrected), then manifests cursor-paged newest first, then artifact bodies (small ones in
+  batches: ``mesh.bootstrap_batch``). A first
   walk over the manifests counts what is needed (bytes and artifacts) so progress can be shown
   as a percentage; the second walk fetches. Artifacts already held at an equal or newer version
   are skipped, so a retried pass, or a restarted node, never re-downloads what it has.
+* **Disk budget.** A pass fetches newest first, stops fetching at the first artifact that would
+  take the store past its share of ``KURA_MAX_DISK_BYTES``, never evicts to make room, and keeps
+  eviction off everything it fetched while bootstrap is active; it then completes, counting what
+  it skipped (``mesh.bootstrap_budget`` owns these rules).
 * **Concurrency.** At most ``max_concurrent_peers`` passes at once, at most one per peer, and
   ``downloads_per_peer`` body downloads per pass. Two passes never download the same artifact at
   once (single flight per artifact_id).
@@ -36,7 +41,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kit.clock import Clock
@@ -44,8 +49,17 @@ from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, FutureVersion
 from kura.mesh.bootstrap_batch import BatchFetcher
+from kura.mesh.bootstrap_budget import (
+    SKIPPED_BUDGET,
+    BudgetReport,
+    DiskAllowance,
+    EvictionGuard,
+    VersionGate,
+    budget_report,
+    newest_pages,
+)
 from kura.mesh.client import PeerClient, PeerError
-from kura.mesh.wire import PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
+from kura.mesh.wire import PAGE_LIMIT_DEFAULT
 from kura.storage.budget import TmpBudget
 from kura.storage.service import CacheService
 
@@ -83,6 +97,15 @@ class PeerProgress:
     artifacts_done: int = 0
     last_error: str = ""
     results_total: dict[str, int] = field(default_factory=dict)
+    # The last pass's walk (mesh.bootstrap_budget): everything the peer listed, what did not fit
+    # the disk budget, and whether the pass stopped fetching there.
+    listed_artifacts: int = 0
+    listed_bytes: int = 0
+    applied_artifacts: int = 0
+    applied_bytes: int = 0
+    skipped_artifacts: int = 0
+    skipped_bytes: int = 0
+    budget_stopped: bool = False
 
     def count(self, result: str) -> None:
         self.results_total[result] = self.results_total.get(result, 0) + 1
@@ -111,6 +134,8 @@ class Bootstrapper:
         downloads_per_peer: int,
         max_failed_passes: int,
         stall_timeout_seconds: float,
+        disk_limit_bytes: int | None = None,
+        rest_served_by: str = "the rest is served by read-through",
     ) -> None:
         self._service = service
         self._client = client
@@ -124,6 +149,17 @@ class Bootstrapper:
         self.progress: dict[str, PeerProgress] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
+        # The disk budget (mesh.bootstrap_budget); None: no limit.
+        self.allowance = (
+            None
+            if disk_limit_bytes is None
+            else DiskAllowance(disk_limit_bytes, lambda: service.stats.used_bytes)
+        )
+        self._guard = EvictionGuard(
+            lambda ms: setattr(service, "eviction_floor_ms", ms), clock.now_ms
+        )
+        self._rest_served_by = rest_served_by
+        self._gate = VersionGate(self._budget_may_bind)
         self._batches = BatchFetcher(
             service=service,
             client=client,
@@ -150,12 +186,21 @@ class Bootstrapper:
         ]
 
     def warnings(self) -> list[str]:
-        return [
+        warnings = [
             f"bootstrap from {p.peer} abandoned after {p.failed_passes_in_a_row} failed passes "
             f"(still retrying): {p.last_error}"
             for p in self.progress.values()
             if p.abandoned and p.phase is not PeerPhase.DONE
         ]
+        report = self.budget()
+        if report.stopped:
+            warnings.append(report.warning(self._rest_served_by))
+        return warnings
+
+    def budget(self) -> BudgetReport:
+        """The share of the peers' data held, and whether a pass stopped at the disk budget."""
+        limit = -1 if self.allowance is None else self.allowance.limit_bytes
+        return budget_report([self._progress(p) for p in self._peers()], limit)
 
     def summary(self) -> dict[str, int]:
         known = [self._progress(p) for p in self._peers()]
@@ -188,6 +233,7 @@ class Bootstrapper:
         try:
             while True:
                 now = self._clock.monotonic()
+                self._guard.update(self._active())
                 for peer in self._peers():
                     state = self._progress(peer)
                     task = self._running.get(peer)
@@ -206,8 +252,25 @@ class Bootstrapper:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
+    def _budget_may_bind(self) -> bool:
+        """Some running pass is still counting, or what they still need exceeds the allowance."""
+        if self.allowance is None:
+            return False
+        if self._gate.counting:
+            return True
+        running = [self._progress(p) for p in self._gate.peers]
+        needed = sum(max(0, p.bytes_total - p.bytes_done) for p in running)
+        used = self._service.stats.used_bytes + self.allowance.claimed_bytes
+        return used + needed > self.allowance.limit_bytes
+
+    def _active(self) -> bool:
+        """A pass runs, or a peer still gates readiness: eviction must spare bootstrap's data."""
+        running = any(not t.done() for t in self._running.values())
+        return running or any(self._progress(p).gates_readiness for p in self._peers())
+
     async def _guarded_pass(self, state: PeerProgress) -> None:
         async with self._semaphore:
+            self._guard.update(True)
             state.phase = PeerPhase.RUNNING
             state.passes += 1
             try:
@@ -234,6 +297,15 @@ class Bootstrapper:
                 state.artifacts_done,
                 state.bytes_done,
             )
+            if state.budget_stopped:
+                log.warning(
+                    "bootstrap from %s stopped at the disk budget: %d artifacts (%d bytes) of "
+                    "its %d skipped",
+                    state.peer,
+                    state.skipped_artifacts,
+                    state.skipped_bytes,
+                    state.listed_artifacts,
+                )
 
     def _failed(self, state: PeerProgress, error: str) -> None:
         state.phase = PeerPhase.FAILED
@@ -268,10 +340,14 @@ class Bootstrapper:
         def progressed() -> None:
             watchdog.reschedule(asyncio.get_running_loop().time() + self._stall_timeout)
 
-        async with watchdog:
-            await self._apply_tombstones(state.peer, progressed)
-            await self._count_needed(state, progressed)
-            failures = await self._fetch_all(state, progressed)
+        self._gate.join(state.peer)
+        try:
+            async with watchdog:
+                await self._apply_tombstones(state.peer, progressed)
+                await self._count_needed(state, progressed)
+                failures = await self._fetch_all(state, progressed)
+        finally:
+            self._gate.leave(state.peer)
         if failures:
             raise PassIncomplete(f"{len(failures)} artifacts failed, e.g. {failures[0]}")
 
@@ -292,31 +368,26 @@ class Bootstrapper:
             after = next_after
 
     async def _count_needed(self, state: PeerProgress, progressed: Callable[[], None]) -> None:
-        bytes_total = artifacts_total = 0
-        async for page in self._pages(state.peer, progressed):
+        bytes_total = artifacts_total = listed_bytes = listed_artifacts = 0
+        async for page in newest_pages(self._client, state.peer, progressed):
             outcomes = await self._service.apply_outcomes_for(page)
             for manifest, outcome in zip(page, outcomes, strict=True):
+                listed_bytes += manifest.size
+                listed_artifacts += 1
                 if outcome is ApplyOutcome.APPLIED:
                     bytes_total += manifest.size
                     artifacts_total += 1
         state.bytes_total, state.artifacts_total = bytes_total, artifacts_total
         state.bytes_done = state.artifacts_done = 0
-
-    async def _pages(
-        self, peer: str, progressed: Callable[[], None]
-    ) -> AsyncIterator[list[Manifest]]:
-        after: str | None = None  # the first page
-        while True:
-            page, next_after = await self._client.manifests_page(peer, after, PAGE_LIMIT_MAX)
-            progressed()
-            yield page
-            if next_after is None:
-                return
-            after = next_after
+        state.listed_bytes, state.listed_artifacts = listed_bytes, listed_artifacts
+        state.skipped_bytes = state.skipped_artifacts = 0
+        state.applied_bytes = state.applied_artifacts = 0
+        state.budget_stopped = False
 
     async def _fetch_all(self, state: PeerProgress, progressed: Callable[[], None]) -> list[str]:
-        """Fetch what the peer holds and this node needs: small artifacts in batches
-        (``mesh.bootstrap_batch``), the rest one by one, ``downloads_per_peer`` at a time."""
+        """Fetch what the peer holds and this node needs, newest first, within the disk budget:
+        small artifacts in batches (``mesh.bootstrap_batch``), the rest one by one,
+        ``downloads_per_peer`` requests at a time."""
         failures: list[str] = []
         downloads = asyncio.Semaphore(self._downloads_per_peer)
         tasks: set[asyncio.Task[None]] = set()
@@ -331,6 +402,12 @@ class Bootstrapper:
                 return
             assert result is not None
             state.count(result)
+            if result == SKIPPED_BUDGET:
+                state.skipped_artifacts += 1
+                state.skipped_bytes += manifest.size
+            elif result == "applied":
+                state.applied_artifacts += 1
+                state.applied_bytes += manifest.size
             if result in DONE_RESULTS:
                 state.bytes_done += manifest.size
                 state.artifacts_done += 1
@@ -338,11 +415,19 @@ class Bootstrapper:
 
         async def one(manifest: Manifest) -> None:
             try:
-                result = await self._fetch_one(state.peer, manifest)
+                result = await self._fetch_one(state, manifest)
             except (PeerError, KuraError, TimeoutError, OSError) as exc:
                 record(manifest, None, str(exc))
             else:
                 record(manifest, result, None)
+
+        async def batch_of(chosen: list[Manifest], claims: list[str]) -> None:
+            try:
+                await self._batches.fetch(state.peer, chosen, record, one)
+            finally:
+                if self.allowance is not None:
+                    for aid in claims:
+                        self.allowance.release(aid)
 
         async def spawn(work: Awaitable[None]) -> None:
             await downloads.acquire()
@@ -358,21 +443,41 @@ class Bootstrapper:
             task.add_done_callback(tasks.discard)
 
         batch: list[Manifest] = []
+        claims: list[str] = []
         try:
-            async for page in self._pages(state.peer, progressed):
+            async for page in newest_pages(self._client, state.peer, progressed):
                 outcomes = await self._service.apply_outcomes_for(page)
                 for manifest, outcome in zip(page, outcomes, strict=True):
+                    if state.budget_stopped:
+                        self._gate.leave(state.peer)  # admits no more: it only counts the rest
+                    else:
+                        await self._gate.turn(state.peer, manifest, progressed)
                     if outcome is not ApplyOutcome.APPLIED:
                         record(manifest, str(outcome.value), None)
-                    elif self._batches.batchable(state.peer, manifest):
+                    elif not self._batches.batchable(state.peer, manifest):
+                        await spawn(one(manifest))
+                    elif state.budget_stopped:
+                        record(manifest, SKIPPED_BUDGET, None)
+                    else:
+                        aid = manifest.artifact_id
+                        claim = (
+                            True
+                            if self.allowance is None
+                            else self.allowance.claim(aid, manifest.size)
+                        )
+                        if claim is False:
+                            state.budget_stopped = True
+                            record(manifest, SKIPPED_BUDGET, None)
+                            continue
+                        if claim and self.allowance is not None:
+                            claims.append(aid)
                         batch.append(manifest)
                         if self._batches.full(batch):
-                            await spawn(self._batches.fetch(state.peer, batch, record, one))
-                            batch = []
-                    else:
-                        await spawn(one(manifest))
+                            await spawn(batch_of(batch, claims))
+                            batch, claims = [], []
             if batch:
-                await spawn(self._batches.fetch(state.peer, batch, record, one))
+                await spawn(batch_of(batch, claims))
+            self._gate.leave(state.peer)  # listed everything: it no longer holds others back
             while tasks:
                 await asyncio.gather(*tasks)
         finally:
@@ -383,8 +488,8 @@ class Bootstrapper:
                     await task
         return failures
 
-    async def _fetch_one(self, peer: str, manifest: Manifest) -> str:
-        """Fetch and apply one artifact; returns the outcome label."""
+    async def _fetch_one(self, state: PeerProgress, manifest: Manifest) -> str:
+        """Fetch and apply one artifact within the disk budget; returns the outcome label."""
         aid = manifest.artifact_id
         while (pending := self._inflight.get(aid)) is not None:
             await asyncio.wait({pending})  # another pass is fetching it: wait, then re-check
@@ -404,7 +509,17 @@ class Bootstrapper:
                     self._budget.capacity_bytes,
                 )
                 return "too_large"
-            return await self._download(peer, manifest)
+            if state.budget_stopped:
+                return SKIPPED_BUDGET  # the pass stopped fetching; it only counts the rest
+            claim = True if self.allowance is None else self.allowance.claim(aid, manifest.size)
+            if claim is False:
+                state.budget_stopped = True
+                return SKIPPED_BUDGET
+            try:
+                return await self._download(state.peer, manifest)
+            finally:
+                if claim and self.allowance is not None:
+                    self.allowance.release(aid)
         except FutureVersion:
             return "rejected_future"  # logged and counted by the service; never retried
         finally:

@@ -21,6 +21,7 @@ import aiohttp
 from kura.core.manifest import Manifest
 from kura.mesh.wire import (
     MANIFEST_HEADER,
+    ORDER_NEWEST,
     OUTCOME_HEADER,
     REFUSAL_HEADER,
     TENANT_HEADER,
@@ -155,22 +156,19 @@ class PeerClient:
         data = await self._get_json(
             url + "/_internal/bootstrap/manifests", timeout_seconds, _page_params(after, limit)
         )
-        try:
-            entries = list(data["manifests"])
-            next_after = data.get("next_after")
-        except (KeyError, TypeError) as exc:
-            raise PeerError(f"{url}: malformed manifests page: {exc}") from exc
-        manifests = []
-        for entry in entries:
-            # One bad manifest (a stored header with CR/LF, a mistyped field) is refused on its
-            # own; it must not fail the page and with it every other artifact of the peer.
-            try:
-                if not isinstance(entry, dict):
-                    raise ValueError("not an object")
-                manifests.append(Manifest.from_json(entry))
-            except ValueError as exc:
-                log.warning("refused a manifest from %s: %s", url, exc)
-        return manifests, next_after
+        return _manifests_of(url, data)
+
+    async def manifests_newest_page(
+        self, url: str, after: str | None, limit: int, timeout_seconds: float = 30.0
+    ) -> tuple[list[Manifest], str | None, bool]:
+        """One page of ``order=newest`` (version_ms descending, then artifact_id) strictly after
+        the compound cursor ``after`` (None: the newest), the next cursor (None after the last
+        page), and whether the peer honoured the order: a peer that predates it answers in
+        artifact_id order with an artifact_id cursor, which this same call then pages on."""
+        params = {**_page_params(after, limit), "order": ORDER_NEWEST}
+        data = await self._get_json(url + "/_internal/bootstrap/manifests", timeout_seconds, params)
+        manifests, next_after = _manifests_of(url, data)
+        return manifests, next_after, isinstance(data, dict) and data.get("order") == ORDER_NEWEST
 
     async def tombstones_page(
         self, url: str, after: str | None, limit: int, timeout_seconds: float = 30.0
@@ -250,6 +248,25 @@ class PeerClient:
                     return json.loads(body)
         except (aiohttp.ClientError, TimeoutError, OSError, json.JSONDecodeError) as exc:
             raise PeerError(f"{url}: {exc!r}") from exc
+
+
+def _manifests_of(url: str, data: Any) -> tuple[list[Manifest], str | None]:
+    try:
+        entries = list(data["manifests"])
+        next_after = data.get("next_after")
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise PeerError(f"{url}: malformed manifests page: {exc}") from exc
+    manifests = []
+    for entry in entries:
+        # One bad manifest (a stored header with CR/LF, a mistyped field) is refused on its
+        # own; it must not fail the page and with it every other artifact of the peer.
+        try:
+            if not isinstance(entry, dict):
+                raise ValueError("not an object")
+            manifests.append(Manifest.from_json(entry))
+        except ValueError as exc:
+            log.warning("refused a manifest from %s: %s", url, exc)
+    return manifests, next_after
 
 
 def _page_params(after: str | None, limit: int) -> dict[str, str]:

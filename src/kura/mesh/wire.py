@@ -87,3 +87,21 @@ def decode_frames(payload: bytes) -> list[tuple[str, Manifest | None, bytes | No
             pos += manifest.size
             out.append((manifest.artifact_id, manifest, body, "ok"))
     return out
+
+
+# ``GET /_internal/bootstrap/manifests?order=newest``: pages by (version_ms descending,
+# artifact_id) with the compound cursor ``"<version_ms>:<artifact_id>"``. A peer that predates
+# the ordering ignores ``order`` and answers without an ``order`` field, in artifact_id order.
+ORDER_NEWEST = "newest"
+
+
+def encode_version_cursor(version_ms: int, artifact_id: str) -> str:
+    return f"{version_ms}:{artifact_id}"
+
+
+def decode_version_cursor(text: str) -> tuple[int, str]:
+    """``(version_ms, artifact_id)`` of a newest-first cursor; ValueError when malformed."""
+    version, sep, artifact_id = text.partition(":")
+    if not sep or not version.isdigit() or not artifact_id:
+        raise ValueError(f"cursor {text!r} is not <version_ms>:<artifact_id>")
+    return int(version), artifact_id

@@ -61,7 +61,15 @@ CREATE TABLE IF NOT EXISTS artifacts (
     xxh3_128       TEXT
 );
 CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
-CREATE INDEX IF NOT EXISTS artifacts_by_access ON artifacts(last_access_ms);
+-- Eviction order, ties (a bootstrap stamps its copies alike) by oldest version: the whole order
+-- in the index, so a batch reads O(batch) rows however large a tie is. It replaces the
+-- last_access_ms-only index; the DROP is a no-op after the first open.
+DROP INDEX IF EXISTS artifacts_by_access;
+CREATE INDEX IF NOT EXISTS artifacts_by_access_version
+    ON artifacts(last_access_ms, version_ms, artifact_id);
+-- Bootstrap pages newest first (mesh.bootstrap_budget). Indexes, not a schema change: a file of
+-- any schema version gets them at its next writable open (built once, O(rows)).
+CREATE INDEX IF NOT EXISTS artifacts_by_version ON artifacts(version_ms DESC, artifact_id);
 CREATE TABLE IF NOT EXISTS tombstones (
     namespace_id TEXT PRIMARY KEY,
     version_ms   INTEGER NOT NULL
@@ -290,6 +298,33 @@ class MetadataIndex:
         )
         return [_row_to_manifest(r) for r in rows]
 
+    def manifests_newest(self, after: tuple[int, str] | None, limit: int) -> list[Manifest]:
+        """At most ``limit`` manifests ordered by (version_ms descending, artifact_id), strictly
+        after the cursor ``after = (version_ms, artifact_id)`` (None: from the newest).
+
+        Two range seeks on ``artifacts_by_version`` (the rest of the cursor's version, then the
+        older versions), so a page costs O(limit) however deep it is."""
+        conn = self._conn()
+        rows: list[tuple[object, ...]] = []
+        args: tuple[int, ...] = ()
+        if after is None:
+            where = "1"
+        else:
+            version_ms, artifact_id = after
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM artifacts WHERE version_ms = ? AND artifact_id > ? "
+                "ORDER BY version_ms DESC, artifact_id LIMIT ?",
+                (version_ms, artifact_id, limit),
+            ).fetchall()
+            where, args = "version_ms < ?", (version_ms,)
+        if len(rows) < limit:
+            rows += conn.execute(
+                f"SELECT {_COLUMNS} FROM artifacts WHERE {where} "
+                "ORDER BY version_ms DESC, artifact_id LIMIT ?",
+                (*args, limit - len(rows)),
+            ).fetchall()
+        return [_row_to_manifest(r) for r in rows]
+
     def all_ids(self) -> set[str]:
         return {r[0] for r in self._conn().execute("SELECT artifact_id FROM artifacts")}
 
@@ -309,14 +344,20 @@ class MetadataIndex:
         )
         return [(str(r[0]), int(r[1])) for r in rows]
 
-    def least_recently_used(self, limit: int, exclude: str) -> list[tuple[str, int, bool]]:
-        """Up to ``limit`` (artifact_id, size, inline) oldest by access, skipping ``exclude``."""
+    def least_recently_used(
+        self, limit: int, exclude: str, used_before_ms: int | None = None
+    ) -> list[tuple[str, int, bool]]:
+        """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
+        version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
+        used (or written) at or after it."""
+        before = (1 << 62) if used_before_ms is None else used_before_ms
         rows = (
             self._conn()
             .execute(
                 "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
-                "WHERE artifact_id != ? ORDER BY last_access_ms, artifact_id LIMIT ?",
-                (exclude, limit),
+                "WHERE artifact_id != ? AND last_access_ms < ? "
+                "ORDER BY last_access_ms, version_ms, artifact_id LIMIT ?",
+                (exclude, before, limit),
             )
             .fetchall()
         )

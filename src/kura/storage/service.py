@@ -24,7 +24,10 @@ Guarantees:
   which are already stored ("exists and intact"); ``on_quarantine(artifact_id)`` is called (on
   the writer thread) for every entry quarantined, so the mesh can fetch a good copy.
 * Stored bytes stay within ``max_disk_bytes`` by least-recently-used eviction. Evictions are
-  local: they are never replicated.
+  local: they are never replicated. While ``eviction_floor_ms`` is set (a bootstrap runs),
+  eviction only picks artifacts last used before it; a write that finds nothing it may evict is
+  still stored, over the budget, as when nothing at all is evictable. A bootstrap copy is
+  stamped as last used at the floor, and equal stamps are evicted oldest version first.
 * Every local write (and namespace clean) enqueues one outbox message per replication target in
   the same SQLite transaction as the data. Copies received from peers (``apply_replica``) are
   applied by last-writer-wins and are not re-enqueued: every node ships its own writes to all.
@@ -191,6 +194,9 @@ class CacheService:
         self.on_outbox_write: Callable[[], None] = lambda: None
         # Set by the mesh: on a local miss, try to fetch the artifact id from peers.
         self.on_miss: Callable[[str], Awaitable[bool]] | None = None
+        # Set by the mesh while a bootstrap runs: eviction then only picks artifacts last used
+        # before this wall-clock ms, so it never evicts what the bootstrap fetched.
+        self.eviction_floor_ms: int | None = None
         self.tenant_id = tenant_id
         self.budget = budget
         self.clock = clock
@@ -786,10 +792,12 @@ class CacheService:
             sig = stat_signature(self.files.persist(staged_path, manifest))
             failpoint("storage.after_publish")
         outbox_peers = self.queues.admit(index.connection(), outbox_peers, self.clock.now_ms())
+        # A bootstrap copy counts as last used when the bootstrap began: never used here, and
+        # equal stamps leave LRU to evict the oldest versions first once the bootstrap is over.
+        floor = self.eviction_floor_ms
+        stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
         try:
-            index.upsert(
-                manifest, inline_body, sig, self.clock.now_ms(), outbox_peers, xxh3_128=xxh3_128
-            )
+            index.upsert(manifest, inline_body, sig, stamp_ms, outbox_peers, xxh3_128=xxh3_128)
         except BaseException:
             if new is not None and new != old:
                 new.unlink(missing_ok=True)  # never acknowledged
@@ -809,7 +817,7 @@ class CacheService:
         index = self._require_index()
         need = bytes_to_free(self.stats.used_bytes, incoming_bytes, self.max_disk_bytes)
         while need > 0:
-            batch = index.least_recently_used(256, exclude)
+            batch = index.least_recently_used(256, exclude, self.eviction_floor_ms)
             if not batch:
                 return
             victims: list[tuple[str, int, bool]] = []
@@ -1009,7 +1017,9 @@ class CacheService:
                 replaced.append(stored)
         if not rows:
             return outcomes
-        index.upsert_many(rows, self.clock.now_ms())
+        floor = self.eviction_floor_ms  # a bootstrap copy counts as used when it began
+        stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
+        index.upsert_many(rows, stamp_ms)
         self.hot.invalidate([m.artifact_id for m, _d, _s, _x in rows])
         for (manifest, _d, _s, _x), old in zip(rows, replaced, strict=True):
             if old is not None and not old.inline:
@@ -1072,6 +1082,13 @@ class CacheService:
     async def manifests_page(self, after: str | None, limit: int) -> list[Manifest]:
         """Manifests in artifact_id order strictly after ``after`` (None: from the first)."""
         return await self._in(self._reader, self._require_index().manifests_after, after, limit)
+
+    async def manifests_newest_page(
+        self, after: tuple[int, str] | None, limit: int
+    ) -> list[Manifest]:
+        """Manifests by (version_ms descending, artifact_id) strictly after the cursor ``after``
+        (None: from the newest); ``MetadataIndex.manifests_newest``."""
+        return await self._in(self._reader, self._require_index().manifests_newest, after, limit)
 
     async def tombstones_page(self, after: str | None, limit: int) -> list[tuple[str, int]]:
         """Tombstones in namespace_id order strictly after ``after`` (None: from the first)."""
