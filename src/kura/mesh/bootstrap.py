@@ -28,6 +28,14 @@ This is the fix for the incident in shared/seeds/000_*, built right from the sta
   readiness that could wait forever); it is named in ``/ready``, in
   ``kura_bootstrap_peer_abandoned`` and in the log, and it is still retried in the background.
   A peer that joins later re-opens bootstrap for that peer.
+* **Incremental passes.** With a ``CursorPass`` (``mesh.incremental``), a pass against a peer
+  this node holds a durable cursor for pulls only the peer's changes since it
+  (``apply_changes``, the same download path); without a cursor it runs the full walk above
+  and then stores the peer's head as the cursor. Readiness is gated the same way in both modes.
+  Once a peer's pass is done, a background pass every ``poll_interval_seconds``
+  (``KURA_CHANGES_POLL_INTERVAL``) moves the cursor past what arrived through the outbox
+  meanwhile, so a restart pulls what changed since the last poll, not since the last restart.
+  A background pass never gates readiness; one that fails is retried at the next interval.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, FutureVersion
 from kura.mesh.client import PeerClient, PeerError
+from kura.mesh.incremental import INCREMENTAL, CursorPass, EpochChanged
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT
 from kura.storage.budget import TmpBudget
 from kura.storage.service import CacheService
@@ -82,6 +91,9 @@ class PeerProgress:
     artifacts_done: int = 0
     last_error: str = ""
     results_total: dict[str, int] = field(default_factory=dict)
+    mode: str = ""  # "full" or "incremental" (mesh.incremental); "" before the first pass
+    cursor_seq: int | None = None  # the durable cursor into the peer's change feed
+    next_poll_at: float = 0.0  # monotonic seconds: the next background pass (once DONE)
 
     def count(self, result: str) -> None:
         self.results_total[result] = self.results_total.get(result, 0) + 1
@@ -110,6 +122,8 @@ class Bootstrapper:
         downloads_per_peer: int,
         max_failed_passes: int,
         stall_timeout_seconds: float,
+        cursors: CursorPass | None = None,
+        poll_interval_seconds: float = 30.0,
     ) -> None:
         self._service = service
         self._client = client
@@ -120,6 +134,8 @@ class Bootstrapper:
         self._downloads_per_peer = downloads_per_peer
         self._max_failed_passes = max_failed_passes
         self._stall_timeout = stall_timeout_seconds
+        self._cursors = cursors
+        self._poll_interval = poll_interval_seconds
         self.progress: dict[str, PeerProgress] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
@@ -136,9 +152,11 @@ class Bootstrapper:
         total_bytes = sum(p.bytes_total for p in known)
         done_bytes = sum(min(p.bytes_done, p.bytes_total) for p in known)
         pct = 100 if total_bytes == 0 else int(100 * done_bytes / total_bytes)
+        incremental = sum(1 for p in gating if p.mode == INCREMENTAL)
         return [
             f"bootstrap in progress: {done} of {len(known)} peers, {pct}% of bytes "
             f"({done_bytes} of {total_bytes})"
+            + (f"; {incremental} incremental from a cursor" if incremental else "")
         ]
 
     def warnings(self) -> list[str]:
@@ -167,7 +185,8 @@ class Bootstrapper:
         return state
 
     def peer_joined(self, peer: str) -> None:
-        """A peer (re)joined the mesh: bootstrap from it (again)."""
+        """A peer (re)joined the mesh or is healthy again: pass over it again (incremental
+        from the cursor when there is one)."""
         state = self._progress(peer)
         if state.phase is PeerPhase.DONE:
             state.phase = PeerPhase.PENDING
@@ -185,7 +204,13 @@ class Bootstrapper:
                     task = self._running.get(peer)
                     if task is not None and not task.done():
                         continue
-                    if state.phase is PeerPhase.DONE or state.next_attempt_at > now:
+                    if state.phase is PeerPhase.DONE:
+                        if self._cursors is not None and state.next_poll_at <= now:
+                            self._running[peer] = asyncio.create_task(
+                                self._background_pass(state), name=f"changes poll {peer}"
+                            )
+                        continue
+                    if state.next_attempt_at > now:
                         continue
                     self._running[peer] = asyncio.create_task(
                         self._guarded_pass(state), name=f"bootstrap {peer}"
@@ -207,7 +232,7 @@ class Bootstrapper:
             except asyncio.CancelledError:
                 state.phase = PeerPhase.PENDING
                 raise
-            except (PassIncomplete, PeerError, KuraError, TimeoutError) as exc:
+            except (PassIncomplete, PeerError, KuraError, TimeoutError, EpochChanged) as exc:
                 self._failed(state, str(exc) or type(exc).__name__)
                 return
             except Exception as exc:  # a bug: log it loudly, count the pass failed, retry
@@ -215,6 +240,7 @@ class Bootstrapper:
                 self._failed(state, f"internal error: {exc!r}")
                 return
             state.phase = PeerPhase.DONE
+            state.next_poll_at = self._clock.monotonic() + self._poll_interval
             state.failed_passes_in_a_row = 0
             state.last_error = ""
             if state.abandoned:
@@ -226,6 +252,20 @@ class Bootstrapper:
                 state.artifacts_done,
                 state.bytes_done,
             )
+
+    async def _background_pass(self, state: PeerProgress) -> None:
+        """A pass over a DONE peer that does not touch its phase (nor readiness)."""
+        async with self._semaphore:
+            try:
+                await self._pass(state)
+            except (PassIncomplete, PeerError, KuraError, TimeoutError, EpochChanged) as exc:
+                log.info(
+                    "changes poll of %s incomplete (retried next interval): %s", state.peer, exc
+                )
+            except Exception:
+                log.exception("changes poll of %s crashed", state.peer)
+            finally:
+                state.next_poll_at = self._clock.monotonic() + self._poll_interval
 
     def _failed(self, state: PeerProgress, error: str) -> None:
         state.phase = PeerPhase.FAILED
@@ -261,23 +301,49 @@ class Bootstrapper:
             watchdog.reschedule(asyncio.get_running_loop().time() + self._stall_timeout)
 
         async with watchdog:
-            await self._apply_tombstones(state.peer, progressed)
-            await self._count_needed(state, progressed)
-            failures = await self._fetch_all(state, progressed)
+            if self._cursors is None:
+                await self.full_pass(state, progressed)
+            else:
+                await self._cursors.run(state, progressed, self.full_pass, self.apply_changes)
+
+    async def full_pass(self, state: PeerProgress, progressed: Callable[[], None]) -> None:
+        """The whole walk: tombstones, count, fetch. Raises PassIncomplete if any failed."""
+        await self._apply_tombstones(state.peer, progressed)
+        await self._count_needed(state, progressed)
+        failures = await self._fetch_all(state, progressed)
         if failures:
             raise PassIncomplete(f"{len(failures)} artifacts failed, e.g. {failures[0]}")
+
+    async def apply_changes(
+        self,
+        state: PeerProgress,
+        tombstones: list[tuple[str, int]],
+        manifests: list[Manifest],
+        progressed: Callable[[], None],
+    ) -> None:
+        """One change-feed page: its tombstones first (so nothing they cover is resurrected),
+        then its manifests' bodies, the full pass's way. Raises PassIncomplete if any failed."""
+        await self._apply_tombstone_list(tombstones)
+        for manifest in manifests:
+            if await self._service.apply_outcome_for(manifest) is ApplyOutcome.APPLIED:
+                state.bytes_total += manifest.size
+                state.artifacts_total += 1
+        failures = await self._fetch_all(state, progressed, _each(manifests))
+        if failures:
+            raise PassIncomplete(f"{len(failures)} artifacts failed, e.g. {failures[0]}")
+
+    async def _apply_tombstone_list(self, tombstones: list[tuple[str, int]]) -> None:
+        for namespace_id, version_ms in tombstones:
+            try:
+                await self._service.delete_namespace(namespace_id, version_ms, source="bootstrap")
+            except FutureVersion:
+                continue  # logged and counted by the service; the pass goes on
 
     async def _apply_tombstones(self, peer: str, progressed: Callable[[], None]) -> None:
         after: str | None = None  # the first page
         while True:
             page, next_after = await self._client.tombstones_page(peer, after, PAGE_LIMIT_DEFAULT)
-            for namespace_id, version_ms in page:
-                try:
-                    await self._service.delete_namespace(
-                        namespace_id, version_ms, source="bootstrap"
-                    )
-                except FutureVersion:
-                    continue  # logged and counted by the service; the pass goes on
+            await self._apply_tombstone_list(page)
             progressed()
             if next_after is None:
                 return
@@ -305,7 +371,15 @@ class Bootstrapper:
                 return
             after = next_after
 
-    async def _fetch_all(self, state: PeerProgress, progressed: Callable[[], None]) -> list[str]:
+    async def _fetch_all(
+        self,
+        state: PeerProgress,
+        progressed: Callable[[], None],
+        manifests: AsyncIterator[Manifest] | None = None,
+    ) -> list[str]:
+        """Fetch ``manifests`` (default: the peer's whole walk); the failures, described."""
+        if manifests is None:
+            manifests = self._manifests(state.peer, progressed)
         failures: list[str] = []
         downloads = asyncio.Semaphore(self._downloads_per_peer)
         tasks: set[asyncio.Task[None]] = set()
@@ -329,7 +403,7 @@ class Bootstrapper:
                 downloads.release()
 
         try:
-            async for manifest in self._manifests(state.peer, progressed):
+            async for manifest in manifests:
                 await downloads.acquire()
                 task = asyncio.create_task(one(manifest))
                 tasks.add(task)
@@ -400,3 +474,8 @@ class Bootstrapper:
             finally:
                 await fetched.close()
         return str(outcome.value)
+
+
+async def _each(manifests: list[Manifest]) -> AsyncIterator[Manifest]:
+    for manifest in manifests:
+        yield manifest
