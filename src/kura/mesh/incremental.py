@@ -99,6 +99,12 @@ class CursorPass:
             return
         if cursor is not None and cursor.epoch == page.epoch and cursor.seq <= page.head_seq:
             state.mode = INCREMENTAL
+            log.info(
+                "catch-up from %s: incremental from cursor %d (peer head %d)",
+                peer,
+                cursor.seq,
+                page.head_seq,
+            )
             state.bytes_total = state.bytes_done = 0
             state.artifacts_total = state.artifacts_done = 0
         else:
