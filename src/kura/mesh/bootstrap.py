@@ -257,7 +257,7 @@ class Bootstrapper:
         """A pass over a DONE peer that does not touch its phase (nor readiness)."""
         async with self._semaphore:
             try:
-                await self._pass(state)
+                await self._pass(state, background=True)
             except (PassIncomplete, PeerError, KuraError, TimeoutError, EpochChanged) as exc:
                 log.info(
                     "changes poll of %s incomplete (retried next interval): %s", state.peer, exc
@@ -294,7 +294,7 @@ class Bootstrapper:
                 error,
             )
 
-    async def _pass(self, state: PeerProgress) -> None:
+    async def _pass(self, state: PeerProgress, background: bool = False) -> None:
         watchdog = asyncio.timeout(self._stall_timeout)
 
         def progressed() -> None:
@@ -304,7 +304,9 @@ class Bootstrapper:
             if self._cursors is None:
                 await self.full_pass(state, progressed)
             else:
-                await self._cursors.run(state, progressed, self.full_pass, self.apply_changes)
+                await self._cursors.run(
+                    state, progressed, self.full_pass, self.apply_changes, background=background
+                )
 
     async def full_pass(self, state: PeerProgress, progressed: Callable[[], None]) -> None:
         """The whole walk: tombstones, count, fetch. Raises PassIncomplete if any failed."""

@@ -81,10 +81,13 @@ class CursorPass:
         progressed: Progressed,
         full_pass: FullPass,
         apply_changes: ApplyChanges,
+        *,
+        background: bool = False,
     ) -> None:
         """One pass against ``state.peer``. Raises what ``full_pass``/``apply_changes`` raise,
         ``PeerError``, or ``EpochChanged``; the durable cursor then stays at the last page
-        fully applied."""
+        fully applied. A ``background`` pass (the poll) skips a peer without the feed instead
+        of walking it whole every interval."""
         peer = state.peer
         cursor = await self._service.in_writer(change_feed.load_cursor, peer)
         state.cursor_seq = None if cursor is None else cursor.seq
@@ -94,6 +97,8 @@ class CursorPass:
             if exc.status != 404:
                 raise
             # A peer without the feed (an older kura, mid rolling upgrade): the full walk.
+            if background:
+                return
             state.mode = FULL
             await full_pass(state, progressed)
             return

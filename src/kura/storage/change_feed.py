@@ -16,6 +16,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
+from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
 from kura.storage import change_seq
 from kura.storage.index import _COLUMNS, _row_to_manifest
@@ -82,18 +83,27 @@ def read_page(conn: sqlite3.Connection, since: int, limit: int) -> ChangesPage:
 
 
 def load_cursor(conn: sqlite3.Connection, peer: str) -> PeerCursor | None:
-    row = conn.execute("SELECT epoch, seq FROM peer_cursors WHERE peer = ?", (peer,)).fetchone()
+    """The cursor, or None (none stored, or an index without the table: read-only, older)."""
+    try:
+        row = conn.execute("SELECT epoch, seq FROM peer_cursors WHERE peer = ?", (peer,)).fetchone()
+    except sqlite3.OperationalError:
+        return None
     return None if row is None else PeerCursor(peer, str(row[0]), int(row[1]))
 
 
 def store_cursor(
     conn: sqlite3.Connection, peer: str, epoch: str, seq: int, now_ms: int
 ) -> PeerCursor:
-    """Writer thread: record that ``peer``'s feed of ``epoch`` is applied up to ``seq``."""
-    conn.execute(
-        "INSERT OR REPLACE INTO peer_cursors(peer, epoch, seq, updated_at_ms) VALUES (?,?,?,?)",
-        (peer, epoch, seq, now_ms),
-    )
+    """Writer thread: record that ``peer``'s feed of ``epoch`` is applied up to ``seq``.
+    Raises ``Unavailable`` when it cannot be written (a read-only index, a full disk): the
+    pass then fails and is retried, from the cursor stored before."""
+    try:
+        conn.execute(
+            "INSERT OR REPLACE INTO peer_cursors(peer, epoch, seq, updated_at_ms) VALUES (?,?,?,?)",
+            (peer, epoch, seq, now_ms),
+        )
+    except sqlite3.OperationalError as exc:
+        raise Unavailable(f"cannot record the cursor of {peer}: {exc}") from exc
     return PeerCursor(peer, epoch, seq)
 
 
