@@ -164,6 +164,8 @@ def test_a_node_killed_mid_catch_up_resumes_from_its_durable_cursor(tmp_path: Pa
         at_kill = cursor()
         b.stop(signal.SIGKILL)
         assert cursor_before < at_kill < head
+        # A pull that never reached A's head does not clear A's mark for B.
+        assert outbox_peer(a, b.internal_url)["needs_catch_up"] is True
         b = mesh.restart(1)
         assert wait_for(lambda: len(manifests(b)) == changes, 60), len(manifests(b))
         assert_serves(b, bodies)
@@ -176,6 +178,7 @@ def test_a_node_killed_mid_catch_up_resumes_from_its_durable_cursor(tmp_path: Pa
         )
         assert applied <= changes - 256, applied  # the first page was not fetched again
         assert metadata(b, "requests", "bootstrap") == 0
+        assert wait_for(lambda: outbox_peer(a, b.internal_url)["needs_catch_up"] is False, 30)
         print(
             f"\nkilled at cursor {at_kill} of {head}; resumed from {resumed[0]}, "
             f"fetched {applied:.0f} of {changes} after the restart"
@@ -205,7 +208,10 @@ def test_a_peer_with_a_rebuilt_index_is_bootstrapped_fully_again(tmp_path: Path)
         mesh.wait_ready()
         assert_serves(b, {**first, **later})
         assert "does not fit the peer's feed" in b.log()
-        assert bootstrap_peer(b, a.internal_url)["mode"] == "full"
+        # Its first pass after the restart was the full walk (later polls are incremental).
+        first_pass = re.search(r"incremental from cursor|running a full bootstrap", b.log())
+        assert first_pass is not None
+        assert first_pass.group(0) == "running a full bootstrap"
         assert metadata(b, "requests", "bootstrap") > 0
         assert wait_for(lambda: cursor_at_head(b, a), 30)  # its cursor is in the new epoch
     finally:

@@ -25,7 +25,8 @@ from kura.mesh.wire import NODE_HEADER, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
 from kura.storage.change_feed import ChangesPage
 
 PROTOCOL = "internal"
-FeedRead = Callable[[str, int, ChangesPage], Awaitable[None]]
+# Called with the requester's URL before the page is read; what it returns, after.
+FeedRead = Callable[[str], Callable[[int, ChangesPage], Awaitable[None]]]
 FEED_READ_KEY: web.AppKey[FeedRead] = web.AppKey("kura_feed_read")
 
 
@@ -48,11 +49,12 @@ def _int_arg(request: web.Request, name: str, default: int | None, low: int, hig
 async def changes(request: web.Request) -> web.StreamResponse:
     since = _int_arg(request, "since", None, 0, 2**63 - 1)
     limit = _int_arg(request, "limit", PAGE_LIMIT_DEFAULT, 1, PAGE_LIMIT_MAX)
-    page = await ctx(request).service.changes_page(since, limit)
     requester = request.headers.get(NODE_HEADER, "")
     feed_read = request.app.get(FEED_READ_KEY)
-    if requester and feed_read is not None:
-        await feed_read(requester, since, page)
+    done = feed_read(requester) if requester and feed_read is not None else None
+    page = await ctx(request).service.changes_page(since, limit)
+    if done is not None:
+        await done(since, page)
     return web.json_response(
         {
             "epoch": page.epoch,

@@ -14,11 +14,13 @@ Rules, checked every ``interval_seconds``:
 * A marked peer seen healthy normally catches up by itself: it pulls this node's change feed
   from its durable cursor (``mesh.incremental``, issue 11 deliverable 2). ``feed_read`` sees
   those pulls (``GET /_internal/changes`` with ``Kura-Node``) and clears the mark once the
-  peer, seen healthy since before the pull began, has pulled from a ``since`` at or below our
-  head at the time we marked it (or, after a full bootstrap, from the head it read when that
-  began, or from the head of an earlier such pull) through consecutive pages to our head: by
-  the puller's cursor rule it then holds every change up to that head, and every later write
-  is enqueued for it again. Logged and counted (``catch_ups_total``), nothing re-offered.
+  peer has pulled from a ``since`` at or below our head at the time we marked it (or, after a
+  full bootstrap, from the head it read when that began, or from the head of an earlier such
+  pull) through consecutive pages to our head: by the puller's cursor rule it then holds every
+  change up to that head. Every later write must reach it through the outbox, so a forgotten
+  peer must also be seen healthy by membership before and after the last page (until then
+  ``targets`` leaves it out), and no message may have been skipped at its cap during the pull.
+  Logged and counted (``catch_ups_total``), nothing re-offered.
 * Fallback, for a peer that does not pull within ``pull_grace_seconds`` (it does not list this
   node as a peer, or is an older kura; or its queue only reached the cap, so it never went
   away and has no reason to pull): this node re-offers, for that peer,
@@ -38,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kit.clock import Clock
@@ -59,11 +61,11 @@ PULL_GRACE_SECONDS = 30.0
 
 @dataclass
 class _Pull:
-    """A marked peer's pull of our feed in progress: the ``since`` its next page must ask for,
-    when it began (monotonic) and the peer's skipped-message count then."""
+    """A marked peer's pull of our feed in progress: the ``since`` it began from, the one its
+    next page must ask for, and the peer's skipped-message count when it began."""
 
+    first_since: int
     next_since: int
-    started_at: float
     skipped_at_start: int
 
 
@@ -187,11 +189,23 @@ class CatchUp:
             dropped,
         )
 
-    async def feed_read(self, peer: str, since: int, page: ChangesPage) -> None:
-        """``peer`` read a page of our change feed from ``since`` (``kura.api.changes``);
-        clear its mark when the pull qualifies (module docstring). Safe for any peer name: one
-        without a mark changes nothing."""
-        if peer not in self._queues.marks:
+    def feed_read(self, peer: str) -> Callable[[int, ChangesPage], Awaitable[None]]:
+        """``peer`` is about to read a page of our change feed (``kura.api.changes``); await
+        the returned callable with the ``since`` it asked for and the page it got. Clears its
+        mark when the pull qualifies (module docstring). Safe for any peer name: one without a
+        mark changes nothing."""
+        healthy_before = peer in self._membership.healthy_peers()
+
+        async def read(since: int, page: ChangesPage) -> None:
+            await self._feed_read(peer, since, page, healthy_before)
+
+        return read
+
+    async def _feed_read(
+        self, peer: str, since: int, page: ChangesPage, healthy_before: bool
+    ) -> None:
+        mark = self._queues.marks.get(peer)
+        if mark is None:
             self._pulls.pop(peer, None)
             return
         threshold = self._seq_at_mark.setdefault(peer, page.head_seq)
@@ -202,19 +216,21 @@ class CatchUp:
         if pull is None or pull.next_since != since:
             if since > max(threshold, self._full_walk_head.get(peer, -1)):
                 return
-            skipped = self._queues.skipped_total.get(peer, 0)
-            pull = _Pull(since, self._clock.monotonic(), skipped)
+            pull = _Pull(since, since, self._queues.skipped_total.get(peer, 0))
         if page.more:
             pull.next_since = page.next_since
             self._pulls[peer] = pull
             return
-        returned = self._returned_at.get(peer)
-        if returned is None or returned > pull.started_at:
-            # Not yet seen healthy here when it began: a write meanwhile may not have been
-            # enqueued for it. It holds everything up to this head, so its next pull, from
-            # here, qualifies.
+        if mark.forgotten_at_ms is not None and not (
+            healthy_before and peer in self._membership.healthy_peers()
+        ):
+            # Forgotten and not seen healthy here: a write after this head was not enqueued
+            # for it (``targets``). It holds everything up to this head, so its next pull,
+            # from here, qualifies.
             self._seq_at_mark[peer] = max(threshold, page.head_seq)
             return
+        # Every later write is now enqueued for it, or skipped at its cap and counted (clear()
+        # then refuses, and the pass is judged again).
         if await self._service.in_writer(self._queues.clear, peer, pull.skipped_at_start):
             self._seq_at_mark.pop(peer, None)
             self._full_walk_head.pop(peer, None)
@@ -222,7 +238,7 @@ class CatchUp:
             log.info(
                 "outbox: %s caught up by pulling our change feed from %d to %d; mark cleared",
                 peer,
-                since,
+                pull.first_since,
                 page.head_seq,
             )
 
