@@ -310,3 +310,29 @@ def test_the_change_feed_refuses_bad_input_and_unauthenticated_peers(
     rest = httpx.get(url, params={"since": 2}, headers=auth).json()
     assert (len(rest["manifests"]), rest["next_since"], rest["more"]) == (1, 3, False)
     assert rest["epoch"] == page["epoch"]
+
+
+def test_a_forgotten_peer_that_returns_empty_is_caught_up_by_its_full_bootstrap(
+    tmp_path: Path,
+) -> None:
+    mesh = Mesh(tmp_path, 2, **COMMON)
+    try:
+        mesh.wait_ready()
+        a, b = mesh.nodes
+        first = write(a, "first", 20)
+        assert wait_for(lambda: len(manifests(b)) == 20, 60)
+        stop_and_get_forgotten(a, b)
+        missed = write(a, "missed", 10)
+        shutil.rmtree(b.data_dir)  # it comes back without data and without a cursor
+        b = mesh.restart(1)
+        assert wait_for(lambda: len(manifests(b)) == 30, 60), len(manifests(b))
+        assert_serves(b, {**first, **missed})
+        assert metadata(b, "requests", "bootstrap") > 0
+        # Its full bootstrap (the head read, the walk, the pull from that head) cleared A's
+        # mark: nothing was re-offered.
+        assert wait_for(lambda: outbox_peer(a, b.internal_url)["needs_catch_up"] is False, 30)
+        assert a.metric_sum("kura_outbox_catch_up_messages_total") == 0
+        assert "caught up by pulling our change feed" in a.log()
+    finally:
+        rcs = mesh.stop_all()
+        assert all(rc == 0 for rc in rcs), rcs
