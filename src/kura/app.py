@@ -27,6 +27,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from kit.clock import Clock, SystemClock
 from kura.api import (
     bazel_http,
+    changes,
     connections,
     expect,
     gradle,
@@ -51,6 +52,7 @@ from kura.api.peer_auth import PeerAuth
 from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.catch_up import CatchUp
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
+from kura.mesh.incremental import CursorPass
 from kura.mesh.membership import Membership
 from kura.mesh.read_through import ReadThrough
 from kura.mesh.repair import Repairer
@@ -181,6 +183,8 @@ class Node:
                 if settings.read_through == "always"
                 else f"the rest misses here (KURA_READ_THROUGH={settings.read_through})"
             ),
+            cursors=CursorPass(self.service, self.peer_client, self.clock, lambda: self.node_url),
+            poll_interval_seconds=settings.changes_poll_interval_seconds,
         )
         self.catch_up = CatchUp(
             self.service,
@@ -206,6 +210,10 @@ class Node:
         )
         self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
         self.connections.watch(self.metrics)
+        self.metrics.watch_peer_metadata(
+            lambda: self.peer_client.metadata_requests_total,
+            lambda: self.peer_client.metadata_bytes_total,
+        )
         self._watch_catch_up()
         self.metrics.watch_value(
             "counter",
@@ -265,7 +273,8 @@ class Node:
     def _on_membership_change(self, change: str, node_url: str) -> None:
         if change == "healthy":
             self.shipper.peer_healthy_again(node_url)
-        if change == "joined":
+        if change in ("joined", "healthy"):
+            # Healthy again after a partition: catch up from the cursor (mesh.incremental).
             self.bootstrapper.peer_joined(node_url)
 
     def status(self) -> dict[str, Any]:
@@ -318,6 +327,8 @@ class Node:
                 "skipped_artifacts": p.skipped_artifacts,
                 "skipped_bytes": p.skipped_bytes,
                 "budget_stopped": p.budget_stopped,
+                "mode": p.mode,
+                "cursor": p.cursor_seq,
             }
             for p in sorted(self.bootstrapper.progress.values(), key=lambda p: p.peer)
         ]
@@ -419,6 +430,7 @@ class Node:
         )
         app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
+        app[changes.FEED_READ_KEY] = self.catch_up.feed_read
         app.add_routes(
             expect.guarded(internal.routes() + internal_batch.routes(), self.peer_auth.refusal)
         )

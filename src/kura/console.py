@@ -85,6 +85,7 @@ def render_status(status: dict[str, Any]) -> str:
     lines.append(f"peers    {len(status['peers'])} (membership generation {status['generation']})")
     header = f"  {'peer':<32} {'state':<10} {'outbox':>7} {'oldest':>8}  last error"
     lines.append(header)
+    passes = {b["peer"]: b for b in (bootstrap or {}).get("peers", [])}
     for p in status["peers"]:
         state = "healthy" if p["healthy"] else ("down" if p["known"] else "unprobed")
         row = (
@@ -92,6 +93,13 @@ def render_status(status: dict[str, Any]) -> str:
             f"{p['outbox_oldest_age_seconds']:>7.1f}s  "
         )
         lines.extend(wrapped(row, p["last_error"], len(row)))
+        own = passes.get(p["node_url"], {})
+        if own.get("mode"):
+            cursor = own.get("cursor")
+            lines.append(
+                f"    pulled {own['mode']}, change-feed cursor "
+                + ("none" if cursor is None else str(cursor))
+            )
         if p.get("needs_catch_up"):
             forgotten = p.get("forgotten_at")
             lines.append(

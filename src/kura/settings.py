@@ -281,6 +281,14 @@ class Settings:
         "and is caught up when it returns",
         default=6 * 3600.0,
     )
+    changes_poll_interval_seconds: float = option(
+        "KURA_CHANGES_POLL_INTERVAL",
+        "--changes-poll-interval",
+        _positive_duration,
+        "how often (30s, 5m or seconds) this node pulls each peer's change feed to move its "
+        "durable cursor, so a restart pulls only what changed since",
+        default=30.0,
+    )
     replication_backoff_max_ms: int = option(
         "KURA_REPLICATION_BACKOFF_MAX_MS",
         "--replication-backoff-max-ms",

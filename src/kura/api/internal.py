@@ -21,6 +21,7 @@ now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason
   without it, in key order). 400 for another ``order`` or a malformed cursor.
 * ``GET /_internal/bootstrap/artifacts/{artifact_id}`` — raw bytes with ``Kura-Manifest``; 404
   when unknown or evicted.
+* ``GET /_internal/changes?since=&limit=`` — the change feed (``kura.api.changes``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 
 from aiohttp import web
 
+from kura.api import changes
 from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.api.http import artifact_response, ctx, declared_length, endpoint, request_body
 from kura.core.errors import Forbidden, InvalidRequest
@@ -243,4 +245,5 @@ def routes() -> list[web.RouteDef]:
         web.get("/_internal/bootstrap/manifests", manifests),
         web.get("/_internal/bootstrap/namespace_tombstones", tombstones),
         web.get("/_internal/bootstrap/artifacts/{artifact_id}", artifact, allow_head=True),
+        *changes.routes(),
     ]

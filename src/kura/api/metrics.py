@@ -458,5 +458,25 @@ class KuraMetrics:
         """Export ``counts()`` (label value → count, a closed set) as counter ``name``_total."""
         self.registry.register(_CountsCollector(name, documentation, label, counts))
 
+    def watch_peer_metadata(
+        self, requests: Callable[[], dict[str, int]], body_bytes: Callable[[], dict[str, int]]
+    ) -> None:
+        """The pulling side's metadata cost (``mesh.client``): ``kura_peer_metadata_requests_
+        total{kind}`` and ``kura_peer_metadata_bytes_total{kind}`` (response body bytes), kind
+        in ``mesh.client.METADATA_KINDS`` (bootstrap, changes)."""
+        self.watch_counts(
+            "kura_peer_metadata_requests",
+            "Metadata requests made to peers, by kind: bootstrap (full manifest and tombstone "
+            "walk) or changes (change feed).",
+            "kind",
+            requests,
+        )
+        self.watch_counts(
+            "kura_peer_metadata_bytes",
+            "Response body bytes of metadata requests made to peers, by kind.",
+            "kind",
+            body_bytes,
+        )
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

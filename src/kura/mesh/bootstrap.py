@@ -33,6 +33,14 @@ This is the fix for the stall in docs/reference/kura-behaviour.md §0, built rig
   readiness that could wait forever); it is named in ``/ready``, in
   ``kura_bootstrap_peer_abandoned`` and in the log, and it is still retried in the background.
   A peer that joins later re-opens bootstrap for that peer.
+* **Incremental passes.** With a ``CursorPass`` (``mesh.incremental``), a pass against a peer
+  this node holds a durable cursor for pulls only the peer's changes since it
+  (``apply_changes``, the same download path); without a cursor it runs the full walk above
+  and then stores the peer's head as the cursor. Readiness is gated the same way in both modes.
+  Once a peer's pass is done, a background pass every ``poll_interval_seconds``
+  (``KURA_CHANGES_POLL_INTERVAL``) moves the cursor past what arrived through the outbox
+  meanwhile, so a restart pulls what changed since the last poll, not since the last restart.
+  A background pass never gates readiness; one that fails is retried at the next interval.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kit.clock import Clock
@@ -59,6 +67,7 @@ from kura.mesh.bootstrap_budget import (
     newest_pages,
 )
 from kura.mesh.client import PeerClient, PeerError
+from kura.mesh.incremental import INCREMENTAL, CursorPass, EpochChanged
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT
 from kura.storage.budget import TmpBudget
 from kura.storage.service import CacheService
@@ -106,6 +115,9 @@ class PeerProgress:
     skipped_artifacts: int = 0
     skipped_bytes: int = 0
     budget_stopped: bool = False
+    mode: str = ""  # "full" or "incremental" (mesh.incremental); "" before the first pass
+    cursor_seq: int | None = None  # the durable cursor into the peer's change feed
+    next_poll_at: float = 0.0  # monotonic seconds: the next background pass (once DONE)
 
     def count(self, result: str) -> None:
         self.results_total[result] = self.results_total.get(result, 0) + 1
@@ -136,6 +148,8 @@ class Bootstrapper:
         stall_timeout_seconds: float,
         disk_limit_bytes: int | None = None,
         rest_served_by: str = "the rest is served by read-through",
+        cursors: CursorPass | None = None,
+        poll_interval_seconds: float = 30.0,
     ) -> None:
         self._service = service
         self._client = client
@@ -146,6 +160,8 @@ class Bootstrapper:
         self._downloads_per_peer = downloads_per_peer
         self._max_failed_passes = max_failed_passes
         self._stall_timeout = stall_timeout_seconds
+        self._cursors = cursors
+        self._poll_interval = poll_interval_seconds
         self.progress: dict[str, PeerProgress] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
@@ -180,9 +196,11 @@ class Bootstrapper:
         total_bytes = sum(p.bytes_total for p in known)
         done_bytes = sum(min(p.bytes_done, p.bytes_total) for p in known)
         pct = 100 if total_bytes == 0 else int(100 * done_bytes / total_bytes)
+        incremental = sum(1 for p in gating if p.mode == INCREMENTAL)
         return [
             f"bootstrap in progress: {done} of {len(known)} peers, {pct}% of bytes "
             f"({done_bytes} of {total_bytes})"
+            + (f"; {incremental} incremental from a cursor" if incremental else "")
         ]
 
     def warnings(self) -> list[str]:
@@ -220,7 +238,8 @@ class Bootstrapper:
         return state
 
     def peer_joined(self, peer: str) -> None:
-        """A peer (re)joined the mesh: bootstrap from it (again)."""
+        """A peer (re)joined the mesh or is healthy again: pass over it again (incremental
+        from the cursor when there is one)."""
         state = self._progress(peer)
         if state.phase is PeerPhase.DONE:
             state.phase = PeerPhase.PENDING
@@ -239,7 +258,13 @@ class Bootstrapper:
                     task = self._running.get(peer)
                     if task is not None and not task.done():
                         continue
-                    if state.phase is PeerPhase.DONE or state.next_attempt_at > now:
+                    if state.phase is PeerPhase.DONE:
+                        if self._cursors is not None and state.next_poll_at <= now:
+                            self._running[peer] = asyncio.create_task(
+                                self._background_pass(state), name=f"changes poll {peer}"
+                            )
+                        continue
+                    if state.next_attempt_at > now:
                         continue
                     self._running[peer] = asyncio.create_task(
                         self._guarded_pass(state), name=f"bootstrap {peer}"
@@ -278,7 +303,7 @@ class Bootstrapper:
             except asyncio.CancelledError:
                 state.phase = PeerPhase.PENDING
                 raise
-            except (PassIncomplete, PeerError, KuraError, TimeoutError) as exc:
+            except (PassIncomplete, PeerError, KuraError, TimeoutError, EpochChanged) as exc:
                 self._failed(state, str(exc) or type(exc).__name__)
                 return
             except Exception as exc:  # a bug: log it loudly, count the pass failed, retry
@@ -286,6 +311,7 @@ class Bootstrapper:
                 self._failed(state, f"internal error: {exc!r}")
                 return
             state.phase = PeerPhase.DONE
+            state.next_poll_at = self._clock.monotonic() + self._poll_interval
             state.failed_passes_in_a_row = 0
             state.last_error = ""
             if state.abandoned:
@@ -306,6 +332,20 @@ class Bootstrapper:
                     state.skipped_bytes,
                     state.listed_artifacts,
                 )
+
+    async def _background_pass(self, state: PeerProgress) -> None:
+        """A pass over a DONE peer that does not touch its phase (nor readiness)."""
+        async with self._semaphore:
+            try:
+                await self._pass(state, background=True)
+            except (PassIncomplete, PeerError, KuraError, TimeoutError, EpochChanged) as exc:
+                log.info(
+                    "changes poll of %s incomplete (retried next interval): %s", state.peer, exc
+                )
+            except Exception:
+                log.exception("changes poll of %s crashed", state.peer)
+            finally:
+                state.next_poll_at = self._clock.monotonic() + self._poll_interval
 
     def _failed(self, state: PeerProgress, error: str) -> None:
         state.phase = PeerPhase.FAILED
@@ -334,7 +374,7 @@ class Bootstrapper:
                 error,
             )
 
-    async def _pass(self, state: PeerProgress) -> None:
+    async def _pass(self, state: PeerProgress, background: bool = False) -> None:
         watchdog = asyncio.timeout(self._stall_timeout)
 
         def progressed() -> None:
@@ -343,25 +383,54 @@ class Bootstrapper:
         self._gate.join(state.peer)
         try:
             async with watchdog:
-                await self._apply_tombstones(state.peer, progressed)
-                await self._count_needed(state, progressed)
-                failures = await self._fetch_all(state, progressed)
+                if self._cursors is None:
+                    await self.full_pass(state, progressed)
+                else:
+                    await self._cursors.run(
+                        state, progressed, self.full_pass, self.apply_changes, background=background
+                    )
         finally:
             self._gate.leave(state.peer)
+
+    async def full_pass(self, state: PeerProgress, progressed: Callable[[], None]) -> None:
+        """The whole walk: tombstones, count, fetch. Raises PassIncomplete if any failed."""
+        await self._apply_tombstones(state.peer, progressed)
+        await self._count_needed(state, progressed)
+        failures = await self._fetch_all(state, progressed)
         if failures:
             raise PassIncomplete(f"{len(failures)} artifacts failed, e.g. {failures[0]}")
+
+    async def apply_changes(
+        self,
+        state: PeerProgress,
+        tombstones: list[tuple[str, int]],
+        manifests: list[Manifest],
+        progressed: Callable[[], None],
+    ) -> None:
+        """One change-feed page: its tombstones first (so nothing they cover is resurrected),
+        then its manifests' bodies, the full pass's way. Raises PassIncomplete if any failed."""
+        await self._apply_tombstone_list(tombstones)
+        outcomes = await self._service.apply_outcomes_for(manifests)
+        for manifest, outcome in zip(manifests, outcomes, strict=True):
+            if outcome is ApplyOutcome.APPLIED:
+                state.bytes_total += manifest.size
+                state.artifacts_total += 1
+        failures = await self._fetch_all(state, progressed, _one_page(manifests))
+        if failures:
+            raise PassIncomplete(f"{len(failures)} artifacts failed, e.g. {failures[0]}")
+
+    async def _apply_tombstone_list(self, tombstones: list[tuple[str, int]]) -> None:
+        for namespace_id, version_ms in tombstones:
+            try:
+                await self._service.delete_namespace(namespace_id, version_ms, source="bootstrap")
+            except FutureVersion:
+                continue  # logged and counted by the service; the pass goes on
 
     async def _apply_tombstones(self, peer: str, progressed: Callable[[], None]) -> None:
         after: str | None = None  # the first page
         while True:
             page, next_after = await self._client.tombstones_page(peer, after, PAGE_LIMIT_DEFAULT)
-            for namespace_id, version_ms in page:
-                try:
-                    await self._service.delete_namespace(
-                        namespace_id, version_ms, source="bootstrap"
-                    )
-                except FutureVersion:
-                    continue  # logged and counted by the service; the pass goes on
+            await self._apply_tombstone_list(page)
             progressed()
             if next_after is None:
                 return
@@ -384,10 +453,18 @@ class Bootstrapper:
         state.applied_bytes = state.applied_artifacts = 0
         state.budget_stopped = False
 
-    async def _fetch_all(self, state: PeerProgress, progressed: Callable[[], None]) -> list[str]:
-        """Fetch what the peer holds and this node needs, newest first, within the disk budget:
-        small artifacts in batches (``mesh.bootstrap_batch``), the rest one by one,
-        ``downloads_per_peer`` requests at a time."""
+    async def _fetch_all(
+        self,
+        state: PeerProgress,
+        progressed: Callable[[], None],
+        pages: AsyncIterator[list[Manifest]] | None = None,
+    ) -> list[str]:
+        """Fetch what ``pages`` list (default: the peer's whole walk, newest first) and this
+        node needs, within the disk budget: small artifacts in batches
+        (``mesh.bootstrap_batch``), the rest one by one, ``downloads_per_peer`` requests at a
+        time. Returns the failures, described."""
+        if pages is None:
+            pages = newest_pages(self._client, state.peer, progressed)
         failures: list[str] = []
         downloads = asyncio.Semaphore(self._downloads_per_peer)
         tasks: set[asyncio.Task[None]] = set()
@@ -445,7 +522,7 @@ class Bootstrapper:
         batch: list[Manifest] = []
         claims: list[str] = []
         try:
-            async for page in newest_pages(self._client, state.peer, progressed):
+            async for page in pages:
                 outcomes = await self._service.apply_outcomes_for(page)
                 for manifest, outcome in zip(page, outcomes, strict=True):
                     if state.budget_stopped:
@@ -554,3 +631,7 @@ class Bootstrapper:
             finally:
                 await fetched.close()
         return str(outcome.value)
+
+
+async def _one_page(manifests: list[Manifest]) -> AsyncIterator[list[Manifest]]:
+    yield manifests

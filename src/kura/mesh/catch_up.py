@@ -11,8 +11,19 @@ Rules, checked every ``interval_seconds``:
   not enqueued for it (``targets``): the mark covers them.
 * A peer whose queue reached ``KURA_OUTBOX_MAX_DEPTH`` is marked by the write path itself
   (``PeerQueues.admit``); writes go on.
-* A marked peer seen healthy is caught up. Interim rule, until incremental catch-up and
-  anti-entropy (issue 11, deliverables 2 and 3) replace it: this node re-offers, for that peer,
+* A marked peer seen healthy normally catches up by itself: it pulls this node's change feed
+  from its durable cursor (``mesh.incremental``, issue 11 deliverable 2). ``feed_read`` sees
+  those pulls (``GET /_internal/changes`` with ``Kura-Node``) and clears the mark once the
+  peer has pulled from a ``since`` at or below our head at the time we marked it (or, after a
+  full bootstrap, from the head it read when that began, or from the head of an earlier such
+  pull) through consecutive pages to our head: by the puller's cursor rule it then holds every
+  change up to that head. Every later write must reach it through the outbox, so a forgotten
+  peer must also be seen healthy by membership before and after the last page (until then
+  ``targets`` leaves it out), and no message may have been skipped at its cap during the pull.
+  Logged and counted (``catch_ups_total``), nothing re-offered.
+* Fallback, for a peer that does not pull within ``pull_grace_seconds`` (it does not list this
+  node as a peer, or is an older kura; or its queue only reached the cap, so it never went
+  away and has no reason to pull): this node re-offers, for that peer,
   every tombstone and artifact it holds at or above the mark's ``since_ms``, in pages of at most
   ``PAGE`` rows, each one short writer-thread transaction, and only while that peer's queue is
   below half its cap, so a local write waits for one page at most and the peer's queue never
@@ -29,11 +40,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kit.clock import Clock
 from kura.mesh.membership import Membership
+from kura.storage import change_feed
+from kura.storage.change_feed import ChangesPage
 from kura.storage.peer_queue import PeerQueues
 from kura.storage.service import CacheService
 
@@ -41,6 +54,19 @@ log = logging.getLogger(__name__)
 
 PAGE = 256
 DRAIN_POLL_SECONDS = 0.2
+# How long a returning marked peer has to pull our change feed before we re-offer instead. A
+# returning kura pulls at once (restart, or membership sees us healthy again).
+PULL_GRACE_SECONDS = 30.0
+
+
+@dataclass
+class _Pull:
+    """A marked peer's pull of our feed in progress: the ``since`` it began from, the one its
+    next page must ask for, and the peer's skipped-message count when it began."""
+
+    first_since: int
+    next_since: int
+    skipped_at_start: int
 
 
 @dataclass
@@ -68,6 +94,7 @@ class CatchUp:
         forget_after_seconds: float,
         wake_shipper: Callable[[], None],
         interval_seconds: float | None = None,
+        pull_grace_seconds: float = PULL_GRACE_SECONDS,
     ) -> None:
         self._service = service
         self._queues: PeerQueues = service.queues
@@ -80,6 +107,14 @@ class CatchUp:
         self._absent_since: dict[str, float] = {}
         self._passes: dict[str, asyncio.Task[None]] = {}
         self.stats = CatchUpStats()
+        self._pull_grace = pull_grace_seconds
+        # peer -> monotonic seconds when this check first saw it healthy while marked
+        self._returned_at: dict[str, float] = {}
+        # peer -> our head seq when we marked it (or first saw its mark), the full-walk head it
+        # read, and its pull in progress (feed_read)
+        self._seq_at_mark: dict[str, int] = {}
+        self._full_walk_head: dict[str, int] = {}
+        self._pulls: dict[str, _Pull] = {}
 
     def targets(self) -> list[str]:
         """The replication targets of a local write: membership's, minus peers forgotten and
@@ -119,11 +154,18 @@ class CatchUp:
         for peer in sorted(set(self._membership.targets()) | set(self._queues.depths) | set(marks)):
             if peer in healthy:
                 self._absent_since.pop(peer, None)
-                if peer in marks and not self.catching_up(peer):
+                if peer not in marks:
+                    self._returned_at.pop(peer, None)
+                    continue
+                returned = self._returned_at.setdefault(peer, now)
+                if now - returned < self._pull_grace:
+                    continue  # it pulls our change feed by itself (feed_read clears the mark)
+                if not self.catching_up(peer):
                     self._passes[peer] = asyncio.create_task(
                         self._catch_up(peer), name=f"catch up {peer}"
                     )
                 continue
+            self._returned_at.pop(peer, None)
             since = self._absent_since.setdefault(peer, now)
             mark = marks.get(peer)
             forgotten = mark is not None and mark.forgotten_at_ms is not None
@@ -135,6 +177,7 @@ class CatchUp:
 
     async def _forget(self, peer: str, absent_seconds: float) -> None:
         dropped = await self._service.in_writer(self._queues.forget, peer, self._clock.now_ms())
+        self._seq_at_mark[peer] = (await self._service.in_writer(change_feed.head))[1]
         self.stats.add(self.stats.dropped_queues_total, peer)
         self.stats.add(self.stats.dropped_messages_total, peer, dropped)
         log.warning(
@@ -145,6 +188,59 @@ class CatchUp:
             self.forget_after_seconds,
             dropped,
         )
+
+    def feed_read(self, peer: str) -> Callable[[int, ChangesPage], Awaitable[None]]:
+        """``peer`` is about to read a page of our change feed (``kura.api.changes``); await
+        the returned callable with the ``since`` it asked for and the page it got. Clears its
+        mark when the pull qualifies (module docstring). Safe for any peer name: one without a
+        mark changes nothing."""
+        healthy_before = peer in self._membership.healthy_peers()
+
+        async def read(since: int, page: ChangesPage) -> None:
+            await self._feed_read(peer, since, page, healthy_before)
+
+        return read
+
+    async def _feed_read(
+        self, peer: str, since: int, page: ChangesPage, healthy_before: bool
+    ) -> None:
+        mark = self._queues.marks.get(peer)
+        if mark is None:
+            self._pulls.pop(peer, None)
+            return
+        threshold = self._seq_at_mark.setdefault(peer, page.head_seq)
+        if since == 0:
+            # The head read that starts its full bootstrap; a pull from this head follows it.
+            self._full_walk_head[peer] = page.head_seq
+        pull = self._pulls.pop(peer, None)
+        if pull is None or pull.next_since != since:
+            if since > max(threshold, self._full_walk_head.get(peer, -1)):
+                return
+            pull = _Pull(since, since, self._queues.skipped_total.get(peer, 0))
+        if page.more:
+            pull.next_since = page.next_since
+            self._pulls[peer] = pull
+            return
+        if mark.forgotten_at_ms is not None and not (
+            healthy_before and peer in self._membership.healthy_peers()
+        ):
+            # Forgotten and not seen healthy here: a write after this head was not enqueued
+            # for it (``targets``). It holds everything up to this head, so its next pull,
+            # from here, qualifies.
+            self._seq_at_mark[peer] = max(threshold, page.head_seq)
+            return
+        # Every later write is now enqueued for it, or skipped at its cap and counted (clear()
+        # then refuses, and the pass is judged again).
+        if await self._service.in_writer(self._queues.clear, peer, pull.skipped_at_start):
+            self._seq_at_mark.pop(peer, None)
+            self._full_walk_head.pop(peer, None)
+            self.stats.add(self.stats.catch_ups_total, peer)
+            log.info(
+                "outbox: %s caught up by pulling our change feed from %d to %d; mark cleared",
+                peer,
+                pull.first_since,
+                page.head_seq,
+            )
 
     async def _catch_up(self, peer: str) -> None:
         try:

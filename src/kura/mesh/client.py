@@ -4,6 +4,11 @@ Every call has a timeout (``asyncio.timeout``) and turns aiohttp's errors into `
 callers deal with one exception type. With mutual TLS configured, every connection presents this
 node's certificate and verifies the peer's against the shared CA; with a peer token configured
 (the first of ``KURA_INTERNAL_TOKENS``), every request carries it as a bearer token.
+
+Metadata cost is counted here, per request kind (``METADATA_KINDS``, a closed set): how many
+metadata requests this node made to its peers and the bytes of their response bodies, exported
+as ``kura_peer_metadata_requests_total{kind}`` and ``kura_peer_metadata_bytes_total{kind}``
+(issue 11: catch-up must cost what changed, and this is how it is measured).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import aiohttp
 from kura.core.manifest import Manifest
 from kura.mesh.wire import (
     MANIFEST_HEADER,
+    NODE_HEADER,
     ORDER_NEWEST,
     OUTCOME_HEADER,
     REFUSAL_HEADER,
@@ -33,6 +39,11 @@ from kura.mesh.wire import (
 log = logging.getLogger(__name__)
 
 STREAM_CHUNK_BYTES = 256 * 1024
+# Kinds of metadata request: the full bootstrap walk (manifest and tombstone pages) and the
+# change feed. Closed set: the metrics' label values.
+BOOTSTRAP = "bootstrap"
+CHANGES = "changes"
+METADATA_KINDS = (BOOTSTRAP, CHANGES)
 
 
 class PeerError(Exception):
@@ -81,6 +92,9 @@ class PeerClient:
         self._ssl = ssl_context
         self._timeout = request_timeout_seconds
         self._session: aiohttp.ClientSession | None = None
+        # kind -> metadata requests made / response body bytes received (METADATA_KINDS).
+        self.metadata_requests_total: dict[str, int] = dict.fromkeys(METADATA_KINDS, 0)
+        self.metadata_bytes_total: dict[str, int] = dict.fromkeys(METADATA_KINDS, 0)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=64, limit_per_host=16, ssl=self._ssl or False)
@@ -154,9 +168,12 @@ class PeerClient:
         """One page strictly after the cursor ``after`` (None: the first page) and the next
         cursor (None after the last page)."""
         data = await self._get_json(
-            url + "/_internal/bootstrap/manifests", timeout_seconds, _page_params(after, limit)
+            url + "/_internal/bootstrap/manifests",
+            timeout_seconds,
+            _page_params(after, limit),
+            kind=BOOTSTRAP,
         )
-        return _manifests_of(url, data)
+        return _page_of(url, data)
 
     async def manifests_newest_page(
         self, url: str, after: str | None, limit: int, timeout_seconds: float = 30.0
@@ -166,9 +183,38 @@ class PeerClient:
         page), and whether the peer honoured the order: a peer that predates it answers in
         artifact_id order with an artifact_id cursor, which this same call then pages on."""
         params = {**_page_params(after, limit), "order": ORDER_NEWEST}
-        data = await self._get_json(url + "/_internal/bootstrap/manifests", timeout_seconds, params)
-        manifests, next_after = _manifests_of(url, data)
+        data = await self._get_json(
+            url + "/_internal/bootstrap/manifests", timeout_seconds, params, kind=BOOTSTRAP
+        )
+        manifests, next_after = _page_of(url, data)
         return manifests, next_after, isinstance(data, dict) and data.get("order") == ORDER_NEWEST
+
+    async def changes_page(
+        self, url: str, since: int, limit: int, node_url: str, timeout_seconds: float = 30.0
+    ) -> ChangesFeedPage:
+        """One page of the peer's change feed after ``since`` (``GET /_internal/changes``).
+        ``node_url`` names this node to the peer (``Kura-Node``), which clears its catch-up mark
+        for this node once this node has pulled to its head (``mesh.catch_up``)."""
+        data = await self._get_json(
+            url + "/_internal/changes",
+            timeout_seconds,
+            {"since": str(since), "limit": str(limit)},
+            kind=CHANGES,
+            headers={NODE_HEADER: node_url} if node_url else None,
+        )
+        try:
+            return ChangesFeedPage(
+                epoch=str(data["epoch"]),
+                head_seq=int(data["head_seq"]),
+                tombstones=[
+                    (str(t["namespace_id"]), int(t["version_ms"])) for t in data["tombstones"]
+                ],
+                manifests=_manifests_of(url, list(data["manifests"])),
+                next_since=int(data["next_since"]),
+                more=bool(data["more"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PeerError(f"{url}: malformed changes page: {exc!r}") from exc
 
     async def tombstones_page(
         self, url: str, after: str | None, limit: int, timeout_seconds: float = 30.0
@@ -178,6 +224,7 @@ class PeerClient:
             url + "/_internal/bootstrap/namespace_tombstones",
             timeout_seconds,
             _page_params(after, limit),
+            kind=BOOTSTRAP,
         )
         try:
             items = [(str(t["namespace_id"]), int(t["version_ms"])) for t in data["tombstones"]]
@@ -237,12 +284,24 @@ class PeerClient:
             raise PeerError(f"{url}: malformed bodies answer: {exc}") from exc
 
     async def _get_json(
-        self, url: str, timeout_seconds: float, params: dict[str, str] | None = None
+        self,
+        url: str,
+        timeout_seconds: float,
+        params: dict[str, str] | None = None,
+        *,
+        kind: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
+        """GET and decode JSON; with ``kind`` (one of METADATA_KINDS), count the request and
+        its response body bytes."""
         try:
             async with asyncio.timeout(timeout_seconds):
-                async with self.session.get(url, params=params) as resp:
+                if kind is not None:
+                    self.metadata_requests_total[kind] += 1
+                async with self.session.get(url, params=params, headers=headers) as resp:
                     body = await resp.read()
+                    if kind is not None:
+                        self.metadata_bytes_total[kind] += len(body)
                     if resp.status != 200:
                         raise PeerError(f"{url} answered {resp.status}", resp.status)
                     return json.loads(body)
@@ -250,12 +309,28 @@ class PeerClient:
             raise PeerError(f"{url}: {exc!r}") from exc
 
 
-def _manifests_of(url: str, data: Any) -> tuple[list[Manifest], str | None]:
+@dataclass(frozen=True)
+class ChangesFeedPage:
+    """A page of a peer's change feed; ``tombstones`` are (namespace_id, version_ms)."""
+
+    epoch: str
+    head_seq: int
+    tombstones: list[tuple[str, int]]
+    manifests: list[Manifest]
+    next_since: int
+    more: bool
+
+
+def _page_of(url: str, data: Any) -> tuple[list[Manifest], str | None]:
     try:
         entries = list(data["manifests"])
         next_after = data.get("next_after")
     except (KeyError, TypeError, AttributeError) as exc:
         raise PeerError(f"{url}: malformed manifests page: {exc}") from exc
+    return _manifests_of(url, entries), next_after
+
+
+def _manifests_of(url: str, entries: list[Any]) -> list[Manifest]:
     manifests = []
     for entry in entries:
         # One bad manifest (a stored header with CR/LF, a mistyped field) is refused on its
@@ -266,7 +341,7 @@ def _manifests_of(url: str, data: Any) -> tuple[list[Manifest], str | None]:
             manifests.append(Manifest.from_json(entry))
         except ValueError as exc:
             log.warning("refused a manifest from %s: %s", url, exc)
-    return manifests, next_after
+    return manifests
 
 
 def _page_params(after: str | None, limit: int) -> dict[str, str]:

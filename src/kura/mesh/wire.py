@@ -14,6 +14,8 @@ from kura.core.manifest import Manifest
 
 MANIFEST_HEADER = "Kura-Manifest"
 TENANT_HEADER = "Kura-Tenant"
+# The requesting node's internal URL on a change-feed request (``GET /_internal/changes``).
+NODE_HEADER = "Kura-Node"
 OUTCOME_HEADER = "Kura-Outcome"
 # On a refused copy: why, when the status alone does not tell the sender what to do.
 REFUSAL_HEADER = "Kura-Refusal"

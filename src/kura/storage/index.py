@@ -13,7 +13,9 @@ The schema carries a version in ``meta``; opening the index creates or migrates 
 Version 2 added ``artifacts.xxh3_128`` (the fast checksum of ``storage.checksum``, NULL for rows
 written before it): an ``ALTER TABLE ... ADD COLUMN``, which rewrites no row
 (https://www.sqlite.org/lang_altertable.html#altertabaddcol). A version-1 file opened read-only
-(a full disk) is read as it is, every row without a checksum.
+(a full disk) is read as it is, every row without a checksum. Version 3 added the change
+sequence (``artifacts.seq``, ``tombstones.seq``, ``meta['change_seq']``, ``meta['epoch']``) and
+the ``peer_cursors`` table: ``storage.change_seq`` owns them and their migration.
 
 Durability: every connection runs ``synchronous=FULL``, so in WAL mode each COMMIT fsyncs the
 WAL before it returns; a committed row survives a power loss, not only a process crash
@@ -37,10 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kura.core.manifest import Manifest
+from kura.storage import change_seq
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Versions a read-only open accepts as they are (it cannot migrate).
-READABLE_SCHEMA_VERSIONS = (1, 2)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -58,7 +61,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
     inline_body    BLOB,
     headers        TEXT NOT NULL DEFAULT '{}',
     stat_sig       TEXT,
-    xxh3_128       TEXT
+    xxh3_128       TEXT,
+    seq            INTEGER
 );
 CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
 -- Eviction order, ties (a bootstrap stamps its copies alike) by oldest version: the whole order
@@ -72,7 +76,8 @@ CREATE INDEX IF NOT EXISTS artifacts_by_access_version
 CREATE INDEX IF NOT EXISTS artifacts_by_version ON artifacts(version_ms DESC, artifact_id);
 CREATE TABLE IF NOT EXISTS tombstones (
     namespace_id TEXT PRIMARY KEY,
-    version_ms   INTEGER NOT NULL
+    version_ms   INTEGER NOT NULL,
+    seq          INTEGER
 );
 CREATE TABLE IF NOT EXISTS outbox (
     id             INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -155,12 +160,14 @@ class MetadataIndex:
             conn.execute(
                 "INSERT INTO meta(k, v) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
+            change_seq.initialise(conn)
         elif int(row[0]) > SCHEMA_VERSION:
             raise RuntimeError(
                 f"metadata schema version {row[0]} is newer than this kura ({SCHEMA_VERSION})"
             )
         elif int(row[0]) < SCHEMA_VERSION:
             _migrate_schema(conn)
+        conn.executescript(change_seq.SCHEMA)
         conn.commit()
 
     def _conn(self) -> sqlite3.Connection:
@@ -402,8 +409,8 @@ class MetadataIndex:
                 conn.execute(
                     "INSERT OR REPLACE INTO artifacts (artifact_id, producer, namespace_id, key, "
                     "content_type, size, sha256, version_ms, created_at_ms, last_access_ms, "
-                    "inline_body, headers, stat_sig, xxh3_128) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "inline_body, headers, stat_sig, xxh3_128, seq) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (
                         manifest.artifact_id,
                         manifest.producer,
@@ -419,6 +426,7 @@ class MetadataIndex:
                         json.dumps(manifest.headers, sort_keys=True),
                         stat_sig,
                         xxh3_128,
+                        change_seq.next_seq(conn),
                     ),
                 )
                 conn.executemany(
@@ -466,8 +474,8 @@ class MetadataIndex:
                 conn.execute("COMMIT")
                 return None
             conn.execute(
-                "INSERT OR REPLACE INTO tombstones(namespace_id, version_ms) VALUES (?, ?)",
-                (namespace_id, version_ms),
+                "INSERT OR REPLACE INTO tombstones(namespace_id, version_ms, seq) VALUES (?, ?, ?)",
+                (namespace_id, version_ms, change_seq.next_seq(conn)),
             )
             victims = [
                 (str(r[0]), int(r[1]), bool(r[2]))
@@ -579,12 +587,14 @@ class MetadataIndex:
 
 
 def _migrate_schema(conn: sqlite3.Connection) -> None:
-    """Version 1 to 2 in one transaction: add ``artifacts.xxh3_128`` (NULL for every row)."""
+    """Version 1 or 2 to 3 in one transaction: add ``artifacts.xxh3_128`` (NULL for every row)
+    if missing, then the change sequence (``change_seq.migrate``)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(artifacts)")}
         if "xxh3_128" not in columns:
             conn.execute("ALTER TABLE artifacts ADD COLUMN xxh3_128 TEXT")
+        change_seq.migrate(conn)
         conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
         conn.execute("COMMIT")
     except BaseException:

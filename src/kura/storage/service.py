@@ -76,6 +76,7 @@ from kura.core.version import (
     ahead_of_skew_ms,
     decide_apply,
 )
+from kura.storage import change_feed
 from kura.storage.blobs import (
     GROW_STEP_BYTES,
     BlobFiles,
@@ -86,6 +87,7 @@ from kura.storage.blobs import (
     stat_signature,
 )
 from kura.storage.budget import Reservation, TmpBudget
+from kura.storage.change_feed import ChangesPage
 from kura.storage.checksum import SHA256, XXH3_128
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex, OutboxMessage
@@ -1093,6 +1095,17 @@ class CacheService:
     async def tombstones_page(self, after: str | None, limit: int) -> list[tuple[str, int]]:
         """Tombstones in namespace_id order strictly after ``after`` (None: from the first)."""
         return await self._in(self._reader, self._require_index().tombstones_after, after, limit)
+
+    async def changes_page(self, since: int, limit: int) -> ChangesPage:
+        """This node's change feed after ``since`` (``storage.change_feed.read_page``).
+        Unavailable (503) on an index without the change sequence (read-only, pre-version 3)."""
+        index = self._require_index()
+        try:
+            return await self._in(
+                self._reader, lambda: change_feed.read_page(index.connection(), since, limit)
+            )
+        except change_feed.FeedUnavailable as exc:
+            raise Unavailable(str(exc)) from exc
 
     # -- outbox ------------------------------------------------------------------------------
 

@@ -1,0 +1,71 @@
+"""``GET /_internal/changes?since=<seq>&limit=<n>``: this node's change feed (issue 11,
+deliverable 2), a peer-only route like every ``/_internal/`` one (``kura.api.internal``).
+
+Answers ``{"epoch", "tombstones": [{"namespace_id", "version_ms"}], "manifests": [manifest],
+"next_since", "head_seq", "more"}``: the tombstones and manifests whose change number is above
+``since``, in change order, at most ``limit`` rows together (``storage.change_feed``). A puller
+applies a page's tombstones before its manifests, then asks again from ``next_since`` while
+``more``. A cursor is only meaningful in its ``epoch``; a ``since`` above ``head_seq`` is one
+from another history (a restored backup), which the puller treats like another epoch.
+
+``since`` is required, an integer >= 0; ``limit`` 1..``PAGE_LIMIT_MAX`` (default
+``PAGE_LIMIT_DEFAULT``): anything else is 400 with a message. A requester naming itself in
+``Kura-Node`` is reported to ``FEED_READ_KEY``'s callback (the catch-up marks, ``mesh.catch_up``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from kura.api.http import ctx, endpoint
+from kura.core.errors import InvalidRequest
+from kura.mesh.wire import NODE_HEADER, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
+from kura.storage.change_feed import ChangesPage
+
+PROTOCOL = "internal"
+# Called with the requester's URL before the page is read; what it returns, after.
+FeedRead = Callable[[str], Callable[[int, ChangesPage], Awaitable[None]]]
+FEED_READ_KEY: web.AppKey[FeedRead] = web.AppKey("kura_feed_read")
+
+
+def _int_arg(request: web.Request, name: str, default: int | None, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        if default is None:
+            raise InvalidRequest(f"{name} is required (an integer >= {low})")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer, not {raw[:40]!r}") from None
+    if not low <= value <= high:
+        raise InvalidRequest(f"{name} must be between {low} and {high}")
+    return value
+
+
+@endpoint(PROTOCOL, None)
+async def changes(request: web.Request) -> web.StreamResponse:
+    since = _int_arg(request, "since", None, 0, 2**63 - 1)
+    limit = _int_arg(request, "limit", PAGE_LIMIT_DEFAULT, 1, PAGE_LIMIT_MAX)
+    requester = request.headers.get(NODE_HEADER, "")
+    feed_read = request.app.get(FEED_READ_KEY)
+    done = feed_read(requester) if requester and feed_read is not None else None
+    page = await ctx(request).service.changes_page(since, limit)
+    if done is not None:
+        await done(since, page)
+    return web.json_response(
+        {
+            "epoch": page.epoch,
+            "tombstones": [{"namespace_id": n, "version_ms": v} for n, v in page.tombstones],
+            "manifests": [m.to_json() for m in page.manifests],
+            "next_since": page.next_since,
+            "head_seq": page.head_seq,
+            "more": page.more,
+        }
+    )
+
+
+def routes() -> list[web.RouteDef]:
+    return [web.get("/_internal/changes", changes)]
