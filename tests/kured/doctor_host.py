@@ -98,6 +98,33 @@ def security_kernel_release() -> str:
     pytest.fail("apt knows no kernel from the security archive: run apt-get update")
 
 
+@pytest.fixture(scope="module")
+def release() -> str:
+    """A kernel release from the security archive (fails when unattended-upgrades is missing)."""
+    require_unattended_upgrades()
+    return security_kernel_release()
+
+
+@pytest.fixture
+def good_apt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``APT_CONFIG`` set to a good configuration, so a test's exit codes are its own checks'."""
+    tree = AptTree(tmp_path / "apt").write("50unattended-upgrades", GOOD)
+    monkeypatch.setenv("APT_CONFIG", str(tree.config))
+    return tree.config
+
+
+def in_process(
+    capsys: pytest.CaptureFixture[str], release: str, *args: str
+) -> tuple[int, dict[str, Any]]:
+    """``kured doctor --json --node-id n1 --kernel-release <release> <args>`` in this process
+    (no ``KURED_*`` environment); (exit code, parsed JSON)."""
+    from kured.doctor.command import main
+
+    capsys.readouterr()
+    code = main(["--json", "--node-id", "n1", "--kernel-release", release, *args], environ={})
+    return code, json.loads(capsys.readouterr().out)
+
+
 def doctor(*args: str, apt_config: Path | None = None, **env: str) -> tuple[int, dict[str, Any]]:
     """Run ``kured doctor --json`` as a process; (exit code, parsed JSON)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("KURED_")}
