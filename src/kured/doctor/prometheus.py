@@ -172,6 +172,8 @@ def check_retention(
         ]
     findings = []
     closed = longest_closed_seconds(window)
+    closed_shown = round(closed / 60) * 60  # the end second is inclusive: 6d21h59m59s reads 6d22h
+    written = prometheus_duration(retention)
     for rule in rules:
         name, seconds = str(rule.get("name")), float(rule.get("duration") or 0)
         if seconds > retention:
@@ -185,12 +187,12 @@ def check_retention(
                 )
             )
         if "kured_reboot_required" in str(rule.get("query", "")) and seconds < closed:
-            need = prometheus_duration(closed + 86400)
+            need = prometheus_duration(closed_shown + 86400)
             findings.append(
                 warn(
                     "retention",
                     f"alert {name} reads kured_reboot_required with for: "
-                    f"{prometheus_duration(seconds)}, shorter than the {prometheus_duration(closed)}"
+                    f"{prometheus_duration(seconds)}, shorter than the {prometheus_duration(closed_shown)}"
                     f" the window stays closed ({window.describe()}): it fires whenever nodes "
                     "wait for the window.",
                     f"raise its for: to about {need}"
