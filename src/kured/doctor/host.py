@@ -24,6 +24,7 @@ mounts the host's root there).
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from kured.core.errors import SensorError
@@ -73,7 +74,7 @@ def hooks(host_root: Path) -> list[Path]:
 
 async def check_command(argv: tuple[str, ...]) -> Finding:
     sentinel = CommandSentinel(argv, timeout_seconds=60.0)
-    shown = " ".join(argv)
+    shown = shlex.join(argv)
     try:
         required, _detail = await sentinel.check()
     except SensorError as exc:
@@ -85,12 +86,12 @@ async def check_command(argv: tuple[str, ...]) -> Finding:
         )
     rc = sentinel.last_returncode
     if required:
-        return ok(CHECK, f"sentinel command {shown!r} runs and exits 0: a reboot is needed now")
+        return ok(CHECK, f"sentinel command {shown} runs and exits 0: a reboot is needed now")
     if rc == 1:
-        return ok(CHECK, f"sentinel command {shown!r} runs and exits 1: no reboot needed now")
+        return ok(CHECK, f"sentinel command {shown} runs and exits 1: no reboot needed now")
     return warn(
         CHECK,
-        f"sentinel command {shown!r} exits {rc}: kured reads any status but 0 as 'not needed', "
+        f"sentinel command {shown} exits {rc}: kured reads any status but 0 as 'not needed', "
         "so a command that fails reads as 'never reboot'.",
         "make the command exit 0 (needed) or 1 (not needed) and nothing else.",
     )
