@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from kit.settings import parse_duration
 from kured.doctor.host import check_sentinel
 from kured.doctor.lock import check_lock
 from kured.settings import Settings, add_arguments, load_settings
@@ -146,3 +148,26 @@ def settings(*args: str) -> Settings:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return load_settings(parser.parse_args(["--node-id", "n1", *args]), {})
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "kured.md"
+DOCTOR_ROW = re.compile(r"^\| `(--[a-z0-9-]+)` \| `([^`]*)` \| (.+) \|$")
+
+
+def test_the_doctor_flag_table_matches_the_parser() -> None:
+    from kured.doctor.command import DOCTOR_FLAGS, parser
+
+    section = DOC.read_text().split("## `kured doctor`", 1)[1].split("\n## ", 1)[0]
+    rows = [m.groups() for line in section.splitlines() if (m := DOCTOR_ROW.match(line))]
+    assert [flag for flag, _, _ in rows] == list(DOCTOR_FLAGS)
+    actions = {a.option_strings[0]: a for a in parser()._actions if a.option_strings}
+    for flag, cell, _ in rows:
+        default = actions[flag].default
+        if default is None:
+            assert cell == "(unset)", flag
+        elif isinstance(default, bool):
+            assert cell == str(default).lower(), flag
+        elif isinstance(default, float):
+            assert parse_duration(cell) == default, flag
+        else:
+            assert cell == str(default), flag

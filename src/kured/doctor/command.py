@@ -30,7 +30,7 @@ from kit.settings import SettingsError, parse_duration
 from kured.apiserver import ApiServer
 from kured.core.errors import ApiError, ConfigurationError
 from kured.doctor import host, kernel, kube, lock, prometheus
-from kured.doctor.finding import Report, fail
+from kured.doctor.finding import Report, fail, warn
 from kured.settings import Settings, add_arguments, load_settings
 
 DEFAULT_REBOOT_DURATION = "10m"
@@ -119,18 +119,13 @@ async def diagnose(s: Settings, args: argparse.Namespace) -> Report:
             report.add([fail("pdb", "; ".join(exc.problems), "give a working --kubeconfig.")])
         else:
             try:
-                names = await kube.node_names(api)
                 report.add(await kube.check_pdbs(api, s))
-            except ApiError as exc:
-                report.add(
-                    [
-                        fail(
-                            "pdb",
-                            f"cannot list nodes: {exc.message}",
-                            "check --kubeconfig and kured's RBAC (list nodes).",
-                        )
-                    ]
-                )
+                if s.prometheus_url and args.node_count is None:
+                    try:
+                        names = await kube.node_names(api)
+                    except ApiError as exc:
+                        report.add([warn("scrape", f"cannot count the nodes: {exc.message}",
+                                         "give --node-count, or allow list on nodes.")])  # fmt: skip
             finally:
                 await api.close()
     else:
