@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from kit.settings import parse_duration
 from kured.doctor.host import check_sentinel
 from kured.doctor.lock import check_lock
 from kured.settings import Settings, add_arguments, load_settings
-from tests.kured.doctor_host import doctor, good_apt, release
+from tests.kured.doctor_host import doctor, good_apt, in_process, release
 
 __all__ = ["good_apt", "release"]
 pytestmark = pytest.mark.usefixtures("good_apt")
@@ -79,6 +80,19 @@ def test_invalid_flags_exit_two_with_every_problem(capsys: pytest.CaptureFixture
     assert all(f["check"] == "config" for f in report["findings"])
     assert any("--period" in p for p in problems), problems
     assert any("KURED_CONCURRENCY" in p for p in problems), problems
+
+
+def test_an_unreachable_prometheus_fails_because_the_gate_is_fail_closed(
+    capsys: pytest.CaptureFixture[str], release: str
+) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    code, report = in_process(capsys, release, "--prometheus-url", url, "--node-count", "3")
+    [(level, message)] = only(report, "alerts")
+    assert level == "FAIL"
+    assert message.startswith(f"Prometheus at {url} unreachable: connection refused: the agent's")
+    assert code == 1
 
 
 def test_help_lists_the_doctor_flags() -> None:
