@@ -127,3 +127,40 @@ def test_a_weekly_window_stays_closed_almost_a_week_and_an_all_day_one_never() -
     closed = longest_closed_seconds(weekly, date(2026, 12, 1))
     assert closed == 7 * 86400 - (2 * 3600 + 1)  # the end second is inclusive
     assert longest_closed_seconds(RebootWindow(), date(2026, 12, 1)) == 0
+
+
+@pytest.mark.parametrize(
+    ("config", "level", "start"),
+    [
+        ('Unattended-Upgrade::Origins-Pattern:: "o=Debian,l=Debian-Security";\n', "FAIL",
+         "the running kernel 6.1.0-57-amd64 comes from an allowed origin: linux-image-6.1.0-57"),
+        ('Unattended-Upgrade::Origins-Pattern:: "o=Debian,l=Debian-Security";\n'
+         'Unattended-Upgrade::Package-Blacklist:: "linux-";\n', "OK",
+         "the running kernel 6.1.0-57-amd64 is not upgraded by unattended-upgrades"),
+        ('Unattended-Upgrade::Origins-Pattern:: "o=Debian,n=bookworm-updates";\n', "OK",
+         "the running kernel 6.1.0-57-amd64 is not upgraded by unattended-upgrades"),
+    ],
+    ids=["allowed", "allowed-but-blacklisted", "not-allowed"],
+)  # fmt: skip
+def test_the_kernel_origin(config: str, level: str, start: str) -> None:
+    from kured.doctor.kernel import kernel_origin
+
+    finding = kernel_origin(
+        apt.AptConfig(config),
+        apt.parse_policy(POLICY),
+        "Debian",
+        "bookworm",
+        "6.1.0-57-amd64",
+        package_sources(PACKAGE),
+    )
+    assert finding.level == level, finding
+    assert finding.message.startswith(start), finding
+
+
+def test_a_kernel_from_no_apt_source_cannot_be_replaced() -> None:
+    from kured.doctor.kernel import kernel_origin
+
+    config = apt.AptConfig('Unattended-Upgrade::Origins-Pattern:: "origin=*";\n')
+    finding = kernel_origin(config, apt.parse_policy(POLICY), "Debian", "bookworm", "6.18-fc", {})
+    assert finding.level == "OK"
+    assert "comes from no APT source" in finding.message
