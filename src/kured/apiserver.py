@@ -155,6 +155,7 @@ class ApiServer:
         self._core = k8s.CoreV1Api(self._client)
         self._apps = k8s.AppsV1Api(self._client)
         self._coordination = k8s.CoordinationV1Api(self._client)
+        self._policy = k8s.PolicyV1Api(self._client)
         self._timeout_seconds = request_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="kured-apiserver")
         self._closed = False
@@ -335,6 +336,19 @@ class ApiServer:
             f"evict pod {namespace}/{name}",
             partial(self._core.create_namespaced_pod_eviction, name, namespace, body),
         )
+
+    # -- PodDisruptionBudgets ---------------------------------------------------------------------
+
+    async def list_pod_disruption_budgets(self) -> list[JsonObject]:
+        """Every policy/v1 PodDisruptionBudget in every namespace as JSON, with the
+        ``status`` the disruption controller keeps (``disruptionsAllowed``, ``currentHealthy``,
+        ``desiredHealthy``, ``expectedPods``). Order is the server's. Raises ``ApiError``."""
+        data = await self._typed(
+            "LIST poddisruptionbudgets",
+            self._policy.list_pod_disruption_budget_for_all_namespaces,
+        )
+        items = data.get("items") or []
+        return [dict(item) for item in items if isinstance(item, dict)]
 
     # -- plumbing --------------------------------------------------------------------------------
 

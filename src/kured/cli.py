@@ -3,9 +3,11 @@
     kured --node-id n1 [flags]           run the agent (kured's flags; KURED_* env overrides)
     kured status [--url URL] [--json]     print an agent's conditions, blocker and lock holders
     kured fleetlock [flags]               serve the FleetLock protocol for Zincati
+    kured doctor [flags] [--json]         check for the failures that stay silent (one line each)
 
 Exit codes: 0 clean stop; 1 a run-time failure; 2 invalid configuration (every problem listed);
-``status`` exits 0 when the node would reboot now or needs nothing, 3 when it is blocked.
+``status`` exits 0 when the node would reboot now or needs nothing, 3 when it is blocked;
+``doctor`` exits 1 when any finding is FAIL (``kured.doctor.command``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status(args[1:])
     if args and args[0] == "fleetlock":
         return fleetlock(args[1:])
+    if args and args[0] == "doctor":
+        from kured.doctor.command import main as doctor
+
+        return doctor(args[1:])
     return agent(args)
 
 
@@ -45,7 +51,8 @@ def agent(argv: list[str]) -> int:
         prog="kured",
         description="The reboot coordinator agent.",
         epilog="other commands: 'kured status [--url URL | --all]' prints an agent's conditions; "
-        "'kured fleetlock --help' serves FleetLock for Zincati.",
+        "'kured fleetlock --help' serves FleetLock for Zincati; "
+        "'kured doctor --help' checks for the failures that stay silent.",
     )
     parser.add_argument("--version", action="version", version=f"kured {__version__}")
     add_arguments(parser)

@@ -43,9 +43,13 @@ token, see ``kubeconfig``):
   new UID) on another schedulable node as soon as it starts terminating; one controlled by a
   ``StatefulSet`` is recreated with the *same name and a new UID* once it is gone - so a drain
   must wait for "gone or UID changed", as kubectl's does.
-* **PodDisruptionBudgets**: listed per namespace and across namespaces.
 * **Leases** (``coordination.k8s.io/v1``): create (409 AlreadyExists), GET, PUT (409 on a
   stale resourceVersion), validated; in ``tests.kured.k8s_leases``.
+* **PodDisruptionBudgets** (policy/v1): listed per namespace and across namespaces, each with
+  the ``status`` the disruption controller keeps (``currentHealthy``, ``desiredHealthy``,
+  ``expectedPods``, ``disruptionsAllowed = max(0, currentHealthy - desiredHealthy)``), computed
+  when listed by the same rule the eviction uses, so it follows the pods at once (a real
+  controller lags a little). ``add_pdb`` with an existing name replaces the budget.
 
 Errors are ``Status`` objects with the real ``reason`` values (``NotFound``, ``Conflict``,
 ``TooManyRequests``, ``Invalid``, ``BadRequest``, ``Unauthorized``, ``MethodNotAllowed``).
@@ -1073,6 +1077,28 @@ class KubeDouble(LeaseRoutes):
                 "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
             )
         pdb = budgets[0]
+        desired, healthy, _expected = self._budget_counts(pdb)
+        if healthy - desired <= 0:
+            pdb_name = pdb["metadata"]["name"]
+            raise ApiFailure(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+                {
+                    "causes": [
+                        {
+                            "reason": "DisruptionBudget",
+                            "message": f"The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently",
+                        }
+                    ]
+                },
+            )
+
+    def _budget_counts(self, pdb: Obj) -> tuple[int, int, int]:
+        """(desiredHealthy, currentHealthy, expectedPods) of ``pdb`` now (lock held): the
+        disruption controller's figures, with the pods its selector picks in its namespace as
+        the expected count."""
+        namespace = pdb["metadata"]["namespace"]
         selected = [
             obj
             for (kind, ns, _), obj in self._objects.items()
@@ -1091,21 +1117,21 @@ class KubeDouble(LeaseRoutes):
             desired = _scaled(spec["minAvailable"], expected)
         else:
             desired = expected - _scaled(spec.get("maxUnavailable", 0), expected)
-        if healthy - desired <= 0:
-            pdb_name = pdb["metadata"]["name"]
-            raise ApiFailure(
-                429,
-                "TooManyRequests",
-                "Cannot evict pod as it would violate the pod's disruption budget.",
-                {
-                    "causes": [
-                        {
-                            "reason": "DisruptionBudget",
-                            "message": f"The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently",
-                        }
-                    ]
-                },
-            )
+        return desired, healthy, expected
+
+    def _with_status(self, pdb: Obj) -> Obj:
+        """A copy of ``pdb`` with the ``status`` the disruption controller would have written
+        (computed when read, so it always follows the pods; lock held)."""
+        out = copy.deepcopy(pdb)
+        desired, healthy, expected = self._budget_counts(pdb)
+        out["status"] = {
+            "observedGeneration": 1,
+            "currentHealthy": healthy,
+            "desiredHealthy": desired,
+            "expectedPods": expected,
+            "disruptionsAllowed": max(0, healthy - desired),
+        }
+        return out
 
     # -- PDBs --------------------------------------------------------------------------------
 
@@ -1113,7 +1139,7 @@ class KubeDouble(LeaseRoutes):
         namespace = request.match_info.get("ns")
         with self._lock:
             items = [
-                copy.deepcopy(o)
+                self._with_status(o)
                 for (k, ns, _), o in sorted(self._objects.items())
                 if k == "PodDisruptionBudget" and (namespace is None or ns == namespace)
             ]

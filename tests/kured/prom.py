@@ -1,5 +1,6 @@
 """A real Prometheus (Debian ``prometheus``) for tests: started on a free 127.0.0.1 port with
-rule files the test gives, evaluating every second."""
+rule files the test gives, evaluating every second; ``extra_args`` are further command-line
+flags (e.g. ``--storage.tsdb.retention.time=7d``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -19,7 +21,13 @@ def free_port() -> int:
 
 
 class Prometheus:
-    def __init__(self, root: Path, rules: str, scrape_targets: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        rules: str,
+        scrape_targets: list[str] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("prometheus is not installed (scripts/install-deps installs it)")
@@ -45,6 +53,7 @@ class Prometheus:
                 f"--config.file={root / 'prometheus.yml'}",
                 f"--storage.tsdb.path={root / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
+                *extra_args,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,

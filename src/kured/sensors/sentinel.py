@@ -49,6 +49,8 @@ class CommandSentinel:
             raise ValueError("empty sentinel command")
         self.argv = tuple(argv)
         self.timeout_seconds = timeout_seconds
+        # The exit status of the last run that finished (``kured doctor`` reports it).
+        self.last_returncode: int | None = None
 
     async def check(self) -> tuple[bool, str]:
         shown = " ".join(self.argv)
@@ -67,7 +69,7 @@ class CommandSentinel:
             proc.kill()
             await proc.wait()
             raise SensorError(f"sentinel command {shown!r} timed out") from exc
-        rc = proc.returncode
+        rc = self.last_returncode = proc.returncode
         if rc in (126, 127):
             tail = err.decode(errors="replace").strip()[-200:]
             raise SensorError(f"sentinel command {shown!r} exited {rc} (cannot run): {tail}")
