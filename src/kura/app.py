@@ -42,11 +42,12 @@ from kura.api import (
     webdav,
     xcode,
 )
-from kura.api.auth import TokenAuth
+from kura.api.auth import token_auth_from
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
 from kura.api.peer_auth import PeerAuth
+from kura.api.public_tls import PublicTls
 from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.catch_up import CatchUp
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
@@ -131,6 +132,9 @@ class Node:
             server_ssl, client_ssl = server_ssl_context(*tls), client_ssl_context(*tls)
         self._server_ssl = server_ssl
         self.peer_auth = PeerAuth(settings.internal_tokens)
+        self.auth = token_auth_from(settings)
+        cert, key = settings.public_tls_cert_path, settings.public_tls_key_path
+        self.public_tls = PublicTls(cert, key) if cert and key else None
         self.peer_client = PeerClient(
             settings.tenant_id,
             client_ssl,
@@ -370,7 +374,7 @@ class Node:
             settings=self.settings,
             service=self.service,
             uploads=self.uploads,
-            auth=TokenAuth(self.settings.read_write_tokens, self.settings.read_only_tokens),
+            auth=self.auth,
             metrics=self.metrics,
             handlers=self._handlers,  # shared by both listeners: the drain waits for all
         )
@@ -437,8 +441,11 @@ class Node:
         if not self.node_url:
             scheme = "https" if self.settings.internal_tls else "http"
             self.node_url = f"{scheme}://{self.settings.host}:{internal_port}"
-        port = await self._listen(self.build_app(), self.settings.port, None)
-        self.public_url = f"http://{self.settings.host}:{port}"
+        tls = self.public_tls
+        port = await self._listen(
+            self.build_app(), self.settings.port, tls.context if tls else None
+        )
+        self.public_url = f"{'https' if tls else 'http'}://{self.settings.host}:{port}"
         self._tasks = asyncio.create_task(self._background(), name="kura-background")
         log.info(
             "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s",
@@ -461,6 +468,10 @@ class Node:
             tg.create_task(self.bootstrapper.run())
             tg.create_task(self.scrubber.run())
             tg.create_task(self.repairer.run())
+            if self.auth.jwt is not None:
+                tg.create_task(self.auth.jwt.run())
+            if self.public_tls is not None:
+                tg.create_task(self.public_tls.run())
 
     async def _reap_uploads(self) -> None:
         while True:
