@@ -201,3 +201,23 @@ def test_jwt_settings_without_issuer_or_audience_refuse_to_start(tmp_path: Path)
     env = node_env(tmp_path, auth_jwt_public_key=jwt_keys.public_pem(KEY))
     with pytest.raises(RuntimeError, match="KURA_AUTH_JWT_ISSUER and KURA_AUTH_JWT_AUDIENCE"):
         spawn_node(tmp_path, env)
+
+
+@pytest.mark.clients
+@pytest.mark.parametrize(
+    ("name", "namespaces"),
+    [("nx", None), ("turbo", ["team1"])],  # turbo.sh sends --team team1 (?slug=team1)
+)
+def test_real_nx_and_turborepo_get_a_remote_hit_with_a_jwt(
+    node: NodeProcess, name: str, namespaces: list[str] | None
+) -> None:
+    from tests.integration.test_clients import BY_NAME, lookups, run_client
+
+    client = BY_NAME[name]
+    hits_before = lookups(node, client.protocol, "hit")
+    run = run_client(client, node, token=token(KEY, ttl=3600, namespaces=namespaces))
+    context = f"{run.describe()}\n--- node log ---\n{node.log()[-3000:]}"
+    assert run.returncode == 0, context
+    assert run.hit, context
+    assert lookups(node, client.protocol, "hit") >= hits_before + client.min_hits, context
+    assert "Traceback" not in node.log(), context
