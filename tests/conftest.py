@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sqlite3
+import ssl
 import subprocess
 import sys
 import threading
@@ -39,8 +40,8 @@ class NodeProcess:
     env: dict[str, str] = field(repr=False)
     reader: threading.Thread | None = field(default=None, repr=False)
     internal_url: str = ""
-    # What the helpers below send: a CA file for an https:// node, a token for /metrics.
-    verify: str | bool = True
+    # What the helpers below send: a context trusting an https:// node's CA, a /metrics token.
+    verify: ssl.SSLContext | bool = True
     metrics_headers: dict[str, str] = field(default_factory=dict)
 
     def client(self, **kwargs: object) -> httpx.Client:

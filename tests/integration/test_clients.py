@@ -41,7 +41,7 @@ READ_ONLY_TOKEN = "tok-ro"
 # "NO REMOTE HIT" contains "REMOTE HIT": only a line that starts with it is a hit.
 HIT_LINE = re.compile(r"^REMOTE HIT\b", re.MULTILINE)
 # Settings the scripts read from the environment; each test sets the ones it means.
-SCRIPT_SETTINGS = ("TOKEN", "KEEP", "LAYOUT", "PREFIX", "TEAM", "TEAMID", "SIGNATURE_KEY")
+SCRIPT_SETTINGS = ("TOKEN", "KEEP", "LAYOUT", "PREFIX", "TEAM", "TEAMID", "SIGNATURE_KEY", "CA")
 
 
 @dataclass(frozen=True)
