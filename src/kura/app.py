@@ -435,6 +435,8 @@ class Node:
         await self.service.start()
         self.repairer.bind(asyncio.get_running_loop())
         await self.peer_client.start()
+        if self.auth.jwt is not None:
+            await self.auth.jwt.start()  # the JWKS, before the first request
         internal_port = await self._listen(
             self.build_internal_app(), self.settings.internal_port, self._server_ssl
         )

@@ -221,3 +221,129 @@ def test_real_nx_and_turborepo_get_a_remote_hit_with_a_jwt(
     assert run.hit, context
     assert lookups(node, client.protocol, "hit") >= hits_before + client.min_hits, context
     assert "Traceback" not in node.log(), context
+
+
+class JwksServer:
+    """The issuer's JWKS endpoint: a real HTTP server (stdlib) in this process, whose key set
+    the test changes, or which it stops, to rotate keys or fail fetches."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.keys: list[dict[str, object]] = []
+        self.fetches = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.fetches += 1
+                body = json.dumps({"keys": outer.keys}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/.well-known/jwks.json"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def publish(self, key: jwt_keys.PrivateKey, kid: str, alg: str = "RS256") -> None:
+        import jwt
+
+        jwk = json_loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))  # type: ignore[arg-type]
+        self.keys.append({**jwk, "kid": kid, "alg": alg, "use": "sig"})
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def json_loads(text: str) -> dict[str, object]:
+    import json
+
+    doc = json.loads(text)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_jwks_keys_verify_by_kid_and_a_rotation_is_picked_up(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    from tests.e2e.mesh import wait_for
+
+    jwks = JwksServer()
+    first, second = rsa_key(), rsa_key()
+    jwks.publish(first, "k1")
+    try:
+        node = start_node(
+            auth_jwt_jwks_url=jwks.url,
+            auth_jwt_issuer=ISSUER,
+            auth_jwt_audience=AUDIENCE,
+            auth_jwt_jwks_refresh_seconds=1,
+        )
+        by_first = token(first, headers={"kid": "k1"})
+        by_second = token(second, headers={"kid": "k2"})
+        with node.client(headers=bearer(by_first)) as c:
+            assert c.put("/cache/plain/jwks", content=b"v").status_code == 201  # fetched at start
+        with node.client(headers=bearer(by_second)) as c:
+            r = c.get("/cache/plain/jwks")
+            assert r.status_code == 401
+            assert "kid" in r.json()["message"]
+        with node.client(headers=bearer(token(second, headers={"kid": "k1"}))) as c:
+            assert c.get("/cache/plain/jwks").status_code == 401  # k1's kid, another key
+
+        jwks.publish(second, "k2")  # the signer rotates: both keys published
+        assert wait_for(
+            lambda: (
+                httpx.get(node.url + "/cache/plain/jwks", headers=bearer(by_second)).status_code
+                == 200
+            ),
+            20,
+        ), node.log()[-2000:]
+
+        jwks.stop()  # the issuer is down: the last good set stays
+        assert wait_for(lambda: "cannot fetch the JWKS" in node.log(), 20), node.log()[-2000:]
+        for value in (by_first, by_second):
+            assert (
+                httpx.get(node.url + "/cache/plain/jwks", headers=bearer(value)).status_code == 200
+            )
+    finally:
+        if jwks.thread.is_alive():
+            jwks.stop()
+
+
+@pytest.mark.parametrize(
+    ("grant", "path", "status"),
+    [
+        ({"scope": "cache:read"}, "/cache/plain/big", 403),
+        (
+            {"scope": "cache:write", "namespaces": ["team-a"]},
+            TURBO.format(key="big", team="b"),
+            403,
+        ),
+        ({"ttl": -3600}, "/cache/plain/big", 401),
+    ],
+)
+def test_a_refused_jwt_upload_is_answered_before_its_body_is_sent(
+    node: NodeProcess, grant: dict[str, object], path: str, status: int
+) -> None:
+    from tests.integration import rawhttp
+
+    headers = {
+        "Content-Length": str(256 * 1024 * 1024),
+        "Expect": "100-continue",
+        **bearer(token(KEY, **grant)),  # type: ignore[arg-type]
+    }
+    with rawhttp.connect(node.url, timeout=10) as sock:
+        rawhttp.send_head(sock, "PUT", path, headers)
+        answer, _headers, _body = rawhttp.read_response(sock)
+    assert answer == status
+    assert node.metric("kura_tmp_reserved_bytes") == 0
+    assert node.staging_files() == []

@@ -166,20 +166,31 @@ class JwtVerifier:
         return found.key
 
     async def run(self) -> None:
-        """Keep the JWKS fresh (no-op for a fixed key); runs until cancelled."""
+        """Keep the JWKS fresh (no-op for a fixed key); runs until cancelled. The first fetch is
+        ``start``'s, made before the node listens."""
         if self._jwks_url is None:
             return
         async with aiohttp.ClientSession() as session:
             while True:
-                await self._fetch(session)
                 self._refetch.clear()
+                # With no key yet (the fetch failed), try again sooner.
+                interval = self._jwks_refresh_seconds if self._jwks else UNKNOWN_KID_REFETCH_SECONDS
                 try:
-                    async with asyncio.timeout(self._jwks_refresh_seconds):
+                    async with asyncio.timeout(interval):
                         await self._refetch.wait()
-                    wait = self._last_fetch + UNKNOWN_KID_REFETCH_SECONDS - time.monotonic()
+                    spacing = min(UNKNOWN_KID_REFETCH_SECONDS, self._jwks_refresh_seconds)
+                    wait = self._last_fetch + spacing - time.monotonic()
                     await asyncio.sleep(max(0.0, wait))
                 except TimeoutError:
                     pass
+                await self._fetch(session)
+
+    async def start(self) -> None:
+        """Fetch the JWKS once (no-op for a fixed key). A failure is logged, never raised: the
+        node serves plain tokens meanwhile and ``run`` tries again."""
+        if self._jwks_url is not None:
+            async with aiohttp.ClientSession() as session:
+                await self._fetch(session)
 
     async def _fetch(self, session: aiohttp.ClientSession) -> None:
         assert self._jwks_url is not None
