@@ -1,6 +1,7 @@
 """HTTPS on the public port, with certificate reload (kura.api.public_tls), on real processes.
 
-A test CA and leaves made with the ``openssl`` binary (as the peer mTLS tests do). Real Bazel
+A test CA and leaves (P-256, quick to make) made with the ``openssl`` binary (as the peer mTLS
+tests do). Real Bazel
 (``--tls_certificate``) and real sccache (OpenSSL trust via ``SSL_CERT_FILE``) get a remote hit
 over ``https://``. ccache is not among them: ccache 4.7's HTTP storage has no HTTPS ("HTTPS is
 not supported", ccache manual, HTTP storage backend), so its ``https://`` URL is refused by
@@ -24,6 +25,7 @@ import pytest
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 
+P256 = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1")
 SWAP_TIMEOUT_SECONDS = 20.0  # the node polls every second; generous on a loaded machine
 
 
@@ -32,15 +34,15 @@ def openssl(*args: str, cwd: Path) -> None:
 
 
 def make_ca(pki: Path) -> Path:
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-            "/CN=kura test CA", "-keyout", "ca.key", "-out", "ca.pem", cwd=pki)  # fmt: skip
+    openssl("req", "-x509", *P256, "-nodes", "-days", "2", "-subj", "/CN=kura test CA",
+            "-keyout", "ca.key", "-out", "ca.pem", cwd=pki)  # fmt: skip
     return pki / "ca.pem"
 
 
 def make_leaf(pki: Path, name: str, serial: int) -> tuple[Path, Path]:
     """A server certificate for 127.0.0.1/localhost signed by the CA, with ``serial``."""
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout",
-            f"{name}.key", "-out", f"{name}.csr", cwd=pki)  # fmt: skip
+    openssl("req", *P256, "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr", cwd=pki)  # fmt: skip
     (pki / f"{name}.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
     )
