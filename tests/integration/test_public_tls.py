@@ -141,3 +141,28 @@ def test_real_clients_get_a_remote_hit_over_https_with_a_test_ca(
     ca = str(pki / "ca.pem")
     run = run_client(client, tls_node, CA=ca, SSL_CERT_FILE=ca)
     assert_remote_hit(client, tls_node, run)
+
+
+def test_ccache_refuses_an_https_remote_storage_itself(
+    tls_node: NodeProcess, tmp_path: Path
+) -> None:
+    """Why ccache is not in the https client test: ccache 4.7 rejects the URL before any
+    connection ("unknown remote storage URL"), so nothing reaches kura. When a ccache that
+    speaks HTTPS is installed this fails: then add it to the test above."""
+    source = tmp_path / "a.c"
+    source.write_text("int main(void) { return 0; }\n")
+    env = {
+        **os.environ,
+        "CCACHE_DIR": str(tmp_path / "ccache"),
+        "CCACHE_REMOTE_STORAGE": tls_node.url + "/cache|layout=subdirs",
+    }
+    done = subprocess.run(
+        ["ccache", "gcc", "-c", str(source), "-o", str(tmp_path / "a.o")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "unknown remote storage URL" in done.stderr
+    assert tls_node.metric_sum("kura_http_requests_total") == 0  # not one request arrived
