@@ -43,6 +43,7 @@ from kura.api import (
     xcode,
 )
 from kura.api.auth import token_auth_from
+from kura.api.auth_metrics import watch_auth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
@@ -224,6 +225,7 @@ class Node:
             "reason",
             lambda: self.peer_auth.failures_total,
         )
+        watch_auth(self.metrics, self.auth, self.public_tls)
         self.draining = False
         self.public_url = ""
         self._runners: list[web.AppRunner] = []

@@ -69,6 +69,8 @@ def test_a_read_token_reads_and_is_refused_a_write(node: NodeProcess) -> None:
     assert stored(node) == before
     assert node.staging_files() == []
     assert node.metric("kura_tmp_reserved_bytes") == 0
+    assert node.metric('kura_auth_refusals_total{reason="forbidden"}') >= 2
+    assert node.metric("kura_auth_jwks_keys") == 1
 
 
 def test_a_namespace_token_is_refused_another_namespace(node: NodeProcess) -> None:
@@ -129,6 +131,7 @@ def test_a_token_not_to_be_believed_is_401(
         assert r.status_code == 401, (name, r.text)
         assert c.get("/status").status_code == 401
     assert stored(node) == before
+    assert node.metric('kura_auth_refusals_total{reason="invalid"}') >= 3
 
 
 def _tampered(value: str) -> str:

@@ -16,6 +16,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -120,6 +121,10 @@ def test_the_public_port_speaks_https_and_a_swapped_certificate_is_served_withou
     assert tls_node.proc.pid == pid
     assert tls_node.proc.poll() is None
     assert "public TLS certificate reloaded" in tls_node.log()
+    assert tls_node.metric("kura_public_tls_reloads_total") == 1
+    assert tls_node.metric("kura_public_tls_reload_failures_total") >= 1
+    expiry = tls_node.metric("kura_public_tls_certificate_expiry_timestamp_seconds")
+    assert 0 < expiry - time.time() <= 2 * 86400 + 60  # the second leaf: -days 2
 
 
 def test_plain_http_to_the_https_port_gets_no_answer(tls_node: NodeProcess) -> None:

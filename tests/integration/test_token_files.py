@@ -66,6 +66,7 @@ def test_a_rotated_token_file_takes_effect_without_a_restart(
     assert node.proc.pid == pid
     assert node.proc.poll() is None
     assert "token file" in node.log()
+    assert node.metric("kura_auth_token_file_reloads_total") == 2
 
 
 def test_a_failed_re_read_keeps_the_last_good_tokens_and_logs(

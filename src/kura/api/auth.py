@@ -57,14 +57,33 @@ class TokenAuth:
         self.enabled = bool(
             read_write or read_only or read_write_files or read_only_files or jwt is not None
         )
+        self.refusals_total = dict.fromkeys(("missing", "invalid", "forbidden"), 0)
+
+    @property
+    def token_file_reloads_total(self) -> int:
+        return sum(f.reloads_total for f in self._read_write_files + self._read_only_files)
 
     def check(
         self, authorization: str | None, access: Access, namespace: NamespaceOf | None = None
     ) -> None:
-        """Return if allowed; raise ``Unauthenticated`` (401) or ``Forbidden`` (403).
-        ``namespace`` is asked only for a namespace-limited JWT grant."""
+        """Return if allowed; raise ``Unauthenticated`` (401) or ``Forbidden`` (403), counted
+        in ``refusals_total`` by reason (missing, invalid, forbidden). ``namespace`` is asked
+        only for a namespace-limited JWT grant."""
         if not self.enabled:
             return
+        try:
+            self._check(authorization, access, namespace)
+        except Unauthenticated:
+            reason = "missing" if _token_from(authorization) is None else "invalid"
+            self.refusals_total[reason] += 1
+            raise
+        except Forbidden:
+            self.refusals_total["forbidden"] += 1
+            raise
+
+    def _check(
+        self, authorization: str | None, access: Access, namespace: NamespaceOf | None
+    ) -> None:
         token = _token_from(authorization)
         if token is None:
             raise Unauthenticated("missing credentials: send Authorization: Bearer <token>")

@@ -19,6 +19,8 @@ import os
 import ssl
 from pathlib import Path
 
+from cryptography import x509
+
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
@@ -34,7 +36,9 @@ class PublicTls:
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._signature = self._stat()
         self.context.load_cert_chain(str(cert), str(key))
+        self.expiry_timestamp_seconds = _not_after(cert)
         self.reloads_total = 0
+        self.reload_failures_total = 0
         self._failed: str | None = None
 
     def _stat(self) -> _Signature:
@@ -51,12 +55,15 @@ class PublicTls:
                 str(self.cert), str(self.key)
             )
             self.context.load_cert_chain(str(self.cert), str(self.key))
-        except (OSError, ssl.SSLError) as exc:
+            expiry = _not_after(self.cert)
+        except (OSError, ssl.SSLError, ValueError) as exc:
             if self._failed != str(exc):
+                self.reload_failures_total += 1
                 self._failed = str(exc)
                 log.warning("cannot reload the public TLS certificate, keeping the old: %s", exc)
             return False
         self._signature, self._failed = signature, None
+        self.expiry_timestamp_seconds = expiry
         self.reloads_total += 1
         log.info("public TLS certificate reloaded from %s", self.cert)
         return True
@@ -66,3 +73,9 @@ class PublicTls:
         while True:
             await asyncio.sleep(POLL_SECONDS)
             self.reload_if_changed()
+
+
+def _not_after(cert: Path) -> float:
+    """The leaf's (first certificate's) notAfter as unix seconds; ``ValueError`` if unparsable."""
+    leaf = x509.load_pem_x509_certificate(cert.read_bytes())
+    return leaf.not_valid_after_utc.timestamp()
