@@ -350,3 +350,26 @@ def test_a_refused_jwt_upload_is_answered_before_its_body_is_sent(
     assert answer == status
     assert node.metric("kura_tmp_reserved_bytes") == 0
     assert node.staging_files() == []
+
+
+@pytest.mark.parametrize(
+    "value", ["-----BEGIN PUBLIC KEY-----\nnot base64\n-----END PUBLIC KEY-----\n", "private"]
+)
+def test_an_unusable_public_key_refuses_to_start_naming_the_setting(
+    tmp_path: Path, value: str
+) -> None:
+    if value == "private":  # a private key where the public one belongs
+        from cryptography.hazmat.primitives import serialization
+
+        path = tmp_path / "private.pem"
+        path.write_bytes(
+            KEY.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        value = str(path)
+    env = node_env(tmp_path, **jwt_settings(value))
+    with pytest.raises(RuntimeError, match="KURA_AUTH_JWT_PUBLIC_KEY: not a usable public key"):
+        spawn_node(tmp_path, env)

@@ -171,3 +171,13 @@ def test_ccache_refuses_an_https_remote_storage_itself(
     assert done.returncode != 0
     assert "unknown remote storage URL" in done.stderr
     assert tls_node.metric_sum("kura_http_requests_total") == 0  # not one request arrived
+
+
+def test_a_mismatched_certificate_and_key_refuse_to_start(pki: Path, tmp_path: Path) -> None:
+    from tests.conftest import node_env, spawn_node
+
+    cert, _key = make_leaf(pki, "one", 11)
+    _cert, other_key = make_leaf(pki, "two", 12)
+    env = node_env(tmp_path, public_tls_cert_path=cert, public_tls_key_path=other_key)
+    with pytest.raises(RuntimeError, match=r"KEY_VALUES_MISMATCH|key values mismatch"):
+        spawn_node(tmp_path / "node", env)

@@ -101,3 +101,13 @@ def test_a_missing_token_file_refuses_to_start(tmp_path: Path) -> None:
     env = node_env(tmp_path, read_write_tokens_file=tmp_path / "absent")
     with pytest.raises(RuntimeError, match=r"token file \S+ does not exist"):
         spawn_node(tmp_path, env)
+
+
+def test_a_malformed_token_file_refuses_to_start_naming_the_setting(tmp_path: Path) -> None:
+    from tests.conftest import node_env, spawn_node
+
+    path = tmp_path / "ro"
+    path.write_text("ok\ntwo words\n")
+    env = node_env(tmp_path, read_only_tokens_file=path)
+    with pytest.raises(RuntimeError, match=r"KURA_READ_ONLY_TOKENS_FILE .*line 2"):
+        spawn_node(tmp_path, env)

@@ -146,25 +146,38 @@ def _token_from(authorization: str | None) -> str | None:
 
 def token_auth_from(settings: Settings) -> TokenAuth:
     """The node's ``TokenAuth``: listed tokens, token files and JWT verification as configured.
-    Raises ``OSError``/``ValueError`` for a token file or public key that cannot be read."""
+    Raises ``RuntimeError`` naming the setting for a token file or public key that cannot be
+    read or parsed (the CLI prints it and exits 1)."""
     verifier = None
     if settings.auth_jwt:
         # validate_settings requires both with a key.
         assert settings.auth_jwt_issuer is not None
         assert settings.auth_jwt_audience is not None
         key = settings.auth_jwt_public_key
+        try:
+            public_key = load_public_key(key) if key else None
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"KURA_AUTH_JWT_PUBLIC_KEY: not a usable public key: {exc}") from exc
         verifier = JwtVerifier(
             issuer=settings.auth_jwt_issuer,
             audience=settings.auth_jwt_audience,
-            public_key=load_public_key(key) if key else None,
+            public_key=public_key,
             jwks_url=settings.auth_jwt_jwks_url,
             jwks_refresh_seconds=settings.auth_jwt_jwks_refresh_seconds,
         )
-    rw, ro = settings.read_write_tokens_file, settings.read_only_tokens_file
+    files: dict[str, list[TokenFile]] = {}
+    for name, path in (
+        ("KURA_READ_WRITE_TOKENS_FILE", settings.read_write_tokens_file),
+        ("KURA_READ_ONLY_TOKENS_FILE", settings.read_only_tokens_file),
+    ):
+        try:
+            files[name] = [TokenFile(path)] if path else []
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"{name} {path}: {exc}") from exc
     return TokenAuth(
         settings.read_write_tokens,
         settings.read_only_tokens,
-        read_write_files=[TokenFile(rw)] if rw else [],
-        read_only_files=[TokenFile(ro)] if ro else [],
+        read_write_files=files["KURA_READ_WRITE_TOKENS_FILE"],
+        read_only_files=files["KURA_READ_ONLY_TOKENS_FILE"],
         jwt=verifier,
     )
