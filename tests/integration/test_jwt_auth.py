@@ -373,3 +373,20 @@ def test_an_unusable_public_key_refuses_to_start_naming_the_setting(
     env = node_env(tmp_path, **jwt_settings(value))
     with pytest.raises(RuntimeError, match="KURA_AUTH_JWT_PUBLIC_KEY: not a usable public key"):
         spawn_node(tmp_path, env)
+
+
+@pytest.mark.clients
+def test_real_turborepo_with_a_token_for_another_team_gets_no_hit_and_stores_nothing(
+    node: NodeProcess,
+) -> None:
+    from tests.integration.test_clients import BY_NAME, requests_with_status, run_client
+
+    before = stored(node)
+    refused = requests_with_status(node, "turbo", 403)
+    run = run_client(BY_NAME["turbo"], node, token=token(KEY, namespaces=["someone-else"]))
+    context = f"{run.describe()}\n--- node log ---\n{node.log()[-3000:]}"
+    assert run.returncode == 1, context  # the script ran both builds: no hit (2 = setup error)
+    assert not run.hit, context
+    assert stored(node) == before, context
+    assert requests_with_status(node, "turbo", 403) > refused, context
+    assert "Traceback" not in node.log(), context
