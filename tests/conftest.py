@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sqlite3
+import ssl
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LISTEN_LINE = re.compile(r"kura listening public=(http://\S+) internal=(https?://\S+)")
+LISTEN_LINE = re.compile(r"kura listening public=(https?://\S+) internal=(https?://\S+)")
 START_TIMEOUT_SECONDS = 30.0
 
 
@@ -39,13 +40,19 @@ class NodeProcess:
     env: dict[str, str] = field(repr=False)
     reader: threading.Thread | None = field(default=None, repr=False)
     internal_url: str = ""
+    # What the helpers below send: a context trusting an https:// node's CA, a /metrics token.
+    verify: ssl.SSLContext | bool = True
+    metrics_headers: dict[str, str] = field(default_factory=dict)
 
     def client(self, **kwargs: object) -> httpx.Client:
+        kwargs.setdefault("verify", self.verify)
         return httpx.Client(base_url=self.url, timeout=30.0, **kwargs)  # type: ignore[arg-type]
 
     def metrics(self) -> dict[str, float]:
         """Every sample on /metrics as ``{"name{labels}": value}`` (labels as printed)."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
+        text = httpx.get(
+            self.url + "/metrics", timeout=10, verify=self.verify, headers=self.metrics_headers
+        ).text
         samples: dict[str, float] = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):

@@ -44,11 +44,13 @@ from kura.api import (
     webdav,
     xcode,
 )
-from kura.api.auth import TokenAuth
+from kura.api.auth import token_auth_from
+from kura.api.auth_metrics import watch_auth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
 from kura.api.peer_auth import PeerAuth
+from kura.api.public_tls import PublicTls
 from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.catch_up import CatchUp
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
@@ -134,6 +136,9 @@ class Node:
             server_ssl, client_ssl = server_ssl_context(*tls), client_ssl_context(*tls)
         self._server_ssl = server_ssl
         self.peer_auth = PeerAuth(settings.internal_tokens)
+        self.auth = token_auth_from(settings)
+        cert, key = settings.public_tls_cert_path, settings.public_tls_key_path
+        self.public_tls = PublicTls(cert, key) if cert and key else None
         self.peer_client = PeerClient(
             settings.tenant_id,
             client_ssl,
@@ -235,6 +240,7 @@ class Node:
             "reason",
             lambda: self.peer_auth.failures_total,
         )
+        watch_auth(self.metrics, self.auth, self.public_tls)
         self.draining = False
         self.public_url = ""
         self._runners: list[web.AppRunner] = []
@@ -394,7 +400,7 @@ class Node:
             settings=self.settings,
             service=self.service,
             uploads=self.uploads,
-            auth=TokenAuth(self.settings.read_write_tokens, self.settings.read_only_tokens),
+            auth=self.auth,
             metrics=self.metrics,
             handlers=self._handlers,  # shared by both listeners: the drain waits for all
         )
@@ -458,14 +464,19 @@ class Node:
         await self.service.start()
         self.repairer.bind(asyncio.get_running_loop())
         await self.peer_client.start()
+        if self.auth.jwt is not None:
+            await self.auth.jwt.start()  # the JWKS, before the first request
         internal_port = await self._listen(
             self.build_internal_app(), self.settings.internal_port, self._server_ssl
         )
         if not self.node_url:
             scheme = "https" if self.settings.internal_tls else "http"
             self.node_url = f"{scheme}://{self.settings.host}:{internal_port}"
-        port = await self._listen(self.build_app(), self.settings.port, None)
-        self.public_url = f"http://{self.settings.host}:{port}"
+        tls = self.public_tls
+        port = await self._listen(
+            self.build_app(), self.settings.port, tls.context if tls else None
+        )
+        self.public_url = f"{'https' if tls else 'http'}://{self.settings.host}:{port}"
         self._tasks = asyncio.create_task(self._background(), name="kura-background")
         log.info(
             "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s",
@@ -488,6 +499,10 @@ class Node:
             tg.create_task(self.bootstrapper.run())
             tg.create_task(self.scrubber.run())
             tg.create_task(self.repairer.run())
+            if self.auth.jwt is not None:
+                tg.create_task(self.auth.jwt.run())
+            if self.public_tls is not None:
+                tg.create_task(self.public_tls.run())
 
     async def _reap_uploads(self) -> None:
         while True:

@@ -416,6 +416,76 @@ class Settings:
         "comma-separated bearer tokens that may only read",
         default=(),
     )
+    read_write_tokens_file: Path | None = option(
+        "KURA_READ_WRITE_TOKENS_FILE",
+        "--read-write-tokens-file",
+        _path,
+        "file of read-write bearer tokens, one a line (# comments), re-read when it changes",
+        default=None,
+    )
+    read_only_tokens_file: Path | None = option(
+        "KURA_READ_ONLY_TOKENS_FILE",
+        "--read-only-tokens-file",
+        _path,
+        "file of read-only bearer tokens, one a line (# comments), re-read when it changes",
+        default=None,
+    )
+    auth_jwt_public_key: str | None = option(
+        "KURA_AUTH_JWT_PUBLIC_KEY",
+        "--auth-jwt-public-key",
+        _non_empty,
+        "PEM public key (the text, or a file's path) that verifies JWT bearer tokens",
+        default=None,
+    )
+    auth_jwt_jwks_url: str | None = option(
+        "KURA_AUTH_JWT_JWKS_URL",
+        "--auth-jwt-jwks-url",
+        _url,
+        "JWKS URL whose keys verify JWT bearer tokens (instead of KURA_AUTH_JWT_PUBLIC_KEY)",
+        default=None,
+    )
+    auth_jwt_jwks_refresh_seconds: float = option(
+        "KURA_AUTH_JWT_JWKS_REFRESH_SECONDS",
+        "--auth-jwt-jwks-refresh-seconds",
+        _positive_duration,
+        "how often the JWKS is fetched again",
+        default=300.0,
+    )
+    auth_jwt_issuer: str | None = option(
+        "KURA_AUTH_JWT_ISSUER",
+        "--auth-jwt-issuer",
+        _non_empty,
+        "the iss every JWT must carry (required with a JWT key)",
+        default=None,
+    )
+    auth_jwt_audience: str | None = option(
+        "KURA_AUTH_JWT_AUDIENCE",
+        "--auth-jwt-audience",
+        _non_empty,
+        "the aud every JWT must name (required with a JWT key)",
+        default=None,
+    )
+    metrics_require_token: bool = option(
+        "KURA_METRICS_REQUIRE_TOKEN",
+        "--metrics-require-token",
+        parse_bool,
+        "/metrics needs a read token like the cache routes (when access control is on)",
+        default=False,
+    )
+    public_tls_cert_path: Path | None = option(
+        "KURA_PUBLIC_TLS_CERT_PATH",
+        "--public-tls-cert-path",
+        _path,
+        "certificate chain (PEM) of the public listener; enables HTTPS, reloaded on change",
+        default=None,
+    )
+    public_tls_key_path: Path | None = option(
+        "KURA_PUBLIC_TLS_KEY_PATH",
+        "--public-tls-key-path",
+        _path,
+        "private key (PEM) of the public listener's certificate, reloaded on change",
+        default=None,
+    )
     multipart_upload_ttl_seconds: int = option(
         "KURA_MULTIPART_UPLOAD_TTL_SECONDS",
         "--multipart-upload-ttl-seconds",
@@ -489,7 +559,17 @@ class Settings:
 
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.read_write_tokens or self.read_only_tokens)
+        return bool(
+            self.read_write_tokens
+            or self.read_only_tokens
+            or self.read_write_tokens_file
+            or self.read_only_tokens_file
+            or self.auth_jwt
+        )
+
+    @property
+    def auth_jwt(self) -> bool:
+        return bool(self.auth_jwt_public_key or self.auth_jwt_jwks_url)
 
     @property
     def internal_tls(self) -> bool:
@@ -517,6 +597,7 @@ def validate_settings(s: Settings) -> list[str]:
     overlap = set(s.read_write_tokens) & set(s.read_only_tokens)
     if overlap:
         problems.append("a token is listed as both read-write and read-only")
+    problems.extend(_auth_problems(s))
     tls = (s.internal_tls_ca_cert_path, s.internal_tls_cert_path, s.internal_tls_key_path)
     if any(tls) and not all(tls):
         problems.append(
@@ -544,6 +625,28 @@ def validate_settings(s: Settings) -> list[str]:
             "`openssl rand -hex 32`) or KURA_INTERNAL_TLS_CA_CERT_PATH, "
             "KURA_INTERNAL_TLS_CERT_PATH and KURA_INTERNAL_TLS_KEY_PATH, or bind 127.0.0.1"
         )
+    return problems
+
+
+def _auth_problems(s: Settings) -> list[str]:
+    """Token files, JWT and public TLS settings that cannot work as given."""
+    problems = []
+    for path in (s.read_write_tokens_file, s.read_only_tokens_file):
+        if path is not None and not path.is_file():
+            problems.append(f"token file {path} does not exist")
+    if s.auth_jwt_public_key and s.auth_jwt_jwks_url:
+        problems.append("set KURA_AUTH_JWT_PUBLIC_KEY or KURA_AUTH_JWT_JWKS_URL, not both")
+    key = s.auth_jwt_public_key
+    if key and not key.lstrip().startswith("-----BEGIN") and not Path(key).is_file():
+        problems.append(f"KURA_AUTH_JWT_PUBLIC_KEY: neither PEM text nor a file: {key}")
+    if s.auth_jwt and not (s.auth_jwt_issuer and s.auth_jwt_audience):
+        problems.append("JWT auth needs KURA_AUTH_JWT_ISSUER and KURA_AUTH_JWT_AUDIENCE")
+    pair = (s.public_tls_cert_path, s.public_tls_key_path)
+    if any(pair) and not all(pair):
+        problems.append("KURA_PUBLIC_TLS_CERT_PATH and KURA_PUBLIC_TLS_KEY_PATH go together")
+    for path in pair:
+        if path is not None and not path.is_file():
+            problems.append(f"TLS file {path} does not exist")
     return problems
 
 

@@ -5,8 +5,11 @@
 #   GET {BASE_URL}/ac/{sha256} (200 = ActionResult proto, 404 = miss), then GET {BASE_URL}/cas/{sha256}
 #   for each output; on a miss PUT {BASE_URL}/cas/{sha256} (outputs, stdout/stderr, Command, Action)
 #   and finally PUT {BASE_URL}/ac/{sha256}. Any 2xx accepted for PUT.
-# Env: TOKEN (sent as `Authorization: Bearer TOKEN` via --remote_header), BAZEL_BIN (default: bazel on
-#      PATH), CLIENT_CONFIG (a directory: its `bazelrc` replaces --remote_cache and the token), KEEP=1.
+# Env: TOKEN (sent as `Authorization: Bearer TOKEN` via --remote_header), CA (a PEM CA certificate to
+#      trust for an https:// BASE_URL: Bazel 4.2's HTTP cache ignores --tls_certificate, which only its
+#      gRPC cache reads, so the CA goes into a JVM trust store, -Djavax.net.ssl.trustStore), BAZEL_BIN
+#      (default: bazel on PATH), CLIENT_CONFIG (a directory: its `bazelrc` replaces --remote_cache
+#      and the token), KEEP=1.
 # Setup: each run has its own --output_base under a per-script --output_user_root in the temp dir (so no
 #   local action cache, disk cache or outputs survive), home/workspace rc files ignored, no --disk_cache. Both Bazel
 #   servers are shut down at the end (and --max_idle_secs bounds them if this script is killed -9).
@@ -29,6 +32,8 @@ bz() {  # $1 = run number (selects the output_base), then a timeout in seconds, 
                  --max_idle_secs=60)
   [ -n "${CLIENT_CONFIG:-}" ] && startup+=(--bazelrc="$CLIENT_CONFIG/bazelrc")
   [ -n "${BAZEL_INSTALL_BASE:-}" ] && startup+=(--install_base="$BAZEL_INSTALL_BASE" --trust_install_base)
+  [ -n "${CA:-}" ] && startup+=(--host_jvm_args=-Djavax.net.ssl.trustStore="$W/trust.p12"
+                                --host_jvm_args=-Djavax.net.ssl.trustStorePassword=changeit)
   timeout "$t" "$BAZEL_BIN" "${startup[@]}" "$@"
 }
 cleanup() {
@@ -41,6 +46,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 2' INT TERM
 mkdir -p "$W/ws" && cd "$W/ws" || exit 2
+if [ -n "${CA:-}" ]; then
+  command -v keytool >/dev/null || { echo "SETUP FAILED: no keytool (a JDK) for CA"; exit 2; }
+  keytool -importcert -noprompt -alias kura-ca -file "$CA" -keystore "$W/trust.p12" \
+    -storetype PKCS12 -storepass changeit >/dev/null 2>&1 || { echo "SETUP FAILED: keytool"; exit 2; }
+fi
 
 : > WORKSPACE
 cat > BUILD <<EOF

@@ -77,6 +77,25 @@ _ENDPOINT = {
         "scrapeTimeout": _DURATION,
         "honorLabels": {"type": "boolean"},
         "honorTimestamps": {"type": "boolean"},
+        # prometheus-operator SafeAuthorization: credentials from a Secret key.
+        "authorization": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["credentials"],
+            "properties": {
+                "type": {"type": "string", "minLength": 1},
+                "credentials": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["key"],
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "key": {"type": "string", "minLength": 1},
+                        "optional": {"type": "boolean"},
+                    },
+                },
+            },
+        },
     },
     "anyOf": [{"required": ["port"]}, {"required": ["targetPort"]}],
 }

@@ -50,6 +50,7 @@ SCRIPT_SETTINGS = (
     "TEAMID",
     "SIGNATURE_KEY",
     "CLIENT_CONFIG",
+    "CA",
 )
 
 

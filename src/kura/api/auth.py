@@ -7,6 +7,12 @@ Basic auth (Gradle sends Basic preemptively; sccache can use a username and pass
 
 Rules (clients.md): no credentials → 401; unknown token → 401; a read-only token writing →
 403, which Nx treats as "read-only, skip the upload" rather than an error.
+
+Plain tokens come from ``KURA_READ_WRITE_TOKENS``/``KURA_READ_ONLY_TOKENS`` and from the token
+files ``KURA_READ_WRITE_TOKENS_FILE``/``KURA_READ_ONLY_TOKENS_FILE`` (re-read on change,
+``kura.api.token_file``). A bearer token that is not a listed plain token but has the JWT shape
+goes to the ``JwtVerifier`` when one is configured (``kura.api.jwt_auth``): a bad token → 401;
+a grant without the access asked for, or for another namespace → 403.
 """
 
 from __future__ import annotations
@@ -15,8 +21,15 @@ import base64
 import binascii
 import enum
 import hmac
+from collections.abc import Callable, Sequence
 
+from kura.api.jwt_auth import JwtVerifier, load_public_key, looks_like_jwt
+from kura.api.token_file import TokenFile
 from kura.core.errors import Forbidden, Unauthenticated
+from kura.settings import Settings
+
+# The request's namespace for a namespace-limited grant: None = the route has none.
+NamespaceOf = Callable[[], str | None]
 
 
 class Access(enum.Enum):
@@ -27,25 +40,81 @@ class Access(enum.Enum):
 class TokenAuth:
     """Checks a request's ``Authorization`` header against configured tokens."""
 
-    def __init__(self, read_write: tuple[str, ...], read_only: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        read_write: tuple[str, ...],
+        read_only: tuple[str, ...],
+        *,
+        read_write_files: Sequence[TokenFile] = (),
+        read_only_files: Sequence[TokenFile] = (),
+        jwt: JwtVerifier | None = None,
+    ) -> None:
         self._read_write = read_write
         self._read_only = read_only
-        self.enabled = bool(read_write or read_only)
+        self._read_write_files = tuple(read_write_files)
+        self._read_only_files = tuple(read_only_files)
+        self.jwt = jwt
+        self.enabled = bool(
+            read_write or read_only or read_write_files or read_only_files or jwt is not None
+        )
+        self.refusals_total = dict.fromkeys(("missing", "invalid", "forbidden"), 0)
 
-    def check(self, authorization: str | None, access: Access) -> None:
-        """Return if allowed; raise ``Unauthenticated`` (401) or ``Forbidden`` (403)."""
+    @property
+    def token_file_reloads_total(self) -> int:
+        return sum(f.reloads_total for f in self._read_write_files + self._read_only_files)
+
+    def check(
+        self, authorization: str | None, access: Access, namespace: NamespaceOf | None = None
+    ) -> None:
+        """Return if allowed; raise ``Unauthenticated`` (401) or ``Forbidden`` (403), counted
+        in ``refusals_total`` by reason (missing, invalid, forbidden). ``namespace`` is asked
+        only for a namespace-limited JWT grant."""
         if not self.enabled:
             return
+        try:
+            self._check(authorization, access, namespace)
+        except Unauthenticated:
+            reason = "missing" if _token_from(authorization) is None else "invalid"
+            self.refusals_total[reason] += 1
+            raise
+        except Forbidden:
+            self.refusals_total["forbidden"] += 1
+            raise
+
+    def _check(
+        self, authorization: str | None, access: Access, namespace: NamespaceOf | None
+    ) -> None:
         token = _token_from(authorization)
         if token is None:
             raise Unauthenticated("missing credentials: send Authorization: Bearer <token>")
-        if _member(token, self._read_write):
+        if _member(token, self._tokens(self._read_write, self._read_write_files)):
             return
-        if _member(token, self._read_only):
+        if _member(token, self._tokens(self._read_only, self._read_only_files)):
             if access is Access.WRITE:
                 raise Forbidden("this token is read-only")
             return
+        if self.jwt is not None and looks_like_jwt(token):
+            self._check_grant(token, access, namespace)
+            return
         raise Unauthenticated("invalid token")
+
+    def _check_grant(self, token: str, access: Access, namespace: NamespaceOf | None) -> None:
+        assert self.jwt is not None
+        grant = self.jwt.verify(token)
+        if access is Access.WRITE and not grant.write:
+            raise Forbidden("this token grants no write (scope cache:write)")
+        if not grant.read:
+            raise Forbidden("this token grants no read (scope cache:read)")
+        if grant.namespaces is not None and namespace is not None:
+            wanted = namespace()
+            if wanted is not None and wanted not in grant.namespaces:
+                raise Forbidden(f"this token is not valid for namespace {wanted!r}")
+
+    @staticmethod
+    def _tokens(listed: tuple[str, ...], files: tuple[TokenFile, ...]) -> tuple[str, ...]:
+        if not files:
+            return listed
+        return listed + tuple(t for f in files for t in f.tokens())
 
 
 def _member(token: str, tokens: tuple[str, ...]) -> bool:
@@ -73,3 +142,42 @@ def _token_from(authorization: str | None) -> str | None:
         _user, sep, password = decoded.partition(":")
         return password if sep and password else None
     return None
+
+
+def token_auth_from(settings: Settings) -> TokenAuth:
+    """The node's ``TokenAuth``: listed tokens, token files and JWT verification as configured.
+    Raises ``RuntimeError`` naming the setting for a token file or public key that cannot be
+    read or parsed (the CLI prints it and exits 1)."""
+    verifier = None
+    if settings.auth_jwt:
+        # validate_settings requires both with a key.
+        assert settings.auth_jwt_issuer is not None
+        assert settings.auth_jwt_audience is not None
+        key = settings.auth_jwt_public_key
+        try:
+            public_key = load_public_key(key) if key else None
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"KURA_AUTH_JWT_PUBLIC_KEY: not a usable public key: {exc}") from exc
+        verifier = JwtVerifier(
+            issuer=settings.auth_jwt_issuer,
+            audience=settings.auth_jwt_audience,
+            public_key=public_key,
+            jwks_url=settings.auth_jwt_jwks_url,
+            jwks_refresh_seconds=settings.auth_jwt_jwks_refresh_seconds,
+        )
+    files: dict[str, list[TokenFile]] = {}
+    for name, path in (
+        ("KURA_READ_WRITE_TOKENS_FILE", settings.read_write_tokens_file),
+        ("KURA_READ_ONLY_TOKENS_FILE", settings.read_only_tokens_file),
+    ):
+        try:
+            files[name] = [TokenFile(path)] if path else []
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"{name} {path}: {exc}") from exc
+    return TokenAuth(
+        settings.read_write_tokens,
+        settings.read_only_tokens,
+        read_write_files=files["KURA_READ_WRITE_TOKENS_FILE"],
+        read_only_files=files["KURA_READ_ONLY_TOKENS_FILE"],
+        jwt=verifier,
+    )

@@ -25,6 +25,7 @@ from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
 from kura.api.errors import error_response
+from kura.api.grant_scope import request_namespace
 from kura.api.http import EndpointSpec, ctx, declared_length, endpoint_spec
 from kura.core.errors import KuraError
 
@@ -85,7 +86,11 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
 def _check(request: web.Request, spec: EndpointSpec) -> None:
     c = ctx(request)
     if spec.access is not None:
-        c.auth.check(request.headers.get("Authorization"), spec.access)
+        c.auth.check(
+            request.headers.get("Authorization"),
+            spec.access,
+            lambda: request_namespace(request, spec.protocol),
+        )
     if spec.body_limit is None:
         return
     length = declared_length(request)

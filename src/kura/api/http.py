@@ -24,6 +24,7 @@ from aiohttp import web
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
 from kura.api.file_response import OpenFileResponse
+from kura.api.grant_scope import request_namespace
 from kura.api.metrics import KuraMetrics
 from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
 from kura.settings import Settings
@@ -101,7 +102,11 @@ def endpoint(
             status = 500
             try:
                 if access is not None:
-                    c.auth.check(request.headers.get("Authorization"), access)
+                    c.auth.check(
+                        request.headers.get("Authorization"),
+                        access,
+                        lambda: request_namespace(request, protocol),
+                    )
                 response = await handler(request)
                 status = response.status
                 return response

@@ -2,7 +2,11 @@
 
 ``/status`` is the JSON view ``kura status`` prints. ``/up`` is 200 whenever the process serves HTTP and never depends on peers. ``/ready`` is 200
 only when ``readiness()`` reports no reasons, else 503 with the reasons, so an operator (or
-kured's readiness gate) can read why. Neither needs credentials.
+kured's readiness gate) can read why. Neither needs credentials: they are the kubelet's probes.
+
+``/status`` names peers' internal URLs, so with access control on it needs a read token like
+the cache routes. ``/metrics`` needs one too when ``KURA_METRICS_REQUIRE_TOKEN`` is on (a
+Prometheus scrape then sends ``authorization.credentials_file``, deploy/kura/servicemonitor.yaml).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from kura.api.auth import Access
+from kura.api.grant_scope import request_namespace
 from kura.api.http import ctx, endpoint
 
 PROTOCOL = "probe"
@@ -52,7 +58,7 @@ async def ready(request: web.Request) -> web.StreamResponse:
     return web.json_response(body, status=200 if not reasons else 503)
 
 
-@endpoint(PROTOCOL, None)
+@endpoint(PROTOCOL, Access.READ)
 async def status(request: web.Request) -> web.StreamResponse:
     """The mesh as this node sees it: peers, health, outbox backlog, readiness."""
     return web.json_response(request.app[STATUS_KEY]())
@@ -60,6 +66,13 @@ async def status(request: web.Request) -> web.StreamResponse:
 
 @endpoint(PROTOCOL, None)
 async def metrics(request: web.Request) -> web.StreamResponse:
+    c = ctx(request)
+    if c.settings.metrics_require_token:
+        c.auth.check(
+            request.headers.get("Authorization"),
+            Access.READ,
+            lambda: request_namespace(request, PROTOCOL),
+        )
     return web.Response(
         body=ctx(request).metrics.exposition(),
         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},

@@ -1,0 +1,33 @@
+"""The namespace a request touches, for a JWT grant limited to namespaces (``kura.api.auth``).
+
+Per protocol, the same namespace the route stores under: Kura's own routes the query's
+``namespace_id`` (alias ``project_handle``; ``""`` is tenant scope, ``kura.api.scope``),
+Turborepo the team (``teamId`` or ``slug``, ``kura.api.turbo``), Nx and Metro their fixed
+namespaces ``nx`` and ``metro``, the Bazel, HTTP-cache and WebDAV routes ``""``. None means the
+route touches no namespace (``/status``, ``/metrics``, Turborepo's ``/v8/artifacts/status``
+and events, which carry no team), so any read grant passes. The value is the raw query value:
+a malformed one is refused by the grant check (403) or by the route itself (400).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+FIXED = {"nx": "nx", "metro": "metro", "bazel": "", "http_cache": "", "webdav": ""}
+UNSCOPED = frozenset({"probe"})
+
+
+def request_namespace(request: web.Request, protocol: str) -> str | None:
+    """The namespace ``request`` on ``protocol``'s routes reads or writes, or None."""
+    if protocol in UNSCOPED:
+        return None
+    if protocol in FIXED:
+        return FIXED[protocol]
+    if protocol == "turbo":
+        return _first(request, "teamId", "slug")
+    return _first(request, "namespace_id", "project_handle") or ""
+
+
+def _first(request: web.Request, *names: str) -> str | None:
+    # kura.api.http.query_param's rule (first non-empty alias); not imported: http imports us.
+    return next((v for n in names if (v := request.query.get(n))), None)

@@ -1,0 +1,113 @@
+"""Token files re-read on change, against a real ``kura serve`` (kura.api.token_file).
+
+A rotation renamed over the file takes effect without a restart (the old token 401, the new one
+200, same process); a file rewritten in place is seen too; a re-read that fails (the file
+removed, a malformed line) keeps the last good set and logs; comments and blank lines are no
+tokens; a read-only file's tokens read but do not write.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import NodeProcess
+from tests.e2e.mesh import wait_for
+
+ROTATION_TIMEOUT_SECONDS = 20.0  # the node stats at most once a second; generous when loaded
+PATH = "/cache/plain/rotated"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write beside ``path`` and rename over it, as an operator (or a Secret volume) would."""
+    tmp = path.with_suffix(".new")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def status_with(node: NodeProcess, token: str, method: str = "GET") -> int:
+    headers = {"Authorization": f"Bearer {token}"}
+    body = b"v" if method == "PUT" else None
+    return httpx.request(
+        method, node.url + PATH, headers=headers, content=body, timeout=10
+    ).status_code
+
+
+def logged_after_a_request(node: NodeProcess, failures: int) -> bool:
+    """Files are looked at on a request (one stat a second at most): make one, then look."""
+    status_with(node, "probe-token")
+    return node.log().count("cannot re-read token file") >= failures
+
+
+def test_a_rotated_token_file_takes_effect_without_a_restart(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    rw = tmp_path / "rw-tokens"
+    rw.write_text("# CI tokens\n\nold-token\n   \n")
+    node = start_node(read_write_tokens_file=rw)
+    pid = node.proc.pid
+    assert status_with(node, "old-token", "PUT") == 201
+    assert status_with(node, "# CI tokens") == 401  # a comment is not a token
+    assert status_with(node, "new-token") == 401
+
+    write_atomically(rw, "# rotated\nnew-token\n")
+    assert wait_for(lambda: status_with(node, "old-token") == 401, ROTATION_TIMEOUT_SECONDS), (
+        node.log()[-2000:]
+    )
+    assert status_with(node, "new-token") == 200
+    assert status_with(node, "new-token", "PUT") in (200, 201)
+
+    rw.write_text("new-token\nthird-token\n")  # in place this time (size changes)
+    assert wait_for(lambda: status_with(node, "third-token") == 200, ROTATION_TIMEOUT_SECONDS)
+    assert node.proc.pid == pid
+    assert node.proc.poll() is None
+    assert "token file" in node.log()
+    assert node.metric("kura_auth_token_file_reloads_total") == 2
+
+
+def test_a_failed_re_read_keeps_the_last_good_tokens_and_logs(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    rw, ro = tmp_path / "rw", tmp_path / "ro"
+    rw.write_text("good-rw\n")
+    ro.write_text("good-ro\n")
+    node = start_node(read_write_tokens_file=rw, read_only_tokens_file=ro)
+    assert status_with(node, "good-rw", "PUT") == 201
+    assert status_with(node, "good-ro") == 200
+    assert status_with(node, "good-ro", "PUT") == 403  # read-only file: reads, no writes
+
+    rw.write_text("has a space\nother\n")  # malformed: the whole re-read is refused
+    assert wait_for(lambda: logged_after_a_request(node, 1), ROTATION_TIMEOUT_SECONDS)
+    assert status_with(node, "good-rw") == 200
+    assert status_with(node, "other") == 401
+
+    rw.unlink()  # gone: still the last good set
+    assert wait_for(lambda: logged_after_a_request(node, 2), ROTATION_TIMEOUT_SECONDS)
+    assert status_with(node, "good-rw", "PUT") in (200, 201)
+
+    write_atomically(rw, "fixed-rw\n")  # a good file again is taken
+    assert wait_for(lambda: status_with(node, "fixed-rw") == 200, ROTATION_TIMEOUT_SECONDS)
+    assert status_with(node, "good-rw") == 401
+    assert status_with(node, "good-ro") == 200
+
+
+def test_a_missing_token_file_refuses_to_start(tmp_path: Path) -> None:
+    from tests.conftest import node_env, spawn_node
+
+    env = node_env(tmp_path, read_write_tokens_file=tmp_path / "absent")
+    with pytest.raises(RuntimeError, match=r"token file \S+ does not exist"):
+        spawn_node(tmp_path, env)
+
+
+def test_a_malformed_token_file_refuses_to_start_naming_the_setting(tmp_path: Path) -> None:
+    from tests.conftest import node_env, spawn_node
+
+    path = tmp_path / "ro"
+    path.write_text("ok\ntwo words\n")
+    env = node_env(tmp_path, read_only_tokens_file=path)
+    with pytest.raises(RuntimeError, match=r"KURA_READ_ONLY_TOKENS_FILE .*line 2"):
+        spawn_node(tmp_path, env)

@@ -1,0 +1,112 @@
+"""The rules under token auth, without a server: token-file parsing and its stat schedule (on
+an injected clock), the JWT grant claims, the key-type/algorithm fit, and which namespace each
+protocol's request touches. The end-to-end behaviour is in tests/integration/test_jwt_auth.py
+and test_token_files.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+from kura.api.auth import Access, TokenAuth
+from kura.api.grant_scope import request_namespace
+from kura.api.jwt_auth import Grant, algorithms_for, grant_from, looks_like_jwt
+from kura.api.token_file import TokenFile, parse_tokens
+from kura.core.errors import Forbidden, Unauthenticated
+
+
+def test_token_files_skip_comments_blank_lines_and_surrounding_space() -> None:
+    assert parse_tokens("# c\n\n  a  \n#b\nc\n") == ("a", "c")
+    assert parse_tokens("") == ()
+    with pytest.raises(ValueError, match="line 2"):
+        parse_tokens("ok\nnot ok\n")
+
+
+def test_a_token_file_is_looked_at_at_most_once_a_second(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text("one\n")
+    now = [100.0]
+    f = TokenFile(path, clock=lambda: now[0])
+    path.write_text("two\n")
+    os.utime(path, ns=(1, 1))  # a changed mtime even on a coarse clock
+    assert f.tokens() == ("one",)  # within the second: no stat yet
+    now[0] += 1.0
+    assert f.tokens() == ("two",)
+    assert f.reloads_total == 1
+    path.unlink()
+    now[0] += 1.0
+    assert f.tokens() == ("two",)  # a failed re-read keeps the last good set
+
+
+@pytest.mark.parametrize(
+    ("claims", "grant"),
+    [
+        ({"scope": "cache:read"}, Grant(True, False, None)),
+        ({"scope": "openid cache:write"}, Grant(True, True, None)),
+        ({}, Grant(False, False, None)),
+        ({"scope": "cache:read", "namespaces": ["a", "b"]}, Grant(True, False, frozenset("ab"))),
+        ({"scope": "cache:read", "namespaces": []}, Grant(True, False, frozenset())),
+    ],
+)
+def test_grants_come_from_scope_and_namespaces(claims: dict[str, object], grant: Grant) -> None:
+    assert grant_from(claims) == grant
+
+
+@pytest.mark.parametrize(
+    "claims", [{"scope": ["cache:read"]}, {"scope": "cache:read", "namespaces": "a"}]
+)
+def test_a_malformed_grant_claim_is_refused(claims: dict[str, object]) -> None:
+    with pytest.raises(Unauthenticated):
+        grant_from(claims)
+
+
+def test_each_key_type_verifies_only_its_algorithms() -> None:
+    assert algorithms_for(rsa.generate_private_key(65537, 2048).public_key()) == {
+        "RS256", "RS384", "RS512", "PS256", "PS384", "PS512"
+    }  # fmt: skip
+    assert algorithms_for(ec.generate_private_key(ec.SECP384R1()).public_key()) == {"ES384"}
+    assert algorithms_for(ed25519.Ed25519PrivateKey.generate().public_key()) == {"EdDSA"}
+    assert algorithms_for(b"a shared secret") == frozenset()
+
+
+def test_only_the_jws_compact_shape_goes_to_jwt_verification() -> None:
+    assert looks_like_jwt("eyJhbGciOiJub25lIn0.e30.")
+    assert not looks_like_jwt("plain-token")
+    assert not looks_like_jwt("a.b.c")  # three parts, but no JSON header
+
+
+@pytest.mark.parametrize(
+    ("protocol", "query", "namespace"),
+    [
+        ("turbo", "slug=team1", "team1"),
+        ("turbo", "teamId=t2&slug=x", "t2"),
+        ("turbo", "", None),  # /v8/artifacts/status without a team
+        ("gradle", "tenant_id=a&namespace_id=ns", "ns"),
+        ("xcode", "tenant_id=a&project_handle=p", "p"),
+        ("keyvalue", "tenant_id=a", ""),
+        ("nx", "namespace_id=ignored", "nx"),
+        ("metro", "", "metro"),
+        ("bazel", "", ""),
+        ("http_cache", "", ""),
+        ("webdav", "", ""),
+        ("probe", "namespace_id=x", None),
+    ],
+)
+def test_each_protocol_names_the_namespace_it_stores_under(
+    protocol: str, query: str, namespace: str | None
+) -> None:
+    request = make_mocked_request("GET", f"/x?{query}")
+    assert request_namespace(request, protocol) == namespace
+
+
+def test_plain_tokens_are_checked_before_the_jwt_shape() -> None:
+    auth = TokenAuth(("a.b.c",), ("ro",))
+    auth.check("Bearer a.b.c", Access.WRITE)
+    with pytest.raises(Forbidden):
+        auth.check("Bearer ro", Access.WRITE)
+    with pytest.raises(Unauthenticated):  # no verifier: a JWT is just an unknown token
+        auth.check("Bearer eyJhbGciOiJub25lIn0.e30.", Access.READ)
