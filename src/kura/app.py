@@ -26,6 +26,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from kit.clock import Clock, SystemClock
 from kura.api import (
+    anti_entropy_routes,
     bazel_http,
     connections,
     expect,
@@ -42,11 +43,13 @@ from kura.api import (
     webdav,
     xcode,
 )
+from kura.api.anti_entropy_metrics import watch_anti_entropy
 from kura.api.auth import TokenAuth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
 from kura.api.peer_auth import PeerAuth
+from kura.mesh.anti_entropy import AntiEntropy
 from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.catch_up import CatchUp
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
@@ -182,6 +185,17 @@ class Node:
             settings.peer_forget_after_seconds,
             self.shipper.wake,
         )
+        self.anti_entropy = AntiEntropy(
+            service=self.service,
+            client=self.peer_client,
+            clock=self.clock,
+            peers=self.membership.healthy_peers,
+            ready=lambda: not self.readiness_reasons(),
+            fetch=self.bootstrapper.fetch_artifact,
+            interval_seconds=settings.anti_entropy_interval_seconds,
+            max_requests_per_second=settings.anti_entropy_max_requests_per_second,
+            max_requests_per_round=settings.anti_entropy_max_requests_per_round,
+        )
         self.service.replication_targets = self.catch_up.targets
         self.service.on_outbox_write = self.shipper.wake
         if settings.read_through != "never":
@@ -200,6 +214,7 @@ class Node:
         self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
         self.connections.watch(self.metrics)
         self._watch_catch_up()
+        watch_anti_entropy(self.metrics, self.anti_entropy.stats)
         self.metrics.watch_value(
             "counter",
             "kura_multipart_reclaimed_uploads",
@@ -317,6 +332,7 @@ class Node:
             "reasons": reasons,
             "warnings": self.warnings(),
             "bootstrap": bootstrap,
+            "anti_entropy": self.anti_entropy.summary(),
             "generation": self.membership.generation,
             "peers": peers,
             "artifacts": self.service.stats.artifacts,
@@ -406,7 +422,9 @@ class Node:
         )
         app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
-        app.add_routes(expect.guarded(internal.routes(), self.peer_auth.refusal))
+        app.add_routes(
+            expect.guarded(internal.routes() + anti_entropy_routes.routes(), self.peer_auth.refusal)
+        )
         return app
 
     async def _listen(
@@ -459,6 +477,7 @@ class Node:
             tg.create_task(self.shipper.run())
             tg.create_task(self.catch_up.run())
             tg.create_task(self.bootstrapper.run())
+            tg.create_task(self.anti_entropy.run())
             tg.create_task(self.scrubber.run())
             tg.create_task(self.repairer.run())
 

@@ -170,6 +170,7 @@ def test_every_bad_value_is_reported_at_once() -> None:
 # test_each_setting_reports_its_own_bad_value until a bad value is added here.
 BAD_VALUE_BY_PARSER = {
     "_positive_duration": "0s",
+    "_duration": "-5s",
     "_non_empty": "   ",
     "parse_port": "65536",
     "_path": " ",

@@ -344,6 +344,13 @@ class Bootstrapper:
                     await task
         return failures
 
+    async def fetch_artifact(self, peer: str, manifest: Manifest) -> str:
+        """Fetch and apply one of ``peer``'s artifacts through the bootstrap download path
+        (single flight, tmp-budget reservation, last writer wins); returns the outcome label
+        (``DONE_RESULTS``, ``too_large``). Raises like a download (``PeerError``,
+        ``KuraError``, ``TimeoutError``, ``OSError``). Used by ``mesh.anti_entropy``."""
+        return await self._fetch_one(peer, manifest)
+
     async def _fetch_one(self, peer: str, manifest: Manifest) -> str:
         """Fetch and apply one artifact; returns the outcome label."""
         aid = manifest.artifact_id

@@ -216,13 +216,22 @@ class PeerClient:
     async def _get_json(
         self, url: str, timeout_seconds: float, params: dict[str, str] | None = None
     ) -> Any:
+        return (await self.get_json_counted(url, timeout_seconds, params))[0]
+
+    async def get_json_counted(
+        self, url: str, timeout_seconds: float, params: dict[str, str] | None = None
+    ) -> tuple[Any, int]:
+        """GET a JSON document: (the decoded value, bytes of the response body). PeerError on
+        anything but a 200 with valid JSON (the status, if one came, in ``status``)."""
         try:
             async with asyncio.timeout(timeout_seconds):
                 async with self.session.get(url, params=params) as resp:
                     body = await resp.read()
                     if resp.status != 200:
-                        raise PeerError(f"{url} answered {resp.status}", resp.status)
-                    return json.loads(body)
+                        raise PeerError(
+                            f"{url} answered {resp.status}: {body[:200]!r}", resp.status
+                        )
+                    return json.loads(body), len(body)
         except (aiohttp.ClientError, TimeoutError, OSError, json.JSONDecodeError) as exc:
             raise PeerError(f"{url}: {exc!r}") from exc
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kura.core.manifest import Manifest
+from kura.storage import digests
 
 SCHEMA_VERSION = 2
 # Versions a read-only open accepts as they are (it cannot migrate).
@@ -154,6 +155,7 @@ class MetadataIndex:
         elif int(row[0]) < SCHEMA_VERSION:
             _migrate_schema(conn)
         conn.commit()
+        digests.ensure(conn)  # anti-entropy range digests, outside the schema version
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -325,7 +327,8 @@ class MetadataIndex:
         conn.execute("BEGIN IMMEDIATE")
         try:
             old = conn.execute(
-                "SELECT size FROM artifacts WHERE artifact_id = ?", (manifest.artifact_id,)
+                "SELECT size, version_ms, sha256 FROM artifacts WHERE artifact_id = ?",
+                (manifest.artifact_id,),
             ).fetchone()
             conn.execute(
                 "INSERT OR REPLACE INTO artifacts (artifact_id, producer, namespace_id, key, "
@@ -348,6 +351,11 @@ class MetadataIndex:
                     xxh3_128,
                 ),
             )
+            digests.apply(
+                conn,
+                [] if old is None else [(manifest.artifact_id, int(old[1]), str(old[2]))],
+                [(manifest.artifact_id, manifest.version_ms, manifest.sha256)],
+            )
             conn.executemany(
                 "INSERT INTO outbox (peer, kind, artifact_id, version_ms, enqueued_at_ms) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -364,8 +372,10 @@ class MetadataIndex:
 
     def delete(self, artifact_ids: Iterable[str]) -> None:
         conn = self._conn()
+        artifact_ids = list(artifact_ids)
         conn.execute("BEGIN IMMEDIATE")
         try:
+            digests.apply(conn, digests.rows_of(conn, artifact_ids), ())
             conn.executemany(
                 "DELETE FROM artifacts WHERE artifact_id = ?", ((a,) for a in artifact_ids)
             )
@@ -404,6 +414,7 @@ class MetadataIndex:
                     (namespace_id, version_ms),
                 )
             ]
+            digests.apply(conn, digests.rows_of(conn, [v[0] for v in victims]), ())
             conn.executemany(
                 "DELETE FROM artifacts WHERE artifact_id = ?", ((v[0],) for v in victims)
             )
