@@ -185,3 +185,29 @@ def test_bad_anti_entropy_requests_answer_400_with_a_message(tmp_path: Path) -> 
         assert ok.json()["ranges"] == []
     finally:
         mesh.stop_all()
+
+
+def test_a_write_whose_queue_died_with_its_writer_reaches_a_peer_that_was_away(
+    tmp_path: Path,
+) -> None:
+    """The path the convergence property test drops queues on, made deterministic: B is paused,
+    A takes a write (queued for B), A is killed and its outbox deleted, A restarts, B resumes.
+    B never restarted, so it never bootstraps again: anti-entropy brings the write."""
+    mesh = Mesh(tmp_path, 2, bootstrap_timeout_ms=10_000, **FAST)
+    a, b = mesh.nodes
+    try:
+        mesh.wait_ready()
+        b.proc.send_signal(signal.SIGSTOP)
+        _put_kv(a, "p", "lost", b"queued, then dropped")
+        a.stop(signal.SIGKILL)
+        assert _drop_outbox(a) == 1
+        b.proc.send_signal(signal.SIGCONT)
+        a = mesh.restart(0)
+        assert wait_for(lambda: len(manifests(b)) == 1, 60), _ae(b)
+        assert manifests(b) == manifests(a)
+        assert b.metric('kura_anti_entropy_repaired_total{kind="artifact"}') == 1
+    finally:
+        for node in mesh.nodes:
+            if node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGCONT)
+        mesh.stop_all()
