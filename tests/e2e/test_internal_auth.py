@@ -128,6 +128,8 @@ def internal_requests(forged_version_ms: int) -> list[tuple[str, str, dict[str, 
         ("GET", "/_internal/bootstrap/namespace_tombstones?after=&limit=10", {}, b""),
         ("GET", f"/_internal/bootstrap/artifacts/{aid}", {}, b""),
         ("HEAD", f"/_internal/bootstrap/artifacts/{aid}", {}, b""),
+        ("GET", "/_internal/anti_entropy/digests?prefix=&depth=2", {}, b""),
+        ("GET", f"/_internal/anti_entropy/range?prefix={aid[:2]}", {}, b""),
     ]
     return requests
 

@@ -3,7 +3,9 @@ the replication outbox.
 
 Replication intent is durable: ``upsert`` and ``apply_tombstone`` write one outbox row per target
 peer in the *same* transaction as the data change (Kura's rule, kura-behaviour.md §3), so a
-crash can never leave a stored artifact that no peer will hear about.
+crash can never leave a stored artifact that no peer will hear about. Every change of
+``artifacts`` (upsert, delete, tombstone) also folds into the anti-entropy range digests
+(``storage.digests``) in that same transaction.
 
 All methods are synchronous and blocking; ``CacheService`` calls them from its executors. One
 connection per thread (SQLite connections must not be shared across threads without care); all
