@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,6 +105,11 @@ class Node:
                 "KURA_ANTI_ENTROPY_INTERVAL": "1s",
                 "KURA_ANTI_ENTROPY_MAX_REQUESTS_PER_SECOND": str(rps),
                 "KURA_ANTI_ENTROPY_MAX_REQUESTS_PER_ROUND": "100000",
+                # Today's bootstrap walks the peer's whole dataset before /ready, which at 1 M
+                # keys takes longer than this benchmark should: cut it short (its first pass
+                # stalls at once and stops gating readiness) so rounds start at once.
+                "KURA_BOOTSTRAP_TIMEOUT_MS": "1",
+                "KURA_BOOTSTRAP_MAX_FAILED_PASSES": "1",
             }
         )
         started = time.monotonic()
@@ -120,6 +126,7 @@ class Node:
         assert match, "node did not start"
         self.open_seconds = time.monotonic() - started  # to the listening line
         self.url = match.group(1)
+        self.internal_url = match.group(2)
 
     def ae(self) -> dict[str, Any]:
         return httpx.get(self.url + "/status", timeout=30).json()["anti_entropy"]  # type: ignore[no-any-return]
@@ -139,11 +146,35 @@ class Node:
         self.proc.wait(60)
 
 
+def time_requests(base: str, repeat: int = 20) -> dict[str, dict[str, float]]:
+    """p50 milliseconds and response bytes of each kind of anti-entropy request, from a client
+    on loopback (what a descent into a mismatched range costs per step)."""
+    cases = {
+        "root digest": ("/digests", {"prefix": "", "depth": "0"}),
+        "256 child digests of the root": ("/digests", {"prefix": "", "depth": "2"}),
+        "256 child digests of a 2-digit range": ("/digests", {"prefix": "ab", "depth": "2"}),
+        "listing of a 4-digit range": ("/range", {"prefix": "abcd"}),
+    }
+    out = {}
+    with httpx.Client(timeout=30) as client:
+        for name, (path, params) in cases.items():
+            times, size = [], 0
+            for _ in range(repeat):
+                started = time.perf_counter()
+                response = client.get(base + path, params=params)
+                times.append(time.perf_counter() - started)
+                size = len(response.content)
+            out[name] = {"p50_ms": round(1000 * statistics.median(times), 2), "bytes": size}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--keys", type=int, default=200_000)
     ap.add_argument("--rps", type=int, default=1000)
     args = ap.parse_args()
+    # A SIGTERM (``timeout``) must still stop the two nodes (they run in their own sessions).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     with tempfile.TemporaryDirectory(prefix="kura-ae-bench-") as tmp:
         root = Path(tmp)
         built = time.monotonic()
@@ -164,6 +195,7 @@ def main() -> int:
             b.wait_rounds(1, timeout=1500)
             steady = b.wait_rounds(2, timeout=60)
             out["equal_round"] = steady["last_round"] | {"seconds": steady["last_round_seconds"]}
+            out["requests_served"] = time_requests(a.internal_url + "/_internal/anti_entropy")
             print(json.dumps(out))
         finally:
             a.stop()

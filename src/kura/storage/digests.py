@@ -7,7 +7,9 @@ how many artifacts it holds and the XOR of a 64-bit per-row hash of
 ``(artifact_id, version_ms, sha256)`` (BLAKE2b, RFC 7693, truncated to 8 bytes). XOR makes the
 digest order-free and updatable in O(1): adding and removing a row are the same operation.
 
-Table ``ae_ranges(prefix, rows, hash)`` holds the three levels (at most 65,793 rows). It is
+Table ``ae_ranges(level, prefix, rows, hash)`` holds the three levels (at most 65,793 rows),
+keyed by ``(level, prefix)`` so that the children of a range are one index range scan: a
+request costs O(ranges returned), never O(table). It is
 updated in the *same transaction* as every change of ``artifacts`` (``MetadataIndex.upsert``,
 ``delete`` (eviction, quarantine, start-up reconcile) and ``apply_tombstone``), three small
 upserts per changed row, so a digest can never disagree with the data it summarises. It is
@@ -41,15 +43,18 @@ BUILT_FLAG = "ae_ranges_built"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ae_ranges (
-    prefix TEXT PRIMARY KEY,
+    level  INTEGER NOT NULL,
+    prefix TEXT NOT NULL,
     rows   INTEGER NOT NULL,
-    hash   INTEGER NOT NULL
-);
+    hash   INTEGER NOT NULL,
+    PRIMARY KEY (level, prefix)
+) WITHOUT ROWID;
 """
 
 _XOR_UPSERT = (
-    "INSERT INTO ae_ranges(prefix, rows, hash) VALUES (?, ?, ?) ON CONFLICT(prefix) DO UPDATE "
-    "SET rows = rows + excluded.rows, hash = (hash | excluded.hash) & ~(hash & excluded.hash)"
+    "INSERT INTO ae_ranges(level, prefix, rows, hash) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT(level, prefix) DO UPDATE SET rows = rows + excluded.rows, "
+    "hash = (hash | excluded.hash) & ~(hash & excluded.hash)"
 )
 
 Row = tuple[str, int, str]  # (artifact_id, version_ms, sha256)
@@ -79,7 +84,7 @@ def apply(conn: sqlite3.Connection, removed: Iterable[Row], added: Iterable[Row]
                 d = deltas.setdefault(aid[:level], [0, 0])
                 d[0] += sign
                 d[1] ^= h
-    conn.executemany(_XOR_UPSERT, ((p, n, h) for p, (n, h) in deltas.items()))
+    conn.executemany(_XOR_UPSERT, ((len(p), p, n, h) for p, (n, h) in deltas.items()))
 
 
 def rows_of(conn: sqlite3.Connection, artifact_ids: Iterable[str]) -> list[Row]:
@@ -101,7 +106,7 @@ def ensure(conn: sqlite3.Connection) -> bool:
     conn.executescript(SCHEMA)
     built = conn.execute("SELECT v FROM meta WHERE k = ?", (BUILT_FLAG,)).fetchone()
     if built is not None:
-        root = conn.execute("SELECT rows FROM ae_ranges WHERE prefix = ''").fetchone()
+        root = conn.execute("SELECT rows FROM ae_ranges WHERE level = 0").fetchone()
         count = int(conn.execute("SELECT COUNT(*) FROM artifacts").fetchone()[0])
         if (0 if root is None else int(root[0])) == count:
             return False
@@ -118,8 +123,8 @@ def ensure(conn: sqlite3.Connection) -> bool:
                 d[0] += 1
                 d[1] ^= h
         conn.executemany(
-            "INSERT INTO ae_ranges(prefix, rows, hash) VALUES (?, ?, ?)",
-            ((p, n, h) for p, (n, h) in totals.items()),
+            "INSERT INTO ae_ranges(level, prefix, rows, hash) VALUES (?, ?, ?, ?)",
+            ((len(p), p, n, h) for p, (n, h) in totals.items()),
         )
         conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, '1')", (BUILT_FLAG,))
         conn.execute("COMMIT")
@@ -140,7 +145,7 @@ def ranges(conn: sqlite3.Connection, prefix: str, depth: int) -> list[tuple[str,
     # Hex digits sort below "g", so [prefix, prefix + "g") is every key starting with prefix.
     try:
         rows = conn.execute(
-            "SELECT prefix, rows, hash FROM ae_ranges WHERE length(prefix) = ? AND prefix >= ? "
+            "SELECT prefix, rows, hash FROM ae_ranges WHERE level = ? AND prefix >= ? "
             "AND prefix < ? AND rows > 0 ORDER BY prefix",
             (level, prefix, prefix + "g"),
         ).fetchall()
