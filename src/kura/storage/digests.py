@@ -16,7 +16,8 @@ upserts per changed row, so a digest can never disagree with the data it summari
 not part of the schema version: ``ensure`` creates it (``CREATE TABLE IF NOT EXISTS``) and
 back-fills it at open when the meta flag is missing, or when its row count disagrees with the
 table (an index written meanwhile by a kura without this module). The back-fill reads every
-row once: about 1 s per million artifacts.
+row once: measured 1.1 s for 200,000 artifacts on the shared 2-core test machine (about 5 s per
+million); the check at every open (a ``COUNT(*)``) took 2 ms there.
 
 SQLite has no XOR operator; ``a ^ b`` is written ``(a | b) & ~(a & b)``
 (https://www.sqlite.org/lang_expr.html#operators). Hashes are signed 64-bit integers, as
