@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 LIST_MAX_ROWS = 64  # a mismatched range holding more rows than this is descended into
 PAGE_LIMIT = 500
-REQUEST_TIMEOUT_SECONDS = 30.0
+REQUEST_TIMEOUT_SECONDS = 10.0
 REPAIR_KINDS = ("artifact", "tombstone")
 SKIP_REASONS = ("disk_budget", "future_version", "error")
 
