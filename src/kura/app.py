@@ -4,7 +4,7 @@ Start: descriptor limit and connection cap (``api/connections``) → storage (ta
 lock, sweeps staging leftovers and orphans) → peer client → internal listener (peer routes,
 optional mTLS) → public listener (both share the cap) → background tasks in one
 ``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper, scrub, repair of
-quarantined artifacts from peers). Stop (SIGTERM):
+quarantined artifacts from peers, anti-entropy). Stop (SIGTERM):
 mark draining (``/ready`` 503), stop accepting and let in-flight requests finish within
 ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open multipart uploads, close
 the peer client and storage.

@@ -228,9 +228,7 @@ class PeerClient:
                 async with self.session.get(url, params=params) as resp:
                     body = await resp.read()
                     if resp.status != 200:
-                        raise PeerError(
-                            f"{url} answered {resp.status}: {body[:200]!r}", resp.status
-                        )
+                        raise PeerError(f"{url} answered {resp.status}", resp.status)
                     return json.loads(body), len(body)
         except (aiohttp.ClientError, TimeoutError, OSError, json.JSONDecodeError) as exc:
             raise PeerError(f"{url}: {exc!r}") from exc
