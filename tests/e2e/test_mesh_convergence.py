@@ -5,8 +5,8 @@ A hypothesis state machine drives real node processes. Writes go to random nodes
 routes, two namespaces, a few keys), cleans to random nodes, and nodes are killed (SIGKILL) and
 restarted, or paused (SIGSTOP: unreachable but never restarted, so it never bootstraps again)
 and resumed, at random. A killed node's outbox can be deleted behind its back
-(``drop_queues``): the messages it held for a paused peer are then lost for good, and only
-anti-entropy (``KURA_ANTI_ENTROPY_INTERVAL=1s``, issue 11 deliverable 3) can bring them. After
+(``drop_queues``, and ``write_then_lose_its_queue``: write, kill, delete, restart): the messages
+it held for a paused peer are then lost for good, and only anti-entropy (``KURA_ANTI_ENTROPY_INTERVAL=1s``, issue 11 deliverable 3) can bring them. After
 healing every node and draining every outbox, each node must come to hold exactly the same
 artifacts, each at the newest acknowledged version, and nothing a later clean covered.
 """
@@ -115,8 +115,28 @@ class MeshConvergence(RuleBasedStateMachine):
     def drop_queues(self, pick: int) -> None:
         """Delete a killed node's whole outbox in its SQLite: those messages are lost."""
         down = sorted(self.down)
-        node = self.mesh.nodes[down[pick % len(down)]]
-        conn = sqlite3.connect(node.data_dir / "index.sqlite3")
+        self._drop_outbox(down[pick % len(down)])
+
+    @precondition(lambda self: bool(self.paused) and bool(self._up()))
+    @rule(
+        pick=st.integers(0, 2),
+        ns=st.sampled_from(NAMESPACES),
+        key=st.sampled_from(KEYS),
+        body=st.binary(min_size=1, max_size=2048),
+    )
+    def write_then_lose_its_queue(self, pick: int, ns: str, key: str, body: bytes) -> None:
+        """A write queued for a paused peer, then its node killed, its outbox deleted and the
+        node restarted: the paused peer, which never restarts, can only get it by
+        anti-entropy."""
+        up = self._up()
+        i = up[pick % len(up)]
+        self.write(pick, ns, key, body)
+        self.mesh.nodes[i].stop(signal.SIGKILL)
+        self._drop_outbox(i)
+        self.mesh.restart(i)
+
+    def _drop_outbox(self, i: int) -> None:
+        conn = sqlite3.connect(self.mesh.nodes[i].data_dir / "index.sqlite3")
         with conn:
             dropped = conn.execute("DELETE FROM outbox").rowcount
         conn.close()
