@@ -4,7 +4,7 @@ Start: descriptor limit and connection cap (``api/connections``) → storage (ta
 lock, sweeps staging leftovers and orphans) → peer client → internal listener (peer routes,
 optional mTLS) → public listener (both share the cap) → background tasks in one
 ``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper, scrub, repair of
-quarantined artifacts from peers). Stop (SIGTERM):
+quarantined artifacts from peers, anti-entropy). Stop (SIGTERM):
 mark draining (``/ready`` 503), stop accepting and let in-flight requests finish within
 ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open multipart uploads, close
 the peer client and storage.
@@ -26,6 +26,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from kit.clock import Clock, SystemClock
 from kura.api import (
+    anti_entropy_routes,
     bazel_http,
     changes,
     connections,
@@ -44,6 +45,7 @@ from kura.api import (
     webdav,
     xcode,
 )
+from kura.api.anti_entropy_metrics import watch_anti_entropy
 from kura.api.auth import token_auth_from
 from kura.api.auth_metrics import watch_auth
 from kura.api.http import CTX_KEY, ApiContext
@@ -51,6 +53,7 @@ from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
 from kura.api.peer_auth import PeerAuth
 from kura.api.public_tls import PublicTls
+from kura.mesh.anti_entropy import AntiEntropy
 from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.catch_up import CatchUp
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
@@ -198,6 +201,17 @@ class Node:
             settings.peer_forget_after_seconds,
             self.shipper.wake,
         )
+        self.anti_entropy = AntiEntropy(
+            service=self.service,
+            client=self.peer_client,
+            clock=self.clock,
+            peers=self.membership.healthy_peers,
+            ready=lambda: not self.readiness_reasons(),
+            fetch=self.bootstrapper.fetch_artifact,
+            interval_seconds=settings.anti_entropy_interval_seconds,
+            max_requests_per_second=settings.anti_entropy_max_requests_per_second,
+            max_requests_per_round=settings.anti_entropy_max_requests_per_round,
+        )
         self.service.replication_targets = self.catch_up.targets
         self.service.on_outbox_write = self.shipper.wake
         if settings.read_through != "never":
@@ -220,6 +234,7 @@ class Node:
             lambda: self.peer_client.metadata_bytes_total,
         )
         self._watch_catch_up()
+        watch_anti_entropy(self.metrics, self.anti_entropy.stats)
         self.metrics.watch_value(
             "counter",
             "kura_multipart_reclaimed_uploads",
@@ -347,6 +362,7 @@ class Node:
             "reasons": reasons,
             "warnings": self.warnings(),
             "bootstrap": bootstrap,
+            "anti_entropy": self.anti_entropy.summary(),
             "generation": self.membership.generation,
             "peers": peers,
             "artifacts": self.service.stats.artifacts,
@@ -438,7 +454,10 @@ class Node:
         app[internal.NODE_URL_KEY] = lambda: self.node_url
         app[changes.FEED_READ_KEY] = self.catch_up.feed_read
         app.add_routes(
-            expect.guarded(internal.routes() + internal_batch.routes(), self.peer_auth.refusal)
+            expect.guarded(
+                internal.routes() + internal_batch.routes() + anti_entropy_routes.routes(),
+                self.peer_auth.refusal,
+            )
         )
         return app
 
@@ -497,6 +516,7 @@ class Node:
             tg.create_task(self.shipper.run())
             tg.create_task(self.catch_up.run())
             tg.create_task(self.bootstrapper.run())
+            tg.create_task(self.anti_entropy.run())
             tg.create_task(self.scrubber.run())
             tg.create_task(self.repairer.run())
             if self.auth.jwt is not None:

@@ -82,6 +82,20 @@ def render_status(status: dict[str, Any]) -> str:
                 f"{human_bytes(bootstrap['held_bytes'])} of "
                 f"{human_bytes(bootstrap['peer_data_bytes'])})"
             )
+    ae = status.get("anti_entropy")
+    if ae:
+        last = ae.get("last_round", {})
+        lines.append(
+            "anti-entropy "
+            + (
+                f"{ae.get('rounds', 0)} rounds; last: {last.get('requests', 0)} requests, "
+                f"{human_bytes(last.get('bytes', 0))}, {ae.get('last_round_seconds', 0)}s, "
+                f"{last.get('ranges_mismatched', 0)} ranges mismatched, "
+                f"{last.get('repaired', 0)} repaired"
+                if ae.get("enabled")
+                else "off"
+            )
+        )
     lines.append(f"peers    {len(status['peers'])} (membership generation {status['generation']})")
     header = f"  {'peer':<32} {'state':<10} {'outbox':>7} {'oldest':>8}  last error"
     lines.append(header)

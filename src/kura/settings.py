@@ -71,6 +71,17 @@ def _tokens(text: str) -> tuple[str, ...]:
     return tokens
 
 
+def _duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m`` or ``0``; must not be negative."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = parse_duration(text)
+    if not seconds >= 0:
+        raise ValueError("must be a duration of 0 or more, such as 0, 60s or 5m")
+    return seconds
+
+
 def _positive_duration(text: str) -> float:
     """Seconds from ``90``, ``90s``, ``30m``, ``6h`` or ``1h30m``; must be above 0."""
     try:
@@ -352,6 +363,28 @@ class Settings:
         "bootstrap stops fetching before stored bytes pass this share of KURA_MAX_DISK_BYTES "
         "(the rest is left for live writes)",
         default=90,
+    )
+    anti_entropy_interval_seconds: float = option(
+        "KURA_ANTI_ENTROPY_INTERVAL",
+        "--anti-entropy-interval",
+        _duration,
+        "pause between anti-entropy rounds against every healthy peer (60s, 5m or seconds; "
+        "0 = off)",
+        default=60.0,
+    )
+    anti_entropy_max_requests_per_second: int = option(
+        "KURA_ANTI_ENTROPY_MAX_REQUESTS_PER_SECOND",
+        "--anti-entropy-max-requests-per-second",
+        parse_positive_int,
+        "anti-entropy requests to peers (digests, listings, fetches) per second, at most",
+        default=20,
+    )
+    anti_entropy_max_requests_per_round: int = option(
+        "KURA_ANTI_ENTROPY_MAX_REQUESTS_PER_ROUND",
+        "--anti-entropy-max-requests-per-round",
+        parse_positive_int,
+        "an anti-entropy round stops after this many requests; the next round goes on",
+        default=1000,
     )
     replication_bandwidth_limit_bytes_per_second: int = option(
         "KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND",

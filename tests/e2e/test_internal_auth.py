@@ -135,6 +135,8 @@ def internal_requests(forged_version_ms: int) -> list[tuple[str, str, dict[str, 
             {"Content-Type": "application/json"},
             json.dumps({"artifact_ids": [aid]}).encode(),
         ),
+        ("GET", "/_internal/anti_entropy/digests?prefix=&depth=2", {}, b""),
+        ("GET", f"/_internal/anti_entropy/range?prefix={aid[:2]}", {}, b""),
     ]
     return requests
 

@@ -171,6 +171,7 @@ def test_every_bad_value_is_reported_at_once() -> None:
 BAD_VALUE_BY_PARSER = {
     "_positive_duration": "0s",
     "_percent": "101",
+    "_duration": "-5s",
     "_non_empty": "   ",
     "parse_port": "65536",
     "_path": " ",

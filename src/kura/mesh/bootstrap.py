@@ -565,6 +565,13 @@ class Bootstrapper:
                     await task
         return failures
 
+    async def fetch_artifact(self, peer: str, manifest: Manifest) -> str:
+        """Fetch and apply one of ``peer``'s artifacts through the bootstrap download path
+        (single flight, tmp-budget reservation, last writer wins); returns the outcome label
+        (``DONE_RESULTS``, ``too_large``). Raises like a download (``PeerError``,
+        ``KuraError``, ``TimeoutError``, ``OSError``). Used by ``mesh.anti_entropy``."""
+        return await self._fetch_one(self._progress(peer), manifest)
+
     async def _fetch_one(self, state: PeerProgress, manifest: Manifest) -> str:
         """Fetch and apply one artifact within the disk budget; returns the outcome label."""
         aid = manifest.artifact_id

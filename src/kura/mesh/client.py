@@ -292,8 +292,22 @@ class PeerClient:
         kind: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> Any:
-        """GET and decode JSON; with ``kind`` (one of METADATA_KINDS), count the request and
-        its response body bytes."""
+        return (
+            await self.get_json_counted(url, timeout_seconds, params, kind=kind, headers=headers)
+        )[0]
+
+    async def get_json_counted(
+        self,
+        url: str,
+        timeout_seconds: float,
+        params: dict[str, str] | None = None,
+        *,
+        kind: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[Any, int]:
+        """GET a JSON document: (the decoded value, bytes of the response body). With ``kind``
+        (one of METADATA_KINDS), count the request and its bytes. PeerError on anything but a
+        200 with valid JSON (the status, if one came, in ``status``)."""
         try:
             async with asyncio.timeout(timeout_seconds):
                 if kind is not None:
@@ -304,7 +318,7 @@ class PeerClient:
                         self.metadata_bytes_total[kind] += len(body)
                     if resp.status != 200:
                         raise PeerError(f"{url} answered {resp.status}", resp.status)
-                    return json.loads(body)
+                    return json.loads(body), len(body)
         except (aiohttp.ClientError, TimeoutError, OSError, json.JSONDecodeError) as exc:
             raise PeerError(f"{url}: {exc!r}") from exc
 

@@ -3,7 +3,9 @@ the replication outbox.
 
 Replication intent is durable: ``upsert`` and ``apply_tombstone`` write one outbox row per target
 peer in the *same* transaction as the data change (Kura's rule, kura-behaviour.md §3), so a
-crash can never leave a stored artifact that no peer will hear about.
+crash can never leave a stored artifact that no peer will hear about. Every change of
+``artifacts`` (upsert, delete, tombstone) also folds into the anti-entropy range digests
+(``storage.digests``) in that same transaction.
 
 All methods are synchronous and blocking; ``CacheService`` calls them from its executors. One
 connection per thread (SQLite connections must not be shared across threads without care); all
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kura.core.manifest import Manifest
-from kura.storage import change_seq
+from kura.storage import change_seq, digests
 
 SCHEMA_VERSION = 3
 # Versions a read-only open accepts as they are (it cannot migrate).
@@ -169,6 +171,7 @@ class MetadataIndex:
             _migrate_schema(conn)
         conn.executescript(change_seq.SCHEMA)
         conn.commit()
+        digests.ensure(conn)  # anti-entropy range digests, outside the schema version
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -403,7 +406,8 @@ class MetadataIndex:
         try:
             for manifest, inline_body, stat_sig, xxh3_128 in rows:
                 old = conn.execute(
-                    "SELECT size FROM artifacts WHERE artifact_id = ?", (manifest.artifact_id,)
+                    "SELECT size, version_ms, sha256 FROM artifacts WHERE artifact_id = ?",
+                    (manifest.artifact_id,),
                 ).fetchone()
                 replaced.append(None if old is None else int(old[0]))
                 conn.execute(
@@ -429,6 +433,11 @@ class MetadataIndex:
                         change_seq.next_seq(conn),
                     ),
                 )
+                digests.apply(
+                    conn,
+                    [] if old is None else [(manifest.artifact_id, int(old[1]), str(old[2]))],
+                    [(manifest.artifact_id, manifest.version_ms, manifest.sha256)],
+                )
                 conn.executemany(
                     "INSERT INTO outbox (peer, kind, artifact_id, version_ms, enqueued_at_ms) "
                     "VALUES (?, ?, ?, ?, ?)",
@@ -445,8 +454,10 @@ class MetadataIndex:
 
     def delete(self, artifact_ids: Iterable[str]) -> None:
         conn = self._conn()
+        artifact_ids = list(artifact_ids)
         conn.execute("BEGIN IMMEDIATE")
         try:
+            digests.apply(conn, digests.rows_of(conn, artifact_ids), ())
             conn.executemany(
                 "DELETE FROM artifacts WHERE artifact_id = ?", ((a,) for a in artifact_ids)
             )
@@ -485,6 +496,7 @@ class MetadataIndex:
                     (namespace_id, version_ms),
                 )
             ]
+            digests.apply(conn, digests.rows_of(conn, [v[0] for v in victims]), ())
             conn.executemany(
                 "DELETE FROM artifacts WHERE artifact_id = ?", ((v[0],) for v in victims)
             )

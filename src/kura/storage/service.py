@@ -1130,6 +1130,11 @@ class CacheService:
     async def outbox_depths(self) -> dict[str, tuple[int, int]]:
         return await self._in(self._reader, self._require_index().outbox_depths)
 
+    async def in_reader(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(connection, *args)`` on a reader thread with its index connection (the
+        read-only queries of ``storage.digests``, for anti-entropy)."""
+        return await self._in(self._reader, lambda: fn(self._require_index().connection(), *args))
+
     async def in_writer(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(connection, *args)`` on the writer thread with its index connection (the
         ``PeerQueues`` operations: forget a peer, re-offer pages, clear a mark)."""

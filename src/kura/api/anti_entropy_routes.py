@@ -1,0 +1,95 @@
+"""Peer-only anti-entropy routes (served by ``api.internal`` under ``/_internal/``, behind the
+same peer authentication as every internal route; ``mesh.anti_entropy`` is the client).
+
+* ``GET /_internal/anti_entropy/digests?prefix=<hex>&depth=<0|2>`` →
+  ``{"prefix", "depth", "ranges": [[prefix, rows, digest], ...], "tombstones": [count, digest]}``.
+  ``prefix`` is 0, 2 or 4 lowercase hex digits, ``depth`` 0 (the range itself) or 2 (its 256
+  children), ``len(prefix) + depth`` at most 4. ``ranges`` lists only non-empty ranges, in
+  prefix order (one left out is empty); ``digest`` is 16 hex digits (``storage.digests``).
+  ``tombstones`` summarises every namespace tombstone. Anything else: 400 with a message.
+* ``GET /_internal/anti_entropy/range?prefix=<hex>&after=<artifact_id>&limit=<n>`` →
+  ``{"manifests": [...], "next_after"}``: the manifests whose artifact_id starts with
+  ``prefix`` (0 to 64 hex digits), strictly after ``after`` (a hex artifact_id; absent: from the
+  first), in artifact_id order, at most ``limit`` (1 to 1000, default 256); ``next_after`` is
+  null on the last page. Cost: one index range scan of at most ``limit + 1`` rows.
+"""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+from kura.api.http import ctx, endpoint
+from kura.core.errors import InvalidRequest
+from kura.mesh.wire import PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
+from kura.storage import digests
+
+PROTOCOL = "internal"
+_HEX = re.compile(r"[0-9a-f]{0,64}")
+
+
+def _hex(request: web.Request, name: str, max_len: int) -> str:
+    value = request.query.get(name, "")
+    if not _HEX.fullmatch(value) or len(value) > max_len:
+        raise InvalidRequest(f"{name} must be at most {max_len} lowercase hex digits")
+    return value
+
+
+def _int(request: web.Request, name: str, default: int, allowed: range) -> int:
+    try:
+        value = int(request.query.get(name, str(default)))
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer") from None
+    if value not in allowed:
+        raise InvalidRequest(f"{name} must be between {allowed.start} and {allowed.stop - 1}")
+    return value
+
+
+@endpoint(PROTOCOL, None)
+async def range_digests(request: web.Request) -> web.StreamResponse:
+    prefix = _hex(request, "prefix", digests.DEEPEST)
+    depth = _int(request, "depth", 0, range(0, 3))
+    if len(prefix) not in digests.LEVELS or depth not in (0, 2):
+        raise InvalidRequest("prefix must have 0, 2 or 4 hex digits and depth must be 0 or 2")
+    if len(prefix) + depth > digests.DEEPEST:
+        raise InvalidRequest(f"prefix length + depth must be at most {digests.DEEPEST}")
+    service = ctx(request).service
+    found = await service.in_reader(digests.ranges, prefix, depth)
+    count, acc = await service.in_reader(digests.tombstones_digest)
+    return web.json_response(
+        {
+            "prefix": prefix,
+            "depth": depth,
+            "ranges": [[p, n, digests.hex64(h)] for p, n, h in found],
+            "tombstones": [count, digests.hex64(acc)],
+        }
+    )
+
+
+@endpoint(PROTOCOL, None)
+async def range_manifests(request: web.Request) -> web.StreamResponse:
+    prefix = _hex(request, "prefix", 64)
+    after = request.query.get("after")
+    if after is not None and not re.fullmatch(r"[0-9a-f]{1,64}", after):
+        raise InvalidRequest("after must be a lowercase hex artifact_id")
+    limit = _int(request, "limit", PAGE_LIMIT_DEFAULT, range(1, PAGE_LIMIT_MAX + 1))
+    # Every id starting with ``prefix`` sorts after ``prefix`` itself, so the page starts there.
+    start = prefix if after is None or after < prefix else after
+    page = await ctx(request).service.manifests_page(start or None, limit + 1)
+    page = [m for m in page if m.artifact_id.startswith(prefix)]
+    more = len(page) > limit
+    page = page[:limit]
+    return web.json_response(
+        {
+            "manifests": [m.to_json() for m in page],
+            "next_after": page[-1].artifact_id if more else None,
+        }
+    )
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/_internal/anti_entropy/digests", range_digests),
+        web.get("/_internal/anti_entropy/range", range_manifests),
+    ]
