@@ -74,12 +74,12 @@ def fill(node: NodeProcess, count: int, size: int) -> list[str]:
 def test_page_shows_a_mesh_node_bootstrapping_then_ready_without_console_errors(
     tmp_path: Path, browser: Browser
 ) -> None:
-    # Peers serve bootstrap downloads at 256 KiB/s each, so 2 MiB take the fresh node seconds.
+    # Peers serve bootstrap downloads at 128 KiB/s each, so 2 MiB take the fresh node seconds.
     mesh = Mesh(
         tmp_path / "mesh",
         3,
         discovery_settle_ms=0,
-        replication_bandwidth_limit_bytes_per_second=256 * KiB,
+        replication_bandwidth_limit_bytes_per_second=128 * KiB,
     )
     try:
         mesh.wait_ready()
@@ -106,7 +106,7 @@ def test_page_shows_a_mesh_node_bootstrapping_then_ready_without_console_errors(
             reasons = page.locator("#reasons li").all_inner_texts()
             return any(r.startswith("bootstrap in progress") for r in reasons)
 
-        assert wait_for(bootstrapping, 30, interval=0.2), page.content()
+        assert wait_for(bootstrapping, 60, interval=0.2), page.locator("#reasons").inner_text()
         assert page.locator("#readiness").get_attribute("data-ready") == "false"
         assert page.locator("#readiness").inner_text() == "not ready"
         fraction = float(page.locator("#bootstrap-progress").get_attribute("data-fraction") or 1)
@@ -141,8 +141,14 @@ def test_page_shows_a_mesh_node_bootstrapping_then_ready_without_console_errors(
 def test_page_needs_a_read_token_when_tokens_are_set(
     start_node: Callable[..., NodeProcess], browser: Browser
 ) -> None:
-    node = start_node(read_write_tokens="rw-secret", read_only_tokens="ro-secret")
+    node = start_node(
+        read_write_tokens="rw-secret", read_only_tokens="ro-secret", internal_tokens="peer-secret"
+    )
     url = node.url + "/ui"
+    # A real fault for the "recent errors" section: a peer request without credentials, on a
+    # path with markup in it (logged at WARNING; the page must show it escaped).
+    refused_peer = httpx.get(node.internal_url + "/_internal/%3Cb%3Eprobe%3C/b%3E")
+    assert refused_peer.status_code == 401
 
     # Without credentials Chromium gets the 401 with both challenges and, having no password
     # to answer Basic with (headless: no prompt), ends the navigation.
@@ -176,6 +182,12 @@ def test_page_needs_a_read_token_when_tokens_are_set(
     assert shown is not None
     assert shown.status == 200
     assert page.locator("#readiness").inner_text() in ("ready", "not ready")
+    errors = page.locator("#errors tbody tr").all_inner_texts()
+    assert len(errors) == 1, errors
+    assert "WARNING" in errors[0]
+    assert "refused peer request" in errors[0]
+    assert "<b>probe</b>" in errors[0]  # shown as text, not markup
+    assert page.locator("#errors b").count() == 0
     assert problems == []
 
     bearer = browser.new_context(extra_http_headers={"Authorization": "Bearer ro-secret"})
