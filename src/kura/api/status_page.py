@@ -1,5 +1,8 @@
 """The status page: ``GET /ui``, server-rendered HTML of ``GET /status``; ``GET /`` redirects.
 
+No other route claims ``GET /`` or ``GET /ui``: the cache prefixes cannot be ``/``
+(``settings._prefix``) and their routes need a key after the prefix.
+
 The page is drawn from the very dict ``/status`` returns (``Node.status``, through
 ``probes.STATUS_KEY``), so the two cannot disagree. It needs no JavaScript and reloads itself
 every ``REFRESH_SECONDS`` (``<meta http-equiv="refresh">``). Every value is escaped with
