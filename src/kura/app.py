@@ -25,6 +25,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from kit.clock import Clock, SystemClock
+from kit.log_ring import LogRing
+from kura import __version__
 from kura.api import (
     anti_entropy_routes,
     bazel_http,
@@ -41,6 +43,7 @@ from kura.api import (
     namespace,
     nx,
     probes,
+    status_page,
     turbo,
     webdav,
     xcode,
@@ -256,6 +259,8 @@ class Node:
             lambda: self.peer_auth.failures_total,
         )
         watch_auth(self.metrics, self.auth, self.public_tls)
+        # The last WARNING/ERROR records, for /status and the status page (attached in start).
+        self.log_ring = LogRing()
         self.draining = False
         self.public_url = ""
         self._runners: list[web.AppRunner] = []
@@ -370,6 +375,10 @@ class Node:
             "outbox_messages": self.service.stats.outbox_depth,
             "tmp_reserved_bytes": self.budget.reserved_bytes,
             "tmp_capacity_bytes": self.budget.capacity_bytes,
+            "version": __version__,
+            "disk_limit_bytes": self.settings.max_disk_bytes,
+            "lookups": self.metrics.lookups_by_protocol(),
+            "recent_errors": self.log_ring.records(),
         }
 
     # -- wiring ----------------------------------------------------------------------------
@@ -442,6 +451,7 @@ class Node:
             bazel_http.routes(s.http_cache_prefix),
             http_cache.routes(s.http_cache_prefix),
             webdav.routes(s.webdav_prefix),
+            status_page.routes(),
         ):
             app.add_routes(expect.guarded(module_routes))
         return app
@@ -479,6 +489,7 @@ class Node:
         return _bound_port(runner)
 
     async def start(self) -> None:
+        self.log_ring.attach()
         self.connections.apply_descriptor_limit()
         await self.service.start()
         self.repairer.bind(asyncio.get_running_loop())
@@ -571,6 +582,7 @@ class Node:
             await self.peer_client.close()
         finally:
             await self.service.close()
+            self.log_ring.detach()
         log.info("kura stopped")
 
     async def _stop_background(self) -> None:
@@ -611,6 +623,7 @@ class Node:
             await runner.cleanup()
         await self.peer_client.close()
         await self.service.close()
+        self.log_ring.detach()
 
 
 def _iso(ms: int | None) -> str | None:

@@ -36,10 +36,19 @@ def bootstrap_line(bootstrap: dict[str, Any]) -> str:
     """
     peers_done, peers_total = bootstrap.get("peers_done", 0), bootstrap.get("peers_total", 0)
     bytes_done, bytes_total = bootstrap.get("bytes_done", 0), bootstrap.get("bytes_total", 0)
-    fraction = min(_fraction(peers_done, peers_total), _fraction(bytes_done, bytes_total))
     return (
-        f"bootstrap {progress_bar(fraction, 1.0)} {peers_done} of {peers_total} peers, "
+        f"bootstrap {progress_bar(bootstrap_fraction(bootstrap), 1.0)} "
+        f"{peers_done} of {peers_total} peers, "
         f"{human_bytes(bytes_done)} of {human_bytes(bytes_total)}"
+    )
+
+
+def bootstrap_fraction(bootstrap: dict[str, Any]) -> float:
+    """How far bootstrap is, 0..1: the smaller of the peer and the byte fraction
+    (``bootstrap_line`` says why); the status page draws the same number."""
+    return min(
+        _fraction(bootstrap.get("peers_done", 0), bootstrap.get("peers_total", 0)),
+        _fraction(bootstrap.get("bytes_done", 0), bootstrap.get("bytes_total", 0)),
     )
 
 

@@ -416,6 +416,17 @@ class KuraMetrics:
             )
         child.inc()
 
+    def lookups_by_protocol(self) -> dict[str, dict[str, int]]:
+        """``kura_cache_lookups_total`` as ``{protocol: {"hit": n, "miss": n}}``, protocols in
+        name order; a protocol appears once it counted a lookup (empty before any read)."""
+        out: dict[str, dict[str, int]] = {}
+        for family in self.lookups.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    counts = out.setdefault(sample.labels["protocol"], {"hit": 0, "miss": 0})
+                    counts[sample.labels["result"]] = int(sample.value)
+        return dict(sorted(out.items()))
+
     def count_aborted_upload(self, reason: str) -> None:
         """One upload aborted; ``reason`` is ``stalled`` or ``slow``."""
         self.aborted_uploads.labels(reason).inc()
