@@ -43,7 +43,8 @@ def _stored(node: NodeProcess, route: str, body: bytes) -> str:
     if route == "xcode":
         path = path.replace("obj1", "obj" + hashlib.sha256(body).hexdigest()[:8])
     with node.client() as c:
-        r = c.request(method, path, content=body)
+        tag = {"x-artifact-tag": "sig1"} if route == "turbo" else {}
+        r = c.request(method, path, content=body, headers=tag)
         assert r.status_code < 300, r.text
     return path
 
@@ -63,27 +64,33 @@ def _cases(size: int) -> list[tuple[str, int, int]]:
 
 
 @pytest.mark.parametrize("size", [3 * MiB + 17, 10 * KiB + 3], ids=["file", "memory"])
-@pytest.mark.parametrize("route", sorted(ROUTES))
 def test_a_single_range_gets_206_with_exactly_those_bytes_on_every_route(
-    node: NodeProcess, route: str, size: int
+    node: NodeProcess, size: int
 ) -> None:
+    for route in sorted(ROUTES):
+        _check_ranges(node, route, size)
+
+
+def _check_ranges(node: NodeProcess, route: str, size: int) -> None:
     body = os.urandom(size)
     path = _stored(node, route, body)
     etag = f'"{hashlib.sha256(body).hexdigest()}"'
     with node.client() as c:
         full = c.get(path)
-        assert full.status_code == 200
+        assert full.status_code == 200, route
         assert full.content == body
         assert full.headers["Accept-Ranges"] == "bytes"
         assert full.headers["ETag"] == etag
         for value, first, last in _cases(size):
             r = c.get(path, headers={"Range": value})
-            assert r.status_code == 206, (value, r.status_code, r.text[:200])
+            assert r.status_code == 206, (route, value, r.status_code, r.text[:200])
             assert r.headers["Content-Range"] == f"bytes {first}-{last}/{size}", value
             assert int(r.headers["Content-Length"]) == last - first + 1
-            assert r.content == body[first : last + 1], value
+            assert r.content == body[first : last + 1], (route, value)
             assert r.headers["ETag"] == etag
             assert r.headers["Accept-Ranges"] == "bytes"
+            if route == "turbo":  # turbo treats a signed artifact without its tag as a miss
+                assert r.headers["x-artifact-tag"] == "sig1"
             # HEAD answers like GET, without a body.
             h = c.head(path, headers={"Range": value})
             assert h.status_code == 206
@@ -92,10 +99,8 @@ def test_a_single_range_gets_206_with_exactly_those_bytes_on_every_route(
             assert h.content == b""
         # A resume that names the version it has (If-Range with the ETag) gets the rest.
         r = c.get(path, headers={"Range": "bytes=100-", "If-Range": etag})
-        assert r.status_code == 206
+        assert r.status_code == 206, route
         assert r.content == body[100:]
-    if route == "turbo":  # stored headers still go out with a part
-        assert "x-artifact-tag" not in r.headers
 
 
 def test_the_bazel_cas_and_action_cache_routes_honour_range(node: NodeProcess) -> None:
