@@ -6,7 +6,9 @@ quotes), so a client can resume with ``If-Range``; a ``Range`` it cannot or will
 (invalid, multi-range, another unit, a non-matching ``If-Range``) gets the full 200. A single
 satisfiable range gets 206 with ``Content-Range: bytes a-b/size`` and exactly those bytes; an
 unsatisfiable one gets 416 with ``Content-Range: bytes */size``. HEAD answers exactly like GET
-(same status and headers) without a body, as RFC 9110 §9.3.2 asks of HEAD.
+(same status and headers) without a body: RFC 9110 §9.3.2 asks HEAD to show what the GET would
+send, and §14.2 defines ranges for GET only, so a HEAD with ``Range`` previews that GET's 206 or
+416 (as nginx does).
 
 Integrity: a 206 is never sent from bytes that were not verified. The 200 path hashes a large
 blob while it is sent and holds its last bytes back until the digest matched
