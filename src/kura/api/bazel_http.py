@@ -36,7 +36,8 @@ from kura.api.action_cache import (
 )
 from kura.api.auth import Access
 from kura.api.blob import serve, store
-from kura.api.http import artifact_response, count_lookup, ctx, endpoint, read_small_body
+from kura.api.http import count_lookup, ctx, endpoint, read_small_body
+from kura.api.partial_content import ranged_response
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import HEX_SHA256, validate
 from kura.storage.service import ArtifactRef, CacheService, StoredBody
@@ -80,7 +81,7 @@ async def get_ac(request: web.Request) -> web.StreamResponse:
         count_lookup(request, PROTOCOL, False)
         raise
     count_lookup(request, PROTOCOL, True)
-    return artifact_response(request, StoredBody(body.manifest, data=data), PROTOCOL)
+    return await ranged_response(request, StoredBody(body.manifest, data=data), PROTOCOL)
 
 
 @endpoint(PROTOCOL, Access.READ)

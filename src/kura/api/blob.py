@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kura.api.http import artifact_response, count_lookup, ctx, declared_length, request_body
+from kura.api.http import count_lookup, ctx, declared_length, request_body
+from kura.api.partial_content import ranged_response
 from kura.core.errors import NotFound
 from kura.core.manifest import stored_header_problem
 from kura.storage.service import ArtifactRef, PutResult
@@ -17,7 +18,8 @@ async def serve(
     *,
     headers_from_manifest: tuple[str, ...] = (),
 ) -> web.StreamResponse:
-    """200 with the artifact (GET or HEAD), or raise NotFound. Counts a hit or a miss."""
+    """200 with the artifact (GET or HEAD), 206 or 416 for a ``Range`` request
+    (``kura.api.partial_content``), or raise NotFound. Counts a hit or a miss."""
     try:
         body = await ctx(request).service.read(ref)
     except NotFound:
@@ -32,7 +34,7 @@ async def serve(
         for h in headers_from_manifest
         if h in stored and stored_header_problem(h, stored[h]) is None
     }
-    return artifact_response(request, body, protocol, extra_headers=extra)
+    return await ranged_response(request, body, protocol, extra_headers=extra)
 
 
 async def store(

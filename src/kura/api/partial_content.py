@@ -1,0 +1,162 @@
+"""Range requests on artifact GETs: 200, 206 or 416 (RFC 9110 §14, ``kura.core.byte_range``).
+
+Every public route that serves a stored artifact answers through ``ranged_response``. Its 200s
+and 206s carry ``Accept-Ranges: bytes`` and a strong ``ETag`` (the artifact's SHA-256 in
+quotes), so a client can resume with ``If-Range``; a ``Range`` it cannot or will not honour
+(invalid, multi-range, another unit, a non-matching ``If-Range``) gets the full 200. A single
+satisfiable range gets 206 with ``Content-Range: bytes a-b/size`` and exactly those bytes; an
+unsatisfiable one gets 416 with ``Content-Range: bytes */size``. HEAD answers exactly like GET
+(same status and headers) without a body: RFC 9110 §9.3.2 asks HEAD to show what the GET would
+send, and §14.2 defines ranges for GET only, so a HEAD with ``Range`` previews that GET's 206 or
+416 (as nginx does).
+
+Integrity: a 206 is never sent from bytes that were not verified. The 200 path hashes a large
+blob while it is sent and holds its last bytes back until the digest matched
+(``kura.api.file_response``); a range cannot do that, because the digest covers the whole
+file and the range may end anywhere. So before a 206 of a file-backed blob that storage did not
+already verify (``StoredBody.verified`` is False: the ``KURA_VERIFY_READS=always`` default with
+an unchanged stat signature), the whole file is hashed first in the verify pool
+(``storage.verify.digest_fd``, against the row's XXH3-128, else SHA-256), and only then is the
+range sent with ``sendfile`` from the same open descriptor. A file whose stat signature changed
+was already hashed with SHA-256 by storage when it was opened; with ``KURA_VERIFY_READS=changed``
+an unchanged signature is trusted, as for a 200. On a mismatch (or a read error) the entry is
+reported to storage, which re-checks and quarantines it, and the request gets 404 like any
+miss; nothing of the damaged file is sent. The cost is one whole-file hash per range request of
+a large blob (XXH3-128 reads at several GB/s; see docs/benchmarks.md). A file that turns out
+shorter while the range is sent aborts the connection (``DamagedBlob``), as for a 200.
+
+Not here: ``If-None-Match``/``If-Match`` (kura answers 200 regardless), and
+``multipart/byteranges``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import Future
+
+import aiohttp
+from aiohttp import web
+
+from kura.api.file_response import OpenFileResponse, report
+from kura.api.http import artifact_response, count_bytes_out, ctx
+from kura.core.byte_range import (
+    FULL,
+    UNSATISFIABLE,
+    ByteRange,
+    choose,
+    strong_etag,
+    unsatisfied_content_range,
+)
+from kura.core.errors import NotFound
+from kura.storage.checksum import SHA256, XXH3_128
+from kura.storage.service import CacheService, StoredBody
+from kura.storage.verify import FileDigest, digest_fd
+
+
+async def ranged_response(
+    request: web.Request,
+    body: StoredBody,
+    protocol: str,
+    *,
+    extra_headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """The 200, 206 or 416 for a GET or HEAD of ``body`` (module docstring). Takes ownership of
+    ``body`` (closes its file). Raises ``NotFound`` when the whole-file check before a 206
+    finds the blob damaged (the entry is then reported and quarantined)."""
+    service = ctx(request).service
+    size = body.manifest.size
+    etag = strong_etag(body.manifest.sha256)
+    headers = {"Accept-Ranges": "bytes", "ETag": etag, **(extra_headers or {})}
+    ranges = request.headers.getall("Range", [])
+    # Two Range fields are no valid single range (§5.3 would join them into a list).
+    answer = choose(
+        ranges[0] if len(ranges) == 1 else None, request.headers.get("If-Range"), size, etag
+    )
+    if answer == FULL:
+        return artifact_response(request, body, protocol, extra_headers=headers)
+    if answer == UNSATISFIABLE:
+        body.close()
+        return web.Response(
+            status=416,
+            text="range not satisfiable",
+            headers={"Accept-Ranges": "bytes", "Content-Range": unsatisfied_content_range(size)},
+        )
+    assert isinstance(answer, ByteRange)
+    try:
+        await _verify_whole_file(service, body)
+    except BaseException:
+        body.close()
+        raise
+    headers["Content-Type"] = body.manifest.content_type or "application/octet-stream"
+    headers["Content-Range"] = answer.content_range
+    count_bytes_out(request, protocol, answer.length_bytes)
+    if body.data is not None:
+        part = body.data[answer.first : answer.last + 1]
+        return web.Response(status=206, body=part, headers=headers)
+    return RangeFileResponse(body, answer, headers, service)
+
+
+async def _verify_whole_file(service: CacheService, body: StoredBody) -> None:
+    """Hash ``body``'s whole file unless storage already verified it; raise ``NotFound`` (after
+    reporting the entry) when it is short, unreadable or hashes to something else."""
+    if body.file is None or body.verified:
+        return
+    size = body.manifest.size
+    fast = body.xxh3_128
+    algorithms = (XXH3_128,) if fast else (SHA256, XXH3_128)
+    # Its own descriptor: the hash may outlive this request (client gone) safely.
+    cfut: Future[FileDigest] = service.verifier.pool.submit(
+        digest_fd, os.dup(body.file.fileno()), size, 0, algorithms
+    )
+    found: str | None = None
+    try:
+        d = await asyncio.wrap_future(cfut)
+    except OSError as exc:
+        found = f"hashing the file failed: {exc}"
+    else:
+        if d.size_bytes < size:
+            found = f"the file ended after {d.size_bytes} of {size} bytes"
+        elif fast and d.digests[XXH3_128] != fast:
+            found = f"the file hashes to xxh3_128 {d.digests[XXH3_128]}"
+        elif not fast and d.sha256 != body.manifest.sha256:
+            found = f"the file hashes to sha256 {d.sha256}"
+        elif not fast:
+            service.record_xxh3_128(body.manifest, d.digests[XXH3_128])
+    if found is not None:
+        await report(service, body, found)
+        raise NotFound("Artifact not found")
+    body.verified = True
+
+
+class RangeFileResponse(OpenFileResponse):
+    """206 with one byte range of an already-open, verified blob file, sent with sendfile."""
+
+    def __init__(
+        self,
+        body: StoredBody,
+        byte_range: ByteRange,
+        headers: dict[str, str],
+        service: CacheService,
+    ) -> None:
+        super().__init__(body, headers, service)
+        assert body.verified
+        self.set_status(206)
+        self.content_length = byte_range.length_bytes
+        self._range = byte_range
+
+    async def _send(
+        self, writer: aiohttp.abc.AbstractStreamWriter, transport: asyncio.Transport
+    ) -> None:
+        f = self._stored.file
+        assert f is not None
+        first, length = self._range.first, self._range.length_bytes
+        await writer.drain()
+        try:
+            sent = await asyncio.get_running_loop().sendfile(transport, f, first, length)
+        except ConnectionError:
+            raise  # the client went away
+        except OSError as exc:  # EIO and friends: the disk, not the client
+            await self._fail(transport, f"reading the file failed: {exc}")
+        if sent < length:
+            await self._fail(transport, f"the file ended {length - sent} bytes before the range")
