@@ -432,6 +432,7 @@ class Node:
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
+        app.on_response_prepare.append(_no_active_content)
         app[CTX_KEY] = self._context()
         app[probes.READINESS_KEY] = self.readiness_reasons
         app[probes.WARNINGS_KEY] = self.warnings
@@ -642,3 +643,11 @@ def _bound_port(runner: web.AppRunner) -> int:
         if isinstance(addr, tuple):
             return int(addr[1])
     raise RuntimeError("listener has no TCP address")
+
+
+async def _no_active_content(_request: web.Request, response: web.StreamResponse) -> None:
+    """Every public answer: an artifact is served with the Content-Type its client stored, so
+    a stored ``text/html`` body must never run as a page of this origin (where ``/ui`` and its
+    credentials live). ``nosniff`` and a sandboxing CSP unless the route set its own."""
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Content-Security-Policy", "sandbox; default-src 'none'")

@@ -108,6 +108,8 @@ def test_the_batch_route_refuses_bad_input_and_reports_absent_ids(
         json.dumps({"artifact_ids": ["zz"]}).encode(),
         json.dumps({"artifact_ids": ["a" * 64] * (BATCH_MAX_IDS + 1)}).encode(),
         json.dumps({"artifact_ids": "a" * 64}).encode(),
+        b"\xff\xfe{",  # not UTF-8
+        b"[" * 20_000,  # nested deep enough to exhaust the parser's recursion
     ]
     for raw in bad_requests:
         r = httpx.post(url, content=raw, timeout=10)
@@ -122,3 +124,18 @@ def test_the_batch_route_refuses_bad_input_and_reports_absent_ids(
     assert [f[3] for f in frames] == ["ok", "ok", "ok", "large", "missing"]
     for (_aid, _m, body, _state), want in zip(frames[:3], bodies.values(), strict=True):
         assert body == want
+
+
+def test_a_manifest_header_nested_too_deep_is_400_not_500(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node("node")
+    r = httpx.put(
+        node.internal_url + "/_internal/replicate/artifact",
+        headers={"Kura-Manifest": "[" * 4000},
+        content=b"x",
+        timeout=10,
+    )
+    assert r.status_code == 400, r.text
+    assert "manifest" in r.json()["message"]
+    assert "Traceback" not in node.log()

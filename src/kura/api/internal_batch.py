@@ -11,11 +11,9 @@ every ``/_internal/`` route; the bootstrap bandwidth limit applies to the respon
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
-from kura.api.http import ctx, endpoint
+from kura.api.http import ctx, endpoint, parse_json
 from kura.api.internal import PROTOCOL, paced_write
 from kura.core.errors import InvalidRequest
 from kura.core.keys import HEX_SHA256, validate
@@ -33,11 +31,8 @@ REQUEST_MAX_BYTES = BATCH_MAX_IDS * 80 + 1024
 async def bodies(request: web.Request) -> web.StreamResponse:
     if request.content_length is None or request.content_length > REQUEST_MAX_BYTES:
         raise InvalidRequest(f"a Content-Length of at most {REQUEST_MAX_BYTES} bytes is required")
-    raw = await request.read()
-    try:
-        ids = json.loads(raw)["artifact_ids"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise InvalidRequest(f'expected {{"artifact_ids": [...]}}: {exc}') from None
+    doc = parse_json(await request.read())
+    ids = doc.get("artifact_ids") if isinstance(doc, dict) else None
     if not isinstance(ids, list) or not 1 <= len(ids) <= BATCH_MAX_IDS:
         raise InvalidRequest(f"artifact_ids must be a list of 1 to {BATCH_MAX_IDS} ids")
     ids = [validate(str(a), HEX_SHA256, "artifact_id") for a in ids]

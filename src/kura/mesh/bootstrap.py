@@ -171,6 +171,7 @@ class Bootstrapper:
             if disk_limit_bytes is None
             else DiskAllowance(disk_limit_bytes, lambda: service.stats.used_bytes)
         )
+        self._evictions: set[asyncio.Task[None]] = set()
         self._guard = EvictionGuard(
             lambda ms: setattr(service, "eviction_floor_ms", ms), clock.now_ms
         )
@@ -252,7 +253,10 @@ class Bootstrapper:
         try:
             while True:
                 now = self._clock.monotonic()
-                self._guard.update(self._active())
+                if self._active():
+                    self._guard.update(True)
+                else:
+                    self._release_floor_if_idle()
                 for peer in self._peers():
                     state = self._progress(peer)
                     task = self._running.get(peer)
@@ -288,9 +292,23 @@ class Bootstrapper:
         used = self._service.stats.used_bytes + self.allowance.claimed_bytes
         return used + needed > self.allowance.limit_bytes
 
+    def _release_floor_if_idle(self) -> None:
+        """At the end of a pass: if no other pass runs, lift the eviction floor now (not at
+        the next tick: writes arriving meanwhile would be spared for good) and evict what the
+        floor held back, so the store is within its budget again."""
+        if self._guard.floor_ms is not None and not self._active():
+            self._guard.update(False)
+            task = asyncio.get_running_loop().create_task(self._service.evict_to_budget())
+            self._evictions.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._evictions.discard)
+
     def _active(self) -> bool:
         """A pass runs, or a peer still gates readiness: eviction must spare bootstrap's data."""
-        running = any(not t.done() for t in self._running.values())
+        # A changes poll of a DONE peer is not a bootstrap: it must not hold eviction back.
+        running = any(
+            not t.done() and self._progress(p).phase is not PeerPhase.DONE
+            for p, t in self._running.items()
+        )
         return running or any(self._progress(p).gates_readiness for p in self._peers())
 
     async def _guarded_pass(self, state: PeerProgress) -> None:
@@ -311,6 +329,7 @@ class Bootstrapper:
                 self._failed(state, f"internal error: {exc!r}")
                 return
             state.phase = PeerPhase.DONE
+            self._release_floor_if_idle()
             state.next_poll_at = self._clock.monotonic() + self._poll_interval
             state.failed_passes_in_a_row = 0
             state.last_error = ""

@@ -32,7 +32,7 @@ def decode_manifest(text: str) -> Manifest:
     """Raises ValueError on anything that is not a valid manifest."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # nesting deep enough to exhaust the parser
         raise ValueError(f"invalid manifest header: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError("invalid manifest header: not an object")
@@ -72,7 +72,7 @@ def decode_frames(payload: bytes) -> list[tuple[str, Manifest | None, bytes | No
             raise ValueError("truncated frame header")
         try:
             head = json.loads(payload[pos:end])
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ValueError(f"invalid frame header: {exc}") from exc
         pos = end + 1
         if not isinstance(head, dict) or not isinstance(head.get("artifact_id"), str):

@@ -815,6 +815,11 @@ class CacheService:
             self.stats.artifacts += 1
         return PutResult(manifest, existing is None, outcome)
 
+    async def evict_to_budget(self) -> None:
+        """Evict least-recently-used artifacts until the store is within ``max_disk_bytes``
+        (after an eviction floor held them back: ``eviction_floor_ms``)."""
+        await self._in(self._writer, self._evict_sync, 0, "")
+
     def _evict_sync(self, incoming_bytes: int, exclude: str) -> None:
         index = self._require_index()
         need = bytes_to_free(self.stats.used_bytes, incoming_bytes, self.max_disk_bytes)
