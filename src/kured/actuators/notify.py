@@ -78,6 +78,9 @@ class Notifier:
         self._templates = dict(templates)
         self._node = node
         self._tasks: set[asyncio.Task[None]] = set()
+        # One delivery at a time per URL, in the order sent (asyncio.Lock wakes waiters FIFO):
+        # a receiver gets drain, reboot and uncordon in that order, never crossed.
+        self._in_order: dict[str, asyncio.Lock] = {}
         self.counts: dict[tuple[str, str], int] = {(e, r): 0 for e in EVENTS for r in RESULTS}
 
     @property
@@ -104,8 +107,9 @@ class Notifier:
             return bool(notifier.notify(body=message, title=TITLE))
 
         try:
-            async with asyncio.timeout(self._timeout):
-                ok = await asyncio.to_thread(blocking)
+            async with self._in_order.setdefault(url, asyncio.Lock()):
+                async with asyncio.timeout(self._timeout):
+                    ok = await asyncio.to_thread(blocking)
             result = "sent" if ok else "failed"
         except TimeoutError:
             result = "timeout"
