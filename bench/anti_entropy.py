@@ -19,14 +19,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import re
 import shutil
 import signal
-import socket
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,16 +31,10 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.replication import free_port, start_node
 from kura.core.keys import artifact_id
 from kura.storage.index import MetadataIndex
-
-LISTEN = re.compile(r"kura listening public=(\S+) internal=(\S+)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_index(path: Path, keys: int) -> None:
@@ -90,43 +80,20 @@ def _insert(conn: sqlite3.Connection, rows: list[tuple[object, ...]]) -> None:
 
 class Node:
     def __init__(self, root: Path, port: int, peers: list[str], rps: int) -> None:
-        env = dict(os.environ)
-        env.update(
-            {
-                "KURA_PORT": "0",
-                "KURA_INTERNAL_PORT": str(port),
-                "KURA_NODE_URL": f"http://127.0.0.1:{port}",
-                "KURA_PEERS": ",".join(peers),
-                "KURA_DATA_DIR": str(root / "data"),
-                "KURA_TMP_DIR": str(root / "tmp"),
-                "KURA_MIN_FREE_DISK_BYTES": "0",
-                "KURA_DISCOVERY_SETTLE_MS": "0",
-                "KURA_LOG_LEVEL": "WARNING",
-                "KURA_ANTI_ENTROPY_INTERVAL": "1s",
-                "KURA_ANTI_ENTROPY_MAX_REQUESTS_PER_SECOND": str(rps),
-                "KURA_ANTI_ENTROPY_MAX_REQUESTS_PER_ROUND": "100000",
-                # Today's bootstrap walks the peer's whole dataset before /ready, which at 1 M
-                # keys takes longer than this benchmark should: cut it short (its first pass
-                # stalls at once and stops gating readiness) so rounds start at once.
-                "KURA_BOOTSTRAP_TIMEOUT_MS": "1",
-                "KURA_BOOTSTRAP_MAX_FAILED_PASSES": "1",
-            }
-        )
+        settings = {
+            "KURA_ANTI_ENTROPY_INTERVAL": "1s",
+            "KURA_ANTI_ENTROPY_MAX_REQUESTS_PER_SECOND": str(rps),
+            "KURA_ANTI_ENTROPY_MAX_REQUESTS_PER_ROUND": "100000",
+            # A full bootstrap walks the peer's whole dataset before /ready, which at 1 M keys
+            # takes longer than this benchmark should: cut it short (its first pass stalls at
+            # once and stops gating readiness) so rounds start at once.
+            "KURA_BOOTSTRAP_TIMEOUT_MS": "1",
+            "KURA_BOOTSTRAP_MAX_FAILED_PASSES": "1",
+        }
         started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kura.cli", "serve"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-        )
-        assert self.proc.stdout is not None
-        match = LISTEN.search(self.proc.stdout.readline())
-        assert match, "node did not start"
+        self.proc, self.url = start_node(root, port, peers, settings)
         self.open_seconds = time.monotonic() - started  # to the listening line
-        self.url = match.group(1)
-        self.internal_url = match.group(2)
+        self.internal_url = f"http://127.0.0.1:{port}"
 
     def ae(self) -> dict[str, Any]:
         return httpx.get(self.url + "/status", timeout=30).json()["anti_entropy"]  # type: ignore[no-any-return]

@@ -229,15 +229,8 @@ def test_a_write_whose_queue_died_with_its_writer_reaches_a_peer_that_was_away(
         a = mesh.restart(0)
         assert wait_for(lambda: len(manifests(b)) == 1, 60), _ae(b)
         assert manifests(b) == manifests(a)
-        assert (
-            _changes_pulled(b) + b.metric('kura_anti_entropy_repaired_total{kind="artifact"}') >= 1
-        )
     finally:
         for node in mesh.nodes:
             if node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGCONT)
         mesh.stop_all()
-
-
-def _changes_pulled(node: NodeProcess) -> float:
-    return node.metric('kura_peer_metadata_requests_total{kind="changes"}')
