@@ -26,6 +26,7 @@ from kit.settings import (
 )
 from kura.core.errors import InvalidRequest
 from kura.core.keys import NAMESPACE, validate
+from kura.core.object_layout import parse_url
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -101,6 +102,14 @@ def _percent(text: str) -> int:
     if not 1 <= value <= 100:
         raise ValueError("must be a whole percentage from 1 to 100")
     return value
+
+
+def _object_store_url(text: str) -> str:
+    """``s3://bucket/prefix`` or empty (the tier off)."""
+    if not text.strip():
+        return ""
+    parse_url(text)
+    return text.strip().rstrip("/")
 
 
 def _tenant(text: str) -> str:
@@ -313,6 +322,22 @@ class Settings:
         parse_choice(["joining", "always", "never"]),
         "ask healthy peers on a local miss: always, only while not ready (joining), or never",
         default="always",
+    )
+    # The object-storage tier (docs/object-storage.md); endpoint, region and credentials come
+    # from the usual AWS_* variables, read by kura.storage.object_store.
+    object_store_url: str = option(
+        "KURA_OBJECT_STORE_URL",
+        "--object-store-url",
+        _object_store_url,
+        "s3://bucket/prefix of a shared object-storage tier (empty = local disk only)",
+        default="",
+    )
+    object_store_timeout_seconds: float = option(
+        "KURA_OBJECT_STORE_TIMEOUT",
+        "--object-store-timeout",
+        _positive_duration,
+        "how long one object-store request may take before it counts as failed",
+        default=30.0,
     )
     read_through_timeout_ms: int = option(
         "KURA_READ_THROUGH_TIMEOUT_MS",

@@ -186,6 +186,7 @@ BAD_VALUE_BY_PARSER = {
     "_tokens": "has space",
     "parse_choice.<locals>.parse": "not-a-choice",
     "parse_bool": "maybe",
+    "_object_store_url": "https://bucket/prefix",
 }
 
 

@@ -1,0 +1,38 @@
+"""Where artifacts live in the object-storage tier: the URL and the object layout (no IO).
+
+``KURA_OBJECT_STORE_URL=s3://bucket/prefix``; every object key below is relative to the prefix:
+
+    <tenant_id>/ns-<namespace_id>/<artifact_id>
+
+so a namespace's objects (what a clean deletes) are exactly one prefix. Namespace ids may be
+empty (the Bazel, ccache, Gradle and WebDAV routes use ``""``), hence the ``ns-`` marker: the
+segment is never empty and never ``.``/``..`` (a namespace never starts with ``.``).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix")``. Raises ValueError for
+    another scheme, no bucket, a query or fragment, or empty/``.``/``..`` prefix segments."""
+    parts = urlsplit(url.strip())
+    if parts.scheme != "s3" or not parts.netloc:
+        raise ValueError("must be an s3://bucket/prefix URL")
+    if parts.query or parts.fragment:
+        raise ValueError("must not have a query or fragment")
+    prefix = parts.path.strip("/")
+    if prefix and any(seg in ("", ".", "..") for seg in prefix.split("/")):
+        raise ValueError("the prefix must not contain empty, '.' or '..' segments")
+    return parts.netloc, prefix
+
+
+def namespace_prefix(tenant_id: str, namespace_id: str) -> str:
+    """The key prefix holding every object of one namespace (ends with ``/``)."""
+    return f"{tenant_id}/ns-{namespace_id}/"
+
+
+def object_key(tenant_id: str, namespace_id: str, artifact_id: str) -> str:
+    """The key of one artifact's object."""
+    return namespace_prefix(tenant_id, namespace_id) + artifact_id

@@ -1,0 +1,396 @@
+"""A thin async client for the shared object-storage tier (S3 and S3-compatible stores).
+
+Built on obstore (Rust ``object_store`` behind a native asyncio API; GCS and Azure can follow
+through the same library). Only what kura needs: put a staged file, stream an object into a
+consumer, head, delete (one or many), and list a prefix with sizes and last-modified times (the
+seam for bucket-side expiry).
+
+Object layout (one object per artifact; a clean is one prefix list + delete): see
+``kura.core.object_layout``. Each object is a self-describing body: the line ``kura-object 1 <n>\\n``, then ``n`` bytes of the
+manifest as JSON (``Manifest.to_json``), then the artifact's bytes. The manifest travels in the
+body rather than in ``x-amz-meta-*`` headers because S3 caps user metadata at 2 KB
+(https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingMetadata.html) and a manifest with
+stored headers can be larger.
+
+Every request is counted in ``ObjectStoreStats`` by operation and result, from closed sets
+(``OPS``, ``RESULTS``; ``classify`` maps an error to a result), with its latency; errors other
+than "not found" raise ``ObjectStoreError`` (an ``Unavailable``: retry later) whose ``result``
+says which. No secret is ever logged or put in a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import obstore
+from obstore.exceptions import (
+    NotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+)
+from obstore.store import S3Store
+
+from kura.core.errors import NotFound, Unavailable
+from kura.core.manifest import Manifest
+from kura.core.object_layout import namespace_prefix, object_key, parse_url
+
+log = logging.getLogger(__name__)
+
+OPS = ("put", "get", "head", "delete", "list")
+RESULTS = (
+    "ok",
+    "not_found",
+    "auth",
+    "bucket_missing",
+    "throttled",
+    "server_error",
+    "timeout",
+    "unreachable",
+    "error",
+)
+# Seconds; from 1 ms to about 33 s.
+LATENCY_BUCKETS = tuple(0.001 * 2**i for i in range(16))
+_STATUS = re.compile(r"status code: (\d{3})")
+MAGIC = b"kura-object 1 "
+MAX_HEADER_BYTES = 1024 * 1024
+# Bodies up to this size are uploaded in one PUT from memory, larger ones as a multipart upload.
+SINGLE_PUT_BYTES = 8 * 1024 * 1024
+READ_CHUNK_BYTES = 1024 * 1024
+
+
+class ObjectStoreError(Unavailable):
+    """A request to the object store failed; ``result`` is one of ``RESULTS``."""
+
+    def __init__(self, result: str, message: str) -> None:
+        super().__init__(message, retry_after_seconds=5)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class ObjectStoreConfig:
+    """Where the tier lives. ``url`` is ``s3://bucket/prefix``; the rest comes from the usual
+    AWS variables (``from_env``). Secrets are excluded from ``repr``."""
+
+    url: str
+    bucket: str
+    prefix: str
+    endpoint: str | None = None
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    timeout_seconds: float = 30.0
+
+    @classmethod
+    def from_env(
+        cls, url: str, environ: Mapping[str, str], timeout_seconds: float
+    ) -> ObjectStoreConfig:
+        """Parse ``url`` (ValueError if it is not ``s3://bucket[/prefix]``) and read
+        ``AWS_ENDPOINT_URL``, ``AWS_REGION`` (else ``AWS_DEFAULT_REGION``, else us-east-1),
+        ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and ``AWS_SESSION_TOKEN``."""
+        bucket, prefix = parse_url(url)
+        return cls(
+            url=url,
+            bucket=bucket,
+            prefix=prefix,
+            endpoint=environ.get("AWS_ENDPOINT_URL") or None,
+            region=environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            access_key_id=environ.get("AWS_ACCESS_KEY_ID") or None,
+            secret_access_key=environ.get("AWS_SECRET_ACCESS_KEY") or None,
+            session_token=environ.get("AWS_SESSION_TOKEN") or None,
+            timeout_seconds=timeout_seconds,
+        )
+
+
+@dataclass
+class ObjectStoreStats:
+    """Plain counters the metrics layer reads at scrape time."""
+
+    # (op, result) -> requests.
+    requests_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    # op -> (counts per LATENCY_BUCKETS bucket (not cumulative) + the overflow, sum of seconds).
+    latency: dict[str, tuple[list[int], float]] = field(default_factory=dict)
+    upload_queue_depth: int = 0  # set by the uploader
+    upload_oldest_age_seconds: float = 0.0  # set by the uploader
+    uploaded_bytes_total: int = 0
+    filled_bytes_total: int = 0
+
+    def observe(self, op: str, result: str, seconds: float) -> None:
+        key = (op, result)
+        self.requests_total[key] = self.requests_total.get(key, 0) + 1
+        counts, total = self.latency.get(op, ([0] * (len(LATENCY_BUCKETS) + 1), 0.0))
+        i = next((i for i, b in enumerate(LATENCY_BUCKETS) if seconds <= b), len(LATENCY_BUCKETS))
+        counts[i] += 1
+        self.latency[op] = (counts, total + seconds)
+
+
+def classify(exc: BaseException) -> str:
+    """The ``RESULTS`` value for an obstore error, from its type and the S3 error code or
+    transport failure in its message (S3 error codes:
+    https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html)."""
+    text = str(exc)
+    if "NoSuchBucket" in text:
+        return "bucket_missing"
+    if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or any(
+        code in text for code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied")
+    ):
+        return "auth"
+    if isinstance(exc, NotFoundError | FileNotFoundError):
+        return "not_found"
+    status = _STATUS.search(text)
+    code = int(status.group(1)) if status else 0
+    if "SlowDown" in text or code == 503:
+        return "throttled"
+    if 500 <= code < 600:
+        return "server_error"
+    lowered = text.lower()
+    if "kind: Timeout" in text or "TimedOut" in text or "timed out" in lowered:
+        return "timeout"
+    if "kind: Connect" in text or "connection refused" in lowered:
+        return "unreachable"
+    if "error sending request" in lowered or "connection closed" in lowered:
+        return "unreachable"  # reset or closed before an answer
+    return "error"
+
+
+def first_line(exc: BaseException) -> str:
+    """A one-line description of an obstore error for a log line (no secrets: obstore never
+    puts credentials in its messages; the URL holds only endpoint, bucket and key)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """One object under a listed prefix. ``key`` is relative to the configured prefix."""
+
+    key: str
+    size: int
+    last_modified: datetime
+
+
+class ObjectStore:
+    """See module docstring. Safe to share between tasks on one event loop."""
+
+    def __init__(self, config: ObjectStoreConfig, stats: ObjectStoreStats | None = None) -> None:
+        self.config = config
+        self.stats = stats or ObjectStoreStats()
+        kwargs: dict[str, Any] = {"region": config.region}
+        if config.endpoint:
+            kwargs["endpoint"] = config.endpoint
+        if config.access_key_id:
+            kwargs["access_key_id"] = config.access_key_id
+        if config.secret_access_key:
+            kwargs["secret_access_key"] = config.secret_access_key
+        if config.session_token:
+            kwargs["session_token"] = config.session_token
+        timeout = timedelta(seconds=config.timeout_seconds)
+        self._store = S3Store(
+            config.bucket,
+            prefix=config.prefix or None,
+            client_options={
+                "allow_http": bool(config.endpoint and config.endpoint.startswith("http://")),
+                "timeout": timeout,
+                "connect_timeout": timedelta(seconds=min(5.0, config.timeout_seconds)),
+            },
+            # One quick retry inside a request; the uploader's own backoff does the rest.
+            retry_config={
+                "max_retries": 1,
+                "retry_timeout": timeout,
+                "backoff": {"init_backoff": timedelta(milliseconds=200)},
+            },
+            **kwargs,
+        )
+
+    # -- layout ------------------------------------------------------------------------------
+
+    @staticmethod
+    def namespace_prefix(tenant_id: str, namespace_id: str) -> str:
+        """The prefix (relative to the configured one) holding a namespace's objects."""
+        return namespace_prefix(tenant_id, namespace_id)
+
+    def key_of(self, manifest: Manifest, tenant_id: str) -> str:
+        return object_key(tenant_id, manifest.namespace_id, manifest.artifact_id)
+
+    def describe(self) -> str:
+        """Where the tier is, for messages (never a secret)."""
+        where = self.config.endpoint or "AWS"
+        return f"{self.config.url} at {where}"
+
+    # -- operations --------------------------------------------------------------------------
+
+    async def put_file(
+        self, key: str, manifest: Manifest, path: Path | None, inline: bytes | None
+    ) -> None:
+        """Upload ``manifest`` and the body (the file at ``path``, or ``inline`` bytes) as one
+        object at ``key``. Raises ObjectStoreError; on success the whole object is stored
+        (S3 PUT and multipart completion are atomic)."""
+        header = encode_header(manifest)
+        body: bytes | AsyncIterator[bytes]
+        if inline is not None:
+            body = header + inline
+        elif manifest.size <= SINGLE_PUT_BYTES:
+            assert path is not None
+            body = header + await asyncio.to_thread(path.read_bytes)
+        else:
+            assert path is not None
+            body = _file_chunks(header, path)
+        await self._call(
+            "put",
+            obstore.put_async(
+                self._store,
+                key,
+                body,
+                attributes={"Content-Type": "application/octet-stream"},
+                use_multipart=not isinstance(body, bytes),
+            ),
+        )
+        self.stats.uploaded_bytes_total += manifest.size
+
+    async def get(self, key: str) -> tuple[Manifest, AsyncIterator[bytes]] | None:
+        """The stored manifest and an iterator over exactly the artifact's bytes, or None when
+        there is no object at ``key``. Raises ObjectStoreError (also for an object that is not
+        in kura's format). The iterator raises ObjectStoreError if the transfer breaks."""
+        try:
+            result = await self._call("get", obstore.get_async(self._store, key))
+        except NotFound:
+            return None
+        stream = result.stream(min_chunk_size=256 * 1024)
+        chunks = _chunks(stream, self)
+        try:
+            manifest, rest = await decode_header(chunks)
+        except ValueError as exc:
+            raise ObjectStoreError("error", f"object {key} is not a kura object: {exc}") from None
+        return manifest, _prepend(rest, chunks)
+
+    async def head(self, key: str) -> int | None:
+        """The stored object's size in bytes (header included), or None if absent."""
+        try:
+            meta = await self._call("head", obstore.head_async(self._store, key))
+        except NotFound:
+            return None
+        return int(meta["size"])
+
+    async def delete_many(self, keys: Sequence[str]) -> None:
+        """Delete ``keys`` (absent ones are fine). Raises ObjectStoreError."""
+        for start in range(0, len(keys), 1000):  # S3 DeleteObjects takes at most 1,000 keys
+            await self._call(
+                "delete", obstore.delete_async(self._store, list(keys[start : start + 1000]))
+            )
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[list[ListedObject]]:
+        """Pages of the objects under ``prefix`` (relative to the configured prefix), with
+        sizes and last-modified times. Raises ObjectStoreError."""
+        stream = obstore.list(self._store, prefix, chunk_size=1000)
+        while True:
+            started = time.monotonic()
+            try:
+                page = await stream.__anext__()
+            except StopAsyncIteration:
+                self.stats.observe("list", "ok", time.monotonic() - started)
+                return
+            except Exception as exc:
+                raise self._failed("list", exc, started) from None
+            self.stats.observe("list", "ok", time.monotonic() - started)
+            yield [ListedObject(str(m["path"]), int(m["size"]), m["last_modified"]) for m in page]
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; the number deleted. Raises ObjectStoreError."""
+        deleted = 0
+        async for page in self.list_prefix(prefix):
+            await self.delete_many([o.key for o in page])
+            deleted += len(page)
+        return deleted
+
+    async def check(self) -> str | None:
+        """At start: list the prefix and write, read and delete one probe object. None when
+        all worked, else the ``RESULTS`` value of the first failure (the error is logged)."""
+        probe = f".kura-start-check/{time.time_ns()}"
+        try:
+            async for _page in self.list_prefix(".kura-start-check/"):
+                break
+            header = Manifest("probe", "probe", "", "probe", "text/plain", 0, "", 0, 0)
+            await self.put_file(probe, header, None, b"")
+            await self.delete_many([probe])
+        except ObjectStoreError as exc:
+            return exc.result
+        return None
+
+    async def _call(self, op: str, awaitable: Any) -> Any:
+        started = time.monotonic()
+        try:
+            value = await awaitable
+        except Exception as exc:
+            raise self._failed(op, exc, started) from None
+        self.stats.observe(op, "ok", time.monotonic() - started)
+        return value
+
+    def _failed(self, op: str, exc: BaseException, started: float) -> Exception:
+        result = classify(exc)
+        self.stats.observe(op, result, time.monotonic() - started)
+        if result == "not_found":
+            return NotFound("object not found")
+        return ObjectStoreError(result, f"object store {op} failed ({result}): {first_line(exc)}")
+
+
+def encode_header(manifest: Manifest) -> bytes:
+    data = json.dumps(manifest.to_json(), separators=(",", ":"), sort_keys=True).encode()
+    return MAGIC + str(len(data)).encode() + b"\n" + data
+
+
+async def decode_header(chunks: AsyncIterator[bytes]) -> tuple[Manifest, bytes]:
+    """The manifest at the start of ``chunks`` and the bytes after it. ValueError if absent."""
+    buf = b""
+    while True:
+        newline = buf.find(b"\n")
+        if newline >= 0:
+            if not buf.startswith(MAGIC):
+                raise ValueError("no kura-object header")
+            length = int(buf[len(MAGIC) : newline])
+            if not 0 < length <= MAX_HEADER_BYTES:
+                raise ValueError(f"header length {length} out of range")
+            end = newline + 1 + length
+            while len(buf) < end:
+                more = await anext(chunks, None)
+                if more is None:
+                    raise ValueError("object ends inside its header")
+                buf += more
+            return Manifest.from_json(json.loads(buf[newline + 1 : end])), buf[end:]
+        if len(buf) > 64:
+            raise ValueError("no kura-object header")
+        more = await anext(chunks, None)
+        if more is None:
+            raise ValueError("object ends inside its header")
+        buf += more
+
+
+async def _chunks(stream: Any, store: ObjectStore) -> AsyncIterator[bytes]:
+    started = time.monotonic()
+    try:
+        async for chunk in stream:
+            yield bytes(chunk)
+    except Exception as exc:
+        raise store._failed("get", exc, started) from None
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+async def _file_chunks(header: bytes, path: Path) -> AsyncIterator[bytes]:
+    yield header
+    with path.open("rb") as f:
+        while chunk := f.read(READ_CHUNK_BYTES):
+            yield chunk
