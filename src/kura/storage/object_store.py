@@ -28,8 +28,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import obstore
 from obstore.exceptions import (
@@ -228,33 +227,49 @@ class ObjectStore:
 
     # -- operations --------------------------------------------------------------------------
 
-    async def put_file(
-        self, key: str, manifest: Manifest, path: Path | None, inline: bytes | None
-    ) -> None:
-        """Upload ``manifest`` and the body (the file at ``path``, or ``inline`` bytes) as one
+    async def put_file(self, key: str, manifest: Manifest, body: bytes | BinaryIO) -> None:
+        """Upload ``manifest`` and the body (bytes, or an open file read from its start) as one
         object at ``key``. Raises ObjectStoreError; on success the whole object is stored
-        (S3 PUT and multipart completion are atomic)."""
+        (S3 PUT and multipart completion are atomic). Reads of the file run in a thread."""
         header = encode_header(manifest)
-        body: bytes | AsyncIterator[bytes]
-        if inline is not None:
-            body = header + inline
+        payload: bytes | AsyncIterator[bytes]
+        if isinstance(body, bytes):
+            payload = header + body
         elif manifest.size <= SINGLE_PUT_BYTES:
-            assert path is not None
-            body = header + await asyncio.to_thread(path.read_bytes)
+            payload = header + await asyncio.to_thread(_read_all, body)
         else:
-            assert path is not None
-            body = _file_chunks(header, path)
+            payload = _file_chunks(header, body)
         await self._call(
             "put",
             obstore.put_async(
                 self._store,
                 key,
-                body,
+                payload,
                 attributes={"Content-Type": "application/octet-stream"},
-                use_multipart=not isinstance(body, bytes),
+                use_multipart=not isinstance(payload, bytes),
             ),
         )
         self.stats.uploaded_bytes_total += manifest.size
+
+    async def stored_version_ms(self, key: str) -> int | None:
+        """The ``version_ms`` of the object at ``key`` (its header, read with a ranged GET), or
+        None when absent. Raises ObjectStoreError."""
+        try:
+            result = await self._call(
+                "get", obstore.get_async(self._store, key, options={"range": (0, 64 * 1024)})
+            )
+        except NotFound:
+            return None
+        chunks = _chunks(result.stream(min_chunk_size=64 * 1024), self)
+        try:
+            manifest, _rest = await decode_header(chunks)
+        except ValueError:
+            got = await self.get(key)  # a header above 64 KiB (stored headers): read it whole
+            if got is None:
+                return None
+            manifest = got[0]
+            await got[1].aclose()  # type: ignore[attr-defined]
+        return manifest.version_ms
 
     async def get(self, key: str) -> tuple[Manifest, AsyncIterator[bytes]] | None:
         """The stored manifest and an iterator over exactly the artifact's bytes, or None when
@@ -319,7 +334,7 @@ class ObjectStore:
             async for _page in self.list_prefix(".kura-start-check/"):
                 break
             header = Manifest("probe", "probe", "", "probe", "text/plain", 0, "", 0, 0)
-            await self.put_file(probe, header, None, b"")
+            await self.put_file(probe, header, b"")
             await self.delete_many([probe])
         except ObjectStoreError as exc:
             return exc.result
@@ -389,8 +404,13 @@ async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[by
         yield chunk
 
 
-async def _file_chunks(header: bytes, path: Path) -> AsyncIterator[bytes]:
+def _read_all(f: BinaryIO) -> bytes:
+    f.seek(0)
+    return f.read()
+
+
+async def _file_chunks(header: bytes, f: BinaryIO) -> AsyncIterator[bytes]:
     yield header
-    with path.open("rb") as f:
-        while chunk := f.read(READ_CHUNK_BYTES):
-            yield chunk
+    await asyncio.to_thread(f.seek, 0)
+    while chunk := await asyncio.to_thread(f.read, READ_CHUNK_BYTES):
+        yield chunk

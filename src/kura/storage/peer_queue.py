@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from kura.core.errors import ResourceExhausted
+from kura.core.object_layout import OUTBOX_TARGET
 from kura.storage.index import DELETE_NAMESPACE, UPSERT
 
 SCHEMA = """
@@ -103,12 +105,25 @@ class PeerQueues:
 
     # -- the write path ------------------------------------------------------------------------
 
+    def check_room(self, targets: Sequence[str]) -> None:
+        """Before a local write: ResourceExhausted (503) when the object-storage tier's upload
+        queue is at the cap. Unlike a peer's, it is never skipped (a write acknowledged without
+        its upload queued could be evicted before any copy left this node)."""
+        if OUTBOX_TARGET in targets and self.depth(OUTBOX_TARGET) >= self.max_depth_per_peer:
+            raise ResourceExhausted(
+                f"the object-store upload queue holds {self.depth(OUTBOX_TARGET)} messages "
+                f"(KURA_OUTBOX_MAX_DEPTH={self.max_depth_per_peer}); the store is not keeping "
+                "up or is down, retry later",
+                retry_after_seconds=10,
+            )
+
     def admit(self, conn: sqlite3.Connection, peers: Sequence[str], now_ms: int) -> list[str]:
         """Writer thread, before a local write's transaction: the ``peers`` whose queue has room.
         A peer at its cap is skipped (counted) and, if it was not yet, marked ``overflow``."""
         kept = []
         for peer in peers:
-            if self.depth(peer) < self.max_depth_per_peer:
+            # The object tier's queue is never skipped: check_room refused the write instead.
+            if peer == OUTBOX_TARGET or self.depth(peer) < self.max_depth_per_peer:
                 kept.append(peer)
                 continue
             self.skipped_total = {**self.skipped_total, peer: self.skipped_total.get(peer, 0) + 1}

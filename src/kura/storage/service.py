@@ -196,6 +196,11 @@ class CacheService:
         self.on_outbox_write: Callable[[], None] = lambda: None
         # Set by the mesh: on a local miss, try to fetch the artifact id from peers.
         self.on_miss: Callable[[str], Awaitable[bool]] | None = None
+        # Object-storage tier (storage.object_tier): where local artifact writes are queued
+        # instead of replication_targets, and a fill from the bucket (artifact id, namespace)
+        # tried on a local miss before on_miss.
+        self.write_targets: Callable[[], Sequence[str]] | None = None
+        self.fill_from_tier: Callable[[str, str], Awaitable[bool]] | None = None
         # Set by the mesh while a bootstrap runs: eviction then only picks artifacts last used
         # before this wall-clock ms, so it never evicts what the bootstrap fetched.
         self.eviction_floor_ms: int | None = None
@@ -340,7 +345,9 @@ class CacheService:
         for aid in present:
             self._touches[aid] = now
         absent = [(r, aid) for r, aid in zip(refs, ids, strict=True) if aid not in present]
-        for i, (_ref, aid) in enumerate(absent):
+        for i, (ref, aid) in enumerate(absent):
+            if self.fill_from_tier is not None and await self.fill_from_tier(aid, ref.namespace_id):
+                continue  # object-storage tier
             if self.on_miss is None or not await self.on_miss(aid):
                 return [r for r, _ in absent[i:]]
         return []
@@ -355,6 +362,9 @@ class CacheService:
         are verified; a large one may carry ``verified=False``, to be hashed while sent."""
         aid = self.artifact_id(ref)
         body = await self._read_cached(aid)
+        tier = self.fill_from_tier  # object-storage tier: the bucket before any peer
+        if body is None and tier is not None and await tier(aid, ref.namespace_id):
+            body = await self._read_cached(aid)
         if body is None and self.on_miss is not None and await self.on_miss(aid):
             body = await self._read_cached(aid)
         if body is None:
@@ -704,7 +714,9 @@ class CacheService:
         source: str,
         xxh3_128: str | None = None,
     ) -> PutResult:
-        peers: Sequence[str] = self.replication_targets() if source == "local" else ()
+        targets = self.write_targets or self.replication_targets  # write_targets: object tier
+        peers: Sequence[str] = targets() if source == "local" else ()
+        self.queues.check_room(peers)  # object tier: a full upload queue refuses the write
         result = await self._in(
             self._writer,
             self._commit_sync,

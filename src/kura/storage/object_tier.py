@@ -1,0 +1,305 @@
+"""The object-storage tier: the durable outbox uploader, fills on a local miss, cleans.
+
+The rules (docs/object-storage.md states them for operators):
+
+* **Durability.** A local write is acknowledged once it is durable on local disk AND its upload
+  is queued in the node's durable outbox, in the same SQLite transaction (the existing outbox,
+  with ``OUTBOX_TARGET`` as one more target; ``CacheService.write_targets``). ``run`` drains that
+  queue in order: an upsert uploads the artifact as stored now, a namespace clean deletes the
+  namespace's objects; a message is deleted only after the store answered 2xx. Failures (store
+  down, timeouts, 5xx, 503 SlowDown, refused credentials) are logged, counted by result in
+  ``ObjectStoreStats`` and retried with jittered exponential backoff; nothing is dropped. An
+  artifact whose upload is pending is never evicted (``MetadataIndex.least_recently_used``),
+  so an outage never loses an acknowledged write and local reads keep being served.
+* **Last writer wins in the bucket too.** Before uploading, the stored object's header is read
+  (a ranged GET); an object at the same or a newer version is left alone. S3 has no
+  compare-and-swap on our versions, so two nodes uploading the same key at the same moment may
+  leave the older one (until it is written again); build-cache keys name their content, so
+  the two bodies are normally the same.
+* **Fills.** A local miss (``fill``) reads the object, and stores it through
+  ``CacheService.apply_replica`` at the writer's version: the object's size reserved in the tmp
+  budget before a byte is written, streamed to staging, verified against the manifest's SHA-256,
+  committed without any outbox message (a fill never replicates). The local namespace tombstone
+  still rules: an object older than a clean this node knows is not served.
+* **Cleans.** A clean's outbox message lists the namespace's prefix and deletes each object
+  last modified at or before the tombstone's version; a later one is deleted only if its own
+  header says its version is at or below the tombstone (a newer write by another node stays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kit.clock import Clock
+from kura.core.errors import KuraError, NotFound
+from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
+from kura.core.version import ApplyOutcome
+from kura.storage.index import DELETE_NAMESPACE, UPSERT, OutboxMessage
+from kura.storage.object_store import ObjectStore, ObjectStoreError
+from kura.storage.service import CacheService
+
+log = logging.getLogger(__name__)
+
+BATCH = 32
+PIPELINE = 4
+BACKOFF_START_SECONDS = 0.5
+IDLE_POLL_SECONDS = 2.0
+
+
+def backoff_seconds(failures: int, cap_seconds: float) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, start * 2**(failures-1))]
+    (https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/), at least 50 ms."""
+    ceiling = min(cap_seconds, BACKOFF_START_SECONDS * 2 ** max(0, failures - 1))
+    return max(0.05, random.uniform(0, ceiling))
+
+
+@dataclass
+class FillResult:
+    """What one fill did (for tests and logs)."""
+
+    filled: bool
+    reason: str
+
+
+class ObjectTier:
+    """See module docstring. Create after the service, ``await check_start()`` before serving,
+    run ``run()`` in the app's TaskGroup."""
+
+    def __init__(
+        self,
+        service: CacheService,
+        store: ObjectStore,
+        clock: Clock,
+        backoff_max_seconds: float = 30.0,
+    ) -> None:
+        self.service = service
+        self.store = store
+        self.clock = clock
+        self.backoff_max_seconds = backoff_max_seconds
+        self._wake = asyncio.Event()
+        self._failures = 0
+
+    # -- wiring ------------------------------------------------------------------------------
+
+    def write_targets(self) -> tuple[str, ...]:
+        """Where a local artifact write is queued: the bucket only (peers sharing the bucket
+        copy no bodies)."""
+        return (OUTBOX_TARGET,)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def check_start(self) -> None:
+        """Raise ``StartError`` when the bucket is missing or the credentials are refused; log
+        a WARNING and carry on when the store cannot be reached now (the outbox holds writes)."""
+        result = await self.store.check()
+        if result in ("bucket_missing", "auth"):
+            cfg = self.store.config
+            what = (
+                f"bucket {cfg.bucket!r} does not exist"
+                if result == "bucket_missing"
+                else f"the credentials (AWS_ACCESS_KEY_ID={cfg.access_key_id or '(unset)'}) "
+                "were refused"
+            )
+            raise StartError(
+                f"object store {self.store.describe()}: {what}; fix KURA_OBJECT_STORE_URL or the "
+                "AWS_* variables (see docs/object-storage.md)"
+            )
+        if result is not None:
+            log.warning(
+                "object store %s not usable at start (%s); writes queue in the outbox and upload "
+                "when it answers",
+                self.store.describe(),
+                result,
+            )
+
+    # -- fills -------------------------------------------------------------------------------
+
+    async def fill(self, artifact_id: str, namespace_id: str) -> bool:
+        """On a local miss: fetch the artifact from the bucket into the local tier. True when it
+        is stored locally now. Store errors are logged and read as a miss."""
+        result = await self.fill_result(artifact_id, namespace_id)
+        return result.filled
+
+    async def fill_result(self, artifact_id: str, namespace_id: str) -> FillResult:
+        key = object_key(self.service.tenant_id, namespace_id, artifact_id)
+        try:
+            got = await self.store.get(key)
+        except ObjectStoreError as exc:
+            log.warning("object store fill of %s failed: %s", artifact_id, exc.message)
+            return FillResult(False, exc.result)
+        if got is None:
+            return FillResult(False, "absent")
+        manifest, chunks = got
+        try:
+            if self.service.artifact_id_of(manifest) != artifact_id:
+                raise ObjectStoreError("error", f"object {key} holds another artifact")
+            outcome = await self.service.apply_replica(
+                manifest, chunks, declared_length=manifest.size, source="object_store"
+            )
+        except KuraError as exc:
+            log.warning("object store fill of %s refused: %s", artifact_id, exc.message)
+            return FillResult(False, type(exc).__name__)
+        finally:
+            with contextlib.suppress(Exception):
+                await chunks.aclose()  # type: ignore[attr-defined]
+        if outcome is ApplyOutcome.APPLIED:
+            self.store.stats.filled_bytes_total += manifest.size
+            return FillResult(True, "filled")
+        # Ignored: the same or a newer version is here already, or a clean covers it.
+        present = await self.service.read_manifest(artifact_id)
+        return FillResult(present is not None, outcome.value)
+
+    # -- the uploader ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Forever: drain the bucket's outbox queue in order, backing off after a failure."""
+        while True:
+            self._wake.clear()
+            batch = await self.service.outbox_batch(OUTBOX_TARGET, BATCH)
+            await self._refresh_gauges()
+            if not batch:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(IDLE_POLL_SECONDS):
+                        await self._wake.wait()
+                continue
+            done = await self._deliver(batch)
+            if done:
+                await self.service.outbox_ack(done)
+            if len(done) < len(batch):
+                self._failures += 1
+                await asyncio.sleep(backoff_seconds(self._failures, self.backoff_max_seconds))
+            else:
+                self._failures = 0
+
+    async def drain_once(self) -> int:
+        """Deliver what is queued now, once, without backoff; the number of messages acked."""
+        batch = await self.service.outbox_batch(OUTBOX_TARGET, BATCH)
+        done = await self._deliver(batch)
+        if done:
+            await self.service.outbox_ack(done)
+        return len(done)
+
+    async def _refresh_gauges(self) -> None:
+        depths = await self.service.outbox_depths()
+        count, oldest_ms = depths.get(OUTBOX_TARGET, (0, 0))
+        stats = self.store.stats
+        stats.upload_queue_depth = count
+        now = self.clock.now_ms()
+        stats.upload_oldest_age_seconds = max(0.0, (now - oldest_ms) / 1000) if count else 0.0
+
+    async def _deliver(self, batch: list[OutboxMessage]) -> list[int]:
+        """Deliver ``batch`` in order; the ids of the leading messages delivered (a failure
+        stops there, so the queue keeps its order). A run of upserts goes up to ``PIPELINE`` at
+        once, each artifact once (an upload sends its current version); a clean waits for
+        everything before it, and everything after it waits for the clean."""
+        done: list[int] = []
+        sem = asyncio.Semaphore(PIPELINE)
+
+        async def upload(artifact_id: str) -> bool:
+            async with sem:
+                return await self._send(UPSERT, artifact_id, "", 0)
+
+        i = 0
+        while i < len(batch):
+            if batch[i].kind != UPSERT:
+                msg = batch[i]
+                if not await self._send(msg.kind, "", msg.namespace_id, msg.version_ms):
+                    return done
+                done.append(msg.id)
+                i += 1
+                continue
+            j = i
+            while j < len(batch) and batch[j].kind == UPSERT:
+                j += 1
+            aids = list(dict.fromkeys(m.artifact_id for m in batch[i:j]))
+            results = await asyncio.gather(*(upload(a) for a in aids))
+            uploaded = {a for a, good in zip(aids, results, strict=True) if good}
+            for msg in batch[i:j]:
+                if msg.artifact_id not in uploaded:
+                    return done
+                done.append(msg.id)
+            i = j
+        return done
+
+    async def _send(self, kind: str, artifact_id: str, namespace_id: str, version_ms: int) -> bool:
+        try:
+            if kind == UPSERT:
+                await self._upload(artifact_id)
+            elif kind == DELETE_NAMESPACE:
+                await self._delete_namespace(namespace_id, version_ms)
+            return True
+        except ObjectStoreError as exc:
+            log.warning(
+                "object store upload queue: %s %s failed (retrying with backoff): %s",
+                "upload of" if kind == UPSERT else "clean of namespace",
+                artifact_id or repr(namespace_id),
+                exc.message,
+            )
+            return False
+
+    async def _upload(self, artifact_id: str) -> None:
+        """Upload the artifact as stored now (gone: nothing to do; a clean or a newer write
+        covers it)."""
+        try:
+            body = await self.service.read_by_id(artifact_id, hashed=True)
+        except NotFound:
+            return
+        try:
+            manifest = body.manifest
+            key = object_key(self.service.tenant_id, manifest.namespace_id, artifact_id)
+            stored = await self.store.stored_version_ms(key)
+            if stored is not None and stored >= manifest.version_ms:
+                return  # the same or a newer version is there (another node's, or a retry)
+            source = body.data if body.data is not None else body.file
+            assert source is not None
+            await self.store.put_file(key, manifest, source)
+        finally:
+            body.close()
+
+    async def _delete_namespace(self, namespace_id: str, version_ms: int) -> None:
+        prefix = namespace_prefix(self.service.tenant_id, namespace_id)
+        victims = []
+        async for page in self.store.list_prefix(prefix):
+            for obj in page:
+                if obj.last_modified.timestamp() * 1000 <= version_ms:
+                    victims.append(obj.key)
+                    continue
+                stored = await self.store.stored_version_ms(obj.key)
+                if stored is not None and stored <= version_ms:
+                    victims.append(obj.key)
+        await self.store.delete_many(victims)
+        if victims:
+            log.info("object store: cleaned namespace %r (%d objects)", namespace_id, len(victims))
+
+
+class StartError(KuraError):
+    """The object store is misconfigured (bucket missing, credentials refused): do not start."""
+
+
+def attach(
+    service: CacheService,
+    store: ObjectStore,
+    clock: Clock,
+    peer_targets: Callable[[], Sequence[str]],
+) -> ObjectTier:
+    """Wire a tier into ``service``: local artifact writes are queued for the bucket only,
+    cleans for the peers (``peer_targets``) and the bucket, a local miss fills from the bucket
+    first, and every outbox write wakes the uploader too."""
+    tier = ObjectTier(service, store, clock)
+    service.write_targets = tier.write_targets
+    service.replication_targets = lambda: [*peer_targets(), OUTBOX_TARGET]
+    service.fill_from_tier = tier.fill
+    wake_peers = service.on_outbox_write
+
+    def wake() -> None:
+        wake_peers()
+        tier.wake()
+
+    service.on_outbox_write = wake
+    return tier

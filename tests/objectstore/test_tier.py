@@ -1,0 +1,109 @@
+"""The object-storage tier end to end: real ``kura serve`` processes on a real SeaweedFS.
+
+A write is acknowledged once it is on local disk and its upload is queued in the durable
+outbox; the uploader puts it in the bucket; a second node sharing the bucket, with an empty
+disk and no bootstrap, is ready at once and serves it by filling from the bucket; a clean
+deletes the namespace's objects in the bucket; a missing bucket or a wrong secret stops
+``kura serve`` at start with a clear message and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+
+import httpx
+
+from kura.core.object_layout import namespace_prefix
+from kura.demo.seaweedfs import SeaweedFS
+from kura.storage.object_store import ObjectStore, ObjectStoreConfig
+from tests.conftest import NodeProcess
+from tests.e2e.mesh import wait_for
+from tests.objectstore.conftest import TierNode, get, put, start_failure, tier_metric
+
+QUEUE = "kura_object_store_upload_queue_messages"
+REQUESTS = "kura_object_store_requests_total"
+
+
+def drained(node: NodeProcess) -> bool:
+    return tier_metric(node, QUEUE) == 0 and tier_metric(node, REQUESTS, op="put", result="ok") > 0
+
+
+def bucket_keys(server: SeaweedFS, prefix: str, under: str = "") -> list[str]:
+    """The keys in bucket ``kura`` under ``prefix``/``under``, read with kura's own client."""
+    env = server.env("kura", prefix)
+    store = ObjectStore(ObjectStoreConfig.from_env(env["KURA_OBJECT_STORE_URL"], env, 10))
+
+    async def keys() -> list[str]:
+        return [o.key async for page in store.list_prefix(under) for o in page]
+
+    return asyncio.run(keys())
+
+
+def test_a_write_reaches_the_bucket_once_and_a_fresh_node_serves_it_at_once(
+    seaweedfs: SeaweedFS, tier_node: TierNode
+) -> None:
+    a = tier_node("a", prefix="fresh")
+    bodies = {f"k{i}": os.urandom(1000 + i * 70_000) for i in range(5)}  # 1 KB .. 281 KB
+    for key, body in bodies.items():
+        assert put(a, key, body) in (200, 201)
+    assert wait_for(lambda: drained(a), 30), a.log()[-2000:]
+    keys = bucket_keys(seaweedfs, "fresh", namespace_prefix("default", ""))
+    assert len(keys) == len(bodies)
+    # Once each (plus the start check's empty probe object).
+    assert tier_metric(a, REQUESTS, op="put", result="ok") == len(bodies) + 1
+    assert tier_metric(a, "kura_object_store_uploaded_bytes_total") == sum(
+        map(len, bodies.values())
+    )
+
+    b = tier_node("b", prefix="fresh")  # empty disk, same bucket, not a peer of a
+    assert httpx.get(b.url + "/ready", timeout=10).status_code == 200
+    assert b.index_rows() == 0
+    for key, body in bodies.items():
+        r = get(b, key)
+        assert r.status_code == 200, (key, r.text)
+        assert hashlib.sha256(r.content).hexdigest() == hashlib.sha256(body).hexdigest()
+    assert b.index_rows() == len(bodies)  # filled into its local tier
+    assert tier_metric(b, "kura_object_store_filled_bytes_total") == sum(map(len, bodies.values()))
+    assert get(b, "never-written").status_code == 404
+    assert tier_metric(b, REQUESTS, op="put", result="ok") == 1  # its probe: a fill never uploads
+    assert b.staging_files() == []
+
+
+def test_a_clean_deletes_the_namespace_in_the_bucket(
+    seaweedfs: SeaweedFS, tier_node: TierNode
+) -> None:
+    a = tier_node("a", prefix="clean")
+    for i in range(4):
+        assert put(a, f"c{i}", f"clean me {i}".encode()) in (200, 201)
+    assert wait_for(lambda: drained(a), 30)
+    assert len(bucket_keys(seaweedfs, "clean")) == 4
+    r = httpx.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
+    assert r.status_code == 204
+    assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 30)
+    assert wait_for(lambda: tier_metric(a, REQUESTS, op="delete", result="ok") > 0, 30)
+    assert bucket_keys(seaweedfs, "clean") == []
+    b = tier_node("b", prefix="clean")
+    assert get(b, "c0").status_code == 404
+    # A write after the clean is stored and uploaded again.
+    assert put(a, "c0", b"after the clean") in (200, 201)
+    assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 30)
+    assert wait_for(lambda: get(b, "c0").status_code == 200, 30)
+    assert get(b, "c0").content == b"after the clean"
+
+
+def test_a_missing_bucket_stops_the_node_at_start(seaweedfs: SeaweedFS, tmp_path: Path) -> None:
+    done = start_failure(seaweedfs, tmp_path / "n", bucket="no-such-bucket")
+    assert done.returncode == 1, done.stderr
+    assert "bucket 'no-such-bucket' does not exist" in done.stderr
+    assert "kura listening" not in done.stdout
+
+
+def test_a_wrong_secret_stops_the_node_at_start(seaweedfs: SeaweedFS, tmp_path: Path) -> None:
+    done = start_failure(seaweedfs, tmp_path / "n", secret="not-the-secret")
+    assert done.returncode == 1, done.stderr
+    assert "credentials (AWS_ACCESS_KEY_ID=kura-test) were refused" in done.stderr
+    assert "not-the-secret" not in done.stderr + done.stdout
+    assert seaweedfs.secret_key not in done.stderr + done.stdout
