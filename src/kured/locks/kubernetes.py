@@ -28,11 +28,11 @@ Instances are safe to use from many tasks of one event loop; ``close()`` closes 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import random
 from typing import Any
 
+from kit.backoff import Backoff
 from kit.clock import Clock
 from kured.apiserver import ApiServer, JsonObject
 from kured.core import lockrecord
@@ -44,6 +44,12 @@ DEFAULT_MAX_ATTEMPTS = 16
 # Conflict backoff: full jitter over a cap that doubles from the base up to kured's flat 1 s.
 BACKOFF_BASE_SECONDS = 0.02
 BACKOFF_CAP_SECONDS = 1.0
+
+
+def conflict_backoff(rng: random.Random) -> Backoff:
+    """The pause policy between a 409 and the re-read (full jitter, ``kit.backoff``); one per
+    call, shared by the annotation and the Lease lock."""
+    return Backoff(BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS, rng=rng)
 
 
 class KubernetesLock(RecordLock):
@@ -124,7 +130,8 @@ class KubernetesLock(RecordLock):
         return body
 
     async def _change(self, transition: Transition) -> Outcome:
-        for attempt in range(self._max_attempts):
+        backoff = conflict_backoff(self._rng)
+        for _ in range(self._max_attempts):
             obj, record = await self._read()
             outcome = transition(record)
             if outcome.write is Write.KEEP:
@@ -137,8 +144,7 @@ class KubernetesLock(RecordLock):
                 if not exc.conflict:
                     raise LockError(f"cannot write the lock: {exc.message}") from exc
                 self.conflicts_total += 1
-                cap = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**attempt)
-                await asyncio.sleep(self._rng.uniform(0, cap))
+                await backoff.sleep()
                 continue
             return outcome
         raise LockConflict(

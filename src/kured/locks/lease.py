@@ -33,7 +33,6 @@ annotation and the holder, so the object (and its ``leaseTransitions``) stays fo
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import math
 import random
@@ -44,7 +43,7 @@ from kured.apiserver import ApiServer, JsonObject
 from kured.core import lockrecord
 from kured.core.errors import ApiError, LockConflict, LockError
 from kured.core.lockrecord import LockEntry, LockRecord, Outcome, Transition, Write
-from kured.locks.kubernetes import BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS, DEFAULT_MAX_ATTEMPTS
+from kured.locks.kubernetes import DEFAULT_MAX_ATTEMPTS, conflict_backoff
 from kured.locks.record import RecordLock
 
 _NANOS = 1_000_000_000
@@ -168,7 +167,8 @@ class LeaseLock(RecordLock):
         return body
 
     async def _change(self, transition: Transition) -> Outcome:
-        for attempt in range(self._max_attempts):
+        backoff = conflict_backoff(self._rng)
+        for _ in range(self._max_attempts):
             obj, record = await self._read()
             outcome = transition(record)
             if outcome.write is Write.KEEP or (obj is None and outcome.write is Write.DELETE):
@@ -183,8 +183,7 @@ class LeaseLock(RecordLock):
                 if not exc.conflict:
                     raise LockError(f"cannot write the lock: {exc.message}") from exc
                 self.conflicts_total += 1
-                cap = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**attempt)
-                await asyncio.sleep(self._rng.uniform(0, cap))
+                await backoff.sleep()
                 continue
             return outcome
         raise LockConflict(
