@@ -90,7 +90,8 @@ from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.change_feed import ChangesPage
 from kura.storage.checksum import SHA256, XXH3_128
 from kura.storage.hotcache import HotCache
-from kura.storage.index import MetadataIndex, OutboxMessage
+from kura.storage.index import MetadataIndex
+from kura.storage.outbox import OutboxMessage
 from kura.storage.peer_queue import PeerQueues
 from kura.storage.quarantine import Quarantine
 from kura.storage.recovery import StartReport, open_storage, warnings
