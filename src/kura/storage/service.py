@@ -433,7 +433,7 @@ class CacheService:
         (``verified=False``: hashed while sent) unless ``verify_reads == "changed"``, which
         trusts the signature; with another signature it is hashed here first."""
         try:
-            f = self._blob_path(manifest).open("rb")
+            f = self.files.open_blob(manifest)
         except FileNotFoundError:
             return None
         st = os.fstat(f.fileno())
@@ -792,7 +792,7 @@ class CacheService:
         old = None if existing is None or existing[0].inline else self.files.blob_path(existing[0])
         new = None if staged_path is None else self.files.blob_path(manifest)
         if staged_path is not None:
-            sig = stat_signature(self.files.persist(staged_path, manifest))
+            sig = self.files.put(staged_path, manifest)
             failpoint("storage.after_publish")
         outbox_peers = self.queues.admit(index.connection(), outbox_peers, self.clock.now_ms())
         # A bootstrap copy counts as last used when the bootstrap began: never used here, and
