@@ -208,25 +208,6 @@ class MetadataIndex(PagingQueries, OutboxQueries):
         )
         return int(row[0]), int(row[1])
 
-    def least_recently_used(
-        self, limit: int, exclude: str, used_before_ms: int | None = None
-    ) -> list[tuple[str, int, bool]]:
-        """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
-        version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
-        used (or written) at or after it."""
-        before = (1 << 62) if used_before_ms is None else used_before_ms
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
-                "WHERE artifact_id != ? AND last_access_ms < ? "
-                "ORDER BY last_access_ms, version_ms, artifact_id LIMIT ?",
-                (exclude, before, limit),
-            )
-            .fetchall()
-        )
-        return [(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
-
     # -- writes (writer thread only) ---------------------------------------------------------
 
     def upsert(

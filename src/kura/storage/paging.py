@@ -1,6 +1,7 @@
 """Paging queries of the metadata index: manifests and tombstones in cursor order, for peers
-(bootstrap, catch-up) and the scrub. A mixin of ``storage.index.MetadataIndex``, with the same
-rules: read-only, blocking, one connection per thread.
+(bootstrap, catch-up) and the scrub, and artifacts in eviction order (``storage.eviction``).
+A mixin of ``storage.index.MetadataIndex``, with the same rules: read-only, blocking, one
+connection per thread.
 """
 
 from __future__ import annotations
@@ -84,3 +85,22 @@ class PagingQueries:
             .fetchall()
         )
         return [(str(r[0]), int(r[1])) for r in rows]
+
+    def least_recently_used(
+        self, limit: int, exclude: str, used_before_ms: int | None = None
+    ) -> list[tuple[str, int, bool]]:
+        """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
+        version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
+        used (or written) at or after it."""
+        before = (1 << 62) if used_before_ms is None else used_before_ms
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
+                "WHERE artifact_id != ? AND last_access_ms < ? "
+                "ORDER BY last_access_ms, version_ms, artifact_id LIMIT ?",
+                (exclude, before, limit),
+            )
+            .fetchall()
+        )
+        return [(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
