@@ -65,6 +65,7 @@ from kura.mesh.membership import Membership
 from kura.mesh.read_through import ReadThrough
 from kura.mesh.repair import Repairer
 from kura.mesh.shipper import Shipper
+from kura.mesh.storage_hooks import MeshHooks
 from kura.mesh.wire import peer_label
 from kura.settings import Settings
 from kura.storage.budget import TmpBudget
@@ -103,6 +104,7 @@ class Node:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.budget = TmpBudget(settings.tmp_dir_max_bytes, tmp_dir=Path(settings.tmp_dir))
+        self.storage_hooks = MeshHooks()  # connected below, once the mesh components exist
         self.service = CacheService(
             data_dir=Path(settings.data_dir),
             tmp_dir=Path(settings.tmp_dir),
@@ -118,6 +120,7 @@ class Node:
             on_quarantine=self._repair_quarantined,
             max_clock_skew_ms=settings.max_clock_skew_ms,
             max_inline_bytes=settings.max_keyvalue_bytes,
+            hooks=self.storage_hooks,
         )
         self.scrubber = Scrubber(
             self.service,
@@ -215,10 +218,12 @@ class Node:
             max_requests_per_second=settings.anti_entropy_max_requests_per_second,
             max_requests_per_round=settings.anti_entropy_max_requests_per_round,
         )
-        self.service.replication_targets = self.catch_up.targets
-        self.service.on_outbox_write = self.shipper.wake
-        if settings.read_through != "never":
-            self.service.on_miss = self.read_through.fetch
+        self.storage_hooks.connect(
+            targets=self.catch_up.targets,
+            wake=self.shipper.wake,
+            fetch=None if settings.read_through == "never" else self.read_through.fetch,
+            floor_ms=lambda: self.bootstrapper.eviction_floor_ms,
+        )
         self.membership.listeners.append(self._on_membership_change)
         self.metrics = KuraMetrics(settings.region, settings.tenant_id)
         self.metrics.watch_store(

@@ -185,9 +185,9 @@ class Bootstrapper:
             else DiskAllowance(disk_limit_bytes, lambda: service.stats.used_bytes)
         )
         self._evictions: set[asyncio.Task[None]] = set()
-        self._guard = EvictionGuard(
-            lambda ms: setattr(service, "eviction_floor_ms", ms), clock.now_ms
-        )
+        # Read by storage through its hooks (mesh.storage_hooks): what eviction must keep.
+        self.eviction_floor_ms: int | None = None
+        self._guard = EvictionGuard(lambda ms: setattr(self, "eviction_floor_ms", ms), clock.now_ms)
         self._rest_served_by = rest_served_by
         self._gate = VersionGate(self._budget_may_bind)
         self._batches = BatchFetcher(

@@ -33,7 +33,7 @@ from kit.clock import Clock
 from kura.core.errors import NotFound
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import FUTURE_VERSION
-from kura.storage.index import DELETE_NAMESPACE, OutboxMessage
+from kura.storage.outbox import DELETE_NAMESPACE, OutboxMessage
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kura.storage.index import DELETE_NAMESPACE, UPSERT
+from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS catch_up (
