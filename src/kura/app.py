@@ -67,12 +67,13 @@ from kura.mesh.membership import Membership
 from kura.mesh.read_through import ReadThrough
 from kura.mesh.repair import Repairer
 from kura.mesh.shipper import Shipper
+from kura.mesh.storage_hooks import MeshHooks
 from kura.mesh.wire import peer_label
 from kura.settings import Settings
 from kura.storage.budget import TmpBudget
 from kura.storage.multipart import MultipartUploads
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
-from kura.storage.object_tier import ObjectTier, attach
+from kura.storage.object_tier import ObjectTier, TierHooks
 from kura.storage.scrub import Scrubber
 from kura.storage.service import CacheService
 
@@ -107,6 +108,9 @@ class Node:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.budget = TmpBudget(settings.tmp_dir_max_bytes, tmp_dir=Path(settings.tmp_dir))
+        self.storage_hooks = MeshHooks()  # connected below, once the mesh components exist
+        # With the object-storage tier, its hooks wrap the mesh's (storage.object_tier).
+        tier_hooks = TierHooks(self.storage_hooks) if settings.object_store_url else None
         self.service = CacheService(
             data_dir=Path(settings.data_dir),
             tmp_dir=Path(settings.tmp_dir),
@@ -122,6 +126,7 @@ class Node:
             on_quarantine=self._repair_quarantined,
             max_clock_skew_ms=settings.max_clock_skew_ms,
             max_inline_bytes=settings.max_keyvalue_bytes,
+            hooks=tier_hooks or self.storage_hooks,
         )
         self.scrubber = Scrubber(
             self.service,
@@ -219,21 +224,23 @@ class Node:
             max_requests_per_second=settings.anti_entropy_max_requests_per_second,
             max_requests_per_round=settings.anti_entropy_max_requests_per_round,
         )
-        self.service.replication_targets = self.catch_up.targets
-        self.service.on_outbox_write = self.shipper.wake
-        if settings.read_through != "never":
-            self.service.on_miss = self.read_through.fetch
+        self.storage_hooks.connect(
+            targets=self.catch_up.targets,
+            wake=self.shipper.wake,
+            fetch=None if settings.read_through == "never" else self.read_through.fetch,
+            floor_ms=lambda: self.bootstrapper.eviction_floor_ms,
+        )
         self.membership.listeners.append(self._on_membership_change)
         self.metrics = KuraMetrics(settings.region, settings.tenant_id)
         # The object-storage tier (docs/object-storage.md), off without KURA_OBJECT_STORE_URL.
         self.object_tier: ObjectTier | None = None
-        if settings.object_store_url:
+        if tier_hooks is not None:
             config = ObjectStoreConfig.from_env(
                 settings.object_store_url, os.environ, settings.object_store_timeout_seconds
             )
-            store = ObjectStore(config)
-            self.object_tier = attach(self.service, store, self.clock, self.catch_up.targets)
-            self.metrics.registry.register(ObjectStoreCollector(store.stats))
+            self.object_tier = ObjectTier(self.service, ObjectStore(config), self.clock)
+            tier_hooks.connect(self.object_tier)
+            self.metrics.registry.register(ObjectStoreCollector(self.object_tier.store.stats))
         self.metrics.watch_store(
             self.service.stats,
             self.budget,

@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
+from kit.backoff import Backoff
 from kured.contract import (
     AgentConfig,
     AgentView,
@@ -127,16 +128,20 @@ class NodeSteps:
         return uncordoned
 
     async def _until_uncordoned(self, uncordon: Callable[[], Awaitable[object]]) -> None:
-        """Run ``uncordon`` until it succeeds, pausing with full jitter over a doubling cap
-        between attempts; every failure is logged, counted and shown as the decision."""
-        pause = self.config.uncordon_backoff_initial_seconds
-        attempt = 0
+        """Run ``uncordon`` until it succeeds, pausing with equal jitter (``kit.backoff``:
+        from half a doubling ceiling to it) between attempts; every failure is logged, counted and shown as the decision."""
+        backoff = Backoff(
+            self.config.uncordon_backoff_initial_seconds,
+            self.config.uncordon_backoff_cap_seconds,
+            jitter=0.5,
+            rng=self.rng,
+        )
         while True:
             try:
                 await uncordon()
             except KuredError as exc:
-                attempt += 1
-                wait = self.rng.uniform(pause / 2, pause)
+                wait = backoff.failed()
+                attempt = backoff.failures
                 text = (
                     f"cannot uncordon node {self.config.node_id} (attempt {attempt}): "
                     f"{exc.message}; keeping the lock, retrying in {wait:.1f}s"
@@ -145,9 +150,8 @@ class NodeSteps:
                 self.view.fail("uncordon")
                 self.view.decision = Decision(Action.RELEASE, (Reason(Why.UNCORDON_FAILED, text),))
                 await self.sleep(wait)
-                pause = min(pause * 2, self.config.uncordon_backoff_cap_seconds)
                 continue
-            if attempt:
+            if attempt := backoff.failures:
                 log.info(
                     "uncordoned node %s after %d failed attempts", self.config.node_id, attempt
                 )

@@ -1,7 +1,8 @@
 """Eviction while a bootstrap runs (issue 11, deliverable 4), on a real CacheService in-process
 (real SQLite index and blob dir; the clock is a ManualClock so "used before" is exact).
 
-While ``eviction_floor_ms`` is set, eviction only picks artifacts last used before it: what the
+While the hooks report an eviction floor (``StorageHooks.eviction_floor_ms``, which the
+bootstrap sets through ``mesh.storage_hooks``), eviction only picks artifacts last used before it: what the
 bootstrap fetched (and anything written or read since) is never evicted, while older data still
 makes room for live writes. Once the floor is cleared, eviction is plain LRU again.
 """
@@ -12,10 +13,20 @@ from pathlib import Path
 
 from kit.clock import ManualClock
 from kura.storage.budget import TmpBudget
+from kura.storage.hooks import NoHooks
 from kura.storage.service import ArtifactRef, CacheService
 
 SIZE = 1000
 LIMIT = 10 * SIZE
+
+
+class Floor(NoHooks):
+    """The storage hooks with the one thing this test drives: the bootstrap's eviction floor."""
+
+    floor_ms: int | None = None
+
+    def eviction_floor_ms(self) -> int | None:
+        return self.floor_ms
 
 
 def ref(key: str) -> ArtifactRef:
@@ -30,6 +41,7 @@ async def test_a_live_write_during_bootstrap_evicts_only_data_older_than_the_boo
     tmp_path: Path,
 ) -> None:
     clock = ManualClock()
+    hooks = Floor()
     service = CacheService(
         data_dir=tmp_path / "data",
         tmp_dir=tmp_path / "tmp",
@@ -38,6 +50,7 @@ async def test_a_live_write_during_bootstrap_evicts_only_data_older_than_the_boo
         clock=clock,
         max_disk_bytes=LIMIT,
         min_free_disk_bytes=0,
+        hooks=hooks,
     )
     await service.start()
     try:
@@ -46,7 +59,7 @@ async def test_a_live_write_during_bootstrap_evicts_only_data_older_than_the_boo
             await service.put_inline(ref(key), key.encode().ljust(SIZE, b"o"), "text/plain")
             clock.advance(0.001)
         clock.advance(1)
-        service.eviction_floor_ms = clock.now_ms()  # the bootstrap starts
+        hooks.floor_ms = clock.now_ms()  # the bootstrap starts
         fetched = [f"boot{i}" for i in range(4)]
         for key in fetched:  # stands for what the bootstrap commits (stamped at or after it)
             await service.put_inline(ref(key), key.encode().ljust(SIZE, b"b"), "text/plain")
@@ -77,7 +90,7 @@ async def test_a_live_write_during_bootstrap_evicts_only_data_older_than_the_boo
         assert await held(service, fetched) == set(fetched)
         assert service.stats.used_bytes > LIMIT  # over the budget rather than evict bootstrap's
 
-        service.eviction_floor_ms = None  # the bootstrap ended: plain LRU again
+        hooks.floor_ms = None  # the bootstrap ended: plain LRU again
         await service.put_inline(ref("after"), b"a" * SIZE, "text/plain")
         assert service.stats.used_bytes <= LIMIT
         assert "boot0" not in await held(service, fetched)  # the least recently used went first

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from kura.storage.object_store import LATENCY_BUCKETS, OPS, RESULTS, ObjectStoreStats
+from kura.storage.object_store_stats import LATENCY_BUCKETS, OPS, RESULTS, ObjectStoreStats
 
 
 class ObjectStoreCollector(Collector):

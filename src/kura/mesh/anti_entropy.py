@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kit.backoff import every
 from kit.clock import Clock
 from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
@@ -139,17 +140,16 @@ class AntiEntropy:
 
     async def run(self) -> None:
         """Forever (returns at once when disabled): wait an interval, then a round if ready.
-        A round's failure is logged and the next interval retries."""
+        A round that crashes is logged and retried after a jittered, growing pause
+        (``kit.backoff.every``)."""
         if self.interval_seconds <= 0:
             return
-        while True:
-            await asyncio.sleep(self.interval_seconds)
-            if not self._ready():
-                continue
-            try:
-                await self.round_once()
-            except Exception:
-                log.exception("anti-entropy round failed; retrying next interval")
+        await asyncio.sleep(self.interval_seconds)
+        await every(self._round_if_ready, self.interval_seconds, what="anti-entropy round", log=log)
+
+    async def _round_if_ready(self) -> None:
+        if self._ready():
+            await self.round_once()
 
     async def round_once(self) -> None:
         """One round over every healthy peer (see module docstring)."""

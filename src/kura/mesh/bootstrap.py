@@ -26,7 +26,9 @@ This is the fix for the stall in docs/reference/kura-behaviour.md §0, built rig
   ``KURA_MAX_CLOCK_SKEW_MS`` is refused by the service (logged, counted), skipped here (result
   ``rejected_future``) and does not fail the pass: a peer holding one cannot stall bootstrap.
 * **Failures.** One failing artifact does not stop a pass; the pass then reports itself
-  incomplete and is retried with backoff. A pass that makes no progress for
+  incomplete and is retried with backoff: a ceiling of 1 s doubling to 60 s, each pause drawn
+  from half the ceiling to all of it (``kit.backoff``, equal jitter), so the nodes that failed
+  against one peer together do not all return to it at the same instant. A pass that makes no progress for
   ``stall_timeout_seconds`` is abandoned and retried.
 * **Readiness.** The node is ready once every known peer's pass has completed. A peer whose
   passes fail ``max_failed_passes`` times in a row stops gating readiness (upstream's stall was
@@ -52,6 +54,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from kit.backoff import Backoff
 from kit.clock import Clock
 from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
@@ -81,6 +84,11 @@ DONE_RESULTS = frozenset(
 )
 RETRY_START_SECONDS = 1.0
 RETRY_MAX_SECONDS = 60.0
+RETRY_JITTER = 0.5  # each pause within [ceiling / 2, ceiling]
+
+
+def _retry_backoff() -> Backoff:
+    return Backoff(RETRY_START_SECONDS, RETRY_MAX_SECONDS, jitter=RETRY_JITTER)
 
 
 class PeerPhase(enum.Enum):
@@ -97,9 +105,9 @@ class PeerProgress:
     peer: str
     phase: PeerPhase = PeerPhase.PENDING
     passes: int = 0
-    failed_passes_in_a_row: int = 0
+    # failed passes in a row, and the monotonic deadline of the next attempt
+    backoff: Backoff = field(default_factory=_retry_backoff)
     abandoned: bool = False  # stopped gating readiness after too many failed passes
-    next_attempt_at: float = 0.0
     bytes_total: int = 0
     bytes_done: int = 0
     artifacts_total: int = 0
@@ -121,6 +129,11 @@ class PeerProgress:
 
     def count(self, result: str) -> None:
         self.results_total[result] = self.results_total.get(result, 0) + 1
+
+    @property
+    def failed_passes_in_a_row(self) -> int:
+        """Passes failed since the last complete one (or the peer's return once done)."""
+        return self.backoff.failures
 
     @property
     def gates_readiness(self) -> bool:
@@ -172,9 +185,9 @@ class Bootstrapper:
             else DiskAllowance(disk_limit_bytes, lambda: service.stats.used_bytes)
         )
         self._evictions: set[asyncio.Task[None]] = set()
-        self._guard = EvictionGuard(
-            lambda ms: setattr(service, "eviction_floor_ms", ms), clock.now_ms
-        )
+        # Read by storage through its hooks (mesh.storage_hooks): what eviction must keep.
+        self.eviction_floor_ms: int | None = None
+        self._guard = EvictionGuard(lambda ms: setattr(self, "eviction_floor_ms", ms), clock.now_ms)
         self._rest_served_by = rest_served_by
         self._gate = VersionGate(self._budget_may_bind)
         self._batches = BatchFetcher(
@@ -244,7 +257,7 @@ class Bootstrapper:
         state = self._progress(peer)
         if state.phase is PeerPhase.DONE:
             state.phase = PeerPhase.PENDING
-            state.next_attempt_at = 0.0
+            state.backoff.reset()
 
     # -- loop ----------------------------------------------------------------------------------
 
@@ -268,7 +281,7 @@ class Bootstrapper:
                                 self._background_pass(state), name=f"changes poll {peer}"
                             )
                         continue
-                    if state.next_attempt_at > now:
+                    if state.backoff.waiting(now):
                         continue
                     self._running[peer] = asyncio.create_task(
                         self._guarded_pass(state), name=f"bootstrap {peer}"
@@ -331,7 +344,7 @@ class Bootstrapper:
             state.phase = PeerPhase.DONE
             self._release_floor_if_idle()
             state.next_poll_at = self._clock.monotonic() + self._poll_interval
-            state.failed_passes_in_a_row = 0
+            state.backoff.reset()
             state.last_error = ""
             if state.abandoned:
                 log.info("bootstrap from %s completed after being abandoned", state.peer)
@@ -368,12 +381,8 @@ class Bootstrapper:
 
     def _failed(self, state: PeerProgress, error: str) -> None:
         state.phase = PeerPhase.FAILED
-        state.failed_passes_in_a_row += 1
         state.last_error = error
-        backoff = min(
-            RETRY_START_SECONDS * 2 ** (state.failed_passes_in_a_row - 1), RETRY_MAX_SECONDS
-        )
-        state.next_attempt_at = self._clock.monotonic() + backoff
+        backoff = state.backoff.failed(self._clock.monotonic())
         if state.failed_passes_in_a_row >= self._max_failed_passes and not state.abandoned:
             state.abandoned = True
             log.error(

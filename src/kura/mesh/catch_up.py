@@ -43,6 +43,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from kit.backoff import every
 from kit.clock import Clock
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.membership import Membership
@@ -135,12 +136,7 @@ class CatchUp:
     async def run(self) -> None:
         """Forever: forget peers absent too long, catch up marked peers that are back."""
         try:
-            while True:
-                try:
-                    await self.check_once()
-                except Exception:
-                    log.exception("outbox end-of-life check failed; retrying next interval")
-                await asyncio.sleep(self._interval)
+            await every(self.check_once, self._interval, what="outbox end-of-life check", log=log)
         finally:
             for task in self._passes.values():
                 task.cancel()

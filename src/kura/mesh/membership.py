@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from kit.backoff import every
 from kit.clock import Clock
 from kura.mesh.client import PeerClient, PeerError
 
@@ -122,13 +123,9 @@ class Membership:
     # -- discovery loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Forever: probe every candidate each interval."""
-        while True:
-            try:
-                await self.probe_once()
-            except Exception:
-                log.exception("discovery round failed; retrying next interval")
-            await asyncio.sleep(self._interval)
+        """Forever: probe every candidate each interval (``kit.backoff.every``: a round that
+        crashes is logged and retried after a jittered, growing pause)."""
+        await every(self.probe_once, self._interval, what="discovery round", log=log)
 
     async def candidates(self) -> list[str]:
         found = set(self._seeds)

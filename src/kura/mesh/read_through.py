@@ -47,7 +47,8 @@ class ReadThroughStats:
 
 
 class ReadThrough:
-    """Fetches a missing artifact from peers. Install with ``service.on_miss = rt.fetch``."""
+    """Fetches a missing artifact from peers: the ``fetch_missing`` hook of storage (``kura.app``
+    connects it through ``mesh.storage_hooks.MeshHooks``)."""
 
     def __init__(
         self,

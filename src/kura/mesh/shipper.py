@@ -4,7 +4,9 @@ acknowledged it (2xx).
 One worker per peer, so a slow or dead peer never holds up the others (field report B34). A
 worker wakes on every local write and every ``RETRY_SECONDS``; it takes the peer's oldest
 messages in batches and delivers up to ``PIPELINE`` of them at once. After a failure the peer
-backs off 2 s, doubling to ``backoff_max_seconds`` (kura-behaviour.md §3); a success, or the
+backs off with a ceiling of 2 s doubling to ``backoff_max_seconds`` (kura-behaviour.md §3), each
+pause drawn from half the ceiling to all of it (``kit.backoff``, equal jitter), so the nodes
+that lost one peer together do not all retry it at the same instant; a success, or the
 membership seeing the peer healthy again, resets the backoff.
 
 An upsert ships the artifact as it is stored *now* (its current version); if it is gone (evicted
@@ -26,18 +28,20 @@ import logging
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from kit.backoff import Backoff
 from kit.clock import Clock
 from kura.core.errors import NotFound
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import FUTURE_VERSION
-from kura.storage.index import DELETE_NAMESPACE, OutboxMessage
+from kura.storage.outbox import DELETE_NAMESPACE, OutboxMessage
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 2.0
 BACKOFF_START_SECONDS = 2.0
+BACKOFF_JITTER = 0.5  # each pause within [ceiling / 2, ceiling]
 BATCH = 64
 PIPELINE = 4
 
@@ -83,8 +87,7 @@ class PeerShipping:
     """Per-peer delivery state, read by metrics and ``kura status``."""
 
     peer: str
-    failures: int = 0
-    backoff_until: float = 0.0
+    backoff: Backoff  # failures in a row and the deadline of the next attempt
     depth: int = 0
     oldest_enqueued_ms: int | None = None
     last_error: str = ""
@@ -92,6 +95,11 @@ class PeerShipping:
     # reason (refusal_reason) -> copies dropped because the peer refused them for good
     dropped_total: dict[str, int] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def failures(self) -> int:
+        """Failed deliveries in a row (0 after a success or the peer's return)."""
+        return self.backoff.failures
 
     def count(self, operation: str, result: str) -> None:
         key = (operation, result)
@@ -126,8 +134,7 @@ class Shipper:
         """Membership saw ``node_url`` come back: retry it now instead of after its backoff."""
         state = self.peers.get(node_url)
         if state is not None:
-            state.failures = 0
-            state.backoff_until = 0.0
+            state.backoff.reset()
             state.wake.set()
 
     async def run(self) -> None:
@@ -152,7 +159,8 @@ class Shipper:
         for peer, (count, oldest) in depths.items():
             state = self.peers.get(peer)
             if state is None:
-                state = self.peers[peer] = PeerShipping(peer)
+                backoff = Backoff(BACKOFF_START_SECONDS, self._backoff_max, jitter=BACKOFF_JITTER)
+                state = self.peers[peer] = PeerShipping(peer, backoff)
             state.depth, state.oldest_enqueued_ms = count, oldest
         for peer, state in self.peers.items():
             if peer not in depths:
@@ -167,12 +175,12 @@ class Shipper:
         while True:
             # Clear before looking, so a write that lands while we deliver wakes us again.
             state.wake.clear()
-            if state.backoff_until <= self._clock.monotonic():
+            if not state.backoff.waiting(self._clock.monotonic()):
                 batch = await self._service.outbox_batch(state.peer, BATCH)
                 if batch and await self._deliver(state, batch):
                     continue  # more may be waiting
             now = self._clock.monotonic()
-            wait = state.backoff_until - now if state.backoff_until > now else RETRY_SECONDS
+            wait = state.backoff.remaining(now) if state.backoff.waiting(now) else RETRY_SECONDS
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await state.wake.wait()
@@ -204,10 +212,9 @@ class Shipper:
         if state.depth == 0:
             state.oldest_enqueued_ms = None
         if failed:
-            state.failures += 1
-            backoff = min(BACKOFF_START_SECONDS * 2 ** (state.failures - 1), self._backoff_max)
-            state.backoff_until = self._clock.monotonic() + backoff
-            if state.last_error != failed[0] or state.failures in (1, 5, 10) or backoff >= 60:
+            backoff = state.backoff.failed(self._clock.monotonic())
+            long_pauses = state.backoff.ceiling(state.failures) >= 60
+            if state.last_error != failed[0] or state.failures in (1, 5, 10) or long_pauses:
                 log.warning(
                     "replication to %s failed (%d in a row, retry in %.0fs): %s",
                     state.peer,
@@ -219,8 +226,7 @@ class Shipper:
             return False
         if state.failures:
             log.info("replication to %s recovered after %d failures", state.peer, state.failures)
-        state.failures = 0
-        state.backoff_until = 0.0
+        state.backoff.reset()
         state.last_error = ""
         return True
 

@@ -30,9 +30,10 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from kura.core.errors import (
     DigestMismatch,
@@ -97,7 +98,12 @@ def sha256_file(path: Path) -> str:
 
 
 class BlobFiles:
-    """Paths and file operations for blobs and staging. Holds the data dir's writer lock."""
+    """Paths and file operations for blobs and staging. Holds the data dir's writer lock.
+
+    The local-disk ``storage.blobstore.BlobStore`` (``put``, ``open_blob``, ``remove``,
+    ``remove_artifact``, ``artifact_ids``), plus what only a local disk has: paths for the
+    integrity checks and the quarantine, the staging area, the layout and its migration.
+    """
 
     def __init__(self, data_dir: Path, tmp_dir: Path) -> None:
         self.data_dir = data_dir
@@ -242,6 +248,18 @@ class BlobFiles:
                 staged_path.unlink(missing_ok=True)
         fsync_dir(final.parent)
         return os.stat(final)
+
+    def put(self, staged_path: Path, manifest: Manifest) -> str | None:
+        """``BlobStore.put``: ``persist``, returning the new file's ``stat_signature``."""
+        return stat_signature(self.persist(staged_path, manifest))
+
+    def open_blob(self, manifest: Manifest) -> BinaryIO:
+        """``BlobStore.open_blob``: ``blob_path(manifest)`` opened for reading."""
+        return self.blob_path(manifest).open("rb")
+
+    def artifact_ids(self) -> Iterator[str]:
+        """``BlobStore.artifact_ids``: the ids of ``stored_files``."""
+        return iter(self.stored_files())
 
     def remove(self, manifest: Manifest) -> None:
         """Unlink this version's file (a reader that has it open keeps reading it)."""

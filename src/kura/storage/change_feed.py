@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
 from kura.storage import change_seq
-from kura.storage.index import _COLUMNS, _row_to_manifest
+from kura.storage.schema import COLUMNS as _COLUMNS
+from kura.storage.schema import row_to_manifest as _row_to_manifest
 
 
 class FeedUnavailable(Exception):

@@ -11,13 +11,11 @@ All methods are synchronous and blocking; ``CacheService`` calls them from its e
 connection per thread (SQLite connections must not be shared across threads without care); all
 writes go through a single writer thread, so write transactions never contend.
 
-The schema carries a version in ``meta``; opening the index creates or migrates it in place.
-Version 2 added ``artifacts.xxh3_128`` (the fast checksum of ``storage.checksum``, NULL for rows
-written before it): an ``ALTER TABLE ... ADD COLUMN``, which rewrites no row
-(https://www.sqlite.org/lang_altertable.html#altertabaddcol). A version-1 file opened read-only
-(a full disk) is read as it is, every row without a checksum. Version 3 added the change
-sequence (``artifacts.seq``, ``tombstones.seq``, ``meta['change_seq']``, ``meta['epoch']``) and
-the ``peer_cursors`` table: ``storage.change_seq`` owns them and their migration.
+The index is split by job: this module opens the file (creating or migrating the schema of
+``storage.schema``) and holds the artifact, tombstone and access-time reads and writes;
+``storage.paging`` the cursor pages for peers; ``storage.outbox_queries`` the outbox reads and
+deletes (its vocabulary, ``storage.outbox``, is the one public to the mesh). Only
+``kura.storage`` imports these modules (import-linter contract in ``pyproject.toml``).
 
 Durability: every connection runs ``synchronous=FULL``, so in WAL mode each COMMIT fsyncs the
 WAL before it returns; a committed row survives a power loss, not only a process crash
@@ -37,111 +35,25 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from kura.core.manifest import Manifest
-from kura.core.object_layout import OUTBOX_TARGET
 from kura.storage import change_seq, digests
-
-SCHEMA_VERSION = 3
-# Versions a read-only open accepts as they are (it cannot migrate).
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS artifacts (
-    artifact_id    TEXT PRIMARY KEY,
-    producer       TEXT NOT NULL,
-    namespace_id   TEXT NOT NULL,
-    key            TEXT NOT NULL,
-    content_type   TEXT NOT NULL,
-    size           INTEGER NOT NULL,
-    sha256         TEXT NOT NULL,
-    version_ms     INTEGER NOT NULL,
-    created_at_ms  INTEGER NOT NULL,
-    last_access_ms INTEGER NOT NULL,
-    inline_body    BLOB,
-    headers        TEXT NOT NULL DEFAULT '{}',
-    stat_sig       TEXT,
-    xxh3_128       TEXT,
-    seq            INTEGER
-);
-CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
--- Eviction order, ties (a bootstrap stamps its copies alike) by oldest version: the whole order
--- in the index, so a batch reads O(batch) rows however large a tie is. It replaces the
--- last_access_ms-only index; the DROP is a no-op after the first open.
-DROP INDEX IF EXISTS artifacts_by_access;
-CREATE INDEX IF NOT EXISTS artifacts_by_access_version
-    ON artifacts(last_access_ms, version_ms, artifact_id);
--- Bootstrap pages newest first (mesh.bootstrap_budget). Indexes, not a schema change: a file of
--- any schema version gets them at its next writable open (built once, O(rows)).
-CREATE INDEX IF NOT EXISTS artifacts_by_version ON artifacts(version_ms DESC, artifact_id);
-CREATE TABLE IF NOT EXISTS tombstones (
-    namespace_id TEXT PRIMARY KEY,
-    version_ms   INTEGER NOT NULL,
-    seq          INTEGER
-);
-CREATE TABLE IF NOT EXISTS outbox (
-    id             INTEGER PRIMARY KEY AUTOINCREMENT,
-    peer           TEXT NOT NULL,
-    kind           TEXT NOT NULL,
-    artifact_id    TEXT NOT NULL DEFAULT '',
-    namespace_id   TEXT NOT NULL DEFAULT '',
-    version_ms     INTEGER NOT NULL,
-    enqueued_at_ms INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS outbox_by_peer ON outbox(peer, id);
-CREATE INDEX IF NOT EXISTS outbox_by_artifact ON outbox(artifact_id);
-"""
-
-UPSERT = "upsert_artifact"
-DELETE_NAMESPACE = "delete_namespace"
-
-
-@dataclass(frozen=True)
-class OutboxMessage:
-    """One pending delivery to one peer. ``kind`` is UPSERT or DELETE_NAMESPACE."""
-
-    id: int
-    peer: str
-    kind: str
-    artifact_id: str
-    namespace_id: str
-    version_ms: int
-    enqueued_at_ms: int
-
-
-_COLUMNS = (
-    "artifact_id, producer, namespace_id, key, content_type, size, sha256, version_ms, "
-    "created_at_ms, inline_body IS NOT NULL, headers"
+from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
+from kura.storage.outbox_queries import OutboxQueries
+from kura.storage.paging import PagingQueries
+from kura.storage.schema import (
+    COLUMNS,
+    READABLE_SCHEMA_VERSIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    migrate_schema,
+    rollback,
+    row_to_manifest,
 )
 
 
-def _row_to_manifest(row: tuple[object, ...]) -> Manifest:
-    return Manifest(
-        artifact_id=str(row[0]),
-        producer=str(row[1]),
-        namespace_id=str(row[2]),
-        key=str(row[3]),
-        content_type=str(row[4]),
-        size=int(row[5]),  # type: ignore[call-overload]
-        sha256=str(row[6]),
-        version_ms=int(row[7]),  # type: ignore[call-overload]
-        created_at_ms=int(row[8]),  # type: ignore[call-overload]
-        inline=bool(row[9]),
-        headers=json.loads(str(row[10])),
-    )
-
-
-def _cursor(column: str, after: str | None) -> tuple[str, tuple[str, ...]]:
-    """The WHERE clause of a cursor page. None starts at the first row: ``""`` cannot mean
-    "from the start" because it is a real key (the tenant-wide namespace), which a ``> ''``
-    first page skipped."""
-    return ("1", ()) if after is None else (f"{column} > ?", (after,))
-
-
-class MetadataIndex:
+class MetadataIndex(PagingQueries, OutboxQueries):
     """SQLite access. Thread-safe: each thread gets its own connection."""
 
     def __init__(self, path: Path, *, read_only: bool = False) -> None:
@@ -158,7 +70,7 @@ class MetadataIndex:
             if int(row[0]) < 2:
                 self._xxh3_column = "NULL"
             return
-        conn.executescript(_SCHEMA)
+        conn.executescript(SCHEMA)
         row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
         if row is None:
             conn.execute(
@@ -170,7 +82,7 @@ class MetadataIndex:
                 f"metadata schema version {row[0]} is newer than this kura ({SCHEMA_VERSION})"
             )
         elif int(row[0]) < SCHEMA_VERSION:
-            _migrate_schema(conn)
+            migrate_schema(conn)
         conn.executescript(change_seq.SCHEMA)
         conn.commit()
         digests.ensure(conn)  # anti-entropy range digests, outside the schema version
@@ -214,7 +126,7 @@ class MetadataIndex:
         row = (
             self._conn()
             .execute(
-                f"SELECT {_COLUMNS}, inline_body, stat_sig, {self._xxh3_column} "
+                f"SELECT {COLUMNS}, inline_body, stat_sig, {self._xxh3_column} "
                 "FROM artifacts WHERE artifact_id = ?",
                 (artifact_id,),
             )
@@ -222,7 +134,7 @@ class MetadataIndex:
         )
         if row is None:
             return None
-        return _row_to_manifest(row), row[11], row[12], row[13]
+        return row_to_manifest(row), row[11], row[12], row[13]
 
     def exists(self, artifact_id: str) -> bool:
         row = (
@@ -295,88 +207,6 @@ class MetadataIndex:
             .fetchone()
         )
         return int(row[0]), int(row[1])
-
-    def manifests_after(self, after: str | None, limit: int) -> list[Manifest]:
-        """Manifests with artifact_id > ``after`` (every one when ``after`` is None), in
-        artifact_id order, at most ``limit``."""
-        where, args = _cursor("artifact_id", after)
-        rows = (
-            self._conn()
-            .execute(
-                f"SELECT {_COLUMNS} FROM artifacts WHERE {where} ORDER BY artifact_id LIMIT ?",
-                (*args, limit),
-            )
-            .fetchall()
-        )
-        return [_row_to_manifest(r) for r in rows]
-
-    def manifests_newest(self, after: tuple[int, str] | None, limit: int) -> list[Manifest]:
-        """At most ``limit`` manifests ordered by (version_ms descending, artifact_id), strictly
-        after the cursor ``after = (version_ms, artifact_id)`` (None: from the newest).
-
-        Two range seeks on ``artifacts_by_version`` (the rest of the cursor's version, then the
-        older versions), so a page costs O(limit) however deep it is."""
-        conn = self._conn()
-        rows: list[tuple[object, ...]] = []
-        args: tuple[int, ...] = ()
-        if after is None:
-            where = "1"
-        else:
-            version_ms, artifact_id = after
-            rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM artifacts WHERE version_ms = ? AND artifact_id > ? "
-                "ORDER BY version_ms DESC, artifact_id LIMIT ?",
-                (version_ms, artifact_id, limit),
-            ).fetchall()
-            where, args = "version_ms < ?", (version_ms,)
-        if len(rows) < limit:
-            rows += conn.execute(
-                f"SELECT {_COLUMNS} FROM artifacts WHERE {where} "
-                "ORDER BY version_ms DESC, artifact_id LIMIT ?",
-                (*args, limit - len(rows)),
-            ).fetchall()
-        return [_row_to_manifest(r) for r in rows]
-
-    def all_ids(self) -> set[str]:
-        return {r[0] for r in self._conn().execute("SELECT artifact_id FROM artifacts")}
-
-    def tombstones_after(self, after: str | None, limit: int) -> list[tuple[str, int]]:
-        """(namespace_id, version_ms) with namespace_id > ``after`` (every one when ``after`` is
-        None, so the tenant-wide namespace ``""`` is on the first page), in namespace_id order,
-        at most ``limit``."""
-        where, args = _cursor("namespace_id", after)
-        rows = (
-            self._conn()
-            .execute(
-                f"SELECT namespace_id, version_ms FROM tombstones WHERE {where} "
-                "ORDER BY namespace_id LIMIT ?",
-                (*args, limit),
-            )
-            .fetchall()
-        )
-        return [(str(r[0]), int(r[1])) for r in rows]
-
-    def least_recently_used(
-        self, limit: int, exclude: str, used_before_ms: int | None = None
-    ) -> list[tuple[str, int, bool]]:
-        """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
-        version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
-        used (or written) at or after it. An artifact whose upload to the object-storage tier
-        is pending is never picked (its only copy is here)."""
-        before = (1 << 62) if used_before_ms is None else used_before_ms
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts a "
-                "WHERE artifact_id != ? AND last_access_ms < ? "
-                "AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.artifact_id = a.artifact_id "
-                "AND o.peer = ?) "  # object tier
-                "ORDER BY last_access_ms, version_ms, artifact_id LIMIT ?",
-                (exclude, before, OUTBOX_TARGET, limit),
-            )
-            .fetchall()
-        )
-        return [(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
 
     # -- writes (writer thread only) ---------------------------------------------------------
 
@@ -453,7 +283,7 @@ class MetadataIndex:
                 )
             conn.execute("COMMIT")
         except BaseException:
-            _rollback(conn)
+            rollback(conn)
             raise
         return replaced
 
@@ -468,7 +298,7 @@ class MetadataIndex:
             )
             conn.execute("COMMIT")
         except BaseException:
-            _rollback(conn)
+            rollback(conn)
             raise
 
     def apply_tombstone(
@@ -513,50 +343,8 @@ class MetadataIndex:
             conn.execute("COMMIT")
             return victims
         except BaseException:
-            _rollback(conn)
+            rollback(conn)
             raise
-
-    # -- outbox --------------------------------------------------------------------------------
-
-    def outbox_batch(self, peer: str, limit: int) -> list[OutboxMessage]:
-        """The oldest ``limit`` messages for ``peer``, oldest first."""
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT id, peer, kind, artifact_id, namespace_id, version_ms, enqueued_at_ms "
-                "FROM outbox WHERE peer = ? ORDER BY id LIMIT ?",
-                (peer, limit),
-            )
-            .fetchall()
-        )
-        return [OutboxMessage(*r) for r in rows]
-
-    def outbox_delete(self, ids: Iterable[int]) -> int:
-        """Delete delivered messages; returns how many. 0 when the disk is full (SQLITE_FULL):
-        the messages stay and are delivered again, which peers apply idempotently (LWW)."""
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            cur = conn.executemany("DELETE FROM outbox WHERE id = ?", ((i,) for i in ids))
-            conn.execute("COMMIT")
-            return cur.rowcount
-        except sqlite3.OperationalError as exc:
-            _rollback(conn)
-            if exc.sqlite_errorname != "SQLITE_FULL":
-                raise
-            return 0
-        except BaseException:
-            _rollback(conn)
-            raise
-
-    def outbox_depths(self) -> dict[str, tuple[int, int]]:
-        """{peer: (pending messages, enqueue time in ms of the oldest)}."""
-        rows = (
-            self._conn()
-            .execute("SELECT peer, COUNT(*), MIN(enqueued_at_ms) FROM outbox GROUP BY peer")
-            .fetchall()
-        )
-        return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
 
     def touch(self, accesses: dict[str, int]) -> None:
         """Record last access times (batched from memory)."""
@@ -569,7 +357,7 @@ class MetadataIndex:
             )
             conn.execute("COMMIT")
         except BaseException:
-            _rollback(conn)
+            rollback(conn)
             raise
 
     def set_stat_sig(self, artifact_id: str, stat_sig: str) -> None:
@@ -601,26 +389,3 @@ class MetadataIndex:
                     manifest.size,
                 ),
             )
-
-
-def _migrate_schema(conn: sqlite3.Connection) -> None:
-    """Version 1 or 2 to 3 in one transaction: add ``artifacts.xxh3_128`` (NULL for every row)
-    if missing, then the change sequence (``change_seq.migrate``)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(artifacts)")}
-        if "xxh3_128" not in columns:
-            conn.execute("ALTER TABLE artifacts ADD COLUMN xxh3_128 TEXT")
-        change_seq.migrate(conn)
-        conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
-        conn.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back if a transaction is still open: SQLite has already rolled back by itself
-    after some errors (SQLITE_FULL), and a second ROLLBACK would mask the first error."""
-    if conn.in_transaction:
-        conn.execute("ROLLBACK")

@@ -6,14 +6,15 @@ consumer, head, delete (one or many), and list a prefix with sizes and last-modi
 seam for bucket-side expiry).
 
 Object layout (one object per artifact; a clean is one prefix list + delete): see
-``kura.core.object_layout``. Each object is a self-describing body: the line ``kura-object 1 <n>\\n``, then ``n`` bytes of the
-manifest as JSON (``Manifest.to_json``), then the artifact's bytes. The manifest travels in the
-body rather than in ``x-amz-meta-*`` headers because S3 caps user metadata at 2 KB
+``kura.core.object_layout``. Each object is a self-describing body: the line
+``kura-object 1 <n>\\n``, then ``n`` bytes of the manifest as JSON (``Manifest.to_json``),
+then the artifact's bytes. The manifest travels in the body rather than in ``x-amz-meta-*``
+headers because S3 caps user metadata at 2 KB
 (https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingMetadata.html) and a manifest with
 stored headers can be larger.
 
 Every request is counted in ``ObjectStoreStats`` by operation and result, from closed sets
-(``OPS``, ``RESULTS``; ``classify`` maps an error to a result), with its latency; errors other
+(``storage.object_store_stats``: ``OPS``, ``RESULTS``; ``classify`` maps an error to a result), with its latency; errors other
 than "not found" raise ``ObjectStoreError`` (an ``Unavailable``: retry later) whose ``result``
 says which. No secret is ever logged or put in a message.
 """
@@ -23,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,34 +31,15 @@ from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
 import obstore
-from obstore.exceptions import (
-    NotFoundError,
-    PermissionDeniedError,
-    UnauthenticatedError,
-)
 from obstore.store import S3Store
 
 from kura.core.errors import NotFound, Unavailable
 from kura.core.manifest import Manifest
 from kura.core.object_layout import namespace_prefix, object_key, parse_url
+from kura.storage.object_store_stats import ObjectStoreStats, classify, first_line
 
 log = logging.getLogger(__name__)
 
-OPS = ("put", "get", "head", "delete", "list")
-RESULTS = (
-    "ok",
-    "not_found",
-    "auth",
-    "bucket_missing",
-    "throttled",
-    "server_error",
-    "timeout",
-    "unreachable",
-    "error",
-)
-# Seconds; from 1 ms to about 33 s.
-LATENCY_BUCKETS = tuple(0.001 * 2**i for i in range(16))
-_STATUS = re.compile(r"status code: (\d{3})")
 MAGIC = b"kura-object 1 "
 MAX_HEADER_BYTES = 1024 * 1024
 # Bodies up to this size are uploaded in one PUT from memory, larger ones as a multipart upload.
@@ -108,64 +89,6 @@ class ObjectStoreConfig:
             session_token=environ.get("AWS_SESSION_TOKEN") or None,
             timeout_seconds=timeout_seconds,
         )
-
-
-@dataclass
-class ObjectStoreStats:
-    """Plain counters the metrics layer reads at scrape time."""
-
-    # (op, result) -> requests.
-    requests_total: dict[tuple[str, str], int] = field(default_factory=dict)
-    # op -> (counts per LATENCY_BUCKETS bucket (not cumulative) + the overflow, sum of seconds).
-    latency: dict[str, tuple[list[int], float]] = field(default_factory=dict)
-    upload_queue_depth: int = 0  # set by the uploader
-    upload_oldest_age_seconds: float = 0.0  # set by the uploader
-    uploaded_bytes_total: int = 0
-    filled_bytes_total: int = 0
-
-    def observe(self, op: str, result: str, seconds: float) -> None:
-        key = (op, result)
-        self.requests_total[key] = self.requests_total.get(key, 0) + 1
-        counts, total = self.latency.get(op, ([0] * (len(LATENCY_BUCKETS) + 1), 0.0))
-        i = next((i for i, b in enumerate(LATENCY_BUCKETS) if seconds <= b), len(LATENCY_BUCKETS))
-        counts[i] += 1
-        self.latency[op] = (counts, total + seconds)
-
-
-def classify(exc: BaseException) -> str:
-    """The ``RESULTS`` value for an obstore error, from its type and the S3 error code or
-    transport failure in its message (S3 error codes:
-    https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html)."""
-    text = str(exc)
-    if "NoSuchBucket" in text:
-        return "bucket_missing"
-    if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or any(
-        code in text for code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied")
-    ):
-        return "auth"
-    if isinstance(exc, NotFoundError | FileNotFoundError):
-        return "not_found"
-    status = _STATUS.search(text)
-    code = int(status.group(1)) if status else 0
-    if "SlowDown" in text or code == 503:
-        return "throttled"
-    if 500 <= code < 600:
-        return "server_error"
-    lowered = text.lower()
-    if "kind: Timeout" in text or "TimedOut" in text or "timed out" in lowered:
-        return "timeout"
-    if "kind: Connect" in text or "connection refused" in lowered:
-        return "unreachable"
-    if "error sending request" in lowered or "connection closed" in lowered:
-        return "unreachable"  # reset or closed before an answer
-    return "error"
-
-
-def first_line(exc: BaseException) -> str:
-    """A one-line description of an obstore error for a log line (no secrets: obstore never
-    puts credentials in its messages; the URL holds only endpoint, bucket and key)."""
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__
 
 
 @dataclass(frozen=True)

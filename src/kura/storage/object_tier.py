@@ -4,11 +4,11 @@ The rules (docs/object-storage.md states them for operators):
 
 * **Durability.** A local write is acknowledged once it is durable on local disk AND its upload
   is queued in the node's durable outbox, in the same SQLite transaction (the existing outbox,
-  with ``OUTBOX_TARGET`` as one more target; ``CacheService.write_targets``). ``run`` drains that
+  with ``OUTBOX_TARGET`` as one more target; ``TierHooks.artifact_targets``). ``run`` drains that
   queue in order: an upsert uploads the artifact as stored now, a namespace clean deletes the
   namespace's objects; a message is deleted only after the store answered 2xx. Failures (store
   down, timeouts, 5xx, 503 SlowDown, refused credentials) are logged, counted by result in
-  ``ObjectStoreStats`` and retried with jittered exponential backoff; nothing is dropped. An
+  ``ObjectStoreStats`` and retried with the shared jittered exponential backoff (``kit.backoff``); nothing is dropped. An
   artifact whose upload is pending is never evicted (``MetadataIndex.least_recently_used``),
   so an outage never loses an acknowledged write and local reads keep being served.
 * **Last writer wins in the bucket too.** Before uploading, the stored object's header is read
@@ -31,16 +31,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kit.backoff import Backoff
 from kit.clock import Clock
 from kura.core.errors import KuraError, NotFound
 from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
 from kura.core.version import ApplyOutcome
-from kura.storage.index import DELETE_NAMESPACE, UPSERT, OutboxMessage
+from kura.storage.hooks import StorageHooks
 from kura.storage.object_store import ObjectStore, ObjectStoreError
+from kura.storage.outbox import DELETE_NAMESPACE, UPSERT, OutboxMessage
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
@@ -49,13 +50,6 @@ BATCH = 32
 PIPELINE = 4
 BACKOFF_START_SECONDS = 0.5
 IDLE_POLL_SECONDS = 2.0
-
-
-def backoff_seconds(failures: int, cap_seconds: float) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, start * 2**(failures-1))]
-    (https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/), at least 50 ms."""
-    ceiling = min(cap_seconds, BACKOFF_START_SECONDS * 2 ** max(0, failures - 1))
-    return max(0.05, random.uniform(0, ceiling))
 
 
 @dataclass
@@ -80,16 +74,11 @@ class ObjectTier:
         self.service = service
         self.store = store
         self.clock = clock
-        self.backoff_max_seconds = backoff_max_seconds
+        # The shared jittered backoff (kit.backoff), equal jitter as the shipper's.
+        self._backoff = Backoff(BACKOFF_START_SECONDS, backoff_max_seconds, jitter=0.5)
         self._wake = asyncio.Event()
-        self._failures = 0
 
     # -- wiring ------------------------------------------------------------------------------
-
-    def write_targets(self) -> tuple[str, ...]:
-        """Where a local artifact write is queued: the bucket only (peers sharing the bucket
-        copy no bodies)."""
-        return (OUTBOX_TARGET,)
 
     def wake(self) -> None:
         self._wake.set()
@@ -172,10 +161,9 @@ class ObjectTier:
             if done:
                 await self.service.outbox_ack(done)
             if len(done) < len(batch):
-                self._failures += 1
-                await asyncio.sleep(backoff_seconds(self._failures, self.backoff_max_seconds))
+                await self._backoff.sleep()
             else:
-                self._failures = 0
+                self._backoff.reset()
 
     async def drain_once(self) -> int:
         """Deliver what is queued now, once, without backoff; the number of messages acked."""
@@ -282,24 +270,35 @@ class StartError(KuraError):
     """The object store is misconfigured (bucket missing, credentials refused): do not start."""
 
 
-def attach(
-    service: CacheService,
-    store: ObjectStore,
-    clock: Clock,
-    peer_targets: Callable[[], Sequence[str]],
-) -> ObjectTier:
-    """Wire a tier into ``service``: local artifact writes are queued for the bucket only,
-    cleans for the peers (``peer_targets``) and the bucket, a local miss fills from the bucket
-    first, and every outbox write wakes the uploader too."""
-    tier = ObjectTier(service, store, clock)
-    service.write_targets = tier.write_targets
-    service.replication_targets = lambda: [*peer_targets(), OUTBOX_TARGET]
-    service.fill_from_tier = tier.fill
-    wake_peers = service.on_outbox_write
+class TierHooks:
+    """The ``storage.hooks.StorageHooks`` of a node with the tier, around the mesh's own
+    (``inner``): local artifact writes are queued for the bucket only, cleans for the peers and
+    the bucket, a local miss is filled from the bucket before any peer is asked, and every
+    outbox write wakes the uploader too. ``connect(tier)`` once the tier exists (it needs the
+    service, which needs these hooks); until then it forwards to ``inner`` alone."""
 
-    def wake() -> None:
-        wake_peers()
-        tier.wake()
+    def __init__(self, inner: StorageHooks) -> None:
+        self._inner = inner
+        self._tier: ObjectTier | None = None
 
-    service.on_outbox_write = wake
-    return tier
+    def connect(self, tier: ObjectTier) -> None:
+        self._tier = tier
+
+    def replication_targets(self) -> Sequence[str]:
+        return [*self._inner.replication_targets(), OUTBOX_TARGET]
+
+    def artifact_targets(self) -> Sequence[str]:
+        return (OUTBOX_TARGET,)
+
+    def on_outbox_write(self) -> None:
+        self._inner.on_outbox_write()
+        if self._tier is not None:
+            self._tier.wake()
+
+    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool:
+        if self._tier is not None and await self._tier.fill(artifact_id, namespace_id):
+            return True
+        return await self._inner.fetch_missing(artifact_id, namespace_id)
+
+    def eviction_floor_ms(self) -> int | None:
+        return self._inner.eviction_floor_ms()

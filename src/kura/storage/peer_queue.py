@@ -33,7 +33,7 @@ from typing import Protocol
 
 from kura.core.errors import ResourceExhausted
 from kura.core.object_layout import OUTBOX_TARGET
-from kura.storage.index import DELETE_NAMESPACE, UPSERT
+from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS catch_up (

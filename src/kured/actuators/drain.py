@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from kit.backoff import Backoff
 from kured.apiserver import MERGE_PATCH, ApiServer, JsonObject
 from kured.core.errors import ApiError, DrainError
 
@@ -265,7 +266,10 @@ class Drainer:
         meta = pod.get("metadata") or {}
         namespace, pod_name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid")
         grace = self.options.grace_period_seconds
-        pause = self.options.backoff_initial_seconds
+        # No jitter: only this node evicts its pods, there is no herd to spread.
+        backoff = Backoff(
+            self.options.backoff_initial_seconds, self.options.backoff_cap_seconds, jitter=0
+        )
         while True:
             try:
                 await self._api.evict_pod(namespace, pod_name, grace if grace >= 0 else None)
@@ -279,11 +283,11 @@ class Drainer:
                     raise DrainError(f"cannot evict pod {name}: {exc.message}") from exc
                 report.refusals += 1
                 last_word[name] = exc.message
+                pause = backoff.failed()
                 log.warning(
                     "eviction of pod %s refused, retrying in %.0fs: %s", name, pause, exc.message
                 )
             await asyncio.sleep(pause)
-            pause = min(pause * 2, self.options.backoff_cap_seconds)
             if await self._gone(namespace, pod_name, uid, name, last_word):
                 pending.discard(name)
                 return

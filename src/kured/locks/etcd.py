@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from kit.backoff import Backoff
 from kit.clock import Clock
 from kured.core import lockrecord
 from kured.core.errors import LockConflict, LockError
@@ -318,6 +318,8 @@ class EtcdLock(RecordLock):
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> None:
         super().__init__(max_holders, clock, max_attempts)
+        # Only ``draw`` is used (no state): concurrent calls share it safely.
+        self._backoff = Backoff(BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS)
         self._owns_kv = kv is None
         self._kv = (
             kv
@@ -362,8 +364,7 @@ class EtcdLock(RecordLock):
                 current = result.current
             else:
                 # Several losses in a row: a convoy. Back off with full jitter, then re-read.
-                cap = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**attempt)
-                await asyncio.sleep(random.uniform(0, cap))
+                await asyncio.sleep(self._backoff.draw(attempt + 1))
                 current = await self._kv.get(self._key)
         raise LockConflict(
             f"lock {self.key}: lost the compare-and-swap {self._max_attempts} times in a row"

@@ -28,11 +28,11 @@ Instances are safe to use from many tasks of one event loop; ``close()`` closes 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import random
 from typing import Any
 
+from kit.backoff import Backoff
 from kit.clock import Clock
 from kured.apiserver import ApiServer, JsonObject
 from kured.core import lockrecord
@@ -46,14 +46,27 @@ BACKOFF_BASE_SECONDS = 0.02
 BACKOFF_CAP_SECONDS = 1.0
 
 
-class KubernetesLock(RecordLock):
-    """The ``Lock`` protocol on annotation ``annotation`` of DaemonSet ``namespace/name``,
-    admitting ``max_holders`` nodes.
+def conflict_backoff(rng: random.Random) -> Backoff:
+    """The pause policy between a 409 and the re-read (full jitter, ``kit.backoff``); one per
+    call, shared by the annotation and the Lease lock."""
+    return Backoff(BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS, rng=rng)
+
+
+class ApiObjectLock(RecordLock):
+    """The part the annotation lock and the Lease lock (``kured.locks.lease``) share: their
+    arguments, ``close()``, and the cycle GET → transition → write carrying the
+    ``resourceVersion`` read, retried from the GET after each 409 with ``conflict_backoff``
+    and ended by ``LockConflict`` after ``max_attempts`` conflicts in a row. A subclass
+    supplies ``_read`` (the object as read, None when absent, and its record), ``_write`` and
+    ``where``; ``_kind`` names the object in the ``LockConflict`` message.
 
     ``clock`` stamps ``created`` and judges expiry (kured uses the reading node's clock).
-    ``max_attempts`` bounds the GET+PUT rounds of one call. One instance may serve several
-    node ids; concurrent calls are safe, the API server's ``resourceVersion`` check orders them.
+    ``max_attempts`` bounds the GET+write rounds of one call; ``rng`` draws the conflict
+    pauses. One instance may serve several node ids; concurrent calls are safe, the API
+    server's ``resourceVersion`` check orders them.
     """
+
+    _kind = "object"
 
     def __init__(
         self,
@@ -75,11 +88,11 @@ class KubernetesLock(RecordLock):
         self._name = name
         self._annotation = annotation
         self._rng = rng or random.Random()
-        self.conflicts_total = 0  # 409s seen, for tests and logs
+        self.conflicts_total = 0  # 409s seen (stale writes and lost creates), for tests and logs
 
     @property
     def where(self) -> str:
-        return f"daemonset {self._namespace}/{self._name} annotation {self._annotation}"
+        raise NotImplementedError
 
     async def close(self) -> None:
         if self._owns_api:
@@ -88,6 +101,45 @@ class KubernetesLock(RecordLock):
     async def _read_record(self) -> LockRecord | None:
         _, record = await self._read()
         return record
+
+    async def _read(self) -> tuple[JsonObject | None, LockRecord | None]:
+        raise NotImplementedError
+
+    async def _write(self, obj: JsonObject | None, outcome: Outcome) -> None:
+        """Store ``outcome`` over ``obj`` as read (None: absent). Raises ``ApiError``."""
+        raise NotImplementedError
+
+    async def _change(self, transition: Transition) -> Outcome:
+        backoff = conflict_backoff(self._rng)
+        for _ in range(self._max_attempts):
+            obj, record = await self._read()
+            outcome = transition(record)
+            if outcome.write is Write.KEEP or (obj is None and outcome.write is Write.DELETE):
+                return outcome
+            try:
+                await self._write(obj, outcome)
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise LockError(f"cannot write the lock: {exc.message}") from exc
+                self.conflicts_total += 1
+                await backoff.sleep()
+                continue
+            return outcome
+        raise LockConflict(
+            f"{self.where}: the {self._kind} changed under {self._max_attempts} writes in a row "
+            "(409)"
+        )
+
+
+class KubernetesLock(ApiObjectLock):
+    """The ``Lock`` protocol on annotation ``annotation`` of DaemonSet ``namespace/name``,
+    admitting ``max_holders`` nodes. Arguments and concurrency as ``ApiObjectLock``."""
+
+    _kind = "DaemonSet"
+
+    @property
+    def where(self) -> str:
+        return f"daemonset {self._namespace}/{self._name} annotation {self._annotation}"
 
     # -- read, transition, PUT -------------------------------------------------------------------
 
@@ -123,24 +175,6 @@ class KubernetesLock(RecordLock):
             annotations[self._annotation] = lockrecord.serialise(outcome.record).decode()
         return body
 
-    async def _change(self, transition: Transition) -> Outcome:
-        for attempt in range(self._max_attempts):
-            obj, record = await self._read()
-            outcome = transition(record)
-            if outcome.write is Write.KEEP:
-                return outcome
-            try:
-                await self._api.replace_daemonset(
-                    self._namespace, self._name, self._updated(obj, outcome)
-                )
-            except ApiError as exc:
-                if not exc.conflict:
-                    raise LockError(f"cannot write the lock: {exc.message}") from exc
-                self.conflicts_total += 1
-                cap = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**attempt)
-                await asyncio.sleep(self._rng.uniform(0, cap))
-                continue
-            return outcome
-        raise LockConflict(
-            f"{self.where}: the DaemonSet changed under {self._max_attempts} writes in a row (409)"
-        )
+    async def _write(self, obj: JsonObject | None, outcome: Outcome) -> None:
+        assert obj is not None  # _read raises when the DaemonSet is absent
+        await self._api.replace_daemonset(self._namespace, self._name, self._updated(obj, outcome))

@@ -33,19 +33,15 @@ annotation and the holder, so the object (and its ``leaseTransitions``) stays fo
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import math
-import random
 from typing import Any
 
-from kit.clock import Clock
-from kured.apiserver import ApiServer, JsonObject
+from kured.apiserver import JsonObject
 from kured.core import lockrecord
-from kured.core.errors import ApiError, LockConflict, LockError
-from kured.core.lockrecord import LockEntry, LockRecord, Outcome, Transition, Write
-from kured.locks.kubernetes import BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS, DEFAULT_MAX_ATTEMPTS
-from kured.locks.record import RecordLock
+from kured.core.errors import ApiError, LockError
+from kured.core.lockrecord import LockEntry, LockRecord, Outcome, Write
+from kured.locks.kubernetes import ApiObjectLock
 
 _NANOS = 1_000_000_000
 
@@ -76,43 +72,15 @@ def foreign_entry(spec: dict[str, Any]) -> LockEntry | None:
     return LockEntry(holder, False, created_ns, duration * _NANOS)
 
 
-class LeaseLock(RecordLock):
+class LeaseLock(ApiObjectLock):
     """The ``Lock`` protocol on Lease ``namespace/name`` (record in annotation
-    ``annotation``), admitting ``max_holders`` nodes. Arguments as ``KubernetesLock``."""
+    ``annotation``), admitting ``max_holders`` nodes. Arguments as ``ApiObjectLock``."""
 
-    def __init__(
-        self,
-        api: ApiServer,
-        namespace: str,
-        name: str,
-        annotation: str,
-        max_holders: int,
-        clock: Clock,
-        *,
-        owns_api: bool = False,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        rng: random.Random | None = None,
-    ) -> None:
-        super().__init__(max_holders, clock, max_attempts)
-        self._api = api
-        self._owns_api = owns_api
-        self._namespace = namespace
-        self._name = name
-        self._annotation = annotation
-        self._rng = rng or random.Random()
-        self.conflicts_total = 0  # 409s seen (stale PUTs and lost creates), for tests and logs
+    _kind = "Lease"
 
     @property
     def where(self) -> str:
         return f"lease {self._namespace}/{self._name}"
-
-    async def close(self) -> None:
-        if self._owns_api:
-            await self._api.close()
-
-    async def _read_record(self) -> LockRecord | None:
-        _, record = await self._read()
-        return record
 
     async def _read(self) -> tuple[JsonObject | None, LockRecord | None]:
         """(the Lease as read or None when absent, its record or None when free)."""
@@ -167,26 +135,9 @@ class LeaseLock(RecordLock):
                 spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         return body
 
-    async def _change(self, transition: Transition) -> Outcome:
-        for attempt in range(self._max_attempts):
-            obj, record = await self._read()
-            outcome = transition(record)
-            if outcome.write is Write.KEEP or (obj is None and outcome.write is Write.DELETE):
-                return outcome
-            body = self._updated(obj, outcome)
-            try:
-                if obj is None:
-                    await self._api.create_lease(self._namespace, body)
-                else:
-                    await self._api.replace_lease(self._namespace, self._name, body)
-            except ApiError as exc:
-                if not exc.conflict:
-                    raise LockError(f"cannot write the lock: {exc.message}") from exc
-                self.conflicts_total += 1
-                cap = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**attempt)
-                await asyncio.sleep(self._rng.uniform(0, cap))
-                continue
-            return outcome
-        raise LockConflict(
-            f"{self.where}: the Lease changed under {self._max_attempts} writes in a row (409)"
-        )
+    async def _write(self, obj: JsonObject | None, outcome: Outcome) -> None:
+        body = self._updated(obj, outcome)
+        if obj is None:
+            await self._api.create_lease(self._namespace, body)
+        else:
+            await self._api.replace_lease(self._namespace, self._name, body)

@@ -1,0 +1,51 @@
+"""What ``CacheService`` takes and returns: the name of an artifact (``ArtifactRef``), a body
+ready to send (``StoredBody``) and the outcome of a write (``PutResult``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from kura.core.manifest import Manifest
+from kura.core.version import ApplyOutcome
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """What a protocol names: producer (protocol family), namespace and key."""
+
+    producer: str
+    namespace_id: str
+    key: str
+
+
+@dataclass
+class StoredBody:
+    """An artifact ready to send: ``data`` for small ones, else an open ``file``.
+
+    ``data`` is always verified. A ``file`` whose size matched but whose bytes were not hashed
+    yet has ``verified=False``: the sender must hash it while sending and abort on a mismatch
+    (``kura.api.file_response``), against ``xxh3_128`` (hex, recorded at write time) when the
+    row has one, else against ``manifest.sha256``. The caller must close ``file`` (``close()``
+    does it and is idempotent).
+    """
+
+    manifest: Manifest
+    data: bytes | None = None
+    file: BinaryIO | None = None
+    verified: bool = True
+    xxh3_128: str | None = None
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """Outcome of a write. ``created`` is False when an earlier version existed."""
+
+    manifest: Manifest
+    created: bool
+    outcome: ApplyOutcome

@@ -1,0 +1,110 @@
+"""Paging queries of the metadata index: manifests and tombstones in cursor order, for peers
+(bootstrap, catch-up) and the scrub, and artifacts in eviction order (``storage.eviction``).
+A mixin of ``storage.index.MetadataIndex``, with the same rules: read-only, blocking, one
+connection per thread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from kura.core.manifest import Manifest
+from kura.core.object_layout import OUTBOX_TARGET
+from kura.storage.schema import COLUMNS as _COLUMNS
+from kura.storage.schema import row_to_manifest as _row_to_manifest
+
+
+def _cursor(column: str, after: str | None) -> tuple[str, tuple[str, ...]]:
+    """The WHERE clause of a cursor page. None starts at the first row: ``""`` cannot mean
+    "from the start" because it is a real key (the tenant-wide namespace), which a ``> ''``
+    first page skipped."""
+    return ("1", ()) if after is None else (f"{column} > ?", (after,))
+
+
+class PagingQueries:
+    """The paging part of ``MetadataIndex`` (``_conn`` is the index's per-thread connection)."""
+
+    def _conn(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    def manifests_after(self, after: str | None, limit: int) -> list[Manifest]:
+        """Manifests with artifact_id > ``after`` (every one when ``after`` is None), in
+        artifact_id order, at most ``limit``."""
+        where, args = _cursor("artifact_id", after)
+        rows = (
+            self._conn()
+            .execute(
+                f"SELECT {_COLUMNS} FROM artifacts WHERE {where} ORDER BY artifact_id LIMIT ?",
+                (*args, limit),
+            )
+            .fetchall()
+        )
+        return [_row_to_manifest(r) for r in rows]
+
+    def manifests_newest(self, after: tuple[int, str] | None, limit: int) -> list[Manifest]:
+        """At most ``limit`` manifests ordered by (version_ms descending, artifact_id), strictly
+        after the cursor ``after = (version_ms, artifact_id)`` (None: from the newest).
+
+        Two range seeks on ``artifacts_by_version`` (the rest of the cursor's version, then the
+        older versions), so a page costs O(limit) however deep it is."""
+        conn = self._conn()
+        rows: list[tuple[object, ...]] = []
+        args: tuple[int, ...] = ()
+        if after is None:
+            where = "1"
+        else:
+            version_ms, artifact_id = after
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM artifacts WHERE version_ms = ? AND artifact_id > ? "
+                "ORDER BY version_ms DESC, artifact_id LIMIT ?",
+                (version_ms, artifact_id, limit),
+            ).fetchall()
+            where, args = "version_ms < ?", (version_ms,)
+        if len(rows) < limit:
+            rows += conn.execute(
+                f"SELECT {_COLUMNS} FROM artifacts WHERE {where} "
+                "ORDER BY version_ms DESC, artifact_id LIMIT ?",
+                (*args, limit - len(rows)),
+            ).fetchall()
+        return [_row_to_manifest(r) for r in rows]
+
+    def all_ids(self) -> set[str]:
+        return {r[0] for r in self._conn().execute("SELECT artifact_id FROM artifacts")}
+
+    def tombstones_after(self, after: str | None, limit: int) -> list[tuple[str, int]]:
+        """(namespace_id, version_ms) with namespace_id > ``after`` (every one when ``after`` is
+        None, so the tenant-wide namespace ``""`` is on the first page), in namespace_id order,
+        at most ``limit``."""
+        where, args = _cursor("namespace_id", after)
+        rows = (
+            self._conn()
+            .execute(
+                f"SELECT namespace_id, version_ms FROM tombstones WHERE {where} "
+                "ORDER BY namespace_id LIMIT ?",
+                (*args, limit),
+            )
+            .fetchall()
+        )
+        return [(str(r[0]), int(r[1])) for r in rows]
+
+    def least_recently_used(
+        self, limit: int, exclude: str, used_before_ms: int | None = None
+    ) -> list[tuple[str, int, bool]]:
+        """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
+        version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
+        used (or written) at or after it. An artifact whose upload to the object-storage tier
+        is pending is never picked: its only copy is here."""
+        before = (1 << 62) if used_before_ms is None else used_before_ms
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts a "
+                "WHERE artifact_id != ? AND last_access_ms < ? "
+                "AND NOT EXISTS (SELECT 1 FROM outbox o "
+                "WHERE o.artifact_id = a.artifact_id AND o.peer = ?) "
+                "ORDER BY last_access_ms, version_ms, artifact_id LIMIT ?",
+                (exclude, before, OUTBOX_TARGET, limit),
+            )
+            .fetchall()
+        )
+        return [(str(r[0]), int(r[1]), bool(r[2])) for r in rows]

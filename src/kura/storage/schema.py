@@ -1,0 +1,118 @@
+"""The metadata index's SQLite schema, its version and migration, and the row shape of a
+manifest (``COLUMNS``, ``row_to_manifest``), shared by the index modules (``storage.index``,
+``storage.paging``, ``storage.outbox_queries``) and ``storage.change_feed``.
+
+The schema carries a version in ``meta``; opening the index creates or migrates it in place.
+Version 2 added ``artifacts.xxh3_128`` (the fast checksum of ``storage.checksum``, NULL for rows
+written before it): an ``ALTER TABLE ... ADD COLUMN``, which rewrites no row
+(https://www.sqlite.org/lang_altertable.html#altertabaddcol). A version-1 file opened read-only
+(a full disk) is read as it is, every row without a checksum. Version 3 added the change
+sequence (``artifacts.seq``, ``tombstones.seq``, ``meta['change_seq']``, ``meta['epoch']``) and
+the ``peer_cursors`` table: ``storage.change_seq`` owns them and their migration.
+
+Nothing here opens a connection: every function takes the caller's.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from kura.core.manifest import Manifest
+from kura.storage import change_seq
+
+SCHEMA_VERSION = 3
+# Versions a read-only open accepts as they are (it cannot migrate).
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS artifacts (
+    artifact_id    TEXT PRIMARY KEY,
+    producer       TEXT NOT NULL,
+    namespace_id   TEXT NOT NULL,
+    key            TEXT NOT NULL,
+    content_type   TEXT NOT NULL,
+    size           INTEGER NOT NULL,
+    sha256         TEXT NOT NULL,
+    version_ms     INTEGER NOT NULL,
+    created_at_ms  INTEGER NOT NULL,
+    last_access_ms INTEGER NOT NULL,
+    inline_body    BLOB,
+    headers        TEXT NOT NULL DEFAULT '{}',
+    stat_sig       TEXT,
+    xxh3_128       TEXT,
+    seq            INTEGER
+);
+CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
+-- Eviction order, ties (a bootstrap stamps its copies alike) by oldest version: the whole order
+-- in the index, so a batch reads O(batch) rows however large a tie is. It replaces the
+-- last_access_ms-only index; the DROP is a no-op after the first open.
+DROP INDEX IF EXISTS artifacts_by_access;
+CREATE INDEX IF NOT EXISTS artifacts_by_access_version
+    ON artifacts(last_access_ms, version_ms, artifact_id);
+-- Bootstrap pages newest first (mesh.bootstrap_budget). Indexes, not a schema change: a file of
+-- any schema version gets them at its next writable open (built once, O(rows)).
+CREATE INDEX IF NOT EXISTS artifacts_by_version ON artifacts(version_ms DESC, artifact_id);
+CREATE TABLE IF NOT EXISTS tombstones (
+    namespace_id TEXT PRIMARY KEY,
+    version_ms   INTEGER NOT NULL,
+    seq          INTEGER
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    peer           TEXT NOT NULL,
+    kind           TEXT NOT NULL,
+    artifact_id    TEXT NOT NULL DEFAULT '',
+    namespace_id   TEXT NOT NULL DEFAULT '',
+    version_ms     INTEGER NOT NULL,
+    enqueued_at_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS outbox_by_peer ON outbox(peer, id);
+-- Eviction skips artifacts with a pending object-tier upload (paging.least_recently_used).
+CREATE INDEX IF NOT EXISTS outbox_by_artifact ON outbox(artifact_id);
+"""
+
+COLUMNS = (
+    "artifact_id, producer, namespace_id, key, content_type, size, sha256, version_ms, "
+    "created_at_ms, inline_body IS NOT NULL, headers"
+)
+
+
+def row_to_manifest(row: tuple[object, ...]) -> Manifest:
+    return Manifest(
+        artifact_id=str(row[0]),
+        producer=str(row[1]),
+        namespace_id=str(row[2]),
+        key=str(row[3]),
+        content_type=str(row[4]),
+        size=int(row[5]),  # type: ignore[call-overload]
+        sha256=str(row[6]),
+        version_ms=int(row[7]),  # type: ignore[call-overload]
+        created_at_ms=int(row[8]),  # type: ignore[call-overload]
+        inline=bool(row[9]),
+        headers=json.loads(str(row[10])),
+    )
+
+
+def migrate_schema(conn: sqlite3.Connection) -> None:
+    """Version 1 or 2 to 3 in one transaction: add ``artifacts.xxh3_128`` (NULL for every row)
+    if missing, then the change sequence (``change_seq.migrate``)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(artifacts)")}
+        if "xxh3_128" not in columns:
+            conn.execute("ALTER TABLE artifacts ADD COLUMN xxh3_128 TEXT")
+        change_seq.migrate(conn)
+        conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
+        conn.execute("COMMIT")
+    except BaseException:
+        rollback(conn)
+        raise
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open: SQLite has already rolled back by itself
+    after some errors (SQLITE_FULL), and a second ROLLBACK would mask the first error."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")

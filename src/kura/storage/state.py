@@ -1,0 +1,174 @@
+"""The state and helpers shared by the parts of ``CacheService`` (``storage.service``): the
+read path (``storage.reads``), eviction (``storage.eviction``), the write path and budget
+(``storage.write_path``) and copies from peers (``storage.replica``). Each part is a class
+over ``StorageState``; ``CacheService`` combines them and owns construction and lifecycle.
+
+The threading rules are ``storage.service``'s: SQLite reads and file opens in the reader pool,
+fsync and hashing in the sync pool, every index write (and the rename that publishes a blob)
+on the single writer thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from kit.clock import Clock
+from kura.core.errors import ResourceExhausted
+from kura.core.keys import artifact_id
+from kura.core.manifest import Manifest
+from kura.core.version import (
+    ApplyOutcome,
+    FutureVersion,
+    VersionClock,
+    ahead_of_skew_ms,
+    decide_apply,
+)
+from kura.storage.artifact import ArtifactRef
+from kura.storage.blobs import BlobFiles
+from kura.storage.budget import TmpBudget
+from kura.storage.hooks import StorageHooks
+from kura.storage.hotcache import HotCache
+from kura.storage.index import MetadataIndex
+from kura.storage.peer_queue import PeerQueues
+from kura.storage.quarantine import Quarantine
+from kura.storage.recovery import StartReport
+from kura.storage.stats import StorageStats
+from kura.storage.verify import ReadVerifier
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+# Blobs up to this size are read into memory and hashed on every read.
+SMALL_BLOB_BYTES = 64 * 1024
+
+
+class StorageState:
+    """The state every part of ``CacheService`` shares (set in ``CacheService.__init__``), and
+    the small helpers they all use: identity, the skew gate, disk-space checks, counters, the
+    executors. Not used on its own."""
+
+    files: BlobFiles
+    verify_reads: str
+    quarantine: Quarantine
+    verifier: ReadVerifier
+    _on_quarantine: Callable[[str], None]
+    hot: HotCache
+    hooks: StorageHooks
+    outbox_max_depth: int
+    tenant_id: str
+    budget: TmpBudget
+    clock: Clock
+    max_disk_bytes: int
+    min_free_disk_bytes: int
+    stats: StorageStats
+    queues: PeerQueues
+    _index: MetadataIndex | None
+    _reader: ThreadPoolExecutor
+    _syncer: ThreadPoolExecutor
+    _writer: ThreadPoolExecutor
+    max_clock_skew_ms: int
+    max_inline_bytes: int
+    versions: VersionClock
+    _touches: dict[str, int]
+    start_report: StartReport
+
+    # -- identity and versions ---------------------------------------------------------------
+
+    def artifact_id(self, ref: ArtifactRef) -> str:
+        return artifact_id(ref.producer, self.tenant_id, ref.namespace_id, ref.key)
+
+    def artifact_id_of(self, manifest: Manifest) -> str:
+        """The identity a manifest's (producer, namespace, key) has on this node's tenant."""
+        return artifact_id(manifest.producer, self.tenant_id, manifest.namespace_id, manifest.key)
+
+    def next_version_ms(self) -> int:
+        """A new version above every version issued or learned (writes take theirs in the
+        writer thread instead, where the stored copy is known)."""
+        return self.versions.issue(self.clock.now_ms())
+
+    def _admit(self, version_ms: int, source: str, subject: str) -> None:
+        """The one skew gate for versions from peers (replication, bootstrap, read-through):
+        more than ``max_clock_skew_ms`` ahead of this node's clock raises ``FutureVersion``
+        (logged at WARNING, counted in ``rejected_total``); an admitted version advances the
+        version clock. Safe on any thread."""
+        now = self.clock.now_ms()
+        if ahead_of_skew_ms(version_ms, now, self.max_clock_skew_ms):
+            key = (source, "future_version")
+            self.stats.rejected_total[key] = self.stats.rejected_total.get(key, 0) + 1
+            log.warning(
+                "refused %s from %s: version_ms %d is %d ms ahead of this node's clock "
+                "(KURA_MAX_CLOCK_SKEW_MS=%d)",
+                subject,
+                source,
+                version_ms,
+                version_ms - now,
+                self.max_clock_skew_ms,
+            )
+            raise FutureVersion(
+                f"{subject}: version_ms {version_ms} is {version_ms - now} ms ahead of this "
+                f"node's clock, more than KURA_MAX_CLOCK_SKEW_MS={self.max_clock_skew_ms}; "
+                "refused, never applied"
+            )
+        self.versions.observe(version_ms)
+
+    def free_disk_bytes(self) -> int:
+        """Free bytes on the data dir's filesystem (0 before ``start`` created the dir)."""
+        try:
+            return shutil.disk_usage(self.files.data_dir).free
+        except FileNotFoundError:
+            return 0
+
+    def _check_writable(self) -> None:
+        """ResourceExhausted (503) while the index is read-only (a full disk at start-up)."""
+        if reason := self.start_report.read_only_reason:
+            raise ResourceExhausted(reason, retry_after_seconds=30)
+
+    def _check_free_disk(self, incoming_bytes: int) -> None:
+        self._check_writable()
+        free = shutil.disk_usage(self.files.data_dir).free
+        if free - incoming_bytes < self.min_free_disk_bytes:
+            raise ResourceExhausted(
+                f"insufficient free disk space: {free} bytes free, {incoming_bytes} bytes "
+                f"incoming, {self.min_free_disk_bytes} bytes must stay free",
+                retry_after_seconds=5,
+            )
+
+    def _take_touches(self) -> dict[str, int]:
+        touches, self._touches = self._touches, {}
+        return touches
+
+    def _count(self, source: str, outcome: str) -> None:
+        key = (source, outcome)
+        self.stats.apply_outcomes_total[key] = self.stats.apply_outcomes_total.get(key, 0) + 1
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _require_index(self) -> MetadataIndex:
+        if self._index is None:
+            raise RuntimeError("CacheService.start() has not completed")
+        return self._index
+
+    async def _in(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+def decide(index: MetadataIndex, incoming: Manifest, stored: Manifest | None) -> ApplyOutcome:
+    """Last-writer-wins against what is stored and the namespace tombstone (core.version)."""
+    return decide_apply(
+        incoming.version_ms,
+        None if stored is None else stored.version_ms,
+        index.tombstone(incoming.namespace_id),
+        incoming.sha256,
+        "" if stored is None else stored.sha256,
+    )
+
+
+def subject(manifest: Manifest) -> str:
+    return f"{manifest.producer} artifact in namespace {manifest.namespace_id!r}"

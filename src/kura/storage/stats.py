@@ -1,0 +1,22 @@
+"""``StorageStats``: the storage counters the metrics layer reads at scrape time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StorageStats:
+    """Plain counters the metrics layer reads at scrape time."""
+
+    used_bytes: int = 0
+    artifacts: int = 0
+    evictions_total: int = 0
+    evicted_bytes_total: int = 0
+    # detected_by ("read", "scrub", "put") -> entries quarantined.
+    corrupt_total: dict[str, int] = field(default_factory=dict)
+    outbox_depth: int = 0  # changed on the writer thread only
+    # (source, outcome) -> count; source is "local", "replication", "bootstrap", "read_through".
+    apply_outcomes_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (source, reason) -> copies from peers refused before applying; reason "future_version".
+    rejected_total: dict[tuple[str, str], int] = field(default_factory=dict)

@@ -1,0 +1,241 @@
+"""The write path of ``CacheService``: size and free-space checks, staging a body under a
+reservation from the tmp budget, and the commit that publishes it.
+
+A write is visible only once complete: its body is staged in the tmp dir, fsynced, renamed into
+place beside any older version (``BlobStore.put``) and then recorded in the index with its
+outbox messages in one transaction; only then is the older version's file unlinked. A local
+write's version is issued on the writer thread above the stored copy's and the namespace
+tombstone's, so an acknowledged local write always wins. A failed or rejected write leaves no
+blob, no index row and no reserved bytes. Eviction makes room first (``storage.eviction``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from kit.failpoint import failpoint
+from kura.core.errors import InsufficientStorage, PayloadTooLarge, Unavailable
+from kura.core.manifest import Manifest
+from kura.core.version import ApplyOutcome
+from kura.storage.artifact import ArtifactRef, PutResult
+from kura.storage.blobs import GROW_STEP_BYTES, Staged, concatenate, fsync_path, stage_body
+from kura.storage.eviction import Eviction
+from kura.storage.state import decide as _decide
+
+
+class WritePath(Eviction):
+    """Local writes (module docstring)."""
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def check_size(self, declared_length: int | None, limit_bytes: int) -> None:
+        """Reject a declared body before reading it: over the route limit, over the disk budget,
+        or more than the free disk space allows. Raises PayloadTooLarge / ResourceExhausted."""
+        if declared_length is None:
+            return
+        if declared_length > limit_bytes:
+            raise PayloadTooLarge(
+                f"body of {declared_length} bytes exceeds this route's limit of {limit_bytes} bytes",
+                limit_bytes,
+            )
+        if declared_length > self.max_disk_bytes:
+            raise InsufficientStorage(
+                f"body of {declared_length} bytes exceeds the node's disk budget "
+                f"({self.max_disk_bytes} bytes)"
+            )
+        self._check_free_disk(declared_length)
+
+    async def put_stream(
+        self,
+        ref: ArtifactRef,
+        body: AsyncIterator[bytes],
+        *,
+        declared_length: int | None,
+        limit_bytes: int,
+        content_type: str,
+        headers: dict[str, str] | None = None,
+        expected_sha256: str | None = None,
+    ) -> PutResult:
+        """Store a streamed body as a new local version of ``ref``.
+
+        Raises (leaving nothing behind): PayloadTooLarge, ResourceExhausted (tmp budget, disk),
+        IncompleteBody, DigestMismatch, InvalidRequest.
+        """
+        self.check_size(declared_length, limit_bytes)
+        first = (
+            declared_length
+            if declared_length is not None
+            else min(GROW_STEP_BYTES, limit_bytes, self.budget.capacity_bytes)
+        )
+        with self.budget.try_reserve(max(first, 1)) as reservation:
+            staged = await stage_body(
+                body,
+                self.files.new_staging_path("uploads"),
+                reservation,
+                limit_bytes=limit_bytes,
+                declared_length=declared_length,
+                expected_sha256=expected_sha256,
+            )
+            return await self._commit_staged(ref, staged, content_type, headers or {})
+
+    async def put_concatenated(
+        self, ref: ArtifactRef, parts: Sequence[Path], content_type: str
+    ) -> PutResult:
+        """Store the concatenation of ``parts`` (multipart completion). Parts are left in place."""
+        total = sum(p.stat().st_size for p in parts)
+        self.check_size(total, self.max_disk_bytes)
+        incoming = self.files.blobs_dir / f"multipart.incoming-{os.urandom(8).hex()}"
+        try:
+            staged = await self._in(self._syncer, concatenate, parts, incoming)
+            return await self._commit_staged(ref, staged, content_type, {}, fsynced=True)
+        finally:
+            incoming.unlink(missing_ok=True)
+
+    async def put_inline(self, ref: ArtifactRef, data: bytes, content_type: str) -> PutResult:
+        """Store a small body inside the index (key-value entries)."""
+        self._check_free_disk(len(data))
+        aid = self.artifact_id(ref)
+        manifest = self._new_manifest(
+            ref, aid, len(data), hashlib.sha256(data).hexdigest(), content_type, {}, inline=True
+        )
+        return await self._commit(manifest, None, data, source="local")
+
+    async def _commit_staged(
+        self,
+        ref: ArtifactRef,
+        staged: Staged,
+        content_type: str,
+        headers: dict[str, str],
+        *,
+        fsynced: bool = False,
+    ) -> PutResult:
+        try:
+            if not fsynced:
+                await self._in(self._syncer, fsync_path, staged.path)
+            self._check_free_disk(0)
+            aid = self.artifact_id(ref)
+            manifest = self._new_manifest(
+                ref, aid, staged.size, staged.sha256, content_type, headers
+            )
+            return await self._commit(
+                manifest, staged.path, None, source="local", xxh3_128=staged.xxh3_128
+            )
+        finally:
+            staged.path.unlink(missing_ok=True)
+
+    async def _commit(
+        self,
+        manifest: Manifest,
+        staged_path: Path | None,
+        inline_body: bytes | None,
+        *,
+        source: str,
+        xxh3_128: str | None = None,
+    ) -> PutResult:
+        peers: Sequence[str] = self.hooks.artifact_targets() if source == "local" else ()
+        self.queues.check_room(peers)  # a full object-tier upload queue refuses the write
+        result = await self._in(
+            self._writer,
+            self._commit_sync,
+            manifest,
+            staged_path,
+            inline_body,
+            self._take_touches(),
+            peers,
+            source,
+            xxh3_128,
+        )
+        if peers and result.outcome is ApplyOutcome.APPLIED:
+            self.hooks.on_outbox_write()
+        if source == "local" and result.outcome is not ApplyOutcome.APPLIED:
+            # The version rule makes this unreachable; a 2xx must never report a lost write.
+            raise Unavailable(f"the write was not applied ({result.outcome.value}); retry it")
+        return result
+
+    def _new_manifest(
+        self,
+        ref: ArtifactRef,
+        aid: str,
+        size: int,
+        sha256: str,
+        content_type: str,
+        headers: dict[str, str],
+        *,
+        inline: bool = False,
+    ) -> Manifest:
+        return Manifest(
+            artifact_id=aid,
+            producer=ref.producer,
+            namespace_id=ref.namespace_id,
+            key=ref.key,
+            content_type=content_type,
+            size=size,
+            sha256=sha256,
+            version_ms=0,  # issued by _commit_sync in the writer thread
+            created_at_ms=self.clock.now_ms(),
+            inline=inline,
+            headers=headers,
+        )
+
+    def _commit_sync(
+        self,
+        manifest: Manifest,
+        staged_path: Path | None,
+        inline_body: bytes | None,
+        touches: dict[str, int],
+        outbox_peers: Sequence[str],
+        source: str,
+        xxh3_128: str | None = None,
+    ) -> PutResult:
+        """Writer thread: LWW check, eviction, publish the file, record the row (with the
+        file's XXH3-128) and the outbox messages in one transaction."""
+        index = self._require_index()
+        if touches:
+            index.touch(touches)
+        existing = index.get(manifest.artifact_id)
+        if source == "local":
+            version = self.versions.issue(
+                self.clock.now_ms(),
+                None if existing is None else existing[0].version_ms,
+                index.tombstone(manifest.namespace_id),
+            )
+            manifest = dataclasses.replace(manifest, version_ms=version)
+        outcome = _decide(index, manifest, None if existing is None else existing[0])
+        self._count(source, outcome.value)
+        if outcome is not ApplyOutcome.APPLIED:
+            return PutResult(existing[0] if existing else manifest, False, outcome)
+        old_size = 0 if existing is None else existing[0].size
+        self._evict_sync(manifest.size - old_size, manifest.artifact_id)
+        sig = None
+        # New version's file beside the old one, commit, and only then unlink the old file: a
+        # crash anywhere leaves the acknowledged version whole (start-up reconciles the rest).
+        old = None if existing is None or existing[0].inline else self.files.blob_path(existing[0])
+        new = None if staged_path is None else self.files.blob_path(manifest)
+        if staged_path is not None:
+            sig = self.files.put(staged_path, manifest)
+            failpoint("storage.after_publish")
+        outbox_peers = self.queues.admit(index.connection(), outbox_peers, self.clock.now_ms())
+        # A bootstrap copy counts as last used when the bootstrap began: never used here, and
+        # equal stamps leave LRU to evict the oldest versions first once the bootstrap is over.
+        floor = self.hooks.eviction_floor_ms()
+        stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
+        try:
+            index.upsert(manifest, inline_body, sig, stamp_ms, outbox_peers, xxh3_128=xxh3_128)
+        except BaseException:
+            if new is not None and new != old:
+                new.unlink(missing_ok=True)  # never acknowledged
+            raise
+        failpoint("storage.after_commit")
+        if old is not None and old != new:
+            old.unlink(missing_ok=True)  # a reader that has it open keeps its bytes
+        # After the row and the file changed: a read that began earlier cannot re-insert old bytes.
+        self.hot.invalidate([manifest.artifact_id])
+        self.queues.enqueued(outbox_peers)
+        self.stats.used_bytes += manifest.size - old_size
+        if existing is None:
+            self.stats.artifacts += 1
+        return PutResult(manifest, existing is None, outcome)
