@@ -74,10 +74,9 @@ class FaultProxy:
                 self._server.close()
             for w in list(self._open):
                 w.transport.abort()
+            self._closing.set()  # hanging handlers return (cancelling them upsets asyncio.streams)
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.wait(tasks, timeout=5) if tasks else None
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -85,6 +84,7 @@ class FaultProxy:
         self._loop.close()
 
     async def _listen(self) -> None:
+        self._closing = asyncio.Event()
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -106,7 +106,7 @@ class FaultProxy:
                 return
             if mode == "hang":
                 self.faults_answered += 1
-                await asyncio.sleep(3600)
+                await self._closing.wait()
                 return
             status, reason, code, message = FAULT_BODIES[mode]
             body = (

@@ -1,0 +1,127 @@
+"""Faults of the object-storage tier (issue 12 item 4), injected into real processes.
+
+* SeaweedFS SIGKILLed while a node uploads, restarted on the same ports and data dir: every
+  write the node acknowledged (2xx) is in the bucket afterwards, byte-identical (0 lost), and
+  the node serves all of them from its local tier meanwhile.
+* Throttling (503 SlowDown), 500s and hangs, from the fault proxy (a test double in front of
+  the real SeaweedFS): writes still answer 2xx (durable locally, upload queued), each failure
+  is logged and counted under its own result, nothing is evicted while its upload is pending,
+  and the queue drains once the store answers again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import httpx
+
+from kura.demo.seaweedfs import SeaweedFS
+from tests.conftest import NodeProcess
+from tests.e2e.mesh import wait_for
+from tests.objectstore.conftest import TierNode, get, put, tier_metric
+from tests.objectstore.faultproxy import FaultProxy
+
+QUEUE = "kura_object_store_upload_queue_messages"
+REQUESTS = "kura_object_store_requests_total"
+
+
+def put_failures(node: NodeProcess) -> float:
+    """Failed requests of the uploader (its version check GETs and its PUTs)."""
+    return sum(
+        tier_metric(node, REQUESTS, result=r)
+        for r in ("unreachable", "timeout", "server_error", "throttled", "error")
+    )
+
+
+def test_store_killed_during_uploads_loses_no_acknowledged_write(
+    seaweedfs: SeaweedFS, tier_node: TierNode
+) -> None:
+    a = tier_node("a", prefix="kill", object_store_timeout="3s")
+    acked: dict[str, bytes] = {}
+    refused: list[tuple[str, int]] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set() and i < 400:
+            key, body = f"w{i}", os.urandom(20_000 + (i * 7919) % 200_000)
+            status = put(a, key, body)
+            if status in (200, 201):
+                acked[key] = body
+            else:
+                refused.append((key, status))
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert wait_for(lambda: len(acked) >= 15, 60)
+        seaweedfs.kill()  # SIGKILL while the writer keeps writing and the node uploads
+        written_at_kill = len(acked)
+        assert wait_for(lambda: len(acked) >= written_at_kill + 25, 60)
+        assert wait_for(lambda: put_failures(a) > 0, 60), a.log()[-3000:]
+        # The store is down: every acknowledged write reads back from the local tier.
+        for key, body in list(acked.items()):
+            r = get(a, key)
+            assert r.status_code == 200, key
+            assert r.content == body
+    finally:
+        stop.set()
+        thread.join(60)
+    assert refused == []  # the outage refused no write
+    assert tier_metric(a, QUEUE) > 0  # uploads are waiting
+    assert "object store upload queue: upload of" in a.log()
+    seaweedfs.restart()  # same ports, same data dir
+    assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 120), a.log()[-3000:]
+
+    b = tier_node("b", prefix="kill")  # an empty node: everything must come from the bucket
+    lost = [k for k, body in acked.items() if get(b, k).content != body]
+    assert lost == [], f"{len(lost)} of {len(acked)} acknowledged writes lost"
+    assert b.index_rows() == len(acked)
+    print(f"acked={len(acked)} at_kill={written_at_kill} put_failures={put_failures(a)} lost=0")
+
+
+def test_throttling_errors_and_hangs_are_retried_and_never_evict_a_pending_upload(
+    seaweedfs: SeaweedFS, fault_proxy: FaultProxy, tier_node: TierNode
+) -> None:
+    budget = 400_000
+    a = tier_node(
+        "a",
+        prefix="faults",
+        endpoint=fault_proxy.endpoint,
+        object_store_timeout="2s",
+        max_disk_bytes=budget,
+    )
+    bodies = {f"f{i}": os.urandom(100_000) for i in range(8)}  # 2x the disk budget
+    for mode, result in (
+        ("slowdown", "throttled"),
+        ("error500", "server_error"),
+        ("hang", "timeout"),
+    ):
+        fault_proxy.set_mode(mode)
+        before = tier_metric(a, REQUESTS, result=result)
+        for key in list(bodies)[:4] if mode == "slowdown" else ():
+            assert put(a, key, bodies[key]) in (200, 201)
+        assert wait_for(lambda r=result, b=before: tier_metric(a, REQUESTS, result=r) > b, 60), mode
+        assert f"failed ({result})" in a.log()
+    for key in list(bodies)[4:]:
+        assert put(a, key, bodies[key]) in (200, 201)  # still 2xx: durable here, upload queued
+    assert wait_for(lambda: tier_metric(a, QUEUE) >= len(bodies), 60)
+    # Nothing was evicted although the node is over its budget: every upload is pending.
+    assert tier_metric(a, "kura_storage_evictions_total") == 0
+    for key, body in bodies.items():
+        assert get(a, key).content == body
+    fault_proxy.set_mode("pass")
+    assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 120), a.log()[-3000:]
+    # Uploaded now: the next write evicts down to the budget again.
+    assert put(a, "after", b"x" * 10) in (200, 201)
+    assert wait_for(lambda: tier_metric(a, "kura_disk_used_bytes") <= budget, 30)
+    assert tier_metric(a, "kura_storage_evictions_total") > 0
+    b = tier_node("b", prefix="faults")
+    for key, body in bodies.items():
+        r = get(b, key)
+        assert r.status_code == 200, key
+        assert hashlib.sha256(r.content).digest() == hashlib.sha256(body).digest()
+    assert httpx.get(a.url + "/ready", timeout=10).status_code == 200
