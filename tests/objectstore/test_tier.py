@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -20,8 +21,9 @@ from kura.core.object_layout import namespace_prefix
 from kura.demo.seaweedfs import SeaweedFS
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from tests.conftest import NodeProcess
-from tests.e2e.mesh import wait_for
+from tests.e2e.mesh import free_port, wait_for
 from tests.objectstore.conftest import TierNode, get, put, start_failure, tier_metric
+from tests.objectstore.faultproxy import FaultProxy
 
 QUEUE = "kura_object_store_upload_queue_messages"
 REQUESTS = "kura_object_store_requests_total"
@@ -107,3 +109,63 @@ def test_a_wrong_secret_stops_the_node_at_start(seaweedfs: SeaweedFS, tmp_path: 
     assert "credentials (AWS_ACCESS_KEY_ID=kura-test) were refused" in done.stderr
     assert "not-the-secret" not in done.stderr + done.stdout
     assert seaweedfs.secret_key not in done.stderr + done.stdout
+
+
+def test_peers_sharing_a_bucket_copy_no_bodies_and_carry_cleans(tier_node: TierNode) -> None:
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    a, b = (
+        tier_node(name, prefix="mesh", internal_port=port, node_url=url, peers=",".join(urls))
+        for name, port, url in zip(("a", "b"), ports, urls, strict=True)
+    )
+    assert wait_for(lambda: httpx.get(b.url + "/ready").status_code == 200, 60)
+    body = os.urandom(50_000)
+    assert put(a, "shared", body) in (200, 201)
+    assert wait_for(lambda: drained(a), 30)
+    assert get(b, "shared").content == body  # filled from the bucket, not sent by a
+    applied = "kura_replication_apply_results_total"
+    replicated = tier_metric(b, applied, source="replication")  # bodies a sent b: none
+    assert tier_metric(b, "kura_object_store_filled_bytes_total") == len(body)
+    r = httpx.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
+    assert r.status_code == 204
+    # The tombstone travels the mesh: b drops its local copy; the bucket's is deleted too.
+    assert wait_for(lambda: get(b, "shared").status_code == 404, 30), b.log()[-2000:]
+    assert bucket_keys_of(a) == []
+    assert replicated == 0
+    assert tier_metric(b, applied, source="replication_tombstone", outcome="applied") == 1
+
+
+def bucket_keys_of(node: NodeProcess) -> list[str]:
+    """What the bucket holds under ``node``'s prefix, once its upload queue is empty."""
+    assert wait_for(lambda: tier_metric(node, QUEUE) == 0, 30)
+    env = node.env
+    store = ObjectStore(ObjectStoreConfig.from_env(env["KURA_OBJECT_STORE_URL"], env, 10))
+
+    async def keys() -> list[str]:
+        return [o.key async for page in store.list_prefix("") for o in page]
+
+    return [k for k in asyncio.run(keys()) if not k.startswith(".kura-start-check/")]
+
+
+def test_a_store_unreachable_at_start_is_a_warning_and_writes_queue(
+    seaweedfs: SeaweedFS, fault_proxy: FaultProxy, tier_node: TierNode
+) -> None:
+    fault_proxy.set_mode("refuse")
+    a = tier_node("a", prefix="late", endpoint=fault_proxy.endpoint, object_store_timeout="2s")
+    assert "not usable at start (unreachable)" in a.log()
+    assert httpx.get(a.url + "/ready", timeout=10).status_code == 200
+    assert put(a, "early", b"written while the store was unreachable") in (200, 201)
+    assert get(a, "early").status_code == 200
+    assert wait_for(lambda: tier_metric(a, QUEUE) == 1, 30)
+    fault_proxy.set_mode("pass")
+    assert wait_for(lambda: drained(a), 60), a.log()[-2000:]
+    assert bucket_keys_of(a) == [namespace_prefix("default", "") + a_id(a)]
+
+
+def a_id(node: NodeProcess) -> str:
+    """The artifact id of the one artifact ``node`` holds."""
+    conn = sqlite3.connect(f"file:{node.data_dir / 'index.sqlite3'}?mode=ro", uri=True)
+    try:
+        return str(conn.execute("SELECT artifact_id FROM artifacts").fetchone()[0])
+    finally:
+        conn.close()

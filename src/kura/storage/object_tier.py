@@ -134,6 +134,9 @@ class ObjectTier:
         except KuraError as exc:
             log.warning("object store fill of %s refused: %s", artifact_id, exc.message)
             return FillResult(False, type(exc).__name__)
+        except (OSError, ValueError) as exc:  # a local staging problem: a miss, never a 500
+            log.warning("object store fill of %s failed locally: %s", artifact_id, exc)
+            return FillResult(False, type(exc).__name__)
         finally:
             with contextlib.suppress(Exception):
                 await chunks.aclose()  # type: ignore[attr-defined]
@@ -150,20 +153,25 @@ class ObjectTier:
         """Forever: drain the bucket's outbox queue in order, backing off after a failure."""
         while True:
             self._wake.clear()
-            batch = await self.service.outbox_batch(OUTBOX_TARGET, BATCH)
-            await self._refresh_gauges()
-            if not batch:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(IDLE_POLL_SECONDS):
-                        await self._wake.wait()
-                continue
-            done = await self._deliver(batch)
-            if done:
-                await self.service.outbox_ack(done)
-            if len(done) < len(batch):
-                await self._backoff.sleep()
-            else:
+            try:
+                batch = await self.service.outbox_batch(OUTBOX_TARGET, BATCH)
+                await self._refresh_gauges()
+                if not batch:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(IDLE_POLL_SECONDS):
+                            await self._wake.wait()
+                    continue
+                done = await self._deliver(batch)
+                if done:
+                    await self.service.outbox_ack(done)
+                complete = len(done) == len(batch)
+            except Exception:  # an index or local-file problem: keep the queue, try again later
+                log.exception("object store upload queue: a pass failed; retrying with backoff")
+                complete = False
+            if complete:
                 self._backoff.reset()
+            else:
+                await self._backoff.sleep()
 
     async def drain_once(self) -> int:
         """Deliver what is queued now, once, without backoff; the number of messages acked."""
@@ -222,12 +230,12 @@ class ObjectTier:
             elif kind == DELETE_NAMESPACE:
                 await self._delete_namespace(namespace_id, version_ms)
             return True
-        except ObjectStoreError as exc:
+        except (ObjectStoreError, OSError) as exc:  # OSError: the local file went away mid-read
             log.warning(
                 "object store upload queue: %s %s failed (retrying with backoff): %s",
                 "upload of" if kind == UPSERT else "clean of namespace",
                 artifact_id or repr(namespace_id),
-                exc.message,
+                exc.message if isinstance(exc, ObjectStoreError) else exc,
             )
             return False
 
