@@ -125,3 +125,47 @@ def test_throttling_errors_and_hangs_are_retried_and_never_evict_a_pending_uploa
         assert r.status_code == 200, key
         assert hashlib.sha256(r.content).digest() == hashlib.sha256(body).digest()
     assert httpx.get(a.url + "/ready", timeout=10).status_code == 200
+
+
+def test_a_full_upload_queue_refuses_writes_and_leaves_nothing_behind(
+    seaweedfs: SeaweedFS, fault_proxy: FaultProxy, tier_node: TierNode
+) -> None:
+    a = tier_node("a", prefix="full", endpoint=fault_proxy.endpoint, outbox_max_depth=3)
+    fault_proxy.set_mode("slowdown")
+    for i in range(3):
+        assert put(a, f"q{i}", f"queued {i}".encode()) in (200, 201)
+    assert wait_for(lambda: tier_metric(a, QUEUE) == 3, 30)
+    r = httpx.put(f"{a.url}/cache/q3", content=b"one too many", timeout=30)
+    assert r.status_code == 503, r.text
+    assert "object-store upload queue holds 3 messages" in r.text
+    assert "Retry-After" in r.headers
+    assert a.index_rows() == 3
+    assert a.staging_files() == []
+    assert tier_metric(a, "kura_tmp_reserved_bytes") == 0
+    fault_proxy.set_mode("pass")
+    assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 60)
+    assert put(a, "q3", b"one too many") in (200, 201)  # room again
+
+
+def test_a_fill_larger_than_the_tmp_budget_is_a_miss_that_leaves_nothing_behind(
+    tier_node: TierNode,
+) -> None:
+    a = tier_node("a", prefix="tmpbudget")
+    body = os.urandom(300_000)
+    assert put(a, "big", body) in (200, 201)
+    assert wait_for(
+        lambda: (
+            tier_metric(a, QUEUE) == 0
+            and tier_metric(a, "kura_object_store_uploaded_bytes_total") > 0
+        ),
+        30,
+    )
+    b = tier_node("b", prefix="tmpbudget", tmp_dir_max_bytes=100_000)
+    r = get(b, "big")
+    assert r.status_code == 404  # a miss, never a partial or wrong 200
+    assert "object store fill of" in b.log()
+    assert b.index_rows() == 0
+    assert b.staging_files() == []
+    assert tier_metric(b, "kura_tmp_reserved_bytes") == 0
+    c = tier_node("c", prefix="tmpbudget")  # with room, the same object fills
+    assert get(c, "big").content == body
