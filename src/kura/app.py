@@ -238,7 +238,12 @@ class Node:
             config = ObjectStoreConfig.from_env(
                 settings.object_store_url, os.environ, settings.object_store_timeout_seconds
             )
-            self.object_tier = ObjectTier(self.service, ObjectStore(config), self.clock)
+            self.object_tier = ObjectTier(
+                self.service,
+                ObjectStore(config),
+                self.clock,
+                backoff_max_seconds=settings.replication_backoff_max_ms / 1000,
+            )
             tier_hooks.connect(self.object_tier)
             self.metrics.registry.register(ObjectStoreCollector(self.object_tier.store.stats))
         self.metrics.watch_store(

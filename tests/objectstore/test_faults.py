@@ -38,7 +38,7 @@ def put_failures(node: NodeProcess) -> float:
 def test_store_killed_during_uploads_loses_no_acknowledged_write(
     seaweedfs: SeaweedFS, tier_node: TierNode
 ) -> None:
-    a = tier_node("a", prefix="kill", object_store_timeout="3s")
+    a = tier_node("a", prefix="kill", object_store_timeout="3s", replication_backoff_max_ms=4000)
     acked: dict[str, bytes] = {}
     refused: list[tuple[str, int]] = []
     stop = threading.Event()
