@@ -12,18 +12,16 @@ from pathlib import Path
 
 import httpx
 
+from kura.demo.launch.node import spawn_kured
+from kura.demo.launch.process import free_port, stop
 from kured.settings import Settings
 from tests.kured.agents import Host, read_events
-from tests.kured.prom import free_port
 
 
-def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str) -> None:
+def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str, tmp_path: Path) -> None:
     port = free_port()
-    proc = subprocess.Popen(
+    proc, _ = spawn_kured(
         [
-            sys.executable,
-            "-m",
-            "kured.cli",
             "fleetlock",
             "--port",
             str(port),
@@ -34,14 +32,9 @@ def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str) -> None:
             "--group-slots",
             "workers=2",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        tmp_path / "fleetlock.log",
     )
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening" in line, (line, proc.stderr.read() if proc.stderr else "")
         url = f"http://127.0.0.1:{port}"
         hdr = {"fleet-lock-protocol": "true"}
 
@@ -65,11 +58,7 @@ def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str) -> None:
         assert missing.status_code == 400
         assert missing.json()["kind"] == "missing_protocol_header"
     finally:
-        proc.terminate()
-        proc.wait(10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        stop(proc, timeout=10)
 
 
 def test_invalid_flags_are_all_listed_and_exit_2(tmp_path: Path) -> None:
