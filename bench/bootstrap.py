@@ -34,6 +34,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.replication import Cluster, free_port
 from kura.demo.launch.node import spawn_kura
+from kura.demo.rolling.sampler import dir_bytes
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -63,17 +64,6 @@ def digest_of(seed: int, size: int) -> str:
     for c in body_chunks(seed, size):
         h.update(c)
     return h.hexdigest()
-
-
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _d, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except FileNotFoundError:
-                pass
-    return total
 
 
 class Watcher(threading.Thread):
