@@ -185,26 +185,15 @@ def test_agent_logs_the_real_reboot_warning_at_start_up(tmp_path: Path) -> None:
     boot_id = tmp_path / "boot_id"
     boot_id.write_text("00000000-0000-0000-0000-000000000001\n")
     stderr = tmp_path / "kured.log"
-    with stderr.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kured.cli", "--node-id", "n1",
-             "--etcd-endpoints", "http://127.0.0.1:1",
-             "--reboot-sentinel", str(tmp_path / "never-created"),
-             "--boot-id-file", str(boot_id), "--state-dir", str(tmp_path / "state"),
-             "--metrics-port", "0", "--metrics-host", "127.0.0.1"],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening" in line, (line, stderr.read_text())
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    proc, _ = spawn_kured(
+        ["--node-id", "n1",
+         "--etcd-endpoints", "http://127.0.0.1:1",
+         "--reboot-sentinel", str(tmp_path / "never-created"),
+         "--boot-id-file", str(boot_id), "--state-dir", str(tmp_path / "state"),
+         "--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+        stderr,
+    )  # fmt: skip
+    stop(proc, timeout=30)
     log = stderr.read_text()
     warned = "REALLY REBOOTS THIS MACHINE" in log
     assert warned == (os.geteuid() == 0), log
