@@ -26,6 +26,7 @@ from kura.api.errors import ErrorStyle, error_response
 from kura.api.file_response import OpenFileResponse
 from kura.api.grant_scope import request_namespace
 from kura.api.metrics import KuraMetrics
+from kura.api.query import parse_decimal
 from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
 from kura.settings import Settings
 from kura.storage.service import CacheService, StoredBody
@@ -143,11 +144,8 @@ def declared_length(request: web.Request) -> int | None:
     raw = request.headers.get("Content-Length")
     if raw is None:
         return None if "chunked" in request.headers.get("Transfer-Encoding", "").lower() else 0
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"invalid Content-Length {raw!r}") from None
-    if value < 0:
+    value = parse_decimal(raw)
+    if value is None:
         raise InvalidRequest(f"invalid Content-Length {raw!r}")
     return value
 
