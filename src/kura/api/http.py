@@ -82,6 +82,10 @@ def endpoint_spec(handler: object) -> EndpointSpec | None:
     return spec if isinstance(spec, EndpointSpec) else None
 
 
+# Not an HTTP status a client sees: nginx's code for "the client closed the connection".
+CLIENT_CLOSED_REQUEST = 499
+
+
 def endpoint(
     protocol: str,
     access: Access | None,
@@ -120,6 +124,16 @@ def endpoint(
                 if isinstance(exc, UploadAborted):
                     await _send_and_close(request, response)
                 return response
+            except ConnectionResetError as exc:
+                # The reader hung up while the handler streamed to it (a peer or a client
+                # cancelling): ordinary, so one INFO line and nginx's 499 "client closed".
+                # Re-raising would make aiohttp log an ERROR with a traceback; a response it
+                # cannot send on the aborted transport is dropped quietly instead.
+                log.info("client went away during %s %s: %s", request.method, request.path, exc)
+                if request.transport is not None:
+                    request.transport.abort()
+                status = CLIENT_CLOSED_REQUEST
+                return web.Response(status=CLIENT_CLOSED_REQUEST)
             except Exception:
                 log.exception("unhandled error in %s %s", request.method, request.path)
                 status = 500
