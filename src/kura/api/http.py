@@ -23,7 +23,7 @@ from aiohttp import web
 
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
-from kura.api.file_response import OpenFileResponse
+from kura.api.file_response import DamagedBlob, OpenFileResponse
 from kura.api.grant_scope import request_namespace
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
@@ -129,7 +129,9 @@ def endpoint(
                 # cancelling): ordinary, so one INFO line and nginx's 499 "client closed".
                 # Re-raising would make aiohttp log an ERROR with a traceback; a response it
                 # cannot send on the aborted transport is dropped quietly instead.
-                log.info("client went away during %s %s: %s", request.method, request.path, exc)
+                # (DamagedBlob is one too: the transfer was cut on purpose; reported where found.)
+                what = "transfer cut" if isinstance(exc, DamagedBlob) else "client went away"
+                log.info("%s during %s %s: %s", what, request.method, request.path, exc)
                 if request.transport is not None:
                     request.transport.abort()
                 status = CLIENT_CLOSED_REQUEST
