@@ -106,6 +106,10 @@ def test_help_lists_the_doctor_flags() -> None:
     for flag in ("--node-count", "--reboot-duration", "--kernel-release", "--host-root",
                  "--json", "--prometheus-url", "--kubeconfig", "--alert-filter-regexp"):  # fmt: skip
         assert flag in proc.stdout, flag
+    help_text = " ".join(proc.stdout.split())
+    # The doctor defaults --node-id to the host name; only the agent requires it.
+    assert "--node-id VALUE this node's name (default: this host's name)" in help_text
+    assert "(required)" not in help_text
     agent = subprocess.run(
         [sys.executable, "-m", "kured.cli", "--help"], capture_output=True, text=True, timeout=60
     )

@@ -62,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
         "the fix; exit 1 on any FAIL.",
     )
     add_arguments(p)
+    for action in p._actions:  # the agent requires --node-id; the doctor defaults it
+        if action.dest == "node_id":
+            action.help = "this node's name (default: this host's name) (env KURED_NODE_ID)"
     doctor = p.add_argument_group("doctor")
     doctor.add_argument(
         "--node-count",
