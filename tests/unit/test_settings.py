@@ -172,6 +172,7 @@ BAD_VALUE_BY_PARSER = {
     "_positive_duration": "0s",
     "_percent": "101",
     "_duration": "-5s",
+    "_max_age": "3w",
     "_non_empty": "   ",
     "parse_port": "65536",
     "_path": " ",
