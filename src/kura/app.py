@@ -43,6 +43,7 @@ from kura.api import (
     namespace,
     nx,
     probes,
+    scope,
     status_page,
     turbo,
     webdav,
@@ -460,12 +461,17 @@ class Node:
             gradle.routes(),
             module.routes(),
             namespace.routes(),
-            bazel_http.routes(s.http_cache_prefix),
-            http_cache.routes(s.http_cache_prefix),
-            webdav.routes(s.webdav_prefix),
             status_page.routes(),
         ):
             app.add_routes(expect.guarded(module_routes))
+        # The routes whose clients cannot send a query: namespace "", or the one in the path.
+        for base in ("", scope.NAMESPACED_PREFIX):
+            cache, dav = base + s.http_cache_prefix, base + s.webdav_prefix
+            app.add_routes(expect.guarded(bazel_http.routes(cache) + http_cache.routes(cache)))
+            app.add_routes(expect.guarded(webdav.routes(dav)))
+            app.add_routes(
+                expect.guarded(namespace.root_routes(cache) + namespace.root_routes(dav))
+            )
         return app
 
     def build_internal_app(self) -> web.Application:

@@ -665,7 +665,8 @@ def validate_settings(s: Settings) -> list[str]:
         problems.append("KURA_HTTP_CACHE_PREFIX and KURA_WEBDAV_PREFIX must differ")
     for name in ("http_cache_prefix", "webdav_prefix"):
         value = getattr(s, name)
-        if value.split("/")[1] in ("api", "v1", "v8", "_internal", "up", "ready", "metrics"):
+        # "ns": the namespaced form of these routes, /ns/{namespace}/<prefix> (kura.api.scope).
+        if value.split("/")[1] in ("api", "v1", "v8", "_internal", "up", "ready", "metrics", "ns"):
             problems.append(f"KURA_{name.upper()} {value!r} collides with a built-in route")
     data, tmp = Path(s.data_dir).resolve(), Path(s.tmp_dir).resolve()
     if data == tmp or data in tmp.parents or tmp in data.parents:

@@ -219,6 +219,7 @@ def test_an_invalid_tenant_id_is_a_configuration_problem_not_a_crash() -> None:
         ({"KURA_WEBDAV_PREFIX": "/cache"}, "KURA_WEBDAV_PREFIX must differ"),
         ({"KURA_HTTP_CACHE_PREFIX": "/api/x"}, "collides with a built-in route"),
         ({"KURA_WEBDAV_PREFIX": "/metrics"}, "collides with a built-in route"),
+        ({"KURA_WEBDAV_PREFIX": "/ns/x"}, "collides with a built-in route"),
         (
             {"KURA_READ_WRITE_TOKENS": "a,b", "KURA_READ_ONLY_TOKENS": "b"},
             "both read-write and read-only",
