@@ -1,4 +1,4 @@
-"""Real ccache and sccache against ``/ns/<namespace>/`` (the namespaced Bazel/HTTP-cache and
+"""Real ccache, sccache and Bazel against ``/ns/<namespace>/`` (the namespaced Bazel/HTTP-cache and
 WebDAV routes): a remote hit, stored under that namespace, and a ``DELETE`` of the route root
 cleans exactly it, after which the same client misses and stores again."""
 
@@ -59,3 +59,15 @@ def test_a_real_client_on_a_namespaced_url_hits_and_a_root_delete_cleans_only_th
     assert again.returncode == 0, again.describe()
     assert again.hit, again.describe()
     assert _namespaces(node).get("team1", 0) >= 1, f"{again.describe()}\n{node.log()[-4000:]}"
+
+
+def test_real_bazel_gets_a_remote_hit_in_a_namespace_with_its_references_checked_there(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Bazel's action results are hits only while their CAS blobs are stored, looked up in the
+    namespace of the path (``kura.api.bazel_http``): a hit here proves both are in team1."""
+    client = Client("bazel", "bazel.sh", "/ns/team1/cache", "bazel", 2)
+    node = start_node(read_write_tokens=TOKEN)
+    run = run_client(client, node, token=TOKEN)
+    assert_remote_hit(client, node, run)
+    assert set(_namespaces(node)) == {"team1"}
