@@ -1,6 +1,8 @@
-"""Real ccache, sccache and Bazel against ``/ns/<namespace>/`` (the namespaced Bazel/HTTP-cache and
-WebDAV routes): a remote hit, stored under that namespace, and a ``DELETE`` of the route root
-cleans exactly it, after which the same client misses and stores again."""
+"""Real clients against ``/ns/<namespace>/`` (the namespaced Bazel/HTTP-cache and WebDAV routes).
+
+ccache and sccache: a remote hit, stored under that namespace; a ``DELETE`` of the route root
+cleans exactly it, and the same client stores there again and hits. Bazel: a remote hit whose
+action result and CAS blobs are all in that namespace."""
 
 from __future__ import annotations
 
