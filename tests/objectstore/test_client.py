@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kura.core.manifest import Manifest
-from kura.demo.seaweedfs import SeaweedFS
+from kura.demo.launch.seaweedfs import SeaweedFS
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig, ObjectStoreError
 from tests.objectstore.faultproxy import FaultProxy
 

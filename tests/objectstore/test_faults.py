@@ -17,7 +17,7 @@ import threading
 
 import httpx
 
-from kura.demo.seaweedfs import SeaweedFS
+from kura.demo.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.objectstore.conftest import TierNode, get, put, tier_metric

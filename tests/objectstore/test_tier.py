@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from kura.core.object_layout import namespace_prefix
-from kura.demo.seaweedfs import SeaweedFS
+from kura.demo.launch.seaweedfs import SeaweedFS
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import free_port, wait_for

