@@ -93,6 +93,7 @@ def test_throttling_errors_and_hangs_are_retried_and_never_evict_a_pending_uploa
         endpoint=fault_proxy.endpoint,
         object_store_timeout="2s",
         max_disk_bytes=budget,
+        replication_backoff_max_ms=4000,
     )
     bodies = {f"f{i}": os.urandom(100_000) for i in range(8)}  # 2x the disk budget
     for mode, result in (
@@ -130,7 +131,13 @@ def test_throttling_errors_and_hangs_are_retried_and_never_evict_a_pending_uploa
 def test_a_full_upload_queue_refuses_writes_and_leaves_nothing_behind(
     seaweedfs: SeaweedFS, fault_proxy: FaultProxy, tier_node: TierNode
 ) -> None:
-    a = tier_node("a", prefix="full", endpoint=fault_proxy.endpoint, outbox_max_depth=3)
+    a = tier_node(
+        "a",
+        prefix="full",
+        endpoint=fault_proxy.endpoint,
+        outbox_max_depth=3,
+        replication_backoff_max_ms=2000,
+    )
     fault_proxy.set_mode("slowdown")
     for i in range(3):
         assert put(a, f"q{i}", f"queued {i}".encode()) in (200, 201)
@@ -169,3 +176,22 @@ def test_a_fill_larger_than_the_tmp_budget_is_a_miss_that_leaves_nothing_behind(
     assert tier_metric(b, "kura_tmp_reserved_bytes") == 0
     c = tier_node("c", prefix="tmpbudget")  # with room, the same object fills
     assert get(c, "big").content == body
+
+
+def test_a_late_upload_never_replaces_a_newer_version_in_the_bucket(
+    seaweedfs: SeaweedFS, fault_proxy: FaultProxy, tier_node: TierNode
+) -> None:
+    late = tier_node(
+        "late", prefix="lww", endpoint=fault_proxy.endpoint, replication_backoff_max_ms=2000
+    )
+    fault_proxy.set_mode("slowdown")
+    assert put(late, "k", b"older version, uploaded late") in (200, 201)
+    assert wait_for(lambda: tier_metric(late, REQUESTS, result="throttled") > 0, 30)
+    newer = tier_node("newer", prefix="lww")
+    assert put(newer, "k", b"newer version") in (200, 201)
+    assert wait_for(lambda: tier_metric(newer, QUEUE) == 0, 30)
+    fault_proxy.set_mode("pass")
+    assert wait_for(lambda: tier_metric(late, QUEUE) == 0, 60)
+    fresh = tier_node("fresh", prefix="lww")
+    assert get(fresh, "k").content == b"newer version"
+    assert tier_metric(late, "kura_object_store_uploaded_bytes_total") == 0  # skipped, not put
