@@ -1,0 +1,66 @@
+"""``TierHooks``: with the object-storage tier, artifact writes go to the bucket only, cleans to
+the peers and the bucket, and a miss asks the bucket before the peers (the mesh's hooks)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from kura.core.object_layout import OUTBOX_TARGET
+from kura.storage.object_tier import TierHooks
+
+
+class MeshDouble:
+    """A test double of the mesh's hooks: records what it is asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.woken = 0
+
+    def replication_targets(self) -> Sequence[str]:
+        return ("http://peer:1",)
+
+    def artifact_targets(self) -> Sequence[str]:
+        return ("http://peer:1",)
+
+    def on_outbox_write(self) -> None:
+        self.woken += 1
+
+    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool:
+        self.asked.append(artifact_id)
+        return artifact_id == "on-a-peer"
+
+    def eviction_floor_ms(self) -> int | None:
+        return 7
+
+
+class TierDouble:
+    """A test double of ObjectTier: the bucket holds ``in-bucket`` only."""
+
+    def __init__(self) -> None:
+        self.filled: list[tuple[str, str]] = []
+        self.woken = 0
+
+    async def fill(self, artifact_id: str, namespace_id: str) -> bool:
+        self.filled.append((artifact_id, namespace_id))
+        return artifact_id == "in-bucket"
+
+    def wake(self) -> None:
+        self.woken += 1
+
+
+def test_tier_hooks_route_writes_cleans_and_misses() -> None:
+    mesh, tier = MeshDouble(), TierDouble()
+    hooks = TierHooks(mesh)
+    assert asyncio.run(hooks.fetch_missing("in-bucket", "ns")) is False  # not connected yet
+    hooks.connect(tier)  # type: ignore[arg-type]
+    assert tuple(hooks.artifact_targets()) == (OUTBOX_TARGET,)
+    assert tuple(hooks.replication_targets()) == ("http://peer:1", OUTBOX_TARGET)
+    assert asyncio.run(hooks.fetch_missing("in-bucket", "ns")) is True
+    assert asyncio.run(hooks.fetch_missing("on-a-peer", "ns")) is True
+    assert asyncio.run(hooks.fetch_missing("nowhere", "")) is False
+    assert tier.filled == [("in-bucket", "ns"), ("on-a-peer", "ns"), ("nowhere", "")]
+    assert mesh.asked == ["in-bucket", "on-a-peer", "nowhere"]  # the first before connect
+    hooks.on_outbox_write()
+    assert (mesh.woken, tier.woken) == (1, 1)
+    assert hooks.eviction_floor_ms() == 7
