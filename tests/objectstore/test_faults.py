@@ -16,6 +16,7 @@ import os
 import threading
 
 import httpx
+import pytest
 
 from kura.demo.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess
@@ -35,6 +36,7 @@ def put_failures(node: NodeProcess) -> float:
     )
 
 
+@pytest.mark.slow  # about 30 s, up to 60 s on a loaded machine (SeaweedFS restarts in it)
 def test_store_killed_during_uploads_loses_no_acknowledged_write(
     seaweedfs: SeaweedFS, tier_node: TierNode
 ) -> None:

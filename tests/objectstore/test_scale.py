@@ -11,9 +11,9 @@ import threading
 from tests.e2e.mesh import wait_for
 from tests.objectstore.conftest import TierNode, get, put, tier_metric
 
-BUDGET = 1024 * 1024  # each node's KURA_MAX_DISK_BYTES
-ARTIFACTS = 80
-SIZE = 128 * 1024  # 80 x 128 KiB = 10 MiB = 10x the budget
+BUDGET = 512 * 1024  # each node's KURA_MAX_DISK_BYTES
+ARTIFACTS = 40
+SIZE = 128 * 1024  # 40 x 128 KiB = 5 MiB = 10x the budget
 
 
 def test_ten_times_the_disk_budget_across_three_nodes_sharing_a_bucket(tier_node: TierNode) -> None:
