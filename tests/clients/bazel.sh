@@ -8,9 +8,9 @@
 # Env: TOKEN (sent as `Authorization: Bearer TOKEN` via --remote_header), CA (a PEM CA certificate to
 #      trust for an https:// BASE_URL: Bazel 4.2's HTTP cache ignores --tls_certificate, which only its
 #      gRPC cache reads, so the CA goes into a JVM trust store, -Djavax.net.ssl.trustStore), BAZEL_BIN
-#      (default: bazel on PATH), TARGET=cc (build a small C binary with the local C toolchain
-#      instead of the genrule), CLIENT_CONFIG (a directory: its `bazelrc` replaces --remote_cache
-#      and the token), KEEP=1. BASE_URL may also be grpc://HOST:PORT (Bazel's gRPC REAPI cache).
+#      (default: bazel on PATH), CLIENT_CONFIG (a directory: its `bazelrc` replaces --remote_cache
+#      and the token), KEEP=1. BASE_URL may also be grpc://HOST:PORT (Bazel's gRPC REAPI cache; the
+#      token then goes as gRPC metadata).
 # Setup: each run has its own --output_base under a per-script --output_user_root in the temp dir (so no
 #   local action cache, disk cache or outputs survive), home/workspace rc files ignored, no --disk_cache. Both Bazel
 #   servers are shut down at the end (and --max_idle_secs bounds them if this script is killed -9).
@@ -54,12 +54,6 @@ if [ -n "${CA:-}" ]; then
 fi
 
 : > WORKSPACE
-LABEL=//:gen OUT=bazel-bin/out.txt
-if [ "${TARGET:-}" = cc ]; then
-  LABEL=//:hello OUT=bazel-bin/hello
-  printf '#include <stdio.h>\nint main(void) { puts("kura %s"); return 0; }\n' "$(date +%s%N)" > hello.c
-  printf 'cc_binary(\n    name = "hello",\n    srcs = ["hello.c"],\n)\n' > BUILD
-else
 cat > BUILD <<EOF
 genrule(
     name = "gen",
@@ -67,7 +61,6 @@ genrule(
     cmd = "echo 'kura $(date +%s%N) $$ $RANDOM' > \$@",
 )
 EOF
-fi
 FLAGS=(--remote_accept_cached --remote_upload_local_results --remote_timeout=20 --spawn_strategy=local --color=no --curses=no --show_progress=no)
 # CLIENT_CONFIG: the user's own .bazelrc lines (README.md "Bazel", a --bazelrc) instead of these two.
 if [ -z "${CLIENT_CONFIG:-}" ]; then
@@ -75,20 +68,20 @@ if [ -z "${CLIENT_CONFIG:-}" ]; then
   [ -n "${TOKEN:-}" ] && FLAGS+=(--remote_header="Authorization=Bearer ${TOKEN}")
 fi
 run() {  # $1 = run number
-  bz "$1" 90 build "$LABEL" "${FLAGS[@]}" > "$W/run$1.log" 2>&1
+  bz "$1" 60 build //:gen "${FLAGS[@]}" > "$W/run$1.log" 2>&1
 }
 summary() { grep -m1 -E '[0-9]+ process(es)?:' "$W/run$1.log"; }
 
 run 1; rc1=$?
 echo "run1 rc=$rc1: $(summary 1)"
-[ $rc1 = 0 ] && [ -s "$OUT" ] || {
+[ $rc1 = 0 ] && [ -s bazel-bin/out.txt ] || {
   echo "SETUP FAILED: first bazel run failed"; grep -v linux-sandbox "$W/run1.log" | tail -20; exit 2; }
-cp "$OUT" "$W/first.txt"
+cp bazel-bin/out.txt "$W/first.txt"
 # Stop run 1's server; run 2 uses a fresh output_base, i.e. no local action cache, outputs or server.
 bz 1 20 shutdown >/dev/null 2>&1
 run 2; rc2=$?
 echo "run2 rc=$rc2: $(summary 2)"
-if [ $rc2 = 0 ] && grep -qE '[0-9]+ remote cache hit' "$W/run2.log" && cmp -s "$OUT" "$W/first.txt"; then
+if [ $rc2 = 0 ] && grep -qE '[0-9]+ remote cache hit' "$W/run2.log" && cmp -s bazel-bin/out.txt "$W/first.txt"; then
   echo "REMOTE HIT (bazel $(dpkg-query -W -f='${Version}' bazel-bootstrap 2>/dev/null))"; exit 0
 fi
 echo "NO REMOTE HIT"; grep -v linux-sandbox "$W/run2.log" | tail -15; exit 1

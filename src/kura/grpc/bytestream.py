@@ -4,7 +4,7 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
 (``kura.api.action_lookup.cas_ref``).
 
 * ``Read``: ``read_offset`` in ``[0, size]`` (OUT_OF_RANGE otherwise) and ``read_limit`` >= 0
-  (0: to the end), in chunks of at most 1 MiB. Every byte sent is checked against the stored
+  (0: to the end), in chunks of at most 1 MiB (less when ``KURA_GRPC_MAX_MESSAGE_BYTES`` needs). Every byte sent is checked against the stored
   digest first, as HTTP GETs are (``kura.api.file_response.verified_chunks``): the last chunk
   is held back until the whole blob hashed right, so a damaged blob ends the stream with an
   error (NOT_FOUND, the entry quarantined), never a complete wrong one.
@@ -28,10 +28,10 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
+import grpc
 from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as bs_grpc
 
-import grpc
 from kura.api.action_cache import EMPTY_SHA256
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
@@ -190,7 +190,9 @@ async def _verified_range(gc: GrpcContext, body: Any, start: int, end: int) -> A
     held: bytes | None = None
     pos = 0
     try:
-        async for chunk in verified_chunks(gc.service, body, READ_CHUNK_BYTES):
+        # A message must fit KURA_GRPC_MAX_MESSAGE_BYTES with its framing.
+        chunk_bytes = min(READ_CHUNK_BYTES, gc.max_batch_bytes)
+        async for chunk in verified_chunks(gc.service, body, chunk_bytes):
             lo, hi = max(start, pos), min(end, pos + len(chunk))
             pos += len(chunk)
             if held is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
+import grpc
 from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
@@ -35,7 +36,6 @@ from buildgrid.common.protos.build.bazel.semver import semver_pb2
 from buildgrid.common.protos.google.rpc import code_pb2, status_pb2
 from google.protobuf.message import DecodeError
 
-import grpc
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
 from kura.api.file_response import DamagedBlob, verified_chunks

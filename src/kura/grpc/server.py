@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 
+import grpc
 from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2_grpc_aio as reapi_grpc,
 )
 from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as bs_grpc
 
-import grpc
 from kura.api.auth import TokenAuth
 from kura.api.metrics import KuraMetrics
 from kura.grpc.action_cache import ActionCache

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import grpc
 from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
@@ -21,7 +22,6 @@ from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
 from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
 
-import grpc
 from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess
 
@@ -77,12 +77,15 @@ class Reapi:
             )
         )
 
-    def find_missing(self, blobs: Sequence[bytes], instance: str = "") -> list[str]:
+    def find_missing(
+        self, blobs: Sequence[bytes], instance: str = "", timeout: float | None = None
+    ) -> list[str]:
         response = self.cas.FindMissingBlobs(
             reapi.FindMissingBlobsRequest(
                 instance_name=instance, blob_digests=[digest(b) for b in blobs]
             ),
             metadata=self.metadata,
+            timeout=timeout,
         )
         return [d.hash for d in response.missing_blob_digests]
 

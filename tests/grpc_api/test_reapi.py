@@ -7,16 +7,16 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
+import grpc
 import pytest
 from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
 from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 
-import grpc
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
-from tests.grpc.client import (
+from tests.grpc_api.client import (
     Reapi,
     blob_name,
     digest,
@@ -126,6 +126,9 @@ def test_cross_protocol_one_store(grpc_node: tuple[NodeProcess, Reapi]) -> None:
         other = os.urandom(70_000)
         assert http.put(f"/cache/cas/{digest(other).hash}", content=other).status_code == 200
         assert c.read(blob_name(other)) == other
+        # Already stored intact: a Write is answered at once with the full size.
+        again = c.write(blob_name(other, upload=new_upload()), other)
+        assert again.committed_size == len(other)
         # HTTP /ac/ PUT -> gRPC GetActionResult; gRPC UpdateActionResult -> HTTP /ac/ GET.
         entry = action_result({"a": blob, "b": other})
         assert http.put(f"/cache/ac/{digest(b'act-h').hash}", content=entry).status_code == 200

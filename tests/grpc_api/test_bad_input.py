@@ -7,16 +7,23 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
+import grpc
 import pytest
 from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
 from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 
-import grpc
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
-from tests.grpc.client import Reapi, blob_name, digest, new_upload, start_grpc_node, write_requests
+from tests.grpc_api.client import (
+    Reapi,
+    blob_name,
+    digest,
+    new_upload,
+    start_grpc_node,
+    write_requests,
+)
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 BLOB = os.urandom(300_000)
