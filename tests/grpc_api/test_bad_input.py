@@ -187,3 +187,29 @@ def test_read_bad_names(grpc_node: tuple[NodeProcess, Reapi]) -> None:
     assert code_of(lambda: c.read(f"x/y/blobs/{digest(b'a').hash}/1")) is INVALID
     assert code_of(lambda: c.read(f"compressed-blobs/zstd/{digest(b'a').hash}/1")) is INVALID
     assert code_of(lambda: c.read(blob_name(b"a"), limit=-1)) is INVALID
+
+
+def test_a_stalled_write_gives_its_reservation_back(start_node: Callable[..., NodeProcess]) -> None:
+    """A stream that stays open but sends nothing for KURA_BODY_IDLE_TIMEOUT_SECONDS ends
+    with DEADLINE_EXCEEDED, and its upload is discarded after the resume window."""
+    node, c = start_grpc_node(
+        start_node, body_idle_timeout_seconds="1", grpc_upload_resume_seconds="1"
+    )
+    big = os.urandom(2 * 1024 * 1024)
+    name = blob_name(big, upload=new_upload())
+    stalled = threading.Event()
+
+    def stall() -> Iterator[bs.WriteRequest]:
+        yield from write_requests(name, big[:100_000], finish=False)
+        stalled.wait(60)
+
+    try:
+        call = c.bytestream.Write.future(stall())
+        with pytest.raises(grpc.RpcError) as info:
+            call.result(timeout=30)
+        assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert_nothing_stored(node)
+        assert node.metric('kura_grpc_requests_total{code="DEADLINE_EXCEEDED",method="Write"}') == 1
+    finally:
+        stalled.set()
+        c.close()

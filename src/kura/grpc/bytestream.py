@@ -13,7 +13,8 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
   must carry ``write_offset`` == bytes committed so far; a jump, a resource name that changes
   mid-stream, more bytes than the size, or a hash mismatch is INVALID_ARGUMENT and discards
   the upload (nothing stored). A blob that is already stored intact is answered at once with
-  ``committed_size`` = its size (REAPI allows it: the client stops sending). A stream that drops
+  ``committed_size`` = its size (REAPI allows it: the client stops sending). A stream that drops,
+  or sends nothing for ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` (then it ends with DEADLINE_EXCEEDED),
   parks an ``uploads/{uuid}/`` write for ``KURA_GRPC_UPLOAD_RESUME_SECONDS``; one without an
   upload id is discarded at once.
 * ``QueryWriteStatus``: the committed size of a parked or running upload, or ``complete`` with
@@ -94,7 +95,8 @@ class ByteStream(bs_grpc.ByteStreamServicer):
         upload: Upload | None = None
         first: bs.WriteRequest | None = None
         try:
-            async for request in request_iterator:
+            idle = float(self.gc.settings.body_idle_timeout_seconds)
+            async for request in _within(request_iterator, idle):
                 if first is None:
                     first = request
                     name = parse_write(request.resource_name)
@@ -126,7 +128,12 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             if upload is not None:
                 await self.uploads.discard(upload)
             raise
-        except BaseException:  # the stream dropped: cancelled, or the connection broke
+        except StreamIdle as exc:
+            if upload is not None:
+                self._park(upload)
+            self.gc.requests.labels("Write", "DEADLINE_EXCEEDED").inc()
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        except BaseException:  # the stream dropped: cancelled, broke, or went idle
             if upload is not None:
                 self._park(upload)
             raise
@@ -181,6 +188,27 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             upload.cancel()  # no upload id: nobody can resume it
         else:
             self.uploads.park(upload)
+
+
+async def _within(
+    messages: AsyncIterator[bs.WriteRequest], idle_seconds: float
+) -> AsyncIterator[bs.WriteRequest]:
+    """``messages``, but a stream that sends nothing for ``idle_seconds``
+    (``KURA_BODY_IDLE_TIMEOUT_SECONDS``, as for HTTP bodies) raises ``StreamIdle``: a stalled
+    client must not hold its reservation while its stream stays open."""
+    iterator = aiter(messages)
+    while True:
+        try:
+            message = await asyncio.wait_for(anext(iterator), idle_seconds)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise StreamIdle(f"no Write message for {idle_seconds:.0f} s") from None
+        yield message
+
+
+class StreamIdle(Exception):
+    """A Write stream sent nothing for the idle timeout; its upload is parked like a drop."""
 
 
 async def _verified_range(gc: GrpcContext, body: Any, start: int, end: int) -> AsyncIterator[bytes]:
