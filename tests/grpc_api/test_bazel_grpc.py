@@ -22,7 +22,7 @@ from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess
 from tests.integration.test_clients import Client, run_client
 
-pytestmark = [pytest.mark.clients, pytest.mark.slow]
+pytestmark = pytest.mark.clients
 
 BAZEL = Client("bazel-grpc", "bazel.sh", "", "grpc", 2)
 TOKEN = "tok-bazel"
