@@ -60,6 +60,7 @@ from kura.api.metrics import KuraMetrics
 from kura.api.object_store_metrics import ObjectStoreCollector
 from kura.api.peer_auth import PeerAuth
 from kura.api.public_tls import PublicTls
+from kura.grpc.server import GrpcServer
 from kura.mesh.anti_entropy import AntiEntropy
 from kura.mesh.bootstrap import Bootstrapper
 from kura.mesh.catch_up import CatchUp
@@ -301,6 +302,12 @@ class Node:
         self.draining = False
         self.public_url = ""
         self._runners: list[web.AppRunner] = []
+        # The REAPI v2 services over gRPC (kura.grpc), when KURA_GRPC_PORT is set.
+        self.grpc = (
+            GrpcServer(settings, self.service, self.auth, self.metrics)
+            if settings.grpc_port is not None
+            else None
+        )
         # Request handlers running right now, so that stop() can let them finish (_drain).
         self._handlers: set[asyncio.Task[Any]] = set()
         self.metrics.count_inflight(lambda: len(self._handlers))
@@ -553,6 +560,8 @@ class Node:
             self.build_app(), self.settings.port, tls.context if tls else None
         )
         self.public_url = f"{'https' if tls else 'http'}://{self.settings.host}:{port}"
+        if self.grpc is not None:
+            await self.grpc.start()
         self._tasks = asyncio.create_task(self._background(), name="kura-background")
         log.info(
             "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s",
@@ -624,6 +633,8 @@ class Node:
         """
         self.draining = True
         try:
+            if self.grpc is not None:
+                await self.grpc.stop(float(self.settings.shutdown_timeout_seconds))
             await self._drain()
             for runner in reversed(self._runners):
                 await runner.cleanup()
@@ -671,6 +682,8 @@ class Node:
         """Undo a start that failed half-way (a port in use, an unusable host)."""
         for runner in reversed(self._runners):
             await runner.cleanup()
+        if self.grpc is not None:
+            await self.grpc.stop(0)
         await self.peer_client.close()
         await self.service.close()
         self.log_ring.detach()

@@ -591,6 +591,29 @@ class Settings:
         "private key (PEM) of the public listener's certificate, reloaded on change",
         default=None,
     )
+    grpc_port: int | None = option(
+        "KURA_GRPC_PORT",
+        "--grpc-port",
+        parse_port,
+        "port of the REAPI v2 gRPC listener (ActionCache, CAS, ByteStream, Capabilities); "
+        "unset = off, 0 = OS-chosen; TLS with the public TLS certificate when that is set",
+        default=None,
+    )
+    grpc_max_message_bytes: int = option(
+        "KURA_GRPC_MAX_MESSAGE_BYTES",
+        "--grpc-max-message-bytes",
+        parse_positive_bytes,
+        "largest gRPC message received or sent; batch calls are advertised 64 KiB less",
+        default=4 * MiB,
+    )
+    grpc_upload_resume_seconds: float = option(
+        "KURA_GRPC_UPLOAD_RESUME_SECONDS",
+        "--grpc-upload-resume-seconds",
+        _positive_duration,
+        "how long a ByteStream write whose stream dropped can be resumed; its tmp budget is "
+        "held that long, then it is discarded",
+        default=60.0,
+    )
     multipart_upload_ttl_seconds: int = option(
         "KURA_MULTIPART_UPLOAD_TTL_SECONDS",
         "--multipart-upload-ttl-seconds",

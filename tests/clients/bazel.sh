@@ -9,7 +9,8 @@
 #      trust for an https:// BASE_URL: Bazel 4.2's HTTP cache ignores --tls_certificate, which only its
 #      gRPC cache reads, so the CA goes into a JVM trust store, -Djavax.net.ssl.trustStore), BAZEL_BIN
 #      (default: bazel on PATH), CLIENT_CONFIG (a directory: its `bazelrc` replaces --remote_cache
-#      and the token), KEEP=1.
+#      and the token), KEEP=1. BASE_URL may also be grpc://HOST:PORT (Bazel's gRPC REAPI cache; the
+#      token then goes as gRPC metadata).
 # Setup: each run has its own --output_base under a per-script --output_user_root in the temp dir (so no
 #   local action cache, disk cache or outputs survive), home/workspace rc files ignored, no --disk_cache. Both Bazel
 #   servers are shut down at the end (and --max_idle_secs bounds them if this script is killed -9).

@@ -14,40 +14,27 @@ stored entry that no longer parses is a miss too. ccache's ``bazel`` layout keys
 (``action_cache.is_ccache_key``) are stored and served raw. CAS blobs are stored as
 ``ArtifactRef("bazel", namespace, "cas/<hex>")``: namespace ``""``, or the one the path names
 under ``/ns/{namespace}`` (``kura.api.scope``); an action result's references are looked up in
-its own namespace.
+its own namespace (``kura.api.action_lookup``, shared with the gRPC ActionCache).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from aiohttp import web
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2 as reapi,
-)
 
-from kura.api.action_cache import (
-    EMPTY_SHA256,
-    MAX_ACTION_RESULT_BYTES,
-    blob_references,
-    is_ccache_key,
-    parse_action_result,
-    tree_file_references,
-    tree_references,
-)
+from kura.api.action_cache import MAX_ACTION_RESULT_BYTES, is_ccache_key, parse_action_result
+from kura.api.action_lookup import find_action_result
 from kura.api.auth import Access
 from kura.api.blob import serve, store
 from kura.api.http import count_lookup, ctx, endpoint, read_small_body
 from kura.api.partial_content import ranged_response
 from kura.api.scope import path_namespace
-from kura.core.errors import InvalidRequest, NotFound
+from kura.core.errors import NotFound
 from kura.core.keys import HEX_SHA256, validate
-from kura.storage.service import ArtifactRef, CacheService, StoredBody
+from kura.storage.service import ArtifactRef, StoredBody
 
 PROTOCOL = "bazel"
-# A Tree larger than this is not read to check its files: the entry reads as a miss.
-MAX_TREE_BYTES = 64 * 1024 * 1024
 
 
 def _ref(request: web.Request, kind: str) -> ArtifactRef:
@@ -55,36 +42,18 @@ def _ref(request: web.Request, kind: str) -> ArtifactRef:
     return ArtifactRef("bazel", path_namespace(request), f"{kind}/{digest}")
 
 
-def _cas(namespace: str, digest: str) -> ArtifactRef:
-    return ArtifactRef("bazel", namespace, f"cas/{digest}")
-
-
 @endpoint(PROTOCOL, Access.READ)
 async def get_ac(request: web.Request) -> web.StreamResponse:
     ref = _ref(request, "ac")
     if is_ccache_key(request.match_info["digest"]):
         return await serve(request, ref, PROTOCOL)
-    service = ctx(request).service
     try:
-        body = await service.read(ref)
-        data = await _bytes(body, MAX_ACTION_RESULT_BYTES)
-        if data is None:
-            raise NotFound("stored action result is larger than an ActionResult can be")
-        try:
-            result = parse_action_result(data)
-        except InvalidRequest:
-            raise NotFound("stored action result does not parse; treated as a miss") from None
-        missing = await _missing_blobs(service, ref.namespace_id, result)
-        if missing:
-            raise NotFound(
-                f"action result references {len(missing)} CAS blob(s) that are not stored "
-                f"(first: {missing[0]}); treated as a miss"
-            )
+        manifest, data, _result = await find_action_result(ctx(request).service, ref)
     except NotFound:
         count_lookup(request, PROTOCOL, False)
         raise
     count_lookup(request, PROTOCOL, True)
-    return await ranged_response(request, StoredBody(body.manifest, data=data), PROTOCOL)
+    return await ranged_response(request, StoredBody(manifest, data=data), PROTOCOL)
 
 
 @endpoint(PROTOCOL, Access.READ)
@@ -125,44 +94,6 @@ async def put_cas(request: web.Request) -> web.StreamResponse:
             expected_sha256=request.match_info["digest"],
         )
     return web.Response(status=200)
-
-
-async def _missing_blobs(
-    service: CacheService, namespace: str, result: reapi.ActionResult
-) -> list[str]:
-    """Hashes of the CAS blobs ``result`` references that are not stored (empty: a hit).
-
-    A Tree that is absent, too large or does not parse counts as missing itself.
-    """
-    hashes = blob_references(result)
-    for tree_hash in tree_references(result):
-        if tree_hash == EMPTY_SHA256:
-            continue
-        try:
-            tree = await service.read(_cas(namespace, tree_hash))
-        except NotFound:
-            return [tree_hash]
-        data = await _bytes(tree, MAX_TREE_BYTES)
-        files = None if data is None else await asyncio.to_thread(tree_file_references, data)
-        if files is None:
-            return [tree_hash]
-        hashes.extend(files)
-    unique = list(dict.fromkeys(hashes))
-    missing = await service.missing([_cas(namespace, h) for h in unique])
-    return [m.key.removeprefix("cas/") for m in missing]
-
-
-async def _bytes(body: StoredBody, limit_bytes: int) -> bytes | None:
-    """The whole body in memory (closing its file), or None when it exceeds ``limit_bytes``."""
-    try:
-        if body.data is not None:
-            return body.data if len(body.data) <= limit_bytes else None
-        if body.manifest.size > limit_bytes:
-            return None
-        assert body.file is not None
-        return await asyncio.to_thread(body.file.read)
-    finally:
-        body.close()
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:

@@ -1,0 +1,76 @@
+"""REAPI ``ActionCache``: ``GetActionResult`` and ``UpdateActionResult``.
+
+The same entries as the Bazel HTTP cache's ``/ac/`` (``ArtifactRef("bazel", namespace,
+"ac/<hex>")``) under the same rules (``kura.api.action_cache``): a stored result is a hit only
+while every output it references (output files, stdout, stderr, every file of every output
+directory's ``Tree``) is in the CAS, otherwise NOT_FOUND, counted as a miss in
+``kura_cache_lookups_total{protocol="grpc"}`` (``kura.api.action_lookup``, shared with HTTP).
+An update must be a valid ``ActionResult`` of at most 4 MiB (INVALID_ARGUMENT otherwise, nothing
+stored); the stored bytes are its serialization, which the HTTP route serves as is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+import grpc
+from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
+from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2_grpc_aio as reapi_grpc,
+)
+
+from kura.api.action_cache import MAX_ACTION_RESULT_BYTES, parse_action_result
+from kura.api.action_lookup import ac_ref, find_action_result
+from kura.api.auth import Access
+from kura.core.errors import NotFound, PayloadTooLarge
+from kura.grpc.common import GrpcContext, check_digest, namespace_of, rpc
+
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+class ActionCache(reapi_grpc.ActionCacheServicer):
+    def __init__(self, gc: GrpcContext) -> None:
+        self.gc = gc
+
+    @rpc("GetActionResult")
+    async def GetActionResult(
+        self, request: reapi.GetActionResultRequest, context: Ctx
+    ) -> reapi.ActionResult:
+        ns = namespace_of(request.instance_name)
+        self.gc.check(context, Access.READ, ns)
+        ref = ac_ref(ns, check_digest(request.action_digest))
+        try:
+            _manifest, _data, result = await find_action_result(self.gc.service, ref)
+        except NotFound:
+            self.gc.metrics.count_lookup("grpc", False)
+            raise
+        self.gc.metrics.count_lookup("grpc", True)
+        return result
+
+    @rpc("UpdateActionResult")
+    async def UpdateActionResult(
+        self, request: reapi.UpdateActionResultRequest, context: Ctx
+    ) -> reapi.ActionResult:
+        ns = namespace_of(request.instance_name)
+        self.gc.check(context, Access.WRITE, ns)
+        ref = ac_ref(ns, check_digest(request.action_digest))
+        data = request.action_result.SerializeToString()
+        limit = min(MAX_ACTION_RESULT_BYTES, self.gc.settings.max_artifact_bytes)
+        if len(data) > limit:
+            raise PayloadTooLarge(f"the ActionResult is larger than {limit} bytes", limit)
+        parse_action_result(data)
+        await self.gc.service.put_stream(
+            ref,
+            _once(data),
+            declared_length=len(data),
+            limit_bytes=limit,
+            content_type="application/octet-stream",
+        )
+        return request.action_result
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data

@@ -1,0 +1,234 @@
+"""``google.bytestream.ByteStream`` over the CAS: ``Read``, ``Write``, ``QueryWriteStatus``.
+
+Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache's
+(``kura.api.action_lookup.cas_ref``).
+
+* ``Read``: ``read_offset`` in ``[0, size]`` (OUT_OF_RANGE otherwise) and ``read_limit`` >= 0
+  (0: to the end), in chunks of at most 1 MiB (less when ``KURA_GRPC_MAX_MESSAGE_BYTES`` needs). Every byte sent is checked against the stored
+  digest first, as HTTP GETs are (``kura.api.file_response.verified_chunks``): the last chunk
+  is held back until the whole blob hashed right, so a damaged blob ends the stream with an
+  error (NOT_FOUND, the entry quarantined), never a complete wrong one.
+* ``Write``: resumable through ``kura.grpc.uploads`` (the whole size reserved from the tmp
+  budget before the first byte is staged, size and SHA-256 checked at the end). Every message
+  must carry ``write_offset`` == bytes committed so far; a jump, a resource name that changes
+  mid-stream, more bytes than the size, or a hash mismatch is INVALID_ARGUMENT and discards
+  the upload (nothing stored). A blob that is already stored intact is answered at once with
+  ``committed_size`` = its size (REAPI allows it: the client stops sending). A stream that drops,
+  or sends nothing for ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` (then it ends with DEADLINE_EXCEEDED),
+  parks an ``uploads/{uuid}/`` write for ``KURA_GRPC_UPLOAD_RESUME_SECONDS``; one without an
+  upload id is discarded at once.
+* ``QueryWriteStatus``: the committed size of a parked or running upload, or ``complete`` with
+  the full size once the blob is stored; NOT_FOUND for an unknown upload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+import grpc
+from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
+from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as bs_grpc
+
+from kura.api.action_cache import EMPTY_SHA256
+from kura.api.action_lookup import cas_ref
+from kura.api.auth import Access
+from kura.api.file_response import DamagedBlob, verified_chunks
+from kura.core.errors import InvalidRequest, KuraError, NotFound
+from kura.grpc.common import GrpcContext, OutOfRange, rpc, streaming_rpc
+from kura.grpc.resource_names import BlobName, parse_read, parse_write
+from kura.grpc.uploads import Upload, Uploads
+from kura.storage.artifact import PutResult
+
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+READ_CHUNK_BYTES = 1024 * 1024
+
+
+class ByteStream(bs_grpc.ByteStreamServicer):
+    def __init__(self, gc: GrpcContext) -> None:
+        self.gc = gc
+        self.uploads = Uploads(gc.settings.grpc_upload_resume_seconds)
+
+    @streaming_rpc("Read")
+    async def Read(  # type: ignore[override]
+        self, request: bs.ReadRequest, context: Ctx
+    ) -> AsyncIterator[bs.ReadResponse]:
+        name = parse_read(request.resource_name)
+        self.gc.check(context, Access.READ, name.namespace)
+        if not 0 <= request.read_offset <= name.size_bytes:
+            raise OutOfRange(
+                f"read_offset {request.read_offset} is outside the blob's {name.size_bytes} bytes"
+            )
+        if request.read_limit < 0:
+            raise InvalidRequest(f"read_limit {request.read_limit} is negative")
+        if name.size_bytes == 0 and name.sha256 == EMPTY_SHA256:
+            return
+        try:
+            body = await self.gc.service.read(cas_ref(name.namespace, name.sha256))
+        except NotFound:
+            self.gc.metrics.count_lookup("grpc", False)
+            raise
+        try:
+            if body.manifest.size != name.size_bytes:
+                self.gc.metrics.count_lookup("grpc", False)
+                raise NotFound(
+                    f"blob {name.sha256} is stored with size {body.manifest.size}, "
+                    f"not {name.size_bytes}"
+                )
+            self.gc.metrics.count_lookup("grpc", True)
+            end = name.size_bytes
+            if request.read_limit:
+                end = min(end, request.read_offset + request.read_limit)
+            async for piece in _verified_range(self.gc, body, request.read_offset, end):
+                self.gc.metrics.bytes_out_child("grpc").inc(len(piece))
+                yield bs.ReadResponse(data=piece)
+        finally:
+            body.close()
+
+    @rpc("Write")
+    async def Write(
+        self, request_iterator: AsyncIterator[bs.WriteRequest], context: Ctx
+    ) -> bs.WriteResponse:
+        upload: Upload | None = None
+        first: bs.WriteRequest | None = None
+        try:
+            idle = float(self.gc.settings.body_idle_timeout_seconds)
+            async for request in _within(request_iterator, idle):
+                if first is None:
+                    first = request
+                    name = parse_write(request.resource_name)
+                    self.gc.check(context, Access.WRITE, name.namespace)
+                    if await self._stored(name):
+                        return bs.WriteResponse(committed_size=name.size_bytes)
+                    upload = self._open(name, request.write_offset)
+                elif request.resource_name and request.resource_name != first.resource_name:
+                    raise InvalidRequest("resource_name changed in the middle of a Write stream")
+                assert upload is not None
+                if request.write_offset != upload.committed_bytes:
+                    raise InvalidRequest(
+                        f"write_offset {request.write_offset} is not the {upload.committed_bytes} "
+                        "bytes committed so far (QueryWriteStatus tells where to resume)"
+                    )
+                await upload.feed(request.data)
+                self.gc.metrics.bytes_in_child("grpc").inc(len(request.data))
+                if request.finish_write:
+                    await upload.finish()
+                    return bs.WriteResponse(committed_size=upload.committed_bytes)
+            if upload is None:
+                raise InvalidRequest("the Write stream carried no request")
+            self._park(upload)
+            upload = None
+            raise InvalidRequest(
+                "the Write stream ended without finish_write; resume it at the committed size"
+            )
+        except KuraError:
+            if upload is not None:
+                await self.uploads.discard(upload)
+            raise
+        except StreamIdle as exc:
+            if upload is not None:
+                self._park(upload)
+            self.gc.requests.labels("Write", "DEADLINE_EXCEEDED").inc()
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        except BaseException:  # the stream dropped: cancelled, broke, or went idle
+            if upload is not None:
+                self._park(upload)
+            raise
+
+    @rpc("QueryWriteStatus")
+    async def QueryWriteStatus(
+        self, request: bs.QueryWriteStatusRequest, context: Ctx
+    ) -> bs.QueryWriteStatusResponse:
+        name = parse_write(request.resource_name)
+        self.gc.check(context, Access.WRITE, name.namespace)
+        upload = self.uploads.get(name.session_key) if name.upload_id else None
+        if upload is not None and not upload.task.done():
+            return bs.QueryWriteStatusResponse(committed_size=upload.committed_bytes)
+        if await self._stored(name):
+            return bs.QueryWriteStatusResponse(committed_size=name.size_bytes, complete=True)
+        raise NotFound(f"no upload {request.resource_name[:200]!r} is in progress")
+
+    async def _stored(self, name: BlobName) -> bool:
+        if name.size_bytes == 0 and name.sha256 == EMPTY_SHA256:
+            return True
+        return await self.gc.service.intact(cas_ref(name.namespace, name.sha256))
+
+    def _open(self, name: BlobName, offset: int) -> Upload:
+        """The upload this stream writes: a parked one to resume, or a new one at offset 0."""
+        if not name.upload_id:  # not resumable: a key no other stream can name
+            name = dataclasses.replace(name, upload_id="~" + os.urandom(8).hex())
+        upload = self.uploads.get(name.session_key)
+        if upload is not None and not upload.task.done():
+            self.uploads.attach(upload)
+            return upload
+        if offset != 0:
+            raise InvalidRequest(
+                f"write_offset {offset}: no upload of this name is in progress, so a write "
+                "starts at 0"
+            )
+        return self.uploads.open(name.session_key, lambda chunks: self._store(name, chunks))
+
+    def _store(self, name: BlobName, chunks: AsyncIterator[bytes]) -> asyncio.Future[PutResult]:
+        return asyncio.ensure_future(
+            self.gc.service.put_stream(
+                cas_ref(name.namespace, name.sha256),
+                chunks,
+                declared_length=name.size_bytes,
+                limit_bytes=self.gc.settings.max_artifact_bytes,
+                content_type="application/octet-stream",
+                expected_sha256=name.sha256,
+            )
+        )
+
+    def _park(self, upload: Upload) -> None:
+        if upload.key[1].startswith("~"):
+            upload.cancel()  # no upload id: nobody can resume it
+        else:
+            self.uploads.park(upload)
+
+
+async def _within(
+    messages: AsyncIterator[bs.WriteRequest], idle_seconds: float
+) -> AsyncIterator[bs.WriteRequest]:
+    """``messages``, but a stream that sends nothing for ``idle_seconds``
+    (``KURA_BODY_IDLE_TIMEOUT_SECONDS``, as for HTTP bodies) raises ``StreamIdle``: a stalled
+    client must not hold its reservation while its stream stays open."""
+    iterator = aiter(messages)
+    while True:
+        try:
+            message = await asyncio.wait_for(anext(iterator), idle_seconds)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise StreamIdle(f"no Write message for {idle_seconds:.0f} s") from None
+        yield message
+
+
+class StreamIdle(Exception):
+    """A Write stream sent nothing for the idle timeout; its upload is parked like a drop."""
+
+
+async def _verified_range(gc: GrpcContext, body: Any, start: int, end: int) -> AsyncIterator[bytes]:
+    """Bytes ``[start, end)`` of ``body`` in pieces; each piece is yielded only once the next
+    file chunk was read, and the last only after the whole blob hashed right (``DamagedBlob``
+    → NOT_FOUND)."""
+    held: bytes | None = None
+    pos = 0
+    try:
+        # A message must fit KURA_GRPC_MAX_MESSAGE_BYTES with its framing.
+        chunk_bytes = min(READ_CHUNK_BYTES, gc.max_batch_bytes)
+        async for chunk in verified_chunks(gc.service, body, chunk_bytes):
+            lo, hi = max(start, pos), min(end, pos + len(chunk))
+            pos += len(chunk)
+            if held is not None:
+                yield held
+                held = None
+            if lo < hi:
+                held = chunk[lo - (pos - len(chunk)) : hi - (pos - len(chunk))]
+    except DamagedBlob:
+        raise NotFound("the stored blob failed verification; treated as a miss") from None
+    if held is not None:
+        yield held

@@ -1,0 +1,270 @@
+"""REAPI ``Capabilities`` and ``ContentAddressableStorage`` (remote_execution.proto, v2.0).
+
+* ``GetCapabilities``: SHA-256 only, action-cache updates allowed, ``max_batch_total_size_bytes``
+  = ``KURA_GRPC_MAX_MESSAGE_BYTES`` - 64 KiB, API 2.0 (the version of the published stubs,
+  which predate the ``Compressor`` field: identity is the only encoding, as REAPI prescribes for a
+  server that advertises no compressor).
+* ``FindMissingBlobs``: one index look-up (peers asked for local misses, read-through).
+* ``BatchUpdateBlobs``: each blob is checked (size, hash) and stored on its own; a bad one gets
+  its own INVALID_ARGUMENT status and nothing is stored for it. Blobs already stored intact are
+  not rewritten. The request's blob bytes must fit ``max_batch_total_size_bytes``.
+* ``BatchReadBlobs``: per-blob NOT_FOUND; INVALID_ARGUMENT for the whole call when the blobs
+  asked for add up to more than ``max_batch_total_size_bytes`` (REAPI: "the server MUST return
+  INVALID_ARGUMENT" then).
+* ``GetTree``: the root ``Directory`` and every directory below it, breadth first, streamed in
+  pages of ``page_size`` (default and maximum 1,000 directories); every page but the last
+  carries a ``next_page_token`` from which a new call resumes. Directories that are not stored
+  are skipped (REAPI: "they will be omitted").
+
+Keys: ``ArtifactRef("bazel", namespace, "cas/<hex>")``, the Bazel HTTP cache's
+(``kura.api.action_lookup.cas_ref``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+import grpc
+from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
+from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2_grpc_aio as reapi_grpc,
+)
+from buildgrid.common.protos.build.bazel.semver import semver_pb2
+from buildgrid.common.protos.google.rpc import code_pb2, status_pb2
+from google.protobuf.message import DecodeError
+
+from kura.api.action_lookup import cas_ref
+from kura.api.auth import Access
+from kura.api.file_response import DamagedBlob, verified_chunks
+from kura.core.errors import InvalidRequest, KuraError, NotFound
+from kura.grpc.common import (
+    GrpcContext,
+    check_digest,
+    code_for,
+    is_empty,
+    namespace_of,
+    rpc,
+    streaming_rpc,
+)
+
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+MAX_TREE_PAGE = 1000
+
+
+def _status(exc: KuraError | None = None) -> status_pb2.Status:
+    if exc is None:
+        return status_pb2.Status(code=code_pb2.OK)
+    return status_pb2.Status(code=code_for(exc).value[0], message=exc.message)
+
+
+class Capabilities(reapi_grpc.CapabilitiesServicer):
+    def __init__(self, gc: GrpcContext) -> None:
+        self.gc = gc
+
+    @rpc("GetCapabilities")
+    async def GetCapabilities(
+        self, request: reapi.GetCapabilitiesRequest, context: Ctx
+    ) -> reapi.ServerCapabilities:
+        self.gc.check(context, Access.READ, namespace_of(request.instance_name))
+        sha256 = reapi.DigestFunction.SHA256
+        return reapi.ServerCapabilities(
+            cache_capabilities=reapi.CacheCapabilities(
+                digest_function=[sha256],
+                action_cache_update_capabilities=reapi.ActionCacheUpdateCapabilities(
+                    update_enabled=True
+                ),
+                max_batch_total_size_bytes=self.gc.max_batch_bytes,
+                symlink_absolute_path_strategy=reapi.SymlinkAbsolutePathStrategy.ALLOWED,
+            ),
+            low_api_version=semver_pb2.SemVer(major=2, minor=0),
+            high_api_version=semver_pb2.SemVer(major=2, minor=0),
+        )
+
+
+class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
+    def __init__(self, gc: GrpcContext) -> None:
+        self.gc = gc
+
+    @rpc("FindMissingBlobs")
+    async def FindMissingBlobs(
+        self, request: reapi.FindMissingBlobsRequest, context: Ctx
+    ) -> reapi.FindMissingBlobsResponse:
+        ns = namespace_of(request.instance_name)
+        self.gc.check(context, Access.READ, ns)
+        wanted: dict[str, reapi.Digest] = {}
+        for d in request.blob_digests:
+            check_digest(d)
+            if not is_empty(d):
+                wanted.setdefault(d.hash, d)
+        missing = await self.gc.service.missing([cas_ref(ns, h) for h in wanted])
+        return reapi.FindMissingBlobsResponse(
+            missing_blob_digests=[wanted[m.key.removeprefix("cas/")] for m in missing]
+        )
+
+    @rpc("BatchUpdateBlobs")
+    async def BatchUpdateBlobs(
+        self, request: reapi.BatchUpdateBlobsRequest, context: Ctx
+    ) -> reapi.BatchUpdateBlobsResponse:
+        ns = namespace_of(request.instance_name)
+        self.gc.check(context, Access.WRITE, ns)
+        total = sum(len(r.data) for r in request.requests)
+        if total > self.gc.max_batch_bytes:
+            raise InvalidRequest(
+                f"the batch carries {total} bytes of blobs, more than "
+                f"max_batch_total_size_bytes {self.gc.max_batch_bytes}: use ByteStream.Write"
+            )
+        responses = []
+        for r in request.requests:
+            try:
+                await self._store(ns, r.digest, r.data)
+                status = _status()
+            except KuraError as exc:
+                status = _status(exc)
+            responses.append(
+                reapi.BatchUpdateBlobsResponse.Response(digest=r.digest, status=status)
+            )
+        return reapi.BatchUpdateBlobsResponse(responses=responses)
+
+    async def _store(self, ns: str, digest: reapi.Digest, data: bytes) -> None:
+        sha256 = check_digest(digest)
+        if len(data) != digest.size_bytes:
+            raise InvalidRequest(
+                f"blob {sha256} carries {len(data)} bytes, not the {digest.size_bytes} of its digest"
+            )
+        if is_empty(digest):
+            return
+        service = self.gc.service
+        ref = cas_ref(ns, sha256)
+        if await service.intact(ref):
+            return
+        await service.put_stream(
+            ref,
+            _once(data),
+            declared_length=len(data),
+            limit_bytes=self.gc.settings.max_artifact_bytes,
+            content_type="application/octet-stream",
+            expected_sha256=sha256,
+        )
+        self.gc.metrics.bytes_in_child("grpc").inc(len(data))
+
+    @rpc("BatchReadBlobs")
+    async def BatchReadBlobs(
+        self, request: reapi.BatchReadBlobsRequest, context: Ctx
+    ) -> reapi.BatchReadBlobsResponse:
+        ns = namespace_of(request.instance_name)
+        self.gc.check(context, Access.READ, ns)
+        for d in request.digests:
+            check_digest(d)
+        total = sum(d.size_bytes for d in request.digests)
+        if total > self.gc.max_batch_bytes:
+            raise InvalidRequest(
+                f"the blobs asked for add up to {total} bytes, more than "
+                f"max_batch_total_size_bytes {self.gc.max_batch_bytes}: use ByteStream.Read"
+            )
+        responses = []
+        for d in request.digests:
+            try:
+                data = await self._read(ns, d)
+                status = _status()
+            except KuraError as exc:
+                data, status = b"", _status(exc)
+            responses.append(
+                reapi.BatchReadBlobsResponse.Response(digest=d, data=data, status=status)
+            )
+        return reapi.BatchReadBlobsResponse(responses=responses)
+
+    async def _read(self, ns: str, digest: reapi.Digest) -> bytes:
+        if is_empty(digest):
+            return b""
+        try:
+            data = await read_blob(self.gc, ns, digest, self.gc.max_batch_bytes)
+        except NotFound:
+            self.gc.metrics.count_lookup("grpc", False)
+            raise
+        self.gc.metrics.count_lookup("grpc", True)
+        self.gc.metrics.bytes_out_child("grpc").inc(len(data))
+        return data
+
+    @streaming_rpc("GetTree")
+    async def GetTree(  # type: ignore[override]
+        self, request: reapi.GetTreeRequest, context: Ctx
+    ) -> AsyncIterator[reapi.GetTreeResponse]:
+        ns = namespace_of(request.instance_name)
+        self.gc.check(context, Access.READ, ns)
+        check_digest(request.root_digest)
+        if request.page_size < 0:
+            raise InvalidRequest("page_size must not be negative")
+        page_size = min(request.page_size or MAX_TREE_PAGE, MAX_TREE_PAGE)
+        try:
+            skip = int(request.page_token or "0")
+        except ValueError:
+            raise InvalidRequest(
+                f"page_token {request.page_token[:40]!r} was not issued here"
+            ) from None
+        if skip < 0:
+            raise InvalidRequest("page_token must not be negative")
+        page: list[reapi.Directory] = []
+        seen = 0
+        async for directory in self._walk(ns, request.root_digest):
+            seen += 1
+            if seen <= skip:
+                continue
+            if len(page) == page_size:  # a full page, and more follow: it names where
+                yield reapi.GetTreeResponse(directories=page, next_page_token=str(seen - 1))
+                page = []
+            page.append(directory)
+        yield reapi.GetTreeResponse(directories=page)
+
+    async def _walk(self, ns: str, root: reapi.Digest) -> AsyncIterator[reapi.Directory]:
+        queue = [root]
+        visited: set[str] = set()
+        while queue:
+            digest = queue.pop(0)
+            if digest.hash in visited:
+                continue
+            visited.add(digest.hash)
+            try:
+                data = await read_blob(self.gc, ns, digest, self.gc.max_batch_bytes)
+            except NotFound:
+                continue
+            directory = reapi.Directory()
+            try:
+                directory.ParseFromString(data)
+            except DecodeError:
+                raise InvalidRequest(f"blob {digest.hash} is not a Directory") from None
+            yield directory
+            for child in directory.directories:
+                check_digest(child.digest)
+                queue.append(child.digest)
+
+
+async def read_blob(gc: GrpcContext, ns: str, digest: reapi.Digest, limit_bytes: int) -> bytes:
+    """The blob ``digest`` in memory, its bytes verified against the stored digest.
+    ``NotFound`` when it is not stored with that size (or turns out damaged: storage then
+    quarantines it), ``InvalidRequest`` when it is larger than ``limit_bytes``."""
+    if is_empty(digest):
+        return b""
+    body = await gc.service.read(cas_ref(ns, digest.hash))
+    try:
+        if body.manifest.size != digest.size_bytes:
+            raise NotFound(
+                f"blob {digest.hash} is stored with size {body.manifest.size}, "
+                f"not {digest.size_bytes}"
+            )
+        if body.manifest.size > limit_bytes:
+            raise InvalidRequest(
+                f"blob {digest.hash} is larger than {limit_bytes} bytes: use ByteStream.Read"
+            )
+        try:
+            return b"".join([c async for c in verified_chunks(gc.service, body)])
+        except DamagedBlob:
+            raise NotFound(f"blob {digest.hash} failed verification; treated as a miss") from None
+    finally:
+        body.close()
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data

@@ -1,0 +1,214 @@
+"""What every gRPC service shares: the context, digests and instance names, tokens, errors.
+
+* Instance names are namespaces: ``""`` is the default namespace, any other instance name must
+  be a kura namespace (letters, digits, ``.``, ``_``, ``-``, ``~``; ``kura.core.keys.NAMESPACE``)
+  and is the namespace ``/ns/{namespace}/cache`` names over HTTP. Anything else is
+  INVALID_ARGUMENT.
+* A digest is SHA-256 (64 lowercase hex digits) with ``size_bytes >= 0`` (INVALID_ARGUMENT
+  otherwise); the empty blob is always present (REAPI).
+* Tokens: ``authorization: Bearer <token>`` metadata, checked by the HTTP routes'
+  ``TokenAuth``; UNAUTHENTICATED for none or an unknown one, PERMISSION_DENIED for a read-only
+  token writing (``kura.api.auth`` rules, mapped by ``STATUS``).
+* Errors: ``rpc`` maps kura's exception tree to one gRPC status per class, as
+  ``kura.api.errors`` maps it to HTTP, and counts every call in
+  ``kura_grpc_requests_total{method,code}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
+from prometheus_client import Counter
+
+from kura.api.action_cache import EMPTY_SHA256
+from kura.api.auth import Access, TokenAuth
+from kura.api.metrics import KuraMetrics
+from kura.core import errors as e
+from kura.core.keys import HEX_SHA256, NAMESPACE, validate
+from kura.settings import Settings
+from kura.storage.service import CacheService
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "grpc"  # the protocol label of kura_cache_lookups_total and the byte counters
+# Room for the request's own fields around the blob data in a batch call.
+BATCH_OVERHEAD_BYTES = 64 * 1024
+
+# The RPCs served: the closed set of the ``method`` label.
+METHODS = (
+    "GetCapabilities",
+    "FindMissingBlobs",
+    "BatchUpdateBlobs",
+    "BatchReadBlobs",
+    "GetTree",
+    "GetActionResult",
+    "UpdateActionResult",
+    "Read",
+    "Write",
+    "QueryWriteStatus",
+)
+
+
+class OutOfRange(e.InvalidRequest):
+    """A ByteStream ``read_offset`` outside the blob (google/bytestream/bytestream.proto:
+    "OUT_OF_RANGE")."""
+
+
+STATUS: tuple[tuple[type[e.KuraError], grpc.StatusCode], ...] = (
+    (OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
+    (e.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (e.Forbidden, grpc.StatusCode.PERMISSION_DENIED),
+    (e.NotFound, grpc.StatusCode.NOT_FOUND),
+    (e.Conflict, grpc.StatusCode.FAILED_PRECONDITION),
+    (e.PayloadTooLarge, grpc.StatusCode.INVALID_ARGUMENT),
+    (e.UnprocessableEntity, grpc.StatusCode.FAILED_PRECONDITION),
+    (e.InsufficientStorage, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (e.InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (e.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (e.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (e.Corruption, grpc.StatusCode.DATA_LOSS),
+)
+
+
+def code_for(exc: e.KuraError) -> grpc.StatusCode:
+    for cls, code in STATUS:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+@dataclass
+class GrpcContext:
+    """What the servicers need, built once by ``kura.grpc.server``."""
+
+    settings: Settings
+    service: CacheService
+    auth: TokenAuth
+    metrics: KuraMetrics
+    requests: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.requests = Counter(
+            "kura_grpc_requests_total",
+            "REAPI gRPC calls by method and final status code.",
+            ["method", "code"],
+            registry=self.metrics.registry,
+        )
+        for method in METHODS:  # the families exist (at 0) before the first call
+            self.requests.labels(method, "OK")
+
+    @property
+    def max_batch_bytes(self) -> int:
+        """``max_batch_total_size_bytes``: blob bytes one batch call may carry."""
+        return self.settings.grpc_max_message_bytes - BATCH_OVERHEAD_BYTES
+
+    def check(self, context: grpc.aio.ServicerContext[Any, Any], access: Access, ns: str) -> None:
+        """Raise ``Unauthenticated``/``Forbidden`` unless the call's token allows ``access``."""
+        authorization = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                authorization = value
+        self.auth.check(authorization, access, lambda: ns)
+
+
+def namespace_of(instance_name: str) -> str:
+    """The namespace an instance name selects (module rules); ``InvalidRequest`` otherwise."""
+    return validate(instance_name, NAMESPACE, "instance name")
+
+
+def check_digest(digest: reapi.Digest) -> str:
+    """The digest's hash; ``InvalidRequest`` unless it is SHA-256 with a size >= 0."""
+    validate(digest.hash, HEX_SHA256, "digest hash")
+    if digest.size_bytes < 0:
+        raise e.InvalidRequest(f"digest {digest.hash} has a negative size {digest.size_bytes}")
+    return digest.hash
+
+
+def is_empty(digest: reapi.Digest) -> bool:
+    return digest.size_bytes == 0 and digest.hash == EMPTY_SHA256
+
+
+S = TypeVar("S")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Unary = Callable[[S, Req, "grpc.aio.ServicerContext[Req, Resp]"], Coroutine[Any, Any, Resp]]
+Streaming = Callable[[S, Req, "grpc.aio.ServicerContext[Req, Resp]"], AsyncIterator[Resp]]
+
+
+def rpc(method: str) -> Callable[[Unary[S, Req, Resp]], Unary[S, Req, Resp]]:
+    """Decorate a unary-response servicer method: KuraError → its status, every call counted."""
+    assert method in METHODS
+
+    def wrap(fn: Unary[S, Req, Resp]) -> Unary[S, Req, Resp]:
+        @functools.wraps(fn)
+        async def handler(
+            self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]
+        ) -> Resp:
+            gc: GrpcContext = self.gc  # type: ignore[attr-defined]
+            try:
+                response = await fn(self, request, context)
+            except e.KuraError as exc:
+                await _abort(gc, method, context, exc)
+            except BaseException as exc:
+                _count_failure(gc, method, exc)
+                raise
+            gc.requests.labels(method, "OK").inc()
+            return response
+
+        return handler
+
+    return wrap
+
+
+def streaming_rpc(method: str) -> Callable[[Streaming[S, Req, Resp]], Streaming[S, Req, Resp]]:
+    """``rpc`` for a server-streaming method (an async generator)."""
+    assert method in METHODS
+
+    def wrap(fn: Streaming[S, Req, Resp]) -> Streaming[S, Req, Resp]:
+        @functools.wraps(fn)
+        async def handler(
+            self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]
+        ) -> AsyncIterator[Resp]:
+            gc: GrpcContext = self.gc  # type: ignore[attr-defined]
+            try:
+                async for response in fn(self, request, context):
+                    yield response
+            except e.KuraError as exc:
+                await _abort(gc, method, context, exc)
+            except BaseException as exc:
+                _count_failure(gc, method, exc)
+                raise
+            gc.requests.labels(method, "OK").inc()
+
+        return handler
+
+    return wrap
+
+
+async def _abort(
+    gc: GrpcContext, method: str, context: grpc.aio.ServicerContext[Any, Any], exc: e.KuraError
+) -> Any:
+    code = code_for(exc)
+    gc.requests.labels(method, code.name).inc()
+    if code is grpc.StatusCode.INTERNAL:
+        log.error("%s failed: %s", method, exc.message)
+    await context.abort(code, exc.message)
+
+
+def _count_failure(gc: GrpcContext, method: str, exc: BaseException) -> None:
+    if isinstance(exc, grpc.aio.AbortError):
+        return  # counted where it was raised
+    if isinstance(exc, asyncio.CancelledError):
+        gc.requests.labels(method, "CANCELLED").inc()
+    else:
+        gc.requests.labels(method, "INTERNAL").inc()
+        log.exception("%s failed", method)

@@ -1,0 +1,108 @@
+"""ByteStream resource names of the REAPI CAS (remote_execution.proto, "ByteStream API").
+
+* Read: ``{instance_name}/blobs/{hash}/{size}`` or
+  ``{instance_name}/compressed-blobs/{compressor}/{hash}/{size}``.
+* Write: ``{instance_name}/uploads/{uuid}/blobs/{hash}/{size}{/optional_metadata}`` or the same
+  with ``compressed-blobs/{compressor}/``; the ``uploads/{uuid}/`` part may be left out (older
+  clients write to ``blobs/...`` directly), and then the write cannot be told apart from another
+  client's write of the same blob, so it is not resumable.
+
+``instance_name`` may be empty (the name then starts with ``blobs/`` or ``uploads/``); it is the
+namespace (``kura.grpc.common.namespace_of``), so it is one segment. The only compressor is
+``identity`` (the stubs' REAPI 2.0 has no other); any other is INVALID_ARGUMENT, as is a name of
+any other shape, a hash that is not 64 lowercase hex digits or a size that is not a decimal
+integer >= 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kura.core.errors import InvalidRequest
+from kura.core.keys import HEX_SHA256, validate
+from kura.grpc.common import namespace_of
+
+MAX_NAME_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class BlobName:
+    """A parsed name: namespace, the blob's SHA-256 and size, and the upload's uuid (writes)."""
+
+    namespace: str
+    sha256: str
+    size_bytes: int
+    upload_id: str = ""
+
+    @property
+    def session_key(self) -> tuple[str, str, str, int]:
+        return (self.namespace, self.upload_id, self.sha256, self.size_bytes)
+
+
+def parse_read(name: str) -> BlobName:
+    """A Read name (module rules); ``InvalidRequest`` otherwise."""
+    parts = _split(name)
+    start = _find(parts, ("blobs", "compressed-blobs"), name)
+    blob, rest = _blob(parts[start:], name)
+    if rest:
+        raise InvalidRequest(f"resource name {_shown(name)!r} has segments after the size")
+    return BlobName(namespace_of("/".join(parts[:start])), *blob)
+
+
+def parse_write(name: str) -> BlobName:
+    """A Write name (module rules); ``InvalidRequest`` otherwise."""
+    parts = _split(name)
+    start = _find(parts, ("uploads", "blobs", "compressed-blobs"), name)
+    namespace = namespace_of("/".join(parts[:start]))
+    upload_id = ""
+    tail = parts[start:]
+    if tail[0] == "uploads":
+        if len(tail) < 2 or not tail[1]:
+            raise InvalidRequest(f"resource name {_shown(name)!r} has no upload id after uploads/")
+        upload_id = tail[1]
+        tail = tail[2:]
+    blob, _metadata = _blob(tail, name)
+    return BlobName(namespace, *blob, upload_id=upload_id)
+
+
+def _split(name: str) -> list[str]:
+    if len(name) > MAX_NAME_CHARS:
+        raise InvalidRequest(f"resource name is longer than {MAX_NAME_CHARS} characters")
+    return name.split("/")
+
+
+def _find(parts: list[str], words: tuple[str, ...], name: str) -> int:
+    # The instance name is at most one segment (a namespace), so the keyword is first or second.
+    for i in (0, 1):
+        if i < len(parts) and parts[i] in words:
+            return i
+    raise InvalidRequest(
+        f"resource name {_shown(name)!r} is not [instance/]"
+        + ("uploads/{uuid}/" if "uploads" in words else "")
+        + "blobs/{hash}/{size}"
+    )
+
+
+def _blob(tail: list[str], name: str) -> tuple[tuple[str, int], list[str]]:
+    if tail and tail[0] == "compressed-blobs":
+        if len(tail) < 2 or tail[1] != "identity":
+            compressor = tail[1] if len(tail) > 1 else ""
+            raise InvalidRequest(
+                f"compressor {compressor[:40]!r} is not supported: GetCapabilities advertises "
+                "none, only identity (uncompressed) blobs are accepted"
+            )
+        tail = tail[2:]
+    elif tail and tail[0] == "blobs":
+        tail = tail[1:]
+    else:
+        raise InvalidRequest(f"resource name {_shown(name)!r} names no blobs/{{hash}}/{{size}}")
+    if len(tail) < 2:
+        raise InvalidRequest(f"resource name {_shown(name)!r} lacks the hash or the size")
+    sha256 = validate(tail[0], HEX_SHA256, "digest hash")
+    if not tail[1].isdecimal() or not tail[1].isascii() or len(tail[1]) > 19:
+        raise InvalidRequest(f"size {tail[1][:40]!r} in the resource name is not a byte count")
+    return (sha256, int(tail[1])), tail[2:]
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= 120 else name[:117] + "..."

@@ -1,0 +1,85 @@
+"""The gRPC listener: grpcio's asyncio server (``grpc.aio``) in the node's event loop.
+
+Started by ``kura.app`` when ``KURA_GRPC_PORT`` is set, on ``KURA_HOST``; with the public TLS
+certificate and key set it speaks TLS with them (read once, at start). Messages larger than
+``KURA_GRPC_MAX_MESSAGE_BYTES`` are refused by grpcio itself (RESOURCE_EXHAUSTED) in both
+directions; ``GetCapabilities`` advertises the batch limit below it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2_grpc_aio as reapi_grpc,
+)
+from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as bs_grpc
+
+from kura.api.auth import TokenAuth
+from kura.api.metrics import KuraMetrics
+from kura.grpc.action_cache import ActionCache
+from kura.grpc.bytestream import ByteStream
+from kura.grpc.cas import Capabilities, ContentAddressableStorage
+from kura.grpc.common import GrpcContext
+from kura.settings import Settings
+from kura.storage.service import CacheService
+
+log = logging.getLogger(__name__)
+
+
+class GrpcServer:
+    """The REAPI services on one port. ``await start()`` → bound port; ``await stop(grace)``."""
+
+    def __init__(
+        self, settings: Settings, service: CacheService, auth: TokenAuth, metrics: KuraMetrics
+    ) -> None:
+        self.settings = settings
+        self.gc = GrpcContext(settings, service, auth, metrics)
+        self.bytestream = ByteStream(self.gc)
+        self.gc.metrics.watch_value(
+            "gauge",
+            "kura_grpc_uploads",
+            "ByteStream writes in progress or parked for resumption (each holds tmp budget).",
+            lambda: len(self.bytestream.uploads),
+        )
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+        self.scheme = "grpc"
+
+    async def start(self) -> int:
+        s = self.settings
+        assert s.grpc_port is not None
+        # Created here, in the running loop: grpc.aio binds a server to the loop it was made in.
+        limit = s.grpc_max_message_bytes
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ]
+        )
+        reapi_grpc.add_CapabilitiesServicer_to_server(Capabilities(self.gc), self._server)
+        reapi_grpc.add_ContentAddressableStorageServicer_to_server(
+            ContentAddressableStorage(self.gc), self._server
+        )
+        reapi_grpc.add_ActionCacheServicer_to_server(ActionCache(self.gc), self._server)
+        bs_grpc.add_ByteStreamServicer_to_server(self.bytestream, self._server)
+        address = f"{s.host}:{s.grpc_port}"
+        if s.public_tls_cert_path and s.public_tls_key_path:
+            credentials = grpc.ssl_server_credentials(
+                [(s.public_tls_key_path.read_bytes(), s.public_tls_cert_path.read_bytes())]
+            )
+            self.port = self._server.add_secure_port(address, credentials)
+            self.scheme = "grpcs"
+        else:
+            self.port = self._server.add_insecure_port(address)
+        await self._server.start()
+        log.info("kura gRPC (REAPI v2) listening %s://%s:%d", self.scheme, s.host, self.port)
+        return self.port
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Refuse new calls, let running ones finish within ``grace_seconds``, then cancel the
+        rest and discard every unfinished upload (its staged bytes and reservation)."""
+        if self._server is not None:
+            await self._server.stop(grace_seconds)
+        await self.bytestream.uploads.discard_all()

@@ -1,0 +1,135 @@
+"""A REAPI v2 client written from the published generated stubs (``buildgrid-common``), over a
+real gRPC channel to a ``kura serve`` process: the independent client the gRPC tests drive.
+
+``start_grpc_node`` starts a node with ``KURA_GRPC_PORT`` on a free port and returns it with a
+``Reapi`` bound to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
+from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2_grpc as reapi_grpc,
+)
+from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
+from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
+
+from kura.demo.launch.process import free_port
+from tests.conftest import NodeProcess
+
+
+def digest(data: bytes) -> reapi.Digest:
+    return reapi.Digest(hash=hashlib.sha256(data).hexdigest(), size_bytes=len(data))
+
+
+def blob_name(data: bytes, instance: str = "", upload: str | None = None) -> str:
+    d = digest(data)
+    head = f"{instance}/" if instance else ""
+    up = f"uploads/{upload}/" if upload is not None else ""
+    return f"{head}{up}blobs/{d.hash}/{d.size_bytes}"
+
+
+@dataclass
+class Reapi:
+    """Stubs for every service on one channel; ``token`` goes as ``authorization`` metadata."""
+
+    target: str
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        self.channel = grpc.insecure_channel(
+            self.target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        )
+        self.cas = reapi_grpc.ContentAddressableStorageStub(self.channel)
+        self.ac = reapi_grpc.ActionCacheStub(self.channel)
+        self.capabilities = reapi_grpc.CapabilitiesStub(self.channel)
+        self.bytestream = bs_grpc.ByteStreamStub(self.channel)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def write(
+        self, name: str, data: bytes, *, chunk: int = 64 * 1024, offset: int = 0
+    ) -> bs.WriteResponse:
+        """ByteStream.Write ``data[offset:]`` from ``offset`` in ``chunk``-byte messages."""
+        return self.bytestream.Write(  # type: ignore[no-any-return]
+            write_requests(name, data, chunk=chunk, offset=offset), metadata=self.metadata
+        )
+
+    def read(self, name: str, offset: int = 0, limit: int = 0) -> bytes:
+        return b"".join(
+            r.data
+            for r in self.bytestream.Read(
+                bs.ReadRequest(resource_name=name, read_offset=offset, read_limit=limit),
+                metadata=self.metadata,
+            )
+        )
+
+    def find_missing(
+        self, blobs: Sequence[bytes], instance: str = "", timeout: float | None = None
+    ) -> list[str]:
+        response = self.cas.FindMissingBlobs(
+            reapi.FindMissingBlobsRequest(
+                instance_name=instance, blob_digests=[digest(b) for b in blobs]
+            ),
+            metadata=self.metadata,
+            timeout=timeout,
+        )
+        return [d.hash for d in response.missing_blob_digests]
+
+    def batch_update(
+        self, blobs: Sequence[bytes], instance: str = ""
+    ) -> reapi.BatchUpdateBlobsResponse:
+        return self.cas.BatchUpdateBlobs(  # type: ignore[no-any-return]
+            reapi.BatchUpdateBlobsRequest(
+                instance_name=instance,
+                requests=[
+                    reapi.BatchUpdateBlobsRequest.Request(digest=digest(b), data=b) for b in blobs
+                ],
+            ),
+            metadata=self.metadata,
+        )
+
+
+def write_requests(
+    name: str, data: bytes, *, chunk: int = 64 * 1024, offset: int = 0, finish: bool = True
+) -> Iterator[bs.WriteRequest]:
+    pos = offset
+    first = True
+    while True:
+        piece = data[pos : pos + chunk]
+        last = pos + len(piece) >= len(data)
+        yield bs.WriteRequest(
+            resource_name=name if first else "",
+            write_offset=pos,
+            data=piece,
+            finish_write=last and finish,
+        )
+        first = False
+        pos += len(piece)
+        if last:
+            return
+
+
+def new_upload() -> str:
+    return str(uuid.uuid4())
+
+
+def start_grpc_node(
+    start_node: Callable[..., NodeProcess], name: str = "node", **settings: object
+) -> tuple[NodeProcess, Reapi]:
+    port = free_port()
+    node = start_node(name, grpc_port=port, **settings)
+    return node, Reapi(f"127.0.0.1:{port}")
