@@ -131,7 +131,7 @@ class BucketExpiry:
             self.stats.deleted_total += gone
             self.stats.markers_deleted_total += len(batch) - gone
             deleted += gone
-            done = start + self.batch_size
+            done = min(start + self.batch_size, len(victims))
             ahead = done / self.max_deletes_per_second - (self._clock.monotonic() - started)
             if ahead > 0:
                 await self._sleep(ahead)
