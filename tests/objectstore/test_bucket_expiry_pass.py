@@ -21,8 +21,9 @@ from kura.storage.bucket_expiry import BucketExpiry
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.budget import TmpBudget
 from kura.storage.hooks import NoHooks
-from kura.storage.object_store import ObjectStore, ObjectStoreConfig
+from kura.storage.object_store import ObjectStore, ObjectStoreConfig, ObjectStoreError
 from kura.storage.service import ArtifactRef, CacheService
+from tests.objectstore.faultproxy import FaultProxy
 
 DAY_MS = 86_400_000
 
@@ -153,3 +154,35 @@ async def test_the_toucher_writes_a_marker_once_per_refresh_interval(
     assert await toucher.write_once()
     assert toucher.pending() == 0
     assert await keys(store) == {marker}
+
+
+async def test_an_unreachable_store_fails_markers_and_passes_without_losing_the_queue(
+    seaweedfs: SeaweedFS, fault_proxy: FaultProxy, service: CacheService, clock: ManualClock
+) -> None:
+    fault_proxy.set_mode("refuse")
+    env = seaweedfs.env("kura", "down") | {"AWS_ENDPOINT_URL": fault_proxy.endpoint}
+    store = ObjectStore(ObjectStoreConfig.from_env(env["KURA_OBJECT_STORE_URL"], env, 1))
+    aid = await write_local(service, "used")
+    toucher = BucketToucher(service, store, clock, max_age_seconds=40, max_writes_per_second=100)
+    toucher.touched({aid: clock.now_ms()})
+    assert not await toucher.write_once()
+    assert toucher.stats["error"] == 1
+    assert toucher.pending() == 1  # kept for the retry
+    expiry = BucketExpiry(
+        service,
+        store,
+        clock,
+        max_age_seconds=40,
+        interval_seconds=30,
+        max_deletes_per_second=10,
+        batch_size=4,
+    )
+    with pytest.raises(ObjectStoreError) as failed:
+        await expiry.expiry_pass()
+    assert failed.value.result == "unreachable"
+    assert expiry.stats.deleted_total == 0
+    # Once the store answers, the queued marker is written.
+    fault_proxy.set_mode("pass")
+    assert await toucher.write_once()
+    assert toucher.pending() == 0
+    assert await keys(store_for(seaweedfs, "down")) == {touch_key("t", "", aid)}
