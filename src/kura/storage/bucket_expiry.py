@@ -33,7 +33,7 @@ from kura.core.bucket_expiry import Victim, artifact_of, bucket_cutoff_ms, last_
 from kura.core.bucket_expiry import select_expired as select
 from kura.core.object_layout import OUTBOX_TARGET, is_object_key, marker_object_key
 from kura.storage.bucket_touch import BucketToucher
-from kura.storage.object_store import ObjectStore
+from kura.storage.object_store import ObjectStore, ObjectStoreError
 from kura.storage.outbox import UPSERT
 from kura.storage.service import CacheService
 
@@ -97,11 +97,16 @@ class BucketExpiry:
             await self._sleep(self.interval_seconds)
             try:
                 await self.expiry_pass()
-            except Exception as exc:
+            except ObjectStoreError as exc:
                 self.stats.failures_total += 1
                 log.warning(
-                    "bucket expiry pass failed (next in %g s): %s", self.interval_seconds, exc
+                    "bucket expiry pass failed (next in %g s): %s",
+                    self.interval_seconds,
+                    exc.message,
                 )
+            except Exception:  # an index problem: logged with its traceback, retried
+                self.stats.failures_total += 1
+                log.exception("bucket expiry pass failed; next pass in %g s", self.interval_seconds)
 
     async def expiry_pass(self) -> int:
         """One pass (module docstring); the number of artifacts deleted from the bucket.
