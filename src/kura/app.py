@@ -53,7 +53,7 @@ from kura.api import (
 from kura.api.anti_entropy_metrics import watch_anti_entropy
 from kura.api.auth import token_auth_from
 from kura.api.auth_metrics import watch_auth
-from kura.api.expiry_metrics import watch_expiry
+from kura.api.expiry_metrics import watch_bucket_expiry, watch_expiry
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
@@ -73,6 +73,8 @@ from kura.mesh.shipper import Shipper
 from kura.mesh.storage_hooks import MeshHooks
 from kura.mesh.wire import peer_label
 from kura.settings import Settings
+from kura.storage.bucket_expiry import BucketExpiry, bucket_aging
+from kura.storage.bucket_touch import BucketToucher
 from kura.storage.budget import TmpBudget
 from kura.storage.expiry import Expiry
 from kura.storage.multipart import MultipartUploads
@@ -246,6 +248,8 @@ class Node:
         self.metrics = KuraMetrics(settings.region, settings.tenant_id)
         # The object-storage tier (docs/object-storage.md), off without KURA_OBJECT_STORE_URL.
         self.object_tier: ObjectTier | None = None
+        self.bucket_expiry: BucketExpiry | None = None  # with the tier and KURA_MAX_AGE
+        self.bucket_toucher: BucketToucher | None = None
         if tier_hooks is not None:
             config = ObjectStoreConfig.from_env(
                 settings.object_store_url, os.environ, settings.object_store_timeout_seconds
@@ -256,7 +260,18 @@ class Node:
                 self.clock,
                 backoff_max_seconds=settings.replication_backoff_max_ms / 1000,
             )
-            tier_hooks.connect(self.object_tier)
+            if settings.max_age_seconds > 0:  # bucket expiry (docs/object-storage.md#expiry)
+                self.bucket_toucher, self.bucket_expiry = bucket_aging(
+                    self.service,
+                    self.object_tier.store,
+                    self.clock,
+                    max_age_seconds=settings.max_age_seconds,
+                    interval_seconds=settings.expiry_interval_seconds,
+                    max_deletes_per_second=settings.expiry_max_deletes_per_second,
+                    batch_size=settings.expiry_batch_size,
+                )
+                watch_bucket_expiry(self.metrics, self.bucket_expiry, self.bucket_toucher)
+            tier_hooks.connect(self.object_tier, self.bucket_toucher)
             self.metrics.registry.register(ObjectStoreCollector(self.object_tier.store.stats))
         self.metrics.watch_store(
             self.service.stats,
@@ -586,6 +601,9 @@ class Node:
                 tg.create_task(self.anti_entropy.run())
             else:  # nodes sharing a bucket copy no bodies: no bootstrap, no anti-entropy
                 tg.create_task(self.object_tier.run())
+                if self.bucket_expiry is not None and self.bucket_toucher is not None:
+                    tg.create_task(self.bucket_toucher.run())
+                    tg.create_task(self.bucket_expiry.run())
             tg.create_task(self.scrubber.run())
             tg.create_task(self.expiry.run())
             tg.create_task(self.repairer.run())

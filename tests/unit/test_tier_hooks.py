@@ -4,7 +4,7 @@ the peers and the bucket, and a miss asks the bucket before the peers (the mesh'
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.storage.object_tier import TierHooks
@@ -16,6 +16,7 @@ class MeshDouble:
     def __init__(self) -> None:
         self.asked: list[str] = []
         self.woken = 0
+        self.touches: list[dict[str, int]] = []
 
     def replication_targets(self) -> Sequence[str]:
         return ("http://peer:1",)
@@ -32,6 +33,9 @@ class MeshDouble:
 
     def eviction_floor_ms(self) -> int | None:
         return 7
+
+    def touched(self, accesses: Mapping[str, int]) -> None:
+        self.touches.append(dict(accesses))
 
 
 class TierDouble:
@@ -64,3 +68,26 @@ def test_tier_hooks_route_writes_cleans_and_misses() -> None:
     hooks.on_outbox_write()
     assert (mesh.woken, tier.woken) == (1, 1)
     assert hooks.eviction_floor_ms() == 7
+
+
+class ToucherDouble:
+    """A test double of BucketToucher: records the accesses it is told."""
+
+    def __init__(self) -> None:
+        self.touches: list[dict[str, int]] = []
+
+    def touched(self, accesses: Mapping[str, int]) -> None:
+        self.touches.append(dict(accesses))
+
+
+def test_tier_hooks_tell_the_toucher_and_the_mesh_about_accesses() -> None:
+    mesh, tier, toucher = MeshDouble(), TierDouble(), ToucherDouble()
+    hooks = TierHooks(mesh)
+    hooks.touched({"a": 1})  # before connect: the mesh only
+    hooks.connect(tier, toucher)  # type: ignore[arg-type]
+    hooks.touched({"b": 2, "c": 3})
+    assert toucher.touches == [{"b": 2, "c": 3}]
+    assert mesh.touches == [{"a": 1}, {"b": 2, "c": 3}]
+    hooks.connect(tier)  # type: ignore[arg-type]  # KURA_MAX_AGE off: no toucher
+    hooks.touched({"d": 4})
+    assert toucher.touches == [{"b": 2, "c": 3}]

@@ -6,11 +6,21 @@ gauges ``kura_expiry_last_pass_timestamp_seconds`` (Unix time the last pass ende
 ``kura_expiry_last_pass_seconds`` (how long it took) and
 ``kura_expiry_oldest_access_age_seconds`` (how long the least recently used artifact had been
 unused when the last pass ended; 0 for an empty store). All stay 0 while expiry is off.
+
+With the object-storage tier (``watch_bucket_expiry``, ``storage.bucket_expiry``):
+``kura_expiry_bucket_deleted_total`` (artifacts deleted from the bucket by this node's passes),
+``kura_expiry_bucket_markers_deleted_total`` (touch markers left without their object),
+``kura_expiry_bucket_kept_total`` (victims a re-check kept: used meanwhile),
+``kura_expiry_bucket_passes_total``, ``kura_expiry_bucket_pass_failures_total``,
+``kura_expiry_bucket_touches_total{result}`` (touch markers, result in ``ok``, ``error``,
+``dropped``) and the gauge ``kura_expiry_bucket_touch_queue_artifacts``.
 """
 
 from __future__ import annotations
 
 from kura.api.metrics import KuraMetrics
+from kura.storage.bucket_expiry import BucketExpiry
+from kura.storage.bucket_touch import BucketToucher
 from kura.storage.expiry import ExpiryStats
 
 
@@ -55,3 +65,52 @@ def watch_expiry(metrics: KuraMetrics, stats: ExpiryStats) -> None:
         ),
     ):
         metrics.watch_value(kind, name, doc, value)
+
+
+def watch_bucket_expiry(metrics: KuraMetrics, expiry: BucketExpiry, toucher: BucketToucher) -> None:
+    stats = expiry.stats
+    for kind, name, doc, value in (
+        (
+            "counter",
+            "kura_expiry_bucket_deleted",
+            "Artifacts this node deleted from the bucket: unused on every node past KURA_MAX_AGE.",
+            lambda: stats.deleted_total,
+        ),
+        (
+            "counter",
+            "kura_expiry_bucket_markers_deleted",
+            "Touch markers deleted from the bucket after their object was gone.",
+            lambda: stats.markers_deleted_total,
+        ),
+        (
+            "counter",
+            "kura_expiry_bucket_kept",
+            "Bucket expiry victims kept by the re-check before deletion (used meanwhile).",
+            lambda: stats.kept_total,
+        ),
+        (
+            "counter",
+            "kura_expiry_bucket_passes",
+            "Bucket expiry passes completed.",
+            lambda: stats.passes_total,
+        ),
+        (
+            "counter",
+            "kura_expiry_bucket_pass_failures",
+            "Bucket expiry passes that failed (the store refused or was unreachable).",
+            lambda: stats.failures_total,
+        ),
+        (
+            "gauge",
+            "kura_expiry_bucket_touch_queue_artifacts",
+            "Artifacts waiting for their touch marker to be written to the bucket.",
+            toucher.pending,
+        ),
+    ):
+        metrics.watch_value(kind, name, doc, value)
+    metrics.watch_counts(
+        "kura_expiry_bucket_touches",
+        "Touch markers written to the bucket, by result (ok, error, dropped: queue full).",
+        "result",
+        lambda: dict(toucher.stats),
+    )

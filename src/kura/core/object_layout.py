@@ -2,11 +2,15 @@
 
 ``KURA_OBJECT_STORE_URL=s3://bucket/prefix``; every object key below is relative to the prefix:
 
-    <tenant_id>/ns-<namespace_id>/<artifact_id>
+    <tenant_id>/ns-<namespace_id>/<artifact_id>          the artifact (``object_key``)
+    <tenant_id>/touch/ns-<namespace_id>/<artifact_id>    its zero-byte touch marker
 
 so a namespace's objects (what a clean deletes) are exactly one prefix. Namespace ids may be
 empty (the Bazel, ccache, Gradle and WebDAV routes use ``""``), hence the ``ns-`` marker: the
 segment is never empty and never ``.``/``..`` (a namespace never starts with ``.``).
+A touch marker (``touch_key``) records that some node used the artifact: its last-modified
+time is a use that the object's own does not show (bucket expiry, ``core.bucket_expiry``).
+Markers sit outside the namespace prefixes, so a clean's listing never sees them.
 """
 
 from __future__ import annotations
@@ -40,3 +44,25 @@ def namespace_prefix(tenant_id: str, namespace_id: str) -> str:
 def object_key(tenant_id: str, namespace_id: str, artifact_id: str) -> str:
     """The key of one artifact's object."""
     return namespace_prefix(tenant_id, namespace_id) + artifact_id
+
+
+TOUCH_SEGMENT = "touch"
+
+
+def touch_key(tenant_id: str, namespace_id: str, artifact_id: str) -> str:
+    """The key of one artifact's touch marker (zero bytes; only its last-modified matters)."""
+    return f"{tenant_id}/{TOUCH_SEGMENT}/" + object_key("", namespace_id, artifact_id)[1:]
+
+
+def marker_object_key(tenant_id: str, key: str) -> str | None:
+    """For a listed ``key`` under ``<tenant_id>/``: the object key a touch marker stands for,
+    or None when ``key`` is not a marker."""
+    head = f"{tenant_id}/{TOUCH_SEGMENT}/ns-"
+    if not key.startswith(head):
+        return None
+    return f"{tenant_id}/" + key[len(head) - 3 :]
+
+
+def is_object_key(tenant_id: str, key: str) -> bool:
+    """Whether a listed ``key`` under ``<tenant_id>/`` is an artifact's object."""
+    return key.startswith(f"{tenant_id}/ns-") and "/" in key[len(tenant_id) + 1 :]

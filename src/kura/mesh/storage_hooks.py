@@ -9,7 +9,7 @@ also what a node whose service has not started yet needs.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 
 class MeshHooks:
@@ -48,3 +48,6 @@ class MeshHooks:
 
     def eviction_floor_ms(self) -> int | None:
         return self._floor_ms()
+
+    def touched(self, accesses: Mapping[str, int]) -> None:
+        return None  # access times never replicate (storage.expiry)

@@ -28,8 +28,9 @@ N / ``KURA_EXPIRY_MAX_DELETES_PER_SECOND`` seconds, and writes queue behind one 
 The cut-off (now - max age) is taken once per pass. A failed pass is logged and retried at the
 next interval; a read-only index (a full disk at start-up) skips passes.
 
-**The object-storage tier** plugs its bucket-side expiry in through ``ExpiryListener``: it is told
-after every batch which artifacts expired here and the pass's cut-off. Nothing is built on it yet.
+**The object-storage tier** expires its bucket beside this pass (``storage.bucket_expiry``, on
+every node's use recorded as touch markers, ``storage.bucket_touch``). ``ExpiryListener`` is
+told after every batch which artifacts expired here and the pass's cut-off; none is wired.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What storage asks of the layer above it (the mesh), given to ``CacheService`` at
 construction: who local writes are shipped to, how to wake the shipper, how to fetch a local
-miss (from the object-storage tier, then peers), and the eviction floor while a bootstrap runs.
+miss (from the object-storage tier, then peers), the eviction floor while a bootstrap runs, and
+which artifacts were used (for the bucket's touch markers).
 
 Storage never imports the mesh (import-linter layers): the composition root (``kura.app``)
 passes an object with these methods, which forwards to the mesh components once they
@@ -11,7 +12,7 @@ and has no floor. Every method must be cheap and must not raise; ``replication_t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 
@@ -43,6 +44,11 @@ class StorageHooks(Protocol):
         None: plain LRU."""
         ...
 
+    def touched(self, accesses: Mapping[str, int]) -> None:
+        """``accesses`` ({artifact_id: access wall-clock ms}, non-empty) were just taken from
+        memory to be recorded in the index; called on the event loop, must not block."""
+        ...
+
 
 class NoHooks:
     """``StorageHooks`` of a node on its own: no targets, no wake-up, no fetch, no floor."""
@@ -60,4 +66,7 @@ class NoHooks:
         return False
 
     def eviction_floor_ms(self) -> int | None:
+        return None
+
+    def touched(self, accesses: Mapping[str, int]) -> None:
         return None

@@ -218,6 +218,20 @@ class ObjectStore:
             return None
         return int(meta["size"])
 
+    async def put_marker(self, key: str) -> None:
+        """Write a zero-byte object at ``key`` (a touch marker: only its last-modified time
+        matters). Raises ObjectStoreError."""
+        await self._call("put", obstore.put_async(self._store, key, b""))
+
+    async def modified_ms(self, key: str) -> int | None:
+        """The object's last-modified time in wall-clock ms (the store's clock), or None if
+        absent. Raises ObjectStoreError."""
+        try:
+            meta = await self._call("head", obstore.head_async(self._store, key))
+        except NotFound:
+            return None
+        return int(meta["last_modified"].timestamp() * 1000)
+
     async def delete_many(self, keys: Sequence[str]) -> None:
         """Delete ``keys`` (absent ones are fine). Raises ObjectStoreError."""
         for start in range(0, len(keys), 1000):  # S3 DeleteObjects takes at most 1,000 keys

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kit.backoff import Backoff
@@ -39,6 +39,7 @@ from kit.clock import Clock
 from kura.core.errors import KuraError, NotFound
 from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
 from kura.core.version import ApplyOutcome
+from kura.storage.bucket_touch import BucketToucher
 from kura.storage.hooks import StorageHooks
 from kura.storage.object_store import ObjectStore, ObjectStoreError
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT, OutboxMessage
@@ -288,9 +289,12 @@ class TierHooks:
     def __init__(self, inner: StorageHooks) -> None:
         self._inner = inner
         self._tier: ObjectTier | None = None
+        self._toucher: BucketToucher | None = None
 
-    def connect(self, tier: ObjectTier) -> None:
+    def connect(self, tier: ObjectTier, toucher: BucketToucher | None = None) -> None:
+        """``toucher``: writes the bucket's touch markers (with ``KURA_MAX_AGE`` set)."""
         self._tier = tier
+        self._toucher = toucher
 
     def replication_targets(self) -> Sequence[str]:
         return [*self._inner.replication_targets(), OUTBOX_TARGET]
@@ -310,3 +314,8 @@ class TierHooks:
 
     def eviction_floor_ms(self) -> int | None:
         return self._inner.eviction_floor_ms()
+
+    def touched(self, accesses: Mapping[str, int]) -> None:
+        self._inner.touched(accesses)
+        if self._toucher is not None:
+            self._toucher.touched(accesses)

@@ -201,7 +201,7 @@ class CacheService(ReadPath, ReplicaApply):
                 log.exception("flushing access times failed; will retry")
 
     async def flush_touches(self) -> None:
-        touches, self._touches = self._touches, {}
+        touches = self._take_touches()
         # Access times are best effort: not recorded while the disk is full or read-only.
         index = self._require_index()
         full = self.free_disk_bytes() <= self.min_free_disk_bytes

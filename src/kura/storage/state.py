@@ -141,7 +141,11 @@ class StorageState:
             )
 
     def _take_touches(self) -> dict[str, int]:
+        """The access times read since the last call (the index records them next); the
+        hooks are told too (``StorageHooks.touched``: the bucket's touch markers)."""
         touches, self._touches = self._touches, {}
+        if touches:
+            self.hooks.touched(touches)
         return touches
 
     def _count(self, source: str, outcome: str) -> None:

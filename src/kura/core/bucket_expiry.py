@@ -1,0 +1,83 @@
+"""The bucket-side expiry rule (no IO): which objects of a shared bucket are unused for too long.
+
+Nodes that share a bucket each see only their own reads, so "unused" in the bucket must be the
+union of every node's use. An artifact's last use in the bucket is the later of
+
+* its object's last-modified time (the upload of its current version: a write), and
+* its touch marker's last-modified time (``core.object_layout.touch_key``), which every node
+  rewrites when it uses the artifact and has not rewritten the marker for ``refresh_ms``.
+
+A node refreshes a marker at most every ``refresh_ms`` (``marker_refresh_ms``: a quarter of the
+age), so the marker can lag a use by up to that much; the cut-off therefore leaves that slack:
+``cutoff_ms = now - max_age - refresh`` (``bucket_cutoff_ms``). An artifact used on any node
+within the age (once its access reached the bucket) is never selected; an unused one leaves the
+bucket between 1.25 and 1.25 x age plus one pass interval after its last use.
+
+Never selected: an object last used at or after the cut-off, and one whose upload is still
+pending on the deciding node (its newer version is only there; the upload will refresh the
+object). A marker without its object (the object expired or was cleaned) is selected once it
+is older than the cut-off too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+from dataclasses import dataclass
+
+
+def marker_refresh_ms(max_age_seconds: float) -> int:
+    """How often (ms) one node rewrites an artifact's touch marker at most: a quarter of the
+    age, so markers cost at most four writes per artifact and node per age."""
+    return max(1, int(max_age_seconds * 1000) // 4)
+
+
+def bucket_cutoff_ms(now_ms: int, max_age_seconds: float) -> int:
+    """Objects last used before this wall-clock ms are expired (module docstring)."""
+    return now_ms - int(max_age_seconds * 1000) - marker_refresh_ms(max_age_seconds)
+
+
+def last_use_ms(object_modified_ms: int, marker_modified_ms: int | None) -> int:
+    """An artifact's last use in the bucket: the later of its object's and its marker's time."""
+    if marker_modified_ms is None:
+        return object_modified_ms
+    return max(object_modified_ms, marker_modified_ms)
+
+
+def artifact_of(key: str) -> str:
+    """The artifact id an object or marker key ends with."""
+    return key.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Victim:
+    """One artifact to delete from the bucket: its object key (None: only a stale marker is
+    left), its marker key (None: it has none) and its last use in wall-clock ms."""
+
+    object_key: str | None
+    marker_key: str | None
+    last_use_ms: int
+
+
+def select_expired(
+    objects: Mapping[str, int],
+    markers: Mapping[str, tuple[str, int]],
+    cutoff_ms: int,
+    pending_artifact_ids: Container[str],
+) -> list[Victim]:
+    """The victims of one pass, least recently used first (equal: by key).
+
+    ``objects``: object key -> last-modified ms. ``markers``: the object key a marker stands
+    for -> (marker key, last-modified ms). ``pending_artifact_ids``: artifacts whose upload is
+    queued on this node. Empty inputs give an empty list."""
+    victims: list[Victim] = []
+    for key, modified_ms in objects.items():
+        marker = markers.get(key)
+        used_ms = last_use_ms(modified_ms, None if marker is None else marker[1])
+        if used_ms >= cutoff_ms or artifact_of(key) in pending_artifact_ids:
+            continue
+        victims.append(Victim(key, None if marker is None else marker[0], used_ms))
+    for key, (marker_key, modified_ms) in markers.items():
+        if key not in objects and modified_ms < cutoff_ms:
+            victims.append(Victim(None, marker_key, modified_ms))
+    victims.sort(key=lambda v: (v.last_use_ms, v.object_key or v.marker_key or ""))
+    return victims

@@ -1,0 +1,188 @@
+"""One bucket expiry pass and the touch-marker writer, in-process, against a real SeaweedFS.
+
+A real ``CacheService`` (SQLite index, blob dir) and kura's own ``ObjectStore`` client; time is
+virtual for the deciding node: a ``ManualClock`` a day ahead of the store (so every object in
+the bucket is past the age), and a sleep that advances it, so the pace is exact.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from kit.clock import ManualClock
+from kura.core.object_layout import OUTBOX_TARGET, object_key, touch_key
+from kura.demo.launch.seaweedfs import SeaweedFS
+from kura.storage.bucket_expiry import BucketExpiry
+from kura.storage.bucket_touch import BucketToucher
+from kura.storage.budget import TmpBudget
+from kura.storage.hooks import NoHooks
+from kura.storage.object_store import ObjectStore, ObjectStoreConfig, ObjectStoreError
+from kura.storage.service import ArtifactRef, CacheService
+from tests.objectstore.faultproxy import FaultProxy
+
+DAY_MS = 86_400_000
+
+
+class UploadingHooks(NoHooks):
+    """A node with the tier but no uploader running: every local write stays pending."""
+
+    def artifact_targets(self) -> Sequence[str]:
+        return (OUTBOX_TARGET,)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(now_ms=int(time.time() * 1000) + DAY_MS)
+
+
+@pytest.fixture
+async def service(tmp_path: Path, clock: ManualClock) -> AsyncIterator[CacheService]:
+    s = CacheService(
+        data_dir=tmp_path / "data",
+        tmp_dir=tmp_path / "tmp",
+        tenant_id="t",
+        budget=TmpBudget(1024 * 1024, tmp_dir=tmp_path / "tmp"),
+        clock=clock,
+        max_disk_bytes=10 * 1024 * 1024,
+        min_free_disk_bytes=0,
+        hooks=UploadingHooks(),
+    )
+    await s.start()
+    yield s
+    await s.close()
+
+
+def store_for(seaweedfs: SeaweedFS, prefix: str) -> ObjectStore:
+    env = seaweedfs.env("kura", prefix)
+    return ObjectStore(ObjectStoreConfig.from_env(env["KURA_OBJECT_STORE_URL"], env, 10))
+
+
+async def keys(store: ObjectStore) -> set[str]:
+    return {o.key async for page in store.list_prefix("t/") for o in page}
+
+
+async def write_local(service: CacheService, key: str) -> str:
+    async def body() -> AsyncIterator[bytes]:
+        yield b"local body"
+
+    await service.put_stream(
+        ArtifactRef("http", "", key),
+        body(),
+        declared_length=10,
+        limit_bytes=1 << 20,
+        content_type="application/octet-stream",
+    )
+
+    def artifact_id(conn: sqlite3.Connection) -> str:
+        row = conn.execute("SELECT artifact_id FROM artifacts WHERE key = ?", (key,)).fetchone()
+        return str(row[0])
+
+    return await service.in_reader(artifact_id)
+
+
+async def test_a_pass_deletes_old_objects_and_stale_markers_at_the_bounded_rate_and_keeps_pending(
+    seaweedfs: SeaweedFS, service: CacheService, clock: ManualClock
+) -> None:
+    store = store_for(seaweedfs, "pass")
+    old = [object_key("t", "n", f"old{i}") for i in range(30)]
+    for key in old:
+        await store.put_marker(key)  # any object: the pass reads only keys and times
+    orphan = touch_key("t", "n", "gone")  # a marker whose object was cleaned
+    await store.put_marker(orphan)
+    pending_id = await write_local(service, "pending")  # its upload is queued here
+    pending = object_key("t", "", pending_id)
+    await store.put_marker(pending)  # an older version of it in the bucket
+    assert await keys(store) == {*old, orphan, pending}
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(seconds)
+
+    expiry = BucketExpiry(
+        service,
+        store,
+        clock,
+        max_age_seconds=60,
+        interval_seconds=30,
+        max_deletes_per_second=10,
+        batch_size=4,
+        sleep=sleep,
+    )
+    assert await expiry.expiry_pass() == 30
+    assert await keys(store) == {pending}  # never the object whose upload is pending here
+    assert expiry.stats.deleted_total == 30
+    assert expiry.stats.markers_deleted_total == 1
+    # 31 deletions at 10 per second: the pass took 3.1 s, never more than one batch ahead.
+    assert sum(slept) == pytest.approx(3.1)
+    assert max(slept) <= 4 / 10 + 1e-9
+    # Idempotent: a second pass (or another node's) finds nothing more to delete.
+    assert await expiry.expiry_pass() == 0
+    assert await keys(store) == {pending}
+
+
+async def test_the_toucher_writes_a_marker_once_per_refresh_interval(
+    seaweedfs: SeaweedFS, service: CacheService, clock: ManualClock
+) -> None:
+    store = store_for(seaweedfs, "touch")
+    aid = await write_local(service, "used")
+    toucher = BucketToucher(service, store, clock, max_age_seconds=40, max_writes_per_second=100)
+    assert toucher.refresh_ms == 10_000
+    toucher.touched({aid: clock.now_ms()})
+    assert toucher.pending() == 1
+    assert await toucher.write_once()
+    marker = touch_key("t", "", aid)
+    assert await keys(store) == {marker}
+    first = await store.modified_ms(marker)
+    assert first is not None
+    clock.advance(9)  # within the refresh interval: no second write
+    toucher.touched({aid: clock.now_ms()})
+    assert toucher.pending() == 0
+    clock.advance(2)
+    toucher.touched({aid: clock.now_ms()})
+    assert toucher.pending() == 1
+    assert await toucher.write_once()
+    assert toucher.stats == {"ok": 2, "error": 0, "dropped": 0}
+    # An artifact no longer held here is skipped, not retried forever.
+    toucher.touched({"not-in-the-index": clock.now_ms()})
+    assert await toucher.write_once()
+    assert toucher.pending() == 0
+    assert await keys(store) == {marker}
+
+
+async def test_an_unreachable_store_fails_markers_and_passes_without_losing_the_queue(
+    seaweedfs: SeaweedFS, fault_proxy: FaultProxy, service: CacheService, clock: ManualClock
+) -> None:
+    fault_proxy.set_mode("refuse")
+    env = seaweedfs.env("kura", "down") | {"AWS_ENDPOINT_URL": fault_proxy.endpoint}
+    store = ObjectStore(ObjectStoreConfig.from_env(env["KURA_OBJECT_STORE_URL"], env, 1))
+    aid = await write_local(service, "used")
+    toucher = BucketToucher(service, store, clock, max_age_seconds=40, max_writes_per_second=100)
+    toucher.touched({aid: clock.now_ms()})
+    assert not await toucher.write_once()
+    assert toucher.stats["error"] == 1
+    assert toucher.pending() == 1  # kept for the retry
+    expiry = BucketExpiry(
+        service,
+        store,
+        clock,
+        max_age_seconds=40,
+        interval_seconds=30,
+        max_deletes_per_second=10,
+        batch_size=4,
+    )
+    with pytest.raises(ObjectStoreError) as failed:
+        await expiry.expiry_pass()
+    assert failed.value.result == "unreachable"
+    assert expiry.stats.deleted_total == 0
+    # Once the store answers, the queued marker is written.
+    fault_proxy.set_mode("pass")
+    assert await toucher.write_once()
+    assert toucher.pending() == 0
+    assert await keys(store_for(seaweedfs, "down")) == {touch_key("t", "", aid)}
