@@ -33,6 +33,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.replication import Cluster, free_port
+from kura.demo.launch.node import spawn_kura
+from kura.demo.rolling.sampler import dir_bytes
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -62,17 +64,6 @@ def digest_of(seed: int, size: int) -> str:
     for c in body_chunks(seed, size):
         h.update(c)
     return h.hexdigest()
-
-
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _d, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except FileNotFoundError:
-                pass
-    return total
 
 
 class Watcher(threading.Thread):
@@ -205,20 +196,11 @@ async def main() -> int:
                 (root / "d/tmp").mkdir(parents=True)
                 watcher = Watcher(root / "d/tmp")
                 watcher.start()
-                import subprocess
-
-                joiner_log = (root / "joiner.log").open("w")
                 t0 = time.perf_counter()
-                joiner = subprocess.Popen(
-                    [sys.executable, "-m", "kura.cli", "serve"],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=joiner_log,
-                    text=True,
-                    start_new_session=True,
+                joiner = spawn_kura(
+                    env, root / "joiner.log", start_new_session=True, timeout=1800, log_mode="w"
                 )
-                assert joiner.stdout is not None
-                d_url = joiner.stdout.readline().split("public=")[1].split()[0]
+                d_url = joiner.url
                 await wait_ready(s, d_url, 1800)
                 boot_s = time.perf_counter() - t0
                 watcher.stop_flag.set()
@@ -239,8 +221,7 @@ async def main() -> int:
                         bad += 1
         finally:
             if joiner is not None:
-                joiner.terminate()
-                joiner.wait(60)
+                joiner.stop(timeout=60)
             mesh.stop()
     result = {
         "artifacts": len(artifacts),

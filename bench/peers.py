@@ -46,6 +46,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import IO, ClassVar
 
+from kura.demo.launch.process import free_port
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cachebench as cb
 
@@ -111,12 +113,6 @@ def stop_all() -> None:
 
 def _on_signal(signum, frame):
     raise SystemExit(128 + signum)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, headers: dict, proc: Proc, timeout: float = 60) -> None:

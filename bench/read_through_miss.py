@@ -18,10 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,46 +25,16 @@ from typing import Any
 
 import aiohttp
 
-from bench.replication import LISTEN, free_port, percentile
+from bench.replication import free_port, percentile, start_node, stop_node
 
 
 def start(root: Path, name: str, port: int, peers: list[str], **extra: str) -> tuple[Any, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KURA_")}
-    env.update(
-        {
-            "KURA_PORT": "0",
-            "KURA_INTERNAL_PORT": str(port),
-            "KURA_NODE_URL": f"http://127.0.0.1:{port}",
-            "KURA_PEERS": ",".join(peers),
-            "KURA_DATA_DIR": str(root / name / "data"),
-            "KURA_TMP_DIR": str(root / name / "tmp"),
-            "KURA_MIN_FREE_DISK_BYTES": "0",
-            "KURA_DISCOVERY_SETTLE_MS": "0",
-            "KURA_DISCOVERY_INTERVAL_MS": "500",
-            "KURA_LOG_LEVEL": "WARNING",
-            **extra,
-        }
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kura.cli", "serve"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    m = LISTEN.search(proc.stdout.readline())
-    if m is None:
-        proc.kill()
-        raise RuntimeError(f"{name} did not start")
-    return proc, m.group(1)
+    """A node under ``root/name``; ``extra`` are further ``KURA_*`` variables."""
+    return start_node(root / name, port, peers, {"KURA_DISCOVERY_INTERVAL_MS": "500", **extra})
 
 
 def stop(proc: Any) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+    stop_node(proc)
 
 
 async def until(session: aiohttp.ClientSession, url: str, check: Any, timeout: float) -> None:

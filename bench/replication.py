@@ -24,9 +24,7 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,59 +34,33 @@ from pathlib import Path
 
 import aiohttp
 
-LISTEN = re.compile(r"kura listening public=(\S+) internal=(\S+)")
+from kura.demo.launch.node import kura_env, spawn_kura
+from kura.demo.launch.process import free_port, stop
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["Cluster", "free_port", "percentile", "start_node", "stop_node"]
 
 
 def start_node(
     root: Path, internal_port: int, peers: list[str], extra_env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], str]:
-    """Start one ``kura serve`` with its data under ``root``; return the process and its public
-    URL (read from its start-up line). ``peers`` are internal URLs (``KURA_PEERS``)."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "KURA_PORT": "0",
-            "KURA_INTERNAL_PORT": str(internal_port),
-            "KURA_NODE_URL": f"http://127.0.0.1:{internal_port}",
-            "KURA_PEERS": ",".join(peers),
-            "KURA_DATA_DIR": str(root / "data"),
-            "KURA_TMP_DIR": str(root / "tmp"),
-            "KURA_MIN_FREE_DISK_BYTES": "0",
-            "KURA_DISCOVERY_SETTLE_MS": "0",
-            "KURA_LOG_LEVEL": "WARNING",
-        }
-    )
+    """Start one ``kura serve`` with its data under ``root`` (its log in ``root/kura.log``), in
+    its own process group; return the process and its public URL. ``peers`` are internal URLs
+    (``KURA_PEERS``)."""
+    settings = {
+        "internal_port": internal_port,
+        "node_url": f"http://127.0.0.1:{internal_port}",
+        "peers": ",".join(peers),
+        "discovery_settle_ms": 0,
+        "log_level": "WARNING",
+    }
+    env = kura_env(root / "data", root / "tmp", settings)
     env.update(extra_env or {})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kura.cli", "serve"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    m = LISTEN.search(line)
-    if m is None:
-        raise RuntimeError(f"node under {root} did not start: {line!r}")
-    return proc, m.group(1)
+    node = spawn_kura(env, root / "kura.log", start_new_session=True)
+    return node.proc, node.url
 
 
 def stop_node(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop(proc, sig, timeout=60, group=True)
 
 
 class Cluster:
@@ -120,10 +92,7 @@ class Cluster:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
         for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+            stop(p, timeout=30, group=True)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -8,13 +8,10 @@ starts is stopped when the test ends; a node that exited with an error fails the
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import sqlite3
 import ssl
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +20,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kura.demo.launch.node import KURA_LISTEN, kura_env, spawn_kura
+from kura.demo.launch.process import stop
+
 ROOT = Path(__file__).resolve().parent.parent
-LISTEN_LINE = re.compile(r"kura listening public=(https?://\S+) internal=(https?://\S+)")
+LISTEN_LINE = KURA_LISTEN
 START_TIMEOUT_SECONDS = 30.0
 
 
@@ -89,34 +89,16 @@ class NodeProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        rc = stop(self.proc, sig, timeout)
         if self.reader is not None:
             self.reader.join(5)
-        if self.proc.stdout is not None and not self.proc.stdout.closed:
-            self.proc.stdout.close()
-        return self.proc.returncode
+        assert rc is not None
+        return rc
 
 
 def node_env(tmp: Path, **settings: object) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KURA_")}
-    env.update(
-        {
-            "KURA_PORT": "0",
-            "KURA_DATA_DIR": str(tmp / "data"),
-            "KURA_TMP_DIR": str(tmp / "tmp"),
-            "KURA_MIN_FREE_DISK_BYTES": "0",
-            "KURA_LOG_LEVEL": "INFO",
-        }
-    )
-    for key, value in settings.items():
-        env["KURA_" + key.upper()] = str(value)
-    return env
+    """The environment of a test node with its dirs under ``tmp`` (``kura.demo.launch.node``)."""
+    return kura_env(tmp / "data", tmp / "tmp", settings)
 
 
 def faketime_prefix(offset: str) -> tuple[str, ...]:
@@ -147,48 +129,19 @@ def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ())
     ``prefix`` is a command the node runs under, e.g. ``faketime_prefix("+60s")``."""
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / f"node-{len(list(directory.glob('node-*.log')))}.log"
-    log_file = log_path.open("w")  # the child keeps its own descriptor
-    proc = subprocess.Popen(
-        [*prefix, sys.executable, "-m", "kura.cli", "serve"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=log_file,
-        text=True,
-        cwd=directory,
+    started = spawn_kura(
+        env, log_path, cwd=directory, prefix=prefix, timeout=START_TIMEOUT_SECONDS, log_mode="w"
     )
-    log_file.close()
-    assert proc.stdout is not None
-    found: list[str] = []
-
-    def read_stdout() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            m = LISTEN_LINE.search(line)
-            if m and not found:
-                found.extend([m.group(1), m.group(2)])
-
-    reader = threading.Thread(target=read_stdout, daemon=True)
-    reader.start()
-    reader.join(0)
-    deadline = START_TIMEOUT_SECONDS
-    step = 0.05
-    waited = 0.0
-    while not found and waited < deadline:
-        if proc.poll() is not None:
-            break
-        threading.Event().wait(step)
-        waited += step
-    if not found:
-        proc.kill()
-        proc.wait()
-        reader.join(5)
-        proc.stdout.close()
-        raise RuntimeError(f"kura did not start (rc={proc.returncode}):\n{log_path.read_text()}")
-    node = NodeProcess(
-        found[0], Path(env["KURA_DATA_DIR"]), Path(env["KURA_TMP_DIR"]), proc, log_path, env, reader
+    return NodeProcess(
+        started.url,
+        Path(env["KURA_DATA_DIR"]),
+        Path(env["KURA_TMP_DIR"]),
+        started.proc,
+        log_path,
+        env,
+        started.reader,
+        started.internal_url,
     )
-    node.internal_url = found[1]
-    return node
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ Start: descriptor limit and connection cap (``api/connections``) → storage (ta
 lock, sweeps staging leftovers and orphans) → peer client → internal listener (peer routes,
 optional mTLS) → public listener (both share the cap) → background tasks in one
 ``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper, scrub, repair of
-quarantined artifacts from peers, anti-entropy). Stop (SIGTERM):
+quarantined artifacts from peers, anti-entropy, expiry). Stop (SIGTERM):
 mark draining (``/ready`` 503), stop accepting and let in-flight requests finish within
 ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open multipart uploads, close
 the peer client and storage.
@@ -44,6 +44,7 @@ from kura.api import (
     namespace,
     nx,
     probes,
+    scope,
     status_page,
     turbo,
     webdav,
@@ -52,6 +53,7 @@ from kura.api import (
 from kura.api.anti_entropy_metrics import watch_anti_entropy
 from kura.api.auth import token_auth_from
 from kura.api.auth_metrics import watch_auth
+from kura.api.expiry_metrics import watch_expiry
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
@@ -71,6 +73,7 @@ from kura.mesh.storage_hooks import MeshHooks
 from kura.mesh.wire import peer_label
 from kura.settings import Settings
 from kura.storage.budget import TmpBudget
+from kura.storage.expiry import Expiry
 from kura.storage.multipart import MultipartUploads
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura.storage.object_tier import ObjectTier, TierHooks
@@ -132,6 +135,14 @@ class Node:
             self.service,
             interval_seconds=settings.scrub_interval_seconds,
             max_bytes_per_second=settings.scrub_max_bytes_per_second,
+        )
+        self.expiry = Expiry(
+            self.service,
+            self.clock,
+            max_age_seconds=settings.max_age_seconds,
+            interval_seconds=settings.expiry_interval_seconds,
+            max_deletes_per_second=settings.expiry_max_deletes_per_second,
+            batch_size=settings.expiry_batch_size,
         )
         self.uploads = MultipartUploads(
             self.service,
@@ -258,6 +269,7 @@ class Node:
         )
         self._watch_catch_up()
         watch_anti_entropy(self.metrics, self.anti_entropy.stats)
+        watch_expiry(self.metrics, self.expiry.stats)
         self.metrics.watch_value(
             "counter",
             "kura_multipart_reclaimed_uploads",
@@ -470,12 +482,17 @@ class Node:
             gradle.routes(),
             module.routes(),
             namespace.routes(),
-            bazel_http.routes(s.http_cache_prefix),
-            http_cache.routes(s.http_cache_prefix),
-            webdav.routes(s.webdav_prefix),
             status_page.routes(),
         ):
             app.add_routes(expect.guarded(module_routes))
+        # The routes whose clients cannot send a query: namespace "", or the one in the path.
+        for base in ("", scope.NAMESPACED_PREFIX):
+            cache, dav = base + s.http_cache_prefix, base + s.webdav_prefix
+            app.add_routes(expect.guarded(bazel_http.routes(cache) + http_cache.routes(cache)))
+            app.add_routes(expect.guarded(webdav.routes(dav)))
+            app.add_routes(
+                expect.guarded(namespace.root_routes(cache) + namespace.root_routes(dav))
+            )
         return app
 
     def build_internal_app(self) -> web.Application:
@@ -556,6 +573,7 @@ class Node:
             else:  # nodes sharing a bucket copy no bodies: no bootstrap, no anti-entropy
                 tg.create_task(self.object_tier.run())
             tg.create_task(self.scrubber.run())
+            tg.create_task(self.expiry.run())
             tg.create_task(self.repairer.run())
             if self.auth.jwt is not None:
                 tg.create_task(self.auth.jwt.run())

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from kit import log as kit_log
+from kit.pipes import quiet_broken_pipe
 from kit.settings import SettingsError, add_arguments, load
 from kura import __version__
 from kura.core.errors import KuraError
@@ -116,6 +117,11 @@ def _own_token(env: Mapping[str, str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; a closed stdout pipe ends it quietly (``kit.pipes``)."""
+    return quiet_broken_pipe(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":

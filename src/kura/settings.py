@@ -94,6 +94,24 @@ def _positive_duration(text: str) -> float:
     return seconds
 
 
+def _max_age(text: str) -> float:
+    """Seconds from a duration that may start with whole days: ``30d``, ``1d12h``, ``12h``,
+    ``90s``, plain seconds, or ``0`` (off). Days are not part of Go's duration syntax
+    (``parse_duration``), but an age rule is naturally stated in days, as S3 lifecycle rules
+    state theirs (``Days``: https://docs.aws.amazon.com/AmazonS3/latest/API/API_LifecycleExpiration.html)."""
+    days, sep, rest = text.strip().partition("d")
+    try:
+        if sep and days.isdigit():
+            seconds = int(days) * 86400 + (_duration(rest) if rest else 0.0)
+        else:
+            seconds = _duration(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ValueError("must be an age such as 30d, 1d12h, 12h or 90s, or 0 (off)")
+    return seconds
+
+
 def _percent(text: str) -> int:
     try:
         value = int(text)
@@ -192,6 +210,35 @@ class Settings:
         parse_positive_bytes,
         "the scrub never hashes faster than this",
         default=16 * MiB,
+    )
+    max_age_seconds: float = option(
+        "KURA_MAX_AGE",
+        "--max-age",
+        _max_age,
+        "drop artifacts not read or written on this node for longer than this (30d, 12h, 90s "
+        "or seconds; 0 = never); a local rule, never replicated",
+        default=0.0,
+    )
+    expiry_interval_seconds: float = option(
+        "KURA_EXPIRY_INTERVAL",
+        "--expiry-interval",
+        _positive_duration,
+        "pause between expiry passes (5m, 30s or seconds), with KURA_MAX_AGE set",
+        default=300.0,
+    )
+    expiry_max_deletes_per_second: int = option(
+        "KURA_EXPIRY_MAX_DELETES_PER_SECOND",
+        "--expiry-max-deletes-per-second",
+        parse_positive_int,
+        "an expiry pass deletes at most this many artifacts per second",
+        default=200,
+    )
+    expiry_batch_size: int = option(
+        "KURA_EXPIRY_BATCH_SIZE",
+        "--expiry-batch-size",
+        parse_positive_int,
+        "artifacts an expiry pass deletes in one index transaction (at most the per-second rate)",
+        default=100,
     )
     quarantine_max_bytes: int = option(
         "KURA_QUARANTINE_MAX_BYTES",
@@ -643,7 +690,8 @@ def validate_settings(s: Settings) -> list[str]:
         problems.append("KURA_HTTP_CACHE_PREFIX and KURA_WEBDAV_PREFIX must differ")
     for name in ("http_cache_prefix", "webdav_prefix"):
         value = getattr(s, name)
-        if value.split("/")[1] in ("api", "v1", "v8", "_internal", "up", "ready", "metrics"):
+        # "ns": the namespaced form of these routes, /ns/{namespace}/<prefix> (kura.api.scope).
+        if value.split("/")[1] in ("api", "v1", "v8", "_internal", "up", "ready", "metrics", "ns"):
             problems.append(f"KURA_{name.upper()} {value!r} collides with a built-in route")
     data, tmp = Path(s.data_dir).resolve(), Path(s.tmp_dir).resolve()
     if data == tmp or data in tmp.parents or tmp in data.parents:

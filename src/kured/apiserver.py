@@ -22,6 +22,10 @@ with the HTTP status and the ``Status.reason`` of the body; a connection failure
 a malformed answer becomes ``ApiError`` with status 0. Responses are read up to
 ``MAX_RESPONSE_BYTES``; a larger one is an error, not an unbounded read.
 
+The ``kubernetes`` package is an install extra (``kura[kubernetes]``): this module imports it
+only when an ``ApiServer`` is made, so the etcd and FleetLock paths never load it, and
+``require_client`` turns its absence into a ``ConfigurationError`` that names the extra.
+
 Instances are safe to share between tasks of one event loop; ``close()`` stops the pool and the
 client's connection pool (the instance must not be used afterwards).
 """
@@ -34,14 +38,15 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
-
-import kubernetes.client as k8s
-import kubernetes.config
-import urllib3
-from kubernetes.client.exceptions import ApiException, OpenApiException
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kured.core.errors import ApiError, ConfigurationError
+
+if TYPE_CHECKING:  # imported when used: the client is the optional extra ``kura[kubernetes]``
+    import kubernetes.client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+KUBERNETES_EXTRA = "pip install 'kura[kubernetes]'"
 
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 10.0
 DEFAULT_MAX_WORKERS = 4
@@ -59,13 +64,34 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
+def require_client() -> None:
+    """Import the ``kubernetes`` package. Raises ``ConfigurationError`` naming
+    ``pip install 'kura[kubernetes]'`` when it is not installed (or does not import)."""
+    try:
+        import kubernetes.client
+        import kubernetes.config  # noqa: F401
+    except ImportError as exc:
+        raise ConfigurationError(
+            [
+                "the Kubernetes backends (--lock-backend=kubernetes or lease, kured status "
+                "--all, doctor's cluster checks) need the Kubernetes client, which is not "
+                f"installed ({exc}): {KUBERNETES_EXTRA}"
+            ]
+        ) from exc
+
+
 def load_configuration(kubeconfig: str | Path | None) -> k8s.Configuration:
     """A client configuration from the kubeconfig file at ``kubeconfig``, or from the pod's
     service account when it is None or empty (in-cluster, as kured always does).
 
-    Raises ``ConfigurationError`` when neither can be loaded. The process-wide default
-    configuration of the ``kubernetes`` package is left untouched.
+    Raises ``ConfigurationError`` when neither can be loaded, or when the ``kubernetes``
+    package is not installed (``require_client``). The process-wide default configuration of
+    the ``kubernetes`` package is left untouched.
     """
+    require_client()
+    import kubernetes.client as k8s
+    import kubernetes.config
+
     configuration = k8s.Configuration()
     try:
         if kubeconfig:
@@ -151,6 +177,8 @@ class ApiServer:
     ) -> None:
         if request_timeout_seconds <= 0:
             raise ValueError("request_timeout_seconds must be positive")
+        import kubernetes.client as k8s
+
         self._client = k8s.ApiClient(configuration)
         self._core = k8s.CoreV1Api(self._client)
         self._apps = k8s.AppsV1Api(self._client)
@@ -321,6 +349,8 @@ class ApiServer:
         """POST a policy/v1 Eviction for the pod; ``grace_period_seconds`` None leaves the
         pod's own termination grace period. Raises ``ApiError``: 429 when a
         PodDisruptionBudget refuses it now, 404 when the pod is already gone."""
+        import kubernetes.client as k8s
+
         options = (
             k8s.V1DeleteOptions(grace_period_seconds=grace_period_seconds)
             if grace_period_seconds is not None
@@ -353,6 +383,9 @@ class ApiServer:
     # -- plumbing --------------------------------------------------------------------------------
 
     async def _run(self, what: str, call: Callable[[], T]) -> T:
+        import urllib3
+        from kubernetes.client.exceptions import ApiException, OpenApiException
+
         if self._closed:
             raise ApiError(f"{what}: the API client is closed")
         loop = asyncio.get_running_loop()
@@ -388,6 +421,8 @@ class ApiServer:
         path_params: dict[str, str],
         body: JsonObject,
     ) -> JsonObject:
+        from kubernetes.client.exceptions import ApiException
+
         client, timeout = self._client, self._timeout_seconds
 
         def call() -> bytes:

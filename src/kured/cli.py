@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kit import log as kit_log
+from kit.pipes import quiet_broken_pipe
 from kit.settings import SettingsError
 from kured import __version__
 
@@ -32,6 +33,11 @@ if TYPE_CHECKING:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; a closed stdout pipe ends it quietly (``kit.pipes``)."""
+    return quiet_broken_pipe(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "status":
         return status(args[1:])

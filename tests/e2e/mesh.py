@@ -1,22 +1,19 @@
-"""Helpers for multi-node tests: start a mesh of real node processes that know each other."""
+"""Helpers for multi-node tests: start a mesh of real node processes that know each other.
+
+``free_port`` is re-exported from ``kura.demo.launch.process`` for the tests that import it here."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
+from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess, node_env, spawn_node
 
-
-def free_port() -> int:
-    """A port the OS just handed out (and released) on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["Mesh", "free_port", "manifests", "status", "wait_for"]
 
 
 class Mesh:

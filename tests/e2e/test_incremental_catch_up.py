@@ -289,11 +289,16 @@ def test_the_change_feed_refuses_bad_input_and_unauthenticated_peers(
     )
     for params, message in (
         ({}, "since is required"),
-        ({"since": "abc"}, "since must be an integer"),
-        ({"since": "-1"}, "since must be between 0"),
+        ({"since": "abc"}, "since must be a decimal integer"),
+        ({"since": "-1"}, "since must be a decimal integer"),
+        # int() would read these as 10, 10 and 1 (module docstring of kura.api.query).
+        ({"since": "1_0"}, "since must be a decimal integer"),
+        ({"since": "\u0661\u0660"}, "since must be a decimal integer"),
+        ({"since": " 1"}, "since must be a decimal integer"),
+        ({"since": "99999999999999999999"}, "since must be a decimal integer"),
         ({"since": "0", "limit": "0"}, "limit must be between 1 and 1000"),
         ({"since": "0", "limit": "1001"}, "limit must be between 1 and 1000"),
-        ({"since": "0", "limit": "x"}, "limit must be an integer"),
+        ({"since": "0", "limit": "x"}, "limit must be a decimal integer"),
     ):
         r = httpx.get(url, params=params, headers=auth)
         assert r.status_code == 400, (params, r.status_code)

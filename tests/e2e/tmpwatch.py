@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
 
+from kura.demo.rolling.sampler import dir_bytes
 
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
+__all__ = ["TmpWatcher", "dir_bytes"]
 
 
 class TmpWatcher:

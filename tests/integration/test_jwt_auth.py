@@ -390,3 +390,35 @@ def test_real_turborepo_with_a_token_for_another_team_gets_no_hit_and_stores_not
     assert stored(node) == before, context
     assert requests_with_status(node, "turbo", 403) > refused, context
     assert "Traceback" not in node.log(), context
+
+
+def test_a_namespace_token_reaches_its_namespace_on_the_path_routes_only(
+    node: NodeProcess,
+) -> None:
+    """The Bazel/HTTP-cache and WebDAV routes take their namespace from ``/ns/<namespace>``."""
+    only_a = token(KEY, scope="cache:write", namespaces=["team-a"])
+    with node.client(headers=bearer(token(KEY))) as c:  # unlimited: seeds namespace B and ""
+        assert c.put("/ns/team-b/cache/ab/b1", content=b"b").status_code == 201
+        assert c.put("/cache/ab/b1", content=b"tenant").status_code in (200, 201)
+    with node.client(headers=bearer(only_a)) as c:
+        assert c.put("/ns/team-a/cache/ab/a1", content=b"a").status_code == 201
+        assert c.get("/ns/team-a/cache/ab/a1").content == b"a"
+        assert c.put("/ns/team-a/dav/x/a1", content=b"a").status_code == 201
+        before = stored(node)
+        for method, path in (
+            ("GET", "/ns/team-b/cache/ab/b1"),
+            ("PUT", "/ns/team-b/cache/ab/b2"),
+            ("GET", "/cache/ab/b1"),  # namespace "" is not team-a
+            ("PUT", "/ns/team-b/dav/x/b2"),
+            ("DELETE", "/ns/team-b/cache"),
+            ("DELETE", "/cache"),
+        ):
+            r = c.request(method, path, content=b"x" if method == "PUT" else b"")
+            assert r.status_code == 403, (method, path, r.text)
+        assert stored(node) == before
+        assert c.delete("/ns/team-a/cache").status_code == 204  # its own namespace: cleaned
+        assert c.get("/ns/team-a/cache/ab/a1").status_code == 404
+        assert c.get("/ns/team-a/dav/x/a1").status_code == 404
+    with node.client(headers=bearer(token(KEY))) as c:
+        assert c.get("/ns/team-b/cache/ab/b1").content == b"b"
+        assert c.get("/cache/ab/b1").content == b"tenant"

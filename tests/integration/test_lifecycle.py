@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import LISTEN_LINE, START_TIMEOUT_SECONDS, NodeProcess
+from kura.demo.launch.node import spawn_kura
+from tests.conftest import START_TIMEOUT_SECONDS, NodeProcess
 from tests.integration import rawhttp
 
 MiB = 1024 * 1024
@@ -57,27 +57,10 @@ def test_serve_with_no_configuration_listens_on_localhost_4000_with_data_under_d
             "zero-configuration default cannot be checked; free the port and re-run"
         )
     stderr_path = tmp_path / "stderr.log"
-    with stderr_path.open("w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kura.cli", "serve"],
-            cwd=tmp_path,
-            env=bare_env(),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
+    node = spawn_kura(bare_env(), stderr_path, cwd=tmp_path, timeout=START_TIMEOUT_SECONDS)
+    proc = node.proc
     try:
-        assert proc.stdout is not None
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-        reader.start()
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while not any(LISTEN_LINE.search(x) for x in lines):
-            assert proc.poll() is None, f"kura exited {proc.returncode}:\n{stderr_path.read_text()}"
-            assert time.monotonic() < deadline, "no listening line"
-            time.sleep(0.05)
-        (match,) = [m for m in map(LISTEN_LINE.search, lines) if m]
-        url = match.group(1)
+        url = node.url
         assert url == f"http://127.0.0.1:{DEFAULT_PORT}"
         assert httpx.get(url + "/up", timeout=10).status_code == 200
         assert httpx.put(url + "/cache/zero/config", content=b"z", timeout=10).status_code == 201
@@ -88,13 +71,8 @@ def test_serve_with_no_configuration_listens_on_localhost_4000_with_data_under_d
         assert (kura / "tmp" / "uploads").is_dir()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, stderr_path.read_text()
-        reader.join(5)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        node.stop(signal.SIGKILL)
     assert not port_in_use(DEFAULT_PORT)
 
 

@@ -13,14 +13,17 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-LISTEN = re.compile(r"kured listening metrics=(http://\S+)")
+from kura.demo.launch.node import spawn_kured
+from kura.demo.rolling.observe import read_events
+
+__all__ = ["Host", "read_events", "released_at"]
+
 
 REBOOT_SCRIPT = """#!/bin/sh
 # Test reboot: record, clear the sentinel, take the agent down like a power cycle would.
@@ -46,10 +49,7 @@ class Host:
         if not script.exists():
             script.write_text(REBOOT_SCRIPT)
             script.chmod(0o755)
-        self.argv = [
-            sys.executable,
-            "-m",
-            "kured.cli",
+        self.argv = [  # kured's flags
             "--node-id",
             node,
             "--etcd-endpoints",
@@ -76,25 +76,10 @@ class Host:
         self.log_path = self.dir / "kured.log"
 
     def _start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KURED_")}
-        log = self.log_path.open("a")
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=env,
-            start_new_session=True,  # its own process group: the reboot script dies with it
+        # Its own process group: the reboot script dies with it.
+        self.proc, self.url = spawn_kured(
+            self.argv, self.log_path, start_new_session=True, what=f"kured {self.node}"
         )
-        log.close()
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        self.proc.stdout.close()  # the agent prints nothing else on stdout (logs go to stderr)
-        m = LISTEN.search(line)
-        if m is None:
-            self.proc.wait(5)
-            raise RuntimeError(f"kured {self.node} did not start: {self.log_path.read_text()}")
-        self.url = m.group(1)
         self.boots += 1
         with self.events.open("a") as f:
             f.write(f"{time.time():.6f} {self.node} boot\n")
@@ -146,16 +131,6 @@ class Host:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-
-def read_events(path: Path) -> list[tuple[float, str, str]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        t, node, what = line.split()
-        out.append((float(t), node, what))
-    return sorted(out)
 
 
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) ")

@@ -114,25 +114,34 @@ def good_apt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def in_process(
-    capsys: pytest.CaptureFixture[str], release: str, *args: str
+    capsys: pytest.CaptureFixture[str], release: str, *args: str, etcd: str | None = None
 ) -> tuple[int, dict[str, Any]]:
     """``kured doctor --json --node-id n1 --kernel-release <release> <args>`` in this process
-    (no ``KURED_*`` environment); (exit code, parsed JSON)."""
+    (no ``KURED_*`` environment); (exit code, parsed JSON). ``etcd``: a live etcd's URL for
+    ``--etcd-endpoints`` (without it the default endpoint is dead: an ``etcd`` FAIL)."""
     from kured.doctor.command import main
 
     capsys.readouterr()
-    code = main(["--json", "--node-id", "n1", "--kernel-release", release, *args], environ={})
+    lock = ["--etcd-endpoints", etcd] if etcd else []
+    code = main(
+        ["--json", "--node-id", "n1", "--kernel-release", release, *lock, *args], environ={}
+    )
     return code, json.loads(capsys.readouterr().out)
 
 
-def doctor(*args: str, apt_config: Path | None = None, **env: str) -> tuple[int, dict[str, Any]]:
-    """Run ``kured doctor --json`` as a process; (exit code, parsed JSON)."""
+def doctor(
+    *args: str, apt_config: Path | None = None, etcd: str | None = None, **env: str
+) -> tuple[int, dict[str, Any]]:
+    """Run ``kured doctor --json`` as a process; (exit code, parsed JSON). ``etcd`` as for
+    ``in_process``."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("KURED_")}
     if apt_config is not None:
         environ["APT_CONFIG"] = str(apt_config)
     environ.update(env)
     proc = subprocess.run(
-        [sys.executable, "-m", "kured.cli", "doctor", "--node-id", "n1", "--json", *args],
+        [sys.executable, "-m", "kured.cli", "doctor", "--node-id", "n1", "--json"]
+        + (["--etcd-endpoints", etcd] if etcd else [])
+        + list(args),
         capture_output=True,
         text=True,
         env=environ,

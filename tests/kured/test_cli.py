@@ -12,18 +12,16 @@ from pathlib import Path
 
 import httpx
 
+from kura.demo.launch.node import spawn_kured
+from kura.demo.launch.process import free_port, stop
 from kured.settings import Settings
 from tests.kured.agents import Host, read_events
-from tests.kured.prom import free_port
 
 
-def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str) -> None:
+def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str, tmp_path: Path) -> None:
     port = free_port()
-    proc = subprocess.Popen(
+    proc, _ = spawn_kured(
         [
-            sys.executable,
-            "-m",
-            "kured.cli",
             "fleetlock",
             "--port",
             str(port),
@@ -34,14 +32,9 @@ def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str) -> None:
             "--group-slots",
             "workers=2",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        tmp_path / "fleetlock.log",
     )
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening" in line, (line, proc.stderr.read() if proc.stderr else "")
         url = f"http://127.0.0.1:{port}"
         hdr = {"fleet-lock-protocol": "true"}
 
@@ -65,11 +58,7 @@ def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str) -> None:
         assert missing.status_code == 400
         assert missing.json()["kind"] == "missing_protocol_header"
     finally:
-        proc.terminate()
-        proc.wait(10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        stop(proc, timeout=10)
 
 
 def test_invalid_flags_are_all_listed_and_exit_2(tmp_path: Path) -> None:
@@ -196,26 +185,15 @@ def test_agent_logs_the_real_reboot_warning_at_start_up(tmp_path: Path) -> None:
     boot_id = tmp_path / "boot_id"
     boot_id.write_text("00000000-0000-0000-0000-000000000001\n")
     stderr = tmp_path / "kured.log"
-    with stderr.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kured.cli", "--node-id", "n1",
-             "--etcd-endpoints", "http://127.0.0.1:1",
-             "--reboot-sentinel", str(tmp_path / "never-created"),
-             "--boot-id-file", str(boot_id), "--state-dir", str(tmp_path / "state"),
-             "--metrics-port", "0", "--metrics-host", "127.0.0.1"],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening" in line, (line, stderr.read_text())
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    proc, _ = spawn_kured(
+        ["--node-id", "n1",
+         "--etcd-endpoints", "http://127.0.0.1:1",
+         "--reboot-sentinel", str(tmp_path / "never-created"),
+         "--boot-id-file", str(boot_id), "--state-dir", str(tmp_path / "state"),
+         "--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+        stderr,
+    )  # fmt: skip
+    stop(proc, timeout=30)
     log = stderr.read_text()
     warned = "REALLY REBOOTS THIS MACHINE" in log
     assert warned == (os.geteuid() == 0), log

@@ -25,10 +25,10 @@ __all__ = ["release"]
 
 
 def test_a_good_configuration_is_ok_for_sentinel_apt_and_kernel(
-    tmp_path: Path, release: str
+    tmp_path: Path, release: str, etcd: str
 ) -> None:
     tree = AptTree(tmp_path / "apt").write("50unattended-upgrades", GOOD)
-    code, report = doctor("--kernel-release", release, apt_config=tree.config)
+    code, report = doctor("--kernel-release", release, apt_config=tree.config, etcd=etcd)
     assert levels(report, "sentinel") == ["OK"], report
     assert levels(report, "apt") == ["OK", "OK"], report
     assert levels(report, "kernel") == ["OK"], report
@@ -81,12 +81,12 @@ def test_a_kernel_not_blacklisted_fails_in_apt_and_kernel(tmp_path: Path, releas
 
 
 def test_no_sentinel_creator_fails_and_the_kernel_sentinel_fixes_it(
-    tmp_path: Path, release: str
+    tmp_path: Path, release: str, etcd: str
 ) -> None:
     tree = AptTree(tmp_path / "apt").write("50unattended-upgrades", GOOD)
     bare = host_root(tmp_path / "host", hook=False)
     code, report = doctor(
-        "--kernel-release", release, "--host-root", str(bare), apt_config=tree.config
+        "--kernel-release", release, "--host-root", str(bare), apt_config=tree.config, etcd=etcd
     )
     assert code == 1
     [line] = messages(report, "sentinel")
@@ -95,7 +95,7 @@ def test_no_sentinel_creator_fails_and_the_kernel_sentinel_fixes_it(
     # The same host with the real package's hook in place: OK again.
     hooked = host_root(tmp_path / "hooked", hook=True)
     code, report = doctor(
-        "--kernel-release", release, "--host-root", str(hooked), apt_config=tree.config
+        "--kernel-release", release, "--host-root", str(hooked), apt_config=tree.config, etcd=etcd
     )
     assert levels(report, "sentinel") == ["OK"], report
     assert code == 0
@@ -108,14 +108,17 @@ def test_no_sentinel_creator_fails_and_the_kernel_sentinel_fixes_it(
         str(bare),
         "--reboot-sentinel-kernel",
         apt_config=tree.config,
+        etcd=etcd,
     )
     assert levels(report, "sentinel") == ["OK"], report
     assert code == 0
 
 
-def test_unattended_upgrades_switched_off_is_a_warning(tmp_path: Path, release: str) -> None:
+def test_unattended_upgrades_switched_off_is_a_warning(
+    tmp_path: Path, release: str, etcd: str
+) -> None:
     tree = AptTree(tmp_path / "apt").write("50unattended-upgrades", GOOD)
     tree.write("20auto-upgrades", 'APT::Periodic::Unattended-Upgrade "0";\n')
-    code, report = doctor("--kernel-release", release, apt_config=tree.config)
+    code, report = doctor("--kernel-release", release, apt_config=tree.config, etcd=etcd)
     assert levels(report, "apt") == ["WARN", "OK", "OK"], report
     assert code == 0

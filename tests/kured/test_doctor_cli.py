@@ -31,8 +31,10 @@ def only(report: dict[str, Any], check: str) -> list[tuple[str, str]]:
     return [(f["level"], f["message"]) for f in report["findings"] if f["check"] == check]
 
 
-def test_json_shape_and_exit_code_zero_with_warnings_only(good_apt: Path, release: str) -> None:
-    code, report = doctor("--kernel-release", release, apt_config=good_apt)
+def test_json_shape_and_exit_code_zero_with_warnings_only(
+    good_apt: Path, release: str, etcd: str
+) -> None:
+    code, report = doctor("--kernel-release", release, apt_config=good_apt, etcd=etcd)
     assert code == 0
     assert set(report) == {"ok", "exit_code", "findings", "skipped"}
     assert report["ok"] is True
@@ -43,13 +45,14 @@ def test_json_shape_and_exit_code_zero_with_warnings_only(good_apt: Path, releas
         assert bool(finding["fix"]) == (finding["level"] != "OK"), finding
     assert [f["check"] for f in report["findings"]][:4] == ["sentinel", "apt", "apt", "kernel"]
     assert {"OK", "WARN"} == {f["level"] for f in report["findings"] if f["check"] == "lock"}
-    assert {s["check"] for s in report["skipped"]} == {"pdb", "prometheus"}
+    assert {s["check"] for s in report["skipped"]} == {"pdb", "gate", "prometheus"}
     for skipped in report["skipped"]:
         assert set(skipped) == {"check", "reason"}
 
 
-def test_text_has_one_line_per_finding_and_exit_one_on_fail(release: str) -> None:
+def test_text_has_one_line_per_finding_and_exit_one_on_fail(release: str, etcd: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KURED_")}
+    env["KURED_ETCD_ENDPOINTS"] = etcd
     env["KURED_LOCK_TTL"] = "5m"  # shorter than a reboot: FAIL (and the environment is read)
     proc = subprocess.run(
         [sys.executable, "-m", "kured.cli", "doctor", "--kernel-release", release],
@@ -106,6 +109,10 @@ def test_help_lists_the_doctor_flags() -> None:
     for flag in ("--node-count", "--reboot-duration", "--kernel-release", "--host-root",
                  "--json", "--prometheus-url", "--kubeconfig", "--alert-filter-regexp"):  # fmt: skip
         assert flag in proc.stdout, flag
+    help_text = " ".join(proc.stdout.split())
+    # The doctor defaults --node-id to the host name; only the agent requires it.
+    assert "--node-id VALUE this node's name (default: this host's name)" in help_text
+    assert "(required)" not in help_text
     agent = subprocess.run(
         [sys.executable, "-m", "kured.cli", "--help"], capture_output=True, text=True, timeout=60
     )

@@ -68,18 +68,19 @@ def test_three_agents_then_two_and_the_missing_node_is_named(
     kubeconfig: Path,
     capsys: pytest.CaptureFixture[str],
     release: str,
+    etcd: str,
 ) -> None:
     hosts, prom = fleet
     ignore = ["--alert-filter-regexp", "^(Kured|NodeDiskPressure)"]
     args = ["--prometheus-url", prom.url, *ignore]
-    code, report = in_process(capsys, release, *args, "--node-count", "3")
+    code, report = in_process(capsys, release, *args, "--node-count", "3", etcd=etcd)
     assert findings(report, "scrape") == [("OK", f"Prometheus at {prom.url} scrapes 3 of 3 agents")]
     assert [level for level, _ in findings(report, "retention")] == ["OK"], report
     assert code == 0, report
 
     hosts[2].kill()  # host2's agent is gone: its target fails, its series goes stale
     assert wait_for(lambda: scraped(prom) == 2, 60), "the series of host2 never went stale"
-    code, report = in_process(capsys, release, *args, "--node-count", "3")
+    code, report = in_process(capsys, release, *args, "--node-count", "3", etcd=etcd)
     [(level, message)] = findings(report, "scrape")
     assert level == "FAIL"
     assert message.startswith(
@@ -90,7 +91,7 @@ def test_three_agents_then_two_and_the_missing_node_is_named(
     # With the Kubernetes API instead of --node-count: the node without a series is named.
     for name in HOSTS:
         kube.add_node(name)
-    code, report = in_process(capsys, release, *args, "--kubeconfig", str(kubeconfig))
+    code, report = in_process(capsys, release, *args, "--kubeconfig", str(kubeconfig), etcd=etcd)
     [(level, message)] = findings(report, "scrape")
     assert level == "FAIL"
     assert "is 2, but the cluster has 3 nodes; no series for node host2:" in message, message
@@ -110,12 +111,12 @@ def alerting(tmp_path: Path) -> Iterator[Prometheus]:
 
 
 def test_the_alerts_that_block_now_follow_the_agents_filter(
-    alerting: Prometheus, capsys: pytest.CaptureFixture[str], release: str
+    alerting: Prometheus, capsys: pytest.CaptureFixture[str], release: str, etcd: str
 ) -> None:
     prom = alerting
     base = ["--prometheus-url", prom.url]
     # kured's own alerts ignored, NodeDiskPressure (firing) blocks: a WARN naming it.
-    code, report = in_process(capsys, release, *base, "--alert-filter-regexp", "^Kured")
+    code, report = in_process(capsys, release, *base, "--alert-filter-regexp", "^Kured", etcd=etcd)
     [(level, message)] = findings(report, "alerts")
     assert level == "WARN"
     assert message.startswith("alerts that block a reboot now under --alert-filter-regexp='^Kured'")
@@ -135,7 +136,7 @@ def test_the_alerts_that_block_now_follow_the_agents_filter(
     assert "; ignored by the filter: " in message, message
     assert "NodeDiskPressure" in message.split("; ignored by the filter: ")[1], message
     # No filter: kured's own alerts would block the reboot that clears them.
-    code, report = in_process(capsys, release, *base)
+    code, report = in_process(capsys, release, *base, etcd=etcd)
     levels = [level for level, _ in findings(report, "alerts")]
     assert levels == ["FAIL", "WARN"], report
     loop = findings(report, "alerts")[0][1]

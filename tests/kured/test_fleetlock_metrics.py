@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 
+from kura.demo.launch.etcd import Etcd
+from kura.demo.launch.node import spawn_kured
+from kura.demo.launch.process import free_port, stop
 from kured.cli import fleetlock_parser
-from tests.kured.conftest import EtcdServer
-from tests.kured.prom import free_port
 
 HEADERS = {"fleet-lock-protocol": "true"}
 
@@ -27,13 +29,10 @@ def _samples(url: str) -> dict[str, float]:
     return out
 
 
-def test_fleetlock_metrics_follow_the_semaphores_in_etcd(etcd_server: EtcdServer) -> None:
+def test_fleetlock_metrics_follow_the_semaphores_in_etcd(etcd_server: Etcd, tmp_path: Path) -> None:
     port = free_port()
-    proc = subprocess.Popen(
+    proc, _ = spawn_kured(
         [
-            sys.executable,
-            "-m",
-            "kured.cli",
             "fleetlock",
             "--port",
             str(port),
@@ -42,13 +41,9 @@ def test_fleetlock_metrics_follow_the_semaphores_in_etcd(etcd_server: EtcdServer
             "--group-slots",
             "workers=2",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        tmp_path / "fleetlock.log",
     )
     try:
-        assert proc.stdout is not None
-        assert "listening" in proc.stdout.readline()
         url = f"http://127.0.0.1:{port}"
 
         def call(path: str, client: str, group: str) -> int:
@@ -84,11 +79,7 @@ def test_fleetlock_metrics_follow_the_semaphores_in_etcd(etcd_server: EtcdServer
         assert down["kured_fleetlock_lock_store_up"] == 0
         assert not any("slots_in_use" in name for name in down)  # unknown, not "free"
     finally:
-        proc.terminate()
-        proc.wait(10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        stop(proc, timeout=10)
 
 
 def test_every_fleetlock_flag_has_help_naming_its_environment_variable() -> None:

@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from kura.demo.launch.process import free_ports
 from kured.sensors.alerts import PrometheusAlertGate
 from kured.sensors.http_gate import HttpGate
-from tests.kured.conftest import _free_ports
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def prometheus(session: aiohttp.ClientSession, url: str) -> PrometheusAlertGate:
 
 
 async def test_a_closed_port_is_connection_refused(session: aiohttp.ClientSession) -> None:
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
     result = await prometheus(session, url).check()
     assert result.blocking is None

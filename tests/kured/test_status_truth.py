@@ -16,8 +16,9 @@ from pathlib import Path
 
 import httpx
 
+from kura.demo.launch.etcd import Etcd
+from kura.demo.launch.process import free_ports
 from tests.kured.agents import Host, released_at
-from tests.kured.conftest import EtcdServer, _free_ports
 from tests.kured.test_agents import wait_for
 
 KEY = "/kured/lock"
@@ -67,7 +68,7 @@ def lag_until(predicate, since: float, timeout: float = 10.0) -> float:  # type:
 
 
 def test_status_and_metrics_follow_etcd_within_a_second_and_go_stale_without_it(
-    etcd_server: EtcdServer, tmp_path: Path
+    etcd_server: Etcd, tmp_path: Path
 ) -> None:
     etcd = etcd_server.url
     events = tmp_path / "events.log"
@@ -139,7 +140,7 @@ def test_first_check_at_start_reasons_logged_once_per_change_and_gate_errors_in_
     etcd: str, tmp_path: Path
 ) -> None:
     events = tmp_path / "events.log"
-    (closed,) = _free_ports(1)  # nothing listens there: connection refused
+    (closed,) = free_ports(1)  # nothing listens there: connection refused
     prometheus = f"http://127.0.0.1:{closed}"
     slow = Host(tmp_path, "slow", etcd, events, "--period", "1h", "--prometheus-url", prometheus)
     fast = Host(tmp_path, "fast", etcd, events, "--period", "1s", "--prometheus-url", prometheus)

@@ -172,6 +172,7 @@ BAD_VALUE_BY_PARSER = {
     "_positive_duration": "0s",
     "_percent": "101",
     "_duration": "-5s",
+    "_max_age": "3w",
     "_non_empty": "   ",
     "parse_port": "65536",
     "_path": " ",
@@ -219,6 +220,7 @@ def test_an_invalid_tenant_id_is_a_configuration_problem_not_a_crash() -> None:
         ({"KURA_WEBDAV_PREFIX": "/cache"}, "KURA_WEBDAV_PREFIX must differ"),
         ({"KURA_HTTP_CACHE_PREFIX": "/api/x"}, "collides with a built-in route"),
         ({"KURA_WEBDAV_PREFIX": "/metrics"}, "collides with a built-in route"),
+        ({"KURA_WEBDAV_PREFIX": "/ns/x"}, "collides with a built-in route"),
         (
             {"KURA_READ_WRITE_TOKENS": "a,b", "KURA_READ_ONLY_TOKENS": "b"},
             "both read-write and read-only",

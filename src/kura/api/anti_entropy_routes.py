@@ -21,6 +21,7 @@ import re
 from aiohttp import web
 
 from kura.api.http import ctx, endpoint
+from kura.api.query import query_int
 from kura.core.errors import InvalidRequest
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
 from kura.storage import digests
@@ -36,20 +37,26 @@ def _hex(request: web.Request, name: str, max_len: int) -> str:
     return value
 
 
-def _int(request: web.Request, name: str, default: int, allowed: range) -> int:
-    try:
-        value = int(request.query.get(name, str(default)))
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an integer") from None
-    if value not in allowed:
-        raise InvalidRequest(f"{name} must be between {allowed.start} and {allowed.stop - 1}")
-    return value
+def _just_before(prefix: str) -> str:
+    """The greatest cursor below every hex id that starts with ``prefix`` ("" for no prefix).
+
+    Pages are strictly after their cursor, so the cursor must not be ``prefix`` itself: a
+    64-digit prefix is a whole id, and would be left out of its own range. Hex digits sort
+    below ``g``, so ``...<digit - 1>g`` sorts after every id of the previous digit.
+    """
+    if not prefix:
+        return ""
+    head, last = prefix[:-1], prefix[-1]
+    if last == "0":
+        return head
+    previous = "0123456789abcdef"["0123456789abcdef".index(last) - 1]
+    return head + previous + "g"
 
 
 @endpoint(PROTOCOL, None)
 async def range_digests(request: web.Request) -> web.StreamResponse:
     prefix = _hex(request, "prefix", digests.DEEPEST)
-    depth = _int(request, "depth", 0, range(0, 3))
+    depth = query_int(request, "depth", default=0, low=0, high=2)
     if len(prefix) not in digests.LEVELS or depth not in (0, 2):
         raise InvalidRequest("prefix must have 0, 2 or 4 hex digits and depth must be 0 or 2")
     if len(prefix) + depth > digests.DEEPEST:
@@ -73,9 +80,8 @@ async def range_manifests(request: web.Request) -> web.StreamResponse:
     after = request.query.get("after")
     if after is not None and not re.fullmatch(r"[0-9a-f]{1,64}", after):
         raise InvalidRequest("after must be a lowercase hex artifact_id")
-    limit = _int(request, "limit", PAGE_LIMIT_DEFAULT, range(1, PAGE_LIMIT_MAX + 1))
-    # Every id starting with ``prefix`` sorts after ``prefix`` itself, so the page starts there.
-    start = prefix if after is None or after < prefix else after
+    limit = query_int(request, "limit", default=PAGE_LIMIT_DEFAULT, low=1, high=PAGE_LIMIT_MAX)
+    start = after if after is not None and after >= _just_before(prefix) else _just_before(prefix)
     page = await ctx(request).service.manifests_page(start or None, limit + 1)
     page = [m for m in page if m.artifact_id.startswith(prefix)]
     more = len(page) > limit

@@ -12,7 +12,9 @@ while every CAS blob the entry references (outputs, stdout, stderr, every file o
 ``Tree``) is stored, else 404 counted as a miss; the referenced blobs are touched on a hit. A
 stored entry that no longer parses is a miss too. ccache's ``bazel`` layout keys
 (``action_cache.is_ccache_key``) are stored and served raw. CAS blobs are stored as
-``ArtifactRef("bazel", "", "cas/<hex>")``.
+``ArtifactRef("bazel", namespace, "cas/<hex>")``: namespace ``""``, or the one the path names
+under ``/ns/{namespace}`` (``kura.api.scope``); an action result's references are looked up in
+its own namespace.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from kura.api.auth import Access
 from kura.api.blob import serve, store
 from kura.api.http import count_lookup, ctx, endpoint, read_small_body
 from kura.api.partial_content import ranged_response
+from kura.api.scope import path_namespace
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import HEX_SHA256, validate
 from kura.storage.service import ArtifactRef, CacheService, StoredBody
@@ -49,11 +52,11 @@ MAX_TREE_BYTES = 64 * 1024 * 1024
 
 def _ref(request: web.Request, kind: str) -> ArtifactRef:
     digest = validate(request.match_info["digest"], HEX_SHA256, f"{kind} digest")
-    return ArtifactRef("bazel", "", f"{kind}/{digest}")
+    return ArtifactRef("bazel", path_namespace(request), f"{kind}/{digest}")
 
 
-def _cas(digest: str) -> ArtifactRef:
-    return ArtifactRef("bazel", "", f"cas/{digest}")
+def _cas(namespace: str, digest: str) -> ArtifactRef:
+    return ArtifactRef("bazel", namespace, f"cas/{digest}")
 
 
 @endpoint(PROTOCOL, Access.READ)
@@ -71,7 +74,7 @@ async def get_ac(request: web.Request) -> web.StreamResponse:
             result = parse_action_result(data)
         except InvalidRequest:
             raise NotFound("stored action result does not parse; treated as a miss") from None
-        missing = await _missing_blobs(service, result)
+        missing = await _missing_blobs(service, ref.namespace_id, result)
         if missing:
             raise NotFound(
                 f"action result references {len(missing)} CAS blob(s) that are not stored "
@@ -124,7 +127,9 @@ async def put_cas(request: web.Request) -> web.StreamResponse:
     return web.Response(status=200)
 
 
-async def _missing_blobs(service: CacheService, result: reapi.ActionResult) -> list[str]:
+async def _missing_blobs(
+    service: CacheService, namespace: str, result: reapi.ActionResult
+) -> list[str]:
     """Hashes of the CAS blobs ``result`` references that are not stored (empty: a hit).
 
     A Tree that is absent, too large or does not parse counts as missing itself.
@@ -134,7 +139,7 @@ async def _missing_blobs(service: CacheService, result: reapi.ActionResult) -> l
         if tree_hash == EMPTY_SHA256:
             continue
         try:
-            tree = await service.read(_cas(tree_hash))
+            tree = await service.read(_cas(namespace, tree_hash))
         except NotFound:
             return [tree_hash]
         data = await _bytes(tree, MAX_TREE_BYTES)
@@ -143,7 +148,7 @@ async def _missing_blobs(service: CacheService, result: reapi.ActionResult) -> l
             return [tree_hash]
         hashes.extend(files)
     unique = list(dict.fromkeys(hashes))
-    missing = await service.missing([_cas(h) for h in unique])
+    missing = await service.missing([_cas(namespace, h) for h in unique])
     return [m.key.removeprefix("cas/") for m in missing]
 
 

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from kura.api.http import ctx, endpoint
-from kura.core.errors import InvalidRequest
+from kura.api.query import query_int
 from kura.mesh.wire import NODE_HEADER, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
 from kura.storage.change_feed import ChangesPage
 
@@ -30,25 +30,10 @@ FeedRead = Callable[[str], Callable[[int, ChangesPage], Awaitable[None]]]
 FEED_READ_KEY: web.AppKey[FeedRead] = web.AppKey("kura_feed_read")
 
 
-def _int_arg(request: web.Request, name: str, default: int | None, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        if default is None:
-            raise InvalidRequest(f"{name} is required (an integer >= {low})")
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an integer, not {raw[:40]!r}") from None
-    if not low <= value <= high:
-        raise InvalidRequest(f"{name} must be between {low} and {high}")
-    return value
-
-
 @endpoint(PROTOCOL, None)
 async def changes(request: web.Request) -> web.StreamResponse:
-    since = _int_arg(request, "since", None, 0, 2**63 - 1)
-    limit = _int_arg(request, "limit", PAGE_LIMIT_DEFAULT, 1, PAGE_LIMIT_MAX)
+    since = query_int(request, "since", default=None, low=0, high=2**63 - 1)
+    limit = query_int(request, "limit", default=PAGE_LIMIT_DEFAULT, low=1, high=PAGE_LIMIT_MAX)
     requester = request.headers.get(NODE_HEADER, "")
     feed_read = request.app.get(FEED_READ_KEY)
     done = feed_read(requester) if requester and feed_read is not None else None

@@ -3,7 +3,8 @@
 Per protocol, the same namespace the route stores under: Kura's own routes the query's
 ``namespace_id`` (alias ``project_handle``; ``""`` is tenant scope, ``kura.api.scope``),
 Turborepo the team (``teamId`` or ``slug``, ``kura.api.turbo``), Nx and Metro their fixed
-namespaces ``nx`` and ``metro``, the Bazel, HTTP-cache and WebDAV routes ``""``. None means the
+namespaces ``nx`` and ``metro``, the Bazel, HTTP-cache and WebDAV routes the namespace in their
+path (``/ns/{namespace}/...``, ``kura.api.scope.path_namespace``), or ``""``. None means the
 route touches no namespace (``/status``, ``/metrics``, Turborepo's ``/v8/artifacts/status``
 and events, which carry no team), so any read grant passes. The value is the raw query value:
 a malformed one is refused by the grant check (403) or by the route itself (400).
@@ -21,6 +22,9 @@ def request_namespace(request: web.Request, protocol: str) -> str | None:
     """The namespace ``request`` on ``protocol``'s routes reads or writes, or None."""
     if protocol in UNSCOPED:
         return None
+    in_path = request.match_info.get("namespace")
+    if in_path is not None:
+        return in_path
     if protocol in FIXED:
         return FIXED[protocol]
     if protocol == "turbo":

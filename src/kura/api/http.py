@@ -23,9 +23,10 @@ from aiohttp import web
 
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
-from kura.api.file_response import OpenFileResponse
+from kura.api.file_response import DamagedBlob, OpenFileResponse
 from kura.api.grant_scope import request_namespace
 from kura.api.metrics import KuraMetrics
+from kura.api.query import parse_decimal
 from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
 from kura.settings import Settings
 from kura.storage.service import CacheService, StoredBody
@@ -81,6 +82,10 @@ def endpoint_spec(handler: object) -> EndpointSpec | None:
     return spec if isinstance(spec, EndpointSpec) else None
 
 
+# Not an HTTP status a client sees: nginx's code for "the client closed the connection".
+CLIENT_CLOSED_REQUEST = 499
+
+
 def endpoint(
     protocol: str,
     access: Access | None,
@@ -119,6 +124,18 @@ def endpoint(
                 if isinstance(exc, UploadAborted):
                     await _send_and_close(request, response)
                 return response
+            except ConnectionResetError as exc:
+                # The reader hung up while the handler streamed to it (a peer or a client
+                # cancelling): ordinary, so one INFO line and nginx's 499 "client closed".
+                # Re-raising would make aiohttp log an ERROR with a traceback; a response it
+                # cannot send on the aborted transport is dropped quietly instead.
+                # (DamagedBlob is one too: the transfer was cut on purpose; reported where found.)
+                what = "transfer cut" if isinstance(exc, DamagedBlob) else "client went away"
+                log.info("%s during %s %s: %s", what, request.method, request.path, exc)
+                if request.transport is not None:
+                    request.transport.abort()
+                status = CLIENT_CLOSED_REQUEST
+                return web.Response(status=CLIENT_CLOSED_REQUEST)
             except Exception:
                 log.exception("unhandled error in %s %s", request.method, request.path)
                 status = 500
@@ -143,11 +160,8 @@ def declared_length(request: web.Request) -> int | None:
     raw = request.headers.get("Content-Length")
     if raw is None:
         return None if "chunked" in request.headers.get("Transfer-Encoding", "").lower() else 0
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"invalid Content-Length {raw!r}") from None
-    if value < 0:
+    value = parse_decimal(raw)
+    if value is None:
         raise InvalidRequest(f"invalid Content-Length {raw!r}")
     return value
 

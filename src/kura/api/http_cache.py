@@ -3,7 +3,9 @@
 Used by ccache's HTTP storage (layouts ``subdirs`` ``/XX/rest`` and ``flat``) and Gradle's
 ``HttpBuildCache`` (``/{32 hex}``): GET answers 200 or 404, PUT stores and answers 201 when new
 and 200 when it replaced an entry. Keys are 1-8 path segments of a safe alphabet. ``ac/`` and
-``cas/`` under the same prefix belong to ``kura.api.bazel_http``.
+``cas/`` under the same prefix belong to ``kura.api.bazel_http``. Entries live in namespace
+``""``, or under ``/ns/{namespace}{prefix}`` in that namespace (``kura.api.scope``); a
+``DELETE`` of the prefix itself cleans it (``kura.api.namespace``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from aiohttp import web
 from kura.api.auth import Access
 from kura.api.blob import serve, store
 from kura.api.http import ctx, endpoint
+from kura.api.scope import path_namespace
 from kura.core.keys import PATH_KEY, validate
 from kura.storage.service import ArtifactRef
 
@@ -20,7 +23,9 @@ PROTOCOL = "http_cache"
 
 
 def _ref(request: web.Request) -> ArtifactRef:
-    return ArtifactRef("http", "", validate(request.match_info["key"], PATH_KEY, "cache key"))
+    return ArtifactRef(
+        "http", path_namespace(request), validate(request.match_info["key"], PATH_KEY, "cache key")
+    )
 
 
 @endpoint(PROTOCOL, Access.READ)

@@ -34,6 +34,7 @@ from aiohttp import web
 from kura.api import changes
 from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.api.http import artifact_response, ctx, declared_length, endpoint, request_body
+from kura.api.query import query_int
 from kura.core.errors import Forbidden, InvalidRequest
 from kura.core.keys import HEX_SHA256, NAMESPACE, PRODUCERS, validate
 from kura.mesh.wire import (
@@ -62,13 +63,9 @@ def _check_tenant(request: web.Request) -> None:
 
 def _page_args(request: web.Request) -> tuple[str | None, int]:
     after = request.query.get("after")
-    try:
-        limit = int(request.query.get("limit", str(PAGE_LIMIT_DEFAULT)))
-    except ValueError:
-        raise InvalidRequest("limit must be an integer") from None
-    if not 1 <= limit <= PAGE_LIMIT_MAX:
-        raise InvalidRequest(f"limit must be between 1 and {PAGE_LIMIT_MAX}")
-    return after, limit
+    return after, query_int(
+        request, "limit", default=PAGE_LIMIT_DEFAULT, low=1, high=PAGE_LIMIT_MAX
+    )
 
 
 @endpoint(PROTOCOL, None)
@@ -108,12 +105,7 @@ async def replicate_artifact(request: web.Request) -> web.StreamResponse:
 async def replicate_namespace(request: web.Request) -> web.StreamResponse:
     _check_tenant(request)
     namespace = validate(request.query.get("namespace_id", ""), NAMESPACE, "namespace_id")
-    try:
-        version_ms = int(request.query["version_ms"])
-    except (KeyError, ValueError):
-        raise InvalidRequest("version_ms must be an integer") from None
-    if version_ms <= 0:
-        raise InvalidRequest("version_ms must be > 0")
+    version_ms = query_int(request, "version_ms", default=None, low=1, high=2**63 - 1)
     await ctx(request).service.delete_namespace(namespace, version_ms, source="replication")
     return web.Response(status=204)
 

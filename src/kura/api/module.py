@@ -22,6 +22,7 @@ from kura.api.http import (
     read_small_body,
     request_body,
 )
+from kura.api.query import query_int
 from kura.api.scope import namespace_of
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import SAFE_NAME, validate
@@ -62,10 +63,7 @@ def _upload_id(request: web.Request) -> str:
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda _s: MAX_PART_BYTES)
 async def part(request: web.Request) -> web.StreamResponse:
     upload_id = _upload_id(request)
-    try:
-        number = int(request.query.get("part_number", ""))
-    except ValueError:
-        raise InvalidRequest("Invalid part_number") from None
+    number = query_int(request, "part_number", default=None, low=0, high=2**31 - 1)
     await ctx(request).uploads.put_part(
         upload_id, number, request_body(request, PROTOCOL), declared_length(request)
     )

@@ -25,7 +25,8 @@ miss; nothing of the damaged file is sent. The cost is one whole-file hash per r
 a large blob (XXH3-128 reads at several GB/s; see docs/benchmarks.md). A file that turns out
 shorter while the range is sent aborts the connection (``DamagedBlob``), as for a 200.
 
-Not here: ``If-None-Match``/``If-Match`` (kura answers 200 regardless), and
+A matching ``If-None-Match`` gets 304 before any range is looked at (``kura.core.conditional``).
+Not here: ``If-Match``/``If-Modified-Since`` (kura sends no Last-Modified), and
 ``multipart/byteranges``.
 """
 
@@ -48,6 +49,7 @@ from kura.core.byte_range import (
     strong_etag,
     unsatisfied_content_range,
 )
+from kura.core.conditional import none_match
 from kura.core.errors import NotFound
 from kura.storage.checksum import SHA256, XXH3_128
 from kura.storage.service import CacheService, StoredBody
@@ -68,6 +70,9 @@ async def ranged_response(
     size = body.manifest.size
     etag = strong_etag(body.manifest.sha256)
     headers = {"Accept-Ranges": "bytes", "ETag": etag, **(extra_headers or {})}
+    if none_match(request.headers.getall("If-None-Match", []), etag):
+        body.close()
+        return web.Response(status=304, headers=headers)
     ranges = request.headers.getall("Range", [])
     # Two Range fields are no valid single range (§5.3 would join them into a list).
     answer = choose(

@@ -10,6 +10,9 @@ object (clients.md). If PROPFIND or MKCOL answered 405 every write would fail, s
   opendal's parser requires it and fails the whole write ("deserialize xml") without it;
 * ``PROPFIND`` on a stored key answers 207 with its length, otherwise 404;
 * ``PUT`` answers 201 for a new key and 204 for a replaced one (RFC 4918 §9.7.1).
+
+Entries live in namespace ``""``, or under ``/ns/{namespace}{prefix}`` in that namespace
+(``kura.api.scope``); a ``DELETE`` of the root collection cleans it (``kura.api.namespace``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from aiohttp import web
 from kura.api.auth import Access
 from kura.api.blob import serve, store
 from kura.api.http import ctx, endpoint, read_small_body
+from kura.api.scope import path_namespace
 from kura.core.errors import NotFound
 from kura.core.keys import PATH_KEY, validate
 from kura.storage.service import ArtifactRef
@@ -31,7 +35,9 @@ PROPFIND_BODY_LIMIT_BYTES = 64 * 1024
 
 
 def _ref(request: web.Request) -> ArtifactRef:
-    return ArtifactRef("dav", "", validate(request.match_info["key"], PATH_KEY, "WebDAV path"))
+    return ArtifactRef(
+        "dav", path_namespace(request), validate(request.match_info["key"], PATH_KEY, "WebDAV path")
+    )
 
 
 def _multistatus(href: str, props: str) -> web.Response:

@@ -10,6 +10,8 @@ drop artifacts (age expiry) live in their own modules beside this one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kura.core.eviction import bytes_to_free
 from kura.storage.state import StorageState
 
@@ -35,12 +37,47 @@ class Eviction(StorageState):
                 need -= victim[1]
                 if need <= 0:
                     break
-            index.delete(v[0] for v in victims)
-            self.hot.invalidate([v[0] for v in victims])
-            for aid, size, inline in victims:
-                if not inline:
-                    self.files.remove_artifact(aid)
-                self.stats.used_bytes -= size
-                self.stats.artifacts -= 1
-                self.stats.evictions_total += 1
-                self.stats.evicted_bytes_total += size
+            self._drop_sync(victims)
+            self.stats.evictions_total += len(victims)
+            self.stats.evicted_bytes_total += sum(v[1] for v in victims)
+
+    def _drop_sync(self, victims: Sequence[tuple[str, int, bool]]) -> None:
+        """Writer thread: delete ``(artifact_id, size, inline)`` rows (and their digests, one
+        transaction), hot-cache entries and blob files, and follow in the disk accounting. The
+        one path eviction and expiry share; nothing is replicated (both are local)."""
+        index = self._require_index()
+        index.delete(v[0] for v in victims)
+        self.hot.invalidate([v[0] for v in victims])
+        for aid, size, inline in victims:
+            if not inline:
+                self.files.remove_artifact(aid)
+            self.stats.used_bytes -= size
+            self.stats.artifacts -= 1
+
+    async def drop_unused(self, cutoff_ms: int, limit: int) -> list[tuple[str, int, bool]]:
+        """Expiry (``storage.expiry``): delete up to ``limit`` artifacts last used before
+        ``cutoff_ms`` (wall-clock ms), oldest first, through eviction's path; return them as
+        ``(artifact_id, size, inline)``, empty when none is that old. Access times still in
+        memory are recorded first, and one touched meanwhile is kept, so a read since the last
+        flush always counts. Under a bootstrap's eviction floor (``StorageHooks``) nothing used
+        at or after the floor goes. Raises ``ResourceExhausted`` while the index is read-only."""
+        self._check_writable()
+        return await self._in(
+            self._writer, self._drop_unused_sync, cutoff_ms, limit, self._take_touches()
+        )
+
+    def _drop_unused_sync(
+        self, cutoff_ms: int, limit: int, touches: dict[str, int]
+    ) -> list[tuple[str, int, bool]]:
+        index = self._require_index()
+        if touches:
+            index.touch(touches)
+        floor = self.hooks.eviction_floor_ms()
+        before = cutoff_ms if floor is None else min(cutoff_ms, floor)
+        pending = self._touches  # read only: the event loop may add to it meanwhile
+        victims = [
+            v for v in index.least_recently_used(limit, "", before) if pending.get(v[0], 0) < before
+        ]
+        if victims:
+            self._drop_sync(victims)
+        return victims

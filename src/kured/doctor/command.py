@@ -29,7 +29,7 @@ import aiohttp
 from kit.settings import SettingsError, parse_duration
 from kured.apiserver import ApiServer
 from kured.core.errors import ApiError, ConfigurationError
-from kured.doctor import host, kernel, kube, lock, prometheus
+from kured.doctor import host, kernel, kube, lock, prometheus, reach
 from kured.doctor.finding import Report, fail, warn
 from kured.settings import Settings, add_arguments, load_settings
 
@@ -62,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
         "the fix; exit 1 on any FAIL.",
     )
     add_arguments(p)
+    for action in p._actions:  # the agent requires --node-id; the doctor defaults it
+        if action.dest == "node_id":
+            action.help = "this node's name (default: this host's name) (env KURED_NODE_ID)"
     doctor = p.add_argument_group("doctor")
     doctor.add_argument(
         "--node-count",
@@ -130,6 +133,15 @@ async def diagnose(s: Settings, args: argparse.Namespace) -> Report:
                 await api.close()
     else:
         report.skip("pdb", "no --kubeconfig and --lock-backend is not kubernetes")
+    if s.lock_backend == "etcd":
+        report.add(await reach.check_etcd(s))
+    else:
+        report.skip("etcd", f"--lock-backend is {s.lock_backend}")
+    if s.gate_url:
+        async with aiohttp.ClientSession() as session:
+            report.add(await reach.check_gates(session, s))
+    else:
+        report.skip("gate", "no --gate-url")
     if s.prometheus_url:
         expected = (
             args.node_count if args.node_count is not None else (len(names) if names else None)
