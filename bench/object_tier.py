@@ -20,12 +20,13 @@ For each repeat, for each size (interleaved; the node measured first alternates 
    queue is empty and every byte is uploaded (``kura_object_store_upload_queue_messages`` = 0 and
    ``kura_object_store_uploaded_bytes_total`` grew by ``n`` x size): ``drain_after_s`` is the time
    from the last acknowledgement to then, ``in_bucket_MBps`` the payload over first PUT to drained.
-2. GET hit: the same ``n`` keys from the node that stored them (local disk, page-cache hot).
+2. GET hit: the same ``n`` keys from the node that stored them, four times over, each pass in
+   another random order (local disk, page-cache hot; four passes so a case lasts long enough).
 3. GET miss: ``tier``'s keys from ``fill`` (a fill from the bucket) and ``disk``'s keys from
    ``peer`` (a read-through); the number of rows in each node's index is checked to grow by
    ``n``, i.e. every request was a miss that was stored locally.
 
-Each case is ``n`` requests by ``--concurrency`` aiohttp workers in this process (the same client
+Each case is ``n`` requests (a hit case ``4 n``) by ``--concurrency`` aiohttp workers in this process (the same client
 for every case); req/s = successful requests / wall time, MB/s = payload (10^6 bytes) / s. The
 result is one JSON document on stdout (every repeat, medians, ratios tier/disk-only, load average
 before/after each case and the run, machine, versions); a Markdown table goes to stderr.
@@ -45,6 +46,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import random
 import sqlite3
 import statistics
 import subprocess
@@ -65,6 +67,7 @@ MB = 1_000_000
 # Requests per case and per size (full, --quick), and workers per size.
 COUNTS = {1 << 10: (1500, 300), 64 << 10: (800, 150), 1 << 20: (200, 50), 64 << 20: (8, 4)}
 CONCURRENCY = {1 << 10: 16, 64 << 10: 16, 1 << 20: 8, 64 << 20: 2}
+HIT_PASSES = 4  # a hit case reads its n keys this often (each pass in its own random order)
 COMMON = {
     "KURA_MAX_DISK_BYTES": "1TiB",  # no eviction during the run
     "KURA_TMP_DIR_MAX_BYTES": "4GiB",  # concurrent fills of 64 MiB fit the staging budget
@@ -231,8 +234,9 @@ async def one_size(nodes: Nodes, size: int, n: int, conc: int, repeat: int, tag:
             result["drain_after_s"] = round(after, 3)
             result["in_bucket_MBps"] = round(n * size / (result["seconds"] + after) / MB, 2)
         rows.append(case_row("put", name, size, repeat, result))
-    for name in order:  # GET hit, from the node that stored them
-        result = await measured(load(url[name], "GET", keys[name], size, conc))
+    for name in order:  # GET hit, from the node that stored them, ``HIT_PASSES`` times
+        hits = [k for p in range(HIT_PASSES) for k in random.Random(p).sample(keys[name], n)]
+        result = await measured(load(url[name], "GET", hits, size, conc))
         rows.append(case_row("get_hit", name, size, repeat, result))
     # GET miss: fill from the bucket / read-through from the disk-only peer.
     misses = [("fill", "tier"), ("peer", "disk")]
@@ -387,6 +391,11 @@ async def main() -> int:
             "tier": "KURA_OBJECT_STORE_URL=s3://kura/bench on one local weed server",
             "concurrency": {fmt_size(s): args.concurrency or CONCURRENCY.get(s, 8) for s in sizes},
             "repeats": repeat,
+            "hit_passes": HIT_PASSES,
+            "requests": {
+                fmt_size(s): args.requests or COUNTS.get(s, (100, 20))[1 if args.quick else 0]
+                for s in sizes
+            },
         },
         **summary,
         "rows": rows,
