@@ -26,16 +26,18 @@ For each repeat, for each size (interleaved; the node measured first alternates 
    ``peer`` (a read-through); the number of rows in each node's index is checked to grow by
    ``n``, i.e. every request was a miss that was stored locally.
 
-Each case is ``n`` requests (a hit case ``4 n``) by ``--concurrency`` aiohttp workers in this process (the same client
-for every case); req/s = successful requests / wall time, MB/s = payload (10^6 bytes) / s. The
-result is one JSON document on stdout (every repeat, medians, ratios tier/disk-only, load average
-before/after each case and the run, machine, versions); a Markdown table goes to stderr.
+Each case is ``n`` requests (a hit case ``4 n``) by ``--concurrency`` aiohttp workers in this
+process (the same client for every case); req/s = successful requests / wall time, MB/s =
+payload (10^6 bytes) / s. The result is one JSON document on stdout (every repeat, medians,
+ratios tier/disk-only of the medians and within each repeat, load average before/after each case
+and the run, machine, versions); a Markdown table goes to stderr.
 
 Usage::
 
     .venv/bin/python bench/object_tier.py            # 1K, 64K, 1M; 3 repeats (a few minutes)
     .venv/bin/python bench/object_tier.py --quick    # smaller n, 1 repeat
     .venv/bin/python bench/object_tier.py --sizes 1K,64K,1M,64M --repeat 3
+    .venv/bin/python bench/object_tier.py --table-from saved.json   # the table again
 """
 
 from __future__ import annotations
@@ -249,6 +251,11 @@ async def one_size(nodes: Nodes, size: int, n: int, conc: int, repeat: int, tag:
     return rows
 
 
+def rate(row: dict[str, Any]) -> float:
+    """Successful requests per second, unrounded."""
+    return float(row["ok"] / row["seconds"]) if row["seconds"] else 0.0
+
+
 def summarise(rows: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
     medians: dict[str, dict[str, Any]] = {}
     for size in map(fmt_size, sizes):
@@ -259,7 +266,7 @@ def summarise(rows: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
             per.setdefault(f"{row['case']}/{row['node']}", []).append(row)
         medians[size] = {
             key: {
-                "req_s": statistics.median(r["req_s"] for r in group),
+                "req_s": round(statistics.median(map(rate, group)), 2),
                 "MBps": statistics.median(r["MBps"] for r in group),
                 "p50_ms": statistics.median(r["p50_ms"] or 0 for r in group),
                 "p99_ms": statistics.median(r["p99_ms"] or 0 for r in group),
@@ -287,12 +294,32 @@ def summarise(rows: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
         ),
         "get_miss_read_through/disk get_hit": ("get_miss_read_through/peer", "get_hit/disk"),
     }
-    for size, med in medians.items():
+
+    def case_of(r: dict[str, Any]) -> tuple[str, str]:
+        return r["size"], f"{r['case']}/{r['node']}"
+
+    exact = {  # unrounded medians of req/s
+        key: statistics.median(rate(r) for r in rows if case_of(r) == key)
+        for key in {case_of(r) for r in rows}
+    }
+    # The same ratios within each repeat (the two cases ran minutes apart at most).
+    by = {(r["size"], r["repeat"], f"{r['case']}/{r['node']}"): rate(r) for r in rows}
+    repeats = sorted({r["repeat"] for r in rows})
+    per_repeat: dict[str, dict[str, list[float]]] = {}
+    for size in medians:
         ratios[size] = {
-            label: round(med[a]["req_s"] / med[b]["req_s"], 3) if med[b]["req_s"] else None
+            label: round(exact[(size, a)] / exact[(size, b)], 3) if exact[(size, b)] else None
             for label, (a, b) in pairs.items()
         }
-    return {"medians": medians, "ratios": ratios}
+        per_repeat[size] = {
+            label: [
+                round(by[(size, k, a)] / by[(size, k, b)], 3)
+                for k in repeats
+                if by.get((size, k, b)) and (size, k, a) in by
+            ]
+            for label, (a, b) in pairs.items()
+        }
+    return {"medians": medians, "ratios": ratios, "ratios_per_repeat": per_repeat}
 
 
 def versions() -> dict[str, str]:
@@ -330,7 +357,11 @@ def table(summary: dict[str, Any]) -> str:
         return f"{m['req_s']} ({m['MBps']})"
 
     for size, med in summary["medians"].items():
-        rat = summary["ratios"][size]
+        each = summary["ratios_per_repeat"][size]
+        rat = {
+            k: f"**{v}** ({', '.join(map(str, each[k]))})"
+            for k, v in summary["ratios"][size].items()
+        }
         put = med["put/tier"]
         lines += [
             f"| {size} | PUT | {cell(med['put/disk'])} | {cell(put)} | {rat['put tier/disk']} |",
@@ -355,7 +386,12 @@ async def main() -> int:
     parser.add_argument("--requests", type=int, help="requests per case (default: per size)")
     parser.add_argument("--concurrency", type=int, help="workers per case (default: per size)")
     parser.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")
+    parser.add_argument("--table-from", type=Path, help="print the table of a saved JSON document")
     args = parser.parse_args()
+    if args.table_from:
+        saved = json.loads(args.table_from.read_text())
+        print(table(summarise(saved["rows"], [parse_size(s) for s in saved["medians"]])))
+        return 0
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     repeat = args.repeat or (1 if args.quick else 3)
     run_load = {"before": loadavg()}
