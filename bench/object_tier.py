@@ -28,7 +28,8 @@ For each repeat, for each size (interleaved; the node measured first alternates 
 
 Each case is ``n`` requests (a hit case ``4 n``) by ``--concurrency`` aiohttp workers in this
 process (the same client for every case); req/s = successful requests / wall time, MB/s =
-payload (10^6 bytes) / s. The result is one JSON document on stdout (every repeat, medians,
+payload (10^6 bytes) / s; ``cpu_s`` is the CPU seconds each process (``weed`` and the four
+nodes) used during the case. The result is one JSON document on stdout (every repeat, medians,
 ratios tier/disk-only of the medians and within each repeat, load average before/after each case
 and the run, machine, versions); a Markdown table goes to stderr.
 
@@ -201,6 +202,14 @@ class Nodes:
                         raise RuntimeError(f"{url} not ready")
                     await asyncio.sleep(0.1)
 
+    def cpu(self) -> dict[str, float]:
+        assert self.weed.proc is not None
+        pids = {
+            "weed": self.weed.proc.pid,
+            **{n: p.pid for n, p in zip(self.urls, self.procs, strict=True)},
+        }
+        return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
     def stop(self) -> None:
         for proc in self.procs:
             stop_node(proc)
@@ -211,10 +220,18 @@ def case_row(case: str, node: str, size: int, repeat: int, result: dict[str, Any
     return {"case": case, "node": node, "size": fmt_size(size), "repeat": repeat, **result}
 
 
-async def measured(coro: Any) -> dict[str, Any]:
-    before = loadavg()
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (``/proc/<pid>/stat``, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measured(nodes: Nodes, coro: Any) -> dict[str, Any]:
+    """``coro``'s result plus the load average around it and each process's CPU seconds."""
+    before, cpu = loadavg(), nodes.cpu()
     result = await coro
-    return {**result, "load_before": before, "load_after": loadavg()}
+    used = {name: round(s - cpu[name], 2) for name, s in nodes.cpu().items()}
+    return {**result, "load_before": before, "load_after": loadavg(), "cpu_s": used}
 
 
 async def one_size(nodes: Nodes, size: int, n: int, conc: int, repeat: int, tag: str) -> list:
@@ -227,24 +244,28 @@ async def one_size(nodes: Nodes, size: int, n: int, conc: int, repeat: int, tag:
     order = ["disk", "tier"] if repeat % 2 == 0 else ["tier", "disk"]
     url = nodes.urls
     for name in order:  # PUT
-        if name == "tier":
+
+        async def put(name: str = name) -> dict[str, Any]:
             async with aiohttp.ClientSession() as s:
                 uploaded_before = await metric(s, url["tier"], UPLOADED)
-        result = await measured(load(url[name], "PUT", keys[name], size, conc, body))
-        if name == "tier":
-            after = await drain(url["tier"], uploaded_before, n * size, timeout=600)
-            result["drain_after_s"] = round(after, 3)
-            result["in_bucket_MBps"] = round(n * size / (result["seconds"] + after) / MB, 2)
+            result = await load(url[name], "PUT", keys[name], size, conc, body)
+            if name == "tier":  # the CPU figures include the drain
+                after = await drain(url["tier"], uploaded_before, n * size, timeout=600)
+                result["drain_after_s"] = round(after, 3)
+                result["in_bucket_MBps"] = round(n * size / (result["seconds"] + after) / MB, 2)
+            return result
+
+        result = await measured(nodes, put())
         rows.append(case_row("put", name, size, repeat, result))
     for name in order:  # GET hit, from the node that stored them, ``HIT_PASSES`` times
         hits = [k for p in range(HIT_PASSES) for k in random.Random(p).sample(keys[name], n)]
-        result = await measured(load(url[name], "GET", hits, size, conc))
+        result = await measured(nodes, load(url[name], "GET", hits, size, conc))
         rows.append(case_row("get_hit", name, size, repeat, result))
     # GET miss: fill from the bucket / read-through from the disk-only peer.
     misses = [("fill", "tier"), ("peer", "disk")]
     for reader, writer in misses if repeat % 2 == 0 else misses[::-1]:
         rows_before = index_rows(nodes.data[reader])
-        result = await measured(load(url[reader], "GET", keys[writer], size, conc))
+        result = await measured(nodes, load(url[reader], "GET", keys[writer], size, conc))
         result["stored_locally"] = index_rows(nodes.data[reader]) - rows_before
         case = "get_miss_fill" if reader == "fill" else "get_miss_read_through"
         rows.append(case_row(case, reader, size, repeat, result))
@@ -272,6 +293,10 @@ def summarise(rows: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
                 "p99_ms": statistics.median(r["p99_ms"] or 0 for r in group),
                 "repeats": len(group),
                 "errors": sum(r["errors"] for r in group),
+                "cpu_s": {
+                    proc: statistics.median(r["cpu_s"][proc] for r in group)
+                    for proc in group[0].get("cpu_s", {})
+                },
                 **(
                     {
                         "drain_after_s": statistics.median(r["drain_after_s"] for r in group),
