@@ -23,8 +23,8 @@ For each repeat, for each size (interleaved; the node measured first alternates 
 2. GET hit: the same ``n`` keys from the node that stored them, four times over, each pass in
    another random order (local disk, page-cache hot; four passes so a case lasts long enough).
 3. GET miss: ``tier``'s keys from ``fill`` (a fill from the bucket) and ``disk``'s keys from
-   ``peer`` (a read-through); the number of rows in each node's index is checked to grow by
-   ``n``, i.e. every request was a miss that was stored locally.
+   ``peer`` (a read-through); how many rows each reader's index grew by is recorded as
+   ``stored_locally`` (``n`` when every request was a miss that was stored locally).
 
 Each case is ``n`` requests (a hit case ``4 n``) by ``--concurrency`` aiohttp workers in this
 process (the same client for every case); req/s = successful requests / wall time, MB/s =
@@ -35,8 +35,8 @@ and the run, machine, versions); a Markdown table goes to stderr.
 
 Usage::
 
-    .venv/bin/python bench/object_tier.py            # 1K, 64K, 1M; 3 repeats (a few minutes)
-    .venv/bin/python bench/object_tier.py --quick    # smaller n, 1 repeat
+    .venv/bin/python bench/object_tier.py            # 1K, 64K, 1M; 3 repeats (5 min here)
+    .venv/bin/python bench/object_tier.py --quick    # smaller n, 1 repeat (1 min)
     .venv/bin/python bench/object_tier.py --sizes 1K,64K,1M,64M --repeat 3
     .venv/bin/python bench/object_tier.py --table-from saved.json   # the table again
 """
