@@ -1,6 +1,6 @@
 """GET and PUT throughput of kura with the object-storage tier against kura on disk only.
 
-Starts a real SeaweedFS (``weed server -filer -s3`` on loopback, ``kura.demo.seaweedfs``) and
+Starts a real SeaweedFS (``weed server -filer -s3`` on loopback, ``kura.demo.launch.seaweedfs``) and
 four lone ``kura serve`` processes in the same run (``bench.replication.start_node``, i.e. the
 shared launchers in ``kura.demo.launch``):
 
@@ -64,7 +64,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.cachebench import fmt_size, parse_size
 from bench.replication import free_port, percentile, start_node, stop_node
-from kura.demo.seaweedfs import SeaweedFS, weed_binary
+from kura.demo.launch.seaweedfs import SeaweedFS, weed_binary
 
 MB = 1_000_000
 # Requests per case and per size (full, --quick), and workers per size.
