@@ -16,7 +16,10 @@ import sqlite3
 from pathlib import Path
 
 import httpx
+import obstore
+from obstore.store import S3Store
 
+from kura.core.keys import artifact_id
 from kura.core.object_layout import namespace_prefix
 from kura.demo.launch.seaweedfs import SeaweedFS
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
@@ -169,3 +172,54 @@ def a_id(node: NodeProcess) -> str:
         return str(conn.execute("SELECT artifact_id FROM artifacts").fetchone()[0])
     finally:
         conn.close()
+
+
+def overwrite_raw(server: SeaweedFS, prefix: str, key: str, data: bytes) -> None:
+    """Put ``data`` at ``key`` in bucket ``kura`` as it is (not in kura's format), with obstore."""
+    env = server.env("kura", prefix)
+    store = S3Store(
+        "kura",
+        prefix=prefix,
+        endpoint=env["AWS_ENDPOINT_URL"],
+        region=env["AWS_REGION"],
+        access_key_id=env["AWS_ACCESS_KEY_ID"],
+        secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        client_options={"allow_http": True},
+    )
+    obstore.put(store, key, data)
+
+
+def test_a_malformed_object_is_a_miss_and_the_next_write_or_clean_replaces_it(
+    seaweedfs: SeaweedFS, tier_node: TierNode
+) -> None:
+    """The class: an object whose header is valid JSON but no manifest (``null``, ``[]``, a
+    string) used to be a 500 on a fill and jammed the uploader, which reads the stored version
+    before each upload, so no later write reached the bucket."""
+    a = tier_node("a", prefix="poison")
+    for i, header in enumerate((b"null", b"[]")):
+        key = f"p{i}"
+        assert put(a, key, b"first bytes") in (200, 201)
+        assert wait_for(lambda: drained(a), 30), a.log()[-2000:]
+        [obj] = [k for k in bucket_keys(seaweedfs, "poison") if k.endswith(a_id_of(key))]
+        overwrite_raw(seaweedfs, "poison", obj, b"kura-object 1 %d\n" % len(header) + header)
+        fresh = tier_node(f"fresh{i}", prefix="poison")
+        r = get(fresh, key)
+        assert r.status_code == 404, (header, r.status_code, r.text)
+        assert "Traceback" not in fresh.log()
+        # The next write of the key replaces the malformed object; the queue drains.
+        assert put(a, key, b"second bytes") in (200, 201)
+        assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 30), a.log()[-3000:]
+        other = tier_node(f"other{i}", prefix="poison")
+        assert get(other, key).content == b"second bytes"
+    assert " ERROR " not in a.log(), a.log()[-3000:]
+    # A clean deletes a malformed object of its namespace too.
+    [obj] = [k for k in bucket_keys(seaweedfs, "poison") if k.endswith(a_id_of("p0"))]
+    overwrite_raw(seaweedfs, "poison", obj, b"kura-object 1 4\nnull")
+    assert httpx.delete(a.url + "/cache", timeout=10).status_code == 204
+    assert wait_for(
+        lambda: not bucket_keys(seaweedfs, "poison", namespace_prefix("default", "")), 30
+    )
+
+
+def a_id_of(key: str) -> str:
+    return artifact_id("http", "default", "", key)

@@ -7,6 +7,7 @@ Its JSON form is the wire format peers exchange (kura-behaviour.md §1.4 "Manife
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -62,9 +63,23 @@ class Manifest:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Manifest:
-        """Parse a peer's manifest. Raises ValueError on a missing or mistyped field, or a
-        stored header that ``stored_header_problem`` refuses."""
+    def from_text(cls, text: str | bytes) -> Manifest:
+        """Parse a manifest from its JSON text (a peer's header, a bucket object's header).
+        Raises ValueError on anything that is not a valid manifest: bad JSON, nesting deep
+        enough to exhaust the parser, a top level that is not an object, or what ``from_json``
+        refuses."""
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"invalid manifest: {exc}") from exc
+        return cls.from_json(data)
+
+    @classmethod
+    def from_json(cls, data: object) -> Manifest:
+        """Parse a peer's manifest. Raises ValueError when ``data`` is not a JSON object, on a
+        missing or mistyped field, or a stored header that ``stored_header_problem`` refuses."""
+        if not isinstance(data, dict):
+            raise ValueError(f"invalid manifest: a {type(data).__name__}, not an object")
         try:
             headers = data.get("headers") or {}
             if not isinstance(headers, dict):

@@ -55,6 +55,10 @@ class ObjectStoreError(Unavailable):
         self.result = result
 
 
+class NotKuraObject(ObjectStoreError):
+    """The object at a key is not in kura's format (no header, or one that does not parse)."""
+
+
 @dataclass(frozen=True)
 class ObjectStoreConfig:
     """Where the tier lives. ``url`` is ``s3://bucket/prefix``; the rest comes from the usual
@@ -176,7 +180,9 @@ class ObjectStore:
 
     async def stored_version_ms(self, key: str) -> int | None:
         """The ``version_ms`` of the object at ``key`` (its header, read with a ranged GET), or
-        None when absent. Raises ObjectStoreError."""
+        None when absent, or 0 when it is not a kura object (no or a malformed header), so that
+        any upload replaces it and any clean of its namespace deletes it, instead of a pass
+        failing on it for ever. Raises ObjectStoreError when the store fails."""
         try:
             result = await self._call(
                 "get", obstore.get_async(self._store, key, options={"range": (0, 64 * 1024)})
@@ -187,7 +193,11 @@ class ObjectStore:
         try:
             manifest, _rest = await decode_header(chunks)
         except ValueError:
-            got = await self.get(key)  # a header above 64 KiB (stored headers): read it whole
+            try:
+                got = await self.get(key)  # a header above 64 KiB (stored headers): read it whole
+            except NotKuraObject as exc:
+                log.warning("%s; a write or clean replaces it", exc)
+                return 0
             if got is None:
                 return None
             manifest = got[0]
@@ -207,7 +217,7 @@ class ObjectStore:
         try:
             manifest, rest = await decode_header(chunks)
         except ValueError as exc:
-            raise ObjectStoreError("error", f"object {key} is not a kura object: {exc}") from None
+            raise NotKuraObject("error", f"object {key} is not a kura object: {exc}") from None
         return manifest, _prepend(rest, chunks)
 
     async def head(self, key: str) -> int | None:
@@ -316,7 +326,7 @@ async def decode_header(chunks: AsyncIterator[bytes]) -> tuple[Manifest, bytes]:
                 if more is None:
                     raise ValueError("object ends inside its header")
                 buf += more
-            return Manifest.from_json(json.loads(buf[newline + 1 : end])), buf[end:]
+            return Manifest.from_text(buf[newline + 1 : end]), buf[end:]
         if len(buf) > 64:
             raise ValueError("no kura-object header")
         more = await anext(chunks, None)
