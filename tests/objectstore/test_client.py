@@ -94,8 +94,13 @@ async def test_list_and_delete_prefix(seaweedfs: SeaweedFS) -> None:
 
 async def test_start_check_classifies_config_errors(seaweedfs: SeaweedFS) -> None:
     assert await store_for(seaweedfs).check() is None
-    assert await store_for(seaweedfs, secret="wrong-secret").check() == "auth"
-    assert await store_for(seaweedfs, "no-such-bucket").check() == "bucket_missing"
+    refused = await store_for(seaweedfs, secret="wrong-secret").check()
+    assert refused is not None
+    assert refused.result == "auth"
+    missing = await store_for(seaweedfs, "no-such-bucket").check()
+    assert missing is not None
+    assert missing.result == "bucket_missing"
+    assert "object store" in str(missing)
 
 
 @pytest.mark.parametrize(

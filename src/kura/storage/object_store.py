@@ -273,9 +273,10 @@ class ObjectStore:
             deleted += len(page)
         return deleted
 
-    async def check(self) -> str | None:
+    async def check(self) -> ObjectStoreError | None:
         """At start: list the prefix and write, read and delete one probe object. None when
-        all worked, else the ``RESULTS`` value of the first failure (the error is logged)."""
+        all worked, else the first failure (its ``result`` is a ``RESULTS`` value, its message
+        the store's own words, e.g. a refused credentials lookup)."""
         probe = f".kura-start-check/{time.time_ns()}"
         try:
             async for _page in self.list_prefix(".kura-start-check/"):
@@ -284,7 +285,7 @@ class ObjectStore:
             await self.put_file(probe, header, b"")
             await self.delete_many([probe])
         except ObjectStoreError as exc:
-            return exc.result
+            return exc
         return None
 
     async def _call(self, op: str, awaitable: Any) -> Any:

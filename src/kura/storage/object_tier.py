@@ -87,7 +87,8 @@ class ObjectTier:
     async def check_start(self) -> None:
         """Raise ``StartError`` when the bucket is missing or the credentials are refused; log
         a WARNING and carry on when the store cannot be reached now (the outbox holds writes)."""
-        result = await self.store.check()
+        failure = await self.store.check()
+        result = None if failure is None else failure.result
         if result in ("bucket_missing", "auth"):
             cfg = self.store.config
             what = (
@@ -105,7 +106,7 @@ class ObjectTier:
                 "object store %s not usable at start (%s); writes queue in the outbox and upload "
                 "when it answers",
                 self.store.describe(),
-                result,
+                failure,
             )
 
     # -- fills -------------------------------------------------------------------------------
