@@ -363,6 +363,17 @@ class Node:
             # Healthy again after a partition: catch up from the cursor (mesh.incremental).
             self.bootstrapper.peer_joined(node_url)
 
+    def _object_store_status(self) -> dict[str, Any] | None:
+        """The tier's part of ``/status``: where, and how far the uploads are behind."""
+        if self.object_tier is None:
+            return None
+        stats = self.object_tier.store.stats
+        return {
+            "store": self.object_tier.store.describe(),
+            "upload_queue_messages": stats.upload_queue_depth,
+            "oldest_upload_age_seconds": round(stats.upload_oldest_age_seconds, 1),
+        }
+
     def status(self) -> dict[str, Any]:
         """The mesh as this node sees it (``GET /status``, ``kura status``)."""
         now_ms = self.clock.now_ms()
@@ -426,7 +437,9 @@ class Node:
             "ready": not reasons,
             "reasons": reasons,
             "warnings": self.warnings(),
-            "bootstrap": bootstrap,
+            # With the object-storage tier a node never bootstraps: its data is the bucket's.
+            "bootstrap": bootstrap if self.object_tier is None else None,
+            "object_store": self._object_store_status(),
             "anti_entropy": self.anti_entropy.summary(),
             "generation": self.membership.generation,
             "peers": peers,

@@ -80,6 +80,16 @@ def render_status(status: dict[str, Any]) -> str:
         f"{human_bytes(status['tmp_capacity_bytes'])} reserved; "
         f"outbox {status['outbox_messages']} messages",
     ]
+    store = status.get("object_store")
+    if store:
+        lines.append(
+            f"object store {store['store']}: {store['upload_queue_messages']} uploads queued"
+            + (
+                f", the oldest {store['oldest_upload_age_seconds']:g} s old"
+                if store["upload_queue_messages"]
+                else ""
+            )
+        )
     bootstrap = status.get("bootstrap")
     if bootstrap:
         lines.append(bootstrap_line(bootstrap))

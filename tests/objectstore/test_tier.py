@@ -14,6 +14,8 @@ import hashlib
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -227,3 +229,23 @@ def test_a_malformed_object_is_a_miss_and_the_next_write_or_clean_replaces_it(
 
 def a_id_of(key: str) -> str:
     return artifact_id("http", "default", "", key)
+
+
+def test_status_shows_the_store_and_no_bootstrap_on_a_tier_node(tier_node: TierNode) -> None:
+    a = tier_node("a", prefix="status")
+    assert put(a, "s1", b"status bytes") in (200, 201)
+    assert wait_for(lambda: drained(a), 30), a.log()[-2000:]
+    status = httpx.get(a.url + "/status", timeout=10).json()
+    assert status["bootstrap"] is None  # a tier node never bootstraps
+    store = status["object_store"]
+    assert store["store"].startswith("s3://kura/status")
+    assert store["upload_queue_messages"] == 0
+    shown = subprocess.run(
+        [sys.executable, "-m", "kura.cli", "status", "--url", a.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"object store {store['store']}: 0 uploads queued" in shown.stdout
+    assert "bootstrap" not in shown.stdout
