@@ -16,7 +16,10 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
   at once, INVALID_ARGUMENT) and the SHA-256 is checked at the end. Its ``write_offset``,
   ``committed_size`` and ``QueryWriteStatus`` count compressed bytes, so a dropped zstd write
   resumes at the compressed byte it stopped at; an already stored blob answers
-  ``committed_size`` -1 (remote_execution.proto, "if this is a compressed upload").
+  ``committed_size`` -1 (remote_execution.proto, "if this is a compressed upload"). The byte
+  counters (``kura_http_received_bytes_total``, ``kura_http_sent_bytes_total``, protocol
+  ``grpc``) count the bytes
+  on the wire, compressed or not.
 * ``Write``: resumable through ``kura.grpc.uploads`` (the whole size reserved from the tmp
   budget before the first byte is staged, size and SHA-256 checked at the end). Every message
   must carry ``write_offset`` == bytes committed so far; a jump, a resource name that changes
