@@ -18,8 +18,7 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
   resumes at the compressed byte it stopped at; an already stored blob answers
   ``committed_size`` -1 (remote_execution.proto, "if this is a compressed upload"). The byte
   counters (``kura_http_received_bytes_total``, ``kura_http_sent_bytes_total``, protocol
-  ``grpc``) count the bytes
-  on the wire, compressed or not.
+  ``grpc``) count the bytes on the wire, compressed or not.
 * ``Write``: resumable through ``kura.grpc.uploads`` (the whole size reserved from the tmp
   budget before the first byte is staged, size and SHA-256 checked at the end). Every message
   must carry ``write_offset`` == bytes committed so far; a jump, a resource name that changes
