@@ -30,11 +30,15 @@ def digest(data: bytes) -> reapi.Digest:
     return reapi.Digest(hash=hashlib.sha256(data).hexdigest(), size_bytes=len(data))
 
 
-def blob_name(data: bytes, instance: str = "", upload: str | None = None) -> str:
+def blob_name(
+    data: bytes, instance: str = "", upload: str | None = None, compressor: str = ""
+) -> str:
+    """The ByteStream name of ``data``; ``compressor`` (e.g. ``zstd``) names compressed-blobs."""
     d = digest(data)
     head = f"{instance}/" if instance else ""
     up = f"uploads/{upload}/" if upload is not None else ""
-    return f"{head}{up}blobs/{d.hash}/{d.size_bytes}"
+    kind = f"compressed-blobs/{compressor}" if compressor else "blobs"
+    return f"{head}{up}{kind}/{d.hash}/{d.size_bytes}"
 
 
 @dataclass

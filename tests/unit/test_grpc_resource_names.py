@@ -17,6 +17,7 @@ U = "9f3c2a1e-0000-4000-8000-000000000001"
         (f"blobs/{H}/12", BlobName("", H, 12)),
         (f"main/blobs/{H}/0", BlobName("main", H, 0)),
         (f"compressed-blobs/identity/{H}/5", BlobName("", H, 5)),
+        (f"compressed-blobs/zstd/{H}/5", BlobName("", H, 5, compressor="zstd")),
     ],
 )
 def test_read_names(name: str, expected: BlobName) -> None:
@@ -30,6 +31,7 @@ def test_read_names(name: str, expected: BlobName) -> None:
         (f"team-a/uploads/{U}/blobs/{H}/12", BlobName("team-a", H, 12, U)),
         (f"uploads/{U}/blobs/{H}/12/some/metadata", BlobName("", H, 12, U)),
         (f"uploads/{U}/compressed-blobs/identity/{H}/3", BlobName("", H, 3, U)),
+        (f"uploads/{U}/compressed-blobs/zstd/{H}/3", BlobName("", H, 3, U, "zstd")),
         (f"blobs/{H}/7", BlobName("", H, 7, "")),
         (f"main/blobs/{H}/7", BlobName("main", H, 7, "")),
     ],
@@ -49,7 +51,8 @@ def test_write_names(name: str, expected: BlobName) -> None:
         f"blobs/{H}/99999999999999999999",
         f"a/b/blobs/{H}/1",
         f".hidden/blobs/{H}/1",
-        f"compressed-blobs/zstd/{H}/1",
+        f"compressed-blobs/deflate/{H}/1",
+        f"compressed-blobs/ZSTD/{H}/1",
         f"compressed-blobs/{H}/1",
         f"blobs/{H}/1/extra",
         "x" * 2000,

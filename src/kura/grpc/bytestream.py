@@ -8,6 +8,17 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
   digest first, as HTTP GETs are (``kura.api.file_response.verified_chunks``): the last chunk
   is held back until the whole blob hashed right, so a damaged blob ends the stream with an
   error (NOT_FOUND, the entry quarantined), never a complete wrong one.
+* ``compressed-blobs/zstd/…`` (``kura.grpc.zstd_stream``; blobs are stored uncompressed): a Read
+  sends one zstd frame of the bytes from ``read_offset`` (an offset in the uncompressed blob) to
+  the end, and a non-zero ``read_limit`` is INVALID_ARGUMENT (remote_execution.proto, "When
+  downloading compressed blobs"). A Write's name carries the uncompressed hash and size: that
+  size is reserved, the stream is decompressed as it arrives (output past the size is refused
+  at once, INVALID_ARGUMENT) and the SHA-256 is checked at the end. Its ``write_offset``,
+  ``committed_size`` and ``QueryWriteStatus`` count compressed bytes, so a dropped zstd write
+  resumes at the compressed byte it stopped at; an already stored blob answers
+  ``committed_size`` -1 (remote_execution.proto, "if this is a compressed upload"). The byte
+  counters (``kura_http_received_bytes_total``, ``kura_http_sent_bytes_total``, protocol
+  ``grpc``) count the bytes on the wire, compressed or not.
 * ``Write``: resumable through ``kura.grpc.uploads`` (the whole size reserved from the tmp
   budget before the first byte is staged, size and SHA-256 checked at the end). Every message
   must carry ``write_offset`` == bytes committed so far; a jump, a resource name that changes
@@ -38,8 +49,9 @@ from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
 from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.core.errors import InvalidRequest, KuraError, NotFound
+from kura.grpc import zstd_stream
 from kura.grpc.common import GrpcContext, OutOfRange, rpc, streaming_rpc
-from kura.grpc.resource_names import BlobName, parse_read, parse_write
+from kura.grpc.resource_names import IDENTITY, BlobName, parse_read, parse_write
 from kura.grpc.uploads import Upload, Uploads
 from kura.storage.artifact import PutResult
 
@@ -64,7 +76,11 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             )
         if request.read_limit < 0:
             raise InvalidRequest(f"read_limit {request.read_limit} is negative")
+        if request.read_limit and name.compressor != IDENTITY:
+            raise InvalidRequest("read_limit must be 0 when reading compressed-blobs")
         if name.size_bytes == 0 and name.sha256 == EMPTY_SHA256:
+            if name.compressor != IDENTITY:
+                yield bs.ReadResponse(data=zstd_stream.EMPTY_FRAME)
             return
         try:
             body = await self.gc.service.read(cas_ref(name.namespace, name.sha256))
@@ -82,7 +98,10 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             end = name.size_bytes
             if request.read_limit:
                 end = min(end, request.read_offset + request.read_limit)
-            async for piece in _verified_range(self.gc, body, request.read_offset, end):
+            pieces = _verified_range(self.gc, body, request.read_offset, end)
+            if name.compressor != IDENTITY:
+                pieces = zstd_stream.compressed(pieces, end - request.read_offset)
+            async for piece in pieces:
                 self.gc.metrics.bytes_out_child("grpc").inc(len(piece))
                 yield bs.ReadResponse(data=piece)
         finally:
@@ -102,7 +121,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                     name = parse_write(request.resource_name)
                     self.gc.check(context, Access.WRITE, name.namespace)
                     if await self._stored(name):
-                        return bs.WriteResponse(committed_size=name.size_bytes)
+                        return bs.WriteResponse(committed_size=_done_size(name))
                     upload = self._open(name, request.write_offset)
                 elif request.resource_name and request.resource_name != first.resource_name:
                     raise InvalidRequest("resource_name changed in the middle of a Write stream")
@@ -172,6 +191,8 @@ class ByteStream(bs_grpc.ByteStreamServicer):
         return self.uploads.open(name.session_key, lambda chunks: self._store(name, chunks))
 
     def _store(self, name: BlobName, chunks: AsyncIterator[bytes]) -> asyncio.Future[PutResult]:
+        if name.compressor != IDENTITY:
+            chunks = zstd_stream.decompressed(chunks, name.size_bytes)
         return asyncio.ensure_future(
             self.gc.service.put_stream(
                 cas_ref(name.namespace, name.sha256),
@@ -188,6 +209,11 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             upload.cancel()  # no upload id: nobody can resume it
         else:
             self.uploads.park(upload)
+
+
+def _done_size(name: BlobName) -> int:
+    """``committed_size`` for a write whose blob is already stored (module docstring)."""
+    return name.size_bytes if name.compressor == IDENTITY else -1
 
 
 async def _within(

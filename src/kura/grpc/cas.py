@@ -2,8 +2,9 @@
 
 * ``GetCapabilities``: SHA-256 only, action-cache updates allowed, ``max_batch_total_size_bytes``
   = ``KURA_GRPC_MAX_MESSAGE_BYTES`` - 64 KiB, API 2.0 (the version of the published stubs,
-  which predate the ``Compressor`` field: identity is the only encoding, as REAPI prescribes for a
-  server that advertises no compressor).
+  which predate the ``Compressor`` field: the batch calls carry identity only, and zstd cannot
+  be advertised; ByteStream serves ``compressed-blobs/zstd/…`` all the same,
+  ``kura.grpc.bytestream``).
 * ``FindMissingBlobs``: one index look-up (peers asked for local misses, read-through).
 * ``BatchUpdateBlobs``: each blob is checked (size, hash) and stored on its own; a bad one gets
   its own INVALID_ARGUMENT status and nothing is stored for it. Blobs already stored intact are

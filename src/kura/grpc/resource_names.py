@@ -8,9 +8,9 @@
   client's write of the same blob, so it is not resumable.
 
 ``instance_name`` may be empty (the name then starts with ``blobs/`` or ``uploads/``); it is the
-namespace (``kura.grpc.common.namespace_of``), so it is one segment. The only compressor is
-``identity`` (the stubs' REAPI 2.0 has no other); any other is INVALID_ARGUMENT, as is a name of
-any other shape, a hash that is not 64 lowercase hex digits or a size that is not a decimal
+namespace (``kura.grpc.common.namespace_of``), so it is one segment. The compressors are
+``identity`` and ``zstd`` (``kura.grpc.zstd_stream``); any other is INVALID_ARGUMENT, as is a
+name of any other shape, a hash that is not 64 lowercase hex digits or a size that is not a decimal
 integer >= 0.
 """
 
@@ -23,6 +23,8 @@ from kura.core.keys import HEX_SHA256, validate
 from kura.grpc.common import namespace_of
 
 MAX_NAME_CHARS = 1024
+IDENTITY = "identity"
+COMPRESSORS = (IDENTITY, "zstd")
 
 
 @dataclass(frozen=True)
@@ -33,20 +35,21 @@ class BlobName:
     sha256: str
     size_bytes: int
     upload_id: str = ""
+    compressor: str = IDENTITY
 
     @property
-    def session_key(self) -> tuple[str, str, str, int]:
-        return (self.namespace, self.upload_id, self.sha256, self.size_bytes)
+    def session_key(self) -> tuple[str, str, str, int, str]:
+        return (self.namespace, self.upload_id, self.sha256, self.size_bytes, self.compressor)
 
 
 def parse_read(name: str) -> BlobName:
     """A Read name (module rules); ``InvalidRequest`` otherwise."""
     parts = _split(name)
     start = _find(parts, ("blobs", "compressed-blobs"), name)
-    blob, rest = _blob(parts[start:], name)
+    (sha256, size, compressor), rest = _blob(parts[start:], name)
     if rest:
         raise InvalidRequest(f"resource name {_shown(name)!r} has segments after the size")
-    return BlobName(namespace_of("/".join(parts[:start])), *blob)
+    return BlobName(namespace_of("/".join(parts[:start])), sha256, size, compressor=compressor)
 
 
 def parse_write(name: str) -> BlobName:
@@ -61,8 +64,8 @@ def parse_write(name: str) -> BlobName:
             raise InvalidRequest(f"resource name {_shown(name)!r} has no upload id after uploads/")
         upload_id = tail[1]
         tail = tail[2:]
-    blob, _metadata = _blob(tail, name)
-    return BlobName(namespace, *blob, upload_id=upload_id)
+    (sha256, size, compressor), _metadata = _blob(tail, name)
+    return BlobName(namespace, sha256, size, upload_id=upload_id, compressor=compressor)
 
 
 def _split(name: str) -> list[str]:
@@ -83,13 +86,15 @@ def _find(parts: list[str], words: tuple[str, ...], name: str) -> int:
     )
 
 
-def _blob(tail: list[str], name: str) -> tuple[tuple[str, int], list[str]]:
+def _blob(tail: list[str], name: str) -> tuple[tuple[str, int, str], list[str]]:
+    compressor = IDENTITY
     if tail and tail[0] == "compressed-blobs":
-        if len(tail) < 2 or tail[1] != "identity":
-            compressor = tail[1] if len(tail) > 1 else ""
+        compressor = tail[1] if len(tail) > 1 else ""
+        if compressor not in COMPRESSORS:
             raise InvalidRequest(
-                f"compressor {compressor[:40]!r} is not supported: GetCapabilities advertises "
-                "none, only identity (uncompressed) blobs are accepted"
+                f"compressor {compressor[:40]!r} is not supported: only "
+                + " and ".join(COMPRESSORS)
+                + " are"
             )
         tail = tail[2:]
     elif tail and tail[0] == "blobs":
@@ -101,7 +106,7 @@ def _blob(tail: list[str], name: str) -> tuple[tuple[str, int], list[str]]:
     sha256 = validate(tail[0], HEX_SHA256, "digest hash")
     if not tail[1].isdecimal() or not tail[1].isascii() or len(tail[1]) > 19:
         raise InvalidRequest(f"size {tail[1][:40]!r} in the resource name is not a byte count")
-    return (sha256, int(tail[1])), tail[2:]
+    return (sha256, int(tail[1]), compressor), tail[2:]
 
 
 def _shown(name: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any, TypeAlias
 from kura.core.errors import Conflict
 from kura.storage.artifact import PutResult
 
-Key: TypeAlias = tuple[str, str, str, int]
+Key: TypeAlias = tuple[str, str, str, int, str]
 QUEUE_CHUNKS = 4
 
 
@@ -70,7 +70,7 @@ class Upload:
 
 
 class Uploads:
-    """The uploads in progress on this node, by (namespace, uuid, hash, size)."""
+    """The uploads in progress on this node, by (namespace, uuid, hash, size, compressor)."""
 
     def __init__(self, resume_seconds: float) -> None:
         self.resume_seconds = resume_seconds
