@@ -25,7 +25,7 @@ HTTP: the standard library's ``http.client`` keep-alive connection. Absolute num
 
 Usage::
 
-    .venv/bin/python -m bench.grpc_cas                        # ~3 min, 3 repeats
+    .venv/bin/python -m bench.grpc_cas                        # ~2 min, 3 repeats
     .venv/bin/python -m bench.grpc_cas --repeat 1 --ops-scale 0.2   # smoke run
     .venv/bin/python -m bench.grpc_cas --bgd /tmp/bgvenv/bin/bgd --json-out out.json
 """
