@@ -27,7 +27,7 @@ Usage::
 
     .venv/bin/python -m bench.grpc_cas                        # ~2 min, 3 repeats
     .venv/bin/python -m bench.grpc_cas --repeat 1 --ops-scale 0.2   # smoke run
-    .venv/bin/python -m bench.grpc_cas --bgd /tmp/bgvenv/bin/bgd --json-out out.json
+    .venv/bin/python -m bench.grpc_cas --bgd /tmp/bg13venv/bin/bgd --json-out out.json
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import http.client
 import importlib.metadata
 import json
 import os
@@ -46,8 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +53,9 @@ import grpc
 from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2_grpc as reapi_grpc,
-)
-from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
-from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
 
 from bench.cachebench import loadavg
+from bench.cas_client import Client, GrpcClient, HttpClient
 from bench.peers import machine_info
 from kura.demo.launch.node import kura_env, spawn_kura
 from kura.demo.launch.process import free_port, stop
@@ -71,121 +65,10 @@ SIZES = {"1K": KiB, "1M": MiB, "64M": 64 * MiB}
 # operations per case and worker count at --ops-scale 1 (a 64 MiB case is a few transfers)
 OPS = {"1K": 300, "1M": 40, "64M": 3}
 SEEDED = {"1K": 100, "1M": 20, "64M": 2}
-MAX_MESSAGE_BYTES = 64 * MiB
 
 
 def log(*a: object) -> None:
     print(*a, file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------- clients
-
-
-class GrpcClient:
-    """One channel: ByteStream + CAS stubs, instance name ``""``."""
-
-    def __init__(self, target: str, chunk_bytes: int) -> None:
-        self.channel = grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
-        grpc.channel_ready_future(self.channel).result(timeout=60)
-        self.bytestream = bs_grpc.ByteStreamStub(self.channel)
-        self.cas = reapi_grpc.ContentAddressableStorageStub(self.channel)
-        self.chunk_bytes = chunk_bytes
-
-    def close(self) -> None:
-        self.channel.close()
-
-    def write(self, blob: tuple[str, bytes]) -> None:
-        sha, data = blob
-        name = f"uploads/{uuid.uuid4()}/blobs/{sha}/{len(data)}"
-        r = self.bytestream.Write(self._requests(name, data), timeout=300)
-        if r.committed_size != len(data):
-            raise RuntimeError(f"Write committed {r.committed_size} of {len(data)}")
-
-    def _requests(self, name: str, data: bytes) -> Iterator[bs.WriteRequest]:
-        view = memoryview(data)
-        pos = 0
-        while True:
-            piece = view[pos : pos + self.chunk_bytes]
-            last = pos + len(piece) >= len(data)
-            yield bs.WriteRequest(
-                resource_name=name if pos == 0 else "",
-                write_offset=pos,
-                data=bytes(piece),
-                finish_write=last,
-            )
-            pos += len(piece)
-            if last:
-                return
-
-    def read(self, blob: tuple[str, int]) -> None:
-        sha, size = blob
-        got = 0
-        for r in self.bytestream.Read(
-            bs.ReadRequest(resource_name=f"blobs/{sha}/{size}"), timeout=300
-        ):
-            got += len(r.data)
-        if got != size:
-            raise RuntimeError(f"Read gave {got} of {size} bytes")
-
-    def batch_update(self, blobs: list[tuple[str, bytes]]) -> None:
-        r = self.cas.BatchUpdateBlobs(
-            reapi.BatchUpdateBlobsRequest(
-                requests=[
-                    reapi.BatchUpdateBlobsRequest.Request(
-                        digest=reapi.Digest(hash=sha, size_bytes=len(data)), data=data
-                    )
-                    for sha, data in blobs
-                ]
-            ),
-            timeout=120,
-        )
-        bad = [x.status.code for x in r.responses if x.status.code != 0]
-        if bad:
-            raise RuntimeError(f"BatchUpdateBlobs: {len(bad)} failed, codes {set(bad)}")
-
-    def find_missing(self, digests: list[reapi.Digest]) -> int:
-        r = self.cas.FindMissingBlobs(
-            reapi.FindMissingBlobsRequest(blob_digests=digests), timeout=120
-        )
-        return len(r.missing_blob_digests)
-
-
-class HttpClient:
-    """One keep-alive ``http.client`` connection to kura's ``/cache/cas/<sha256>``."""
-
-    def __init__(self, url: str) -> None:
-        netloc = url.split("://", 1)[1].rstrip("/")
-        self.conn = http.client.HTTPConnection(netloc, timeout=300)
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def write(self, blob: tuple[str, bytes]) -> None:
-        sha, data = blob
-        self.conn.request("PUT", f"/cache/cas/{sha}", body=data)
-        r = self.conn.getresponse()
-        r.read()
-        if r.status not in (200, 201, 204):
-            raise RuntimeError(f"PUT answered {r.status}")
-
-    def read(self, blob: tuple[str, int]) -> None:
-        sha, size = blob
-        self.conn.request("GET", f"/cache/cas/{sha}")
-        r = self.conn.getresponse()
-        got = 0
-        while chunk := r.read(MiB):
-            got += len(chunk)
-        if r.status != 200 or got != size:
-            raise RuntimeError(f"GET answered {r.status} with {got} of {size} bytes")
-
-
-Client = GrpcClient | HttpClient
 
 
 # ----------------------------------------------------------------- servers
