@@ -103,6 +103,9 @@ class Targets(NoHooks):
     def replication_targets(self) -> Sequence[str]:
         return self.peers
 
+    def artifact_targets(self) -> Sequence[str]:
+        return self.peers
+
 
 class ThreadRecordingStats(StorageStats):
     """StorageStats that records which thread changes ``outbox_depth`` (an observer, not a
