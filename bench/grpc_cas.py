@@ -27,7 +27,7 @@ Usage::
 
     .venv/bin/python -m bench.grpc_cas                        # ~2 min, 3 repeats
     .venv/bin/python -m bench.grpc_cas --repeat 1 --ops-scale 0.2   # smoke run
-    .venv/bin/python -m bench.grpc_cas --bgd /tmp/bg13venv/bin/bgd --json-out out.json
+    .venv/bin/python -m bench.grpc_cas --bgd ../bgvenv/bin/bgd --json-out out.json
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def main() -> None:
     p.add_argument("--write-chunk-bytes", type=int, default=MiB, help="ByteStream.Write message")
     p.add_argument("--find-digests", type=int, default=10_000)
     p.add_argument("--find-calls", type=int, default=5, help="FindMissingBlobs calls per repeat")
-    p.add_argument("--bgd", default=os.environ.get("BGD", "/tmp/bg13venv/bin/bgd"))
+    p.add_argument("--bgd", default=os.environ.get("BGD") or shutil.which("bgd") or "bgd")
     p.add_argument("--json-out", type=Path)
     a = p.parse_args()
 
