@@ -33,6 +33,7 @@ int main(void){ printf("hello %s\\n", "kura-$(date +%s%N)-$$-$RANDOM"); return 0
 EOF
 unset CCACHE_NOREMOTE_STORAGE CCACHE_RECACHE CCACHE_DISABLE CCACHE_READONLY CCACHE_REMOTE_ONLY
 export CCACHE_DIR="$W/ccache-local" CCACHE_CONFIGPATH="$W/ccache.conf" CCACHE_BASEDIR="$W"
+export CCACHE_LOGFILE="$W/ccache.log"   # its remote-storage lines are printed when there is no hit
 : > "$CCACHE_CONFIGPATH"
 URL="${BASE}${PREFIX}|layout=${LAYOUT}"
 [ -n "${TOKEN:-}" ] && URL="${URL}|bearer-token=${TOKEN}"
@@ -52,4 +53,7 @@ timeout 30 "$CCACHE_BIN" gcc -c hello.c -o b.o || { echo "SETUP FAILED: second c
 hit=$(stat_of remote_storage_hit)
 echo "run2: remote_storage_hit=${hit:-0} miss=$(stat_of remote_storage_miss) error=$(stat_of remote_storage_error)"
 if [ "${hit:-0}" -ge 1 ] && cmp -s a.o b.o; then echo "REMOTE HIT (ccache, layout=$LAYOUT)"; exit 0; fi
-echo "NO REMOTE HIT"; "$CCACHE_BIN" --print-stats | grep remote; exit 1
+echo "NO REMOTE HIT"; "$CCACHE_BIN" --print-stats | grep remote
+echo "--- ccache log, remote storage ---"
+grep -iE "remote|http|fail|error|timeout|stored|retrieved|No [0-9a-z]+ in" "$CCACHE_LOGFILE" | grep -v "Config:" | tail -40
+exit 1

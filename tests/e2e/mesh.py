@@ -20,7 +20,8 @@ class Mesh:
     """N kura nodes on 127.0.0.1, each seeded with every node's internal URL.
 
     ``prefixes`` maps a node index to a command it runs under (``faketime_prefix("+60s")``);
-    ``node_settings`` maps a node index to settings that override ``settings`` for it."""
+    ``node_settings`` maps a node index to settings that override ``settings`` for it. When a
+    node fails to start, the ones already started are stopped and the error propagates."""
 
     def __init__(
         self,
@@ -38,8 +39,12 @@ class Mesh:
         self.internal_urls = [f"{scheme}://127.0.0.1:{p}" for p in self.internal_ports]
         self.settings = settings
         self.nodes: list[NodeProcess] = []
-        for i in range(n):
-            self.nodes.append(self._spawn(i))
+        try:
+            for i in range(n):
+                self.nodes.append(self._spawn(i))
+        except BaseException:
+            self.stop_all()  # no caller holds the mesh yet: stop the nodes that did start
+            raise
 
     def _env(self, i: int) -> dict[str, str]:
         env = node_env(self.root / f"n{i}", **{**self.settings, **self.node_settings.get(i, {})})

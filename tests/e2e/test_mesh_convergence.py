@@ -35,14 +35,18 @@ class MeshConvergence(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory(prefix="kura-mesh-prop-")
-        self.mesh = Mesh(
-            Path(self.tmp.name),
-            3,
-            discovery_settle_ms=0,
-            replication_backoff_max_ms=2000,
-            anti_entropy_interval="1s",
-            bootstrap_timeout_ms=10_000,
-        )
+        try:
+            self.mesh = Mesh(
+                Path(self.tmp.name),
+                3,
+                discovery_settle_ms=0,
+                replication_backoff_max_ms=2000,
+                anti_entropy_interval="1s",
+                bootstrap_timeout_ms=10_000,
+            )
+        except BaseException:
+            self.tmp.cleanup()  # teardown never runs for a machine that was not built
+            raise
         self.down: set[int] = set()  # killed
         self.paused: set[int] = set()  # SIGSTOPped
         # (namespace, key) -> (version_ms, sha256) of the newest acknowledged write

@@ -12,6 +12,9 @@ runs the clients themselves; these are the fast, exact checks of the same rules)
 * turbo 2.11 parses a 403 body as the Vercel API's ``{"error": {"code", "message"}}``; kura's
   ``{"message"}`` alone made a read-only token's refused upload show as "failed to contact
   remote cache: unable to parse ... missing field `error`".
+* ccache 4.7 (``layout=subdirs``) stores a key that begins with "ac" at ``/cache/ac/<31
+  characters>``, which Bazel's action-cache route took and refused with 400: about one compile in
+  500 lost its remote write (ccache then skips the remote for the rest of that run).
 """
 
 from __future__ import annotations
@@ -143,3 +146,31 @@ def test_turbo_errors_have_the_vercel_error_shape(
     if status == 403:
         assert error["code"] == "forbidden", doc
     assert auth_node.index_rows() == 0
+
+
+CCACHE_AC_KEY = "ac/b0thatct7i59mn3ha75gnmmvcn2dngs"  # a real key's shape (33 base32hex chars)
+
+
+@pytest.mark.parametrize("prefix", ["", "/ns/team1"])
+def test_a_ccache_subdirs_key_under_ac_is_a_plain_cache_entry_not_bazels(
+    start_node: Callable[..., NodeProcess], prefix: str
+) -> None:
+    node = start_node()
+    path = f"{prefix}/cache/{CCACHE_AC_KEY}"
+    body = b"ccache result " * 50
+    with node.client() as c:
+        assert c.get(path).status_code == 404
+        put = c.put(path, content=body, headers={"Content-Type": "application/octet-stream"})
+        assert put.status_code == 201, put.text
+        got = c.get(path)
+        assert got.status_code == 200
+        assert got.content == body
+        assert c.head(path).status_code == 200
+        # A 64-character name under ac/ is still Bazel's: an ActionResult is required.
+        bazel = c.put(
+            f"{prefix}/cache/ac/" + "0123456789abcdef" * 4, content=b"not an ActionResult"
+        )
+        assert bazel.status_code == 400, bazel.text
+    assert (
+        node.metrics().get('kura_cache_lookups_total{protocol="http_cache",result="hit"}', 0) >= 1
+    )

@@ -11,7 +11,9 @@ quarantined and replaced by the new body). ``{prefix}`` is
 while every CAS blob the entry references (outputs, stdout, stderr, every file of every output
 ``Tree``) is stored, else 404 counted as a miss; the referenced blobs are touched on a hit. A
 stored entry that no longer parses is a miss too. ccache's ``bazel`` layout keys
-(``action_cache.is_ccache_key``) are stored and served raw. CAS blobs are stored as
+(``action_cache.is_ccache_key``) are stored and served raw. A name under ``ac/`` that is not
+64 characters long is not Bazel's: it is a ccache ``subdirs`` key and goes to the plain HTTP
+cache (``routes``). CAS blobs are stored as
 ``ArtifactRef("bazel", namespace, "cas/<hex>")``: namespace ``""``, or the one the path names
 under ``/ns/{namespace}`` (``kura.api.scope``); an action result's references are looked up in
 its own namespace (``kura.api.action_lookup``, shared with the gRPC ActionCache).
@@ -100,10 +102,17 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
+# ccache's ``subdirs`` layout puts a key whose first two characters are "ac" at
+# ``{prefix}/ac/<31 characters>`` (about one key in 1,024): only a 64-character name under
+# ``ac/`` is Bazel's, and the rest fall through to ``kura.api.http_cache``. Every name under
+# ``cas/`` is Bazel's (no ccache or Gradle key has a 3-character first segment).
+AC_NAME = "{digest:[^/]{64}}"
+
+
 def routes(prefix: str) -> list[web.RouteDef]:
     return [
-        web.get(prefix + "/ac/{digest}", get_ac, allow_head=True),
-        web.put(prefix + "/ac/{digest}", put_ac),
+        web.get(prefix + "/ac/" + AC_NAME, get_ac, allow_head=True),
+        web.put(prefix + "/ac/" + AC_NAME, put_ac),
         web.get(prefix + "/cas/{digest}", get_cas, allow_head=True),
         web.put(prefix + "/cas/{digest}", put_cas),
     ]

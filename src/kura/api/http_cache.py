@@ -2,8 +2,9 @@
 
 Used by ccache's HTTP storage (layouts ``subdirs`` ``/XX/rest`` and ``flat``) and Gradle's
 ``HttpBuildCache`` (``/{32 hex}``): GET answers 200 or 404, PUT stores and answers 201 when new
-and 200 when it replaced an entry. Keys are 1-8 path segments of a safe alphabet. ``ac/`` and
-``cas/`` under the same prefix belong to ``kura.api.bazel_http``. Entries live in namespace
+and 200 when it replaced an entry. Keys are 1-8 path segments of a safe alphabet. ``cas/`` and
+``ac/<64 characters>`` under the same prefix belong to ``kura.api.bazel_http``; a ccache
+``subdirs`` key that begins with "ac" (``ac/<31 characters>``) is served here. Entries live in namespace
 ``""``, or under ``/ns/{namespace}{prefix}`` in that namespace (``kura.api.scope``); a
 ``DELETE`` of the prefix itself cleans it (``kura.api.namespace``).
 """

@@ -1,8 +1,14 @@
 """Start a process, wait until it is ready, stop it: the common part of every launcher.
 
-Ports: ``free_port``/``free_ports`` ask the OS for ports (bind port 0, read it, close); the
-server binds them a moment later, so another process can take one in between. Launchers that
-choose ports this way retry a failed start with new ports (``etcd``), or the caller does.
+Ports: a server that must be told its port before it starts (a mesh node's peers need its
+internal URL) gets one from ``free_port``/``free_ports``. They pick ports *below* the kernel's
+ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``) and check with the OS that each is
+free right now. The kernel hands out only ephemeral ports to ``bind(port 0)`` and to outgoing
+connections, so no other server or client of the run can be given such a port between our check
+and the server's bind (a port picked with ``bind(port 0)`` could be: it once was, failing a test
+with "Address already in use"). Within one process a port is handed out once; each process starts
+at its own random place in the range. Where the range cannot be read, they fall back to
+``bind(port 0)``, and launchers that choose ports retry a failed start with new ports (``etcd``).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -41,9 +48,55 @@ def which(name: str, install_hint: str) -> str:
     return path
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports the OS considers free on 127.0.0.1 right now (all held until all
-    are chosen, so they differ)."""
+PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+_cursor: list[int] = []  # the next candidate, once chosen
+_pick_lock = threading.Lock()
+
+
+def reserved_port_range(range_file: Path = PORT_RANGE_FILE) -> range:
+    """The ports ``free_ports`` picks from: the half of the ports below the ephemeral range's
+    start, never below 1024 (16384-32767 with Linux's default 32768-60999). Empty when
+    ``range_file`` cannot be read or leaves no room."""
+    try:
+        low = int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    return range(max(1024, low // 2), low)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_ports(count: int, candidates: range | None = None) -> list[int]:
+    """``count`` distinct ports on 127.0.0.1 that the OS reports free now and that this process has
+    not handed out before, from ``candidates`` (default ``reserved_port_range()``; see the
+    module's docstring for why). Raises OSError when the range has too few free ports."""
+    pool = reserved_port_range() if candidates is None else candidates
+    if not pool:
+        return _os_chosen_ports(count)
+    chosen: list[int] = []
+    with _pick_lock:
+        if not _cursor:
+            _cursor.append(random.SystemRandom().randrange(len(pool)))
+        for _ in range(len(pool)):
+            port = pool[_cursor[0] % len(pool)]
+            _cursor[0] += 1
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                chosen.append(port)
+                if len(chosen) == count:
+                    return chosen
+    raise OSError(f"only {len(chosen)} of {count} ports free in {pool.start}-{pool.stop - 1}")
+
+
+def _os_chosen_ports(count: int) -> list[int]:
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
@@ -57,7 +110,7 @@ def free_ports(count: int) -> list[int]:
 
 
 def free_port() -> int:
-    """One port the OS just handed out (and released) on 127.0.0.1."""
+    """One port from ``free_ports``."""
     return free_ports(1)[0]
 
 
