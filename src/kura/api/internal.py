@@ -31,6 +31,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 
 from aiohttp import web
 
+from kit.pace import seconds_ahead
 from kura.api import changes
 from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.api.http import artifact_response, ctx, declared_length, endpoint, request_body
@@ -224,7 +225,7 @@ async def paced_write(
             piece = chunk[i : i + THROTTLE_CHUNK_BYTES]
             await response.write(piece)
             sent += len(piece)
-            ahead = sent / rate - (loop.time() - started)
+            ahead = seconds_ahead(sent, rate, loop.time() - started)
             if ahead > 0:
                 await asyncio.sleep(ahead)
 

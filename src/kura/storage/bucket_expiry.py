@@ -29,6 +29,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 
 from kit.clock import Clock
+from kit.pace import Pace
 from kura.core.bucket_expiry import Victim, artifact_of, bucket_cutoff_ms, last_use_ms
 from kura.core.bucket_expiry import select_expired as select
 from kura.core.object_layout import OUTBOX_TARGET, is_object_key, marker_object_key
@@ -112,6 +113,7 @@ class BucketExpiry:
         """One pass (module docstring); the number of artifacts deleted from the bucket.
         Raises ObjectStoreError when the store fails (what was deleted stays deleted)."""
         started = self._clock.monotonic()
+        pace = Pace(self.max_deletes_per_second, self._clock.monotonic, self._sleep)
         cutoff_ms = bucket_cutoff_ms(self._clock.now_ms(), self.max_age_seconds)
         tenant = self._service.tenant_id
         objects: dict[str, int] = {}
@@ -137,9 +139,7 @@ class BucketExpiry:
             self.stats.markers_deleted_total += len(batch) - gone
             deleted += gone
             done = min(start + self.batch_size, len(victims))
-            ahead = done / self.max_deletes_per_second - (self._clock.monotonic() - started)
-            if ahead > 0:
-                await self._sleep(ahead)
+            await pace.wait(done)
         self.stats.passes_total += 1
         if deleted:
             log.info(

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from kit.backoff import Backoff
 from kit.clock import Clock
+from kit.pace import seconds_ahead
 from kura.core.bucket_expiry import marker_refresh_ms
 from kura.core.object_layout import touch_key
 from kura.storage.object_store import ObjectStore, ObjectStoreError
@@ -150,7 +151,9 @@ class BucketToucher:
             self._remember(artifact_id, self._clock.now_ms())
 
         await asyncio.gather(*(write(a) for a in batch))
-        ahead = len(batch) / self.max_writes_per_second - (self._clock.monotonic() - started)
+        ahead = seconds_ahead(
+            len(batch), self.max_writes_per_second, self._clock.monotonic() - started
+        )
         if ahead > 0:
             await self._sleep(ahead)
         return failures == 0

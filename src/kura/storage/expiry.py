@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kit.clock import Clock
+from kit.pace import Pace
 from kura.core.errors import ResourceExhausted
 from kura.storage.service import CacheService
 
@@ -134,6 +135,7 @@ class Expiry:
         docstring). Returns how many were deleted. Raises ``ResourceExhausted`` (read-only
         index) before deleting anything; not safe to run twice at once."""
         started = self._clock.monotonic()
+        pace = Pace(self.max_deletes_per_second, self._clock.monotonic, self._sleep)
         cutoff_ms = self._clock.now_ms() - int(self.max_age_seconds * 1000)
         deleted = 0
         while True:
@@ -148,9 +150,7 @@ class Expiry:
                 "expired %d artifacts (%d bytes) unused since %d", len(victims), size, cutoff_ms
             )
             await self._tell([ExpiredArtifact(v[0], v[1]) for v in victims], cutoff_ms)
-            ahead = deleted / self.max_deletes_per_second - (self._clock.monotonic() - started)
-            if ahead > 0:
-                await self._sleep(ahead)
+            await pace.wait(deleted)
         oldest = await self._service.in_reader(oldest_access_ms)
         now_ms = self._clock.now_ms()
         s = self.stats

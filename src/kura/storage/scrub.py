@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from kit.pace import seconds_ahead
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class _Pace:
     def __call__(self, n: int) -> None:
         self._done += n
         self._stats.scrubbed_bytes_total += n
-        ahead = self._done / self._rate - (time.monotonic() - self._start)
+        ahead = seconds_ahead(self._done, self._rate, time.monotonic() - self._start)
         if ahead > 0 and self._stop.wait(ahead):
             raise ScrubStopped
         if self._stop.is_set():
