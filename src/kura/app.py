@@ -291,6 +291,34 @@ class Node:
         self._watch_catch_up()
         watch_anti_entropy(self.metrics, self.anti_entropy.stats)
         watch_expiry(self.metrics, self.expiry.stats)
+        commits = self.service.commit_stats
+        for kind, name, doc, value in (
+            (
+                "counter",
+                "kura_storage_commit_groups",
+                "Writer groups made durable (one WAL fsync each).",
+                lambda: commits.groups_total,
+            ),
+            (
+                "counter",
+                "kura_storage_commit_group_jobs",
+                "Writer jobs made durable in those groups.",
+                lambda: commits.jobs_total,
+            ),
+            (
+                "gauge",
+                "kura_storage_commit_group_max_jobs",
+                "The largest writer group so far.",
+                lambda: commits.largest_group,
+            ),
+            (
+                "counter",
+                "kura_storage_commit_sync_failures",
+                "Writer groups whose fsync failed (their writes failed).",
+                lambda: commits.sync_failures_total,
+            ),
+        ):
+            self.metrics.watch_value(kind, name, doc, value)
         self.metrics.watch_value(
             "counter",
             "kura_multipart_reclaimed_uploads",

@@ -5,8 +5,9 @@ its row committed, so a kill in that window lost the acknowledged version).
 
 Half of the kills are placed by the node itself through failpoints (``kit.failpoint``): inside
 the window between publishing a new version's file and committing its row
-(``storage.after_publish``), and between the commit and the unlink of the old version's file
-(``storage.after_commit``). The other half land at random times, sent by the test.
+(``storage.after_publish``), between the commit and the unlink of the old version's file
+(``storage.after_commit``), and after a group of commits but before the fsync that makes them
+durable and acknowledged (``storage.before_group_sync``, ``kura.storage.group_commit``). The other half land at random times, sent by the test.
 
 The rule checked after every restart, for every key: the bytes served are those of the last
 acknowledged write, or the whole bytes of a later write whose answer was lost in the kill; never
@@ -38,7 +39,10 @@ from tests.conftest import NodeProcess, node_env, spawn_node
 KILLS = 50
 WRITERS = 3
 SCOPE = "tenant_id=acme&namespace_id=crash"
-FAILPOINTS = "storage.after_publish=kill@0.08,storage.after_commit=kill@0.04"
+FAILPOINTS = (
+    "storage.after_publish=kill@0.08,storage.after_commit=kill@0.04,"
+    "storage.before_group_sync=kill@0.03"
+)
 SIZES = (300, 5_000, 40_000, 90_000)  # across the 64 KiB small-blob threshold
 
 
@@ -164,7 +168,7 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
     tally = Tally()
     directory = tmp_path / "crash"
     plain, faulty = node_env(directory), node_env(directory, failpoints=FAILPOINTS)
-    kills = after_publish = after_commit = 0
+    kills = after_publish = after_commit = before_sync = 0
     started = time.monotonic()
     for cycle in range(KILLS):
         with_failpoints = cycle % 2 == 1
@@ -198,6 +202,7 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
         log = node.log()
         after_publish += log.count("failpoint storage.after_publish: kill")
         after_commit += log.count("failpoint storage.after_commit: kill")
+        before_sync += log.count("failpoint storage.before_group_sync: kill")
         assert "Traceback" not in log, log[-3000:]
 
     node = start_node("crash")  # clean start: what a kill leaves behind is reconciled
@@ -208,17 +213,19 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
     blob_files = node.blob_files()
     rows = file_backed_rows(node.data_dir)
     elapsed = time.monotonic() - started
-    in_window = after_publish + after_commit
+    in_window = after_publish + after_commit + before_sync
     print(
         f"\ncrash test: {tally.acknowledged} writes acknowledged, {tally.unacknowledged} "
         f"unacknowledged, {kills} kills ({in_window} inside the publish/commit window: "
-        f"{after_publish} after publish, {after_commit} after commit), "
+        f"{after_publish} after publish, {after_commit} after commit, "
+        f"{before_sync} before a group's fsync), "
         f"{len(tally.lost)} lost or corrupt, {len(new_keys)} new keys, "
         f"{len(blob_files)} blob files, {rows} file-backed rows, {elapsed:.0f} s"
     )
     assert tally.lost == [], tally.lost[:20]
     assert kills >= 50
     assert in_window >= 10
+    assert before_sync >= 1
     assert tally.acknowledged > 200
     assert staging == []
     assert len(blob_files) == rows

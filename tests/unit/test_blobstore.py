@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from kura.core.manifest import Manifest
-from kura.storage.blobs import BlobFiles, fsync_path, stat_signature
+from kura.storage.blobs import BlobFiles, stat_signature
 from kura.storage.blobstore import BlobStore
+from kura.storage.fsync import fsync_path
 
 
 def _manifest(data: bytes, version_ms: int) -> Manifest:

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from kura.core.errors import (
     DigestMismatch,
@@ -46,6 +46,7 @@ from kura.core.errors import (
 from kura.core.manifest import Manifest
 from kura.storage.budget import Reservation
 from kura.storage.checksum import BodyDigests
+from kura.storage.fsync import fsync_dir
 
 LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
@@ -110,6 +111,9 @@ class BlobFiles:
         self.tmp_dir = tmp_dir
         self.blobs_dir = data_dir / "blobs"
         self._lock_fds: list[int] = []
+        # The writer's group commit (storage.group_commit): publishes fsync their directory
+        # with the group. None: at once.
+        self.group: PublishGroup | None = None
 
     def open(self) -> str | None:
         """Create directories, take the writer lock, read the layout version.
@@ -246,7 +250,11 @@ class BlobFiles:
             finally:
                 incoming.unlink(missing_ok=True)
                 staged_path.unlink(missing_ok=True)
-        fsync_dir(final.parent)
+        if self.group is None:
+            fsync_dir(final.parent)
+        else:
+            self.group.published(final)
+            self.group.sync_dir_later(final.parent)
         return os.stat(final)
 
     def put(self, staged_path: Path, manifest: Manifest) -> str | None:
@@ -268,37 +276,31 @@ class BlobFiles:
     def remove_artifact(self, artifact_id: str) -> None:
         """Unlink every version file of ``artifact_id`` (its row is gone: evicted, tombstoned,
         dropped). Writer thread only, so no version of it is being published meanwhile."""
+        for path in self.artifact_files(artifact_id):
+            path.unlink(missing_ok=True)
+
+    def artifact_files(self, artifact_id: str) -> list[Path]:
+        """Every version file of ``artifact_id`` on disk now."""
         bucket = self.bucket(artifact_id)
         try:
             names = os.listdir(bucket)
         except FileNotFoundError:
-            return
-        for name in names:
-            if name.startswith(artifact_id):
-                (bucket / name).unlink(missing_ok=True)
+            return []
+        return [bucket / name for name in names if name.startswith(artifact_id)]
+
+
+class PublishGroup(Protocol):
+    """What ``BlobFiles.persist`` tells the writer's group commit (``storage.group_commit``)."""
+
+    def published(self, path: Path) -> None: ...
+
+    def sync_dir_later(self, directory: Path) -> None: ...
 
 
 def blob_name(manifest: Manifest) -> str:
     """``<artifact_id>.<version_ms>-<first 16 hex of sha256>``: one name per version (a write
     at the same version with other bytes gets another name too)."""
     return f"{manifest.artifact_id}.{manifest.version_ms}-{manifest.sha256[:16]}"
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory, making renames and unlinks in it durable."""
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 async def stage_body(

@@ -50,7 +50,7 @@ class Eviction(StorageState):
         self.hot.invalidate([v[0] for v in victims])
         for aid, size, inline in victims:
             if not inline:
-                self.files.remove_artifact(aid)
+                self._unlink_artifact_later(aid)
             self.stats.used_bytes -= size
             self.stats.artifacts -= 1
 

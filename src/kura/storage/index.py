@@ -20,7 +20,8 @@ deletes (its vocabulary, ``storage.outbox``, is the one public to the mesh). Onl
 Durability: every connection runs ``synchronous=FULL``, so in WAL mode each COMMIT fsyncs the
 WAL before it returns; a committed row survives a power loss, not only a process crash
 (https://www.sqlite.org/pragma.html#pragma_synchronous; ``NORMAL`` may lose the last commits on
-power loss). ``docs/durability.md`` states the whole guarantee.
+power loss); but the writer's runs ``NORMAL`` (``group_commits``), and ``storage.group_commit``
+fsyncs the WAL before it acknowledges a COMMIT. ``docs/durability.md`` has the guarantee.
 
 ``read_only=True`` opens the file with ``immutable=1`` (no ``-shm``, no locks, no writes): the
 start-up fallback on a full disk, where SQLite cannot size the ``-shm`` file it needs for WAL
@@ -31,14 +32,16 @@ start-up fallback on a full disk, where SQLite cannot size the ``-shm`` file it 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from kura.core.manifest import Manifest
 from kura.storage import change_seq, digests
+from kura.storage.fsync import fsync_wal
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
 from kura.storage.outbox_queries import OutboxQueries
 from kura.storage.paging import PagingQueries
@@ -100,6 +103,12 @@ class MetadataIndex(PagingQueries, OutboxQueries):
             conn.execute("PRAGMA busy_timeout=5000")
             self._local.conn = conn
         return conn
+
+    def group_commits(self) -> Callable[[], None]:
+        """Call on the writer thread: its COMMITs stop fsyncing (``synchronous=NORMAL``). Returns
+        the function that makes every COMMIT so far durable (``fsync.fsync_wal``)."""
+        self._conn().execute("PRAGMA synchronous=NORMAL")
+        return functools.partial(fsync_wal, self._path)
 
     def connection(self) -> sqlite3.Connection:
         """This thread's connection, for storage modules owning tables of their own

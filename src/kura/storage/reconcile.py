@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kura.core.manifest import Manifest
-from kura.storage.blobs import BlobFiles, fsync_dir
+from kura.storage.blobs import BlobFiles
+from kura.storage.fsync import fsync_dir
 from kura.storage.index import MetadataIndex
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,9 @@ from kura.core.errors import (
 )
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, decide_apply
-from kura.storage.blobs import fsync_path, stage_body
+from kura.storage.blobs import stage_body
 from kura.storage.budget import Reservation
+from kura.storage.fsync import fsync_path
 from kura.storage.state import decide as _decide
 from kura.storage.state import subject as _subject
 from kura.storage.verify import problem_with_bytes
@@ -214,7 +215,7 @@ class ReplicaApply(WritePath):
         self.hot.invalidate([m.artifact_id for m, _d, _s, _x in rows])
         for (manifest, _d, _s, _x), old in zip(rows, replaced, strict=True):
             if old is not None and not old.inline:
-                self.files.blob_path(old).unlink(missing_ok=True)
+                self._writer.unlink_later(self.files.blob_path(old))
             self.stats.used_bytes += manifest.size - (0 if old is None else old.size)
             if old is None:
                 self.stats.artifacts += 1

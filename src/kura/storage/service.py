@@ -69,6 +69,7 @@ from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
 from kura.storage.blobs import BlobFiles
 from kura.storage.budget import TmpBudget
 from kura.storage.change_feed import ChangesPage
+from kura.storage.group_commit import GroupCommitWriter, GroupStats
 from kura.storage.hooks import NoHooks, StorageHooks
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
@@ -133,7 +134,8 @@ class CacheService(ReadPath, ReplicaApply):
         self._index: MetadataIndex | None = None
         self._reader = ThreadPoolExecutor(4, thread_name_prefix="kura-read")
         self._syncer = ThreadPoolExecutor(4, thread_name_prefix="kura-sync")
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="kura-write")
+        self._writer = GroupCommitWriter("kura-write")
+        self.files.group = self._writer  # blob renames are made durable with their group
         self.max_clock_skew_ms = max_clock_skew_ms
         # Inline bodies are read into memory and stored in SQLite, outside the tmp budget: a
         # peer's copy that claims to be inline may be no larger than a local inline write
@@ -151,6 +153,8 @@ class CacheService(ReadPath, ReplicaApply):
 
     def _open_sync(self) -> None:
         self._index, self.start_report = open_storage(self.files)
+        if not self._index.read_only:
+            self._writer.set_sync(self._index.group_commits())
         self.quarantine.open()
         latest = self._index.max_version_ms()
         self.versions.observe(latest)  # a restart never goes backwards
@@ -172,6 +176,11 @@ class CacheService(ReadPath, ReplicaApply):
         if swept or rec.removed_files or rec.dropped_rows:
             orphans = rec.removed_files + rec.dropped_rows
             log.info("start-up sweep removed %d staging files and %d orphans", swept, orphans)
+
+    @property
+    def commit_stats(self) -> GroupStats:
+        """The writer's group-commit counters (``storage.group_commit``)."""
+        return self._writer.stats
 
     def warnings(self) -> list[str]:
         """Storage problems for an operator (``/ready`` warnings); see ``recovery.warnings``."""
@@ -251,7 +260,7 @@ class CacheService(ReadPath, ReplicaApply):
         self.queues.enqueued(peers)
         for aid, size, inline in victims:
             if not inline:
-                self.files.remove_artifact(aid)
+                self._unlink_artifact_later(aid)
             self.stats.used_bytes -= size
             self.stats.artifacts -= 1
         return True, version_ms

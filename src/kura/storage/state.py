@@ -5,7 +5,7 @@ over ``StorageState``; ``CacheService`` combines them and owns construction and 
 
 The threading rules are ``storage.service``'s: SQLite reads and file opens in the reader pool,
 fsync and hashing in the sync pool, every index write (and the rename that publishes a blob)
-on the single writer thread.
+on the single writer thread, which makes them durable in groups (``storage.group_commit``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 import logging
 import shutil
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TypeVar
 
 from kit.clock import Clock
@@ -31,6 +31,7 @@ from kura.core.version import (
 from kura.storage.artifact import ArtifactRef
 from kura.storage.blobs import BlobFiles
 from kura.storage.budget import TmpBudget
+from kura.storage.group_commit import GroupCommitWriter
 from kura.storage.hooks import StorageHooks
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
@@ -72,7 +73,7 @@ class StorageState:
     _index: MetadataIndex | None
     _reader: ThreadPoolExecutor
     _syncer: ThreadPoolExecutor
-    _writer: ThreadPoolExecutor
+    _writer: GroupCommitWriter
     max_clock_skew_ms: int
     max_inline_bytes: int
     versions: VersionClock
@@ -159,7 +160,13 @@ class StorageState:
             raise RuntimeError("CacheService.start() has not completed")
         return self._index
 
-    async def _in(self, pool: ThreadPoolExecutor, fn: Callable[..., T], *args: object) -> T:
+    def _unlink_artifact_later(self, artifact_id: str) -> None:
+        """Writer thread: unlink every version file of ``artifact_id`` (its row is gone) once
+        the group that removed the row is durable (``storage.group_commit``)."""
+        for path in self.files.artifact_files(artifact_id):
+            self._writer.unlink_later(path)
+
+    async def _in(self, pool: Executor, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 

@@ -22,8 +22,9 @@ from kura.core.errors import InsufficientStorage, PayloadTooLarge, Unavailable
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
 from kura.storage.artifact import ArtifactRef, PutResult
-from kura.storage.blobs import GROW_STEP_BYTES, Staged, concatenate, fsync_path, stage_body
+from kura.storage.blobs import GROW_STEP_BYTES, Staged, concatenate, stage_body
 from kura.storage.eviction import Eviction
+from kura.storage.fsync import fsync_path
 from kura.storage.state import decide as _decide
 
 
@@ -231,7 +232,7 @@ class WritePath(Eviction):
             raise
         failpoint("storage.after_commit")
         if old is not None and old != new:
-            old.unlink(missing_ok=True)  # a reader that has it open keeps its bytes
+            self._writer.unlink_later(old)  # once durable; a reader with it open keeps its bytes
         # After the row and the file changed: a read that began earlier cannot re-insert old bytes.
         self.hot.invalidate([manifest.artifact_id])
         self.queues.enqueued(outbox_peers)
