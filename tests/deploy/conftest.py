@@ -48,6 +48,27 @@ def kura_exposition(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def kura_tier_exposition(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``/metrics`` of a real ``kura serve`` with an object-storage tier, which adds the
+    ``kura_object_store_*`` families. Its store is a closed port: uploads would fail, which
+    changes values, not which families are exported."""
+    directory = tmp_path_factory.mktemp("kura-tier-metrics")
+    env = node_env(directory, object_store_url="s3://conformance/kura")
+    env.update(
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}",
+        AWS_ACCESS_KEY_ID="conformance",
+        AWS_SECRET_ACCESS_KEY="conformance",
+        AWS_REGION="us-east-1",
+        AWS_ALLOW_HTTP="true",
+    )
+    node = spawn_node(directory, env)
+    try:
+        yield _scrape(node.url + "/metrics")
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
 def kured_exposition(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``/metrics`` of a real ``kured`` agent. Its etcd endpoint is a closed port: the lock
     cannot be read, which changes values (lock_unknown), not which families are exported."""
@@ -71,5 +92,11 @@ def kured_exposition(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def exported_metrics(kura_exposition: str, kured_exposition: str) -> set[str]:
-    return exposition_names(kura_exposition) | exposition_names(kured_exposition)
+def exported_metrics(
+    kura_exposition: str, kura_tier_exposition: str, kured_exposition: str
+) -> set[str]:
+    return (
+        exposition_names(kura_exposition)
+        | exposition_names(kura_tier_exposition)
+        | exposition_names(kured_exposition)
+    )

@@ -21,7 +21,7 @@ ALERTS = DEPLOY / "alerts"
 RULE_FILES = sorted(ALERTS.glob("*.rules.yml"))
 SUITES = sorted((ALERTS / "tests").glob("*.test.yml"))
 SEVERITIES = {"warning", "critical"}
-# The ten alerts the issue asks for.
+# The alerts the issues asked for, and those added since.
 EXPECTED_ALERTS = {
     "KuredNotReporting",
     "KuredNodeCoverageGap",
@@ -34,6 +34,8 @@ EXPECTED_ALERTS = {
     "KuraTmpBudgetSaturated",
     "KuraDiskBudgetNearlyFull",
     "KuraStorageDegraded",
+    "KuraObjectStoreUploadsStalled",
+    "KuraStorageSyncFailing",
 }
 
 
