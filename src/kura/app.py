@@ -373,8 +373,9 @@ class Node:
 
     def warnings(self) -> list[str]:
         """Problems that do not block readiness but need an operator: storage (a full disk, a
-        damaged index set aside at start-up) and bootstrap (an abandoned peer)."""
-        return self.service.warnings() + self.bootstrapper.warnings()
+        damaged index set aside at start-up), bootstrap (an abandoned peer) and replication (a
+        peer that keeps failing, e.g. refusing this node's token)."""
+        return self.service.warnings() + self.bootstrapper.warnings() + self.shipper.warnings()
 
     def _read_through_enabled(self) -> bool:
         mode = self.settings.read_through

@@ -235,6 +235,43 @@ def test_a_mesh_with_the_peer_token_replicates_and_rotates(tmp_path: Path) -> No
         mesh.stop_all()
 
 
+def test_a_peer_that_refuses_this_nodes_token_is_named_in_ready_warnings(tmp_path: Path) -> None:
+    """A wrong KURA_INTERNAL_TOKENS on one node: its copies wait in the outbox, and /ready's
+    warnings say why (its reasons said only "initial discovery incomplete"). Fixing the token
+    drains the outbox and clears the warning."""
+    mesh = Mesh(
+        tmp_path,
+        2,
+        discovery_settle_ms=0,
+        replication_backoff_max_ms=300,
+        node_settings={0: {"internal_tokens": f"wrong-{TOKEN}"}, 1: {"internal_tokens": TOKEN}},
+    )
+    try:
+        writer, peer = mesh.nodes
+        with writer.client() as c:
+            assert c.put("/cache/waits", content=b"queued bytes").status_code == 201
+
+        def warning() -> list[str]:
+            ready = httpx.get(writer.url + "/ready", timeout=10)
+            return [w for w in ready.json()["warnings"] if peer.internal_url in w]
+
+        assert wait_for(lambda: bool(warning()), 60), httpx.get(writer.url + "/ready").text
+        text = warning()[0]
+        assert "replication to" in text, text
+        assert "KURA_INTERNAL_TOKENS" in text, text
+        assert "401" in text, text
+        assert peer.metric('kura_internal_auth_failures_total{reason="invalid"}') >= 3
+        writer.stop()
+        mesh.node_settings[0] = {"internal_tokens": TOKEN}
+        writer = mesh.restart(0)
+        mesh.wait_drained()
+        assert wait_for(lambda: not warning(), 30)
+        with peer.client() as c:
+            assert c.get("/cache/waits").content == b"queued bytes"
+    finally:
+        mesh.stop_all()
+
+
 def test_a_far_future_tombstone_or_replica_with_credentials_is_refused_and_nothing_changes(
     start_node: Callable[..., NodeProcess],
 ) -> None:

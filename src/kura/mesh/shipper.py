@@ -50,6 +50,8 @@ PIPELINE = 4
 # queue waits for it rather than losing writes), 408 Request Timeout and 429 Too Many Requests
 # (RFC 9110 §15.5.9, RFC 6585 §4: transient by definition).
 RETRYABLE_4XX = frozenset({401, 408, 429})
+# Failed deliveries in a row before a peer is named in /ready's warnings.
+WARN_AFTER_FAILURES = 3
 # The closed set of drop reasons (a metric label).
 _REFUSALS = {
     400: "bad_request",
@@ -91,6 +93,7 @@ class PeerShipping:
     depth: int = 0
     oldest_enqueued_ms: int | None = None
     last_error: str = ""
+    last_status: int | None = None  # of the last failed delivery; None: unreached
     results_total: dict[tuple[str, str], int] = field(default_factory=dict)
     # reason (refusal_reason) -> copies dropped because the peer refused them for good
     dropped_total: dict[str, int] = field(default_factory=dict)
@@ -123,6 +126,26 @@ class Shipper:
         self.peers: dict[str, PeerShipping] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._refresh = asyncio.Event()
+
+    def warnings(self) -> list[str]:
+        """``/ready`` warnings: one per peer that failed ``WARN_AFTER_FAILURES`` deliveries in a
+        row, with the last error. A 401 names the likely cause, a peer token the peer does not
+        accept (the node stays ready: it still serves, and the copies wait in its outbox)."""
+        out = []
+        for state in sorted(self.peers.values(), key=lambda s: s.peer):
+            if state.failures < WARN_AFTER_FAILURES or not state.last_error:
+                continue
+            hint = ""
+            if state.last_status == 401:
+                hint = (
+                    "; the peer refuses this node's credential: the first of KURA_INTERNAL_TOKENS "
+                    "must be a token the peer lists"
+                )
+            out.append(
+                f"replication to {state.peer} failing ({state.failures} attempts in a row"
+                f"{hint}): {state.last_error}"
+            )
+        return out
 
     def wake(self) -> None:
         """A local write enqueued messages: every worker looks again now."""
@@ -188,7 +211,7 @@ class Shipper:
     async def _deliver(self, state: PeerShipping, batch: list[OutboxMessage]) -> bool:
         """Deliver a batch; ack what succeeded. False (and back off) if anything failed."""
         sem = asyncio.Semaphore(PIPELINE)
-        failed: list[str] = []
+        failed: list[PeerError] = []
 
         async def one(msg: OutboxMessage) -> int | None:
             async with sem:
@@ -202,7 +225,7 @@ class Shipper:
                     if reason is not None:
                         _drop(state, msg, reason, exc)
                         return msg.id  # acknowledged: deleted from the queue
-                    failed.append(str(exc))
+                    failed.append(exc)
                     return None
 
         results = await asyncio.gather(*(one(m) for m in batch))
@@ -214,20 +237,21 @@ class Shipper:
         if failed:
             backoff = state.backoff.failed(self._clock.monotonic())
             long_pauses = state.backoff.ceiling(state.failures) >= 60
-            if state.last_error != failed[0] or state.failures in (1, 5, 10) or long_pauses:
+            error = str(failed[0])
+            if state.last_error != error or state.failures in (1, 5, 10) or long_pauses:
                 log.warning(
                     "replication to %s failed (%d in a row, retry in %.0fs): %s",
                     state.peer,
                     state.failures,
                     backoff,
-                    failed[0],
+                    error,
                 )
-            state.last_error = failed[0]
+            state.last_error, state.last_status = error, failed[0].status
             return False
         if state.failures:
             log.info("replication to %s recovered after %d failures", state.peer, state.failures)
         state.backoff.reset()
-        state.last_error = ""
+        state.last_error, state.last_status = "", None
         return True
 
     async def _send(self, state: PeerShipping, msg: OutboxMessage) -> None:
