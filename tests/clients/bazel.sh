@@ -11,10 +11,15 @@
 #      (default: bazel on PATH), CLIENT_CONFIG (a directory: its `bazelrc` replaces --remote_cache
 #      and the token), KEEP=1. BASE_URL may also be grpc://HOST:PORT (Bazel's gRPC REAPI cache; the
 #      token then goes as gRPC metadata).
+#      TARGET=genrule (default: a genrule, no external repositories) or cc (a C cc_binary, compiled
+#      and linked by the local gcc: this Bazel's @bazel_tools loads its C++ and Java rule names from
+#      @rules_cc and @rules_java, which it would download, so the script writes two tiny repositories
+#      that give Bazel's own native rules those names, and passes them with --override_repository).
 # Setup: each run has its own --output_base under a per-script --output_user_root in the temp dir (so no
 #   local action cache, disk cache or outputs survive), home/workspace rc files ignored, no --disk_cache. Both Bazel
 #   servers are shut down at the end (and --max_idle_secs bounds them if this script is killed -9).
-# Hit detection: run 2 reports "1 remote cache hit" and the output file is identical.
+# Hit detection: run 2 reports "N remote cache hit(s)" and the output file is identical (cc: the
+#   binary, which must also run).
 # Exit 0 = REMOTE HIT; 1 = no hit; 2 = setup error (or run 1 failed).
 set -u
 BASE="${1:?usage: $0 BASE_URL}"
@@ -54,34 +59,56 @@ if [ -n "${CA:-}" ]; then
 fi
 
 : > WORKSPACE
-cat > BUILD <<EOF
+FLAGS=(--remote_accept_cached --remote_upload_local_results --remote_timeout=20 --spawn_strategy=local --color=no --curses=no --show_progress=no)
+case "${TARGET:-genrule}" in
+  genrule)
+    TGT=//:gen OUT=bazel-bin/out.txt
+    cat > BUILD <<EOF
 genrule(
     name = "gen",
     outs = ["out.txt"],
     cmd = "echo 'kura $(date +%s%N) $$ $RANDOM' > \$@",
 )
 EOF
-FLAGS=(--remote_accept_cached --remote_upload_local_results --remote_timeout=20 --spawn_strategy=local --color=no --curses=no --show_progress=no)
+    ;;
+  cc)
+    TGT=//:hello OUT=bazel-bin/hello
+    stub_rules() {  # $1 = repository dir, $2 = package, then the rule names
+      local dir="$1" pkg="$2"; shift 2
+      mkdir -p "$dir/$pkg" && : > "$dir/WORKSPACE" && : > "$dir/BUILD" && : > "$dir/$pkg/BUILD"
+      for rule in "$@"; do printf 'def %s(**attrs):\n    native.%s(**attrs)\n\n' "$rule" "$rule"; done > "$dir/$pkg/defs.bzl"
+    }
+    stub_rules "$W/rules_cc" cc cc_binary cc_library cc_test cc_import cc_proto_library cc_toolchain cc_toolchain_suite objc_library
+    stub_rules "$W/rules_java" java java_binary java_import java_library java_plugin java_proto_library java_runtime java_test java_toolchain
+    FLAGS+=(--override_repository=rules_cc="$W/rules_cc" --override_repository=rules_java="$W/rules_java")
+    printf '#include <stdio.h>\nint main(void){ puts("kura %s"); return 0; }\n' "$(date +%s%N)-$$-$RANDOM" > hello.c
+    printf 'cc_binary(name = "hello", srcs = ["hello.c"])\n' > BUILD
+    ;;
+  *) echo "SETUP FAILED: TARGET must be genrule or cc"; exit 2 ;;
+esac
 # CLIENT_CONFIG: the user's own .bazelrc lines (README.md "Bazel", a --bazelrc) instead of these two.
 if [ -z "${CLIENT_CONFIG:-}" ]; then
   FLAGS+=(--remote_cache="$BASE")
   [ -n "${TOKEN:-}" ] && FLAGS+=(--remote_header="Authorization=Bearer ${TOKEN}")
 fi
 run() {  # $1 = run number
-  bz "$1" 60 build //:gen "${FLAGS[@]}" > "$W/run$1.log" 2>&1
+  bz "$1" 120 build "$TGT" "${FLAGS[@]}" > "$W/run$1.log" 2>&1
 }
 summary() { grep -m1 -E '[0-9]+ process(es)?:' "$W/run$1.log"; }
 
 run 1; rc1=$?
 echo "run1 rc=$rc1: $(summary 1)"
-[ $rc1 = 0 ] && [ -s bazel-bin/out.txt ] || {
+[ $rc1 = 0 ] && [ -s "$OUT" ] || {
   echo "SETUP FAILED: first bazel run failed"; grep -v linux-sandbox "$W/run1.log" | tail -20; exit 2; }
-cp bazel-bin/out.txt "$W/first.txt"
+cp "$OUT" "$W/first.out"
 # Stop run 1's server; run 2 uses a fresh output_base, i.e. no local action cache, outputs or server.
 bz 1 20 shutdown >/dev/null 2>&1
 run 2; rc2=$?
 echo "run2 rc=$rc2: $(summary 2)"
-if [ $rc2 = 0 ] && grep -qE '[0-9]+ remote cache hit' "$W/run2.log" && cmp -s bazel-bin/out.txt "$W/first.txt"; then
-  echo "REMOTE HIT (bazel $(dpkg-query -W -f='${Version}' bazel-bootstrap 2>/dev/null))"; exit 0
+if [ $rc2 = 0 ] && grep -qE '[0-9]+ remote cache hit' "$W/run2.log" && cmp -s "$OUT" "$W/first.out"; then
+  if [ "${TARGET:-genrule}" = cc ]; then
+    ran="$("$OUT")" && echo "hello ran: $ran" || { echo "NO REMOTE HIT: the cached binary does not run"; exit 1; }
+  fi
+  echo "REMOTE HIT (bazel $(dpkg-query -W -f='${Version}' bazel-bootstrap 2>/dev/null), ${TARGET:-genrule})"; exit 0
 fi
 echo "NO REMOTE HIT"; grep -v linux-sandbox "$W/run2.log" | tail -15; exit 1

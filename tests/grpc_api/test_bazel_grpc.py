@@ -1,14 +1,16 @@
 """Real Bazel 4.2.3 (Debian bazel-bootstrap) against kura's gRPC cache,
 ``--remote_cache=grpc://127.0.0.1:PORT``: the second build, from a fresh output base (no local
 action cache, outputs or server: what ``bazel clean --expunge`` leaves), is a remote cache hit,
-and kura's own metrics count the hit; then the same with a token. Over TLS (grpcs://) this
+and kura's own metrics count the hit; then the same with a token. Two workspaces: a genrule, and
+a C ``cc_binary`` (compile and link: two hits, and the cached binary runs). Over TLS (grpcs://) this
 Bazel cannot connect at all: Debian's build runs gRPC-Java's netty on JDK 17 and fails with "JDK
 provider does not support ALPN protocol" before any request, so the TLS + token variant is
 shown with the Python gRPC client instead (``test_auth_limits``).
 
-The driver is ``tests/clients/bazel.sh``, the script the HTTP client test runs (offline: a
-genrule workspace, no external repositories; a ``cc_binary`` or ``java_binary`` needs
-``@rules_cc`` fetched from the network in this Bazel).
+The driver is ``tests/clients/bazel.sh``, the script the HTTP client test runs, offline: this
+Bazel's ``@bazel_tools`` loads its C++ and Java rule names from ``@rules_cc`` and
+``@rules_java``, which it would download, so for ``TARGET=cc`` the script writes two small
+repositories that give Bazel's native rules those names (``--override_repository``).
 """
 
 from __future__ import annotations
@@ -25,32 +27,39 @@ from tests.integration.test_clients import Client, run_client
 pytestmark = pytest.mark.clients
 
 BAZEL = Client("bazel-grpc", "bazel.sh", "", "grpc", 2)
+BAZEL_CC = Client("bazel-grpc-cc", "bazel.sh", "", "grpc", 4, {"TARGET": "cc"})
 TOKEN = "tok-bazel"
 
 
-def assert_hit_counted(node: NodeProcess, run_output: str, hit: bool) -> None:
+def assert_hit_counted(node: NodeProcess, run_output: str, hit: bool, min_hits: int) -> None:
     assert hit, run_output + "\n--- node log ---\n" + node.log()[-3000:]
-    # Run 2 found the ActionResult (an AC hit) and read its output over ByteStream.
-    assert node.metric('kura_cache_lookups_total{protocol="grpc",result="hit"}') >= 2
+    # Run 2 found each ActionResult (an AC hit) and read its output over ByteStream.
+    assert node.metric('kura_cache_lookups_total{protocol="grpc",result="hit"}') >= min_hits
     assert node.metric('kura_grpc_requests_total{code="OK",method="GetActionResult"}') >= 1
     assert node.metric('kura_grpc_requests_total{code="OK",method="UpdateActionResult"}') >= 1
     assert node.metric('kura_grpc_requests_total{code="OK",method="Write"}') >= 1
 
 
-def test_bazel_over_grpc_gets_a_remote_hit(start_node: Callable[..., NodeProcess]) -> None:
+@pytest.mark.parametrize("client", [BAZEL, BAZEL_CC], ids=["genrule", "cc_binary"])
+def test_bazel_over_grpc_gets_a_remote_hit(
+    start_node: Callable[..., NodeProcess], client: Client
+) -> None:
     port = free_port()
     node = start_node(grpc_port=port)
-    run = run_client(BAZEL, dataclasses.replace(node, url=f"grpc://127.0.0.1:{port}"))
+    run = run_client(client, dataclasses.replace(node, url=f"grpc://127.0.0.1:{port}"))
     assert run.returncode == 0, run.describe()
-    assert_hit_counted(node, run.describe(), run.hit)
+    assert_hit_counted(node, run.describe(), run.hit, client.min_hits)
 
 
-def test_bazel_over_grpc_with_a_token(start_node: Callable[..., NodeProcess]) -> None:
+@pytest.mark.parametrize("client", [BAZEL, BAZEL_CC], ids=["genrule", "cc_binary"])
+def test_bazel_over_grpc_with_a_token(
+    start_node: Callable[..., NodeProcess], client: Client
+) -> None:
     """Bazel's ``--remote_header`` goes as gRPC metadata: with access control on, the build
     gets its hit with a read-write token and no refusal is counted."""
     port = free_port()
     node = start_node(grpc_port=port, read_write_tokens=TOKEN, read_only_tokens="tok-other")
-    run = run_client(BAZEL, dataclasses.replace(node, url=f"grpc://127.0.0.1:{port}"), token=TOKEN)
+    run = run_client(client, dataclasses.replace(node, url=f"grpc://127.0.0.1:{port}"), token=TOKEN)
     assert run.returncode == 0, run.describe()
-    assert_hit_counted(node, run.describe(), run.hit)
+    assert_hit_counted(node, run.describe(), run.hit, client.min_hits)
     assert node.metric_sum("kura_auth_refusals_total") == 0

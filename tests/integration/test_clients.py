@@ -51,6 +51,7 @@ SCRIPT_SETTINGS = (
     "SIGNATURE_KEY",
     "CLIENT_CONFIG",
     "CA",
+    "TARGET",
 )
 
 
@@ -184,6 +185,21 @@ def assert_no_hit_and_nothing_stored(client: Client, node: NodeProcess, run: Scr
     assert lookups(node, client.protocol, "hit") == 0, context
     assert node.index_rows() == 0, context
     assert "Traceback" not in node.log(), context
+
+
+BAZEL_CC = Client("bazel-cc", "bazel.sh", "/cache", "bazel", 4, {"TARGET": "cc"})
+
+
+def test_real_bazel_builds_a_c_binary_with_remote_hits_for_compile_and_link(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A C ``cc_binary`` (compile and link, two actions): the second build, from a fresh output
+    base, gets both from kura, and the cached binary runs (``bazel.sh`` ``TARGET=cc``)."""
+    node = start_node()
+    run = run_client(BAZEL_CC, node)
+    assert_remote_hit(BAZEL_CC, node, run)
+    assert "2 remote cache hit" in run.output, run.describe()
+    assert "hello ran: kura " in run.output, run.describe()
 
 
 @pytest.fixture
