@@ -75,6 +75,7 @@ class StorageState:
     _writer: ThreadPoolExecutor
     max_clock_skew_ms: int
     max_inline_bytes: int
+    inline_max_bytes: int
     versions: VersionClock
     _touches: dict[str, int]
     start_report: StartReport

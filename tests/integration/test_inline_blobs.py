@@ -1,0 +1,175 @@
+"""Small bodies are stored inline in the index (``KURA_INLINE_MAX_BYTES``), on every protocol.
+
+For each protocol a small body must land in its index row with no blob file, and a large one in
+a file, with GET, HEAD, Range (206 and 416) and conditional requests answering the same either
+way. A chunked body (no Content-Length) is buffered up to the threshold and spills to a file past
+it. A Bazel ``cas/`` body that does not hash to its path is refused (400) with nothing stored.
+Overwrites between an inline and a file version keep only the new version, and a SIGKILL right
+after acknowledged inline PUTs loses none of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import NodeProcess, node_env, spawn_node
+from tests.inline_index import stored_as
+
+KiB = 1024
+THRESHOLD = 16 * KiB
+SMALL = 3 * KiB
+LARGE = 80 * KiB  # above the threshold, and above the 64 KiB small-blob read size
+
+
+def _paths(kind: str, body: bytes, name: str) -> tuple[str, str]:
+    """(PUT path, GET path) of ``body`` under ``kind``."""
+    sha = hashlib.sha256(body).hexdigest()
+    return {
+        "http_cache": (f"/cache/inline/{name}", f"/cache/inline/{name}"),
+        "bazel_cas": (f"/cache/cas/{sha}", f"/cache/cas/{sha}"),
+        "nx": (f"/v1/cache/{sha[:20]}", f"/v1/cache/{sha[:20]}"),
+        "turbo": (f"/v8/artifacts/{sha[:32]}?slug=inline", f"/v8/artifacts/{sha[:32]}?slug=inline"),
+    }[kind]
+
+
+def _chunks(body: bytes, step: int = 1000) -> Iterator[bytes]:
+    for i in range(0, len(body), step):
+        yield body[i : i + step]
+
+
+def _check_reads(c: httpx.Client, path: str, body: bytes) -> None:
+    r = c.get(path)
+    assert r.status_code == 200, (path, r.status_code, r.text)
+    assert r.content == body
+    h = c.head(path)
+    assert h.status_code == 200
+    assert int(h.headers["content-length"]) == len(body)
+    part = c.get(path, headers={"Range": "bytes=10-2009"})
+    assert part.status_code == 206, part.text
+    assert part.content == body[10:2010]
+    assert part.headers["content-range"] == f"bytes 10-2009/{len(body)}"
+    tail = c.get(path, headers={"Range": "bytes=-7"})
+    assert tail.status_code == 206
+    assert tail.content == body[-7:]
+    beyond = c.get(path, headers={"Range": f"bytes={len(body)}-"})
+    assert beyond.status_code == 416
+    assert beyond.headers["content-range"] == f"bytes */{len(body)}"
+    etag = r.headers.get("etag")
+    assert etag, r.headers
+    assert c.get(path, headers={"If-None-Match": etag}).status_code == 304
+
+
+def test_small_bodies_are_inline_and_large_ones_files_on_every_protocol(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(inline_max_bytes=THRESHOLD)
+    stored: list[tuple[str, bytes, str]] = []  # (get path, body, expected storage)
+    with node.client() as c:
+        for kind in ("http_cache", "bazel_cas", "nx", "turbo"):
+            for size, chunked in ((SMALL, False), (LARGE, False), (SMALL, True), (LARGE, True)):
+                body = os.urandom(size)
+                put, get = _paths(kind, body, f"{size}-{chunked}")
+                content = _chunks(body) if chunked else body
+                r = c.put(put, content=content)
+                assert r.status_code in (200, 201, 202), (kind, size, r.status_code, r.text)
+                stored.append((get, body, "inline" if size <= THRESHOLD else "file"))
+        # Exactly at the threshold is inline; one byte more is a file.
+        for size in (THRESHOLD, THRESHOLD + 1):
+            body = os.urandom(size)
+            assert c.put(f"/cache/inline/edge-{size}", content=body).status_code == 201
+            stored.append(
+                (f"/cache/inline/edge-{size}", body, "inline" if size == THRESHOLD else "file")
+            )
+        for get, body, want in stored:
+            assert stored_as(node, body) == want, get
+            _check_reads(c, get, body)
+    files = sum(1 for _g, _b, want in stored if want == "file")
+    assert len(node.blob_files()) == files
+    assert node.staging_files() == []
+    assert node.metric("kura_tmp_reserved_bytes") == 0
+
+
+def test_a_bazel_cas_body_with_the_wrong_digest_is_400_and_leaves_nothing(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(inline_max_bytes=THRESHOLD)
+    wrong = hashlib.sha256(b"something else").hexdigest()
+    with node.client() as c:
+        for content in (os.urandom(SMALL), _chunks(os.urandom(SMALL)), os.urandom(LARGE)):
+            r = c.put(f"/cache/cas/{wrong}", content=content)
+            assert r.status_code == 400, r.text
+            assert "digest" in r.text
+            assert c.get(f"/cache/cas/{wrong}").status_code == 404
+    assert node.index_rows() == 0
+    assert node.blob_files() == []
+    assert node.staging_files() == []
+    assert node.metric("kura_tmp_reserved_bytes") == 0
+
+
+def test_a_chunked_body_over_the_route_limit_is_413_and_leaves_nothing(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    # The route's limit below the inline threshold: buffering in memory still enforces it.
+    node = start_node(inline_max_bytes=THRESHOLD, max_artifact_bytes=4 * KiB)
+    with node.client() as c:
+        r = c.put("/cache/inline/too-big", content=_chunks(os.urandom(8 * KiB)))
+        assert r.status_code == 413, r.text
+        r = c.put("/cache/inline/too-big", content=os.urandom(8 * KiB))
+        assert r.status_code == 413, r.text
+    assert node.index_rows() == 0
+    assert node.blob_files() == []
+    assert node.staging_files() == []
+
+
+def test_overwrites_between_inline_and_file_keep_only_the_new_version(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(inline_max_bytes=THRESHOLD)
+    path = "/cache/inline/flip"
+    with node.client() as c:
+        for size in (SMALL, LARGE, SMALL, LARGE, LARGE, SMALL, SMALL):
+            body = os.urandom(size)
+            assert c.put(path, content=body).status_code in (200, 201)
+            assert c.get(path).content == body
+            assert stored_as(node, body) == ("inline" if size <= THRESHOLD else "file")
+            assert node.index_rows() == 1
+            assert len(node.blob_files()) == (0 if size <= THRESHOLD else 1)
+    assert node.staging_files() == []
+
+
+def test_zero_turns_inline_storage_off(start_node: Callable[..., NodeProcess]) -> None:
+    node = start_node(inline_max_bytes=0)
+    body = os.urandom(SMALL)
+    with node.client() as c:
+        assert c.put("/cache/inline/off", content=body).status_code == 201
+        _check_reads(c, "/cache/inline/off", body)
+    assert stored_as(node, body) == "file"
+
+
+def test_kill_9_right_after_acknowledged_inline_puts_loses_none(tmp_path: Path) -> None:
+    directory = tmp_path / "node"
+    env = node_env(directory, inline_max_bytes=THRESHOLD)
+    acked: dict[str, bytes] = {}
+    for _round in range(3):
+        node = spawn_node(directory, env)
+        with node.client() as c:
+            for i in range(40):
+                key = f"/cache/crash/{len(acked)}-{i}"
+                body = os.urandom(100 + i * 300)
+                assert c.put(key, content=body).status_code == 201
+                acked[key] = body
+        node.stop(signal.SIGKILL)  # at once after the last acknowledgement
+        node = spawn_node(directory, env)
+        with node.client() as c:
+            lost = [k for k, body in acked.items() if c.get(k).content != body]
+        assert lost == [], f"{len(lost)} of {len(acked)} acknowledged inline writes lost"
+        assert all(stored_as(node, body) == "inline" for body in acked.values())
+        assert node.blob_files() == []
+        node.stop()
+    assert len(acked) == 120
