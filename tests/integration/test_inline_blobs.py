@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.inline_index import stored_as
@@ -173,3 +174,47 @@ def test_kill_9_right_after_acknowledged_inline_puts_loses_none(tmp_path: Path) 
         assert node.blob_files() == []
         node.stop()
     assert len(acked) == 120
+
+
+def test_a_kill_between_commit_and_unlink_leaves_no_file_beside_the_inline_row(
+    tmp_path: Path,
+) -> None:
+    """file -> inline overwrite, killed after the inline row committed but before the old
+    version's file was unlinked: start-up reconcile removes the leftover file."""
+    directory = tmp_path / "node"
+    plain = node_env(directory, inline_max_bytes=THRESHOLD)
+    large, small = os.urandom(LARGE), os.urandom(SMALL)
+    node = spawn_node(directory, plain)
+    with node.client() as c:
+        assert c.put("/cache/inline/k", content=large).status_code == 201
+    node.stop()
+    faulty = node_env(directory, inline_max_bytes=THRESHOLD, failpoints="storage.after_commit=kill")
+    node = spawn_node(directory, faulty)
+    with node.client() as c, pytest.raises(httpx.TransportError):
+        c.put("/cache/inline/k", content=small)
+    assert node.proc.wait(30) == -signal.SIGKILL
+    assert len(node.blob_files()) == 1  # the old version's file, left by the kill
+    node = spawn_node(directory, plain)
+    with node.client() as c:
+        assert c.get("/cache/inline/k").content == small  # committed, so it is the version
+    assert stored_as(node, small) == "inline"
+    assert node.blob_files() == []
+    assert node.metric('kura_storage_reconciled_total{kind="file"}') == 1
+    node.stop()
+
+
+def test_inline_bytes_count_against_the_disk_budget_and_are_evicted(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    budget = 64 * KiB
+    node = start_node(inline_max_bytes=THRESHOLD, max_disk_bytes=budget)
+    bodies = [os.urandom(8 * KiB) for _ in range(20)]  # 160 KiB written into 64 KiB
+    with node.client() as c:
+        for i, body in enumerate(bodies):
+            assert c.put(f"/cache/evict/{i}", content=body).status_code == 201
+            assert node.metric("kura_disk_used_bytes") <= budget
+        assert c.get("/cache/evict/19").content == bodies[-1]  # the newest stays
+        assert c.get("/cache/evict/0").status_code == 404  # the oldest went
+    assert node.metric("kura_disk_used_bytes") == node.index_rows() * 8 * KiB
+    assert 0 < node.index_rows() <= budget // (8 * KiB)
+    assert node.blob_files() == []
