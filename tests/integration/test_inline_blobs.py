@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.inline_index import stored_as
+from tests.integration import rawhttp
 
 KiB = 1024
 THRESHOLD = 16 * KiB
@@ -218,3 +219,35 @@ def test_inline_bytes_count_against_the_disk_budget_and_are_evicted(
     assert node.metric("kura_disk_used_bytes") == node.index_rows() * 8 * KiB
     assert 0 < node.index_rows() <= budget // (8 * KiB)
     assert node.blob_files() == []
+
+
+def test_a_small_body_is_stored_while_the_tmp_budget_is_exhausted(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """An inline body never touches the tmp dir, so it reserves nothing from the tmp budget: a
+    small PUT (with or without ``Expect: 100-continue``) succeeds while a large upload holds
+    the whole budget, and a large one is still refused with 503."""
+    budget = 1024 * KiB
+    node = start_node(inline_max_bytes=THRESHOLD, tmp_dir_max_bytes=budget)
+    hog = rawhttp.connect(node.url)
+    rawhttp.send_head(hog, "PUT", "/cache/inline/hog", {"Content-Length": str(budget)})
+    hog.sendall(b"h" * 1024)
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == budget)
+    small = os.urandom(SMALL)
+    sock = rawhttp.connect(node.url)
+    with sock:
+        headers = {"Content-Length": str(len(small)), "Expect": "100-continue"}
+        rawhttp.send_head(sock, "PUT", "/cache/inline/expect", headers)
+        status, _h, _b = rawhttp.read_response(sock)
+        assert status == 100
+        sock.sendall(small)
+        status, _h, _b = rawhttp.read_response(sock)
+        assert status == 201
+    with node.client() as c:
+        assert c.put("/cache/inline/plain", content=small[::-1]).status_code == 201
+        assert c.put("/cache/inline/large", content=os.urandom(LARGE)).status_code == 503
+        assert c.get("/cache/inline/expect").content == small
+    assert node.metric("kura_tmp_reserved_bytes") == budget  # only the hog's
+    hog.close()
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == 0)
+    assert stored_as(node, small) == "inline"
