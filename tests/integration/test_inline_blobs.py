@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -251,3 +252,34 @@ def test_a_small_body_is_stored_while_the_tmp_budget_is_exhausted(
     hog.close()
     assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == 0)
     assert stored_as(node, small) == "inline"
+
+
+def test_a_damaged_inline_body_reads_as_a_miss_and_is_quarantined(tmp_path: Path) -> None:
+    directory = tmp_path / "node"
+    env = node_env(directory, inline_max_bytes=THRESHOLD)
+    body, neighbour = os.urandom(SMALL), os.urandom(SMALL)
+    node = spawn_node(directory, env)
+    with node.client() as c:
+        assert c.put("/cache/inline/victim", content=body).status_code == 201
+        assert c.put("/cache/inline/neighbour", content=neighbour).status_code == 201
+    node.stop()
+    db = sqlite3.connect(node.data_dir / "index.sqlite3")
+    with db:
+        damaged = body[:100] + bytes([body[100] ^ 1]) + body[101:]  # one bit, same length
+        n = db.execute(
+            "UPDATE artifacts SET inline_body = ? WHERE sha256 = ?",
+            (damaged, hashlib.sha256(body).hexdigest()),
+        ).rowcount
+    db.close()
+    assert n == 1
+    node = spawn_node(directory, env)
+    with node.client() as c:
+        assert c.get("/cache/inline/victim").status_code == 404
+        assert node.metric('kura_storage_corrupt_artifacts_total{detected_by="read"}') == 1
+        assert c.get("/cache/inline/neighbour").content == neighbour
+        assert node.index_rows() == 1
+        assert len(list((node.data_dir / "quarantine").glob("*.json"))) == 1
+        assert node.metric("kura_disk_used_bytes") == len(neighbour)
+        assert c.put("/cache/inline/victim", content=body).status_code == 201  # stored again
+        assert c.get("/cache/inline/victim").content == body
+    node.stop()
