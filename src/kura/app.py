@@ -132,6 +132,7 @@ class Node:
             on_quarantine=self._repair_quarantined,
             max_clock_skew_ms=settings.max_clock_skew_ms,
             max_inline_bytes=settings.max_keyvalue_bytes,
+            inline_max_bytes=settings.inline_max_bytes,
             hooks=tier_hooks or self.storage_hooks,
         )
         self.scrubber = Scrubber(

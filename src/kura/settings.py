@@ -29,6 +29,8 @@ from kura.core.keys import NAMESPACE, validate
 from kura.core.object_layout import parse_url
 
 MiB = 1024 * 1024
+KiB = 1024
+MAX_INLINE_BYTES = 1 * MiB
 GiB = 1024 * MiB
 
 
@@ -472,6 +474,13 @@ class Settings:
         "largest key-value (action cache) body",
         default=1 * MiB,
     )
+    inline_max_bytes: int = option(
+        "KURA_INLINE_MAX_BYTES",
+        "--inline-max-bytes",
+        parse_bytes,
+        "bodies of at most this many bytes are stored inside the index, not as files (0 = off)",
+        default=16 * KiB,
+    )
     max_xcode_bytes: int = option(
         "KURA_MAX_XCODE_BYTES",
         "--max-xcode-bytes",
@@ -723,6 +732,9 @@ def validate_settings(s: Settings) -> list[str]:
             "(stored blobs would count against the tmp budget, and the start-up sweep of the "
             "tmp dir must never reach data)"
         )
+    # An inline body is held in memory while it is received (kura.storage.small_body).
+    if s.inline_max_bytes > MAX_INLINE_BYTES:
+        problems.append(f"KURA_INLINE_MAX_BYTES must be at most {MAX_INLINE_BYTES} bytes")
     overlap = set(s.read_write_tokens) & set(s.read_only_tokens)
     if overlap:
         problems.append("a token is listed as both read-write and read-only")

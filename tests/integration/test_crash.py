@@ -233,10 +233,14 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
     assert all(os.path.basename(p).count(".") == 1 for p in blob_files)
 
 
-def test_readers_racing_overwrites_always_get_one_whole_version(node: NodeProcess) -> None:
+def test_readers_racing_overwrites_always_get_one_whole_version(
+    start_node: Callable[..., NodeProcess],
+) -> None:
     """The old version's file is unlinked after the commit, never truncated or renamed over:
-    a reader that opened it keeps its bytes, a later reader gets the new row and file."""
-    sizes = {"big": 1024 * 1024 + 7, "small": 10_000}
+    a reader that opened it keeps its bytes, a later reader gets the new row and file. An
+    inline version (``tiny``) is replaced with its row, in the same one commit."""
+    node = start_node(inline_max_bytes=4096)
+    sizes = {"big": 1024 * 1024 + 7, "small": 10_000, "tiny": 1_000}
     digests: dict[str, set[bytes]] = {k: set() for k in sizes}
     for key, size in sizes.items():
         body = os.urandom(size)
@@ -274,4 +278,4 @@ def test_readers_racing_overwrites_always_get_one_whole_version(node: NodeProces
             t.join(30)
     assert bad == []
     assert reads[0] > 30
-    assert len(node.blob_files()) == 2  # every superseded version's file is gone
+    assert len(node.blob_files()) == 2  # every superseded version's file is gone; tiny has none

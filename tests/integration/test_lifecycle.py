@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -67,7 +68,13 @@ def test_serve_with_no_configuration_listens_on_localhost_4000_with_data_under_d
         assert httpx.get(url + "/cache/zero/config", timeout=10).content == b"z"
         kura = tmp_path / ".kura"
         assert (kura / "data" / "index.sqlite3").is_file()
-        assert len([p for p in (kura / "data" / "blobs").rglob("*") if p.is_file()]) == 1
+        # The 1-byte body is inline in its index row (KURA_INLINE_MAX_BYTES): no blob file.
+        assert [p for p in (kura / "data" / "blobs").rglob("*") if p.is_file()] == []
+        db = sqlite3.connect(f"file:{kura / 'data' / 'index.sqlite3'}?mode=ro", uri=True)
+        try:
+            assert db.execute("SELECT inline_body FROM artifacts").fetchall() == [(b"z",)]
+        finally:
+            db.close()
         assert (kura / "tmp" / "uploads").is_dir()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, stderr_path.read_text()

@@ -55,7 +55,8 @@ def next_millisecond() -> None:
 def test_corrupted_small_blob_reads_as_a_miss_and_is_dropped(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node(hot_cache_bytes=0)  # every read goes to disk (the hot cache: below)
+    # Every read goes to disk (the hot cache: below), and the body is a file, not inline.
+    node = start_node(hot_cache_bytes=0, inline_max_bytes=0)
     body = os.urandom(10 * KiB)
     with node.client() as c:
         assert c.put("/cache/small/one", content=body).status_code == 201
@@ -82,7 +83,7 @@ def test_corrupted_small_blob_reads_as_a_miss_and_is_dropped(
 def test_a_hot_cached_blob_never_serves_bytes_corrupted_on_disk_and_a_restart_drops_it(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node()
+    node = start_node(inline_max_bytes=0)  # a file, to damage on disk
     body = os.urandom(10 * KiB)
     with node.client() as c:
         assert c.put("/cache/hot/victim", content=body).status_code == 201
@@ -140,7 +141,10 @@ def test_corrupted_large_blob_is_rehashed_when_its_ctime_changes(
     assert len(list((node.data_dir / "quarantine").glob("*.json"))) == 1
 
 
-def test_a_blob_file_deleted_behind_the_nodes_back_reads_as_a_miss(node: NodeProcess) -> None:
+def test_a_blob_file_deleted_behind_the_nodes_back_reads_as_a_miss(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(inline_max_bytes=0)  # a file, to delete
     with node.client() as c:
         assert c.put("/cache/gone", content=b"x" * 100).status_code == 201
         (path,) = node.blob_files()
@@ -277,9 +281,10 @@ def test_restart_after_sigkill_sweeps_staging_leftovers_and_orphans(
 
 
 def test_a_second_process_on_the_same_data_dir_exits_1_and_touches_nothing(
-    node: NodeProcess, tmp_path: Path
+    start_node: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:
     # The running node has a body in flight: its staging file must survive the intruder.
+    node = start_node(inline_max_bytes=0)  # so the small body is staged in the tmp dir
     sock = rawhttp.connect(node.url)
     rawhttp.send_head(sock, "PUT", "/cache/owner/inflight", {"Content-Length": "2000"})
     sock.sendall(b"o" * 1000)

@@ -96,4 +96,5 @@ def _check(request: web.Request, spec: EndpointSpec) -> None:
     length = declared_length(request)
     # The checks CacheService.put_stream makes before it stages a byte, in the same order.
     c.service.check_size(length, spec.body_limit(c.settings))
-    c.service.budget.check_room(max(1, length or 0))
+    if c.service.stages(length):  # an inline body takes nothing from the tmp budget
+        c.service.budget.check_room(max(1, length or 0))

@@ -8,7 +8,8 @@ changed again carries only its newest number; a row evicted or deleted since is 
 
 Pulling: ``peer_cursors`` holds, per peer URL, the peer's epoch and the change number up to
 which this node has applied that peer's feed. Written with one autocommitted statement on the
-writer thread, after a page is fully applied (``synchronous=FULL``: durable once it returns).
+writer thread, after a page is fully applied (durable once the writer job returns:
+``storage.group_commit``).
 """
 
 from __future__ import annotations

@@ -335,8 +335,8 @@ class MetadataIndex(PagingQueries, OutboxQueries):
             victims = [
                 (str(r[0]), int(r[1]), bool(r[2]))
                 for r in conn.execute(
-                    "SELECT artifact_id, size, inline_body IS NOT NULL FROM artifacts "
-                    "WHERE namespace_id = ? AND version_ms <= ?",
+                    "SELECT artifact_id, size, length(inline_body) IS NOT NULL FROM artifacts "
+                    "WHERE namespace_id = ? AND version_ms <= ?",  # length: see paging.py
                     (namespace_id, version_ms),
                 )
             ]

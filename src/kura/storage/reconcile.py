@@ -10,7 +10,7 @@ publish the new version's file beside the old one, commit the row, then unlink t
 ``reconcile`` makes files and rows agree again: every blob file that is not the file of its
 row's *current* manifest is removed (it was never acknowledged, or it was superseded), and every
 file-backed row whose file is missing is dropped (logged at WARNING and counted). Acknowledged
-versions are never touched: their row is durable before the answer (``synchronous=FULL``), so
+versions are never touched: their row is durable before the answer (``storage.group_commit``), so
 their file is the one the row names.
 
 ``migrate_layout_1`` renames each layout-1 file ``blobs/ab/cd/<artifact_id>`` to its layout-2

@@ -72,7 +72,7 @@ class ReplicaApply(WritePath):
         if manifest.inline and manifest.size > self.max_inline_bytes:
             raise PayloadTooLarge(
                 f"an inline artifact of {manifest.size} bytes exceeds the inline limit of "
-                f"{self.max_inline_bytes} bytes (KURA_MAX_KEYVALUE_BYTES)",
+                f"{self.max_inline_bytes} bytes (KURA_MAX_KEYVALUE_BYTES, KURA_INLINE_MAX_BYTES)",
                 self.max_inline_bytes,
             )
         outcome = await self.apply_outcome_for(manifest, source)

@@ -5,7 +5,8 @@ Guarantees:
 * A write is visible only once complete: its body is staged in the tmp dir under a reservation
   from the tmp budget, fsynced, renamed into place beside any older version and then recorded
   in the index (committed with ``synchronous=FULL``); only then is the older version's file
-  unlinked. A crash at any point leaves the acknowledged version intact, and start-up removes
+  unlinked. A body of at most ``inline_max_bytes`` is read into memory and committed inside
+  its index row instead (``storage.small_body``), durable by the same commit. A crash at any point leaves the acknowledged version intact, and start-up removes
   the rest (``storage.reconcile``; ``docs/durability.md``). A failed or rejected write leaves
   no blob, no index row and no reserved bytes.
 * Every artifact has a ``version_ms``; an index row is replaced only by a strictly newer version
@@ -112,6 +113,7 @@ class CacheService(ReadPath, ReplicaApply):
         on_quarantine: Callable[[str], None] = lambda artifact_id: None,
         max_clock_skew_ms: int = 300_000,
         max_inline_bytes: int = 1024 * 1024,
+        inline_max_bytes: int = 0,
         hooks: StorageHooks | None = None,
     ) -> None:
         self.files = BlobFiles(data_dir, tmp_dir)
@@ -139,8 +141,11 @@ class CacheService(ReadPath, ReplicaApply):
         self.max_clock_skew_ms = max_clock_skew_ms
         # Inline bodies are read into memory and stored in SQLite, outside the tmp budget: a
         # peer's copy that claims to be inline may be no larger than a local inline write
-        # (KURA_MAX_KEYVALUE_BYTES, as upstream Kura limits inline replicas).
-        self.max_inline_bytes = max_inline_bytes
+        # (KURA_MAX_KEYVALUE_BYTES or KURA_INLINE_MAX_BYTES, as upstream Kura limits inline
+        # replicas).
+        self.max_inline_bytes = max(max_inline_bytes, inline_max_bytes)
+        # Local writes of at most this many bytes are stored inline (KURA_INLINE_MAX_BYTES).
+        self.inline_max_bytes = inline_max_bytes
         self.versions = VersionClock()
         self._touches: dict[str, int] = {}
         self.start_report = StartReport()

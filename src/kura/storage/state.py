@@ -76,6 +76,7 @@ class StorageState:
     _writer: GroupCommitWriter
     max_clock_skew_ms: int
     max_inline_bytes: int
+    inline_max_bytes: int
     versions: VersionClock
     _touches: dict[str, int]
     start_report: StartReport

@@ -3,7 +3,10 @@ reservation from the tmp budget, and the commit that publishes it.
 
 A write is visible only once complete: its body is staged in the tmp dir, fsynced, renamed into
 place beside any older version (``BlobStore.put``) and then recorded in the index with its
-outbox messages in one transaction; only then is the older version's file unlinked. A local
+outbox messages in one transaction; only then is the older version's file unlinked. A small
+body (at most ``inline_max_bytes``, ``storage.small_body``) is read into memory instead and
+recorded in the index row itself, in the same one transaction: no file, no tmp-budget
+reservation, and the commit's WAL fsync is its only fsync. A local
 write's version is issued on the writer thread above the stored copy's and the namespace
 tombstone's, so an acknowledged local write always wins. A failed or rejected write leaves no
 blob, no index row and no reserved bytes. Eviction makes room first (``storage.eviction``).
@@ -25,6 +28,7 @@ from kura.storage.artifact import ArtifactRef, PutResult
 from kura.storage.blobs import GROW_STEP_BYTES, Staged, concatenate, stage_body
 from kura.storage.eviction import Eviction
 from kura.storage.fsync import fsync_path
+from kura.storage.small_body import buffer_small, check_digest, fits_inline
 from kura.storage.state import decide as _decide
 
 
@@ -65,8 +69,21 @@ class WritePath(Eviction):
 
         Raises (leaving nothing behind): PayloadTooLarge, ResourceExhausted (tmp budget, disk),
         IncompleteBody, DigestMismatch, InvalidRequest.
+        A small body (``storage.small_body``) is stored inline in its index row, unstaged.
         """
         self.check_size(declared_length, limit_bytes)
+        if fits_inline(self.inline_max_bytes, declared_length):
+            got = await buffer_small(
+                body,
+                self.inline_max_bytes,
+                limit_bytes=limit_bytes,
+                declared_length=declared_length,
+            )
+            if isinstance(got, bytes):
+                return await self._put_small(
+                    ref, got, limit_bytes, content_type, headers, expected_sha256
+                )
+            body = got  # grew past the threshold: staged like any large body
         first = (
             declared_length
             if declared_length is not None
@@ -82,6 +99,32 @@ class WritePath(Eviction):
                 expected_sha256=expected_sha256,
             )
             return await self._commit_staged(ref, staged, content_type, headers or {})
+
+    def stages(self, declared_length: int | None) -> bool:
+        """Whether ``put_stream`` stages a body of ``declared_length`` in the tmp dir (so needs
+        room in the tmp budget) rather than storing it inline."""
+        return not (
+            declared_length is not None and fits_inline(self.inline_max_bytes, declared_length)
+        )
+
+    async def _put_small(
+        self,
+        ref: ArtifactRef,
+        data: bytes,
+        limit_bytes: int,
+        content_type: str,
+        headers: dict[str, str] | None,
+        expected_sha256: str | None,
+    ) -> PutResult:
+        """Store a fully read small body inline: digest checked first (nothing stored on a
+        mismatch), then the size checks on its real length (a chunked body had none)."""
+        sha256 = check_digest(data, expected_sha256)
+        self.check_size(len(data), limit_bytes)
+        aid = self.artifact_id(ref)
+        manifest = self._new_manifest(
+            ref, aid, len(data), sha256, content_type, headers or {}, inline=True
+        )
+        return await self._commit(manifest, None, data, source="local")
 
     async def put_concatenated(
         self, ref: ArtifactRef, parts: Sequence[Path], content_type: str
