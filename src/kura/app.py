@@ -277,7 +277,7 @@ class Node:
             self.service.stats,
             self.budget,
             settings.max_disk_bytes,
-            self.service.files.tmp_dir_bytes,
+            lambda: self.budget.tmp_dir_bytes,
             self.service.hot,
             lambda: self.service.start_report,
             self.service.free_disk_bytes,
@@ -571,6 +571,7 @@ class Node:
         self.log_ring.attach()
         self.connections.apply_descriptor_limit()
         await self.service.start()
+        await self.budget.refresh()  # outside bytes as left by the start-up sweep
         if self.object_tier is not None:
             await self.object_tier.check_start()  # a missing bucket or bad credentials: exit 1
         self.repairer.bind(asyncio.get_running_loop())
@@ -605,6 +606,7 @@ class Node:
     async def _background(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.service.run_maintenance())
+            tg.create_task(self.budget.run())  # the tmp dir's occupancy, walked off the loop
             tg.create_task(self._reap_uploads())
             tg.create_task(self.membership.run())
             tg.create_task(self.shipper.run())
