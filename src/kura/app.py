@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from kit import event_loop
 from kit.clock import Clock, SystemClock
 from kit.log_ring import LogRing
 from kura import __version__
@@ -316,6 +317,7 @@ class Node:
         self.log_ring = LogRing()
         self.draining = False
         self.public_url = ""
+        self.event_loop = ""  # set by start()
         self._runners: list[web.AppRunner] = []
         # The REAPI v2 services over gRPC (kura.grpc), when KURA_GRPC_PORT is set.
         self.grpc = (
@@ -449,6 +451,7 @@ class Node:
             "tmp_reserved_bytes": self.budget.reserved_bytes,
             "tmp_capacity_bytes": self.budget.capacity_bytes,
             "version": __version__,
+            "event_loop": self.event_loop,
             "disk_limit_bytes": self.settings.max_disk_bytes,
             "lookups": self.metrics.lookups_by_protocol(),
             "recent_errors": self.log_ring.records(),
@@ -568,6 +571,7 @@ class Node:
         return _bound_port(runner)
 
     async def start(self) -> None:
+        self.event_loop = event_loop.running_loop_name()  # uvloop or asyncio (KURA_EVENT_LOOP)
         self.log_ring.attach()
         self.connections.apply_descriptor_limit()
         await self.service.start()
@@ -593,12 +597,13 @@ class Node:
             await self.grpc.start()
         self._tasks = asyncio.create_task(self._background(), name="kura-background")
         log.info(
-            "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s",
+            "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s event_loop=%s",
             self.public_url,
             self.node_url,
             ",".join(map(peer_label, self.settings.peers)),
             self.settings.data_dir,
             self.settings.tmp_dir,
+            self.event_loop,
         )
         # One machine-readable line on stdout so wrappers and tests learn the bound ports.
         print(f"kura listening public={self.public_url} internal={self.node_url}", flush=True)

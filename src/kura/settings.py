@@ -684,6 +684,13 @@ class Settings:
     access_log: bool = option(
         "KURA_ACCESS_LOG", "--access-log", parse_bool, "log every request", default=False
     )
+    event_loop: str = option(
+        "KURA_EVENT_LOOP",
+        "--event-loop",
+        parse_choice(["auto", "asyncio", "uvloop"]),
+        "the event loop: uvloop, asyncio's own, or auto (uvloop when installed)",
+        default="auto",
+    )
 
     @property
     def auth_enabled(self) -> bool:

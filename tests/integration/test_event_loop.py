@@ -1,0 +1,46 @@
+"""KURA_EVENT_LOOP (kit.event_loop, kura.cli): a node started with each value runs the loop it
+reports, in its start-up log line and in /status, and serves a PUT and a GET on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import NodeProcess, node_env
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"), [("asyncio", "asyncio"), ("uvloop", "uvloop"), ("auto", "uvloop")]
+)
+def test_a_node_runs_and_reports_the_event_loop_it_was_given(
+    start_node: Callable[..., NodeProcess], setting: str, expected: str
+) -> None:
+    # auto is uvloop: uvloop is a dependency (pyproject.toml), so it is always importable here.
+    node = start_node(event_loop=setting)
+    body = os.urandom(1024)
+    with node.client() as c:
+        assert c.put("/cache/loop-check", content=body).status_code == 201
+        assert c.get("/cache/loop-check").content == body
+        assert c.get("/status").json()["event_loop"] == expected
+    assert f"event_loop={expected}" in node.log()
+
+
+def test_an_unknown_event_loop_is_a_configuration_error(tmp_path: Path) -> None:
+    env = {**os.environ, **node_env(tmp_path, event_loop="trio")}
+    done = subprocess.run(
+        [sys.executable, "-m", "kura.cli", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "KURA_EVENT_LOOP" in done.stderr
+    assert "'trio'" in done.stderr
+    assert "Traceback" not in done.stderr
