@@ -688,8 +688,8 @@ class Settings:
         "KURA_EVENT_LOOP",
         "--event-loop",
         parse_choice(["auto", "asyncio", "uvloop"]),
-        "the event loop: uvloop, asyncio's own, or auto (uvloop when installed)",
-        default="auto",
+        "the event loop: asyncio's own, uvloop, or auto (uvloop when installed)",
+        default="asyncio",
     )
 
     @property

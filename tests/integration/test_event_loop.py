@@ -15,13 +15,15 @@ from tests.conftest import NodeProcess, node_env
 
 
 @pytest.mark.parametrize(
-    ("setting", "expected"), [("asyncio", "asyncio"), ("uvloop", "uvloop"), ("auto", "uvloop")]
+    ("setting", "expected"),
+    [(None, "asyncio"), ("asyncio", "asyncio"), ("uvloop", "uvloop"), ("auto", "uvloop")],
 )
 def test_a_node_runs_and_reports_the_event_loop_it_was_given(
-    start_node: Callable[..., NodeProcess], setting: str, expected: str
+    start_node: Callable[..., NodeProcess], setting: str | None, expected: str
 ) -> None:
-    # auto is uvloop: uvloop is a dependency (pyproject.toml), so it is always importable here.
-    node = start_node(event_loop=setting)
+    # Unset is asyncio (the default). auto is uvloop: the dev extra installs kura[uvloop]
+    # (pyproject.toml), so it is importable here.
+    node = start_node(**({} if setting is None else {"event_loop": setting}))
     body = os.urandom(1024)
     with node.client() as c:
         assert c.put("/cache/loop-check", content=body).status_code == 201

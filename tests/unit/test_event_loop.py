@@ -15,7 +15,7 @@ async def _name() -> str:
     ("setting", "expected"), [("asyncio", "asyncio"), ("uvloop", "uvloop"), ("auto", "uvloop")]
 )
 def test_run_runs_the_coroutine_on_the_loop_the_setting_names(setting: str, expected: str) -> None:
-    # auto is uvloop: uvloop is a dependency (pyproject.toml), so it is importable here.
+    # auto is uvloop: the dev extra installs kura[uvloop] (pyproject.toml), so it is importable here.
     assert event_loop.choose(setting)[0] == expected
     assert event_loop.run(_name(), setting) == expected
 
