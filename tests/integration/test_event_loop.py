@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import NodeProcess, node_env
 
+MiB = 1024 * 1024
+
 
 @pytest.mark.parametrize(
     ("setting", "expected"),
@@ -24,10 +26,16 @@ def test_a_node_runs_and_reports_the_event_loop_it_was_given(
     # Unset is asyncio (the default). auto is uvloop: the dev extra installs kura[uvloop]
     # (pyproject.toml), so it is importable here.
     node = start_node(**({} if setting is None else {"event_loop": setting}))
-    body = os.urandom(1024)
+    small, large = os.urandom(1024), os.urandom(3 * MiB)
     with node.client() as c:
-        assert c.put("/cache/loop-check", content=body).status_code == 201
-        assert c.get("/cache/loop-check").content == body
+        assert c.put("/cache/loop-check", content=small).status_code == 201
+        assert c.get("/cache/loop-check").content == small
+        # Served from its file (loop.sendfile; uvloop has none, kura.api.file_response).
+        assert c.put("/cache/loop-check-large", content=large).status_code == 201
+        assert c.get("/cache/loop-check-large").content == large
+        r = c.get("/cache/loop-check-large", headers={"Range": "bytes=1000-2999999"})
+        assert r.status_code == 206
+        assert r.content == large[1000:3000000]
         assert c.get("/status").json()["event_loop"] == expected
     assert f"event_loop={expected}" in node.log()
 
