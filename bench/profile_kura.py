@@ -46,7 +46,10 @@ def py_spy() -> str:
 CATEGORIES = (
     ("prometheus metrics", r"prometheus_client/"),
     ("fsync (staged file, blob directory)", r"fsync"),
-    ("SQLite write (writer thread: _commit_sync)", r"_commit_sync|MetadataIndex\.put|sqlite"),
+    (
+        "SQLite write (writer thread: _commit_sync)",
+        r"_commit_sync|MetadataIndex\.(upsert|tombstone|touch)|digests\.py|change_seq|sqlite",
+    ),
     ("hashing (sha256, xxh3)", r"BodyDigests|hashlib|xxh"),
     ("tmp dir walk", r"untracked_bytes_on_disk|tmp_dir_bytes|tmp_occupancy|walk"),
     (
