@@ -450,7 +450,8 @@ class KuraPeer(Peer):
         }
         settings = " ".join(f"{k}={v}" for k, v in shown.items())
         return (
-            f"{self.version} from {self.source}, 1 process, asyncio loop, fsync per PUT "
+            f"{self.version} from {self.source}, 1 process, "
+            f"KURA_EVENT_LOOP={self.settings.get('KURA_EVENT_LOOP', 'default')}, fsync per PUT "
             f"(file + dir), cleanup={self.cleanup_mode}; {settings}"
         )
 

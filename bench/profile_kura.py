@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Profile kura under a wrk GET load with py-spy: flame graph, collapsed stacks, top functions.
+"""Profile kura under a wrk GET (or --method PUT) load with py-spy: flame graph, collapsed
+stacks, top functions.
 
     .venv/bin/pip install py-spy        # once
     .venv/bin/python bench/profile_kura.py --size 1K --out /tmp/kura-get-1k
@@ -44,6 +45,13 @@ def py_spy() -> str:
 # (C functions such as f.read or sha256 are charged to the Python frame that called them.)
 CATEGORIES = (
     ("prometheus metrics", r"prometheus_client/"),
+    ("fsync (staged file, blob directory)", r"fsync"),
+    (
+        "SQLite write (writer thread: _commit_sync)",
+        r"_commit_sync|MetadataIndex\.(upsert|tombstone|touch)|digests\.py|change_seq|sqlite",
+    ),
+    ("hashing (sha256, xxh3)", r"BodyDigests|hashlib|xxh"),
+    ("tmp dir walk", r"untracked_bytes_on_disk|tmp_dir_bytes|tmp_occupancy|walk"),
     (
         "executor hop (submit, wake-up, future chaining)",
         r"ThreadPoolExecutor\.submit|run_in_executor|wrap_future|_chain_future|_call_set_state|"
@@ -158,6 +166,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--size", default="1K")
+    ap.add_argument("--method", choices=["GET", "PUT"], default="GET", help="the wrk load")
     ap.add_argument("--duration", type=float, default=50, help="wrk seconds")
     ap.add_argument(
         "--sample", type=float, default=20, help="seconds of each of the two py-spy recordings"
@@ -201,6 +210,13 @@ def main() -> None:
         result: dict = {}
 
         def load() -> None:
+            if a.method == "PUT":
+                result.update(
+                    cb.run_put(
+                        peer.target, size, threads=a.threads, conns=a.conns, duration=a.duration
+                    )
+                )
+                return
             result.update(
                 cb.run_get(
                     peer.target,

@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from kit import event_loop
 from kit.clock import Clock, SystemClock
 from kit.log_ring import LogRing
 from kura import __version__
@@ -278,7 +279,7 @@ class Node:
             self.service.stats,
             self.budget,
             settings.max_disk_bytes,
-            self.service.files.tmp_dir_bytes,
+            lambda: self.budget.tmp_dir_bytes,
             self.service.hot,
             lambda: self.service.start_report,
             self.service.free_disk_bytes,
@@ -345,6 +346,7 @@ class Node:
         self.log_ring = LogRing()
         self.draining = False
         self.public_url = ""
+        self.event_loop = ""  # set by start()
         self._runners: list[web.AppRunner] = []
         # The REAPI v2 services over gRPC (kura.grpc), when KURA_GRPC_PORT is set.
         self.grpc = (
@@ -479,6 +481,7 @@ class Node:
             "tmp_reserved_bytes": self.budget.reserved_bytes,
             "tmp_capacity_bytes": self.budget.capacity_bytes,
             "version": __version__,
+            "event_loop": self.event_loop,
             "disk_limit_bytes": self.settings.max_disk_bytes,
             "lookups": self.metrics.lookups_by_protocol(),
             "recent_errors": self.log_ring.records(),
@@ -598,9 +601,11 @@ class Node:
         return _bound_port(runner)
 
     async def start(self) -> None:
+        self.event_loop = event_loop.running_loop_name()  # uvloop or asyncio (KURA_EVENT_LOOP)
         self.log_ring.attach()
         self.connections.apply_descriptor_limit()
         await self.service.start()
+        await self.budget.refresh()  # outside bytes as left by the start-up sweep
         if self.object_tier is not None:
             await self.object_tier.check_start()  # a missing bucket or bad credentials: exit 1
         self.repairer.bind(asyncio.get_running_loop())
@@ -622,12 +627,13 @@ class Node:
             await self.grpc.start()
         self._tasks = asyncio.create_task(self._background(), name="kura-background")
         log.info(
-            "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s",
+            "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s event_loop=%s",
             self.public_url,
             self.node_url,
             ",".join(map(peer_label, self.settings.peers)),
             self.settings.data_dir,
             self.settings.tmp_dir,
+            self.event_loop,
         )
         # One machine-readable line on stdout so wrappers and tests learn the bound ports.
         print(f"kura listening public={self.public_url} internal={self.node_url}", flush=True)
@@ -635,6 +641,7 @@ class Node:
     async def _background(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.service.run_maintenance())
+            tg.create_task(self.budget.run())  # the tmp dir's occupancy, walked off the loop
             tg.create_task(self._reap_uploads())
             tg.create_task(self.membership.run())
             tg.create_task(self.shipper.run())

@@ -7,11 +7,11 @@ died); 2 invalid configuration (every problem listed on stderr).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from kit import event_loop
 from kit import log as kit_log
 from kit.pipes import quiet_broken_pipe
 from kit.settings import SettingsError, add_arguments, load
@@ -150,11 +150,16 @@ def serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
         return 2
+    try:
+        event_loop.choose(settings.event_loop)
+    except ImportError as exc:
+        print(f"kura: invalid configuration: KURA_EVENT_LOOP=uvloop: {exc}", file=sys.stderr)
+        return 2
     kit_log.configure(settings.log_level)
     from kura.app import Node  # imported late: configuration errors need no aiohttp start-up
 
     try:
-        asyncio.run(Node(settings).serve_forever())
+        event_loop.run(Node(settings).serve_forever(), settings.event_loop)
     except KuraError as exc:
         print(f"kura: {exc.message}", file=sys.stderr)
         return 1

@@ -693,6 +693,13 @@ class Settings:
     access_log: bool = option(
         "KURA_ACCESS_LOG", "--access-log", parse_bool, "log every request", default=False
     )
+    event_loop: str = option(
+        "KURA_EVENT_LOOP",
+        "--event-loop",
+        parse_choice(["auto", "asyncio", "uvloop"]),
+        "the event loop: asyncio's own, uvloop, or auto (uvloop when installed)",
+        default="asyncio",
+    )
 
     @property
     def auth_enabled(self) -> bool:

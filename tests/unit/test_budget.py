@@ -268,8 +268,10 @@ async def test_a_waiter_notices_outside_bytes_going_away_without_any_release() -
 def test_files_a_reservation_tracks_are_not_counted_again_as_outside_bytes(
     tmp_path: Path,
 ) -> None:
+    # Outside bytes are measured by a walk (refresh_now here; a background task in a node).
     budget = TmpBudget(100, tmp_dir=tmp_path)
     (tmp_path / "leftover").write_bytes(b"l" * 60)
+    budget.refresh_now()
     assert budget.outside_bytes == 60
     with pytest.raises(ResourceExhausted, match="60 bytes of other files"):
         budget.try_reserve(41)
@@ -278,12 +280,16 @@ def test_files_a_reservation_tracks_are_not_counted_again_as_outside_bytes(
     staged.parent.mkdir()
     r.track(staged)
     staged.write_bytes(b"s" * 40)
+    budget.refresh_now()
     assert budget.outside_bytes == 60  # the staged file is counted once, as reserved
+    assert budget.tmp_dir_bytes == 100
     assert budget.reserved_bytes == 40
     r.release()
+    budget.refresh_now()
     assert budget.outside_bytes == 100  # left on disk after release: now it is outside
     staged.unlink()
     (tmp_path / "leftover").unlink()
+    budget.refresh_now()
     budget.try_reserve(100).release()
 
 

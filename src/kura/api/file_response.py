@@ -31,7 +31,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 import aiohttp
 from aiohttp import web
@@ -48,6 +48,37 @@ READ_CHUNK_BYTES = 256 * 1024
 # A blob up to this size with an XXH3-128 is hashed in the event loop before sendfile (~0.2 ms
 # per MiB from the page cache): a hop to the verify pool and back costs more than that.
 LOOP_HASH_MAX_BYTES = 2 * 1024 * 1024
+
+
+async def send_file(
+    writer: aiohttp.abc.AbstractStreamWriter,
+    transport: asyncio.Transport,
+    f: BinaryIO,
+    offset: int,
+    count: int,
+) -> int:
+    """Send ``count`` bytes of ``f`` from ``offset``; the bytes sent (fewer if the file ends).
+
+    ``loop.sendfile`` where the loop has it; uvloop has none (it raises ``NotImplementedError``,
+    https://github.com/MagicStack/uvloop/issues/228), so there the bytes are read in
+    ``READ_CHUNK_BYTES`` pieces in a worker thread and written through ``writer``. Raises what
+    the read or the write raises (``OSError``, ``ConnectionError``).
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.sendfile(transport, f, offset, count)
+    except NotImplementedError:
+        pass
+    sent = 0
+    while sent < count:
+        chunk = await asyncio.to_thread(
+            os.pread, f.fileno(), min(READ_CHUNK_BYTES, count - sent), offset + sent
+        )
+        if not chunk:
+            break
+        await writer.write(chunk)
+        sent += len(chunk)
+    return sent
 
 
 class DamagedBlob(ConnectionResetError):
@@ -81,7 +112,6 @@ class OpenFileResponse(web.StreamResponse):
         f = self._stored.file
         assert f is not None
         size = self._stored.manifest.size
-        loop = asyncio.get_running_loop()
         digest: asyncio.Future[FileDigest] | None = None
         tail = 0
         fast = self._stored.xxh3_128
@@ -99,7 +129,7 @@ class OpenFileResponse(web.StreamResponse):
                 digest.add_done_callback(_retrieve)
         await writer.drain()
         try:
-            sent = await loop.sendfile(transport, f, 0, size - tail)
+            sent = await send_file(writer, transport, f, 0, size - tail)
         except ConnectionError:
             raise  # the client went away
         except OSError as exc:  # EIO and friends: the disk, not the client

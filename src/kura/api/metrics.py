@@ -152,7 +152,7 @@ class _StoreCollector(Collector):
         )
         yield GaugeMetricFamily(
             "kura_tmp_dir_bytes",
-            "Bytes of all files on disk in the tmp dir.",
+            "Bytes of all files on disk in the tmp dir, as of the last background walk.",
             self._tmp_dir_bytes(),
         )
 

@@ -39,7 +39,7 @@ from concurrent.futures import Future
 import aiohttp
 from aiohttp import web
 
-from kura.api.file_response import OpenFileResponse, report
+from kura.api.file_response import OpenFileResponse, report, send_file
 from kura.api.http import artifact_response, count_bytes_out, ctx
 from kura.core.byte_range import (
     FULL,
@@ -158,7 +158,7 @@ class RangeFileResponse(OpenFileResponse):
         first, length = self._range.first, self._range.length_bytes
         await writer.drain()
         try:
-            sent = await asyncio.get_running_loop().sendfile(transport, f, first, length)
+            sent = await send_file(writer, transport, f, first, length)
         except ConnectionError:
             raise  # the client went away
         except OSError as exc:  # EIO and friends: the disk, not the client

@@ -203,17 +203,6 @@ class BlobFiles:
                 removed += 1
         return removed
 
-    def tmp_dir_bytes(self) -> int:
-        """Bytes of every regular file under the tmp dir (ours and anyone else's)."""
-        total = 0
-        for root, _dirs, files in os.walk(self.tmp_dir):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(root, name)).st_size
-                except FileNotFoundError:
-                    continue
-        return total
-
     def stored_files(self) -> dict[str, list[Path]]:
         """{artifact_id: its version files on disk} for every blob file under ``blobs/``
         (any name starting with a 64-hex artifact id; staging leftovers are swept before)."""

@@ -12,23 +12,27 @@ lost (there is no await between the check and the registration).
 
 All occupants count. Files a reservation stages into are *tracked* (``Reservation.track``);
 every other file found on disk under the tmp dir (leftovers, another program's files) is
-*outside* the ledger, and a reservation fits only if reserved + outside + n <= capacity. Waiters
-re-check every ``OUTSIDE_RECHECK_SECONDS`` as well as on every release, because outside bytes go
-away without telling us. So the on-disk total of the tmp dir stays within the capacity as long
-as nothing outside grows after a reservation was granted.
+*outside* the ledger, and a reservation fits only if reserved + outside + n <= capacity. Outside
+bytes are measured by a background walk off the event loop (``storage.tmp_occupancy``, run by
+``run``), so no reservation touches the filesystem: outside bytes that appear or go away are
+counted within one refresh interval (``tmp_occupancy.REFRESH_INTERVAL_SECONDS``), and a refused
+reservation asks for a walk at once. Waiters are woken by every release and by a walk that finds
+fewer outside bytes, and re-check every ``OUTSIDE_RECHECK_SECONDS`` as well. So the on-disk total
+of the tmp dir stays within the capacity as long as nothing outside grows after a reservation
+was granted, nor appears less than one refresh interval before it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import os
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 from kura.core.budget import ByteLedger
 from kura.core.errors import PayloadTooLarge, ResourceExhausted
+from kura.storage.tmp_occupancy import TmpOccupancy
 
 OUTSIDE_RECHECK_SECONDS = 0.25
 
@@ -47,7 +51,8 @@ class Reservation:
         again as outside bytes). Untracked on release."""
         key = str(path)
         self._paths.append(key)
-        self._budget._tracked.add(key)
+        if self._budget.occupancy is not None:
+            self._budget.occupancy.track(key)
 
     @property
     def capacity_bytes(self) -> int:
@@ -76,8 +81,9 @@ class Reservation:
         if self.released:
             return
         self.released = True
-        for key in self._paths:
-            self._budget._tracked.discard(key)
+        if self._budget.occupancy is not None:
+            for key in self._paths:
+                self._budget.occupancy.untrack(key)
         self._budget._give_back(self.size_bytes)
 
     def __enter__(self) -> Reservation:
@@ -94,7 +100,10 @@ class Reservation:
 
 class TmpBudget:
     """The ledger plus waiting. Outside bytes are measured under ``tmp_dir`` (or reported by
-    ``outside_bytes``, for tests); with neither, nothing outside is counted."""
+    ``outside_bytes``, for tests); with neither, nothing outside is counted.
+
+    With ``tmp_dir``, outside bytes read as 0 until the first walk: call ``await refresh()``
+    (or ``refresh_now()``) before serving, and keep ``run()`` running while serving."""
 
     def __init__(
         self,
@@ -104,35 +113,41 @@ class TmpBudget:
         tmp_dir: Path | None = None,
     ) -> None:
         self._ledger = ByteLedger(capacity_bytes)
-        self._tmp_dir = tmp_dir
-        self._tracked: set[str] = set()
+        self.occupancy = TmpOccupancy(tmp_dir, self.wake_waiters) if tmp_dir is not None else None
         if outside_bytes is not None:
             self._outside_bytes = outside_bytes
-        elif tmp_dir is not None:
-            self._outside_bytes = self.untracked_bytes_on_disk
+        elif self.occupancy is not None:
+            occupancy = self.occupancy
+            self._outside_bytes = lambda: occupancy.untracked_bytes
         else:
             self._outside_bytes = lambda: 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    def untracked_bytes_on_disk(self) -> int:
-        """Bytes of files under the tmp dir that no reservation tracks."""
-        if self._tmp_dir is None:
-            return 0
-        total = 0
-        for root, _dirs, files in os.walk(self._tmp_dir):
-            for name in files:
-                path = os.path.join(root, name)
-                if path in self._tracked:
-                    continue
-                try:
-                    total += os.lstat(path).st_size
-                except FileNotFoundError:
-                    continue
-        return total
-
     @property
     def outside_bytes(self) -> int:
+        """Bytes counted against the capacity besides the reservations (cached; no IO)."""
         return self._outside_bytes()
+
+    @property
+    def tmp_dir_bytes(self) -> int:
+        """Bytes of every file in the tmp dir, ours included, as of the last walk (0 without
+        ``tmp_dir``)."""
+        return self.occupancy.total_bytes if self.occupancy is not None else 0
+
+    def refresh_now(self) -> None:
+        """Measure the tmp dir on this thread, now (start-up, tests). No-op without it."""
+        if self.occupancy is not None:
+            self.occupancy.refresh_now()
+
+    async def refresh(self) -> None:
+        """Measure the tmp dir in a worker thread. No-op without it."""
+        if self.occupancy is not None:
+            await self.occupancy.refresh()
+
+    async def run(self) -> None:
+        """Keep the outside bytes fresh until cancelled (returns at once without a tmp dir)."""
+        if self.occupancy is not None:
+            await self.occupancy.run()
 
     @property
     def capacity_bytes(self) -> int:
@@ -176,6 +191,8 @@ class TmpBudget:
         while True:
             if self._ledger.take(size_bytes, self._outside_bytes()):
                 return Reservation(self, size_bytes)
+            if self.occupancy is not None:
+                self.occupancy.request_refresh()
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
@@ -210,6 +227,9 @@ class TmpBudget:
             raise self._exhausted(size_bytes, outside)
 
     def _exhausted(self, size_bytes: int, outside: int) -> ResourceExhausted:
+        # A refusal may rest on a file that has gone away since the last walk: look again now.
+        if self.occupancy is not None:
+            self.occupancy.request_refresh()
         return ResourceExhausted(
             "temporary storage budget exhausted: "
             f"{self._ledger.reserved_bytes} bytes reserved, {outside} bytes of other files, "

@@ -1,0 +1,42 @@
+"""Files in the tmp dir that no upload reserved still count against KURA_TMP_DIR_MAX_BYTES, on a
+real node whose background walk (storage.tmp_occupancy) measures them: a leftover reduces what
+uploads may reserve (503, nothing left behind), and once it is removed uploads fit again."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from tests.conftest import NodeProcess
+from tests.integration import rawhttp
+
+KiB = 1024
+
+
+def test_a_leftover_in_the_tmp_dir_reduces_what_uploads_may_reserve_until_it_is_removed(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(tmp_dir_max_bytes=1024 * KiB)
+    leftover = node.tmp_dir / "someone-elses-file"
+    leftover.write_bytes(b"l" * (800 * KiB))
+    # The walk runs every 250 ms in a thread; wait for the node to have seen the file.
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_dir_bytes") >= 800 * KiB)
+    rows = node.index_rows()
+    with node.client() as c:
+        r = c.put("/cache/too-big-with-the-leftover", content=os.urandom(300 * KiB))
+        assert r.status_code == 503, r.text
+        assert "819200 bytes of other files" in r.json()["message"]
+        assert int(r.headers["Retry-After"]) >= 1
+        assert node.index_rows() == rows  # the refusal left nothing behind
+        assert node.staging_files() == [leftover]
+        assert node.metric("kura_tmp_reserved_bytes") == 0
+        assert c.put("/cache/small-fits-beside-it", content=b"s" * (100 * KiB)).status_code == 201
+
+        leftover.unlink()
+        body = os.urandom(300 * KiB)
+        assert rawhttp.wait_until(
+            lambda: c.put("/cache/fits-once-it-is-gone", content=body).status_code == 201
+        )
+        assert c.get("/cache/fits-once-it-is-gone").content == body
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_dir_bytes") == 0)
+    assert node.metric("kura_tmp_reserved_bytes") == 0
