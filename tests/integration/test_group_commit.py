@@ -53,3 +53,40 @@ def test_concurrent_puts_share_a_group_and_are_answered_only_after_its_fsync(
         assert got.status_code == 200
         assert got.content == hashlib.sha256(str(i).encode()).digest() * 32
     assert node.index_rows() == PUTS
+
+
+def test_a_failed_fsync_refuses_every_later_write_until_a_restart(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """``eio(N)``: the N+1st group's fsync fails (kit.failpoint). That group's PUT is answered
+    503; so is every later write, reads still serve what was acknowledged, /ready says why, and
+    a restart on the same data dir (disk healthy again) serves every acknowledged write."""
+    node = start_node("eio", failpoints="storage.before_group_sync=eio(30)")
+    acked: dict[int, bytes] = {}
+    failed = None
+    for i in range(300):
+        body = hashlib.sha256(str(i).encode()).digest() * 32
+        r = httpx.put(f"{node.url}/cache/eio-{i}", content=body, timeout=30)
+        if r.status_code != 201:
+            failed = r
+            break
+        acked[i] = body
+    assert failed is not None, "the injected fsync error never fired"
+    assert failed.status_code == 503, failed.text
+    assert "could not be made durable" in failed.text
+    later = httpx.put(f"{node.url}/cache/after", content=b"refused", timeout=30)
+    assert later.status_code == 503, later.text
+    assert "refuses every write until it is restarted" in later.text
+    warnings = httpx.get(f"{node.url}/ready", timeout=10).json()["warnings"]
+    assert any("fsync" in w and "restarted" in w for w in warnings), warnings
+    assert node.metric("kura_storage_commit_sync_failures_total") == 1
+    assert acked
+    for i, body in acked.items():
+        assert httpx.get(f"{node.url}/cache/eio-{i}", timeout=30).content == body
+    assert node.stop() == 0
+    node = start_node("eio")
+    for i, body in acked.items():
+        got = httpx.get(f"{node.url}/cache/eio-{i}", timeout=30)
+        assert got.status_code == 200
+        assert got.content == body
+    assert httpx.put(f"{node.url}/cache/after", content=b"ok", timeout=30).status_code == 201

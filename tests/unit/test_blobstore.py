@@ -62,3 +62,35 @@ def test_disk_blob_files_put_open_remove_and_list_versions(tmp_path: Path) -> No
         assert list(store.artifact_ids()) == []
     finally:
         files.close()
+
+
+class RecordingGroup:
+    """A ``PublishGroup`` that records what ``persist`` asks it to make durable."""
+
+    def __init__(self) -> None:
+        self.dirs: list[Path] = []
+        self.paths: list[Path] = []
+
+    def published(self, path: Path) -> None:
+        self.paths.append(path)
+
+    def sync_dir_later(self, directory: Path) -> None:
+        self.dirs.append(directory)
+
+
+def test_a_new_bucket_directory_is_made_durable_in_its_parent_too(tmp_path: Path) -> None:
+    files = BlobFiles(tmp_path / "data", tmp_path / "tmp")
+    files.open()
+    group = RecordingGroup()
+    files.group = group
+    try:
+        first = _manifest(b"first", 1)
+        files.put(_staged(files, b"first"), first)
+        bucket = files.blob_path(first).parent  # blobs/ab/ab: both created by this put
+        assert group.dirs == [bucket, bucket.parent, files.blobs_dir]
+        assert group.paths == [files.blob_path(first)]
+        group.dirs.clear()
+        files.put(_staged(files, b"second"), _manifest(b"second", 2))
+        assert group.dirs == [bucket]  # the bucket exists now: only its own entry changed
+    finally:
+        files.close()

@@ -22,7 +22,26 @@ def test_a_spec_names_kills_and_sleeps_with_probabilities() -> None:
     assert parse("") == {}
 
 
-@pytest.mark.parametrize("spec", ["x", "x=explode", "=kill", "x=kill@2", "x=sleep(ms)"])
+def test_an_eio_point_passes_n_times_then_raises_on_every_pass() -> None:
+    code = (
+        "from kit.failpoint import failpoint\n"
+        "for i in range(5):\n"
+        "    try:\n"
+        "        failpoint('p'); print('ok', i)\n"
+        "    except OSError as e:\n"
+        "        print('eio', i, e.errno)\n"
+    )
+    env = dict(os.environ, KURA_FAILPOINTS="p=eio(2)")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split("\n")[:5] == ["ok 0", "ok 1", "eio 2 5", "eio 3 5", "eio 4 5"]
+    assert parse("p=eio(7)")["p"].healthy_passes == 7
+
+
+@pytest.mark.parametrize(
+    "spec", ["x", "x=explode", "=kill", "x=kill@2", "x=sleep(ms)", "x=eio", "x=eio(-1)"]
+)
 def test_a_malformed_spec_is_refused(spec: str) -> None:
     with pytest.raises(ValueError, match="KURA_FAILPOINTS"):
         parse(spec)

@@ -99,8 +99,16 @@ def test_a_failed_sync_fails_the_groups_writes_and_keeps_what_they_replaced(
         bad.result(WAIT)
     assert old.read_bytes() == b"acknowledged bytes"
     assert writer.stats.sync_failures_total == 1
+    assert writer.stats.groups_total == 0  # nothing was made durable
+    # A later fsync may succeed without the lost pages: the writer refuses every later job.
     sync.fail = None
-    assert writer.submit(lambda: 7).result(WAIT) == 7  # the next group is fine
+    ran: list[int] = []
+    later = writer.submit(ran.append, 7)
+    with pytest.raises(Unavailable, match="refuses every write until it is restarted"):
+        later.result(WAIT)
+    assert ran == []
+    assert writer.failure is not None
+    assert sync.calls == 1
 
 
 def test_unlinks_wait_for_the_sync_and_a_republished_name_is_kept(

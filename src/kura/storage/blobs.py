@@ -221,6 +221,12 @@ class BlobFiles:
         """
         artifact_id = manifest.artifact_id
         final = self.blob_path(manifest)
+        # A directory created here is durable only once its parent is fsynced too.
+        to_sync = [final.parent]
+        missing = final.parent
+        while not missing.is_dir() and missing != self.blobs_dir.parent:
+            to_sync.append(missing.parent)
+            missing = missing.parent
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.replace(staged_path, final)
@@ -239,11 +245,13 @@ class BlobFiles:
             finally:
                 incoming.unlink(missing_ok=True)
                 staged_path.unlink(missing_ok=True)
-        if self.group is None:
-            fsync_dir(final.parent)
-        else:
+        if self.group is not None:
             self.group.published(final)
-            self.group.sync_dir_later(final.parent)
+        for directory in to_sync:
+            if self.group is None:
+                fsync_dir(directory)
+            else:
+                self.group.sync_dir_later(directory)
         return os.stat(final)
 
     def put(self, staged_path: Path, manifest: Manifest) -> str | None:

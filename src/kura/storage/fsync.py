@@ -26,14 +26,28 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_wal(database: Path) -> None:
-    """fsync ``database``'s WAL file (or, when there is none, the database file itself): every
-    COMMIT made before the call is then durable. Raises OSError when the fsync fails."""
-    try:
-        fd = os.open(database.with_name(database.name + "-wal"), os.O_RDONLY)
-    except FileNotFoundError:
-        fd = os.open(database, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+class WalSync:
+    """``sync()`` makes every COMMIT to ``database`` so far durable: it fsyncs the WAL file (or,
+    when there is none, the database file itself), and the first time it sees a WAL file (a new
+    inode: SQLite created or re-created it) also the directory that holds its name. Raises
+    OSError when an fsync fails."""
+
+    def __init__(self, database: Path) -> None:
+        self.database = database
+        self._wal = database.with_name(database.name + "-wal")
+        self._named_inode: int | None = None
+
+    def __call__(self) -> None:
+        try:
+            fd = os.open(self._wal, os.O_RDONLY)
+        except FileNotFoundError:
+            fsync_path(self.database)
+            return
+        try:
+            os.fsync(fd)
+            inode = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+        if inode != self._named_inode:
+            fsync_dir(self.database.parent)
+            self._named_inode = inode

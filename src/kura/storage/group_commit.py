@@ -8,8 +8,8 @@ thread was busy form a *group*. After the group's last job the thread makes the 
 in this order:
 
 1. it fsyncs each directory a job published a blob file into (``sync_dir_later``);
-2. it calls ``sync`` (``fsync_wal``: fsync the WAL, which makes every COMMIT before it durable,
-   since a checkpoint fsyncs the WAL before it copies it and the database after);
+2. it calls ``sync`` (``fsync.WalSync``: fsync the WAL, which makes every COMMIT before it
+   durable, since a checkpoint fsyncs the WAL before it copies it and the database after);
 3. it unlinks the files the jobs replaced or dropped (``unlink_later``);
 4. then, and only then, it resolves the jobs' futures.
 
@@ -22,9 +22,17 @@ together in the next group (at most ``max_group`` jobs).
 
 A crash before step 2 leaves each job's commit durable or not, with no acknowledgement given
 either way; its file may be published without its row (start-up removes such orphans,
-``storage.reconcile``). If a sync fails, every job of the group that had succeeded fails with
-``Unavailable`` (its write may or may not survive a power loss), and the group's unlinks are
-skipped: the files stay, and start-up removes any that no row names.
+``storage.reconcile``). A job's commit is visible to readers (and to the shipper) from the
+moment it commits, a few milliseconds before it is durable and answered, like any write in
+flight; never partial.
+
+A failed sync stops the writer for good (``failure``). After an fsync error the kernel may
+have dropped the dirty pages, so a later fsync that succeeds proves nothing about them
+(PostgreSQL's "fsyncgate", https://wiki.postgresql.org/wiki/Fsync_Errors). Every job of that
+group that had succeeded fails with ``Unavailable`` (its write may or may not survive a power
+loss; it may already be served), the group's unlinks are skipped (start-up removes files no row
+names), and every later job fails with ``Unavailable`` without running: the node serves what
+it has and refuses every write until it is restarted (``CacheService.warnings`` says so).
 
 Calls made off this thread, or outside a job, act at once: ``sync_dir_later`` fsyncs,
 ``unlink_later`` unlinks.
@@ -84,6 +92,7 @@ class GroupCommitWriter(Executor):
         self._unlinks: dict[str, None] = {}
         self._in_group = False
         self._closed = False
+        self.failure: str | None = None  # set by a failed sync: every later job fails
         self._lock = threading.Lock()
         self.stats = GroupStats()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -159,6 +168,11 @@ class GroupCommitWriter(Executor):
                 return
 
     def _run_group(self, group: list[_Job]) -> None:
+        if self.failure is not None:
+            for job in group:
+                if job.future.set_running_or_notify_cancel():
+                    job.future.set_exception(Unavailable(self.failure))
+            return
         outcomes: list[tuple[bool, Any]] = []
         self._in_group = True
         try:
@@ -173,9 +187,10 @@ class GroupCommitWriter(Executor):
         finally:
             self._in_group = False
         failure = self._make_durable(len(group))
-        self.stats.groups_total += 1
-        self.stats.jobs_total += len(group)
-        self.stats.largest_group = max(self.stats.largest_group, len(group))
+        if failure is None:
+            self.stats.groups_total += 1
+            self.stats.jobs_total += sum(1 for ok, _v in outcomes if ok)
+            self.stats.largest_group = max(self.stats.largest_group, len(group))
         for job, (ok, value) in zip(group, outcomes, strict=True):
             if job.future.cancelled():
                 continue
@@ -199,9 +214,14 @@ class GroupCommitWriter(Executor):
             self._sync()
         except Exception as exc:
             self.stats.sync_failures_total += 1
-            log.error(
+            self.failure = (
+                f"an fsync of the data directory or index failed ({exc}): this node refuses "
+                "every write until it is restarted; check the disk (kernel log)"
+            )
+            log.critical(
                 "could not make %d writes durable (fsync failed: %s); they are reported as "
-                "failed, and %d replaced files are kept for start-up to remove",
+                "failed, %d replaced files are kept for start-up to remove, and every later "
+                "write is refused until a restart",
                 jobs,
                 exc,
                 len(unlinks),

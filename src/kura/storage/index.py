@@ -17,11 +17,10 @@ The index is split by job: this module opens the file (creating or migrating the
 deletes (its vocabulary, ``storage.outbox``, is the one public to the mesh). Only
 ``kura.storage`` imports these modules (import-linter contract in ``pyproject.toml``).
 
-Durability: every connection runs ``synchronous=FULL``, so in WAL mode each COMMIT fsyncs the
-WAL before it returns; a committed row survives a power loss, not only a process crash
-(https://www.sqlite.org/pragma.html#pragma_synchronous; ``NORMAL`` may lose the last commits on
-power loss); but the writer's runs ``NORMAL`` (``group_commits``), and ``storage.group_commit``
-fsyncs the WAL before it acknowledges a COMMIT. ``docs/durability.md`` has the guarantee.
+Durability: the writer thread's connection runs ``synchronous=NORMAL`` (``group_commits``): a
+COMMIT does not fsync, and ``storage.group_commit`` fsyncs the WAL before it acknowledges any
+(https://www.sqlite.org/pragma.html#pragma_synchronous). The other connections only read and
+run ``FULL``. A row acknowledged survives a power loss: ``docs/durability.md``.
 
 ``read_only=True`` opens the file with ``immutable=1`` (no ``-shm``, no locks, no writes): the
 start-up fallback on a full disk, where SQLite cannot size the ``-shm`` file it needs for WAL
@@ -32,7 +31,6 @@ start-up fallback on a full disk, where SQLite cannot size the ``-shm`` file it 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import sqlite3
 import threading
@@ -41,7 +39,7 @@ from pathlib import Path
 
 from kura.core.manifest import Manifest
 from kura.storage import change_seq, digests
-from kura.storage.fsync import fsync_wal
+from kura.storage.fsync import WalSync
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
 from kura.storage.outbox_queries import OutboxQueries
 from kura.storage.paging import PagingQueries
@@ -106,9 +104,9 @@ class MetadataIndex(PagingQueries, OutboxQueries):
 
     def group_commits(self) -> Callable[[], None]:
         """Call on the writer thread: its COMMITs stop fsyncing (``synchronous=NORMAL``). Returns
-        the function that makes every COMMIT so far durable (``fsync.fsync_wal``)."""
+        the function that makes every COMMIT so far durable (``fsync.WalSync``)."""
         self._conn().execute("PRAGMA synchronous=NORMAL")
-        return functools.partial(fsync_wal, self._path)
+        return WalSync(self._path)
 
     def connection(self) -> sqlite3.Connection:
         """This thread's connection, for storage modules owning tables of their own

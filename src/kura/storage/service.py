@@ -2,13 +2,16 @@
 
 Guarantees:
 
-* A write is visible only once complete: its body is staged in the tmp dir under a reservation
-  from the tmp budget, fsynced, renamed into place beside any older version and then recorded
-  in the index (committed with ``synchronous=FULL``); only then is the older version's file
-  unlinked. A body of at most ``inline_max_bytes`` is read into memory and committed inside
-  its index row instead (``storage.small_body``), durable by the same commit. A crash at any point leaves the acknowledged version intact, and start-up removes
-  the rest (``storage.reconcile``; ``docs/durability.md``). A failed or rejected write leaves
-  no blob, no index row and no reserved bytes.
+* A write is visible only once whole, never partial: its body is staged in the tmp dir under a
+  reservation from the tmp budget, fsynced, renamed into place beside any older version and
+  then recorded in the index; the writer makes its group of commits durable (one WAL fsync,
+  ``storage.group_commit``) before answering, and only then unlinks the older version's file.
+  A body of at most ``inline_max_bytes`` is read into memory and committed inside its index
+  row instead (``storage.small_body``). A crash at any point leaves the acknowledged version
+  intact, and start-up removes the rest (``storage.reconcile``; ``docs/durability.md``). A
+  rejected write leaves no blob, no index row and no reserved bytes; a write whose group's
+  fsync fails is answered 503 though its row may stay, and the node then refuses every write
+  until it is restarted.
 * Every artifact has a ``version_ms``; an index row is replaced only by a strictly newer version
   (last writer wins, ``core.version``). A local write's version is issued in the writer thread
   above the stored copy's, the namespace tombstone's and every version this node has issued or
@@ -189,13 +192,16 @@ class CacheService(ReadPath, ReplicaApply):
 
     def warnings(self) -> list[str]:
         """Storage problems for an operator (``/ready`` warnings); see ``recovery.warnings``."""
-        return warnings(self.start_report, self.files.data_dir, self.min_free_disk_bytes)
+        found = warnings(self.start_report, self.files.data_dir, self.min_free_disk_bytes)
+        return found + ([self._writer.failure] if self._writer.failure else [])
 
     async def close(self) -> None:
         """Flush access times and release the data dir. Safe to call once after start."""
-        if self._index is not None:
+        if self._index is not None and self._writer.failure is None:
             await self.flush_touches()
             await self._in(self._writer, self._close_sync)
+        elif self._index is not None:  # the writer refuses every job: close here
+            self._close_sync()
         self.verifier.close()
         for pool in (self._reader, self._syncer, self._writer):
             pool.shutdown(wait=True)

@@ -1,12 +1,12 @@
 """The write path of ``CacheService``: size and free-space checks, staging a body under a
 reservation from the tmp budget, and the commit that publishes it.
 
-A write is visible only once complete: its body is staged in the tmp dir, fsynced, renamed into
+A write is visible only once whole: its body is staged in the tmp dir, fsynced, renamed into
 place beside any older version (``BlobStore.put``) and then recorded in the index with its
 outbox messages in one transaction; only then is the older version's file unlinked. A small
 body (at most ``inline_max_bytes``, ``storage.small_body``) is read into memory instead and
 recorded in the index row itself, in the same one transaction: no file, no tmp-budget
-reservation, and the commit's WAL fsync is its only fsync. A local
+reservation, and its group's WAL fsync (``storage.group_commit``) is its only fsync. A local
 write's version is issued on the writer thread above the stored copy's and the namespace
 tombstone's, so an acknowledged local write always wins. A failed or rejected write leaves no
 blob, no index row and no reserved bytes. Eviction makes room first (``storage.eviction``).
