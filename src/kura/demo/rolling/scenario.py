@@ -183,10 +183,12 @@ class Rolling:
             names = {r["name"] for r in loaded}
             return expected <= names and all(r["health"] == "ok" for r in loaded)
 
+        seen: list[dict[str, Any]] = []
+
         def targets_up() -> bool:
-            return all(t["health"] == "up" for t in self.prometheus.targets()) and len(
-                self.prometheus.targets()
-            ) == 2 * len(self.hosts)
+            nonlocal seen
+            seen = self.prometheus.targets()  # the one answer both checks and the result use
+            return all(t["health"] == "up" for t in seen) and len(seen) == 2 * len(self.hosts)
 
         ok = self._wait(rules_ok, 60, "prometheus evaluating every rule", fatal=False)
         self.result.prometheus["rules"] = loaded
@@ -194,9 +196,9 @@ class Rolling:
         if not ok:
             self.violation(f"prometheus did not load and evaluate every rule: {loaded}")
         up = self._wait(targets_up, 60, "prometheus scraping every target", fatal=False)
-        self.result.prometheus["targets"] = self.prometheus.targets()
+        self.result.prometheus["targets"] = seen
         if not up:
-            self.violation(f"prometheus does not scrape every target: {self.prometheus.targets()}")
+            self.violation(f"prometheus does not scrape every target: {seen}")
         self.say(f"prometheus: {len(loaded)} rules evaluating, {2 * len(self.hosts)} targets up")
 
     def _wait(
