@@ -151,9 +151,15 @@ def test_a_full_upload_queue_refuses_writes_and_leaves_nothing_behind(
     assert a.index_rows() == 3
     assert a.staging_files() == []
     assert tier_metric(a, "kura_tmp_reserved_bytes") == 0
+    # The refusal is loud in /ready, which stays 200: reads go on.
+    ready = httpx.get(a.url + "/ready", timeout=10)
+    assert ready.status_code == 200
+    assert any("upload queue is full (3 messages" in w for w in ready.json()["warnings"]), ready
     fault_proxy.set_mode("pass")
     assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 60)
     assert put(a, "q3", b"one too many") in (200, 201)  # room again
+    ready = httpx.get(a.url + "/ready", timeout=10).json()
+    assert not any("upload queue is full" in w for w in ready["warnings"]), ready
 
 
 def test_a_fill_larger_than_the_tmp_budget_is_a_miss_that_leaves_nothing_behind(

@@ -117,6 +117,18 @@ class PeerQueues:
                 retry_after_seconds=10,
             )
 
+    def warnings(self) -> list[str]:
+        """The object-storage tier's upload queue at its cap, for ``/ready`` warnings: every
+        write is refused (503, ``check_room``) until the uploads drain, while reads go on."""
+        depth = self.depth(OUTBOX_TARGET)
+        if depth < self.max_depth_per_peer:
+            return []
+        return [
+            f"the object-store upload queue is full ({depth} messages, "
+            f"KURA_OUTBOX_MAX_DEPTH={self.max_depth_per_peer}): writes are refused with 503 "
+            "until the store takes the uploads"
+        ]
+
     def admit(self, conn: sqlite3.Connection, peers: Sequence[str], now_ms: int) -> list[str]:
         """Writer thread, before a local write's transaction: the ``peers`` whose queue has room.
         A peer at its cap is skipped (counted) and, if it was not yet, marked ``overflow``."""

@@ -193,6 +193,7 @@ class CacheService(ReadPath, ReplicaApply):
     def warnings(self) -> list[str]:
         """Storage problems for an operator (``/ready`` warnings); see ``recovery.warnings``."""
         found = warnings(self.start_report, self.files.data_dir, self.min_free_disk_bytes)
+        found += self.queues.warnings()
         return found + ([self._writer.failure] if self._writer.failure else [])
 
     async def close(self) -> None:
