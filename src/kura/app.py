@@ -350,7 +350,7 @@ class Node:
         self._runners: list[web.AppRunner] = []
         # The REAPI v2 services over gRPC (kura.grpc), when KURA_GRPC_PORT is set.
         self.grpc = (
-            GrpcServer(settings, self.service, self.auth, self.metrics)
+            GrpcServer(settings, self.service, self.auth, self.metrics, self.public_tls)
             if settings.grpc_port is not None
             else None
         )

@@ -17,8 +17,15 @@ from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
 )
 
 from tests.conftest import NodeProcess
+from tests.e2e.mesh import wait_for
 from tests.grpc_api.client import Reapi, blob_name, digest, new_upload, start_grpc_node
-from tests.integration.test_public_tls import make_ca, make_leaf
+from tests.integration.test_public_tls import (
+    SWAP_TIMEOUT_SECONDS,
+    make_ca,
+    make_leaf,
+    replace,
+    served_serial,
+)
 
 RW, RO = "tok-rw", "tok-ro"
 
@@ -123,4 +130,50 @@ def test_tls_with_a_token(start_node: Callable[..., NodeProcess], tmp_path: Path
         )
     finally:
         channel.close()
+        plain.close()
+
+
+def test_a_swapped_certificate_is_served_on_the_grpc_port_without_a_restart(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    """The gRPC port follows the public certificate files as the HTTPS port does: a new
+    handshake gets the new pair, calls over it work, and the process is the same."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    ca = make_ca(pki)
+    first_cert, first_key = make_leaf(pki, "first", 1001)
+    live_cert, live_key = pki / "live.pem", pki / "live.key"
+    replace(first_cert, live_cert)
+    replace(first_key, live_key)
+    node, plain = start_grpc_node(
+        start_node, public_tls_cert_path=live_cert, public_tls_key_path=live_key
+    )
+    grpc_url = f"https://{plain.target}"
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+
+    def stored_over_a_new_channel(data: bytes) -> bool:
+        with grpc.secure_channel(plain.target, credentials) as channel:
+            cas = reapi_grpc.ContentAddressableStorageStub(channel)
+            entry = reapi.BatchUpdateBlobsRequest.Request(digest=digest(data), data=data)
+            response = cas.BatchUpdateBlobs(
+                reapi.BatchUpdateBlobsRequest(requests=[entry]), timeout=10
+            )
+            return bool(response.responses[0].status.code == 0)
+
+    try:
+        pid = node.proc.pid
+        assert served_serial(grpc_url, ca) == 1001
+        assert stored_over_a_new_channel(b"before the swap")
+        second_cert, second_key = make_leaf(pki, "second", 2002)
+        replace(second_key, live_key)
+        replace(second_cert, live_cert)
+        assert wait_for(lambda: served_serial(grpc_url, ca) == 2002, SWAP_TIMEOUT_SECONDS), (
+            node.log()[-2000:]
+        )
+        assert served_serial(node.url, ca) == 2002  # both ports swapped together
+        assert stored_over_a_new_channel(b"after the swap")
+        assert node.index_rows() == 2
+        assert node.proc.pid == pid
+        assert node.proc.poll() is None
+    finally:
         plain.close()

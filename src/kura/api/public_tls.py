@@ -8,7 +8,8 @@ symlinks, so a Kubernetes Secret's atomic ``..data`` swap is seen) and, on a cha
 pair into a scratch context first: only a pair that loads and matches is then loaded into the
 live context, so a half-written or mismatched pair keeps the old certificate serving and is
 logged. OpenSSL copies the certificate into each connection when it is accepted, so new
-handshakes get the new certificate and open connections keep theirs.
+handshakes get the new certificate and open connections keep theirs. The gRPC listener takes
+the same pair from ``loaded`` (``kura.grpc.server``), so both ports swap together.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class PublicTls:
         self._signature = self._stat()
         self.context.load_cert_chain(str(cert), str(key))
         self.expiry_timestamp_seconds = _not_after(cert)
+        # (generation, (key PEM, chain PEM)) of the pair in the live context, swapped as one
+        # value: the gRPC server's certificate fetcher reads it from grpcio's threads.
+        self.loaded: tuple[int, tuple[bytes, bytes]] = (0, (key.read_bytes(), cert.read_bytes()))
         self.reloads_total = 0
         self.reload_failures_total = 0
         self._failed: str | None = None
@@ -51,11 +55,14 @@ class PublicTls:
             signature = self._stat()
             if signature == self._signature:
                 return False
+            pair = (self.key.read_bytes(), self.cert.read_bytes())
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
                 str(self.cert), str(self.key)
             )
             self.context.load_cert_chain(str(self.cert), str(self.key))
             expiry = _not_after(self.cert)
+            if (self.key.read_bytes(), self.cert.read_bytes()) != pair:
+                return False  # changed again while loading: the next poll loads it whole
         except (OSError, ssl.SSLError, ValueError) as exc:
             if self._failed != str(exc):
                 self.reload_failures_total += 1
@@ -64,6 +71,7 @@ class PublicTls:
             return False
         self._signature, self._failed = signature, None
         self.expiry_timestamp_seconds = expiry
+        self.loaded = (self.loaded[0] + 1, pair)
         self.reloads_total += 1
         log.info("public TLS certificate reloaded from %s", self.cert)
         return True

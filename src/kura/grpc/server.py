@@ -1,7 +1,8 @@
 """The gRPC listener: grpcio's asyncio server (``grpc.aio``) in the node's event loop.
 
 Started by ``kura.app`` when ``KURA_GRPC_PORT`` is set, on ``KURA_HOST``; with the public TLS
-certificate and key set it speaks TLS with them (read once, at start). Messages larger than
+certificate and key set it speaks TLS with them, and a new handshake gets the pair that
+``kura.api.public_tls`` last loaded (grpcio asks ``_certificates`` before each one). Messages larger than
 ``KURA_GRPC_MAX_MESSAGE_BYTES`` are refused by grpcio itself (RESOURCE_EXHAUSTED) in both
 directions; ``GetCapabilities`` advertises the batch limit below it.
 """
@@ -18,6 +19,7 @@ from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as
 
 from kura.api.auth import TokenAuth
 from kura.api.metrics import KuraMetrics
+from kura.api.public_tls import PublicTls
 from kura.grpc.action_cache import ActionCache
 from kura.grpc.bytestream import ByteStream
 from kura.grpc.cas import Capabilities, ContentAddressableStorage
@@ -32,9 +34,15 @@ class GrpcServer:
     """The REAPI services on one port. ``await start()`` → bound port; ``await stop(grace)``."""
 
     def __init__(
-        self, settings: Settings, service: CacheService, auth: TokenAuth, metrics: KuraMetrics
+        self,
+        settings: Settings,
+        service: CacheService,
+        auth: TokenAuth,
+        metrics: KuraMetrics,
+        tls: PublicTls | None = None,
     ) -> None:
         self.settings = settings
+        self.tls = tls
         self.gc = GrpcContext(settings, service, auth, metrics)
         self.bytestream = ByteStream(self.gc)
         self.gc.metrics.watch_value(
@@ -65,11 +73,8 @@ class GrpcServer:
         reapi_grpc.add_ActionCacheServicer_to_server(ActionCache(self.gc), self._server)
         bs_grpc.add_ByteStreamServicer_to_server(self.bytestream, self._server)
         address = f"{s.host}:{s.grpc_port}"
-        if s.public_tls_cert_path and s.public_tls_key_path:
-            credentials = grpc.ssl_server_credentials(
-                [(s.public_tls_key_path.read_bytes(), s.public_tls_cert_path.read_bytes())]
-            )
-            self.port = self._server.add_secure_port(address, credentials)
+        if self.tls is not None:
+            self.port = self._server.add_secure_port(address, _certificates(self.tls))
             self.scheme = "grpcs"
         else:
             self.port = self._server.add_insecure_port(address)
@@ -83,3 +88,22 @@ class GrpcServer:
         if self._server is not None:
             await self._server.stop(grace_seconds)
         await self.bytestream.uploads.discard_all()
+
+
+def _certificates(tls: PublicTls) -> grpc.ServerCredentials:
+    """Server credentials that follow ``tls``: grpcio calls the fetcher before each handshake
+    (from its own threads), and it answers a new configuration only when the public listener
+    loaded a new pair, else None (keep the current one)."""
+    served = tls.loaded
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        nonlocal served
+        loaded = tls.loaded
+        if loaded[0] == served[0]:
+            return None
+        served = loaded
+        return grpc.ssl_server_certificate_configuration([loaded[1]])
+
+    initial = grpc.ssl_server_certificate_configuration([served[1]])
+    # grpcio documents None as "keep the current configuration"; types-grpcio omits it.
+    return grpc.dynamic_ssl_server_credentials(initial, fetch)  # type: ignore[arg-type]
