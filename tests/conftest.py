@@ -157,6 +157,12 @@ def start_node(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
         return node
 
     yield start
+    stop_nodes(nodes)
+
+
+def stop_nodes(nodes: Sequence[NodeProcess]) -> None:
+    """Stop every node, then fail naming each one that crashed: an exit other than 0 or the
+    kill signal a test sent (SIGKILL, SIGTERM), with the end of its log."""
     crashed = []
     for node in nodes:
         rc = node.stop()

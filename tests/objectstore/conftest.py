@@ -9,7 +9,6 @@ extra) the fixture raises and the test fails, it never skips.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,7 +18,7 @@ import httpx
 import pytest
 
 from kura.demo.launch.seaweedfs import SeaweedFS
-from tests.conftest import NodeProcess, node_env, spawn_node
+from tests.conftest import NodeProcess, node_env, spawn_node, stop_nodes
 from tests.objectstore.faultproxy import FaultProxy
 
 TierNode = Callable[..., NodeProcess]
@@ -75,12 +74,7 @@ def tier_node(seaweedfs: SeaweedFS, tmp_path: Path) -> Iterator[TierNode]:
         return node
 
     yield start
-    crashed = []
-    for node in nodes:
-        rc = node.stop()
-        if rc not in (0, -signal.SIGKILL, -signal.SIGTERM):
-            crashed.append(f"{node.url} exited {rc}:\n{node.log()[-3000:]}")
-    assert not crashed, "\n".join(crashed)
+    stop_nodes(nodes)
 
 
 def start_failure(
