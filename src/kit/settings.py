@@ -13,7 +13,9 @@ import argparse
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 T = TypeVar("T")
 
@@ -136,6 +138,32 @@ def load(
 def split_list(text: str, separator: str = ",") -> list[str]:
     """``separator``-separated list (comma by default), items trimmed, empty items dropped."""
     return [item.strip() for item in text.split(separator) if item.strip()]
+
+
+def parse_non_empty(text: str) -> str:
+    """The text trimmed; ``ValueError`` when nothing is left."""
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def parse_path(text: str) -> Path:
+    """A path, not empty (trimmed)."""
+    return Path(parse_non_empty(text))
+
+
+def parse_http_url(text: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host, trailing ``/`` dropped."""
+    text = text.strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{text!r} must be an http:// or https:// URL")
+    return text
+
+
+def parse_http_urls(text: str) -> tuple[str, ...]:
+    """A comma-separated list of ``parse_http_url`` URLs (empty: none)."""
+    return tuple(parse_http_url(u) for u in split_list(text))
 
 
 def parse_bool(text: str) -> bool:

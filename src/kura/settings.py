@@ -18,7 +18,11 @@ from kit.settings import (
     parse_bytes,
     parse_choice,
     parse_duration,
+    parse_http_url,
+    parse_http_urls,
+    parse_non_empty,
     parse_non_negative_int,
+    parse_path,
     parse_port,
     parse_positive_bytes,
     parse_positive_int,
@@ -32,29 +36,6 @@ MiB = 1024 * 1024
 KiB = 1024
 MAX_INLINE_BYTES = 1 * MiB
 GiB = 1024 * MiB
-
-
-def _path(text: str) -> Path:
-    if not text.strip():
-        raise ValueError("must not be empty")
-    return Path(text)
-
-
-def _non_empty(text: str) -> str:
-    if not text.strip():
-        raise ValueError("must not be empty")
-    return text.strip()
-
-
-def _url(text: str) -> str:
-    text = text.strip().rstrip("/")
-    if not (text.startswith("http://") or text.startswith("https://")):
-        raise ValueError("must be an http:// or https:// URL")
-    return text
-
-
-def _url_list(text: str) -> tuple[str, ...]:
-    return tuple(_url(u) for u in split_list(text))
 
 
 def _prefix(text: str) -> str:
@@ -133,7 +114,7 @@ def _object_store_url(text: str) -> str:
 
 
 def _tenant(text: str) -> str:
-    text = _non_empty(text)
+    text = parse_non_empty(text)
     try:
         validate(text, NAMESPACE, "tenant id")
     except InvalidRequest as exc:
@@ -147,7 +128,7 @@ class Settings:
     """One node's configuration. Sizes are bytes, durations seconds."""
 
     host: str = option(
-        "KURA_HOST", "--host", _non_empty, "address to listen on", default="127.0.0.1"
+        "KURA_HOST", "--host", parse_non_empty, "address to listen on", default="127.0.0.1"
     )
     port: int = option("KURA_PORT", "--port", parse_port, "public HTTP port", default=4000)
     internal_port: int = option(
@@ -158,10 +139,14 @@ class Settings:
         default=0,
     )
     data_dir: Path = option(
-        "KURA_DATA_DIR", "--data-dir", _path, "blobs and metadata", default=Path(".kura/data")
+        "KURA_DATA_DIR", "--data-dir", parse_path, "blobs and metadata", default=Path(".kura/data")
     )
     tmp_dir: Path = option(
-        "KURA_TMP_DIR", "--tmp-dir", _path, "staging area for bodies", default=Path(".kura/tmp")
+        "KURA_TMP_DIR",
+        "--tmp-dir",
+        parse_path,
+        "staging area for bodies",
+        default=Path(".kura/tmp"),
     )
     tmp_dir_max_bytes: int = option(
         "KURA_TMP_DIR_MAX_BYTES",
@@ -254,26 +239,26 @@ class Settings:
         "KURA_TENANT_ID", "--tenant-id", _tenant, "this mesh's tenant", default="default"
     )
     region: str = option(
-        "KURA_REGION", "--region", _non_empty, "label for this node", default="local"
+        "KURA_REGION", "--region", parse_non_empty, "label for this node", default="local"
     )
     node_url: str | None = option(
         "KURA_NODE_URL",
         "--node-url",
-        _url,
+        parse_http_url,
         "this node's internal URL as peers reach it (default: http://HOST:INTERNAL_PORT)",
         default=None,
     )
     peers: tuple[str, ...] = option(
         "KURA_PEERS",
         "--peers",
-        _url_list,
+        parse_http_urls,
         "comma-separated peer internal URLs",
         default=(),
     )
     discovery_dns_name: str | None = option(
         "KURA_DISCOVERY_DNS_NAME",
         "--discovery-dns-name",
-        _non_empty,
+        parse_non_empty,
         "DNS name whose addresses are peer candidates (e.g. a headless Service)",
         default=None,
     )
@@ -301,21 +286,21 @@ class Settings:
     internal_tls_ca_cert_path: Path | None = option(
         "KURA_INTERNAL_TLS_CA_CERT_PATH",
         "--internal-tls-ca-cert-path",
-        _path,
+        parse_path,
         "CA that signs every peer's certificate (enables mutual TLS between peers)",
         default=None,
     )
     internal_tls_cert_path: Path | None = option(
         "KURA_INTERNAL_TLS_CERT_PATH",
         "--internal-tls-cert-path",
-        _path,
+        parse_path,
         "this node's certificate, used as server and as client",
         default=None,
     )
     internal_tls_key_path: Path | None = option(
         "KURA_INTERNAL_TLS_KEY_PATH",
         "--internal-tls-key-path",
-        _path,
+        parse_path,
         "this node's private key",
         default=None,
     )
@@ -533,28 +518,28 @@ class Settings:
     read_write_tokens_file: Path | None = option(
         "KURA_READ_WRITE_TOKENS_FILE",
         "--read-write-tokens-file",
-        _path,
+        parse_path,
         "file of read-write bearer tokens, one a line (# comments), re-read when it changes",
         default=None,
     )
     read_only_tokens_file: Path | None = option(
         "KURA_READ_ONLY_TOKENS_FILE",
         "--read-only-tokens-file",
-        _path,
+        parse_path,
         "file of read-only bearer tokens, one a line (# comments), re-read when it changes",
         default=None,
     )
     auth_jwt_public_key: str | None = option(
         "KURA_AUTH_JWT_PUBLIC_KEY",
         "--auth-jwt-public-key",
-        _non_empty,
+        parse_non_empty,
         "PEM public key (the text, or a file's path) that verifies JWT bearer tokens",
         default=None,
     )
     auth_jwt_jwks_url: str | None = option(
         "KURA_AUTH_JWT_JWKS_URL",
         "--auth-jwt-jwks-url",
-        _url,
+        parse_http_url,
         "JWKS URL whose keys verify JWT bearer tokens (instead of KURA_AUTH_JWT_PUBLIC_KEY)",
         default=None,
     )
@@ -568,14 +553,14 @@ class Settings:
     auth_jwt_issuer: str | None = option(
         "KURA_AUTH_JWT_ISSUER",
         "--auth-jwt-issuer",
-        _non_empty,
+        parse_non_empty,
         "the iss every JWT must carry (required with a JWT key)",
         default=None,
     )
     auth_jwt_audience: str | None = option(
         "KURA_AUTH_JWT_AUDIENCE",
         "--auth-jwt-audience",
-        _non_empty,
+        parse_non_empty,
         "the aud every JWT must name (required with a JWT key)",
         default=None,
     )
@@ -589,14 +574,14 @@ class Settings:
     public_tls_cert_path: Path | None = option(
         "KURA_PUBLIC_TLS_CERT_PATH",
         "--public-tls-cert-path",
-        _path,
+        parse_path,
         "certificate chain (PEM) of the public listener; enables HTTPS, reloaded on change",
         default=None,
     )
     public_tls_key_path: Path | None = option(
         "KURA_PUBLIC_TLS_KEY_PATH",
         "--public-tls-key-path",
-        _path,
+        parse_path,
         "private key (PEM) of the public listener's certificate, reloaded on change",
         default=None,
     )

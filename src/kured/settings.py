@@ -44,7 +44,6 @@ from collections.abc import Mapping
 from datetime import UTC, time, tzinfo
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from kit.settings import (
     Option,
@@ -54,8 +53,12 @@ from kit.settings import (
     parse_bool,
     parse_choice,
     parse_duration,
+    parse_http_url,
+    parse_http_urls,
     parse_int,
+    parse_non_empty,
     parse_non_negative_int,
+    parse_path,
     parse_port,
     parse_positive_int,
     split_list,
@@ -67,30 +70,8 @@ DEFAULT_REBOOT_COMMAND = ("/bin/systemctl", "reboot")
 KUBERNETES_BACKENDS = ("kubernetes", "lease")
 
 
-def _non_empty(text: str) -> str:
-    if not text.strip():
-        raise ValueError("must not be empty")
-    return text.strip()
-
-
-def _path(text: str) -> Path:
-    return Path(_non_empty(text))
-
-
-def _url(text: str) -> str:
-    text = text.strip().rstrip("/")
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{text!r} must be an http:// or https:// URL")
-    return text
-
-
 def _optional_url(text: str) -> str:
-    return "" if not text.strip() else _url(text)
-
-
-def _url_list(text: str) -> tuple[str, ...]:
-    return tuple(_url(u) for u in split_list(text))
+    return "" if not text.strip() else parse_http_url(text)
 
 
 def _notify_url(text: str) -> str:
@@ -203,7 +184,7 @@ class Settings:
 
     node_id: str = option(
         *_flag("node-id"),
-        _non_empty,
+        parse_non_empty,
         "this node's name: lock owner id and metric label (required)",
     )
     period: float = option(
@@ -238,41 +219,44 @@ class Settings:
     )
     etcd_endpoints: tuple[str, ...] = option(
         *_flag("etcd-endpoints"),
-        _url_list,
+        parse_http_urls,
         "comma-separated etcd client URLs",
         default=("http://127.0.0.1:2379",),
     )
     lock_key: str = option(
-        *_flag("lock-key"), _non_empty, "etcd key holding the lock record", default="/kured/lock"
+        *_flag("lock-key"),
+        parse_non_empty,
+        "etcd key holding the lock record",
+        default="/kured/lock",
     )
     ds_namespace: str = option(
         *_flag("ds-namespace"),
-        _non_empty,
+        parse_non_empty,
         "namespace of the DaemonSet holding the lock (kubernetes backend)",
         default="kube-system",
     )
     ds_name: str = option(
         *_flag("ds-name"),
-        _non_empty,
+        parse_non_empty,
         "name of the DaemonSet holding the lock (kubernetes backend)",
         default="kured",
     )
     lock_annotation: str = option(
         *_flag("lock-annotation"),
-        _non_empty,
+        parse_non_empty,
         "annotation that stores the lock record: on the DaemonSet (kubernetes backend) or the "
         "Lease (lease backend)",
         default="weave.works/kured-node-lock",
     )
     lease_namespace: str = option(
         *_flag("lease-namespace"),
-        _non_empty,
+        parse_non_empty,
         "namespace of the Lease holding the lock (lease backend)",
         default="kube-system",
     )
     lease_name: str = option(
         *_flag("lease-name"),
-        _non_empty,
+        parse_non_empty,
         "name of the Lease holding the lock (lease backend; created at the first acquire)",
         default="kured",
     )
@@ -357,7 +341,7 @@ class Settings:
     )
     blocking_pod_selector: tuple[str, ...] = option(
         *_flag("blocking-pod-selector"),
-        _non_empty,
+        parse_non_empty,
         "label selector: a matching pod on this node that has not finished blocks reboots "
         "(repeatable, ORed; in the environment separate selectors with ';')",
         default=(),
@@ -388,7 +372,7 @@ class Settings:
     )
     reboot_sentinel: Path = option(
         *_flag("reboot-sentinel"),
-        _path,
+        parse_path,
         "file whose existence means a reboot is needed",
         default=Path("/var/run/reboot-required"),
     )
@@ -478,7 +462,7 @@ class Settings:
     )
     gate_url: tuple[str, ...] = option(
         *_flag("gate-url"),
-        _url,
+        parse_http_url,
         "HTTP gate: a reboot is allowed only while it answers 2xx (repeatable)",
         default=(),
         repeatable=True,
@@ -535,13 +519,13 @@ class Settings:
     )
     state_dir: Path = option(
         *_flag("state-dir"),
-        _path,
+        parse_path,
         "where the agent keeps its reboot bookkeeping",
         default=Path("/var/lib/kured"),
     )
     boot_id_file: Path = option(
         *_flag("boot-id-file"),
-        _path,
+        parse_path,
         "the kernel's boot ID; a reboot is confirmed when it changed (proc(5))",
         default=Path("/proc/sys/kernel/random/boot_id"),
     )
