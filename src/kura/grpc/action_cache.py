@@ -25,8 +25,8 @@ from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
 from kura.api.action_cache import MAX_ACTION_RESULT_BYTES, parse_action_result
 from kura.api.action_lookup import ac_ref, find_action_result
 from kura.api.auth import Access
-from kura.core.errors import NotFound, PayloadTooLarge
-from kura.grpc.common import GrpcContext, check_digest, namespace_of, rpc
+from kura.core.errors import PayloadTooLarge
+from kura.grpc.common import GrpcContext, check_digest, rpc
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -39,23 +39,16 @@ class ActionCache(reapi_grpc.ActionCacheServicer):
     async def GetActionResult(
         self, request: reapi.GetActionResultRequest, context: Ctx
     ) -> reapi.ActionResult:
-        ns = namespace_of(request.instance_name)
-        self.gc.check(context, Access.READ, ns)
+        ns = self.gc.authorize(context, Access.READ, request.instance_name)
         ref = ac_ref(ns, check_digest(request.action_digest))
-        try:
-            _manifest, _data, result = await find_action_result(self.gc.service, ref)
-        except NotFound:
-            self.gc.metrics.count_lookup("grpc", False)
-            raise
-        self.gc.metrics.count_lookup("grpc", True)
+        _manifest, _data, result = await self.gc.looked_up(find_action_result(self.gc.service, ref))
         return result
 
     @rpc("UpdateActionResult")
     async def UpdateActionResult(
         self, request: reapi.UpdateActionResultRequest, context: Ctx
     ) -> reapi.ActionResult:
-        ns = namespace_of(request.instance_name)
-        self.gc.check(context, Access.WRITE, ns)
+        ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
         ref = ac_ref(ns, check_digest(request.action_digest))
         data = request.action_result.SerializeToString()
         limit = min(MAX_ACTION_RESULT_BYTES, self.gc.settings.max_artifact_bytes)

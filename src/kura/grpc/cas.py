@@ -46,7 +46,6 @@ from kura.grpc.common import (
     check_digest,
     code_for,
     is_empty,
-    namespace_of,
     rpc,
     streaming_rpc,
 )
@@ -69,7 +68,7 @@ class Capabilities(reapi_grpc.CapabilitiesServicer):
     async def GetCapabilities(
         self, request: reapi.GetCapabilitiesRequest, context: Ctx
     ) -> reapi.ServerCapabilities:
-        self.gc.check(context, Access.READ, namespace_of(request.instance_name))
+        self.gc.authorize(context, Access.READ, request.instance_name)
         sha256 = reapi.DigestFunction.SHA256
         return reapi.ServerCapabilities(
             cache_capabilities=reapi.CacheCapabilities(
@@ -93,8 +92,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def FindMissingBlobs(
         self, request: reapi.FindMissingBlobsRequest, context: Ctx
     ) -> reapi.FindMissingBlobsResponse:
-        ns = namespace_of(request.instance_name)
-        self.gc.check(context, Access.READ, ns)
+        ns = self.gc.authorize(context, Access.READ, request.instance_name)
         wanted: dict[str, reapi.Digest] = {}
         for d in request.blob_digests:
             check_digest(d)
@@ -109,8 +107,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def BatchUpdateBlobs(
         self, request: reapi.BatchUpdateBlobsRequest, context: Ctx
     ) -> reapi.BatchUpdateBlobsResponse:
-        ns = namespace_of(request.instance_name)
-        self.gc.check(context, Access.WRITE, ns)
+        ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
         total = sum(len(r.data) for r in request.requests)
         if total > self.gc.max_batch_bytes:
             raise InvalidRequest(
@@ -155,8 +152,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def BatchReadBlobs(
         self, request: reapi.BatchReadBlobsRequest, context: Ctx
     ) -> reapi.BatchReadBlobsResponse:
-        ns = namespace_of(request.instance_name)
-        self.gc.check(context, Access.READ, ns)
+        ns = self.gc.authorize(context, Access.READ, request.instance_name)
         for d in request.digests:
             check_digest(d)
         total = sum(d.size_bytes for d in request.digests)
@@ -180,12 +176,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def _read(self, ns: str, digest: reapi.Digest) -> bytes:
         if is_empty(digest):
             return b""
-        try:
-            data = await read_blob(self.gc, ns, digest, self.gc.max_batch_bytes)
-        except NotFound:
-            self.gc.metrics.count_lookup("grpc", False)
-            raise
-        self.gc.metrics.count_lookup("grpc", True)
+        data = await self.gc.looked_up(read_blob(self.gc, ns, digest, self.gc.max_batch_bytes))
         self.gc.metrics.bytes_out_child("grpc").inc(len(data))
         return data
 
@@ -193,8 +184,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def GetTree(  # type: ignore[override]
         self, request: reapi.GetTreeRequest, context: Ctx
     ) -> AsyncIterator[reapi.GetTreeResponse]:
-        ns = namespace_of(request.instance_name)
-        self.gc.check(context, Access.READ, ns)
+        ns = self.gc.authorize(context, Access.READ, request.instance_name)
         check_digest(request.root_digest)
         if request.page_size < 0:
             raise InvalidRequest("page_size must not be negative")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,6 +38,7 @@ from kura.settings import Settings
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROTOCOL = "grpc"  # the protocol label of kura_cache_lookups_total and the byte counters
 # Room for the request's own fields around the blob data in a batch call.
@@ -118,6 +119,26 @@ class GrpcContext:
             if key == "authorization" and isinstance(value, str):
                 authorization = value
         self.auth.check(authorization, access, lambda: ns)
+
+    def authorize(
+        self, context: grpc.aio.ServicerContext[Any, Any], access: Access, instance_name: str
+    ) -> str:
+        """The namespace ``instance_name`` selects, once the call's token allows ``access`` to
+        it; ``InvalidRequest``, ``Unauthenticated`` or ``Forbidden`` otherwise."""
+        ns = namespace_of(instance_name)
+        self.check(context, access, ns)
+        return ns
+
+    async def looked_up(self, lookup: Awaitable[T]) -> T:
+        """``await lookup``, counted in ``kura_cache_lookups_total{protocol="grpc"}``: a hit, or a
+        miss when it raises ``NotFound`` (re-raised)."""
+        try:
+            found = await lookup
+        except e.NotFound:
+            self.metrics.count_lookup("grpc", False)
+            raise
+        self.metrics.count_lookup("grpc", True)
+        return found
 
 
 def namespace_of(instance_name: str) -> str:
