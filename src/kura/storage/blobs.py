@@ -40,7 +40,7 @@ from kura.core.manifest import Manifest
 from kura.storage.body_count import BodyCount, check_sha256
 from kura.storage.budget import Reservation
 from kura.storage.checksum import BodyDigests
-from kura.storage.fsync import fsync_dir
+from kura.storage.fsync import fsync_path
 
 LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
@@ -155,7 +155,7 @@ class BlobFiles:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, layout)
-        fsync_dir(self.data_dir)
+        fsync_path(self.data_dir)
 
     def close(self) -> None:
         for fd in self._lock_fds:
@@ -243,7 +243,7 @@ class BlobFiles:
             self.group.published(final)
         for directory in to_sync:
             if self.group is None:
-                fsync_dir(directory)
+                fsync_path(directory)
             else:
                 self.group.sync_dir_later(directory)
         return os.stat(final)
