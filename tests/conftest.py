@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import ssl
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -142,6 +143,25 @@ def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ())
         started.reader,
         started.internal_url,
     )
+
+
+def serve_refused(env: dict[str, str], *flags: str, cwd: Path | None = None) -> str:
+    """Run ``kura serve *flags`` in ``env`` (e.g. ``node_env(tmp, **bad_settings)``), which must
+    refuse to start: exit 2 (``kura.cli``: a configuration error) within 60 s, no traceback and
+    no listening line. Returns its stderr, for the test to find the message it expects."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kura.cli", "serve", *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=cwd,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "kura listening" not in done.stdout, done.stdout
+    return done.stderr
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import os
 import signal
 import ssl
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 from kit import event_loop
 from kit.clock import Clock, SystemClock
 from kit.log_ring import LogRing
-from kura import __version__
 from kura.api import (
     anti_entropy_routes,
     bazel_http,
@@ -73,6 +71,7 @@ from kura.mesh.repair import Repairer
 from kura.mesh.shipper import Shipper
 from kura.mesh.storage_hooks import MeshHooks
 from kura.mesh.wire import peer_label
+from kura.node_status import node_status
 from kura.settings import Settings
 from kura.storage.bucket_expiry import BucketExpiry, bucket_aging
 from kura.storage.bucket_touch import BucketToucher
@@ -395,97 +394,9 @@ class Node:
             # Healthy again after a partition: catch up from the cursor (mesh.incremental).
             self.bootstrapper.peer_joined(node_url)
 
-    def _object_store_status(self) -> dict[str, Any] | None:
-        """The tier's part of ``/status``: where, and how far the uploads are behind."""
-        if self.object_tier is None:
-            return None
-        stats = self.object_tier.store.stats
-        return {
-            "store": self.object_tier.store.describe(),
-            "upload_queue_messages": stats.upload_queue_depth,
-            "oldest_upload_age_seconds": round(stats.upload_oldest_age_seconds, 1),
-        }
-
     def status(self) -> dict[str, Any]:
-        """The mesh as this node sees it (``GET /status``, ``kura status``)."""
-        now_ms = self.clock.now_ms()
-        peers = []
-        known = {p.node_url: p for p in self.membership.peers.values()}
-        marks = self.service.queues.marks
-        for url in sorted(
-            set(self.membership.targets()) | set(known) | set(self.shipper.peers) | set(marks)
-        ):
-            peer = known.get(url)
-            ship = self.shipper.peers.get(url)
-            oldest = ship.oldest_enqueued_ms if ship else None
-            mark = marks.get(url)
-            peers.append(
-                {
-                    "node_url": url,
-                    "known": peer is not None,
-                    "healthy": bool(peer and peer.healthy),
-                    "region": peer.region if peer else "",
-                    "outbox_messages": self.service.queues.depth(url),
-                    "outbox_oldest_age_seconds": (now_ms - oldest) / 1000 if oldest else 0.0,
-                    "replication_failures_in_a_row": ship.failures if ship else 0,
-                    "last_error": ship.last_error if ship else "",
-                    "needs_catch_up": mark is not None,
-                    "catch_up_reason": mark.reason if mark else "",
-                    "catching_up": self.catch_up.catching_up(url),
-                    "forgotten_at": _iso(mark.forgotten_at_ms if mark else None),
-                    "outbox_dropped_messages": mark.dropped_messages if mark else 0,
-                }
-            )
-        reasons = self.readiness_reasons()
-        bootstrap: dict[str, Any] = dict(self.bootstrapper.summary())
-        bootstrap.update(self.bootstrapper.budget().as_json())
-        bootstrap["peers"] = [
-            {
-                "peer": p.peer,
-                "phase": p.phase.value,
-                "bytes_done": p.bytes_done,
-                "bytes_total": p.bytes_total,
-                "artifacts_done": p.artifacts_done,
-                "artifacts_total": p.artifacts_total,
-                "passes": p.passes,
-                "failed_passes_in_a_row": p.failed_passes_in_a_row,
-                "abandoned": p.abandoned,
-                "last_error": p.last_error,
-                "listed_artifacts": p.listed_artifacts,
-                "listed_bytes": p.listed_bytes,
-                "skipped_artifacts": p.skipped_artifacts,
-                "skipped_bytes": p.skipped_bytes,
-                "budget_stopped": p.budget_stopped,
-                "mode": p.mode,
-                "cursor": p.cursor_seq,
-            }
-            for p in sorted(self.bootstrapper.progress.values(), key=lambda p: p.peer)
-        ]
-        return {
-            "node_url": self.node_url,
-            "public_url": self.public_url,
-            "tenant_id": self.settings.tenant_id,
-            "region": self.settings.region,
-            "ready": not reasons,
-            "reasons": reasons,
-            "warnings": self.warnings(),
-            # With the object-storage tier a node never bootstraps: its data is the bucket's.
-            "bootstrap": bootstrap if self.object_tier is None else None,
-            "object_store": self._object_store_status(),
-            "anti_entropy": self.anti_entropy.summary(),
-            "generation": self.membership.generation,
-            "peers": peers,
-            "artifacts": self.service.stats.artifacts,
-            "disk_used_bytes": self.service.stats.used_bytes,
-            "outbox_messages": self.service.stats.outbox_depth,
-            "tmp_reserved_bytes": self.budget.reserved_bytes,
-            "tmp_capacity_bytes": self.budget.capacity_bytes,
-            "version": __version__,
-            "event_loop": self.event_loop,
-            "disk_limit_bytes": self.settings.max_disk_bytes,
-            "lookups": self.metrics.lookups_by_protocol(),
-            "recent_errors": self.log_ring.records(),
-        }
+        """The mesh as this node sees it (``GET /status``, ``kura status``; ``node_status``)."""
+        return node_status(self)
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -755,13 +666,6 @@ class Node:
         await self.peer_client.close()
         await self.service.close()
         self.log_ring.detach()
-
-
-def _iso(ms: int | None) -> str | None:
-    """Unix milliseconds as an RFC 3339 UTC time, or None."""
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 def _by_peer_label(counts: Callable[[], dict[str, int]]) -> Callable[[], dict[str, int]]:

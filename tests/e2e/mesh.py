@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ import httpx
 from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess, node_env, spawn_node
 
-__all__ = ["Mesh", "free_port", "manifests", "status", "wait_for"]
+__all__ = ["Mesh", "forget_behind_the_cursor", "free_port", "manifests", "status", "wait_for"]
 
 
 class Mesh:
@@ -114,3 +115,28 @@ def manifests(node: NodeProcess, peer_token: str = "") -> dict[str, dict[str, ob
         if page["next_after"] is None:
             return out
         after = page["next_after"]
+
+
+def forget_behind_the_cursor(
+    node: NodeProcess, peer: NodeProcess, *deletes: tuple[str, Sequence[object]]
+) -> list[int]:
+    """Lose data behind a stopped ``node``'s back, so only anti-entropy brings it back: in its
+    index, move its change-feed cursor with ``peer`` to ``peer``'s head (so the change-feed
+    pull brings nothing older), then run each ``(DELETE statement, parameters)`` of
+    ``deletes``, all in one transaction. Returns the rows each statement deleted, in order."""
+    src = sqlite3.connect(f"file:{peer.data_dir / 'index.sqlite3'}?mode=ro", uri=True)
+    try:
+        meta = dict(src.execute("SELECT k, v FROM meta WHERE k IN ('epoch', 'change_seq')"))
+    finally:
+        src.close()
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3")
+    try:
+        with conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO peer_cursors (peer, epoch, seq, updated_at_ms) "
+                "VALUES (?, ?, ?, 0)",
+                (peer.internal_url, meta["epoch"], int(meta["change_seq"])),
+            )
+            return [int(conn.execute(sql, tuple(params)).rowcount) for sql, params in deletes]
+    finally:
+        conn.close()

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import NodeProcess
-from tests.e2e.mesh import Mesh, manifests, status, wait_for
+from tests.e2e.mesh import Mesh, forget_behind_the_cursor, manifests, status, wait_for
 
 SCOPE = "tenant_id=t&namespace_id="
 FAST = {"discovery_settle_ms": 0, "anti_entropy_interval": "0.5", "replication_backoff_max_ms": 500}
@@ -44,28 +44,6 @@ def _drop_outbox(node: NodeProcess) -> int:
     return int(n)
 
 
-def _forget_behind_the_cursor(node: NodeProcess, peer: NodeProcess) -> tuple[int, int]:
-    """In a stopped node's index, move its change-feed cursor with ``peer`` to ``peer``'s head
-    and delete the ``new*`` artifacts of namespace ``keep`` and the tombstone of ``gone``;
-    return how many of each were deleted."""
-    src = sqlite3.connect(f"file:{peer.data_dir / 'index.sqlite3'}?mode=ro", uri=True)
-    meta = dict(src.execute("SELECT k, v FROM meta WHERE k IN ('epoch', 'change_seq')"))
-    src.close()
-    conn = sqlite3.connect(node.data_dir / "index.sqlite3")
-    with conn:
-        conn.execute(
-            "INSERT OR REPLACE INTO peer_cursors (peer, epoch, seq, updated_at_ms) "
-            "VALUES (?, ?, ?, 0)",
-            (peer.internal_url, meta["epoch"], int(meta["change_seq"])),
-        )
-        rows = conn.execute(
-            "DELETE FROM artifacts WHERE namespace_id = 'keep' AND key LIKE 'action_cache/new%'"
-        ).rowcount
-        tombstones = conn.execute("DELETE FROM tombstones WHERE namespace_id = 'gone'").rowcount
-    conn.close()
-    return int(rows), int(tombstones)
-
-
 def test_anti_entropy_repairs_writes_and_a_clean_that_no_outbox_holds(tmp_path: Path) -> None:
     """A loses 30 artifacts and a clean behind its back (its index restored from an older copy
     under its newer change-feed cursors, rows deleted while it is stopped). No outbox holds them
@@ -87,7 +65,16 @@ def test_anti_entropy_repairs_writes_and_a_clean_that_no_outbox_holds(tmp_path: 
         mesh.wait_drained()
         assert wait_for(lambda: manifests(a) == manifests(b), 60)
         assert a.stop() == 0
-        assert _forget_behind_the_cursor(a, b) == (30, 1)
+        # Lost behind A's back: the new* artifacts of namespace keep and the tombstone of gone.
+        assert forget_behind_the_cursor(
+            a,
+            b,
+            (
+                "DELETE FROM artifacts WHERE namespace_id = 'keep' AND key LIKE ?",
+                ("action_cache/new%",),
+            ),
+            ("DELETE FROM tombstones WHERE namespace_id = ?", ("gone",)),
+        ) == [30, 1]
         a = mesh.restart(0)
         mesh.wait_ready()
         assert status(b)["outbox_messages"] == 0  # nothing left to ship

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sqlite3
 from pathlib import Path
 
 from tests.conftest import NodeProcess
-from tests.e2e.mesh import Mesh, manifests, status, wait_for
+from tests.e2e.mesh import Mesh, forget_behind_the_cursor, manifests, status, wait_for
 from tests.e2e.test_bootstrap import start_joiner
 from tests.inline_index import stored_as
 
@@ -58,29 +57,6 @@ def _assert_served_and_stored(node: NodeProcess, written: dict[str, bytes]) -> N
             assert stored_as(node, body) == want, (node.url, path)
 
 
-def _forget(node: NodeProcess, peer: NodeProcess, bodies: list[bytes]) -> int:
-    """In a stopped node's index, move its change-feed cursor with ``peer`` to ``peer``'s head
-    and delete the rows of ``bodies``: lost behind its back, so only anti-entropy brings them
-    back. Returns the rows deleted."""
-    src = sqlite3.connect(f"file:{peer.data_dir / 'index.sqlite3'}?mode=ro", uri=True)
-    meta = dict(src.execute("SELECT k, v FROM meta WHERE k IN ('epoch', 'change_seq')"))
-    src.close()
-    conn = sqlite3.connect(node.data_dir / "index.sqlite3")
-    with conn:
-        conn.execute(
-            "INSERT OR REPLACE INTO peer_cursors (peer, epoch, seq, updated_at_ms) "
-            "VALUES (?, ?, ?, 0)",
-            (peer.internal_url, meta["epoch"], int(meta["change_seq"])),
-        )
-        deleted = 0
-        for body in bodies:
-            deleted += conn.execute(
-                "DELETE FROM artifacts WHERE sha256 = ?", (hashlib.sha256(body).hexdigest(),)
-            ).rowcount
-    conn.close()
-    return deleted
-
-
 def test_inline_and_file_rows_replicate_bootstrap_and_are_repaired(tmp_path: Path) -> None:
     mesh = Mesh(tmp_path, 2, inline_max_bytes=THRESHOLD, **FAST)
     a, b = mesh.nodes
@@ -105,7 +81,15 @@ def test_inline_and_file_rows_replicate_bootstrap_and_are_repaired(tmp_path: Pat
         lost = [body for body in written.values() if len(body) == 2 * KiB][:2]
         lost += [body for body in written.values() if len(body) == 100 * KiB][:2]
         assert b.stop() == 0
-        assert _forget(b, a, lost) == 4
+        forgotten = forget_behind_the_cursor(
+            b,
+            a,
+            *[
+                ("DELETE FROM artifacts WHERE sha256 = ?", (hashlib.sha256(body).hexdigest(),))
+                for body in lost
+            ],
+        )
+        assert forgotten == [1, 1, 1, 1]
         b = mesh.restart(1)
         mesh.wait_ready()
         assert wait_for(lambda: _holds(b, written), 60), status(b)["anti_entropy"]

@@ -12,8 +12,6 @@ import hashlib
 import json
 import secrets
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +22,7 @@ import pytest
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
 from kura.mesh.wire import encode_manifest
-from tests.conftest import NodeProcess, node_env
+from tests.conftest import NodeProcess, node_env, serve_refused
 from tests.e2e.fakepeer import FakePeer, honest
 from tests.e2e.mesh import Mesh, manifests, wait_for
 from tests.e2e.test_mesh import make_ca, make_leaf, tls_client
@@ -364,17 +362,9 @@ def test_a_node_on_a_non_loopback_host_without_peer_credentials_refuses_to_start
     tmp_path: Path, host: str
 ) -> None:
     env = node_env(tmp_path, host=host)
-    done = subprocess.run(
-        [sys.executable, "-m", "kura.cli", "serve"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    assert "KURA_INTERNAL_TOKENS" in done.stderr
-    assert "openssl rand -hex 32" in done.stderr
+    stderr = serve_refused(env, cwd=tmp_path)
+    assert "KURA_INTERNAL_TOKENS" in stderr
+    assert "openssl rand -hex 32" in stderr
     assert not (tmp_path / "data" / "index.sqlite3").exists()
 
 

@@ -288,6 +288,22 @@ def test_keyvalue_over_its_limit_or_not_json_is_rejected(
     assert_unchanged(node, before)
 
 
+def test_a_keyvalue_entry_larger_than_the_whole_disk_budget_is_507_and_evicts_nothing(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    # Key-value entries take the one inline write path (WritePath._put_small), with its checks.
+    node = start_node(max_disk_bytes=4096)
+    with node.client() as c:
+        assert c.put("/cache/keep", content=b"k" * 1000).status_code == 201
+        before = StoreState.of(node)
+        big = {"cas_id": "c", "entries": [{"value": "v" * 8000}]}
+        r = c.put("/api/cache/keyvalue?tenant_id=t", json=big)
+        assert r.status_code == 507, r.text
+        assert "disk budget" in r.json()["message"]
+        assert c.get("/cache/keep").content == b"k" * 1000
+    assert_unchanged(node, before)
+
+
 def test_invalid_content_length_is_400(seeded: NodeProcess) -> None:
     before = StoreState.of(seeded)
     sock = rawhttp.connect(seeded.url)

@@ -4,14 +4,12 @@ reports, in its start-up log line and in /status, and serves a PUT and a GET on 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import NodeProcess, node_env
+from tests.conftest import NodeProcess, node_env, serve_refused
 
 MiB = 1024 * 1024
 
@@ -41,16 +39,6 @@ def test_a_node_runs_and_reports_the_event_loop_it_was_given(
 
 
 def test_an_unknown_event_loop_is_a_configuration_error(tmp_path: Path) -> None:
-    env = {**os.environ, **node_env(tmp_path, event_loop="trio")}
-    done = subprocess.run(
-        [sys.executable, "-m", "kura.cli", "serve"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "KURA_EVENT_LOOP" in done.stderr
-    assert "'trio'" in done.stderr
-    assert "Traceback" not in done.stderr
+    stderr = serve_refused(node_env(tmp_path, event_loop="trio"))
+    assert "KURA_EVENT_LOOP" in stderr
+    assert "'trio'" in stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -130,16 +131,29 @@ async def test_a_waiter_is_woken_when_a_walk_finds_an_outside_file_gone(
 
 
 async def test_a_file_tracked_while_a_walk_runs_is_never_counted_as_outside(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The real walk, held in its thread after it listed the file (so with its skip set taken
+    # and the file counted) until the test has tracked and released it.
+    walked, go_on = threading.Event(), threading.Event()
+
+    def held_scan(tmp_dir: Path, skip: frozenset[str]) -> tuple[int, list[tuple[str, int]]]:
+        found = scan(tmp_dir, skip)
+        walked.set()
+        go_on.wait(NOTICE_TIMEOUT_SECONDS)
+        return found
+
+    monkeypatch.setattr(tmp_occupancy, "scan", held_scan)
     occupancy = TmpOccupancy(tmp_path, lambda: None)
     staged = tmp_path / "upload-1"
     staged.write_bytes(b"s" * 50)
     walk = asyncio.create_task(occupancy.refresh())
-    await asyncio.sleep(0)  # the walk has started in its thread; its skip set is taken
+    assert await asyncio.to_thread(walked.wait, NOTICE_TIMEOUT_SECONDS)
     # Tracked and released again before the walk's result is published.
     occupancy.track(str(staged))
     occupancy.untrack(str(staged))
+    assert not walk.done()
+    go_on.set()
     await walk
     assert (occupancy.untracked_bytes, occupancy.total_bytes) == (0, 50)
     occupancy.refresh_now()  # left on disk after release: outside from the next walk on

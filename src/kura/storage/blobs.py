@@ -35,18 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from kura.core.errors import (
-    DigestMismatch,
-    IncompleteBody,
-    InvalidRequest,
-    KuraError,
-    PayloadTooLarge,
-    ResourceExhausted,
-)
+from kura.core.errors import KuraError, ResourceExhausted
 from kura.core.manifest import Manifest
+from kura.storage.body_count import BodyCount, check_sha256
 from kura.storage.budget import Reservation
 from kura.storage.checksum import BodyDigests
-from kura.storage.fsync import fsync_dir
+from kura.storage.fsync import fsync_path
 
 LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
@@ -161,7 +155,7 @@ class BlobFiles:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, layout)
-        fsync_dir(self.data_dir)
+        fsync_path(self.data_dir)
 
     def close(self) -> None:
         for fd in self._lock_fds:
@@ -249,7 +243,7 @@ class BlobFiles:
             self.group.published(final)
         for directory in to_sync:
             if self.group is None:
-                fsync_dir(directory)
+                fsync_path(directory)
             else:
                 self.group.sync_dir_later(directory)
         return os.stat(final)
@@ -313,41 +307,31 @@ async def stage_body(
 
     Raises ``PayloadTooLarge`` past ``limit_bytes`` or past the tmp budget's whole capacity,
     ``ResourceExhausted`` when a body without a declared length cannot grow its reservation
-    now, ``IncompleteBody`` when fewer than ``declared_length`` bytes arrive, ``DigestMismatch`` when ``expected_sha256`` is given and
-    does not match. On any failure (cancellation included) the partial file is deleted; the
-    caller owns releasing the reservation. The file is not yet fsynced.
+    now, ``InvalidRequest`` when more than ``declared_length`` bytes arrive, ``IncompleteBody``
+    when fewer, ``DigestMismatch`` when ``expected_sha256`` is given and does not match (those
+    checks are ``storage.body_count``'s). On any failure (cancellation included) the partial
+    file is deleted; the caller owns releasing the reservation. The file is not yet fsynced.
     """
     reservation.track(path)
     h = BodyDigests()
-    size = 0
+    count = BodyCount(limit_bytes=limit_bytes, declared_length=declared_length)
     try:
         with path.open("wb") as f:
             async for chunk in body:
-                size += len(chunk)
-                if size > limit_bytes:
-                    raise PayloadTooLarge(
-                        f"body exceeds this route's limit of {limit_bytes} bytes", limit_bytes
-                    )
+                size = count.add(chunk)
                 if size > reservation.size_bytes:
-                    if declared_length is not None:
-                        raise InvalidRequest(
-                            f"body is longer than its declared Content-Length {declared_length}"
-                        )
                     # Grow by a step, but never ask for more than the limit or the budget's
-                    # capacity: a body that fits must not fail on the step's overshoot.
+                    # capacity: a body that fits must not fail on the step's overshoot. (A
+                    # declared body reserved its whole length, so only a chunked one grows.)
                     step_to = reservation.size_bytes + GROW_STEP_BYTES
                     reservation.try_grow_to(
                         max(size, min(limit_bytes, reservation.capacity_bytes, step_to))
                     )
                 f.write(chunk)
                 h.update(chunk)
-        if declared_length is not None and size != declared_length:
-            raise IncompleteBody(f"body ended after {size} of {declared_length} declared bytes")
+        size = count.finish()
         digest = h.sha256
-        if expected_sha256 is not None and digest != expected_sha256:
-            raise DigestMismatch(
-                f"body hashes to sha256 {digest}, not the digest {expected_sha256} in its path"
-            )
+        check_sha256(digest, expected_sha256)
         return Staged(path, size, digest, h.xxh3_128)
     except OSError as exc:
         path.unlink(missing_ok=True)

@@ -9,16 +9,10 @@ import os
 from pathlib import Path
 
 
-def fsync_dir(path: Path) -> None:
-    """fsync a directory, making renames and unlinks in it durable."""
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def fsync_path(path: Path) -> None:
+    """fsync a file (its bytes) or a directory (renames, creations and unlinks in it); either
+    is opened read-only, which Linux fsyncs (fsync(2): "an explicit fsync() on a file
+    descriptor for the directory is also needed")."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -49,5 +43,5 @@ class WalSync:
         finally:
             os.close(fd)
         if inode != self._named_inode:
-            fsync_dir(self.database.parent)
+            fsync_path(self.database.parent)
             self._named_inode = inode

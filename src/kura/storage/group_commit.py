@@ -52,7 +52,7 @@ from typing import Any
 
 from kit.failpoint import failpoint
 from kura.core.errors import Unavailable
-from kura.storage.fsync import fsync_dir
+from kura.storage.fsync import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class GroupCommitWriter(Executor):
         if self._grouping():
             self._dirs[str(directory)] = None
         else:
-            fsync_dir(directory)
+            fsync_path(directory)
 
     def unlink_later(self, path: Path) -> None:
         """Unlink ``path`` once the group is durable (the row that replaced or dropped it)."""
@@ -208,7 +208,7 @@ class GroupCommitWriter(Executor):
             failpoint("storage.before_group_sync")
             for directory in dirs:
                 try:
-                    fsync_dir(Path(directory))
+                    fsync_path(Path(directory))
                 except FileNotFoundError:
                     continue  # emptied and removed since: nothing left to make durable
             self._sync()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from kura.core.manifest import Manifest
 from kura.storage.blobs import BlobFiles
-from kura.storage.fsync import fsync_dir
+from kura.storage.fsync import fsync_path
 from kura.storage.index import MetadataIndex
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def migrate_layout_1(files: BlobFiles, index: MetadataIndex) -> int:
         renamed += 1
         buckets.add(legacy.parent)
     for bucket in buckets:
-        fsync_dir(bucket)
+        fsync_path(bucket)
     return renamed
 
 

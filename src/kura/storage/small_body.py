@@ -13,10 +13,10 @@ Memory is bounded without the tmp budget: each request holds at most the thresho
 already holds per connection (its ``StreamReader`` high-water mark is 128 KiB), and the number
 of requests in flight is bounded by the server's connections.
 
-The checks are those ``storage.blobs.stage_body`` makes, with the same errors and messages:
-the route's limit (``PayloadTooLarge``), a body longer than its declared length
-(``InvalidRequest``) or shorter (``IncompleteBody``), and an expected SHA-256 (``DigestMismatch``,
-e.g. Bazel's ``cas/`` path digest).
+The checks are those ``storage.blobs.stage_body`` makes, by the same code
+(``storage.body_count``): the route's limit (``PayloadTooLarge``), a body longer than its
+declared length (``InvalidRequest``) or shorter (``IncompleteBody``), and an expected SHA-256
+(``DigestMismatch``, e.g. Bazel's ``cas/`` path digest).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator
 
-from kura.core.errors import DigestMismatch, IncompleteBody, InvalidRequest, PayloadTooLarge
+from kura.storage.body_count import BodyCount, check_sha256
 
 
 def fits_inline(threshold_bytes: int, declared_length: int | None) -> bool:
@@ -49,22 +49,12 @@ async def buffer_small(
     ``declared_length`` and ``IncompleteBody`` for fewer.
     """
     chunks: list[bytes] = []
-    size = 0
+    count = BodyCount(limit_bytes=limit_bytes, declared_length=declared_length)
     async for chunk in body:
-        size += len(chunk)
-        if size > limit_bytes:
-            raise PayloadTooLarge(
-                f"body exceeds this route's limit of {limit_bytes} bytes", limit_bytes
-            )
-        if declared_length is not None and size > declared_length:
-            raise InvalidRequest(
-                f"body is longer than its declared Content-Length {declared_length}"
-            )
         chunks.append(chunk)
-        if size > threshold_bytes:
+        if count.add(chunk) > threshold_bytes:
             return _spill(chunks, body)
-    if declared_length is not None and size != declared_length:
-        raise IncompleteBody(f"body ended after {size} of {declared_length} declared bytes")
+    count.finish()
     return b"".join(chunks)
 
 
@@ -72,10 +62,7 @@ def check_digest(data: bytes, expected_sha256: str | None) -> str:
     """The SHA-256 (hex) of ``data``; ``DigestMismatch`` when ``expected_sha256`` is given and
     differs (the message ``stage_body`` gives)."""
     digest = hashlib.sha256(data).hexdigest()
-    if expected_sha256 is not None and digest != expected_sha256:
-        raise DigestMismatch(
-            f"body hashes to sha256 {digest}, not the digest {expected_sha256} in its path"
-        )
+    check_sha256(digest, expected_sha256)
     return digest
 
 

@@ -15,7 +15,6 @@ blob, no index row and no reserved bytes. Eviction makes room first (``storage.e
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -140,13 +139,11 @@ class WritePath(Eviction):
             incoming.unlink(missing_ok=True)
 
     async def put_inline(self, ref: ArtifactRef, data: bytes, content_type: str) -> PutResult:
-        """Store a small body inside the index (key-value entries)."""
-        self._check_free_disk(len(data))
-        aid = self.artifact_id(ref)
-        manifest = self._new_manifest(
-            ref, aid, len(data), hashlib.sha256(data).hexdigest(), content_type, {}, inline=True
-        )
-        return await self._commit(manifest, None, data, source="local")
+        """Store a small body inside the index (key-value entries): ``_put_small``, the one
+        inline write, under the largest inline row (``max_inline_bytes``). Raises (storing
+        nothing) PayloadTooLarge above it, InsufficientStorage above the disk budget,
+        ResourceExhausted without the free disk space."""
+        return await self._put_small(ref, data, self.max_inline_bytes, content_type, {}, None)
 
     async def _commit_staged(
         self,
