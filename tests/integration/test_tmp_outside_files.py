@@ -40,3 +40,28 @@ def test_a_leftover_in_the_tmp_dir_reduces_what_uploads_may_reserve_until_it_is_
         assert c.get("/cache/fits-once-it-is-gone").content == body
     assert rawhttp.wait_until(lambda: node.metric("kura_tmp_dir_bytes") == 0)
     assert node.metric("kura_tmp_reserved_bytes") == 0
+
+
+def test_a_small_chunked_body_beside_a_nearly_full_budget_reserves_only_what_arrives(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A body without a Content-Length reserves one 1 MiB step when that fits; when it does not,
+    it reserves as its bytes arrive, so a 40 KiB chunked PUT fits beside a leftover that leaves
+    less than a step free, and one that does not fit is still refused with nothing left."""
+    node = start_node(tmp_dir_max_bytes=1024 * KiB)
+    leftover = node.tmp_dir / "someone-elses-file"
+    leftover.write_bytes(b"l" * (700 * KiB))
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_dir_bytes") >= 700 * KiB)
+    small = os.urandom(40 * KiB)
+    pieces = [small[i : i + 8 * KiB] for i in range(0, len(small), 8 * KiB)]
+    with node.client() as c:
+        r = c.put("/cache/chunked-small", content=iter(pieces))  # no Content-Length: chunked
+        assert r.status_code == 201, r.text
+        assert c.get("/cache/chunked-small").content == small
+        rows = node.index_rows()
+        big = os.urandom(400 * KiB)
+        r = c.put("/cache/chunked-too-big", content=iter([big[: 200 * KiB], big[200 * KiB :]]))
+        assert r.status_code == 503, r.text
+        assert node.index_rows() == rows  # the refusal left nothing behind
+        assert node.staging_files() == [leftover]
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == 0)

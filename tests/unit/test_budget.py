@@ -162,6 +162,30 @@ def test_try_grow_to_beyond_the_whole_capacity_is_payload_too_large() -> None:
     r.release()
 
 
+def test_a_body_of_unknown_length_takes_a_step_when_it_fits_else_only_what_arrived() -> None:
+    budget = TmpBudget(100)
+    other = budget.try_reserve(70)
+    r = budget.try_reserve_up_to(50)  # a step of 50 does not fit beside 70: 1 byte instead
+    assert (r.size_bytes, budget.reserved_bytes) == (1, 71)
+    r.grow_for(12, step_to=51)  # the step does not fit either: exactly what arrived
+    assert (r.size_bytes, budget.reserved_bytes) == (12, 82)
+    r.grow_for(30, step_to=62)
+    assert (r.size_bytes, budget.reserved_bytes) == (30, 100)
+    with pytest.raises(ResourceExhausted):
+        r.grow_for(31, step_to=80)  # not even what arrived fits: refused, nothing changed
+    assert (r.size_bytes, budget.reserved_bytes) == (30, 100)
+    other.release()
+    r.grow_for(31, step_to=60)  # room again: the whole step
+    assert (r.size_bytes, budget.reserved_bytes) == (60, 60)
+    r.release()
+    full = budget.try_reserve(100)
+    with pytest.raises(ResourceExhausted):
+        budget.try_reserve_up_to(50)
+    assert budget.reserved_bytes == 100
+    full.release()
+    assert budget.try_reserve_up_to(50).size_bytes == 50
+
+
 def test_try_grow_to_after_release_is_a_bug() -> None:
     budget = TmpBudget(100)
     r = budget.try_reserve(10)

@@ -321,11 +321,12 @@ async def stage_body(
                 size = count.add(chunk)
                 if size > reservation.size_bytes:
                     # Grow by a step, but never ask for more than the limit or the budget's
-                    # capacity: a body that fits must not fail on the step's overshoot. (A
-                    # declared body reserved its whole length, so only a chunked one grows.)
+                    # capacity, and only for what arrived when the step does not fit now: a
+                    # body that fits must not fail on the step's overshoot. (A declared body
+                    # reserved its whole length, so only a chunked one grows.)
                     step_to = reservation.size_bytes + GROW_STEP_BYTES
-                    reservation.try_grow_to(
-                        max(size, min(limit_bytes, reservation.capacity_bytes, step_to))
+                    reservation.grow_for(
+                        size, min(limit_bytes, reservation.capacity_bytes, step_to)
                     )
                 f.write(chunk)
                 h.update(chunk)

@@ -76,6 +76,18 @@ class Reservation:
         self._budget._take_now(extra)
         self.size_bytes = size_bytes
 
+    def grow_for(self, size_bytes: int, step_to: int) -> None:
+        """Cover ``size_bytes`` streamed so far: grow to ``step_to`` (at least ``size_bytes``) if
+        that fits now, else to exactly ``size_bytes`` (a small chunked body beside a nearly full
+        budget must not fail on the step's overshoot); raises as ``try_grow_to``."""
+        target = max(size_bytes, step_to)
+        try:
+            self.try_grow_to(target)
+        except (ResourceExhausted, PayloadTooLarge):
+            if target == size_bytes:
+                raise
+            self.try_grow_to(size_bytes)
+
     def release(self) -> None:
         """Give the bytes back and wake waiters. Safe to call more than once."""
         if self.released:
@@ -171,6 +183,17 @@ class TmpBudget:
         self._check_could_ever_fit(size_bytes)
         self._take_now(size_bytes)
         return Reservation(self, size_bytes)
+
+    def try_reserve_up_to(self, size_bytes: int) -> Reservation:
+        """For a body of unknown length: reserve ``size_bytes`` if that fits now, else 1 byte
+        (the reservation then grows as the body arrives, ``Reservation.grow_for``); raises as
+        ``try_reserve(1)`` when not even that fits."""
+        try:
+            return self.try_reserve(size_bytes)
+        except (ResourceExhausted, PayloadTooLarge):
+            if size_bytes <= 1:
+                raise
+            return self.try_reserve(1)
 
     def check_room(self, size_bytes: int) -> None:
         """Raise what ``try_reserve(size_bytes)`` would raise right now, reserving nothing (the

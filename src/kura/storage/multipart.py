@@ -141,14 +141,15 @@ class MultipartUploads:
         if declared_length is not None and others + declared_length > MAX_TOTAL_BYTES:
             raise UnprocessableEntity("Total upload size exceeds 2GB limit")
         budget = self._service.budget
-        # A chunked part reserves its largest possible size, capped at the budget's capacity
-        # (stage_body answers 413 if it really grows past it).
-        first = (
-            declared_length
-            if declared_length is not None
-            else min(MAX_PART_BYTES, budget.capacity_bytes)
-        )
-        reservation = budget.try_reserve(max(1, first))
+        # A chunked part reserves its largest possible size, capped at the budget's capacity,
+        # when that fits now, else only what arrives (stage_body grows it, and answers 413 if it
+        # really grows past the capacity).
+        if declared_length is not None:
+            reservation = budget.try_reserve(max(1, declared_length))
+        else:
+            reservation = budget.try_reserve_up_to(
+                max(1, min(MAX_PART_BYTES, budget.capacity_bytes))
+            )
         upload.parts_in_flight += 1
         upload.active_at = self._clock.monotonic()
         try:

@@ -83,12 +83,12 @@ class WritePath(Eviction):
                     ref, got, limit_bytes, content_type, headers, expected_sha256
                 )
             body = got  # grew past the threshold: staged like any large body
-        first = (
-            declared_length
-            if declared_length is not None
-            else min(GROW_STEP_BYTES, limit_bytes, self.budget.capacity_bytes)
-        )
-        with self.budget.try_reserve(max(first, 1)) as reservation:
+        if declared_length is not None:
+            reservation = self.budget.try_reserve(max(declared_length, 1))
+        else:  # one step if it fits now, else only what arrives (stage_body grows it)
+            step = min(GROW_STEP_BYTES, limit_bytes, self.budget.capacity_bytes)
+            reservation = self.budget.try_reserve_up_to(max(step, 1))
+        with reservation:
             staged = await stage_body(
                 body,
                 self.files.new_staging_path("uploads"),
