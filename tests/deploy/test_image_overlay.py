@@ -69,6 +69,20 @@ def test_every_container_in_deploy_runs_the_image_dev_image_builds(
     assert set(images.values()) == {BUILT}
 
 
+def test_kured_runs_as_root_in_the_image_whose_user_is_kuras(manifests: list[Manifest]) -> None:
+    """The image's USER is 10001 (kura's); kured's nsenter and reboot need root, so the DaemonSet
+    must ask for uid 0, while kura's StatefulSet runs as the image's user."""
+    by_kind = {
+        m.kind: m.obj["spec"]["template"]["spec"]
+        for m in manifests
+        if m.kind in ("StatefulSet", "DaemonSet")
+    }
+    kured = by_kind["DaemonSet"]["containers"][0]["securityContext"]
+    assert (kured["runAsUser"], kured["runAsGroup"], kured["privileged"]) == (0, 0, True)
+    kura = by_kind["StatefulSet"]["securityContext"]
+    assert (kura["runAsUser"], kura["runAsGroup"], kura["fsGroup"]) == (10001, 10001, 10001)
+
+
 def test_the_readme_overlay_names_the_pushed_image_in_every_container(tmp_path: Path) -> None:
     overlay = _readme_overlay()
     assert overlay["resources"] == ["../../deploy"]
