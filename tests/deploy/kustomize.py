@@ -1,11 +1,14 @@
-"""Render the kustomizations under ``deploy/`` offline, following ``resources:`` only.
+"""Render the kustomizations under ``deploy/`` offline, following ``resources:`` (and ``images:``).
 
 ``kubectl kustomize`` is not something ``./dev test`` can install (neither PyPI nor Debian 12
 ship a current kubectl or kustomize), so the tests render ``deploy/`` themselves. The
 kustomizations there use nothing but ``resources:`` on purpose (``deploy/kustomization.yaml``
 says why), so following that key is the whole of what kustomize would do with them, and
 ``render`` refuses any other key instead of silently ignoring a transformer it does not
-implement. Output order is kustomize's input order: depth-first through ``resources:``.
+implement. The one transformer it implements is ``images:`` (``name``, ``newName``, ``newTag``,
+``digest``, as kustomize's images transformer: https://kubectl.docs.kubernetes.io/references/kustomize/kustomization/images/),
+which the overlay in deploy/README.md uses to name a pushed image. Output order is kustomize's
+input order: depth-first through ``resources:``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 import yaml
 
 KUSTOMIZATION_FILE = "kustomization.yaml"
-KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources"}
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "images"}
+IMAGE_KEYS = {"name", "newName", "newTag", "digest"}
 
 
 class KustomizeError(Exception):
@@ -50,16 +54,19 @@ class Manifest:
         return f"{self.kind} {where}"
 
 
-def render(directory: Path) -> list[Manifest]:
+def render(directory: Path, root: Path | None = None) -> list[Manifest]:
     """Every object the kustomization in ``directory`` produces, in order.
 
-    Raises ``KustomizeError`` for a missing kustomization or resource, a key other than
-    ``apiVersion``/``kind``/``resources``, a resource outside ``directory``'s tree, a document
-    that is not an object with apiVersion, kind and metadata.name, or the same object twice.
+    Resources must lie in ``root``'s tree (default: ``directory``'s). Raises ``KustomizeError``
+    for a missing kustomization or resource, a key other than ``apiVersion``/``kind``/
+    ``resources``/``images``, an ``images:`` entry without ``name`` or with another key, a
+    resource outside ``root``, a document that is not an object with apiVersion, kind and
+    metadata.name, or the same object twice.
     """
-    root = directory.resolve()
+    root = (directory if root is None else root).resolve()
+    directory = directory.resolve()
     out: list[Manifest] = []
-    _render_dir(root, root, out, chain=())
+    _render_dir(root, directory, out, chain=())
     seen: dict[tuple[str, str, str | None, str], Path] = {}
     for m in out:
         key = (str(m.obj["apiVersion"]).split("/")[0], m.kind, m.namespace, m.name)
@@ -86,6 +93,8 @@ def _render_dir(root: Path, directory: Path, out: list[Manifest], chain: tuple[P
     resources = doc.get("resources") or []
     if not isinstance(resources, list):
         raise KustomizeError(f"{path}: resources must be a list")
+    images = _image_rules(path, doc.get("images") or [])
+    first = len(out)
     for entry in resources:
         target = (directory / str(entry)).resolve()
         if not target.is_relative_to(root):
@@ -96,6 +105,62 @@ def _render_dir(root: Path, directory: Path, out: list[Manifest], chain: tuple[P
             out.extend(_load_objects(target))
         else:
             raise KustomizeError(f"{path}: resource {entry!r} does not exist")
+    for m in out[first:]:
+        _set_images(m.obj, images)
+
+
+def _image_rules(path: Path, images: object) -> list[dict[str, str]]:
+    if not isinstance(images, list):
+        raise KustomizeError(f"{path}: images must be a list")
+    rules = []
+    for rule in images:
+        if not isinstance(rule, dict) or not isinstance(rule.get("name"), str):
+            raise KustomizeError(f"{path}: every images: entry needs a name")
+        unknown = sorted(set(rule) - IMAGE_KEYS)
+        if unknown:
+            raise KustomizeError(f"{path}: images: {', '.join(unknown)} not supported here")
+        rules.append({k: str(v) for k, v in rule.items()})
+    return rules
+
+
+def split_image(image: str) -> tuple[str, str, str]:
+    """``registry/name:tag@digest`` as ``(name, ":tag" or "", "@digest" or "")``: the tag is
+    after the last ``:`` that follows the last ``/``, so a registry's port stays in the name."""
+    name, at, digest = image.partition("@")
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    tag = ""
+    if colon > slash:
+        name, tag = name[:colon], name[colon:]
+    return name, tag, at + digest
+
+
+def _set_images(node: object, rules: list[dict[str, str]]) -> None:
+    """Apply ``rules`` to every ``containers``/``initContainers`` image below ``node``."""
+    if isinstance(node, list):
+        for item in node:
+            _set_images(item, rules)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if key in ("containers", "initContainers") and isinstance(value, list):
+            for c in value:
+                if isinstance(c, dict) and isinstance(c.get("image"), str):
+                    c["image"] = _new_image(c["image"], rules)
+        _set_images(value, rules)
+
+
+def _new_image(image: str, rules: list[dict[str, str]]) -> str:
+    name, tag, digest = split_image(image)
+    for rule in rules:
+        if rule["name"] == name:
+            if "digest" in rule:
+                tag, digest = "", "@" + rule["digest"]
+            elif "newTag" in rule:
+                tag, digest = ":" + rule["newTag"], ""
+            return rule.get("newName", name) + tag + digest
+    return image
 
 
 def _load_one(path: Path) -> dict[str, Any]:
