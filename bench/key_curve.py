@@ -163,7 +163,8 @@ def run_count(a: argparse.Namespace, count: int, root: str, emit) -> None:
     t0 = time.monotonic()
     if a.inline:  # the peers' files: a tree of their own
         blobs = os.path.join(work, "files")
-        names = write_tree(blobs, count)
+        need = {"nginx", "turbo"} & set(a.servers)
+        names = write_tree(blobs, count) if need else [key_of(i) for i in range(count)]
     else:  # the peers serve kura's blob files
         blobs = os.path.join(kura.data_dir, "blobs")
         names = blob_names(blobs)
