@@ -288,7 +288,7 @@ def table(rows: list[dict]) -> str:
             r for r in rows if r["kind"] == "case" and (r["keys"], r["server"]) == (keys, name)
         ]
         s = servers[(keys, name)]
-        shown = f"{name} ({s['kura_bodies']})" if name.startswith("kura") else name
+        shown = f"{name} ({s.get('kura_bodies', 'files')})" if name.startswith("kura") else name
         out.append(
             f"| {keys:,} | {shown} | {_cell([r['rps'] for r in cases], ',.0f')} "
             f"| {_cell([r['p50_ms'] for r in cases], '.2f')} "
