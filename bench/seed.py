@@ -9,7 +9,9 @@ start-up (migration, reconcile) on it.
 
 Artifact ``i`` is Nx hash ``k{i}`` (``GET /v1/cache/k{i}``, producer and namespace ``nx``) with a
 body from ``body_of(i, size)``: unique per artifact and reproducible, so a reader can check it.
-Its ``version_ms`` is ``base_ms + i``: a later index is newer.
+Its ``version_ms`` is ``base_ms + i``: a later index is newer. With ``inline=True`` each body is
+stored inside its index row (what a PUT of at most ``KURA_INLINE_MAX_BYTES`` does) and no blob
+file is written.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ def aid_of(i: int) -> str:
     return artifact_id("nx", TENANT, "nx", key_of(i))
 
 
-def seed(data_dir: Path, tmp_dir: Path, count: int, size: int, base_ms: int) -> int:
-    """Write artifacts ``0 .. count-1`` into ``data_dir``; return the bytes written."""
+def seed(
+    data_dir: Path, tmp_dir: Path, count: int, size: int, base_ms: int, *, inline: bool = False
+) -> int:
+    """Write artifacts ``0 .. count-1`` into ``data_dir`` (as files, or inline in their rows);
+    return the bytes written."""
     files = BlobFiles(data_dir, tmp_dir)
     index, _report = open_storage(files)
     conn = index.connection()
@@ -64,6 +69,10 @@ def seed(data_dir: Path, tmp_dir: Path, count: int, size: int, base_ms: int) -> 
                 version_ms=base_ms + i,
                 created_at_ms=base_ms + i,
             )
+            if inline:
+                index.upsert(manifest, body, None, base_ms + i, xxh3_128=xxh3_128_hex(body))
+                total += len(body)
+                continue
             path = files.blob_path(manifest)
             if path.parent not in made:
                 path.parent.mkdir(parents=True, exist_ok=True)
