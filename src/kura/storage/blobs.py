@@ -197,14 +197,26 @@ class BlobFiles:
                 removed += 1
         return removed
 
-    def stored_files(self) -> dict[str, list[Path]]:
-        """{artifact_id: its version files on disk} for every blob file under ``blobs/``
-        (any name starting with a 64-hex artifact id; staging leftovers are swept before)."""
-        found: dict[str, list[Path]] = {}
-        for path in self.blobs_dir.glob("*/*/*"):
-            if len(path.name) >= 64 and path.is_file():
-                found.setdefault(path.name[:64], []).append(path)
-        return found
+    def stored_files(self) -> Iterator[tuple[str, list[Path]]]:
+        """``(artifact_id, its version files)`` for every blob file under ``blobs/`` (any name
+        starting with a 64-hex artifact id; staging leftovers are swept before), in ascending
+        artifact_id order, holding one bucket directory's listing in memory at a time (a
+        million files must not cost a path each in RAM at start-up). Files whose name does not
+        match their bucket (``bucket``; no row names them) come first in their bucket's turn, out
+        of that order; the order of the others is kept."""
+        for top in _sorted_dirs(self.blobs_dir):
+            for bucket in _sorted_dirs(top):
+                found: dict[str, list[Path]] = {}
+                with os.scandir(bucket) as entries:
+                    for entry in entries:
+                        if len(entry.name) >= 64 and entry.is_file(follow_symlinks=False):
+                            found.setdefault(entry.name[:64], []).append(Path(entry.path))
+                prefix = top.name + bucket.name
+                for artifact_id in sorted(found, key=lambda a: a[:4] == prefix):
+                    if artifact_id[:4] != prefix:
+                        yield artifact_id, found.pop(artifact_id)
+                for artifact_id in sorted(found):
+                    yield artifact_id, found[artifact_id]
 
     def persist(self, staged_path: Path, manifest: Manifest) -> os.stat_result:
         """Publish a fsynced staging file as ``blob_path(manifest)`` (rename, then fsync the
@@ -258,7 +270,7 @@ class BlobFiles:
 
     def artifact_ids(self) -> Iterator[str]:
         """``BlobStore.artifact_ids``: the ids of ``stored_files``."""
-        return iter(self.stored_files())
+        return (artifact_id for artifact_id, _versions in self.stored_files())
 
     def remove(self, manifest: Manifest) -> None:
         """Unlink this version's file (a reader that has it open keeps reading it)."""
@@ -363,3 +375,13 @@ def concatenate(parts: Sequence[Path], out: Path) -> Staged:
         out.unlink(missing_ok=True)
         raise
     return Staged(out, size, h.sha256, h.xxh3_128)
+
+
+def _sorted_dirs(parent: Path) -> list[Path]:
+    """The subdirectories of ``parent`` by name (none when it is missing)."""
+    try:
+        with os.scandir(parent) as entries:
+            names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+    return [parent / name for name in sorted(names)]

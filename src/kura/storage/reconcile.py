@@ -26,6 +26,7 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from kura.core.manifest import Manifest
 from kura.storage.blobs import BlobFiles
@@ -82,24 +83,42 @@ def reconcile(files: BlobFiles, index: MetadataIndex) -> ReconcileReport:
     """Remove blob files no current row names and drop rows whose file is missing (see module
     docstring). Raises ``sqlite3.DatabaseError`` if the index cannot be read (damage)."""
     report = ReconcileReport()
+    # A merge of two streams in artifact_id order, the rows and the files, so that memory
+    # holds one page of rows and one bucket of names, whatever the number of artifacts.
     on_disk = files.stored_files()
     missing: list[str] = []
-    for m in _manifests(index):
-        versions = on_disk.pop(m.artifact_id, [])
-        if m.inline:
-            keep = None
-        else:
-            keep = files.blob_path(m)
-            if keep not in versions:
-                missing.append(m.artifact_id)
+
+    def remove(versions: list[Path], keep: Path | None = None) -> None:
         for path in versions:
             if path != keep:
                 path.unlink(missing_ok=True)
                 report.removed_files += 1
-    for versions in on_disk.values():  # files of artifacts with no row at all
-        for path in versions:
-            path.unlink(missing_ok=True)
-            report.removed_files += 1
+
+    def next_placed() -> tuple[str, list[Path]] | None:
+        """The next files in order; a file outside its id's bucket, which no row names and
+        which is out of order in the stream, is removed on the way."""
+        for artifact_id, versions in on_disk:
+            if versions[0].parent == files.bucket(artifact_id):
+                return artifact_id, versions
+            remove(versions)
+        return None
+
+    pending = next_placed()
+    for m in _manifests(index):
+        while pending is not None and pending[0] < m.artifact_id:
+            remove(pending[1])  # files of artifacts with no row at all
+            pending = next_placed()
+        versions: list[Path] = []
+        if pending is not None and pending[0] == m.artifact_id:
+            versions = pending[1]
+            pending = next_placed()
+        keep = None if m.inline else files.blob_path(m)
+        if keep is not None and keep not in versions:
+            missing.append(m.artifact_id)
+        remove(versions, keep)
+    while pending is not None:
+        remove(pending[1])
+        pending = next_placed()
     if missing:
         log.warning(
             "dropping %d index rows whose blob file is missing (first: %s)",

@@ -214,7 +214,7 @@ def _start_fresh(files: BlobFiles, path: Path, reason: str, report: StartReport)
             aside = _aside_name(part)
             os.rename(part, aside)
             moved.append(aside.name)
-    kept = sum(len(versions) for versions in files.stored_files().values())
+    kept = sum(len(versions) for _id, versions in files.stored_files())
     blobs_aside = ""
     if kept:
         target = _aside_name(files.blobs_dir)

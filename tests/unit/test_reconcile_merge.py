@@ -1,0 +1,89 @@
+"""Start-up reconciliation as a merge of rows and files in artifact_id order
+(``storage.reconcile``, ``BlobFiles.stored_files``), on a real data dir: rows with their file,
+superseded versions, files without a row, rows without a file, a misplaced file, and inline rows,
+interleaved so that a merge that lost its place would drop a row whose file is there."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from kura.core.manifest import Manifest
+from kura.storage.blobs import BlobFiles, stat_signature
+from kura.storage.reconcile import reconcile
+from kura.storage.recovery import open_storage
+
+
+def _manifest(artifact_id: str, data: bytes, version_ms: int, inline: bool = False) -> Manifest:
+    return Manifest(
+        artifact_id=artifact_id,
+        producer="nx",
+        namespace_id="nx",
+        key=artifact_id[:8],
+        content_type="application/octet-stream",
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        version_ms=version_ms,
+        created_at_ms=version_ms,
+        inline=inline,
+        headers={},
+    )
+
+
+def _write(files: BlobFiles, m: Manifest, data: bytes) -> Path:
+    path = files.blob_path(m)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def test_reconcile_keeps_every_current_file_and_removes_or_drops_the_rest(
+    tmp_path: Path,
+) -> None:
+    files = BlobFiles(tmp_path / "data", tmp_path / "tmp")
+    index, _report = open_storage(files)
+    ids = [f"{i:02x}" * 32 for i in (0x10, 0x11, 0x20, 0x21, 0x30, 0xA0, 0xA1, 0xFF)]
+    kept: dict[str, Path] = {}
+    # Rows with their current file, each with a superseded version beside it for some.
+    for n, aid in enumerate(ids[:4] + ids[5:7]):
+        current = _manifest(aid, f"current {n}".encode(), 100 + n)
+        kept[aid] = _write(files, current, f"current {n}".encode())
+        index.upsert(current, None, stat_signature(kept[aid].stat()), 100 + n)
+        if n % 2 == 0:
+            _write(files, _manifest(aid, b"older", 50 + n), b"older")
+    # A row whose file is gone: dropped.
+    gone = _manifest(ids[4], b"gone", 7)
+    index.upsert(gone, None, None, 7)
+    # An inline row, with a stray file of the same id: the file goes, the row stays.
+    inline = _manifest(ids[7], b"inline", 8, inline=True)
+    index.upsert(inline, b"inline", None, 8)
+    _write(files, _manifest(ids[7], b"stray", 9), b"stray")
+    # Files with no row at all, before, between and after the rows' ids.
+    orphans = [
+        _write(files, _manifest(aid, b"orphan", 1), b"orphan")
+        for aid in ("00" * 32, "15" * 32, "a0" + "00" * 31, "fe" * 32)
+    ]
+    # A misplaced file: the id of a later row (a1…), in the bucket of an earlier one (10/10).
+    # In the stream it comes before 10…'s files; it must neither hide them nor be kept.
+    later = index.get(ids[6])
+    assert later is not None
+    misplaced = files.bucket(ids[0]) / files.blob_path(later[0]).name
+    misplaced.write_bytes(b"misplaced")
+
+    report = reconcile(files, index)
+
+    assert report.dropped_rows == 1
+    assert index.get(gone.artifact_id) is None
+    assert index.get(inline.artifact_id) is not None
+    for aid, path in kept.items():
+        assert path.is_file(), aid
+        assert index.get(aid) is not None, aid
+    assert not any(p.exists() for p in orphans)
+    assert not misplaced.exists()
+    left = sorted(p for _aid, versions in files.stored_files() for p in versions)
+    assert left == sorted(kept.values())
+    # 3 superseded versions, 1 stray beside the inline row, 4 orphans, 1 misplaced.
+    assert report.removed_files == 3 + 1 + 4 + 1
+    assert [aid for aid, _v in files.stored_files()] == sorted(kept)
+    index.close_thread_connection()
+    files.close()
