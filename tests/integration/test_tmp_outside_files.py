@@ -65,3 +65,28 @@ def test_a_small_chunked_body_beside_a_nearly_full_budget_reserves_only_what_arr
         assert node.index_rows() == rows  # the refusal left nothing behind
         assert node.staging_files() == [leftover]
     assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == 0)
+
+
+def test_a_chunked_multipart_part_holds_only_its_real_size_while_its_upload_is_open(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A part without a Content-Length reserves up to the part limit while it streams; once
+    staged it holds its real size until the upload completes, so open uploads of small chunked
+    parts do not starve every other write of the tmp budget."""
+    node = start_node(tmp_dir_max_bytes=2560 * KiB)
+    q = "tenant_id=acme&hash=h1&name=n1&cache_category=builds"
+    part = os.urandom(20 * KiB)
+    with node.client() as c:
+        upload_id = c.post(f"/api/cache/module/start?{q}").json()["upload_id"]
+        r = c.post(
+            f"/api/cache/module/part?{q}&upload_id={upload_id}&part_number=1",
+            content=iter([part[: 10 * KiB], part[10 * KiB :]]),  # chunked
+        )
+        assert r.status_code == 204, r.text
+        assert node.metric("kura_tmp_reserved_bytes") == len(part)
+        other = os.urandom(2 * 1024 * KiB)  # fits only if the part gave its step back
+        assert c.put("/cache/beside-the-open-upload", content=other).status_code == 201
+        r = c.post(f"/api/cache/module/complete?{q}&upload_id={upload_id}", json={"parts": [1]})
+        assert r.status_code == 204, r.text
+        assert c.get(f"/api/cache/module/h1?{q}").content == part
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == 0)

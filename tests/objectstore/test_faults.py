@@ -162,6 +162,44 @@ def test_a_full_upload_queue_refuses_writes_and_leaves_nothing_behind(
     assert not any("upload queue is full" in w for w in ready["warnings"]), ready
 
 
+def test_a_multipart_completion_refused_by_a_full_upload_queue_can_be_retried(
+    seaweedfs: SeaweedFS, fault_proxy: FaultProxy, tier_node: TierNode
+) -> None:
+    """A 503 + Retry-After on ``complete`` keeps the upload and its parts: the client's retry
+    of the same call, once the queue drained, stores the artifact (before, it was 404)."""
+    a = tier_node(
+        "a",
+        prefix="mpretry",
+        endpoint=fault_proxy.endpoint,
+        outbox_max_depth=2,
+        replication_backoff_max_ms=2000,
+    )
+    fault_proxy.set_mode("slowdown")
+    for i in range(2):
+        assert put(a, f"q{i}", f"queued {i}".encode()) in (200, 201)
+    assert wait_for(lambda: tier_metric(a, QUEUE) == 2, 30)
+    q = "tenant_id=acme&hash=mp1&name=n1&cache_category=builds"
+    parts = [os.urandom(30_000), os.urandom(20_000)]
+    with httpx.Client(base_url=a.url, timeout=30) as c:
+        upload_id = c.post(f"/api/cache/module/start?{q}").json()["upload_id"]
+        for n, data in enumerate(parts, 1):
+            r = c.post(f"/api/cache/module/part?{q}&upload_id={upload_id}&part_number={n}",
+                       content=data)  # fmt: skip
+            assert r.status_code == 204, r.text
+        complete = f"/api/cache/module/complete?{q}&upload_id={upload_id}"
+        r = c.post(complete, json={"parts": [1, 2]})
+        assert r.status_code == 503, r.text
+        assert "Retry-After" in r.headers
+        assert a.index_rows() == 2
+        fault_proxy.set_mode("pass")
+        assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 60)
+        r = c.post(complete, json={"parts": [1, 2]})
+        assert r.status_code == 204, r.text
+        assert c.get(f"/api/cache/module/mp1?{q}").content == b"".join(parts)
+    assert wait_for(lambda: tier_metric(a, "kura_tmp_reserved_bytes") == 0, 30)
+    assert a.staging_files() == []
+
+
 def test_a_fill_larger_than_the_tmp_budget_is_a_miss_that_leaves_nothing_behind(
     tier_node: TierNode,
 ) -> None:

@@ -38,7 +38,9 @@ OUTSIDE_RECHECK_SECONDS = 0.25
 
 
 class Reservation:
-    """Bytes held in a ``TmpBudget``. ``size_bytes`` may grow; it never shrinks until release."""
+    """Bytes held in a ``TmpBudget``. ``size_bytes`` grows while a body of unknown length
+    streams, shrinks only by ``shrink_to`` (a body that ended smaller and stays staged), and
+    goes to 0 on release."""
 
     def __init__(self, budget: TmpBudget, size_bytes: int) -> None:
         self._budget = budget
@@ -87,6 +89,18 @@ class Reservation:
             if target == size_bytes:
                 raise
             self.try_grow_to(size_bytes)
+
+    def shrink_to(self, size_bytes: int) -> None:
+        """Give back what is held beyond ``size_bytes`` (at least 1): a staged body that stays
+        in the tmp dir (a multipart part until its upload completes) holds its real size, not
+        the step or the largest size it reserved before its length was known."""
+        if self.released:
+            raise RuntimeError("reservation already released")
+        size_bytes = max(size_bytes, 1)
+        if size_bytes < self.size_bytes:
+            extra = self.size_bytes - size_bytes
+            self.size_bytes = size_bytes
+            self._budget._give_back(extra)
 
     def release(self) -> None:
         """Give the bytes back and wake waiters. Safe to call more than once."""

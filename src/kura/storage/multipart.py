@@ -175,26 +175,37 @@ class MultipartUploads:
             if self._uploads.get(upload_id) is not upload:
                 raise NotFound("Upload not found")
             raise UnprocessableEntity("Total upload size exceeds 2GB limit")
+        reservation.shrink_to(staged.size)  # a chunked part reserved up to MAX_PART_BYTES
         previous = upload.parts.get(part_number)
         if previous is not None:
             _discard(previous)
         upload.parts[part_number] = _Part(staged.path, staged.size, reservation)
 
     async def complete(self, upload_id: str, part_numbers: list[int]) -> PutResult:
-        """Concatenate the parts in order into the artifact; the upload is then gone."""
+        """Concatenate the parts in order into the artifact; the upload is then gone, unless
+        the store answered ``ResourceExhausted`` (503 + Retry-After: the disk's free-space
+        floor, a full object-store upload queue): then it is kept, parts and all, for the
+        client's retry of the same call. While it completes it takes no parts (404)."""
         upload = self._get(upload_id)
         if not part_numbers or part_numbers != sorted(upload.parts):
             raise InvalidRequest("Parts mismatch or missing parts")
         if upload.total_bytes > MAX_TOTAL_BYTES:
             raise UnprocessableEntity("Total upload size exceeds 2GB limit")
         del self._uploads[upload_id]
+        retry = False
         try:
             return await self._service.put_concatenated(
                 upload.ref, [upload.parts[n].path for n in part_numbers], "application/octet-stream"
             )
+        except ResourceExhausted:
+            retry = True
+            upload.active_at = self._clock.monotonic()
+            self._uploads[upload_id] = upload
+            raise
         finally:
-            for part in upload.parts.values():
-                _discard(part)
+            if not retry:
+                for part in upload.parts.values():
+                    _discard(part)
 
     def reap_expired(self) -> int:
         """Drop uploads older than the TTL, freeing their parts. Returns how many."""
