@@ -98,7 +98,8 @@ def test_peer_bodies_are_served_slower_under_public_load(
     peer_bodies = fill(server, "peer", 8, 1 * MiB)
     public = list(fill(server, "public", 1, 64 * MiB))
 
-    # Quiet: factor 1, nothing in flight; the bodies go out at the base rate.
+    # Quiet: factor 1, nothing in flight; the bodies go out at the base rate. (The fill's
+    # uploads gave no latency samples: their bodies are larger than 64 KiB.)
     assert server.metric("kura_replication_peer_slowdown_factor") == 1.0
     assert server.metric("kura_public_requests_in_flight") == 0
     quiet = peer_fetch_bytes_per_second(server, peer_bodies)

@@ -3,7 +3,9 @@
 A public request counts as in flight from the middleware until its response body is sent (or
 sending failed), so a large download keeps counting while it streams. Its latency sample is
 taken when the handler has returned its response, before the body goes out (upstream Kura also
-samples at time-to-first-byte, so large healthy downloads do not read as slow). Probes (``/up``,
+samples at time-to-first-byte, so large healthy downloads do not read as slow). A request with
+a body over ``SAMPLE_MAX_BODY_BYTES`` (or a chunked one) gives no sample, for the same reason:
+its handler waits on the client's upload. Probes (``/up``,
 ``/ready``, ``/status``, ``/metrics``), the status page and anything without an ``endpoint``
 handler (404s, 405s) do not count; the internal listener has no such middleware, so peer traffic
 never does. Per request: two integer updates, one EWMA step and two bound methods, no lock.
@@ -34,44 +36,46 @@ from kura.api.http import Handler, endpoint_spec
 from kura.api.metrics import KuraMetrics
 from kura.mesh.peer_pace import PeerPace, PublicLoad
 
+# A request with a larger (or chunked) body gives no latency sample: its handler's time is
+# mostly the client's upload speed. It still counts as in flight.
+SAMPLE_MAX_BODY_BYTES = 64 * 1024
 # Protocol of the routes that are not public load (``kura.api.probes``, also the status page).
 NOT_LOAD = frozenset({"probe"})
 
 
 class _Flight:
-    """One public request in flight; ``end()`` is idempotent."""
+    """One public request in flight (counted on creation); ``end()`` is idempotent.
+    ``end_when_sent`` puts its ``prepare`` and ``write_eof`` in front of the response's."""
 
-    __slots__ = ("_load", "_open")
+    __slots__ = ("_load", "_open", "_prepare", "_write_eof")
 
     def __init__(self, load: PublicLoad) -> None:
         self._load = load
         self._open = True
-        load.started()
+        load.inflight += 1
 
     def end(self) -> None:
         if self._open:
             self._open = False
             self._load.ended()
 
+    def end_when_sent(self, response: web.StreamResponse) -> None:
+        self._prepare, self._write_eof = response.prepare, response.write_eof
+        setattr(response, "prepare", self.prepare)  # noqa: B010 (an instance's method, on purpose)
+        setattr(response, "write_eof", self.write_eof)  # noqa: B010
 
-def _end_when_sent(response: web.StreamResponse, flight: _Flight) -> None:
-    prepare, write_eof = response.prepare, response.write_eof
-
-    async def prepare_then(request: web.BaseRequest) -> AbstractStreamWriter | None:
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         try:
-            return await prepare(request)
+            return await self._prepare(request)
         except BaseException:
-            flight.end()
+            self.end()
             raise
 
-    async def write_eof_then(data: bytes = b"") -> None:
+    async def write_eof(self, data: bytes = b"") -> None:
         try:
-            await write_eof(data)
+            await self._write_eof(data)
         finally:
-            flight.end()
-
-    setattr(response, "prepare", prepare_then)  # noqa: B010 (an instance's method, on purpose)
-    setattr(response, "write_eof", write_eof_then)  # noqa: B010
+            self.end()
 
 
 def middleware(load: PublicLoad) -> Middleware:
@@ -89,8 +93,11 @@ def middleware(load: PublicLoad) -> Middleware:
         except BaseException:
             flight.end()  # an HTTP exception, cancelled or unhandled: no latency sample
             raise
-        load.sample(time.perf_counter() - started)
-        _end_when_sent(response, flight)
+        if not request.body_exists or (
+            request.content_length is not None and request.content_length <= SAMPLE_MAX_BODY_BYTES
+        ):
+            load.sample(time.perf_counter() - started)
+        flight.end_when_sent(response)
         return response
 
     return public_load

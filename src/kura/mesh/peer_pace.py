@@ -58,9 +58,12 @@ class PublicLoad:
         self.inflight += 1
 
     def sample(self, latency_seconds: float) -> None:
-        current = self.latency_ewma_seconds()
+        now = self._clock.monotonic()
+        current = self._ewma
+        if now - self._sampled_at > IDLE_GRACE_SECONDS:
+            current = self._decayed(now)
         self._ewma = current + EWMA_ALPHA * (latency_seconds - current)
-        self._sampled_at = self._clock.monotonic()
+        self._sampled_at = now
 
     def ended(self) -> None:
         self.inflight = max(0, self.inflight - 1)
@@ -72,7 +75,10 @@ class PublicLoad:
 
     def latency_ewma_seconds(self) -> float:
         """The EWMA; once idle past ``IDLE_GRACE_SECONDS``, decayed (``IDLE_DECAY_SECONDS``)."""
-        idle = self._clock.monotonic() - self._sampled_at - IDLE_GRACE_SECONDS
+        return self._decayed(self._clock.monotonic())
+
+    def _decayed(self, now: float) -> float:
+        idle = now - self._sampled_at - IDLE_GRACE_SECONDS
         if idle <= 0:
             return self._ewma
         return self._ewma * math.exp(-idle / IDLE_DECAY_SECONDS)
