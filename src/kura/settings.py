@@ -464,7 +464,8 @@ class Settings:
         "KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND",
         "--replication-bandwidth-limit-bytes-per-second",
         parse_bytes,
-        "throttle for artifact bodies this node serves to bootstrapping peers (0 = off)",
+        "throttle for artifact bodies this node serves to bootstrapping peers, not to a "
+        "read-through (0 = off)",
         default=0,
     )
     replication_public_latency_target_ms: int = option(

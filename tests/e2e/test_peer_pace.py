@@ -129,10 +129,14 @@ def test_peer_bodies_are_served_slower_under_public_load(
     assert wait_for(lambda: server.metric("kura_replication_peer_slowdown_factor") == 1.0, 10)
 
 
-def test_a_read_through_fetch_is_not_slowed_by_the_serving_nodes_load(
+def test_a_read_through_fetch_is_slowed_neither_by_load_nor_by_the_bootstrap_limit(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    server = start_node("server", replication_shared_bandwidth_bytes_per_second=2 * MiB)
+    server = start_node(
+        "server",
+        replication_shared_bandwidth_bytes_per_second=2 * MiB,
+        replication_bandwidth_limit_bytes_per_second=1 * MiB,  # the fixed bootstrap limit
+    )
     big = fill(server, "peer", 1, 8 * MiB)
     public = list(fill(server, "public", 1, 64 * MiB))
     aid = artifact_id_of(server, "peer/000")
@@ -147,7 +151,8 @@ def test_a_read_through_fetch_is_not_slowed_by_the_serving_nodes_load(
         )
         elapsed = time.perf_counter() - started
     assert r.content == big["peer/000"]
-    # Paced, 8 MiB at 2 MiB/s / 4, raised to the 1 MiB/s floor, would take 8 s.
+    # Paced, 8 MiB at 2 MiB/s / 4 (raised to the 1 MiB/s floor), or at the fixed 1 MiB/s
+    # limit, would take 8 s.
     assert elapsed < 6.0, f"read-through fetch took {elapsed:.1f} s"
 
 

@@ -20,7 +20,9 @@ now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason
   cursor; the answer carries ``"order": "newest"`` (an older peer ignores ``order`` and answers
   without it, in key order). 400 for another ``order`` or a malformed cursor.
 * ``GET /_internal/bootstrap/artifacts/{artifact_id}`` — raw bytes with ``Kura-Manifest``; 404
-  when unknown or evicted.
+  when unknown or evicted. Paced by ``KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND`` and
+  the node's peer pace (``kura.mesh.peer_pace``), except with ``Kura-Read-Through: 1`` (a
+  read-through fetch: a client waits on it).
 * ``GET /_internal/changes?since=&limit=`` — the change feed (``kura.api.changes``).
 """
 
@@ -174,7 +176,10 @@ async def artifact(request: web.Request) -> web.StreamResponse:
     c = ctx(request)
     body = await c.service.read_by_id(aid)
     headers = {MANIFEST_HEADER: encode_manifest(body.manifest)}
-    rate = c.settings.replication_bandwidth_limit_bytes_per_second
+    # A read-through fetch is not bootstrap traffic: a client of the asking node waits on it,
+    # so neither the bootstrap limit nor the peer pace applies.
+    read_through = bool(request.headers.get(READ_THROUGH_HEADER))
+    rate = 0 if read_through else c.settings.replication_bandwidth_limit_bytes_per_second
     pace = None if request.method == "HEAD" else serving_pace(request)
     if pace is not None and not pace.slowing():
         try:
