@@ -43,6 +43,7 @@ from kura.api import (
     namespace,
     nx,
     probes,
+    public_load,
     scope,
     status_page,
     turbo,
@@ -66,6 +67,7 @@ from kura.mesh.catch_up import CatchUp
 from kura.mesh.client import PeerClient, client_ssl_context, server_ssl_context
 from kura.mesh.incremental import CursorPass
 from kura.mesh.membership import Membership
+from kura.mesh.peer_pace import PeerPace, PublicLoad
 from kura.mesh.read_through import ReadThrough
 from kura.mesh.repair import Repairer
 from kura.mesh.shipper import Shipper
@@ -169,10 +171,16 @@ class Node:
         self.auth = token_auth_from(settings)
         cert, key = settings.public_tls_cert_path, settings.public_tls_key_path
         self.public_tls = PublicTls(cert, key) if cert and key else None
+        self.peer_pace = PeerPace(
+            settings.replication_shared_bandwidth_bytes_per_second,
+            PublicLoad(self.clock, settings.replication_public_latency_target_ms / 1000),
+            self.clock,
+        )
         self.peer_client = PeerClient(
             settings.tenant_id,
             client_ssl,
             peer_token=settings.internal_tokens[0] if settings.internal_tokens else None,
+            pace=self.peer_pace if self.peer_pace.enabled else None,
         )
         self.node_url = settings.node_url or ""
         self.membership = Membership(
@@ -436,6 +444,7 @@ class Node:
             "Peers marked to be caught up (queue dropped or at its cap).",
             lambda: len(self.service.queues.marks),
         )
+        public_load.watch(self.metrics, self.peer_pace)
 
     def _context(self) -> ApiContext:
         return ApiContext(
@@ -445,10 +454,14 @@ class Node:
             auth=self.auth,
             metrics=self.metrics,
             handlers=self._handlers,  # shared by both listeners: the drain waits for all
+            peer_pace=self.peer_pace if self.peer_pace.enabled else None,
         )
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=CLIENT_MAX_SIZE_BYTES)
+        app = web.Application(
+            client_max_size=CLIENT_MAX_SIZE_BYTES,
+            middlewares=[public_load.middleware(self.peer_pace.load)],
+        )
         app.on_response_prepare.append(_no_active_content)
         app[CTX_KEY] = self._context()
         app[probes.READINESS_KEY] = self.readiness_reasons

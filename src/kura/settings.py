@@ -449,8 +449,25 @@ class Settings:
         "KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND",
         "--replication-bandwidth-limit-bytes-per-second",
         parse_bytes,
-        "throttle for artifact bodies this node serves to bootstrapping peers (0 = off)",
+        "throttle for artifact bodies this node serves to bootstrapping peers, not to a "
+        "read-through (0 = off)",
         default=0,
+    )
+    replication_public_latency_target_ms: int = option(
+        "KURA_REPLICATION_PUBLIC_LATENCY_TARGET_MS",
+        "--replication-public-latency-target-ms",
+        parse_non_negative_int,
+        "peer body traffic slows by max(public requests in flight + 1, public latency EWMA / "
+        "this) (0 = off)",
+        default=100,
+    )
+    replication_shared_bandwidth_bytes_per_second: int = option(
+        "KURA_REPLICATION_SHARED_BANDWIDTH_BYTES_PER_SECOND",
+        "--replication-shared-bandwidth-bytes-per-second",
+        parse_bytes,
+        "node-wide rate of peer body traffic on a quiet node, divided by the public-load factor "
+        "(0 = off)",
+        default=512 * MiB,
     )
     max_keyvalue_bytes: int = option(
         "KURA_MAX_KEYVALUE_BYTES",

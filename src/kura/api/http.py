@@ -28,6 +28,7 @@ from kura.api.grant_scope import request_namespace
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
 from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
+from kura.mesh.peer_pace import PeerPace
 from kura.settings import Settings
 from kura.storage.service import CacheService, StoredBody
 
@@ -52,6 +53,8 @@ class ApiContext:
     metrics: KuraMetrics
     # Handler tasks running now: the graceful drain waits for them; /metrics counts them.
     handlers: set[asyncio.Task[Any]] = field(default_factory=set)
+    # Paces peer bodies by public load (kura.mesh.peer_pace); None: unpaced.
+    peer_pace: PeerPace | None = None
 
 
 def ctx(request: web.Request) -> ApiContext:

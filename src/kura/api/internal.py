@@ -20,7 +20,9 @@ now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason
   cursor; the answer carries ``"order": "newest"`` (an older peer ignores ``order`` and answers
   without it, in key order). 400 for another ``order`` or a malformed cursor.
 * ``GET /_internal/bootstrap/artifacts/{artifact_id}`` — raw bytes with ``Kura-Manifest``; 404
-  when unknown or evicted.
+  when unknown or evicted. Paced by ``KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND`` and
+  the node's peer pace (``kura.mesh.peer_pace``), except with ``Kura-Read-Through: 1`` (a
+  read-through fetch: a client waits on it).
 * ``GET /_internal/changes?since=&limit=`` — the change feed (``kura.api.changes``).
 """
 
@@ -38,12 +40,14 @@ from kura.api.http import artifact_response, ctx, declared_length, endpoint, req
 from kura.api.query import query_int
 from kura.core.errors import Forbidden, InvalidRequest
 from kura.core.keys import HEX_SHA256, NAMESPACE, PRODUCERS, validate
+from kura.mesh.peer_pace import PeerPace
 from kura.mesh.wire import (
     MANIFEST_HEADER,
     ORDER_NEWEST,
     OUTCOME_HEADER,
     PAGE_LIMIT_DEFAULT,
     PAGE_LIMIT_MAX,
+    READ_THROUGH_HEADER,
     TENANT_HEADER,
     decode_manifest,
     decode_version_cursor,
@@ -172,27 +176,58 @@ async def artifact(request: web.Request) -> web.StreamResponse:
     c = ctx(request)
     body = await c.service.read_by_id(aid)
     headers = {MANIFEST_HEADER: encode_manifest(body.manifest)}
-    rate = c.settings.replication_bandwidth_limit_bytes_per_second
-    if rate <= 0 or request.method == "HEAD":
+    # A read-through fetch is not bootstrap traffic: a client of the asking node waits on it,
+    # so neither the bootstrap limit nor the peer pace applies.
+    read_through = bool(request.headers.get(READ_THROUGH_HEADER))
+    rate = 0 if read_through else c.settings.replication_bandwidth_limit_bytes_per_second
+    pace = None if request.method == "HEAD" else serving_pace(request)
+    if pace is not None and not pace.slowing():
+        try:
+            await pace.acquire(body.manifest.size)  # paid up front; then sent at full speed
+        except BaseException:
+            body.close()
+            raise
+        pace = None
+    if request.method == "HEAD" or (rate <= 0 and pace is None):
         return artifact_response(request, body, PROTOCOL, extra_headers=headers)
-    return await _throttled(request, body, headers, rate)
+    return await _throttled(request, body, headers, rate, pace)
+
+
+def serving_pace(request: web.Request) -> PeerPace | None:
+    """The node's peer pace for a body served to a peer, or None: unpaced, or a read-through
+    fetch (a client of the asking node waits on it: ``READ_THROUGH_HEADER``).
+
+    The caller decides when the response starts: while public load slows peer traffic
+    (``PeerPace.slowing``) the body is sent in paced chunks; otherwise it is paid for whole
+    (``acquire(size)``, which waits only behind earlier paced bytes) and sent at full speed
+    with ``sendfile``, the cheaper path."""
+    pace = ctx(request).peer_pace
+    if pace is None or request.headers.get(READ_THROUGH_HEADER):
+        return None
+    return pace
 
 
 THROTTLE_CHUNK_BYTES = 64 * 1024
 
 
 async def _throttled(
-    request: web.Request, body: StoredBody, headers: dict[str, str], rate: int
+    request: web.Request,
+    body: StoredBody,
+    headers: dict[str, str],
+    rate: int,
+    pace: PeerPace | None,
 ) -> web.StreamResponse:
-    """Send the body chunked at no more than ``rate`` bytes per second (a peer bootstrapping
-    from this node must not starve its clients: KURA_REPLICATION_BANDWIDTH_LIMIT_...)."""
+    """Send the body chunked at no more than ``rate`` bytes per second (0 = no per-transfer
+    limit) and within ``pace`` (a peer bootstrapping from this node must not starve its
+    clients: KURA_REPLICATION_BANDWIDTH_LIMIT_..., KURA_REPLICATION_PUBLIC_LATENCY_TARGET_MS)."""
     response = web.StreamResponse(status=200, headers=headers)
     response.content_type = body.manifest.content_type or "application/octet-stream"
     response.enable_chunked_encoding()
     c = ctx(request)
     try:
         await response.prepare(request)
-        await paced_write(response, verified_chunks(c.service, body, THROTTLE_CHUNK_BYTES), rate)
+        chunks = verified_chunks(c.service, body, THROTTLE_CHUNK_BYTES)
+        await paced_write(response, chunks, rate, pace)
         await response.write_eof()
     except DamagedBlob:
         # A chunked body cut short would look complete to a peer: reset the connection instead
@@ -205,9 +240,13 @@ async def _throttled(
 
 
 async def paced_write(
-    response: web.StreamResponse, chunks: AsyncIterable[bytes] | Iterable[bytes], rate: int
+    response: web.StreamResponse,
+    chunks: AsyncIterable[bytes] | Iterable[bytes],
+    rate: int,
+    pace: PeerPace | None = None,
 ) -> None:
-    """Write ``chunks`` (cut to ``THROTTLE_CHUNK_BYTES``) at no more than ``rate`` bytes/s."""
+    """Write ``chunks`` (cut to ``THROTTLE_CHUNK_BYTES``) at no more than ``rate`` bytes/s
+    (0 = no fixed limit) and, with a ``pace``, within the node-wide peer pace."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     sent = 0
@@ -225,7 +264,9 @@ async def paced_write(
             piece = chunk[i : i + THROTTLE_CHUNK_BYTES]
             await response.write(piece)
             sent += len(piece)
-            ahead = seconds_ahead(sent, rate, loop.time() - started)
+            if pace is not None:
+                await pace.acquire(len(piece))
+            ahead = seconds_ahead(sent, rate, loop.time() - started) if rate > 0 else 0.0
             if ahead > 0:
                 await asyncio.sleep(ahead)
 

@@ -6,7 +6,8 @@ Request: JSON ``{"artifact_ids": ["<64 hex>", …]}``. Response: 200 with the fr
 ``kura.mesh.wire.encode_frame`` in request order; every body is verified against its manifest
 before it is sent (a damaged one is quarantined and reported ``missing``), and a body above
 ``BATCH_MAX_BODY_BYTES`` is reported ``large``. 400 for a malformed request. Peer-auth like
-every ``/_internal/`` route; the bootstrap bandwidth limit applies to the response.
+every ``/_internal/`` route; the bootstrap bandwidth limit and the peer pace
+(``kura.mesh.peer_pace``) apply to the response.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from kura.api.http import ctx, endpoint, parse_json
-from kura.api.internal import PROTOCOL, paced_write
+from kura.api.internal import PROTOCOL, paced_write, serving_pace
 from kura.core.errors import InvalidRequest
 from kura.core.keys import HEX_SHA256, validate
 from kura.mesh.wire import (
@@ -48,13 +49,17 @@ async def bodies(request: web.Request) -> web.StreamResponse:
             frames.append(encode_frame(body.manifest, body.data))
     payload = b"".join(frames)
     rate = c.settings.replication_bandwidth_limit_bytes_per_second
-    if rate <= 0:
+    pace = serving_pace(request)
+    if pace is not None and not pace.slowing():
+        await pace.acquire(len(payload))  # paid up front, then sent at once
+        pace = None
+    if rate <= 0 and pace is None:
         return web.Response(body=payload, content_type="application/octet-stream")
     response = web.StreamResponse(status=200)
     response.content_type = "application/octet-stream"
     response.content_length = len(payload)
     await response.prepare(request)
-    await paced_write(response, [payload], rate)
+    await paced_write(response, [payload], rate, pace)
     await response.write_eof()
     return response
 

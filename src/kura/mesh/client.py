@@ -24,11 +24,13 @@ from typing import Any, BinaryIO
 import aiohttp
 
 from kura.core.manifest import Manifest
+from kura.mesh.peer_pace import PeerPace
 from kura.mesh.wire import (
     MANIFEST_HEADER,
     NODE_HEADER,
     ORDER_NEWEST,
     OUTCOME_HEADER,
+    READ_THROUGH_HEADER,
     REFUSAL_HEADER,
     TENANT_HEADER,
     decode_frames,
@@ -86,8 +88,11 @@ class PeerClient:
         ssl_context: ssl.SSLContext | None,
         request_timeout_seconds: float = 30.0,
         peer_token: str | None = None,
+        pace: PeerPace | None = None,
     ) -> None:
         self._tenant_id = tenant_id
+        # Paces pushed and fetched bodies (not read-through fetches); None: unpaced.
+        self.pace = pace
         self._peer_token = peer_token
         self._ssl = ssl_context
         self._timeout = request_timeout_seconds
@@ -129,6 +134,8 @@ class PeerClient:
             "Content-Type": "application/octet-stream",
             "Content-Length": str(manifest.size),
         }
+        if self.pace is not None:
+            await self.pace.acquire(manifest.size)
         try:
             async with asyncio.timeout(self._timeout + manifest.size / (16 * 1024 * 1024)):
                 async with self.session.put(
@@ -233,16 +240,20 @@ class PeerClient:
             raise PeerError(f"{url}: malformed tombstones page: {exc}") from exc
 
     async def fetch_artifact(
-        self, url: str, artifact_id: str, timeout_seconds: float
+        self, url: str, artifact_id: str, timeout_seconds: float, *, read_through: bool = False
     ) -> FetchedArtifact | None:
         """Open a peer's artifact: its manifest and a body stream, or None if the peer lacks it.
 
         The caller must ``await fetched.close()``. ``timeout_seconds`` bounds the time to the
-        response headers; reading the body is bounded by the caller.
+        response headers; reading the body is bounded by the caller. The body is paced by
+        ``self.pace`` unless ``read_through`` (a client waits on it), which also asks the
+        peer not to pace it (``READ_THROUGH_HEADER``).
         """
+        headers = {READ_THROUGH_HEADER: "1"} if read_through else None
+        path = f"/_internal/bootstrap/artifacts/{artifact_id}"
         try:
             async with asyncio.timeout(timeout_seconds):
-                resp = await self.session.get(url + f"/_internal/bootstrap/artifacts/{artifact_id}")
+                resp = await self.session.get(url + path, headers=headers)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise PeerError(f"{url}: fetch failed: {exc!r}") from exc
         if resp.status == 404:
@@ -257,7 +268,8 @@ class PeerClient:
         except ValueError as exc:
             resp.release()
             raise PeerError(f"{url}: {exc}") from exc
-        return FetchedArtifact(manifest, resp.content_length, resp)
+        pace = None if read_through else self.pace
+        return FetchedArtifact(manifest, resp.content_length, resp, pace)
 
     async def fetch_small(
         self, url: str, artifact_ids: list[str], timeout_seconds: float
@@ -272,6 +284,8 @@ class PeerClient:
                     url + "/_internal/bootstrap/bodies", json={"artifact_ids": artifact_ids}
                 ) as resp:
                     payload = await resp.read()
+                    if self.pace is not None:
+                        await self.pace.acquire(len(payload))
                     if resp.status != 200:
                         raise PeerError(
                             f"{url}: bodies answered {resp.status}: {payload[:200]!r}", resp.status
@@ -370,17 +384,24 @@ class FetchedArtifact:
     """A peer artifact being received: manifest, declared length and the body stream."""
 
     def __init__(
-        self, manifest: Manifest, content_length: int | None, response: aiohttp.ClientResponse
+        self,
+        manifest: Manifest,
+        content_length: int | None,
+        response: aiohttp.ClientResponse,
+        pace: PeerPace | None = None,
     ) -> None:
         self.manifest = manifest
         self.content_length = content_length
         self._response = response
+        self._pace = pace
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body; connection errors become ``PeerError``."""
+        """The body (paced, if a pace was given); connection errors become ``PeerError``."""
         try:
             async for chunk in self._response.content.iter_chunked(STREAM_CHUNK_BYTES):
                 yield chunk
+                if self._pace is not None:
+                    await self._pace.acquire(len(chunk))
         except (aiohttp.ClientError, OSError) as exc:
             raise PeerError(f"body stream broke: {exc!r}") from exc
 

@@ -128,7 +128,9 @@ class ReadThrough:
                 break
             try:
                 async with asyncio.timeout(remaining):
-                    fetched = await self._client.fetch_artifact(peer, artifact_id, remaining)
+                    fetched = await self._client.fetch_artifact(
+                        peer, artifact_id, remaining, read_through=True
+                    )
                     if fetched is None:
                         continue
                     try:

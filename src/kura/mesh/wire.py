@@ -20,6 +20,9 @@ OUTCOME_HEADER = "Kura-Outcome"
 # On a refused copy: why, when the status alone does not tell the sender what to do.
 REFUSAL_HEADER = "Kura-Refusal"
 FUTURE_VERSION = "future_version"
+# On a body fetch made for a client waiting on a miss (read-through): the serving peer does
+# not slow it for its own public load (``kura.mesh.peer_pace``), a client is waiting on it.
+READ_THROUGH_HEADER = "Kura-Read-Through"
 PAGE_LIMIT_DEFAULT = 256
 PAGE_LIMIT_MAX = 1000
 
