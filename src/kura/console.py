@@ -75,6 +75,8 @@ def render_status(status: dict[str, Any]) -> str:
         *wrapped(
             "ready    ", "yes" if status["ready"] else "NO: " + "; ".join(status["reasons"]), 9
         ),
+        # Problems that do not block readiness but need an operator (as /ready's warnings).
+        *(line for w in status.get("warnings", ()) for line in wrapped("warning  ", w, 9)),
         f"store    {status['artifacts']} artifacts, {human_bytes(status['disk_used_bytes'])}; "
         f"tmp {human_bytes(status['tmp_reserved_bytes'])} of "
         f"{human_bytes(status['tmp_capacity_bytes'])} reserved; "

@@ -83,6 +83,23 @@ def test_long_errors_and_reasons_wrap_instead_of_being_cut() -> None:
     assert reason in flat
 
 
+def test_warnings_are_printed_under_ready_and_wrap() -> None:
+    full = (
+        "the object-store upload queue is full (5 messages, KURA_OUTBOX_MAX_DEPTH=5): writes "
+        "are refused with 503 until the store takes the uploads"
+    )
+    text = render_status({**status(), "warnings": [full, "disk full at start-up"]})
+    lines = text.splitlines()
+    ready = lines.index("ready    yes")
+    assert lines[ready + 1].startswith("warning  the object-store upload queue is full")
+    assert all(len(line) <= LINE_WIDTH for line in lines)
+    assert " ".join(x.strip() for x in lines[ready + 1 : ready + 3]).startswith(
+        "warning  " + full[:60]
+    )
+    assert "warning  disk full at start-up" in lines
+    assert "warning" not in render_status(status())  # none: no line
+
+
 def test_the_printed_kura_command_is_the_one_that_is_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
