@@ -74,7 +74,7 @@ from kura.mesh.shipper import Shipper
 from kura.mesh.storage_hooks import MeshHooks
 from kura.mesh.wire import peer_label
 from kura.node_status import node_status
-from kura.settings import Settings
+from kura.settings import Settings, is_loopback
 from kura.storage.bucket_expiry import BucketExpiry, bucket_aging
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.budget import TmpBudget
@@ -559,6 +559,13 @@ class Node:
             self.settings.tmp_dir,
             self.event_loop,
         )
+        if not self.auth.enabled and not is_loopback(self.settings.host):
+            log.warning(
+                "the public port on %s has no tokens (KURA_READ_WRITE_TOKENS, token files or "
+                "JWT): anyone who can reach %s can read and write this cache",
+                self.settings.host,
+                self.public_url,
+            )
         # One machine-readable line on stdout so wrappers and tests learn the bound ports.
         print(f"kura listening public={self.public_url} internal={self.node_url}", flush=True)
 

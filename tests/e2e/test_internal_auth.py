@@ -376,6 +376,12 @@ def test_a_node_on_a_non_loopback_host_with_a_peer_token_starts_and_requires_it(
     assert httpx.get(node.url.replace("0.0.0.0", "127.0.0.1") + "/up").status_code == 200
     assert httpx.get(internal + "/_internal/status").status_code == 401
     assert httpx.get(internal + "/_internal/status", headers=bearer(TOKEN)).status_code == 200
+    # No public token on a non-loopback host: an open cache on the network, said loudly.
+    assert "has no tokens" in node.log()
+    assert "anyone who can reach" in node.log()
+    guarded = start_node("guarded", host="0.0.0.0", internal_tokens=TOKEN, read_write_tokens="rw")
+    assert httpx.get(guarded.url.replace("0.0.0.0", "127.0.0.1") + "/up").status_code == 200
+    assert "has no tokens" not in guarded.log()
 
 
 def test_with_mutual_tls_and_a_peer_token_both_are_required(
