@@ -179,5 +179,13 @@ def test_a_mismatched_certificate_and_key_refuse_to_start(pki: Path, tmp_path: P
     cert, _key = make_leaf(pki, "one", 11)
     _cert, other_key = make_leaf(pki, "two", 12)
     env = node_env(tmp_path, public_tls_cert_path=cert, public_tls_key_path=other_key)
-    with pytest.raises(RuntimeError, match=r"KEY_VALUES_MISMATCH|key values mismatch"):
+    with pytest.raises(RuntimeError, match=r"KEY_VALUES_MISMATCH|key values mismatch") as info:
         spawn_node(tmp_path / "node", env)
+    assert f"cannot load the public TLS certificate {cert} with the key {other_key}" in str(
+        info.value
+    )
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    env = node_env(tmp_path, public_tls_cert_path=garbage, public_tls_key_path=other_key)
+    with pytest.raises(RuntimeError, match=rf"public TLS certificate {garbage}"):
+        spawn_node(tmp_path / "garbage-node", env)

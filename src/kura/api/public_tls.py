@@ -29,15 +29,21 @@ _Signature = tuple[tuple[int, int, int], ...]
 
 
 class PublicTls:
-    """The live server context for ``cert``/``key``; the first load raises (``OSError``,
-    ``ssl.SSLError``) so a node never starts without its certificate."""
+    """The live server context for ``cert``/``key``; the first load raises ``OSError`` naming
+    both files, so a node never starts without its certificate."""
 
     def __init__(self, cert: Path, key: Path) -> None:
         self.cert, self.key = cert, key
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._signature = self._stat()
-        self.context.load_cert_chain(str(cert), str(key))
-        self.expiry_timestamp_seconds = _not_after(cert)
+        try:
+            self.context.load_cert_chain(str(cert), str(key))
+            self.expiry_timestamp_seconds = _not_after(cert)
+        except (ssl.SSLError, ValueError) as exc:  # OpenSSL's words alone name no file
+            raise OSError(
+                f"cannot load the public TLS certificate {cert} with the key {key} "
+                f"(KURA_PUBLIC_TLS_CERT_PATH, KURA_PUBLIC_TLS_KEY_PATH): {exc}"
+            ) from exc
         # (generation, (key PEM, chain PEM)) of the pair in the live context, swapped as one
         # value: the gRPC server's certificate fetcher reads it from grpcio's threads.
         self.loaded: tuple[int, tuple[bytes, bytes]] = (0, (key.read_bytes(), cert.read_bytes()))
