@@ -53,7 +53,7 @@ EOF
 export KURA_GRADLE_TOKEN="${TOKEN:-}"
 unset GRADLE_OPTS JAVA_TOOL_OPTIONS
 run() {  # $1 = log, $2 = fresh GRADLE_USER_HOME
-  timeout 60 "$GRADLE_BIN" --no-daemon $BUILD_CACHE --console=plain -g "$2" compileJava > "$1" 2>&1
+  timeout 120 "$GRADLE_BIN" --no-daemon $BUILD_CACHE --console=plain -g "$2" compileJava > "$1" 2>&1
 }
 CLASS=build/classes/java/main/kura/Probe.class
 
