@@ -83,6 +83,7 @@ from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura.storage.object_tier import ObjectTier, TierHooks
 from kura.storage.scrub import Scrubber
 from kura.storage.service import CacheService
+from kura.workers.supervisor import Workers
 
 log = logging.getLogger(__name__)
 
@@ -344,6 +345,9 @@ class Node:
         watch_auth(self.metrics, self.auth, self.public_tls)
         # The last WARNING/ERROR records, for /status and the status page (attached in start).
         self.log_ring = LogRing()
+        self.workers: Workers | None = None  # KURA_WORKERS > 1 (kura.workers)
+        if settings.workers > 1:
+            self.workers = Workers(settings, self.service, self.metrics, self.build_app)
         self.draining = False
         self.public_url = ""
         self.event_loop = ""  # set by start()
@@ -584,7 +588,11 @@ class Node:
         return app
 
     async def _listen(
-        self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None
+        self,
+        app: web.Application,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        reuse_port: bool = False,
     ) -> int:
         runner = connections.GuardedAppRunner(
             app,
@@ -596,7 +604,10 @@ class Node:
         )
         await runner.setup()
         self._runners.append(runner)
-        for sock in connections.listening_sockets(self.connections, self.settings.host, port):
+        host = self.settings.host
+        for sock in connections.listening_sockets(
+            self.connections, host, port, reuse_port=reuse_port
+        ):
             await web.SockSite(runner, sock, backlog=1024, ssl_context=ssl_context).start()
         return _bound_port(runner)
 
@@ -620,8 +631,13 @@ class Node:
             self.node_url = f"{scheme}://{self.settings.host}:{internal_port}"
         tls = self.public_tls
         port = await self._listen(
-            self.build_app(), self.settings.port, tls.context if tls else None
+            self.build_app(),
+            self.settings.port,
+            tls.context if tls else None,
+            reuse_port=self.workers is not None,
         )
+        if self.workers is not None:  # they bind the same port (kura.workers)
+            self._runners.append(await self.workers.start(port))
         self.public_url = f"{'https' if tls else 'http'}://{self.settings.host}:{port}"
         if self.grpc is not None:
             await self.grpc.start()
@@ -701,6 +717,8 @@ class Node:
         """
         self.draining = True
         try:
+            if self.workers is not None:  # first: they forward to this process while draining
+                await self.workers.stop()
             if self.grpc is not None:
                 await self.grpc.stop(float(self.settings.shutdown_timeout_seconds))
             await self._drain()
@@ -748,6 +766,8 @@ class Node:
 
     async def _abandon_start(self) -> None:
         """Undo a start that failed half-way (a port in use, an unusable host)."""
+        if self.workers is not None:
+            await self.workers.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
         if self.grpc is not None:

@@ -1,0 +1,224 @@
+"""``KURA_WORKERS=2``: a primary and one worker process share the public port (kura.workers).
+
+Real ``kura serve`` processes; every request goes over a fresh connection, so the kernel's
+``SO_REUSEPORT`` spreading decides which process answers. Per-process evidence comes from the
+worker's own ``/metrics`` on its control socket (``.kura.worker-1.sock`` in the data dir), set
+against the node's merged ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import NodeProcess
+from tests.e2e.mesh import wait_for
+
+RW, RO = "rw-secret-token", "ro-secret-token"
+FRESH = {"Connection": "close"}
+
+
+def fresh(node: NodeProcess, method: str, path: str, **kwargs: object) -> httpx.Response:
+    """One request on a connection of its own; a connection reset is retried (a killed
+    worker's accept queue is reset by the kernel; nothing was acknowledged on it)."""
+    headers = {**FRESH, **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+    for attempt in range(5):
+        try:
+            return httpx.request(method, node.url + path, headers=headers, timeout=30, **kwargs)  # type: ignore[arg-type]
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+            if attempt == 4:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
+def worker_metrics(node: NodeProcess, number: int = 1) -> dict[str, float]:
+    """The worker's own samples (not merged), from its control socket."""
+    sock = node.data_dir.resolve() / f".kura.worker-{number}.sock"
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=10) as c:
+        text = c.get("http://worker/metrics").text
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def worker_pids(node: NodeProcess) -> list[int]:
+    pid = node.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    pids = []
+    for child in map(int, children):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"kura.workers.worker" in cmdline:
+            pids.append(child)
+    return pids
+
+
+def body_for(i: int) -> bytes:
+    size = [10, 1000, 70_000, 300_000][i % 4]  # inline-sized, small file, large (sendfile)
+    return hashlib.sha256(str(i).encode()).digest() * (size // 32 + 1)
+
+
+HIT = 'kura_cache_lookups_total{protocol="http_cache",result="hit"}'
+
+
+def test_both_processes_serve_identical_bytes(start_node: Callable[..., NodeProcess]) -> None:
+    node = start_node("w", workers=2)
+    keys = 24
+    for i in range(keys):  # PUTs over fresh connections: whichever process accepted them
+        assert fresh(node, "PUT", f"/cache/k{i}", content=body_for(i)).status_code in (200, 201)
+    gets = 240
+
+    def get(n: int) -> bytes:
+        r = fresh(node, "GET", f"/cache/k{n % keys}")
+        assert r.status_code == 200, r.text
+        return r.content
+
+    with ThreadPoolExecutor(8) as pool:
+        bodies = list(pool.map(get, range(gets)))
+    wrong = [n for n, b in enumerate(bodies) if b != body_for(n % keys)]
+    assert wrong == []
+    served_by_worker = worker_metrics(node).get(HIT, 0.0)
+    merged = node.metric(HIT)
+    assert merged == gets  # the node counts every hit once, whoever served it
+    assert 0 < served_by_worker < gets, f"worker served {served_by_worker} of {gets}"
+    print(
+        f"worker served {served_by_worker:.0f} of {gets} hits; primary {gets - served_by_worker:.0f}"
+    )
+
+    misses = [fresh(node, "GET", "/cache/absent") for _ in range(30)]
+    assert {(r.status_code, r.text) for r in misses} == {(misses[0].status_code, misses[0].text)}
+    assert misses[0].status_code == 404
+    assert node.metric('kura_cache_lookups_total{protocol="http_cache",result="miss"}') == 30
+    assert node.metric("kura_workers") == 1
+
+
+def test_worker_refuses_a_bad_token_like_the_primary(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(
+        "a", workers=2, read_write_tokens=RW, read_only_tokens=RO, metrics_require_token="false"
+    )
+    bearer = {"Authorization": f"Bearer {RW}"}
+    assert fresh(node, "PUT", "/cache/x", content=b"secret", headers=bearer).status_code == 201
+    for headers, want in (
+        ({"Authorization": "Bearer wrong"}, 401),
+        ({}, 401),
+    ):
+        answers = {
+            (r.status_code, r.text)
+            for r in (fresh(node, "GET", "/cache/x", headers=headers) for _ in range(30))
+        }
+        assert len(answers) == 1, answers
+        assert answers.pop()[0] == want
+    ro = {"Authorization": f"Bearer {RO}"}
+    refused = {
+        (r.status_code, r.text)
+        for r in (fresh(node, "PUT", "/cache/x", content=b"n", headers=ro) for _ in range(10))
+    }
+    assert len(refused) == 1
+    assert refused.pop()[0] == 403
+    reads = [fresh(node, "GET", "/cache/x", headers=ro) for _ in range(30)]
+    assert all(r.status_code == 200 and r.content == b"secret" for r in reads)
+    worker = worker_metrics(node)
+    assert sum(v for k, v in worker.items() if k.startswith("kura_auth_refusals_total")) > 0
+    assert worker.get(HIT, 0) > 0
+
+
+def test_overwrite_and_clean_are_never_served_stale(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node("o", workers=2)
+    stale = 0
+    for i in range(60):
+        body = body_for(i)
+        assert fresh(node, "PUT", "/cache/same", content=body).status_code in (200, 201)
+        got = fresh(node, "GET", "/cache/same")
+        stale += got.status_code != 200 or got.content != body
+        path = f"/ns/team/cache/c{i % 3}"
+        assert fresh(node, "PUT", path, content=body).status_code in (200, 201)
+        assert fresh(node, "GET", path).content == body
+        assert fresh(node, "DELETE", "/ns/team/cache").status_code in (200, 202, 204)
+        stale += fresh(node, "GET", path).status_code != 404
+    assert stale == 0
+    assert worker_metrics(node).get(HIT, 0) > 0  # the worker took part
+
+
+def test_a_killed_worker_is_restarted_and_nothing_is_lost(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node("k", workers=2)
+    acked: dict[str, bytes] = {}
+    read_failures: list[str] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            body = body_for(i)
+            try:
+                r = fresh(node, "PUT", f"/cache/w{i}", content=body)
+            except httpx.HTTPError:
+                i += 1
+                continue  # not acknowledged
+            if r.status_code in (200, 201):
+                acked[f"w{i}"] = body
+            i += 1
+
+    def read() -> None:
+        while not stop.is_set():
+            for key, body in list(acked.items())[-20:]:
+                try:
+                    r = fresh(node, "GET", "/cache/" + key)
+                except httpx.HTTPError as exc:
+                    read_failures.append(f"{key}: {exc!r}")
+                    continue
+                if r.status_code != 200 or r.content != body:
+                    read_failures.append(f"{key}: {r.status_code}")
+
+    threads = [threading.Thread(target=write), threading.Thread(target=read)]
+    for t in threads:
+        t.start()
+    try:
+        assert wait_for(lambda: len(acked) >= 20, 30)
+        (victim,) = worker_pids(node)
+        os.kill(victim, signal.SIGKILL)
+        assert wait_for(lambda: node.metric("kura_worker_restarts_total") == 1, 30)
+        assert wait_for(lambda: node.metric("kura_workers") == 1, 30)
+        (replacement,) = worker_pids(node)
+        assert replacement != victim
+        before = len(acked)
+        assert wait_for(lambda: len(acked) >= before + 20, 30)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    lost = [k for k, body in acked.items() if fresh(node, "GET", "/cache/" + k).content != body]
+    assert lost == []
+    assert read_failures == []
+    assert "worker 1 (pid" in node.log()
+    print(f"{len(acked)} acknowledged writes, 0 lost; reads failed: {len(read_failures)}")
+
+
+def test_sigterm_stops_the_workers_and_exits_0(start_node: Callable[..., NodeProcess]) -> None:
+    node = start_node("t", workers=3)
+    pids = worker_pids(node)
+    assert len(pids) == 2
+    assert node.metric("kura_workers") == 2
+    assert node.stop(signal.SIGTERM) == 0
+    assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 10)
+    assert node.log().count("kura listening public=") == 1
+    assert not list(node.data_dir.glob(".kura.*.sock"))
