@@ -8,6 +8,7 @@ starts is stopped when the test ends; a node that exited with an error fails the
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import ssl
@@ -97,7 +98,13 @@ class NodeProcess:
 
 
 def node_env(tmp: Path, **settings: object) -> dict[str, str]:
-    """The environment of a test node with its dirs under ``tmp`` (``kura.demo.launch.node``)."""
+    """The environment of a test node with its dirs under ``tmp`` (``kura.demo.launch.node``).
+
+    ``KURA_TEST_WORKERS=N`` in the test run's environment starts every node with
+    ``KURA_WORKERS=N`` unless the test sets ``workers`` itself (the suite run with workers)."""
+    workers = os.environ.get("KURA_TEST_WORKERS")
+    if workers and "workers" not in settings:
+        settings = {**settings, "workers": workers}
     return kura_env(tmp / "data", tmp / "tmp", settings)
 
 
