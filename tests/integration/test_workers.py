@@ -222,3 +222,31 @@ def test_sigterm_stops_the_workers_and_exits_0(start_node: Callable[..., NodePro
     assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 10)
     assert node.log().count("kura listening public=") == 1
     assert not list(node.data_dir.glob(".kura.*.sock"))
+
+
+def test_damaged_bytes_are_never_served_by_either_process(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node("d", workers=2)
+    small, large = body_for(2), body_for(3)  # a small file (hashed on read), a large one
+    for key, body in (("small", small), ("large", large)):
+        assert fresh(node, "PUT", f"/cache/{key}", content=body).status_code in (200, 201)
+    assert len(node.blob_files()) == 2  # neither is inline (KURA_INLINE_MAX_BYTES)
+    for blob in node.blob_files():  # flip one byte in place: same size, other bytes
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        blob.write_bytes(bytes(data))
+    wrong, statuses = 0, set()
+    for _ in range(20):
+        for key, body in (("small", small), ("large", large)):
+            try:
+                r = fresh(node, "GET", f"/cache/{key}")
+            except httpx.HTTPError:
+                statuses.add("cut")  # a large body's transfer cut before its tail
+                continue
+            statuses.add(r.status_code)
+            wrong += r.status_code == 200 and r.content != body
+            wrong += r.status_code == 200 and r.content == body  # it was damaged: no 200 at all
+    assert wrong == 0
+    assert statuses <= {404, "cut"}
+    assert wait_for(lambda: node.metric_sum("kura_storage_corrupt_artifacts_total") >= 2, 10)

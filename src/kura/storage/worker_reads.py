@@ -126,6 +126,10 @@ class WorkerReads(CacheService):
         raise ForwardToPrimary("write path")
 
     def _confirm_corrupt_sync(self, manifest: Manifest, detected_by: str) -> bool:
-        """Never drop an entry here: report it, and read it as a miss (forwarded)."""
-        self.suspects.append(manifest.artifact_id)
+        """Never drop an entry here: read it as a miss (forwarded). If its row is still the one
+        read, the bytes really fail their check (the primary unlinks a file only after its row
+        changed), so the id goes to the primary to verify; a changed row was a race."""
+        current = self._require_index().get(manifest.artifact_id)
+        if current is not None and current[0] == manifest:
+            self.suspects.append(manifest.artifact_id)
         return True

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class Forwarder:
         try:
             upstream = await self._session.request(
                 request.method,
-                "http://primary" + str(request.rel_url),
+                URL("http://primary" + request.raw_path, encoded=True),  # the client's bytes
                 headers=headers,
                 data=body,
                 allow_redirects=False,
