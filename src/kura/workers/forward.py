@@ -12,6 +12,7 @@ unread (RFC 9110 §10.1.1).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -40,8 +41,9 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class Forwarder:
     """Relays requests to the primary's unix socket ``path``. ``start()`` before use."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, primary_pid: int) -> None:
         self.path = path
+        self.primary_pid = primary_pid
         self.forwarded_total = 0
         self._session: aiohttp.ClientSession | None = None
 
@@ -79,6 +81,12 @@ class Forwarder:
                 else None,
             )
         except (aiohttp.ClientError, OSError) as exc:
+            if os.getppid() != self.primary_pid:
+                # The primary died: answer as the node would have, by dropping the connection
+                # (a 503 from a node that just died would be a lie about what it stored).
+                if request.transport is not None:
+                    request.transport.abort()
+                return web.Response(status=499)
             log.warning(
                 "could not forward %s %s to the primary: %s", request.method, request.path, exc
             )

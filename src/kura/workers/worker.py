@@ -132,7 +132,7 @@ def build_worker_app(context: ApiContext, forward: Forwarder) -> web.Application
 
 
 class Worker:
-    def __init__(self, plan: WorkerPlan) -> None:
+    def __init__(self, plan: WorkerPlan, primary_pid: int) -> None:
         s = self.settings = plan.settings
         self.plan = plan
         clock = SystemClock()
@@ -153,7 +153,7 @@ class Worker:
         cert, key = s.public_tls_cert_path, s.public_tls_key_path
         self.public_tls = PublicTls(cert, key) if cert and key else None
         watch_auth(self.metrics, self.auth, self.public_tls)
-        self.forward = Forwarder(plan.primary_socket)
+        self.forward = Forwarder(plan.primary_socket, primary_pid)
         self.context = ApiContext(
             settings=s,
             service=self.service,
@@ -208,7 +208,10 @@ class Worker:
         for task in background:
             task.cancel()
         await asyncio.wait(background)
-        await self._flush()  # the last hits
+        try:
+            await self._flush()  # the last hits
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:  # the primary died first
+            log.warning("could not send the last hits to the primary: %s", exc)
         for runner in reversed(self._runners):
             await runner.cleanup()
         await self.forward.close()
@@ -236,7 +239,7 @@ class Worker:
                     break
             try:
                 await self._flush()
-            except (aiohttp.ClientError, OSError) as exc:
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 log.warning("could not send hits to the primary: %s", exc)
 
     async def _flush(self) -> None:
@@ -257,7 +260,7 @@ def main() -> int:
     parent = int(os.environ.get("KURA_WORKER_PARENT_PID", "0")) or os.getppid()
     _die_with_parent(parent)
     kit_log.configure(plan.settings.log_level)
-    event_loop.run(Worker(plan).run(), plan.settings.event_loop)
+    event_loop.run(Worker(plan, parent).run(), plan.settings.event_loop)
     return 0
 
 
