@@ -250,3 +250,33 @@ def test_damaged_bytes_are_never_served_by_either_process(
     assert wrong == 0
     assert statuses <= {404, "cut"}
     assert wait_for(lambda: node.metric_sum("kura_storage_corrupt_artifacts_total") >= 2, 10)
+
+
+def last_access_ms(node: NodeProcess) -> dict[str, int]:
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{node.data_dir / 'index.sqlite3'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT key, last_access_ms FROM artifacts").fetchall()
+        return {str(k): int(ms) for k, ms in rows}
+    finally:
+        conn.close()
+
+
+def test_a_hit_served_by_the_worker_reaches_the_primarys_lru(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node("l", workers=2)
+    assert fresh(node, "PUT", "/cache/lru", content=body_for(2)).status_code in (200, 201)
+    by_worker = False
+    for _ in range(100):  # until one GET was the worker's alone
+        worker_before, all_before = worker_metrics(node).get(HIT, 0), node.metric(HIT)
+        asked_ms = int(time.time() * 1000)  # any earlier hit (the primary's) is stamped before
+        assert fresh(node, "GET", "/cache/lru").content == body_for(2)
+        worker_after, all_after = worker_metrics(node).get(HIT, 0), node.metric(HIT)
+        if worker_after - worker_before == 1 and all_after - all_before == 1:
+            by_worker = True
+            break
+    assert by_worker
+    # The worker sends its hits within ~1 s, the primary records them with its own (5 s).
+    assert wait_for(lambda: last_access_ms(node)["lru"] >= asked_ms, 20)
