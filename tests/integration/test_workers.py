@@ -280,3 +280,47 @@ def test_a_hit_served_by_the_worker_reaches_the_primarys_lru(
     assert by_worker
     # The worker sends its hits within ~1 s, the primary records them with its own (5 s).
     assert wait_for(lambda: last_access_ms(node)["lru"] >= asked_ms, 20)
+
+
+def test_sigterm_lets_downloads_in_flight_on_every_process_finish(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node("g", workers=2)
+    big = os.urandom(32 * 1024 * 1024)
+    assert fresh(node, "PUT", "/cache/big", content=big).status_code in (200, 201)
+    want = hashlib.sha256(big).hexdigest()
+    results: list[str] = []
+    started = threading.Semaphore(0)
+
+    def download() -> None:
+        h, first = hashlib.sha256(), True
+        try:
+            with httpx.stream("GET", node.url + "/cache/big", headers=FRESH, timeout=60) as r:
+                for chunk in r.iter_bytes(256 * 1024):
+                    h.update(chunk)
+                    if first:
+                        started.release()
+                        first = False
+                    time.sleep(0.05)  # a slow client: the download outlives the SIGTERM
+            results.append(h.hexdigest())
+        except httpx.HTTPError as exc:
+            results.append(repr(exc))
+            started.release()
+
+    threads: list[threading.Thread] = []
+    while len(threads) < 16 and (len(threads) < 4 or worker_metrics(node).get(HIT, 0) == 0):
+        threads.append(threading.Thread(target=download))
+        threads[-1].start()
+        assert started.acquire(timeout=30)
+    worker_served = worker_metrics(node).get(HIT, 0)
+    primary_served = node.metric(HIT) - worker_served
+    assert worker_served >= 1
+    assert results == []  # every download is still running
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.proc.wait(60) == 0
+    for t in threads:
+        t.join(60)
+    assert results == [want] * len(threads)
+    print(
+        f"{len(threads)} downloads ({worker_served:.0f} by the worker, {primary_served:.0f} by the primary) completed"
+    )
