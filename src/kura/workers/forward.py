@@ -3,17 +3,20 @@ unix socket, and relays the answer (status, headers, body) unchanged, streaming 
 
 Nothing is sent to the client before the primary answers, so the status and message the client
 gets are the primary's (auth included: the primary checks the client's own ``Authorization``).
-Hop-by-hop headers are not relayed (RFC 9110 §7.6.1). ``Expect: 100-continue`` is passed on and
-the ``100 Continue`` is given to the client only when the primary gives it, so a refused upload
-is refused before its body is sent, as without workers; the connection is then closed, its body
-unread (RFC 9110 §10.1.1).
+Hop-by-hop headers are not relayed (RFC 9110 §7.6.1). A body is forwarded with
+``Expect: 100-continue``: it is read from the client and sent only once the primary asks for it,
+so an upload the primary refuses early (413, 401) is refused before its body is read, as
+without workers, and the connection is then closed, its body unread (RFC 9110 §10.1.1). A
+client that sent ``Expect`` itself is given the ``100 Continue`` only when the primary gives it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -36,6 +39,16 @@ HOP_BY_HOP = frozenset(
 )
 CHUNK_BYTES = 256 * 1024
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+PRIMARY_DEATH_WAIT_SECONDS = 1.0
+
+
+def _exited(pid: int) -> bool:
+    """A process gone, or a zombie (state Z or X in /proc/PID/stat, proc(5))."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat.rpartition(b")")[2].split()[0] in (b"Z", b"X")
 
 
 class Forwarder:
@@ -59,6 +72,19 @@ class Forwarder:
         if self._session is not None:
             await self._session.close()
 
+    async def _primary_died(self) -> bool:
+        """Whether the primary is dead or dying. Its sockets close before the kernel reparents
+        this process (exit(2): files are closed, then the parent is told), so a refused
+        connection is followed by a short wait for the sign that settles it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PRIMARY_DEATH_WAIT_SECONDS
+        while True:
+            if os.getppid() != self.primary_pid or _exited(self.primary_pid):
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         self.forwarded_total += 1
@@ -74,14 +100,16 @@ class Forwarder:
                 headers=headers,
                 data=body,
                 allow_redirects=False,
-                expect100=expects and body is not None,
+                # Always: the primary may answer before the body (413, 401), and a request
+                # still sending its body would not see that answer.
+                expect100=body is not None,
                 compress=None,
                 chunked=True
                 if body is not None and "Content-Length" not in request.headers
                 else None,
             )
         except (aiohttp.ClientError, OSError) as exc:
-            if os.getppid() != self.primary_pid:
+            if await self._primary_died():
                 # The primary died: answer as the node would have, by dropping the connection
                 # (a 503 from a node that just died would be a lie about what it stored).
                 if request.transport is not None:
