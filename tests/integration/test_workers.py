@@ -40,6 +40,16 @@ def fresh(node: NodeProcess, method: str, path: str, **kwargs: object) -> httpx.
     raise AssertionError("unreachable")
 
 
+def start_with_workers(
+    start_node: Callable[..., NodeProcess], name: str, workers: int = 2, **settings: object
+) -> NodeProcess:
+    """A node with ``workers`` processes, once every worker listens (they start in the
+    background; until then the primary serves the whole port)."""
+    node = start_node(name, workers=workers, **settings)
+    assert wait_for(lambda: node.metric("kura_workers") == workers - 1, 60)
+    return node
+
+
 def worker_metrics(node: NodeProcess, number: int = 1) -> dict[str, float]:
     """The worker's own samples (not merged), from its control socket."""
     sock = node.data_dir.resolve() / f".kura.worker-{number}.sock"
@@ -76,7 +86,7 @@ HIT = 'kura_cache_lookups_total{protocol="http_cache",result="hit"}'
 
 
 def test_both_processes_serve_identical_bytes(start_node: Callable[..., NodeProcess]) -> None:
-    node = start_node("w", workers=2)
+    node = start_with_workers(start_node, "w", workers=2)
     keys = 24
     for i in range(keys):  # PUTs over fresh connections: whichever process accepted them
         assert fresh(node, "PUT", f"/cache/k{i}", content=body_for(i)).status_code in (200, 201)
@@ -109,8 +119,13 @@ def test_both_processes_serve_identical_bytes(start_node: Callable[..., NodeProc
 def test_worker_refuses_a_bad_token_like_the_primary(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node(
-        "a", workers=2, read_write_tokens=RW, read_only_tokens=RO, metrics_require_token="false"
+    node = start_with_workers(
+        start_node,
+        "a",
+        workers=2,
+        read_write_tokens=RW,
+        read_only_tokens=RO,
+        metrics_require_token="false",
     )
     bearer = {"Authorization": f"Bearer {RW}"}
     assert fresh(node, "PUT", "/cache/x", content=b"secret", headers=bearer).status_code == 201
@@ -141,7 +156,7 @@ def test_worker_refuses_a_bad_token_like_the_primary(
 def test_overwrite_and_clean_are_never_served_stale(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node("o", workers=2)
+    node = start_with_workers(start_node, "o", workers=2)
     stale = 0
     for i in range(30):
         body = body_for(i)
@@ -160,7 +175,7 @@ def test_overwrite_and_clean_are_never_served_stale(
 def test_a_killed_worker_is_restarted_and_nothing_is_lost(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node("k", workers=2)
+    node = start_with_workers(start_node, "k", workers=2)
     acked: dict[str, bytes] = {}
     read_failures: list[str] = []
     stop = threading.Event()
@@ -214,7 +229,7 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(
 
 
 def test_sigterm_stops_the_workers_and_exits_0(start_node: Callable[..., NodeProcess]) -> None:
-    node = start_node("t", workers=3)
+    node = start_with_workers(start_node, "t", workers=3)
     pids = worker_pids(node)
     assert len(pids) == 2
     assert node.metric("kura_workers") == 2
@@ -227,7 +242,7 @@ def test_sigterm_stops_the_workers_and_exits_0(start_node: Callable[..., NodePro
 def test_damaged_bytes_are_never_served_by_either_process(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node("d", workers=2)
+    node = start_with_workers(start_node, "d", workers=2)
     small, large = body_for(2), body_for(3)  # a small file (hashed on read), a large one
     for key, body in (("small", small), ("large", large)):
         assert fresh(node, "PUT", f"/cache/{key}", content=body).status_code in (200, 201)
@@ -266,7 +281,7 @@ def last_access_ms(node: NodeProcess) -> dict[str, int]:
 def test_a_hit_served_by_the_worker_reaches_the_primarys_lru(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node("l", workers=2)
+    node = start_with_workers(start_node, "l", workers=2)
     assert fresh(node, "PUT", "/cache/lru", content=body_for(2)).status_code in (200, 201)
     by_worker = False
     for _ in range(100):  # until one GET was the worker's alone
@@ -285,7 +300,7 @@ def test_a_hit_served_by_the_worker_reaches_the_primarys_lru(
 def test_sigterm_lets_downloads_in_flight_on_every_process_finish(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node("g", workers=2)
+    node = start_with_workers(start_node, "g", workers=2)
     big = os.urandom(32 * 1024 * 1024)
     assert fresh(node, "PUT", "/cache/big", content=big).status_code in (200, 201)
     want = hashlib.sha256(big).hexdigest()

@@ -59,6 +59,7 @@ class Workers:
         self.count = settings.workers - 1
         self.restarts_total = 0
         self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.ready: set[int] = set()  # numbers of the workers that reported READY
         self._slots: list[asyncio.Task[None]] = []
         self._stopping = False
         self._runners: list[web.AppRunner] = []
@@ -80,15 +81,18 @@ class Workers:
 
     @property
     def live(self) -> int:
-        return sum(1 for p in self.procs.values() if p.returncode is None)
+        """Workers listening now."""
+        return sum(1 for n, p in self.procs.items() if p.returncode is None and n in self.ready)
 
     def own_socket(self, number: int) -> str:
         return str(self.socket_dir / f".kura.worker-{number}.sock")
 
     async def start(self, port: int) -> web.AppRunner:
-        """Listen on the two primary sockets, start every worker and wait until each listens.
-        Returns the runner of the forwarded-request listener (the node drains it with its
-        own). Raises RuntimeError if a worker does not start."""
+        """Listen on the two primary sockets and start the workers in the background: the
+        primary serves the whole port alone until each worker listens (``kura_workers``
+        counts those that do), so a slow or failing worker never delays or fails the node's
+        start. Returns the runner of the forwarded-request listener (the node drains it with
+        its own)."""
         forwarded = web.AppRunner(
             self._public_app(),
             handle_signals=False,
@@ -105,8 +109,6 @@ class Workers:
             await web.UnixSite(runner, path).start()
         self._runners.append(own)
         self.port = port
-        for number in range(1, self.count + 1):
-            await self._spawn(number)
         self._slots = [
             asyncio.create_task(self._watch(n), name=f"kura-worker-{n}")
             for n in range(1, self.count + 1)
@@ -114,6 +116,10 @@ class Workers:
         return forwarded
 
     async def _spawn(self, number: int) -> None:
+        """Start worker ``number`` and wait until it listens; RuntimeError if it does not
+        within ``START_TIMEOUT_SECONDS`` (it is killed)."""
+        self.ready.discard(number)
+        began = asyncio.get_running_loop().time()
         plan = WorkerPlan(
             self.settings,
             number,
@@ -146,13 +152,31 @@ class Workers:
                 proc.kill()
             await proc.wait()
             raise RuntimeError(f"worker {number} did not start (exit {proc.returncode})")
+        self.ready.add(number)
+        took = asyncio.get_running_loop().time() - began
+        log.info("worker %d (pid %d) listening after %.1f s", number, proc.pid, took)
 
     async def _watch(self, number: int) -> None:
+        """Keep worker ``number`` running: start it, and start it again after a backoff
+        whenever it exits or fails to start (ERROR log; ``kura_worker_restarts_total``)."""
         backoff = Backoff(0.2, 30.0, jitter=0.5)
         loop = asyncio.get_running_loop()
-        while True:
+        first = True
+        while not self._stopping:
+            if not first:
+                await asyncio.sleep(backoff.failed())
+            first = False
+            try:
+                await self._spawn(number)
+            except (RuntimeError, OSError) as exc:
+                if self._stopping:
+                    return
+                self.restarts_total += 1
+                log.error("could not start worker %d: %s; trying again", number, exc)
+                continue
             started = loop.time()
             rc = await self.procs[number].wait()
+            self.ready.discard(number)
             if self._stopping:
                 return
             self.restarts_total += 1
@@ -164,15 +188,6 @@ class Workers:
             )
             if loop.time() - started >= STABLE_SECONDS:
                 backoff.reset()
-            while not self._stopping:
-                await asyncio.sleep(backoff.failed())
-                try:
-                    await self._spawn(number)
-                    break
-                except (RuntimeError, OSError) as exc:
-                    log.error("could not start worker %d again: %s", number, exc)
-            if self._stopping:
-                return
 
     async def stop(self) -> None:
         """SIGTERM every worker and wait for it to drain (the primary still serves what they
