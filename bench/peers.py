@@ -467,6 +467,18 @@ class KuraWorkersPeer(KuraPeer):
         env = {"KURA_WORKERS": "2", **(kwargs.pop("env", None) or {})}
         super().__init__(workdir, env=env, **kwargs)
 
+    def ready(self) -> None:
+        super().ready()
+        want = int(self.settings["KURA_WORKERS"]) - 1
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # workers start in the background
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics") as r:
+                text = r.read().decode()
+            if f"kura_workers {float(want)}" in text:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name}: {want} worker(s) not listening after 60 s")
+
 
 def default_kura_cmd() -> list[str]:
     venv_kura = os.path.join(REPO, ".venv", "bin", "kura")
