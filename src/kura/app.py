@@ -2,12 +2,13 @@
 
 Start: descriptor limit and connection cap (``api/connections``) → storage (takes the data-dir
 lock, sweeps staging leftovers and orphans) → peer client → internal listener (peer routes,
-optional mTLS) → public listener (both share the cap) → background tasks in one
+optional mTLS) → public listener (both share the cap; with ``KURA_WORKERS > 1`` bound with
+``SO_REUSEPORT`` and shared with the worker processes, ``kura.workers``) → background tasks in one
 ``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper, scrub, repair of
-quarantined artifacts from peers, anti-entropy, expiry). Stop (SIGTERM):
-mark draining (``/ready`` 503), stop accepting and let in-flight requests finish within
-``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open multipart uploads, close
-the peer client and storage.
+quarantined artifacts from peers, anti-entropy, expiry). Stop (SIGTERM): mark draining
+(``/ready`` 503), stop the workers (each drains first), stop accepting and let in-flight
+requests finish within ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open
+multipart uploads, close the peer client and storage.
 """
 
 from __future__ import annotations
