@@ -339,3 +339,21 @@ def test_sigterm_lets_downloads_in_flight_on_every_process_finish(
     print(
         f"{len(threads)} downloads ({worker_served:.0f} by the worker, {primary_served:.0f} by the primary) completed"
     )
+
+
+def test_a_worker_exits_when_the_primary_is_killed(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_with_workers(start_node, "p", workers=2)
+    (worker,) = worker_pids(node)
+    node.proc.send_signal(signal.SIGKILL)
+    assert node.proc.wait(15) == -signal.SIGKILL
+
+    def gone() -> bool:
+        try:
+            stat = Path(f"/proc/{worker}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+    assert wait_for(gone, 40)  # PR_SET_PDEATHSIG: SIGTERM, then its drain
