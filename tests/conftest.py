@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +141,7 @@ def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ())
     started = spawn_kura(
         env, log_path, cwd=directory, prefix=prefix, timeout=START_TIMEOUT_SECONDS, log_mode="w"
     )
+    _wait_for_workers(Path(env["KURA_DATA_DIR"]), int(env.get("KURA_WORKERS", "1")))
     return NodeProcess(
         started.url,
         Path(env["KURA_DATA_DIR"]),
@@ -149,6 +152,35 @@ def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ())
         started.reader,
         started.internal_url,
     )
+
+
+def _wait_for_workers(data_dir: Path, workers: int) -> None:
+    """With ``KURA_WORKERS > 1`` the workers start after the primary announces itself: wait
+    until each answers on its control socket (it listens on the public port by then), so a
+    test's requests are spread from the first one. Data dirs whose path is too long for a
+    unix socket keep them elsewhere (kura.workers.supervisor); nothing to wait on then."""
+    directory = data_dir.resolve()
+    if workers <= 1 or len(str(directory)) > 87:
+        return
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    for n in range(1, workers):
+        path = str(directory / f".kura.worker-{n}.sock")
+        while not _answers(path):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker {n} of {data_dir} did not start")
+            time.sleep(0.05)
+
+
+def _answers(path: str) -> bool:
+    """Whether an HTTP server answers 200 on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        try:
+            sock.connect(path)
+            sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            return sock.recv(64).split(b" ")[1:2] == [b"200"]
+        except OSError:
+            return False
 
 
 @pytest.fixture
