@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
@@ -172,6 +173,7 @@ def test_overwrite_and_clean_are_never_served_stale(
     assert worker_metrics(node).get(HIT, 0) > 0  # the worker took part
 
 
+@pytest.mark.slow  # about 20 s alone, past 60 s on a loaded 2-core box
 def test_a_killed_worker_is_restarted_and_nothing_is_lost(
     start_node: Callable[..., NodeProcess],
 ) -> None:
