@@ -204,6 +204,9 @@ class Worker:
             "kura worker %d listening on port %d (pid %d)", self.plan.number, port, os.getpid()
         )
         await stop.wait()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # stopping already: a second one (the
+            loop.remove_signal_handler(sig)  # primary's, on top of PDEATHSIG's) must not
+            signal.signal(sig, signal.SIG_IGN)  # hit a closing loop's wakeup fd
         await self._drain()
         for task in background:
             task.cancel()
