@@ -44,7 +44,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from typing import IO, ClassVar
+from typing import IO, Any, ClassVar
 
 from kura.demo.launch.process import free_port
 
@@ -450,10 +450,34 @@ class KuraPeer(Peer):
         }
         settings = " ".join(f"{k}={v}" for k, v in shown.items())
         return (
-            f"{self.version} from {self.source}, 1 process, "
+            f"{self.version} from {self.source}, "
+            f"KURA_WORKERS={self.settings.get('KURA_WORKERS', '1')} process(es), "
             f"KURA_EVENT_LOOP={self.settings.get('KURA_EVENT_LOOP', 'default')}, fsync per PUT "
             f"(file + dir), cleanup={self.cleanup_mode}; {settings}"
         )
+
+
+class KuraWorkersPeer(KuraPeer):
+    """``kura2``: the same kura with ``KURA_WORKERS=2`` (a primary and one worker process on
+    the public port, kura.workers), to compare against ``kura`` in the same run."""
+
+    name = "kura2"
+
+    def __init__(self, workdir: str, **kwargs: Any) -> None:
+        env = {"KURA_WORKERS": "2", **(kwargs.pop("env", None) or {})}
+        super().__init__(workdir, env=env, **kwargs)
+
+    def ready(self) -> None:
+        super().ready()
+        want = int(self.settings["KURA_WORKERS"]) - 1
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # workers start in the background
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics") as r:
+                text = r.read().decode()
+            if f"kura_workers {float(want)}" in text:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name}: {want} worker(s) not listening after 60 s")
 
 
 def default_kura_cmd() -> list[str]:
@@ -957,6 +981,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             "turbo": lambda: TurboPeer(workdir, a.turbo_cli),
             "aiohttp": lambda: AiohttpPeer(workdir),
             "kura": lambda: KuraPeer(
+                workdir,
+                cmd=shlex.split(a.kura_cmd) if a.kura_cmd else None,
+                env=_env_pairs(a.kura_env),
+                cleanup=a.kura_cleanup,
+                rev=a.kura_rev,
+            ),
+            "kura2": lambda: KuraWorkersPeer(
                 workdir,
                 cmd=shlex.split(a.kura_cmd) if a.kura_cmd else None,
                 env=_env_pairs(a.kura_env),

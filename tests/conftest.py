@@ -8,12 +8,15 @@ starts is stopped when the test ends; a node that exited with an error fails the
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import sqlite3
 import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,7 +101,13 @@ class NodeProcess:
 
 
 def node_env(tmp: Path, **settings: object) -> dict[str, str]:
-    """The environment of a test node with its dirs under ``tmp`` (``kura.demo.launch.node``)."""
+    """The environment of a test node with its dirs under ``tmp`` (``kura.demo.launch.node``).
+
+    ``KURA_TEST_WORKERS=N`` in the test run's environment starts every node with
+    ``KURA_WORKERS=N`` unless the test sets ``workers`` itself (the suite run with workers)."""
+    workers = os.environ.get("KURA_TEST_WORKERS")
+    if workers and "workers" not in settings:
+        settings = {**settings, "workers": workers}
     return kura_env(tmp / "data", tmp / "tmp", settings)
 
 
@@ -133,6 +142,7 @@ def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ())
     started = spawn_kura(
         env, log_path, cwd=directory, prefix=prefix, timeout=START_TIMEOUT_SECONDS, log_mode="w"
     )
+    _wait_for_workers(Path(env["KURA_DATA_DIR"]), int(env.get("KURA_WORKERS", "1")))
     return NodeProcess(
         started.url,
         Path(env["KURA_DATA_DIR"]),
@@ -162,6 +172,35 @@ def serve_refused(env: dict[str, str], *flags: str, cwd: Path | None = None) -> 
     assert "Traceback" not in done.stderr, done.stderr
     assert "kura listening" not in done.stdout, done.stdout
     return done.stderr
+
+
+def _wait_for_workers(data_dir: Path, workers: int) -> None:
+    """With ``KURA_WORKERS > 1`` the workers start after the primary announces itself: wait
+    until each answers on its control socket (it listens on the public port by then), so a
+    test's requests are spread from the first one. Data dirs whose path is too long for a
+    unix socket keep them elsewhere (kura.workers.supervisor); nothing to wait on then."""
+    directory = data_dir.resolve()
+    if workers <= 1 or len(str(directory)) > 87:
+        return
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    for n in range(1, workers):
+        path = str(directory / f".kura.worker-{n}.sock")
+        while not _answers(path):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker {n} of {data_dir} did not start")
+            time.sleep(0.05)
+
+
+def _answers(path: str) -> bool:
+    """Whether an HTTP server answers 200 on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        try:
+            sock.connect(path)
+            sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            return sock.recv(64).split(b" ")[1:2] == [b"200"]
+        except OSError:
+            return False
 
 
 @pytest.fixture

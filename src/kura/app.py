@@ -2,12 +2,13 @@
 
 Start: descriptor limit and connection cap (``api/connections``) → storage (takes the data-dir
 lock, sweeps staging leftovers and orphans) → peer client → internal listener (peer routes,
-optional mTLS) → public listener (both share the cap) → background tasks in one
+optional mTLS) → public listener (both share the cap; with ``KURA_WORKERS > 1`` bound with
+``SO_REUSEPORT`` and shared with the worker processes, ``kura.workers``) → background tasks in one
 ``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper, scrub, repair of
-quarantined artifacts from peers, anti-entropy, expiry). Stop (SIGTERM):
-mark draining (``/ready`` 503), stop accepting and let in-flight requests finish within
-``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open multipart uploads, close
-the peer client and storage.
+quarantined artifacts from peers, anti-entropy, expiry). Stop (SIGTERM): mark draining
+(``/ready`` 503), stop the workers (each drains first), stop accepting and let in-flight
+requests finish within ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open
+multipart uploads, close the peer client and storage.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura.storage.object_tier import ObjectTier, TierHooks
 from kura.storage.scrub import Scrubber
 from kura.storage.service import CacheService
+from kura.workers.supervisor import Workers
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +353,9 @@ class Node:
         watch_auth(self.metrics, self.auth, self.public_tls)
         # The last WARNING/ERROR records, for /status and the status page (attached in start).
         self.log_ring = LogRing()
+        self.workers: Workers | None = None  # KURA_WORKERS > 1 (kura.workers)
+        if settings.workers > 1:
+            self.workers = Workers(settings, self.service, self.metrics, self.build_app)
         self.draining = False
         self.public_url = ""
         self.event_loop = ""  # set by start()
@@ -508,7 +513,11 @@ class Node:
         return app
 
     async def _listen(
-        self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None
+        self,
+        app: web.Application,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        reuse_port: bool = False,
     ) -> int:
         runner = connections.GuardedAppRunner(
             app,
@@ -520,7 +529,10 @@ class Node:
         )
         await runner.setup()
         self._runners.append(runner)
-        for sock in connections.listening_sockets(self.connections, self.settings.host, port):
+        host = self.settings.host
+        for sock in connections.listening_sockets(
+            self.connections, host, port, reuse_port=reuse_port
+        ):
             await web.SockSite(runner, sock, backlog=1024, ssl_context=ssl_context).start()
         return _bound_port(runner)
 
@@ -544,8 +556,13 @@ class Node:
             self.node_url = f"{scheme}://{self.settings.host}:{internal_port}"
         tls = self.public_tls
         port = await self._listen(
-            self.build_app(), self.settings.port, tls.context if tls else None
+            self.build_app(),
+            self.settings.port,
+            tls.context if tls else None,
+            reuse_port=self.workers is not None,
         )
+        if self.workers is not None:  # they bind the same port (kura.workers)
+            self._runners.append(await self.workers.start(port))
         self.public_url = f"{'https' if tls else 'http'}://{self.settings.host}:{port}"
         if self.grpc is not None:
             await self.grpc.start()
@@ -632,6 +649,8 @@ class Node:
         """
         self.draining = True
         try:
+            if self.workers is not None:  # first: they forward to this process while draining
+                await self.workers.stop()
             if self.grpc is not None:
                 await self.grpc.stop(float(self.settings.shutdown_timeout_seconds))
             await self._drain()
@@ -679,6 +698,8 @@ class Node:
 
     async def _abandon_start(self) -> None:
         """Undo a start that failed half-way (a port in use, an unusable host)."""
+        if self.workers is not None:
+            await self.workers.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
         if self.grpc is not None:

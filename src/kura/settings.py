@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 from pathlib import Path
 
 from kit.settings import (
@@ -111,6 +112,13 @@ def _object_store_url(text: str) -> str:
         return ""
     parse_url(text)
     return text.strip().rstrip("/")
+
+
+def _workers(text: str) -> int:
+    """``auto`` (the CPU count) or an integer of at least 1."""
+    if text.strip().lower() == "auto":
+        return max(1, os.cpu_count() or 1)
+    return parse_positive_int(text)
 
 
 def _tenant(text: str) -> str:
@@ -694,6 +702,14 @@ class Settings:
     )
     access_log: bool = option(
         "KURA_ACCESS_LOG", "--access-log", parse_bool, "log every request", default=False
+    )
+    workers: int = option(
+        "KURA_WORKERS",
+        "--workers",
+        _workers,
+        "processes serving the public port (auto = the CPU count); the extra ones serve GET and "
+        "HEAD hits and forward the rest to the one process that owns the data dir",
+        default=1,
     )
     event_loop: str = option(
         "KURA_EVENT_LOOP",

@@ -7,6 +7,7 @@ Configuration errors are collected and reported all at once, like Kura
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,7 @@ def test_every_bad_value_is_reported_at_once() -> None:
 BAD_VALUE_BY_PARSER = {
     "_positive_duration": "0s",
     "_percent": "101",
+    "_workers": "0",
     "_duration": "-5s",
     "_max_age": "3w",
     "parse_non_empty": "   ",
@@ -278,3 +280,14 @@ def test_peer_forget_after_takes_a_duration_or_seconds(text: str, seconds: float
 def test_peer_forget_after_refuses_what_is_not_a_duration_above_zero(text: str) -> None:
     with pytest.raises(SettingsError, match="KURA_PEER_FORGET_AFTER"):
         settings_from({"KURA_PEER_FORGET_AFTER": text})
+
+
+def test_workers_is_a_count_or_auto() -> None:
+    """KURA_WORKERS: an integer of at least 1, or ``auto`` for the CPU count."""
+    from kura.settings import _workers
+
+    assert _workers("3") == 3
+    assert _workers("auto") == max(1, os.cpu_count() or 1)
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(ValueError, match=r"must be|integer|invalid"):
+            _workers(bad)

@@ -239,10 +239,14 @@ class GuardedSocket(socket.socket):
             guard.refuse(conn)
 
 
-def listening_sockets(guard: ConnectionGuard, host: str, port: int) -> list[socket.socket]:
+def listening_sockets(
+    guard: ConnectionGuard, host: str, port: int, *, reuse_port: bool = False
+) -> list[socket.socket]:
     """Bound (not yet listening) ``GuardedSocket``s for ``host:port``, one per address the host
     resolves to, as ``loop.create_server`` would bind them (``SO_REUSEADDR``; IPv6 only on
-    IPv6 sockets). Raises OSError when an address cannot be bound."""
+    IPv6 sockets). ``reuse_port`` adds ``SO_REUSEPORT``, so that several processes bind the
+    same port and the kernel spreads new connections over them (socket(7); ``kura.workers``).
+    Raises OSError when an address cannot be bound."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
     try:
@@ -253,6 +257,8 @@ def listening_sockets(guard: ConnectionGuard, host: str, port: int) -> list[sock
             sock.guard = guard
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)

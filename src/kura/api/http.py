@@ -27,7 +27,7 @@ from kura.api.file_response import DamagedBlob, OpenFileResponse
 from kura.api.grant_scope import request_namespace
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
-from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
+from kura.core.errors import ForwardToPrimary, IncompleteBody, InvalidRequest, KuraError
 from kura.mesh.peer_pace import PeerPace
 from kura.settings import Settings
 from kura.storage.service import CacheService, StoredBody
@@ -87,6 +87,7 @@ def endpoint_spec(handler: object) -> EndpointSpec | None:
 
 # Not an HTTP status a client sees: nginx's code for "the client closed the connection".
 CLIENT_CLOSED_REQUEST = 499
+FORWARDED = -1  # not a status: a worker process forwarded the request (kura.workers)
 
 
 def endpoint(
@@ -139,6 +140,9 @@ def endpoint(
                     request.transport.abort()
                 status = CLIENT_CLOSED_REQUEST
                 return web.Response(status=CLIENT_CLOSED_REQUEST)
+            except ForwardToPrimary:
+                status = FORWARDED  # a worker hands it on; the primary counts it
+                raise
             except Exception:
                 log.exception("unhandled error in %s %s", request.method, request.path)
                 status = 500
@@ -146,9 +150,10 @@ def endpoint(
             finally:
                 if task is not None:
                     c.handlers.discard(task)
-                c.metrics.observe_request(
-                    protocol, request.method, status, time.perf_counter() - started
-                )
+                if status != FORWARDED:
+                    c.metrics.observe_request(
+                        protocol, request.method, status, time.perf_counter() - started
+                    )
 
         run.__name__ = handler.__name__
         run.__doc__ = handler.__doc__

@@ -9,7 +9,7 @@ only: protocol names, HTTP methods, status codes, outcomes; never a key or a URL
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -328,6 +328,8 @@ class KuraMetrics:
         self._lookup_children: dict[tuple[str, bool], Any] = {}
         self._bytes_children: dict[tuple[str, str], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
+        # With worker processes: adds their request families at scrape time (kura.workers).
+        self.merge: Callable[[bytes], Awaitable[bytes]] | None = None
         r = self.registry
         self.requests = Counter(
             "kura_http_requests_total",

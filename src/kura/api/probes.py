@@ -73,8 +73,11 @@ async def metrics(request: web.Request) -> web.StreamResponse:
             Access.READ,
             lambda: request_namespace(request, PROTOCOL),
         )
+    body = c.metrics.exposition()
+    if c.metrics.merge is not None:  # the workers' requests too (kura.workers)
+        body = await c.metrics.merge(body)
     return web.Response(
-        body=ctx(request).metrics.exposition(),
+        body=body,
         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
     )
 

@@ -16,6 +16,12 @@ class KuraError(Exception):
         self.message = message
 
 
+class ForwardToPrimary(Exception):
+    """Raised in a worker process (``kura.workers``) when it cannot answer a request itself (a
+    miss, a row it may not trust, anything but a GET or HEAD hit): the request goes to the
+    primary process unchanged. Deliberately not a ``KuraError``: it never becomes a status."""
+
+
 class InvalidRequest(KuraError):
     """The request is malformed: bad key, bad parameter, bad JSON. Do not retry unchanged."""
 

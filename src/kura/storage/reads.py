@@ -56,6 +56,13 @@ class ReadPath(StorageState):
                 return [r for r, _ in absent[i:]]
         return []
 
+    def note_access(self, accesses: dict[str, int]) -> None:
+        """Record reads made elsewhere (a worker process's hits, ``kura.workers``): artifact id
+        -> unix ms, kept if later than what is noted; flushed with this node's own reads."""
+        for aid, at_ms in accesses.items():
+            if at_ms > self._touches.get(aid, 0):
+                self._touches[aid] = at_ms
+
     async def intact(self, ref: ArtifactRef) -> bool:
         """Stored and intact: what a PUT route that skips existing keys must ask instead of
         ``exists``, so a PUT over a damaged copy (quarantined here) stores the new body."""

@@ -1,0 +1,135 @@
+"""The read path of a worker process (``kura.workers``): the primary's ``CacheService`` read code
+over a read-only connection to the same SQLite file, never writing anything.
+
+A worker serves GET and HEAD hits itself and hands everything else to the primary, the one
+process that owns the data dir. ``WorkerReads`` raises ``ForwardToPrimary`` wherever the
+primary would do more than read: a local miss (the primary may read it through from a peer),
+an absent ``exists``/manifest, an entry whose bytes fail their check (the primary re-checks and
+quarantines it; the id is queued in ``suspects`` for it), and every write. The checks a worker
+makes before it sends a byte are the primary's own (``storage.reads``: size on open, hash of
+small bodies, large ones hashed while sent).
+
+Coherence: no in-memory copy is kept (the hot cache is off); every request reads its row. The
+connection runs in autocommit, so each query sees every transaction committed before it, which
+in WAL mode includes the primary's commits from another process
+(https://www.sqlite.org/wal.html#concurrency): a read that starts after a write's
+acknowledgement sees that write. A row whose file was unlinked between the query and the open
+(an overwrite, an eviction, a clean) reads as a miss and is forwarded, never a 500.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kura.core.errors import ForwardToPrimary
+from kura.core.manifest import Manifest
+from kura.storage.artifact import ArtifactRef
+from kura.storage.hooks import NoHooks
+from kura.storage.index import MetadataIndex
+from kura.storage.recovery import INDEX_NAME
+from kura.storage.schema import READABLE_SCHEMA_VERSIONS
+from kura.storage.service import CacheService
+
+
+class SharedReadIndex(MetadataIndex):
+    """``MetadataIndex`` as a second process reads it while the primary writes: ``mode=ro``,
+    ``query_only``, a busy timeout; the best-effort writes a read may make (stat signature,
+    checksum, access times) are dropped (the primary makes its own)."""
+
+    def __init__(self, path: Path) -> None:  # no schema set-up: only the primary writes
+        self._path = path
+        self.read_only = True
+        self._local = threading.local()
+        self._xxh3_column = "xxh3_128"
+        row = self._conn().execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+        if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
+            raise RuntimeError(f"metadata schema {row} cannot be read by a worker")
+        if int(row[0]) < 2:
+            self._xxh3_column = "NULL"
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            uri = f"file:{self._path}?mode=ro"
+            conn = sqlite3.connect(uri, isolation_level=None, check_same_thread=True, uri=True)
+            conn.execute("PRAGMA busy_timeout=5000")
+            conn.execute("PRAGMA query_only=1")
+            self._local.conn = conn
+        return conn
+
+    def set_stat_sig(self, artifact_id: str, sig: str) -> None:
+        return None
+
+    def set_xxh3_128(self, manifest: Manifest, xxh3_128: str) -> None:
+        return None
+
+    def touch(self, touches: Mapping[str, int]) -> None:
+        return None
+
+
+class ForwardMisses(NoHooks):
+    """Storage hooks of a worker: a local miss is the primary's to answer (read-through)."""
+
+    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool:
+        raise ForwardToPrimary(f"miss on {artifact_id}")
+
+
+class WorkerReads(CacheService):
+    """``CacheService`` that only reads (module docstring). Construct like ``CacheService``
+    (``hot_cache_bytes`` is forced to 0), then ``attach()`` instead of ``start()``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs["hot_cache_bytes"] = 0
+        kwargs["hooks"] = ForwardMisses()
+        super().__init__(**kwargs)
+        self.suspects: list[str] = []  # ids whose bytes failed a check here, for the primary
+
+    def attach(self) -> None:
+        """Open the shared index (the primary created it; it holds the data-dir lock)."""
+        self._index = SharedReadIndex(self.files.data_dir / INDEX_NAME)
+
+    def take_accesses(self) -> dict[str, int]:
+        """The hits since the last call, artifact id -> unix ms (for the primary's LRU)."""
+        touches, self._touches = self._touches, {}
+        return touches
+
+    def take_suspects(self) -> list[str]:
+        found, self.suspects = self.suspects, []
+        return found
+
+    async def flush_touches(self) -> None:
+        return None  # the primary records them (take_accesses)
+
+    async def exists(self, ref: ArtifactRef) -> bool:
+        if not await super().exists(ref):
+            raise ForwardToPrimary("not stored here")
+        self._touches[self.artifact_id(ref)] = self.clock.now_ms()
+        return True
+
+    async def read_manifest(self, aid: str) -> Manifest | None:
+        found = await super().read_manifest(aid)
+        if found is None:
+            raise ForwardToPrimary("not stored here")
+        return found
+
+    async def missing(self, refs: Sequence[ArtifactRef]) -> list[ArtifactRef]:
+        return await super().missing(refs)  # an absent one raises through ForwardMisses
+
+    async def intact(self, ref: ArtifactRef) -> bool:
+        raise ForwardToPrimary("write path")
+
+    def _check_writable(self) -> None:
+        raise ForwardToPrimary("write path")
+
+    def _confirm_corrupt_sync(self, manifest: Manifest, detected_by: str) -> bool:
+        """Never drop an entry here: read it as a miss (forwarded). If its row is still the one
+        read, the bytes really fail their check (the primary unlinks a file only after its row
+        changed), so the id goes to the primary to verify; a changed row was a race."""
+        current = self._require_index().get(manifest.artifact_id)
+        if current is not None and current[0] == manifest:
+            self.suspects.append(manifest.artifact_id)
+        return True

@@ -1,0 +1,158 @@
+"""A worker hands a request to the primary: same method, path, query, headers and body, over a
+unix socket, and relays the answer (status, headers, body) unchanged, streaming both ways.
+
+Nothing is sent to the client before the primary answers, so the status and message the client
+gets are the primary's (auth included: the primary checks the client's own ``Authorization``).
+Hop-by-hop headers are not relayed (RFC 9110 §7.6.1). A body is forwarded with
+``Expect: 100-continue``: it is read from the client and sent only once the primary asks for it,
+so an upload the primary refuses early (413, 401) is refused before its body is read, as
+without workers, and the connection is then closed, its body unread (RFC 9110 §10.1.1). A
+client that sent ``Expect`` itself is given the ``100 Continue`` only when the primary gives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+log = logging.getLogger(__name__)
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+CHUNK_BYTES = 256 * 1024
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+PRIMARY_DEATH_WAIT_SECONDS = 1.0
+
+
+def _exited(pid: int) -> bool:
+    """A process gone, or a zombie (state Z or X in /proc/PID/stat, proc(5))."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat.rpartition(b")")[2].split()[0] in (b"Z", b"X")
+
+
+class Forwarder:
+    """Relays requests to the primary's unix socket ``path``. ``start()`` before use."""
+
+    def __init__(self, path: str, primary_pid: int) -> None:
+        self.path = path
+        self.primary_pid = primary_pid
+        self.forwarded_total = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=self.path, limit=0),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _primary_died(self) -> bool:
+        """Whether the primary is dead or dying. Its sockets close before the kernel reparents
+        this process (exit(2): files are closed, then the parent is told), so a refused
+        connection is followed by a short wait for the sign that settles it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PRIMARY_DEATH_WAIT_SECONDS
+        while True:
+            if os.getppid() != self.primary_pid or _exited(self.primary_pid):
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        self.forwarded_total += 1
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        expects = request.headers.get("Expect", "").lower() == "100-continue"
+        body = _body(request, expects) if request.body_exists else None
+        if body is None:
+            headers = [(k, v) for k, v in headers if k.lower() != "expect"]
+        try:
+            upstream = await self._session.request(
+                request.method,
+                URL("http://primary" + request.raw_path, encoded=True),  # the client's bytes
+                headers=headers,
+                data=body,
+                allow_redirects=False,
+                # Always: the primary may answer before the body (413, 401), and a request
+                # still sending its body would not see that answer.
+                expect100=body is not None,
+                compress=None,
+                chunked=True
+                if body is not None and "Content-Length" not in request.headers
+                else None,
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            if await self._primary_died():
+                # The primary died: answer as the node would have, by dropping the connection
+                # (a 503 from a node that just died would be a lie about what it stored).
+                if request.transport is not None:
+                    request.transport.abort()
+                return web.Response(status=499)
+            log.warning(
+                "could not forward %s %s to the primary: %s", request.method, request.path, exc
+            )
+            return web.Response(
+                status=503,
+                text="the node's primary process is unavailable; retry\n",
+                headers={"Retry-After": "1"},
+            )
+        try:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in HOP_BY_HOP:
+                    response.headers.add(k, v)
+            if request.body_exists and not request.content.is_eof():
+                response.force_close()  # the primary answered before the whole body came
+            if upstream.headers.get("Connection", "").lower() == "close":
+                response.force_close()
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_chunked(CHUNK_BYTES):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+        except (aiohttp.ClientError, OSError) as exc:
+            # Bytes may be on their way: the only honest end is to cut the connection.
+            log.info(
+                "relaying %s %s from the primary failed: %s", request.method, request.path, exc
+            )
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=499)
+        finally:
+            upstream.release()
+
+
+async def _body(request: web.Request, expects: bool) -> AsyncIterator[bytes]:
+    """The client's body; with ``Expect: 100-continue`` the client is told to send it only
+    now, when the primary asked for it."""
+    if expects and request.writer is not None:
+        await request.writer.write(CONTINUE)
+    async for chunk in request.content.iter_chunked(CHUNK_BYTES):
+        yield chunk

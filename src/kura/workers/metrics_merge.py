@@ -1,0 +1,97 @@
+"""``/metrics`` of a node with workers reports the node as one: at scrape time the primary
+reads each worker's exposition over its control socket and adds the request-path families to
+its own, sample by sample (equal name and labels are summed; counters, histograms and the
+in-flight gauge are all sums over processes). ``_created`` samples keep the primary's value.
+A worker that does not answer within ``SCRAPE_TIMEOUT_SECONDS`` is left out of that scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Sequence
+
+import aiohttp
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+log = logging.getLogger(__name__)
+
+SCRAPE_TIMEOUT_SECONDS = 2.0
+# The families a worker's requests add to (kura.api.metrics, kura.api.auth_metrics).
+MERGED = frozenset(
+    {
+        "kura_http_requests",
+        "kura_http_request_duration_seconds",
+        "kura_http_inflight_requests",
+        "kura_cache_lookups",
+        "kura_http_received_bytes",
+        "kura_http_sent_bytes",
+        "kura_http_aborted_uploads",
+        "kura_auth_refusals",
+    }
+)
+
+
+async def _scrape(path: str) -> str | None:
+    try:
+        connector = aiohttp.UnixConnector(path=path)
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.get(
+                "http://worker/metrics",
+                timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS),
+            ) as r,
+        ):
+            return await r.text()
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        log.warning("could not read a worker's metrics (%s): %s", path, exc)
+        return None
+
+
+def merge(own: str, others: Sequence[str]) -> bytes:
+    """``own`` exposition with the ``MERGED`` families of ``others`` added (module docstring)."""
+    families = list(text_string_to_metric_families(own))
+    by_name = {f.name: f for f in families}
+    for text in others:
+        for family in text_string_to_metric_families(text):
+            if family.name not in MERGED:
+                continue
+            target = by_name.get(family.name)
+            if target is None:
+                target = by_name[family.name] = family
+                families.append(family)
+                continue
+            index = {
+                (s.name, tuple(sorted(s.labels.items()))): i for i, s in enumerate(target.samples)
+            }
+            for s in family.samples:
+                if s.name.endswith("_created"):
+                    continue
+                key = (s.name, tuple(sorted(s.labels.items())))
+                i = index.get(key)
+                if i is None:
+                    index[key] = len(target.samples)
+                    target.samples.append(s)
+                else:
+                    old = target.samples[i]
+                    target.samples[i] = Sample(old.name, old.labels, old.value + s.value)
+    registry = CollectorRegistry(auto_describe=False)
+
+    class _Fixed:
+        def collect(self) -> Iterator[Metric]:
+            yield from families
+
+    registry.register(_Fixed())
+    return generate_latest(registry)
+
+
+async def merge_workers(own: bytes, sockets: Sequence[str]) -> bytes:
+    """``own`` with the live workers' request families added (``merge``)."""
+    texts = await asyncio.gather(*(_scrape(p) for p in sockets))
+    found = [t for t in texts if t is not None]
+    if not found:
+        return own
+    return merge(own.decode(), found)

@@ -1,0 +1,235 @@
+"""The primary's side of ``kura.workers``: start the workers, restart one that dies, stop them
+first on SIGTERM, take their hits into the LRU, and answer what they forward.
+
+Sockets (unix, in the data dir; in a private temporary directory when that path is too long
+for ``sun_path``, unix(7)): ``.kura.primary.sock`` serves the public app for forwarded
+requests, ``.kura.control.sock`` takes the workers' hits (``POST /hits``: accesses for the
+LRU, and ids whose bytes failed a check in a worker, which the primary verifies and
+quarantines if they really are damaged), ``.kura.worker-N.sock`` is worker N's ``/metrics``.
+
+A worker that exits while the node runs is logged at ERROR, counted in
+``kura_worker_restarts_total`` and started again after a jittered backoff (``kit.backoff``)
+that resets once a worker has run for ``STABLE_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from kit.backoff import Backoff
+from kura.api.metrics import KuraMetrics
+from kura.settings import Settings
+from kura.storage.service import CacheService
+from kura.workers.metrics_merge import merge_workers
+from kura.workers.worker import READY, WorkerPlan
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_SECONDS = 30.0
+STABLE_SECONDS = 60.0
+MAX_SUN_PATH = 107  # sun_path is 108 bytes on Linux, NUL included (unix(7))
+
+
+class Workers:
+    """``settings.workers - 1`` worker processes of one node (module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        service: CacheService,
+        metrics: KuraMetrics,
+        public_app: Callable[[], web.Application],
+    ) -> None:
+        self.settings = settings
+        self.service = service
+        self.metrics = metrics
+        self._public_app = public_app
+        self.count = settings.workers - 1
+        self.restarts_total = 0
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.ready: set[int] = set()  # numbers of the workers that reported READY
+        self._slots: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._runners: list[web.AppRunner] = []
+        self._verifying: set[asyncio.Task[bool]] = set()
+        directory = Path(settings.data_dir).resolve()
+        if len(str(directory)) > MAX_SUN_PATH - 20:
+            directory = Path(tempfile.mkdtemp(prefix="kura-"))
+        self.socket_dir = directory
+        self.primary_socket = str(directory / ".kura.primary.sock")
+        self.control_socket = str(directory / ".kura.control.sock")
+        metrics.watch_value("gauge", "kura_workers", "Worker processes running.", lambda: self.live)
+        metrics.watch_value(
+            "counter",
+            "kura_worker_restarts",
+            "Worker processes started again after they exited unexpectedly.",
+            lambda: self.restarts_total,
+        )
+        metrics.merge = self._merged
+
+    @property
+    def live(self) -> int:
+        """Workers listening now."""
+        return sum(1 for n, p in self.procs.items() if p.returncode is None and n in self.ready)
+
+    def own_socket(self, number: int) -> str:
+        return str(self.socket_dir / f".kura.worker-{number}.sock")
+
+    async def start(self, port: int) -> web.AppRunner:
+        """Listen on the two primary sockets and start the workers in the background: the
+        primary serves the whole port alone until each worker listens (``kura_workers``
+        counts those that do), so a slow or failing worker never delays or fails the node's
+        start. Returns the runner of the forwarded-request listener (the node drains it with
+        its own)."""
+        forwarded = web.AppRunner(
+            self._public_app(),
+            handle_signals=False,
+            access_log=logging.getLogger("kura.access") if self.settings.access_log else None,
+            shutdown_timeout=float(self.settings.shutdown_timeout_seconds),
+        )
+        control = web.Application()
+        control.router.add_post("/hits", self._hits)
+        own = web.AppRunner(control, handle_signals=False, access_log=None)
+        for runner, path in ((forwarded, self.primary_socket), (own, self.control_socket)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            await runner.setup()
+            await web.UnixSite(runner, path).start()
+        self._runners.append(own)
+        self.port = port
+        self._slots = [
+            asyncio.create_task(self._watch(n), name=f"kura-worker-{n}")
+            for n in range(1, self.count + 1)
+        ]
+        return forwarded
+
+    async def _spawn(self, number: int) -> None:
+        """Start worker ``number`` and wait until it listens; RuntimeError if it does not
+        within ``START_TIMEOUT_SECONDS`` (it is killed)."""
+        self.ready.discard(number)
+        began = asyncio.get_running_loop().time()
+        plan = WorkerPlan(
+            self.settings,
+            number,
+            self.port,
+            self.primary_socket,
+            self.control_socket,
+            self.own_socket(number),
+        )
+        env = dict(os.environ, KURA_WORKER_PARENT_PID=str(os.getpid()))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "kura.workers.worker",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        self.procs[number] = proc
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        proc.stdin.write(pickle.dumps(plan))
+        proc.stdin.close()
+        try:
+            async with asyncio.timeout(START_TIMEOUT_SECONDS):
+                line = await proc.stdout.readline()
+        except TimeoutError:
+            line = b""
+        if line.decode().strip() != READY:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise RuntimeError(f"worker {number} did not start (exit {proc.returncode})")
+        self.ready.add(number)
+        took = asyncio.get_running_loop().time() - began
+        log.info("worker %d (pid %d) listening after %.1f s", number, proc.pid, took)
+
+    async def _watch(self, number: int) -> None:
+        """Keep worker ``number`` running: start it, and start it again after a backoff
+        whenever it exits or fails to start (ERROR log; ``kura_worker_restarts_total``)."""
+        backoff = Backoff(0.2, 30.0, jitter=0.5)
+        loop = asyncio.get_running_loop()
+        first = True
+        while not self._stopping:
+            if not first:
+                await asyncio.sleep(backoff.failed())
+            first = False
+            try:
+                await self._spawn(number)
+            except (RuntimeError, OSError) as exc:
+                if self._stopping:
+                    return
+                self.restarts_total += 1
+                log.error("could not start worker %d: %s; trying again", number, exc)
+                continue
+            started = loop.time()
+            rc = await self.procs[number].wait()
+            self.ready.discard(number)
+            if self._stopping:
+                return
+            self.restarts_total += 1
+            log.error(
+                "worker %d (pid %d) exited with %s; starting it again",
+                number,
+                self.procs[number].pid,
+                rc,
+            )
+            if loop.time() - started >= STABLE_SECONDS:
+                backoff.reset()
+
+    async def stop(self) -> None:
+        """SIGTERM every worker and wait for it to drain (the primary still serves what they
+        forward), within the shutdown timeout plus a margin; then SIGKILL what is left."""
+        self._stopping = True
+        for task in self._slots:
+            task.cancel()
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        waits = [asyncio.create_task(p.wait()) for p in self.procs.values()]
+        if waits:
+            _done, late = await asyncio.wait(
+                waits, timeout=self.settings.shutdown_timeout_seconds + 5
+            )
+            for proc in self.procs.values():
+                if proc.returncode is None:
+                    log.error("worker pid %d did not stop; killing it", proc.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            if late:
+                await asyncio.wait(late, timeout=5)
+        for runner in self._runners:
+            await runner.cleanup()
+        for number in range(1, self.count + 1):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.own_socket(number))
+        for path in (self.control_socket, self.primary_socket):  # no worker is left to use them
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    async def _hits(self, request: web.Request) -> web.Response:
+        doc = json.loads(await request.read())
+        accesses = doc.get("accesses") or {}
+        self.service.note_access({str(k): int(v) for k, v in accesses.items()})
+        for aid in doc.get("suspects") or []:
+            task = asyncio.create_task(self.service.verify_stored(str(aid), detected_by="read"))
+            self._verifying.add(task)
+            task.add_done_callback(self._verifying.discard)
+        return web.Response(status=204)
+
+    async def _merged(self, own: bytes) -> bytes:
+        live = [n for n, p in self.procs.items() if p.returncode is None]
+        return await merge_workers(own, [self.own_socket(n) for n in live])

@@ -1,0 +1,271 @@
+"""A worker process: serves GET and HEAD hits of the public artifact routes on the shared
+public port and forwards everything else to the primary (``kura.workers``).
+
+Started by the primary as ``python -m kura.workers.worker`` with a ``WorkerPlan`` pickled on
+stdin; prints ``READY`` on stdout once it listens. It exits when the primary dies (Linux
+``PR_SET_PDEATHSIG``, prctl(2), plus a check that its parent is still the one that started
+it) and drains on SIGTERM: stops accepting, lets running requests finish within
+``KURA_SHUTDOWN_TIMEOUT_SECONDS``, sends its last hits to the primary, exits 0.
+
+Routes: the GET/HEAD routes of the artifact protocols, with their own handlers, auth and
+checks, over ``WorkerReads``; a catch-all forwards the rest (other methods, probes, /metrics,
+/status, the status page). A handler that raises ``ForwardToPrimary`` (a miss, a write path)
+is forwarded too; it has sent nothing yet. The worker's own ``/metrics`` is served only on its
+control socket, for the primary to merge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+from aiohttp import web
+
+from kit import event_loop
+from kit import log as kit_log
+from kit.clock import SystemClock
+from kura.api import (
+    bazel_http,
+    connections,
+    gradle,
+    http_cache,
+    keyvalue,
+    metro,
+    module,
+    nx,
+    scope,
+    turbo,
+    webdav,
+    xcode,
+)
+from kura.api.auth import token_auth_from
+from kura.api.auth_metrics import watch_auth
+from kura.api.http import CTX_KEY, ApiContext
+from kura.api.metrics import KuraMetrics
+from kura.api.public_tls import PublicTls
+from kura.core.errors import ForwardToPrimary
+from kura.settings import Settings
+from kura.storage.budget import TmpBudget
+from kura.storage.multipart import MultipartUploads
+from kura.storage.worker_reads import WorkerReads
+from kura.workers.forward import Forwarder
+
+log = logging.getLogger(__name__)
+
+READY = "READY"
+FLUSH_SECONDS = 1.0  # how often hits go to the primary's LRU
+FLUSH_MAX_IDS = 4096  # ... or sooner, at this many ids
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What the primary tells a worker: settings, the bound public port, its sockets."""
+
+    settings: Settings
+    number: int
+    port: int
+    primary_socket: str  # forwarded requests
+    control_socket: str  # the primary's: hits (LRU) and suspect entries
+    own_socket: str  # this worker's /metrics, for the primary to merge
+
+
+class _NoUploads:
+    """Multipart uploads are the primary's: any use forwards the request."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise ForwardToPrimary("multipart uploads")
+
+
+def _die_with_parent(parent: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def build_worker_app(context: ApiContext, forward: Forwarder) -> web.Application:
+    """The worker's public app: read routes of the artifact protocols, the rest forwarded."""
+
+    @web.middleware
+    async def forward_the_rest(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method not in _READ_METHODS or request.match_info.http_exception is not None:
+            return await forward(request)
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        except ForwardToPrimary:
+            return await forward(request)
+
+    async def no_continue(_request: web.Request) -> None:
+        return None  # the forwarder sends 100 Continue when the primary does
+
+    app = web.Application(client_max_size=1024 * 1024, middlewares=[forward_the_rest])
+    from kura.app import _no_active_content  # the primary's own header rule
+
+    app.on_response_prepare.append(_no_active_content)
+    app[CTX_KEY] = context
+    s = context.settings
+    route_lists = [nx.routes(), metro.routes(), turbo.routes(), xcode.routes()]
+    route_lists += [keyvalue.routes(), gradle.routes(), module.routes()]
+    for base in ("", scope.NAMESPACED_PREFIX):
+        cache, dav = base + s.http_cache_prefix, base + s.webdav_prefix
+        route_lists += [bazel_http.routes(cache), http_cache.routes(cache), webdav.routes(dav)]
+    for routes in route_lists:
+        app.add_routes([r for r in routes if isinstance(r, web.RouteDef) and r.method == "GET"])
+        app.add_routes([r for r in routes if isinstance(r, web.RouteDef) and r.method == "HEAD"])
+    app.router.add_route("*", "/{tail:.*}", forward, expect_handler=no_continue)
+    return app
+
+
+class Worker:
+    def __init__(self, plan: WorkerPlan, primary_pid: int) -> None:
+        s = self.settings = plan.settings
+        self.plan = plan
+        clock = SystemClock()
+        self.service = WorkerReads(
+            data_dir=Path(s.data_dir),
+            tmp_dir=Path(s.tmp_dir),
+            tenant_id=s.tenant_id,
+            budget=TmpBudget(s.tmp_dir_max_bytes, tmp_dir=Path(s.tmp_dir)),
+            clock=clock,
+            max_disk_bytes=s.max_disk_bytes,
+            min_free_disk_bytes=s.min_free_disk_bytes,
+            verify_reads=s.verify_reads,
+            max_inline_bytes=s.max_keyvalue_bytes,
+            inline_max_bytes=s.inline_max_bytes,
+        )
+        self.metrics = KuraMetrics(s.region, s.tenant_id)
+        self.auth = token_auth_from(s)
+        cert, key = s.public_tls_cert_path, s.public_tls_key_path
+        self.public_tls = PublicTls(cert, key) if cert and key else None
+        watch_auth(self.metrics, self.auth, self.public_tls)
+        self.forward = Forwarder(plan.primary_socket, primary_pid)
+        self.context = ApiContext(
+            settings=s,
+            service=self.service,
+            uploads=cast(MultipartUploads, _NoUploads()),
+            auth=self.auth,
+            metrics=self.metrics,
+        )
+        self.connections = connections.ConnectionGuard(s.max_connections)
+        self._runners: list[web.AppRunner] = []
+
+    async def run(self) -> None:
+        self.connections.apply_descriptor_limit()
+        self.service.attach()
+        await self.forward.start()
+        if self.auth.jwt is not None:
+            await self.auth.jwt.start()
+        public = connections.GuardedAppRunner(
+            build_worker_app(self.context, self.forward),
+            self.connections,
+            keepalive_timeout=float(self.settings.header_read_timeout_seconds),
+            access_log=logging.getLogger("kura.access") if self.settings.access_log else None,
+            shutdown_timeout=float(self.settings.shutdown_timeout_seconds),
+            handle_signals=False,
+        )
+        await public.setup()
+        self._runners.append(public)
+        host, port = self.settings.host, self.plan.port
+        for sock in connections.listening_sockets(self.connections, host, port, reuse_port=True):
+            tls = self.public_tls.context if self.public_tls else None
+            await web.SockSite(public, sock, backlog=1024, ssl_context=tls).start()
+        control = web.Application()
+        control.router.add_get("/metrics", self._metrics)
+        own = web.AppRunner(control, handle_signals=False, access_log=None)
+        await own.setup()
+        self._runners.append(own)
+        await web.UnixSite(own, self.plan.own_socket).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        background = [asyncio.create_task(self._flush_loop())]
+        if self.auth.jwt is not None:
+            background.append(asyncio.create_task(self.auth.jwt.run()))
+        if self.public_tls is not None:  # re-reads a renewed certificate, as the primary does
+            background.append(asyncio.create_task(self.public_tls.run()))
+        print(READY, flush=True)
+        log.info(
+            "kura worker %d listening on port %d (pid %d)", self.plan.number, port, os.getpid()
+        )
+        await stop.wait()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # stopping already: a second one (the
+            loop.remove_signal_handler(sig)  # primary's, on top of PDEATHSIG's) must not
+            signal.signal(sig, signal.SIG_IGN)  # hit a closing loop's wakeup fd
+        await self._drain()
+        for task in background:
+            task.cancel()
+        await asyncio.wait(background)
+        try:
+            await self._flush()  # the last hits
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:  # the primary died first
+            log.warning("could not send the last hits to the primary: %s", exc)
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        await self.forward.close()
+        await self.service.close()
+        log.info("kura worker %d stopped", self.plan.number)
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+
+    async def _drain(self) -> None:
+        """As ``Node._drain``: stop accepting, let running handlers finish within the timeout."""
+        for site in list(self._runners[0].sites):
+            await site.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_timeout_seconds
+        handlers = self.context.handlers
+        while handlers and (remaining := deadline - loop.time()) > 0:
+            await asyncio.wait(set(handlers), timeout=remaining)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            for _ in range(10):
+                await asyncio.sleep(FLUSH_SECONDS / 10)
+                if len(self.service._touches) >= FLUSH_MAX_IDS:
+                    break
+            try:
+                await self._flush()
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning("could not send hits to the primary: %s", exc)
+
+    async def _flush(self) -> None:
+        accesses, suspects = self.service.take_accesses(), self.service.take_suspects()
+        if not accesses and not suspects:
+            return
+        doc = json.dumps({"accesses": accesses, "suspects": suspects})
+        connector = aiohttp.UnixConnector(path=self.plan.control_socket)
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.post("http://primary/hits", data=doc, timeout=aiohttp.ClientTimeout(10)) as r,
+        ):
+            r.raise_for_status()
+
+
+def main() -> int:
+    plan: WorkerPlan = pickle.loads(sys.stdin.buffer.read())
+    parent = int(os.environ.get("KURA_WORKER_PARENT_PID", "0")) or os.getppid()
+    _die_with_parent(parent)
+    kit_log.configure(plan.settings.log_level)
+    event_loop.run(Worker(plan, parent).run(), plan.settings.event_loop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""``KURA_WORKERS=2``: a primary and one worker process share the public port (kura.workers).
+
+Real ``kura serve`` processes; every request goes over a fresh connection, so the kernel's
+``SO_REUSEPORT`` spreading decides which process answers. Per-process evidence comes from the
+worker's own ``/metrics`` on its control socket (``.kura.worker-1.sock`` in the data dir), set
+against the node's merged ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import NodeProcess
+from tests.e2e.mesh import wait_for
+
+RW, RO = "rw-secret-token", "ro-secret-token"
+FRESH = {"Connection": "close"}
+
+
+def fresh(node: NodeProcess, method: str, path: str, **kwargs: object) -> httpx.Response:
+    """One request on a connection of its own; a connection reset is retried (a killed
+    worker's accept queue is reset by the kernel; nothing was acknowledged on it)."""
+    headers = {**FRESH, **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+    for attempt in range(5):
+        try:
+            return httpx.request(method, node.url + path, headers=headers, timeout=30, **kwargs)  # type: ignore[arg-type]
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+            if attempt == 4:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
+def start_with_workers(
+    start_node: Callable[..., NodeProcess], name: str, workers: int = 2, **settings: object
+) -> NodeProcess:
+    """A node with ``workers`` processes, once every worker listens (they start in the
+    background; until then the primary serves the whole port)."""
+    node = start_node(name, workers=workers, **settings)
+    assert wait_for(lambda: node.metric("kura_workers") == workers - 1, 60)
+    return node
+
+
+def worker_metrics(node: NodeProcess, number: int = 1) -> dict[str, float]:
+    """The worker's own samples (not merged), from its control socket."""
+    sock = node.data_dir.resolve() / f".kura.worker-{number}.sock"
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=10) as c:
+        text = c.get("http://worker/metrics").text
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def worker_pids(node: NodeProcess) -> list[int]:
+    pid = node.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    pids = []
+    for child in map(int, children):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"kura.workers.worker" in cmdline:
+            pids.append(child)
+    return pids
+
+
+def body_for(i: int) -> bytes:
+    size = [10, 1000, 70_000, 300_000][i % 4]  # inline-sized, small file, large (sendfile)
+    return hashlib.sha256(str(i).encode()).digest() * (size // 32 + 1)
+
+
+HIT = 'kura_cache_lookups_total{protocol="http_cache",result="hit"}'
+
+
+def test_both_processes_serve_identical_bytes(start_node: Callable[..., NodeProcess]) -> None:
+    node = start_with_workers(start_node, "w", workers=2)
+    keys = 24
+    for i in range(keys):  # PUTs over fresh connections: whichever process accepted them
+        assert fresh(node, "PUT", f"/cache/k{i}", content=body_for(i)).status_code in (200, 201)
+    gets = 80
+
+    def get(n: int) -> bytes:
+        r = fresh(node, "GET", f"/cache/k{n % keys}")
+        assert r.status_code == 200, r.text
+        return r.content
+
+    with ThreadPoolExecutor(8) as pool:
+        bodies = list(pool.map(get, range(gets)))
+    wrong = [n for n, b in enumerate(bodies) if b != body_for(n % keys)]
+    assert wrong == []
+    served_by_worker = worker_metrics(node).get(HIT, 0.0)
+    merged = node.metric(HIT)
+    assert merged == gets  # the node counts every hit once, whoever served it
+    assert 0 < served_by_worker < gets, f"worker served {served_by_worker} of {gets}"
+    print(
+        f"worker served {served_by_worker:.0f} of {gets} hits; primary {gets - served_by_worker:.0f}"
+    )
+
+    misses = [fresh(node, "GET", "/cache/absent") for _ in range(30)]
+    assert {(r.status_code, r.text) for r in misses} == {(misses[0].status_code, misses[0].text)}
+    assert misses[0].status_code == 404
+    assert node.metric('kura_cache_lookups_total{protocol="http_cache",result="miss"}') == 30
+    assert node.metric("kura_workers") == 1
+
+
+def test_worker_refuses_a_bad_token_like_the_primary(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_with_workers(
+        start_node,
+        "a",
+        workers=2,
+        read_write_tokens=RW,
+        read_only_tokens=RO,
+        metrics_require_token="false",
+    )
+    bearer = {"Authorization": f"Bearer {RW}"}
+    assert fresh(node, "PUT", "/cache/x", content=b"secret", headers=bearer).status_code == 201
+    for headers, want in (
+        ({"Authorization": "Bearer wrong"}, 401),
+        ({}, 401),
+    ):
+        answers = {
+            (r.status_code, r.text)
+            for r in (fresh(node, "GET", "/cache/x", headers=headers) for _ in range(30))
+        }
+        assert len(answers) == 1, answers
+        assert answers.pop()[0] == want
+    ro = {"Authorization": f"Bearer {RO}"}
+    refused = {
+        (r.status_code, r.text)
+        for r in (fresh(node, "PUT", "/cache/x", content=b"n", headers=ro) for _ in range(10))
+    }
+    assert len(refused) == 1
+    assert refused.pop()[0] == 403
+    reads = [fresh(node, "GET", "/cache/x", headers=ro) for _ in range(30)]
+    assert all(r.status_code == 200 and r.content == b"secret" for r in reads)
+    worker = worker_metrics(node)
+    assert sum(v for k, v in worker.items() if k.startswith("kura_auth_refusals_total")) > 0
+    assert worker.get(HIT, 0) > 0
+
+
+def test_overwrite_and_clean_are_never_served_stale(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_with_workers(start_node, "o", workers=2)
+    stale = 0
+    for i in range(20):
+        body = body_for(i)
+        assert fresh(node, "PUT", "/cache/same", content=body).status_code in (200, 201)
+        got = fresh(node, "GET", "/cache/same")
+        stale += got.status_code != 200 or got.content != body
+        path = f"/ns/team/cache/c{i % 3}"
+        assert fresh(node, "PUT", path, content=body).status_code in (200, 201)
+        assert fresh(node, "GET", path).content == body
+        assert fresh(node, "DELETE", "/ns/team/cache").status_code in (200, 202, 204)
+        stale += fresh(node, "GET", path).status_code != 404
+    assert stale == 0
+    assert worker_metrics(node).get(HIT, 0) > 0  # the worker took part
+
+
+@pytest.mark.slow  # about 20 s alone, past 60 s on a loaded 2-core box
+def test_a_killed_worker_is_restarted_and_nothing_is_lost(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_with_workers(start_node, "k", workers=2)
+    acked: dict[str, bytes] = {}
+    read_failures: list[str] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            body = body_for(i)
+            try:
+                r = fresh(node, "PUT", f"/cache/w{i}", content=body)
+            except httpx.HTTPError:
+                i += 1
+                continue  # not acknowledged
+            if r.status_code in (200, 201):
+                acked[f"w{i}"] = body
+            i += 1
+
+    def read() -> None:
+        while not stop.is_set():
+            for key, body in list(acked.items())[-20:]:
+                try:
+                    r = fresh(node, "GET", "/cache/" + key)
+                except httpx.HTTPError as exc:
+                    read_failures.append(f"{key}: {exc!r}")
+                    continue
+                if r.status_code != 200 or r.content != body:
+                    read_failures.append(f"{key}: {r.status_code}")
+
+    threads = [threading.Thread(target=write), threading.Thread(target=read)]
+    for t in threads:
+        t.start()
+    try:
+        assert wait_for(lambda: len(acked) >= 20, 30)
+        (victim,) = worker_pids(node)
+        os.kill(victim, signal.SIGKILL)
+        assert wait_for(lambda: node.metric("kura_worker_restarts_total") == 1, 30)
+        assert wait_for(lambda: node.metric("kura_workers") == 1, 30)
+        (replacement,) = worker_pids(node)
+        assert replacement != victim
+        before = len(acked)
+        assert wait_for(lambda: len(acked) >= before + 10, 30)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    lost = [k for k, body in acked.items() if fresh(node, "GET", "/cache/" + k).content != body]
+    assert lost == []
+    assert read_failures == []
+    assert "worker 1 (pid" in node.log()
+    print(f"{len(acked)} acknowledged writes, 0 lost; reads failed: {len(read_failures)}")
+
+
+def test_sigterm_stops_the_workers_and_exits_0(start_node: Callable[..., NodeProcess]) -> None:
+    node = start_with_workers(start_node, "t", workers=3)
+    pids = worker_pids(node)
+    assert len(pids) == 2
+    assert node.metric("kura_workers") == 2
+    assert node.stop(signal.SIGTERM) == 0
+    assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 10)
+    assert node.log().count("kura listening public=") == 1
+    assert not list(node.data_dir.glob(".kura.*.sock"))
+
+
+def test_damaged_bytes_are_never_served_by_either_process(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_with_workers(start_node, "d", workers=2)
+    small, large = body_for(2), body_for(3)  # a small file (hashed on read), a large one
+    for key, body in (("small", small), ("large", large)):
+        assert fresh(node, "PUT", f"/cache/{key}", content=body).status_code in (200, 201)
+    assert len(node.blob_files()) == 2  # neither is inline (KURA_INLINE_MAX_BYTES)
+    for blob in node.blob_files():  # flip one byte in place: same size, other bytes
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        blob.write_bytes(bytes(data))
+    wrong, statuses = 0, set()
+    for _ in range(20):
+        for key, body in (("small", small), ("large", large)):
+            try:
+                r = fresh(node, "GET", f"/cache/{key}")
+            except httpx.HTTPError:
+                statuses.add("cut")  # a large body's transfer cut before its tail
+                continue
+            statuses.add(r.status_code)
+            wrong += r.status_code == 200 and r.content != body
+            wrong += r.status_code == 200 and r.content == body  # it was damaged: no 200 at all
+    assert wrong == 0
+    assert statuses <= {404, "cut"}
+    assert wait_for(lambda: node.metric_sum("kura_storage_corrupt_artifacts_total") >= 2, 10)
+
+
+def last_access_ms(node: NodeProcess) -> dict[str, int]:
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{node.data_dir / 'index.sqlite3'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT key, last_access_ms FROM artifacts").fetchall()
+        return {str(k): int(ms) for k, ms in rows}
+    finally:
+        conn.close()
+
+
+def test_a_hit_served_by_the_worker_reaches_the_primarys_lru(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_with_workers(start_node, "l", workers=2)
+    assert fresh(node, "PUT", "/cache/lru", content=body_for(2)).status_code in (200, 201)
+    by_worker = False
+    for _ in range(100):  # until one GET was the worker's alone
+        worker_before, all_before = worker_metrics(node).get(HIT, 0), node.metric(HIT)
+        asked_ms = int(time.time() * 1000)  # any earlier hit (the primary's) is stamped before
+        assert fresh(node, "GET", "/cache/lru").content == body_for(2)
+        worker_after, all_after = worker_metrics(node).get(HIT, 0), node.metric(HIT)
+        if worker_after - worker_before == 1 and all_after - all_before == 1:
+            by_worker = True
+            break
+    assert by_worker
+    # The worker sends its hits within ~1 s, the primary records them with its own (5 s).
+    assert wait_for(lambda: last_access_ms(node)["lru"] >= asked_ms, 20)
+
+
+def test_sigterm_lets_downloads_in_flight_on_every_process_finish(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_with_workers(start_node, "g", workers=2)
+    big = os.urandom(32 * 1024 * 1024)
+    assert fresh(node, "PUT", "/cache/big", content=big).status_code in (200, 201)
+    want = hashlib.sha256(big).hexdigest()
+    results: list[str] = []
+    started = threading.Semaphore(0)
+
+    def download() -> None:
+        h, first = hashlib.sha256(), True
+        try:
+            with httpx.stream("GET", node.url + "/cache/big", headers=FRESH, timeout=60) as r:
+                for chunk in r.iter_bytes(256 * 1024):
+                    h.update(chunk)
+                    if first:
+                        started.release()
+                        first = False
+                    time.sleep(0.05)  # a slow client: the download outlives the SIGTERM
+            results.append(h.hexdigest())
+        except httpx.HTTPError as exc:
+            results.append(repr(exc))
+            started.release()
+
+    threads: list[threading.Thread] = []
+    while len(threads) < 16 and (len(threads) < 4 or worker_metrics(node).get(HIT, 0) == 0):
+        threads.append(threading.Thread(target=download))
+        threads[-1].start()
+        assert started.acquire(timeout=30)
+    worker_served = worker_metrics(node).get(HIT, 0)
+    primary_served = node.metric(HIT) - worker_served
+    assert worker_served >= 1
+    assert results == []  # every download is still running
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.proc.wait(60) == 0
+    for t in threads:
+        t.join(60)
+    assert results == [want] * len(threads)
+    print(
+        f"{len(threads)} downloads ({worker_served:.0f} by the worker, {primary_served:.0f} by the primary) completed"
+    )
+
+
+def test_a_worker_exits_when_the_primary_is_killed(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_with_workers(start_node, "p", workers=2)
+    (worker,) = worker_pids(node)
+    node.proc.send_signal(signal.SIGKILL)
+    assert node.proc.wait(15) == -signal.SIGKILL
+
+    def gone() -> bool:
+        try:
+            stat = Path(f"/proc/{worker}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+    assert wait_for(gone, 40)  # PR_SET_PDEATHSIG: SIGTERM, then its drain

@@ -1,0 +1,42 @@
+"""``kura.workers.metrics_merge``: the node's /metrics adds the workers' request families."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kura.api.metrics import KuraMetrics
+from kura.workers.metrics_merge import merge
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text.decode())
+        for s in f.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def test_equal_labels_are_summed_and_new_ones_added() -> None:
+    primary, worker = KuraMetrics("r", "t"), KuraMetrics("r", "t")
+    for _ in range(3):
+        primary.count_lookup("nx", True)
+        primary.observe_request("nx", "GET", 200, 0.002)
+    for _ in range(5):
+        worker.count_lookup("nx", True)
+        worker.observe_request("nx", "GET", 200, 0.002)
+    worker.count_lookup("turbo", False)
+    worker.bytes_out_child("nx").inc(100)
+    merged = samples(merge(primary.exposition().decode(), [worker.exposition().decode()]))
+    hit = ("kura_cache_lookups_total", (("protocol", "nx"), ("result", "hit")))
+    assert merged[hit] == 8
+    assert merged[("kura_cache_lookups_total", (("protocol", "turbo"), ("result", "miss")))] == 1
+    assert (
+        merged[
+            ("kura_http_request_duration_seconds_count", (("method", "GET"), ("protocol", "nx")))
+        ]
+        == 8
+    )
+    assert merged[("kura_http_sent_bytes_total", (("protocol", "nx"),))] == 100
+    # A family the workers do not add to keeps the primary's value (kura_node_info is 1).
+    assert merged[("kura_node_info", (("region", "r"), ("tenant_id", "t")))] == 1
