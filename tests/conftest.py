@@ -57,12 +57,7 @@ class NodeProcess:
         text = httpx.get(
             self.url + "/metrics", timeout=10, verify=self.verify, headers=self.metrics_headers
         ).text
-        samples: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
+        return parse_samples(text)
 
     def metric(self, name: str) -> float:
         return self.metrics().get(name, 0.0)
@@ -217,6 +212,16 @@ def start_node(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
 
     yield start
     stop_nodes(nodes)
+
+
+def parse_samples(text: str) -> dict[str, float]:
+    """A Prometheus text exposition as ``{"name{labels}": value}`` (labels as printed)."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
 
 
 def stop_nodes(nodes: Sequence[NodeProcess]) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import NodeProcess
+from tests.conftest import NodeProcess, parse_samples
 from tests.e2e.mesh import wait_for
 
 RW, RO = "rw-secret-token", "ro-secret-token"
@@ -55,13 +55,7 @@ def worker_metrics(node: NodeProcess, number: int = 1) -> dict[str, float]:
     """The worker's own samples (not merged), from its control socket."""
     sock = node.data_dir.resolve() / f".kura.worker-{number}.sock"
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=10) as c:
-        text = c.get("http://worker/metrics").text
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
+        return parse_samples(c.get("http://worker/metrics").text)
 
 
 def worker_pids(node: NodeProcess) -> list[int]:
