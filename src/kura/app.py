@@ -130,7 +130,7 @@ class Node:
             max_disk_bytes=settings.max_disk_bytes,
             min_free_disk_bytes=settings.min_free_disk_bytes,
             outbox_max_depth=settings.outbox_max_depth,
-            hot_cache_bytes=settings.hot_cache_bytes,
+            hot_cache_bytes=settings.hot_cache_bytes // settings.workers,  # a share each
             verify_reads=settings.verify_reads,
             quarantine_max_bytes=settings.quarantine_max_bytes,
             on_quarantine=self._repair_quarantined,

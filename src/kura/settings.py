@@ -174,7 +174,8 @@ class Settings:
         "KURA_HOT_CACHE_BYTES",
         "--hot-cache-bytes",
         parse_bytes,
-        "memory for verified small artifacts served without touching disk (0 = off)",
+        "memory for verified small artifacts served without touching disk, the node's whole "
+        "budget: each of KURA_WORKERS processes keeps an equal share (0 = off)",
         default=64 * MiB,
     )
     min_free_disk_bytes: int = option(

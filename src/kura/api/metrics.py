@@ -39,6 +39,26 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 LATENCY_BUCKETS = tuple(0.001 * 2**i for i in range(16))
 
 
+class _HotCacheCollector(Collector):
+    """``kura_hot_cache_*`` of one process (a worker's are summed into the node's)."""
+
+    def __init__(self, hot: HotCache) -> None:
+        self._hot = hot
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily(
+            "kura_hot_cache_bytes",
+            "Bytes of verified small artifacts held in memory.",
+            self._hot.size_bytes,
+        )
+        hot = CounterMetricFamily(
+            "kura_hot_cache_lookups", "In-memory cache lookups by result.", labels=["result"]
+        )
+        hot.add_metric(["hit"], self._hot.hits)
+        hot.add_metric(["miss"], self._hot.misses)
+        yield hot
+
+
 class _StoreCollector(Collector):
     def __init__(
         self,
@@ -102,17 +122,7 @@ class _StoreCollector(Collector):
         reconciled.add_metric(["file"], start.reconciled.removed_files)
         reconciled.add_metric(["row"], start.reconciled.dropped_rows)
         yield reconciled
-        yield GaugeMetricFamily(
-            "kura_hot_cache_bytes",
-            "Bytes of verified small artifacts held in memory.",
-            self._hot.size_bytes,
-        )
-        hot = CounterMetricFamily(
-            "kura_hot_cache_lookups", "In-memory cache lookups by result.", labels=["result"]
-        )
-        hot.add_metric(["hit"], self._hot.hits)
-        hot.add_metric(["miss"], self._hot.misses)
-        yield hot
+        yield from _HotCacheCollector(self._hot).collect()
         yield GaugeMetricFamily(
             "kura_outbox_depth_messages",
             "Replication messages waiting, all peers.",
@@ -455,6 +465,10 @@ class KuraMetrics:
                 stats, budget, max_disk_bytes, tmp_dir_bytes, hot, start_report, free_bytes
             )
         )
+
+    def watch_hot_cache(self, hot: HotCache) -> None:
+        """A worker's hot cache alone (the primary's comes with ``watch_store``)."""
+        self.registry.register(_HotCacheCollector(hot))
 
     def watch_mesh(
         self,

@@ -9,6 +9,10 @@ Coherence: every change to an artifact (commit, eviction, clean, a dropped corru
 invalidates it *and* bumps a generation counter; a reader only inserts what it read if the
 generation did not move while it was reading, so a read racing a write can never re-insert the
 old bytes. Thread-safe (writers run on the storage writer thread, readers on the loop).
+
+Across the processes of one node (``kura.workers``) the counter is shared
+(``storage.hot_generation``): the primary's ``invalidate`` bumps it too, and a worker's cache,
+which never invalidates anything itself, empties whenever the shared value moved.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from collections import OrderedDict
 
 from kura.core.manifest import Manifest
+from kura.storage.hot_generation import SharedGeneration
 
 
 class HotCache:
@@ -29,13 +34,34 @@ class HotCache:
         self._entries: OrderedDict[str, tuple[Manifest, bytes]] = OrderedDict()
         self._lock = threading.Lock()
         self._generation = 0
+        self._shared: SharedGeneration | None = None
+        self._follows = False  # a worker's: the shared counter is the generation
+
+    def share(self, shared: SharedGeneration, *, follow: bool) -> None:
+        """Bump ``shared`` on every invalidation (the primary), or, with ``follow``, take it as
+        this cache's generation and empty the cache whenever it moves (a worker)."""
+        self._shared, self._follows = shared, follow
+        self._generation = shared.value if follow else self._generation
 
     @property
     def generation(self) -> int:
+        if self._follows:
+            with self._lock:
+                self._follow()
         return self._generation
+
+    def _follow(self) -> None:
+        assert self._shared is not None
+        current = self._shared.value
+        if current != self._generation:
+            self._generation = current
+            self._entries.clear()
+            self.size_bytes = 0
 
     def get(self, artifact_id: str) -> tuple[Manifest, bytes] | None:
         with self._lock:
+            if self._follows:
+                self._follow()
             entry = self._entries.get(artifact_id)
             if entry is None:
                 self.misses += 1
@@ -49,6 +75,8 @@ class HotCache:
         if self.max_bytes <= 0 or len(data) > self.max_entry_bytes:
             return
         with self._lock:
+            if self._follows:
+                self._follow()
             if generation != self._generation:
                 return  # something changed while the caller read: its bytes may be stale
             old = self._entries.pop(manifest.artifact_id, None)
@@ -60,9 +88,16 @@ class HotCache:
                 _aid, (_m, evicted) = self._entries.popitem(last=False)
                 self.size_bytes -= len(evicted)
 
-    def invalidate(self, artifact_ids: list[str] | tuple[str, ...] | set[str]) -> None:
+    def invalidate(
+        self, artifact_ids: list[str] | tuple[str, ...] | set[str], *, replaced: bool = True
+    ) -> None:
+        """After a commit changed ``artifact_ids``. ``replaced=False`` says none of them had a
+        row before it (a first write): no other process can hold their bytes, so the shared
+        counter stays, and workers keep their caches through a stream of new writes."""
         with self._lock:
             self._generation += 1
+            if self._shared is not None and replaced:
+                self._shared.bump()
             for aid in artifact_ids:
                 old = self._entries.pop(aid, None)
                 if old is not None:

@@ -212,7 +212,8 @@ class ReplicaApply(WritePath):
         floor = self.hooks.eviction_floor_ms()  # a bootstrap copy counts as used when it began
         stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
         index.upsert_many(rows, stamp_ms)
-        self.hot.invalidate([m.artifact_id for m, _d, _s, _x in rows])
+        ids = [m.artifact_id for m, _d, _s, _x in rows]
+        self.hot.invalidate(ids, replaced=any(old is not None for old in replaced))
         for (manifest, _d, _s, _x), old in zip(rows, replaced, strict=True):
             if old is not None and not old.inline:
                 self._writer.unlink_later(self.files.blob_path(old))

@@ -9,8 +9,10 @@ quarantines it; the id is queued in ``suspects`` for it), and every write. The c
 makes before it sends a byte are the primary's own (``storage.reads``: size on open, hash of
 small bodies, large ones hashed while sent).
 
-Coherence: no in-memory copy is kept (the hot cache is off); every request reads its row. The
-connection runs in autocommit, so each query sees every transaction committed before it, which
+Coherence: a row is read from SQLite on every request the worker's hot cache cannot answer. That
+cache follows the node's shared change counter (``storage.hot_generation``): the primary bumps
+it after every commit that replaces or drops an artifact, and the cache empties when it moved, so
+a hit is never older than the last change the primary finished. The connection runs in autocommit, so each query sees every transaction committed before it, which
 in WAL mode includes the primary's commits from another process
 (https://www.sqlite.org/wal.html#concurrency): a read that starts after a write's
 acknowledgement sees that write. A row whose file was unlinked between the query and the open
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from kura.core.errors import ForwardToPrimary
 from kura.core.manifest import Manifest
 from kura.storage.artifact import ArtifactRef
 from kura.storage.hooks import NoHooks
+from kura.storage.hot_generation import SharedGeneration
 from kura.storage.index import MetadataIndex
 from kura.storage.recovery import INDEX_NAME
 from kura.storage.schema import READABLE_SCHEMA_VERSIONS
@@ -79,18 +82,19 @@ class ForwardMisses(NoHooks):
 
 
 class WorkerReads(CacheService):
-    """``CacheService`` that only reads (module docstring). Construct like ``CacheService``
-    (``hot_cache_bytes`` is forced to 0), then ``attach()`` instead of ``start()``."""
+    """``CacheService`` that only reads (module docstring). Construct like ``CacheService``,
+    then ``attach()`` instead of ``start()``."""
 
     def __init__(self, **kwargs: Any) -> None:
-        kwargs["hot_cache_bytes"] = 0
         kwargs["hooks"] = ForwardMisses()
         super().__init__(**kwargs)
         self.suspects: list[str] = []  # ids whose bytes failed a check here, for the primary
 
     def attach(self) -> None:
-        """Open the shared index (the primary created it; it holds the data-dir lock)."""
+        """Open the shared index and change counter (the primary created both; it holds the
+        data-dir lock)."""
         self._index = SharedReadIndex(self.files.data_dir / INDEX_NAME)
+        self.hot.share(SharedGeneration.open(self.files.data_dir), follow=True)
 
     def take_accesses(self) -> dict[str, int]:
         """The hits since the last call, artifact id -> unix ms (for the primary's LRU)."""
@@ -115,9 +119,6 @@ class WorkerReads(CacheService):
         if found is None:
             raise ForwardToPrimary("not stored here")
         return found
-
-    async def missing(self, refs: Sequence[ArtifactRef]) -> list[ArtifactRef]:
-        return await super().missing(refs)  # an absent one raises through ForwardMisses
 
     async def intact(self, ref: ArtifactRef) -> bool:
         raise ForwardToPrimary("write path")

@@ -274,7 +274,7 @@ class WritePath(Eviction):
         if old is not None and old != new:
             self._writer.unlink_later(old)  # once durable; a reader with it open keeps its bytes
         # After the row and the file changed: a read that began earlier cannot re-insert old bytes.
-        self.hot.invalidate([manifest.artifact_id])
+        self.hot.invalidate([manifest.artifact_id], replaced=existing is not None)
         self.queues.enqueued(outbox_peers)
         self.stats.used_bytes += manifest.size - old_size
         if existing is None:

@@ -1,7 +1,7 @@
 """``/metrics`` of a node with workers reports the node as one: at scrape time the primary
 reads each worker's exposition over its control socket and adds the request-path families to
 its own, sample by sample (equal name and labels are summed; counters, histograms and the
-in-flight gauge are all sums over processes). ``_created`` samples keep the primary's value.
+in-flight and hot-cache gauges are all sums over processes). ``_created`` samples keep the primary's value.
 A worker that does not answer within ``SCRAPE_TIMEOUT_SECONDS`` is left out of that scrape.
 """
 
@@ -31,6 +31,8 @@ MERGED = frozenset(
         "kura_http_sent_bytes",
         "kura_http_aborted_uploads",
         "kura_auth_refusals",
+        "kura_hot_cache_bytes",
+        "kura_hot_cache_lookups",
     }
 )
 

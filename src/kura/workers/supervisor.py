@@ -31,6 +31,7 @@ from aiohttp import web
 from kit.backoff import Backoff
 from kura.api.metrics import KuraMetrics
 from kura.settings import Settings
+from kura.storage.hot_generation import SharedGeneration
 from kura.storage.service import CacheService
 from kura.workers.metrics_merge import merge_workers
 from kura.workers.worker import READY, WorkerPlan
@@ -108,6 +109,8 @@ class Workers:
             await runner.setup()
             await web.UnixSite(runner, path).start()
         self._runners.append(own)
+        # Before any worker caches a byte: the primary's changes bump the shared counter.
+        self.service.hot.share(SharedGeneration.create(Path(self.settings.data_dir)), follow=False)
         self.port = port
         self._slots = [
             asyncio.create_task(self._watch(n), name=f"kura-worker-{n}")

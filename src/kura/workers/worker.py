@@ -145,10 +145,12 @@ class Worker:
             max_disk_bytes=s.max_disk_bytes,
             min_free_disk_bytes=s.min_free_disk_bytes,
             verify_reads=s.verify_reads,
+            hot_cache_bytes=s.hot_cache_bytes // s.workers,  # a share each, as the primary's
             max_inline_bytes=s.max_keyvalue_bytes,
             inline_max_bytes=s.inline_max_bytes,
         )
         self.metrics = KuraMetrics(s.region, s.tenant_id)
+        self.metrics.watch_hot_cache(self.service.hot)
         self.auth = token_auth_from(s)
         cert, key = s.public_tls_cert_path, s.public_tls_key_path
         self.public_tls = PublicTls(cert, key) if cert and key else None
