@@ -458,13 +458,13 @@ class KuraPeer(Peer):
 
 
 class KuraWorkersPeer(KuraPeer):
-    """``kura2``: the same kura with ``KURA_WORKERS=2`` (a primary and one worker process on
-    the public port, kura.workers), to compare against ``kura`` in the same run."""
+    """``kuraN`` (N = 2, 3, 4): the same kura with ``KURA_WORKERS=N`` (a primary and N - 1
+    worker processes on the public port, kura.workers), to compare against ``kura`` (one
+    process) in the same run."""
 
-    name = "kura2"
-
-    def __init__(self, workdir: str, **kwargs: Any) -> None:
-        env = {"KURA_WORKERS": "2", **(kwargs.pop("env", None) or {})}
+    def __init__(self, workdir: str, workers: int, **kwargs: Any) -> None:
+        self.name = f"kura{workers}"
+        env = {"KURA_WORKERS": str(workers), **(kwargs.pop("env", None) or {})}
         super().__init__(workdir, env=env, **kwargs)
 
     def ready(self) -> None:
@@ -987,13 +987,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                 cleanup=a.kura_cleanup,
                 rev=a.kura_rev,
             ),
-            "kura2": lambda: KuraWorkersPeer(
-                workdir,
-                cmd=shlex.split(a.kura_cmd) if a.kura_cmd else None,
-                env=_env_pairs(a.kura_env),
-                cleanup=a.kura_cleanup,
-                rev=a.kura_rev,
-            ),
+            **{
+                f"kura{n}": lambda n=n: KuraWorkersPeer(
+                    workdir,
+                    n,
+                    cmd=shlex.split(a.kura_cmd) if a.kura_cmd else None,
+                    env=_env_pairs(a.kura_env),
+                    cleanup=a.kura_cleanup,
+                    rev=a.kura_rev,
+                )
+                for n in (2, 3, 4)
+            },
             "product": lambda: ProductPeer(
                 workdir,
                 a.product_cmd,

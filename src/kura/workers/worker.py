@@ -164,6 +164,7 @@ class Worker:
             metrics=self.metrics,
         )
         self.connections = connections.ConnectionGuard(s.max_connections)
+        self.connections.watch(self.metrics)  # its own cap: KURA_MAX_CONNECTIONS is per process
         self._runners: list[web.AppRunner] = []
 
     async def run(self) -> None:
