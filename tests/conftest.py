@@ -26,6 +26,7 @@ import pytest
 
 from kura.demo.launch.node import KURA_LISTEN, kura_env, spawn_kura
 from kura.demo.launch.process import stop
+from kura.settings import parse_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = KURA_LISTEN
@@ -98,8 +99,10 @@ class NodeProcess:
 def node_env(tmp: Path, **settings: object) -> dict[str, str]:
     """The environment of a test node with its dirs under ``tmp`` (``kura.demo.launch.node``).
 
-    ``KURA_TEST_WORKERS=N`` in the test run's environment starts every node with
-    ``KURA_WORKERS=N`` unless the test sets ``workers`` itself (the suite run with workers)."""
+    Nodes run with kura's default ``KURA_WORKERS=auto`` (the usable CPUs: 2 processes on CI's
+    2-CPU machine). ``KURA_TEST_WORKERS=N`` in the test run's environment starts every node
+    with ``KURA_WORKERS=N`` instead (``1``: the suite with single-process nodes), unless the
+    test sets ``workers`` itself."""
     workers = os.environ.get("KURA_TEST_WORKERS")
     if workers and "workers" not in settings:
         settings = {**settings, "workers": workers}
@@ -137,7 +140,7 @@ def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ())
     started = spawn_kura(
         env, log_path, cwd=directory, prefix=prefix, timeout=START_TIMEOUT_SECONDS, log_mode="w"
     )
-    _wait_for_workers(Path(env["KURA_DATA_DIR"]), int(env.get("KURA_WORKERS", "1")))
+    _wait_for_workers(Path(env["KURA_DATA_DIR"]), parse_workers(env.get("KURA_WORKERS", "auto")))
     return NodeProcess(
         started.url,
         Path(env["KURA_DATA_DIR"]),

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import os
 from pathlib import Path
 
+from kit.cpus import available_cpus
 from kit.settings import (
     option,
     parse_bool,
@@ -114,10 +114,11 @@ def _object_store_url(text: str) -> str:
     return text.strip().rstrip("/")
 
 
-def _workers(text: str) -> int:
-    """``auto`` (the CPU count) or an integer of at least 1."""
+def parse_workers(text: str) -> int:
+    """``auto`` (the CPUs this process may use: affinity and cgroup quota, ``kit.cpus``) or an
+    integer of at least 1."""
     if text.strip().lower() == "auto":
-        return max(1, os.cpu_count() or 1)
+        return available_cpus()
     return parse_positive_int(text)
 
 
@@ -707,10 +708,11 @@ class Settings:
     workers: int = option(
         "KURA_WORKERS",
         "--workers",
-        _workers,
-        "processes serving the public port (auto = the CPU count); the extra ones serve GET and "
-        "HEAD hits and forward the rest to the one process that owns the data dir",
-        default=1,
+        parse_workers,
+        "processes serving the public port (auto = the CPUs this process may use); the extra "
+        "ones serve GET and HEAD hits and forward the rest to the one process that owns the "
+        "data dir",
+        default_factory=available_cpus,
     )
     event_loop: str = option(
         "KURA_EVENT_LOOP",

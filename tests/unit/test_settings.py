@@ -7,7 +7,6 @@ Configuration errors are collected and reported all at once, like Kura
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -172,7 +171,7 @@ def test_every_bad_value_is_reported_at_once() -> None:
 BAD_VALUE_BY_PARSER = {
     "_positive_duration": "0s",
     "_percent": "101",
-    "_workers": "0",
+    "parse_workers": "0",
     "_duration": "-5s",
     "_max_age": "3w",
     "parse_non_empty": "   ",
@@ -283,11 +282,13 @@ def test_peer_forget_after_refuses_what_is_not_a_duration_above_zero(text: str) 
 
 
 def test_workers_is_a_count_or_auto() -> None:
-    """KURA_WORKERS: an integer of at least 1, or ``auto`` for the CPU count."""
-    from kura.settings import _workers
+    """KURA_WORKERS: an integer of at least 1, or ``auto`` (the default) for the usable CPUs."""
+    from kit.cpus import available_cpus
+    from kura.settings import parse_workers
 
-    assert _workers("3") == 3
-    assert _workers("auto") == max(1, os.cpu_count() or 1)
+    assert parse_workers("3") == 3
+    assert parse_workers("auto") == available_cpus()
+    assert Settings.__dataclass_fields__["workers"].default_factory() == available_cpus()  # type: ignore[misc]
     for bad in ("0", "-1", "two"):
         with pytest.raises(ValueError, match=r"must be|integer|invalid"):
-            _workers(bad)
+            parse_workers(bad)
