@@ -54,6 +54,7 @@ import cachebench as cb
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TURBO_TOKEN = "benchtoken"
+INLINE_MAX_BYTES = 16 * 1024  # kura's KURA_INLINE_MAX_BYTES default (bench uses only the stdlib)
 # Where to look for turborepo-remote-cache's dist/cli.js when TURBO_CACHE_CLI is not set:
 # scripts/install-deps puts the pinned version (2.12.0) into .tools/npm. Nothing is installed
 # at run time.
@@ -169,7 +170,7 @@ class Peer:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
 
-    def check_layout(self, key: str) -> None:
+    def check_layout(self, key: str, size: int) -> None:
         """Fail early if cleanup would miss the files (the store layout guess is wrong)."""
         path = self.key_path(key)
         if path is not None and not os.path.isfile(path):
@@ -415,6 +416,11 @@ class KuraPeer(Peer):
             **(env or {}),
         }
         self.cleanup_mode = cleanup
+
+    def check_layout(self, key: str, size: int) -> None:
+        """A body of at most ``KURA_INLINE_MAX_BYTES`` lives in its index row: no file."""
+        if size > int(self.settings.get("KURA_INLINE_MAX_BYTES", INLINE_MAX_BYTES)):
+            super().check_layout(key, size)
 
     def key_path(self, key: str) -> str | None:
         if self.cleanup_mode != "files":
@@ -1043,7 +1049,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for p in peers:
                 log(f"[{p.name}] seeding {n} x {cb.fmt_size(size)}")
                 seeded[(p.name, size)] = cb.seed(p.target, cb.BlobSet(size, "seed"), n)
-                p.check_layout(seeded[(p.name, size)][0])
+                p.check_layout(seeded[(p.name, size)][0], size)
         subprocess.run(["sync"])  # flush the seeded data so writeback does not hit repeat 1
 
         for rep in range(a.repeat):
