@@ -413,6 +413,7 @@ class KuraPeer(Peer):
             "KURA_HTTP_CACHE_PREFIX": "/cache",
             "KURA_LOG_LEVEL": "WARNING",
             "KURA_ACCESS_LOG": "false",
+            "KURA_WORKERS": "1",  # kura: one process; kuraN sets N (the default is auto)
             **(env or {}),
         }
         self.cleanup_mode = cleanup
