@@ -234,5 +234,5 @@ class Workers:
         return web.Response(status=204)
 
     async def _merged(self, own: bytes) -> bytes:
-        live = [n for n, p in self.procs.items() if p.returncode is None]
+        live = [n for n, p in self.procs.items() if p.returncode is None and n in self.ready]
         return await merge_workers(own, [self.own_socket(n) for n in live])
