@@ -31,6 +31,7 @@ from kura.settings import parse_workers
 ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = KURA_LISTEN
 START_TIMEOUT_SECONDS = 30.0
+TEST_WORKERS = 2  # processes per test node (node_env)
 
 
 @dataclass
@@ -99,12 +100,11 @@ class NodeProcess:
 def node_env(tmp: Path, **settings: object) -> dict[str, str]:
     """The environment of a test node with its dirs under ``tmp`` (``kura.demo.launch.node``).
 
-    Nodes run with kura's default ``KURA_WORKERS=auto`` (the usable CPUs: 2 processes on CI's
-    2-CPU machine). ``KURA_TEST_WORKERS=N`` in the test run's environment starts every node
-    with ``KURA_WORKERS=N`` instead (``1``: the suite with single-process nodes), unless the
-    test sets ``workers`` itself."""
-    workers = os.environ.get("KURA_TEST_WORKERS")
-    if workers and "workers" not in settings:
+    Every node runs ``TEST_WORKERS`` (2) processes, whatever the machine's CPU count (kura's
+    own default is ``auto``), unless the test sets ``workers`` itself. ``KURA_TEST_WORKERS=N``
+    in the test run's environment starts them with N instead (``1``: single-process nodes)."""
+    workers = os.environ.get("KURA_TEST_WORKERS") or str(TEST_WORKERS)
+    if "workers" not in settings:
         settings = {**settings, "workers": workers}
     return kura_env(tmp / "data", tmp / "tmp", settings)
 
