@@ -355,7 +355,9 @@ class Node:
         self.log_ring = LogRing()
         self.workers: Workers | None = None  # KURA_WORKERS > 1 (kura.workers)
         if settings.workers > 1:
-            self.workers = Workers(settings, self.service, self.metrics, self.build_app)
+            self.workers = Workers(
+                settings, self.service, self.metrics, self.build_app, self.peer_pace.load
+            )
         self.draining = False
         self.public_url = ""
         self.event_loop = ""  # set by start()

@@ -8,7 +8,9 @@ a body over ``SAMPLE_MAX_BODY_BYTES`` (or a chunked one) gives no sample, for th
 its handler waits on the client's upload. Probes (``/up``,
 ``/ready``, ``/status``, ``/metrics``), the status page and anything without an ``endpoint``
 handler (404s, 405s) do not count; the internal listener has no such middleware, so peer traffic
-never does. Per request: two integer updates, one EWMA step and two bound methods, no lock.
+never does. A worker process has the same middleware over a ``LoadTally`` that it reports to
+the primary (``kura.mesh.load_report``); the gauges below are the node's, every process
+included. Per request: two integer updates, one EWMA step and two bound methods, no lock.
 
 The end of a body is seen by wrapping the response's ``prepare`` and ``write_eof``, which
 aiohttp calls for every response after the handler returns (``finish_response``): ``write_eof``
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -34,7 +36,7 @@ from aiohttp.typedefs import Middleware
 
 from kura.api.http import Handler, endpoint_spec
 from kura.api.metrics import KuraMetrics
-from kura.mesh.peer_pace import PeerPace, PublicLoad
+from kura.mesh.peer_pace import PeerPace
 
 # A request with a larger (or chunked) body gives no latency sample: its handler's time is
 # mostly the client's upload speed. It still counts as in flight.
@@ -43,16 +45,24 @@ SAMPLE_MAX_BODY_BYTES = 64 * 1024
 NOT_LOAD = frozenset({"probe"})
 
 
+class LoadSink(Protocol):
+    """What the middleware feeds: ``PublicLoad`` in the primary, ``LoadTally`` in a worker."""
+
+    def started(self) -> None: ...
+    def sample(self, latency_seconds: float) -> None: ...
+    def ended(self) -> None: ...
+
+
 class _Flight:
     """One public request in flight (counted on creation); ``end()`` is idempotent.
     ``end_when_sent`` puts its ``prepare`` and ``write_eof`` in front of the response's."""
 
     __slots__ = ("_load", "_open", "_prepare", "_write_eof")
 
-    def __init__(self, load: PublicLoad) -> None:
+    def __init__(self, load: LoadSink) -> None:
         self._load = load
         self._open = True
-        load.inflight += 1
+        load.started()
 
     def end(self) -> None:
         if self._open:
@@ -78,8 +88,9 @@ class _Flight:
             self.end()
 
 
-def middleware(load: PublicLoad) -> Middleware:
-    """The aiohttp middleware that feeds ``load`` (for the public app only)."""
+def middleware(load: LoadSink) -> Middleware:
+    """The aiohttp middleware that feeds ``load`` (for the public app only: the primary's, and
+    each worker's, inside its forwarding, so a request it forwards counts in the primary)."""
 
     @web.middleware
     async def public_load(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -114,8 +125,8 @@ def watch(metrics: KuraMetrics, pace: PeerPace) -> None:
         ),
         (
             "kura_public_requests_in_flight",
-            "Public requests (not probes) until their body is sent.",
-            lambda: float(load.inflight),
+            "Public requests (not probes) until their body is sent, on every process.",
+            lambda: float(load.inflight_total()),
         ),
         (
             "kura_replication_peer_slowdown_factor",

@@ -13,8 +13,13 @@ proportion. The rate never drops below ``FLOOR_BYTES_PER_SECOND`` (or the base, 
 bootstrap under constant public load still finishes: ``D`` bytes take at most
 ``D / FLOOR_BYTES_PER_SECOND`` seconds of pacing.
 
-Both classes are event-loop confined (no locks); every call is O(1). Time comes from a
-``kit.clock.Clock`` so tests run on virtual time.
+With worker processes (``kura.workers``) the public load counts every process: each worker
+sends its in-flight count and its latency samples to the primary (``kura.mesh.load_report``),
+and ``PublicLoad.merge`` adds them (in flight summed, samples fed into the one EWMA).
+
+Both classes are event-loop confined (no locks); every call is O(1), or O(workers) where the
+workers' reports are summed. Time comes from a ``kit.clock.Clock`` so tests run on virtual
+time.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import math
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 
 from kit.clock import Clock
+from kura.mesh.load_report import REMOTE_STALE_SECONDS, LoadReport
 
 MiB = 1024 * 1024
 # The lowest rate pacing may impose: 1 MiB/s keeps a 4 MiB artifact under 5 s and a 1 GiB
@@ -41,11 +47,13 @@ MIN_SLEEP_SECONDS = 0.001
 
 
 class PublicLoad:
-    """Public requests in flight and an EWMA of their latency (seconds).
+    """Public requests in flight and an EWMA of their latency (seconds), of the whole node.
 
-    ``started()`` when a public request begins, ``sample(seconds)`` once its response is ready
-    to go out (the latency), ``ended()`` once its body is sent (or it failed); ``factor()`` is
-    the slowdown of peer traffic (>= 1.0; always 1.0 when ``target_seconds`` is 0)."""
+    ``started()`` when a public request of this process begins, ``sample(seconds)`` once its
+    response is ready to go out (the latency), ``ended()`` once its body is sent (or it
+    failed); ``merge(source, report)`` adds a worker's (``kura.mesh.load_report``).
+    ``inflight`` is this process's count, ``inflight_total()`` the node's; ``factor()`` is the
+    slowdown of peer traffic (>= 1.0; always 1.0 when ``target_seconds`` is 0)."""
 
     def __init__(self, clock: Clock, target_seconds: float) -> None:
         self._clock = clock
@@ -53,17 +61,49 @@ class PublicLoad:
         self.inflight = 0
         self._ewma = 0.0
         self._sampled_at = clock.monotonic()
+        self._remote: dict[str, tuple[int, float]] = {}  # source -> (in flight, reported at)
 
     def started(self) -> None:
         self.inflight += 1
 
     def sample(self, latency_seconds: float) -> None:
+        self._step(latency_seconds, 1)
+
+    def _step(self, latency_seconds: float, count: int) -> None:
+        """``count`` samples of ``latency_seconds`` each, one after the other."""
         now = self._clock.monotonic()
         current = self._ewma
         if now - self._sampled_at > IDLE_GRACE_SECONDS:
             current = self._decayed(now)
-        self._ewma = current + EWMA_ALPHA * (latency_seconds - current)
+        if count == 1:
+            self._ewma = current + EWMA_ALPHA * (latency_seconds - current)
+        else:
+            keep = (1 - EWMA_ALPHA) ** count
+            self._ewma = latency_seconds + keep * (current - latency_seconds)
         self._sampled_at = now
+
+    def merge(self, source: str, report: LoadReport) -> None:
+        """Add a worker's report: its in flight replaces ``source``'s previous count (for at
+        most ``REMOTE_STALE_SECONDS``), its samples enter the EWMA, the older ones first as
+        one step of their mean."""
+        if report.older_count > 0:
+            self._step(report.older_sum / report.older_count, report.older_count)
+        for latency in report.recent:
+            self._step(latency, 1)
+        self._remote[source] = (report.inflight, self._clock.monotonic())
+
+    def forget(self, source: str) -> None:
+        """``source`` stopped (a worker exited): its requests no longer count."""
+        self._remote.pop(source, None)
+
+    def inflight_total(self) -> int:
+        """Public requests in flight on every process: this one's and the workers' reports
+        not older than ``REMOTE_STALE_SECONDS``."""
+        if not self._remote:
+            return self.inflight
+        now = self._clock.monotonic()
+        remote = sum(n for n, at in self._remote.values() if now - at <= REMOTE_STALE_SECONDS)
+        return self.inflight + remote
 
     def ended(self) -> None:
         self.inflight = max(0, self.inflight - 1)
@@ -86,7 +126,8 @@ class PublicLoad:
     def factor(self) -> float:
         if self.target_seconds <= 0:
             return 1.0
-        return max(float(self.inflight + 1), self.latency_ewma_seconds() / self.target_seconds)
+        inflight = self.inflight_total()
+        return max(float(inflight + 1), self.latency_ewma_seconds() / self.target_seconds)
 
 
 class PeerPace:

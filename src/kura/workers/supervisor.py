@@ -30,6 +30,8 @@ from aiohttp import web
 
 from kit.backoff import Backoff
 from kura.api.metrics import KuraMetrics
+from kura.mesh.load_report import LoadReport
+from kura.mesh.peer_pace import PublicLoad
 from kura.settings import Settings
 from kura.storage.hot_generation import SharedGeneration
 from kura.storage.service import CacheService
@@ -52,8 +54,10 @@ class Workers:
         service: CacheService,
         metrics: KuraMetrics,
         public_app: Callable[[], web.Application],
+        load: PublicLoad | None = None,
     ) -> None:
         self.settings = settings
+        self.load = load  # the node's public load: the workers' reports join it
         self.service = service
         self.metrics = metrics
         self._public_app = public_app
@@ -180,6 +184,8 @@ class Workers:
             started = loop.time()
             rc = await self.procs[number].wait()
             self.ready.discard(number)
+            if self.load is not None:
+                self.load.forget(f"worker-{number}")
             if self._stopping:
                 return
             self.restarts_total += 1
@@ -231,6 +237,13 @@ class Workers:
             task = asyncio.create_task(self.service.verify_stored(str(aid), detected_by="read"))
             self._verifying.add(task)
             task.add_done_callback(self._verifying.discard)
+        if self.load is not None and "load" in doc:
+            try:
+                report = LoadReport.from_json(doc["load"])
+            except ValueError as exc:
+                log.warning("worker %s sent a bad load report: %s", doc.get("worker"), exc)
+            else:
+                self.load.merge(f"worker-{doc.get('worker')}", report)
         return web.Response(status=204)
 
     async def _merged(self, own: bytes) -> bytes:

@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from kit import event_loop
 from kit import log as kit_log
@@ -44,6 +45,7 @@ from kura.api import (
     metro,
     module,
     nx,
+    public_load,
     scope,
     turbo,
     webdav,
@@ -55,6 +57,7 @@ from kura.api.http import CTX_KEY, ApiContext
 from kura.api.metrics import KuraMetrics
 from kura.api.public_tls import PublicTls
 from kura.core.errors import ForwardToPrimary
+from kura.mesh.load_report import LoadTally
 from kura.settings import Settings
 from kura.storage.budget import TmpBudget
 from kura.storage.multipart import MultipartUploads
@@ -97,8 +100,12 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def build_worker_app(context: ApiContext, forward: Forwarder) -> web.Application:
-    """The worker's public app: read routes of the artifact protocols, the rest forwarded."""
+def build_worker_app(
+    context: ApiContext, forward: Forwarder, load: LoadTally | None = None
+) -> web.Application:
+    """The worker's public app: read routes of the artifact protocols, the rest forwarded.
+    ``load`` counts the public requests it serves itself (``kura.api.public_load``), inside
+    the forwarding: a request it forwards counts in the primary instead."""
 
     @web.middleware
     async def forward_the_rest(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -113,7 +120,10 @@ def build_worker_app(context: ApiContext, forward: Forwarder) -> web.Application
     async def no_continue(_request: web.Request) -> None:
         return None  # the forwarder sends 100 Continue when the primary does
 
-    app = web.Application(client_max_size=1024 * 1024, middlewares=[forward_the_rest])
+    middlewares: list[Middleware] = [forward_the_rest]
+    if load is not None:
+        middlewares.append(public_load.middleware(load))
+    app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
     from kura.app import _no_active_content  # the primary's own header rule
 
     app.on_response_prepare.append(_no_active_content)
@@ -163,6 +173,7 @@ class Worker:
             auth=self.auth,
             metrics=self.metrics,
         )
+        self.load = LoadTally()  # for the primary's peer pace (kura.mesh.load_report)
         self.connections = connections.ConnectionGuard(s.max_connections)
         self.connections.watch(self.metrics)  # its own cap: KURA_MAX_CONNECTIONS is per process
         self._runners: list[web.AppRunner] = []
@@ -174,7 +185,7 @@ class Worker:
         if self.auth.jwt is not None:
             await self.auth.jwt.start()
         public = connections.GuardedAppRunner(
-            build_worker_app(self.context, self.forward),
+            build_worker_app(self.context, self.forward, self.load),
             self.connections,
             keepalive_timeout=float(self.settings.header_read_timeout_seconds),
             access_log=logging.getLogger("kura.access") if self.settings.access_log else None,
@@ -249,10 +260,19 @@ class Worker:
                 log.warning("could not send hits to the primary: %s", exc)
 
     async def _flush(self) -> None:
+        """Post the hits, suspect ids and public load (``kura.mesh.load_report``) gathered
+        since the last flush to the primary, if there are any."""
         accesses, suspects = self.service.take_accesses(), self.service.take_suspects()
-        if not accesses and not suspects:
+        if not accesses and not suspects and not self.load.pending():
             return
-        doc = json.dumps({"accesses": accesses, "suspects": suspects})
+        doc = json.dumps(
+            {
+                "worker": self.plan.number,
+                "accesses": accesses,
+                "suspects": suspects,
+                "load": self.load.take().to_json(),
+            }
+        )
         connector = aiohttp.UnixConnector(path=self.plan.control_socket)
         async with (
             aiohttp.ClientSession(connector=connector) as session,
