@@ -80,6 +80,7 @@ class WorkerPlan:
     primary_socket: str  # forwarded requests
     control_socket: str  # the primary's: hits (LRU) and suspect entries
     own_socket: str  # this worker's /metrics, for the primary to merge
+    index_immutable: bool = False  # the primary opened the index read-only (a full disk)
 
 
 class _NoUploads:
@@ -169,7 +170,7 @@ class Worker:
 
     async def run(self) -> None:
         self.connections.apply_descriptor_limit()
-        self.service.attach()
+        self.service.attach(immutable=self.plan.index_immutable)
         await self.forward.start()
         if self.auth.jwt is not None:
             await self.auth.jwt.start()
