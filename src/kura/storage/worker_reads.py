@@ -102,6 +102,11 @@ class WorkerReads(CacheService):
         self._index = SharedReadIndex(self.files.data_dir / INDEX_NAME, immutable=immutable)
         self.hot.share(SharedGeneration.open(self.files.data_dir), follow=True)
 
+    @property
+    def pending_accesses(self) -> Mapping[str, int]:
+        """The hits ``take_accesses`` would return now (read only)."""
+        return self._touches
+
     def take_accesses(self) -> dict[str, int]:
         """The hits since the last call, artifact id -> unix ms (for the primary's LRU)."""
         touches, self._touches = self._touches, {}
