@@ -12,6 +12,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -168,6 +169,37 @@ def test_a_node_on_a_full_disk_starts_serves_reads_and_refuses_writes(
         assert "Traceback" not in node.log()
     finally:
         node.stop()
+
+
+def test_the_workers_change_counter_is_bumped_on_a_disk_filled_after_it_was_created(
+    full_disk: Path,
+) -> None:
+    """The primary bumps ``storage.hot_generation``'s counter when eviction frees space on a
+    full disk; a store through its mapping to a block never written would be SIGBUS. Run in a
+    second process, as the primary, so a SIGBUS fails the test instead of killing pytest."""
+    code = (
+        "import sys; from pathlib import Path;"
+        "from kura.storage.hot_generation import SharedGeneration;"
+        "g = SharedGeneration.create(Path(sys.argv[1])); print('created', flush=True);"
+        "sys.stdin.readline(); g.bump(); print(g.value)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(full_disk)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "created\n"
+        fill(full_disk)
+        out, _ = proc.communicate("go\n", timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, proc.returncode  # -7: SIGBUS
+    assert int(out) >= 1
 
 
 # -- damaged index ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import NodeProcess, spawn_node
+from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
 
 KiB = 1024
@@ -174,6 +175,9 @@ def test_lru_eviction_keeps_disk_under_the_limit_and_the_recently_read_artifact(
             next_millisecond()
         assert node.metric("kura_storage_evictions_total") == 0
         assert c.get("/cache/lru/a").content == bodies["a"]  # a is now the most recent
+        # A read served by a worker reaches the primary's LRU when the worker reports its hits
+        # (about every second; none are left to report with one process).
+        assert wait_for(lambda: node.metric("kura_worker_unreported_hits") == 0, 10)
         next_millisecond()
         for name in "fgh":
             assert c.put(f"/cache/lru/{name}", content=bodies[name]).status_code == 201

@@ -23,8 +23,9 @@ _SIZE = struct.calcsize(_FORMAT)
 
 
 class SharedGeneration:
-    """The node's shared change counter. ``create`` (the primary, holding the data-dir lock)
-    or ``open`` (a worker; FileNotFoundError when the primary has not created it)."""
+    """The node's shared change counter. ``create`` (the primary, holding the data-dir lock;
+    OSError, e.g. ENOSPC, when its block cannot be allocated) or ``open`` (a worker;
+    FileNotFoundError when the primary has not created it)."""
 
     def __init__(self, path: Path, *, create: bool) -> None:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
@@ -32,6 +33,11 @@ class SharedGeneration:
         try:
             if create:
                 os.ftruncate(fd, mmap.PAGESIZE)
+                # Rewrite the counter through the file (its value is kept), so the filesystem
+                # allocates its block now: a store through the mapping to a block never written
+                # (a sparse file) raises SIGBUS when the disk is full (mmap(2)), and the primary
+                # bumps the counter when eviction frees space. A disk full now raises OSError.
+                os.pwrite(fd, os.pread(fd, _SIZE, 0), 0)
             access = mmap.ACCESS_WRITE if create else mmap.ACCESS_READ
             self._map = mmap.mmap(fd, _SIZE, access=access)  # both are MAP_SHARED
         finally:

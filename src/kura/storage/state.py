@@ -127,6 +127,12 @@ class StorageState:
         except FileNotFoundError:
             return 0
 
+    @property
+    def index_read_only(self) -> bool:
+        """Whether the index was opened read-only (a full disk at start-up, ``storage.recovery``;
+        a worker's is always): nothing writes it until a restart."""
+        return self._require_index().read_only
+
     def _check_writable(self) -> None:
         """ResourceExhausted (503) while the index is read-only (a full disk at start-up)."""
         if reason := self.start_report.read_only_reason:

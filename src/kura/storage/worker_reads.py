@@ -41,11 +41,17 @@ from kura.storage.service import CacheService
 class SharedReadIndex(MetadataIndex):
     """``MetadataIndex`` as a second process reads it while the primary writes: ``mode=ro``,
     ``query_only``, a busy timeout; the best-effort writes a read may make (stat signature,
-    checksum, access times) are dropped (the primary makes its own)."""
+    checksum, access times) are dropped (the primary makes its own).
 
-    def __init__(self, path: Path) -> None:  # no schema set-up: only the primary writes
+    ``immutable``: the primary opened the index read-only at start-up (a full disk,
+    ``storage.recovery``), so nothing writes it until the node restarts and SQLite could not
+    create the ``-shm`` file a WAL reader needs; it is opened with ``immutable=1`` as the
+    primary's (https://www.sqlite.org/uri.html#uriimmutable)."""
+
+    def __init__(self, path: Path, *, immutable: bool = False) -> None:  # only the primary writes
         self._path = path
         self.read_only = True
+        self._immutable = immutable
         self._local = threading.local()
         self._xxh3_column = "xxh3_128"
         row = self._conn().execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
@@ -57,7 +63,7 @@ class SharedReadIndex(MetadataIndex):
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            uri = f"file:{self._path}?mode=ro"
+            uri = f"file:{self._path}?{'immutable=1' if self._immutable else 'mode=ro'}"
             conn = sqlite3.connect(uri, isolation_level=None, check_same_thread=True, uri=True)
             conn.execute("PRAGMA busy_timeout=5000")
             conn.execute("PRAGMA query_only=1")
@@ -90,11 +96,16 @@ class WorkerReads(CacheService):
         super().__init__(**kwargs)
         self.suspects: list[str] = []  # ids whose bytes failed a check here, for the primary
 
-    def attach(self) -> None:
+    def attach(self, *, immutable: bool = False) -> None:
         """Open the shared index and change counter (the primary created both; it holds the
-        data-dir lock)."""
-        self._index = SharedReadIndex(self.files.data_dir / INDEX_NAME)
+        data-dir lock). ``immutable``: the primary's index is read-only (``SharedReadIndex``)."""
+        self._index = SharedReadIndex(self.files.data_dir / INDEX_NAME, immutable=immutable)
         self.hot.share(SharedGeneration.open(self.files.data_dir), follow=True)
+
+    @property
+    def pending_accesses(self) -> Mapping[str, int]:
+        """The hits ``take_accesses`` would return now (read only)."""
+        return self._touches
 
     def take_accesses(self) -> dict[str, int]:
         """The hits since the last call, artifact id -> unix ms (for the primary's LRU)."""

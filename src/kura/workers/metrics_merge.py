@@ -1,8 +1,8 @@
 """``/metrics`` of a node with workers reports the node as one: at scrape time the primary
 reads each worker's exposition over its control socket and adds the request-path families to
 its own, sample by sample (equal name and labels are summed; counters, histograms and the
-in-flight, hot-cache and connection gauges are all sums over processes: each process has its
-own connection cap and hot cache). ``_created`` samples keep the primary's value.
+in-flight, hot-cache, connection and unreported-hit gauges are all sums over processes: each
+process has its own connection cap and hot cache). ``_created`` samples keep the primary's value.
 A worker that does not answer within ``SCRAPE_TIMEOUT_SECONDS`` is left out of that scrape.
 """
 
@@ -38,6 +38,7 @@ MERGED = frozenset(
         "kura_http_max_connections",
         "kura_http_connections_closed_at_cap",
         "kura_http_connections_refused_at_cap",
+        "kura_worker_unreported_hits",
     }
 )
 

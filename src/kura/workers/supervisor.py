@@ -134,6 +134,7 @@ class Workers:
             self.primary_socket,
             self.control_socket,
             self.own_socket(number),
+            index_immutable=self.service.index_read_only,
         )
         env = dict(os.environ, KURA_WORKER_PARENT_PID=str(os.getpid()))
         proc = await asyncio.create_subprocess_exec(

@@ -83,6 +83,7 @@ class WorkerPlan:
     primary_socket: str  # forwarded requests
     control_socket: str  # the primary's: hits (LRU) and suspect entries
     own_socket: str  # this worker's /metrics, for the primary to merge
+    index_immutable: bool = False  # the primary opened the index read-only (a full disk)
 
 
 class _NoUploads:
@@ -176,11 +177,19 @@ class Worker:
         self.load = LoadTally()  # for the primary's peer pace (kura.mesh.load_report)
         self.connections = connections.ConnectionGuard(s.max_connections)
         self.connections.watch(self.metrics)  # its own cap: KURA_MAX_CONNECTIONS is per process
+        self._sending = 0  # ids of the hits on their way to the primary
+        self.metrics.watch_value(
+            "gauge",
+            "kura_worker_unreported_hits",
+            "Artifacts read from a worker whose access the primary's LRU has not recorded yet "
+            "(a worker sends its hits about every second).",
+            lambda: len(self.service.pending_accesses) + self._sending,
+        )
         self._runners: list[web.AppRunner] = []
 
     async def run(self) -> None:
         self.connections.apply_descriptor_limit()
-        self.service.attach()
+        self.service.attach(immutable=self.plan.index_immutable)
         await self.forward.start()
         if self.auth.jwt is not None:
             await self.auth.jwt.start()
@@ -252,7 +261,7 @@ class Worker:
         while True:
             for _ in range(10):
                 await asyncio.sleep(FLUSH_SECONDS / 10)
-                if len(self.service._touches) >= FLUSH_MAX_IDS:
+                if len(self.service.pending_accesses) >= FLUSH_MAX_IDS:
                     break
             try:
                 await self._flush()
@@ -274,11 +283,17 @@ class Worker:
             }
         )
         connector = aiohttp.UnixConnector(path=self.plan.control_socket)
-        async with (
-            aiohttp.ClientSession(connector=connector) as session,
-            session.post("http://primary/hits", data=doc, timeout=aiohttp.ClientTimeout(10)) as r,
-        ):
-            r.raise_for_status()
+        self._sending = len(accesses)
+        try:
+            async with (
+                aiohttp.ClientSession(connector=connector) as session,
+                session.post(
+                    "http://primary/hits", data=doc, timeout=aiohttp.ClientTimeout(10)
+                ) as r,
+            ):
+                r.raise_for_status()
+        finally:
+            self._sending = 0  # recorded by the primary (it answers after), or lost
 
 
 def main() -> int:
