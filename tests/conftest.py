@@ -140,7 +140,13 @@ def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ())
     started = spawn_kura(
         env, log_path, cwd=directory, prefix=prefix, timeout=START_TIMEOUT_SECONDS, log_mode="w"
     )
-    _wait_for_workers(Path(env["KURA_DATA_DIR"]), parse_workers(env.get("KURA_WORKERS", "auto")))
+    try:
+        _wait_for_workers(
+            Path(env["KURA_DATA_DIR"]), parse_workers(env.get("KURA_WORKERS", "auto"))
+        )
+    except BaseException:  # nobody else holds the process yet: do not leak it past the test
+        stop(started.proc, signal.SIGTERM, 10)
+        raise
     return NodeProcess(
         started.url,
         Path(env["KURA_DATA_DIR"]),
