@@ -355,7 +355,7 @@ class Node:
         self.log_ring = LogRing()
         self.workers: Workers | None = None  # KURA_WORKERS > 1 (kura.workers)
         if settings.workers > 1:
-            self.workers = Workers(settings, self.service, self.metrics, self.build_app)
+            self.workers = Workers(settings, self.service, self.metrics, self.build_app, self.auth)
         self.draining = False
         self.public_url = ""
         self.event_loop = ""  # set by start()
@@ -605,6 +605,7 @@ class Node:
             tg.create_task(self.scrubber.run())
             tg.create_task(self.expiry.run())
             tg.create_task(self.repairer.run())
+            tg.create_task(self.auth.run())  # token files; a worker runs it too
             if self.auth.jwt is not None:
                 tg.create_task(self.auth.jwt.run())
             if self.public_tls is not None:

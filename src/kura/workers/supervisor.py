@@ -29,6 +29,7 @@ from pathlib import Path
 from aiohttp import web
 
 from kit.backoff import Backoff
+from kura.api.auth import TOKEN_GENERATION, TokenAuth
 from kura.api.metrics import KuraMetrics
 from kura.settings import Settings
 from kura.storage.hot_generation import SharedGeneration
@@ -52,8 +53,10 @@ class Workers:
         service: CacheService,
         metrics: KuraMetrics,
         public_app: Callable[[], web.Application],
+        auth: TokenAuth,
     ) -> None:
         self.settings = settings
+        self.auth = auth
         self.service = service
         self.metrics = metrics
         self._public_app = public_app
@@ -110,7 +113,10 @@ class Workers:
             await web.UnixSite(runner, path).start()
         self._runners.append(own)
         # Before any worker caches a byte: the primary's changes bump the shared counter.
-        self.service.hot.share(SharedGeneration.create(Path(self.settings.data_dir)), follow=False)
+        data_dir = Path(self.settings.data_dir)
+        self.service.hot.share(SharedGeneration.create(data_dir), follow=False)
+        # ... and a change to the token files, which the workers then take in.
+        self.auth.share(SharedGeneration.create(data_dir, TOKEN_GENERATION), follow=False)
         self.port = port
         self._slots = [
             asyncio.create_task(self._watch(n), name=f"kura-worker-{n}")

@@ -49,7 +49,7 @@ from kura.api import (
     webdav,
     xcode,
 )
-from kura.api.auth import token_auth_from
+from kura.api.auth import TOKEN_GENERATION, token_auth_from
 from kura.api.auth_metrics import watch_auth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.metrics import KuraMetrics
@@ -57,6 +57,7 @@ from kura.api.public_tls import PublicTls
 from kura.core.errors import ForwardToPrimary
 from kura.settings import Settings
 from kura.storage.budget import TmpBudget
+from kura.storage.hot_generation import SharedGeneration
 from kura.storage.multipart import MultipartUploads
 from kura.storage.worker_reads import WorkerReads
 from kura.workers.forward import Forwarder
@@ -170,6 +171,10 @@ class Worker:
     async def run(self) -> None:
         self.connections.apply_descriptor_limit()
         self.service.attach()
+        # The token files as the primary last took them in (api.auth.TokenAuth.share).
+        self.auth.share(
+            SharedGeneration.open(Path(self.settings.data_dir), TOKEN_GENERATION), follow=True
+        )
         await self.forward.start()
         if self.auth.jwt is not None:
             await self.auth.jwt.start()
@@ -198,6 +203,7 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         background = [asyncio.create_task(self._flush_loop())]
+        background.append(asyncio.create_task(self.auth.run()))  # as the primary's, following it
         if self.auth.jwt is not None:
             background.append(asyncio.create_task(self.auth.jwt.run()))
         if self.public_tls is not None:  # re-reads a renewed certificate, as the primary does
