@@ -143,3 +143,20 @@ def test_plain_tokens_are_checked_before_the_jwt_shape() -> None:
         auth.check("Bearer ro", Access.WRITE)
     with pytest.raises(Unauthenticated):  # no verifier: a JWT is just an unknown token
         auth.check("Bearer eyJhbGciOiJub25lIn0.e30.", Access.READ)
+
+
+def test_a_workers_jwt_verifier_defers_a_kid_it_has_not_got_to_the_primary() -> None:
+    import jwt
+
+    from kura.api.jwt_auth import JwtVerifier
+    from kura.core.errors import ForwardToPrimary
+
+    key = rsa.generate_private_key(65537, 2048)
+    token = jwt.encode({"iss": "i", "aud": "a"}, key, "RS256", headers={"kid": "new"})
+    primary = JwtVerifier(issuer="i", audience="a", jwks_url="https://issuer.test/jwks")
+    with pytest.raises(Unauthenticated, match="kid"):
+        primary.verify(token)
+    worker = JwtVerifier(issuer="i", audience="a", jwks_url="https://issuer.test/jwks")
+    worker.follow("http://primary/jwks", session=lambda: pytest.fail("no fetch here"))
+    with pytest.raises(ForwardToPrimary):
+        worker.verify(token)

@@ -5,7 +5,8 @@ Sockets (unix, in the data dir; in a private temporary directory when that path 
 for ``sun_path``, unix(7)): ``.kura.primary.sock`` serves the public app for forwarded
 requests, ``.kura.control.sock`` takes the workers' hits (``POST /hits``: accesses for the
 LRU, and ids whose bytes failed a check in a worker, which the primary verifies and
-quarantines if they really are damaged), ``.kura.worker-N.sock`` is worker N's ``/metrics``.
+quarantines if they really are damaged) and gives them the primary's JWKS (``GET /jwks``,
+``api.jwt_auth.JwtVerifier.follow``; 503 before a first good fetch), ``.kura.worker-N.sock`` is worker N's ``/metrics``.
 
 A worker that exits while the node runs is logged at ERROR, counted in
 ``kura_worker_restarts_total`` and started again after a jittered backoff (``kit.backoff``)
@@ -105,6 +106,7 @@ class Workers:
         )
         control = web.Application()
         control.router.add_post("/hits", self._hits)
+        control.router.add_get("/jwks", self._jwks)
         own = web.AppRunner(control, handle_signals=False, access_log=None)
         for runner, path in ((forwarded, self.primary_socket), (own, self.control_socket)):
             with contextlib.suppress(FileNotFoundError):
@@ -123,6 +125,12 @@ class Workers:
             for n in range(1, self.count + 1)
         ]
         return forwarded
+
+    async def _jwks(self, _request: web.Request) -> web.Response:
+        doc = self.auth.jwt.jwks_document if self.auth.jwt is not None else None
+        if doc is None:
+            raise web.HTTPServiceUnavailable(text="no JWKS fetched yet")
+        return web.json_response(doc)
 
     async def _spawn(self, number: int) -> None:
         """Start worker ``number`` and wait until it listens; RuntimeError if it does not

@@ -176,7 +176,12 @@ class Worker:
             SharedGeneration.open(Path(self.settings.data_dir), TOKEN_GENERATION), follow=True
         )
         await self.forward.start()
-        if self.auth.jwt is not None:
+        if self.auth.jwt is not None:  # the primary's keys, not the issuer's (JwtVerifier.follow)
+            via = self.plan.control_socket
+            self.auth.jwt.follow(
+                "http://primary/jwks",
+                lambda: aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=via)),
+            )
             await self.auth.jwt.start()
         public = connections.GuardedAppRunner(
             build_worker_app(self.context, self.forward),
