@@ -11,9 +11,9 @@ Rules (clients.md): no credentials → 401; unknown token → 401; a read-only t
 Plain tokens come from ``KURA_READ_WRITE_TOKENS``/``KURA_READ_ONLY_TOKENS`` and from the token
 files ``KURA_READ_WRITE_TOKENS_FILE``/``KURA_READ_ONLY_TOKENS_FILE`` (re-read on change,
 ``kura.api.token_file``, by ``TokenAuth.run`` in every process of the node, see ``share``). A
-bearer token that is not a listed plain token but has the JWT shape
-goes to the ``JwtVerifier`` when one is configured (``kura.api.jwt_auth``): a bad token → 401;
-a grant without the access asked for, or for another namespace → 403.
+bearer token that is not a listed plain token but has the JWT shape goes to the ``JwtVerifier``
+when one is configured (``kura.api.jwt_auth``): a bad token → 401; a grant without the access
+asked for, or for another namespace → 403.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ for ``sun_path``, unix(7)): ``.kura.primary.sock`` serves the public app for for
 requests, ``.kura.control.sock`` takes the workers' hits (``POST /hits``: accesses for the
 LRU, and ids whose bytes failed a check in a worker, which the primary verifies and
 quarantines if they really are damaged) and gives them the primary's JWKS (``GET /jwks``,
-``api.jwt_auth.JwtVerifier.follow``; 503 before a first good fetch), ``.kura.worker-N.sock`` is worker N's ``/metrics``.
+``api.jwt_auth.JwtVerifier.follow``; 503 before a first good fetch), ``.kura.worker-N.sock``
+is worker N's ``/metrics``.
 
 A worker that exits while the node runs is logged at ERROR, counted in
 ``kura_worker_restarts_total`` and started again after a jittered backoff (``kit.backoff``)
