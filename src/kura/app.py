@@ -356,7 +356,7 @@ class Node:
         self.workers: Workers | None = None  # KURA_WORKERS > 1 (kura.workers)
         if settings.workers > 1:
             self.workers = Workers(
-                settings, self.service, self.metrics, self.build_app, self.peer_pace.load
+                settings, self.service, self.metrics, self.build_app, self.auth, self.peer_pace.load
             )
         self.draining = False
         self.public_url = ""
@@ -607,6 +607,7 @@ class Node:
             tg.create_task(self.scrubber.run())
             tg.create_task(self.expiry.run())
             tg.create_task(self.repairer.run())
+            tg.create_task(self.auth.run())  # token files; a worker runs it too
             if self.auth.jwt is not None:
                 tg.create_task(self.auth.jwt.run())
             if self.public_tls is not None:

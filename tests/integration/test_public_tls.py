@@ -40,15 +40,16 @@ def make_ca(pki: Path) -> Path:
     return pki / "ca.pem"
 
 
-def make_leaf(pki: Path, name: str, serial: int) -> tuple[Path, Path]:
-    """A server certificate for 127.0.0.1/localhost signed by the CA, with ``serial``."""
+def make_leaf(pki: Path, name: str, serial: int, days: int = 2) -> tuple[Path, Path]:
+    """A server certificate for 127.0.0.1/localhost signed by the CA, with ``serial``, valid
+    for ``days``."""
     openssl("req", *P256, "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
             "-out", f"{name}.csr", cwd=pki)  # fmt: skip
     (pki / f"{name}.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
     )
     openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-set_serial", str(serial), "-days", "2", "-extfile", f"{name}.ext", "-out",
+            "-set_serial", str(serial), "-days", str(days), "-extfile", f"{name}.ext", "-out",
             f"{name}.pem", cwd=pki)  # fmt: skip
     return pki / f"{name}.pem", pki / f"{name}.key"
 
@@ -105,7 +106,7 @@ def test_the_public_port_speaks_https_and_a_swapped_certificate_is_served_withou
         pid = tls_node.proc.pid
 
         # A mismatched pair (the new certificate with the old key): the old one keeps serving.
-        second_cert, second_key = make_leaf(pki, "second", 2002)
+        second_cert, second_key = make_leaf(pki, "second", 2002, days=3)
         replace(second_cert, pki / "live.pem")
         assert wait_for(
             lambda: "cannot reload the public TLS certificate" in tls_node.log(),
@@ -118,13 +119,21 @@ def test_the_public_port_speaks_https_and_a_swapped_certificate_is_served_withou
             tls_node.log()[-2000:]
         )
         assert c.get("/cache/plain/tls").content == b"over tls"  # the open connection
+    # Every process swaps on its own poll: the node's expiry is the earliest any process serves,
+    # so the second leaf's (3 days, the first's 2) means every process serves it.
+    assert wait_for(lambda: expires_in(tls_node) > 2 * 86400 + 60, SWAP_TIMEOUT_SECONDS)
+    assert expires_in(tls_node) <= 3 * 86400 + 60
+    assert all(served_serial(tls_node.url, ca) == 2002 for _ in range(8))  # fresh handshakes
     assert tls_node.proc.pid == pid
     assert tls_node.proc.poll() is None
     assert "public TLS certificate reloaded" in tls_node.log()
-    assert tls_node.metric("kura_public_tls_reloads_total") == 1
+    assert tls_node.metric("kura_public_tls_reloads_total") == 1  # one swap, not one a process
     assert tls_node.metric("kura_public_tls_reload_failures_total") >= 1
-    expiry = tls_node.metric("kura_public_tls_certificate_expiry_timestamp_seconds")
-    assert 0 < expiry - time.time() <= 2 * 86400 + 60  # the second leaf: -days 2
+
+
+def expires_in(node: NodeProcess) -> float:
+    """Seconds until the node's served certificate expires."""
+    return node.metric("kura_public_tls_certificate_expiry_timestamp_seconds") - time.time()
 
 
 def test_plain_http_to_the_https_port_gets_no_answer(tls_node: NodeProcess) -> None:

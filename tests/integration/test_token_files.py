@@ -1,7 +1,8 @@
 """Token files re-read on change, against a real ``kura serve`` (kura.api.token_file).
 
 A rotation renamed over the file takes effect without a restart (the old token 401, the new one
-200, same process); a file rewritten in place is seen too; a re-read that fails (the file
+200, same process; with workers, once any process refuses the old token every process takes the
+new one); a file rewritten in place is seen too; a re-read that fails (the file
 removed, a malformed line) keeps the last good set and logs; comments and blank lines are no
 tokens; a read-only file's tokens read but do not write.
 """
@@ -18,7 +19,7 @@ import pytest
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 
-ROTATION_TIMEOUT_SECONDS = 20.0  # the node stats at most once a second; generous when loaded
+ROTATION_TIMEOUT_SECONDS = 20.0  # the node stats once a second; generous when loaded
 PATH = "/cache/plain/rotated"
 
 
@@ -37,9 +38,8 @@ def status_with(node: NodeProcess, token: str, method: str = "GET") -> int:
     ).status_code
 
 
-def logged_after_a_request(node: NodeProcess, failures: int) -> bool:
-    """Files are looked at on a request (one stat a second at most): make one, then look."""
-    status_with(node, "probe-token")
+def logged(node: NodeProcess, failures: int) -> bool:
+    """The node looks at its files once a second, requests or not."""
     return node.log().count("cannot re-read token file") >= failures
 
 
@@ -66,7 +66,11 @@ def test_a_rotated_token_file_takes_effect_without_a_restart(
     assert node.proc.pid == pid
     assert node.proc.poll() is None
     assert "token file" in node.log()
-    assert node.metric("kura_auth_token_file_reloads_total") == 2
+    # The primary's count (kura.workers.metrics_merge): a worker that had not yet caught up
+    # with the rename reads the rewritten file at once, up to a second before the primary does.
+    assert wait_for(
+        lambda: node.metric("kura_auth_token_file_reloads_total") == 2, ROTATION_TIMEOUT_SECONDS
+    )
 
 
 def test_a_failed_re_read_keeps_the_last_good_tokens_and_logs(
@@ -81,12 +85,12 @@ def test_a_failed_re_read_keeps_the_last_good_tokens_and_logs(
     assert status_with(node, "good-ro", "PUT") == 403  # read-only file: reads, no writes
 
     rw.write_text("has a space\nother\n")  # malformed: the whole re-read is refused
-    assert wait_for(lambda: logged_after_a_request(node, 1), ROTATION_TIMEOUT_SECONDS)
+    assert wait_for(lambda: logged(node, 1), ROTATION_TIMEOUT_SECONDS)
     assert status_with(node, "good-rw") == 200
     assert status_with(node, "other") == 401
 
     rw.unlink()  # gone: still the last good set
-    assert wait_for(lambda: logged_after_a_request(node, 2), ROTATION_TIMEOUT_SECONDS)
+    assert wait_for(lambda: logged(node, 2), ROTATION_TIMEOUT_SECONDS)
     assert status_with(node, "good-rw", "PUT") in (200, 201)
 
     write_atomically(rw, "fixed-rw\n")  # a good file again is taken

@@ -40,3 +40,20 @@ def test_equal_labels_are_summed_and_new_ones_added() -> None:
     assert merged[("kura_http_sent_bytes_total", (("protocol", "nx"),))] == 100
     # A family the workers do not add to keeps the primary's value (kura_node_info is 1).
     assert merged[("kura_node_info", (("region", "r"), ("tenant_id", "t")))] == 1
+
+
+def test_tls_reloads_are_the_most_any_process_made_and_expiry_the_earliest() -> None:
+    def exposition(reloads: float, failures: float, expiry: float) -> str:
+        return (
+            "# TYPE kura_public_tls_reloads_total counter\n"
+            f"kura_public_tls_reloads_total {reloads}\n"
+            "# TYPE kura_public_tls_reload_failures_total counter\n"
+            f"kura_public_tls_reload_failures_total {failures}\n"
+            "# TYPE kura_public_tls_certificate_expiry_timestamp_seconds gauge\n"
+            f"kura_public_tls_certificate_expiry_timestamp_seconds {expiry}\n"
+        )
+
+    merged = samples(merge(exposition(0, 2, 300), [exposition(1, 1, 200), exposition(1, 0, 400)]))
+    assert merged[("kura_public_tls_reloads_total", ())] == 1  # one swap, not one a process
+    assert merged[("kura_public_tls_reload_failures_total", ())] == 2
+    assert merged[("kura_public_tls_certificate_expiry_timestamp_seconds", ())] == 200

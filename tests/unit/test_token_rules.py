@@ -1,6 +1,6 @@
-"""The rules under token auth, without a server: token-file parsing and its stat schedule (on
-an injected clock), the JWT grant claims, the key-type/algorithm fit, and which namespace each
-protocol's request touches. The end-to-end behaviour is in tests/integration/test_jwt_auth.py
+"""The rules under token auth, without a server: token-file parsing, re-reading and how a
+worker follows the primary's re-reads, the JWT grant claims, the key-type/algorithm fit, and
+which namespace each protocol's request touches. The end-to-end behaviour is in tests/integration/test_jwt_auth.py
 and test_token_files.py."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from kura.api.auth import Access, TokenAuth
+from kura.api.auth import TOKEN_GENERATION, Access, TokenAuth
 from kura.api.grant_scope import request_namespace
 from kura.api.jwt_auth import Grant, algorithms_for, grant_from, looks_like_jwt
 from kura.api.token_file import TokenFile, parse_tokens
 from kura.core.errors import Forbidden, Unauthenticated
+from kura.storage.hot_generation import SharedGeneration
 
 
 def test_token_files_skip_comments_blank_lines_and_surrounding_space() -> None:
@@ -26,20 +27,52 @@ def test_token_files_skip_comments_blank_lines_and_surrounding_space() -> None:
         parse_tokens("ok\nnot ok\n")
 
 
-def test_a_token_file_is_looked_at_at_most_once_a_second(tmp_path: Path) -> None:
+def test_a_token_file_is_re_read_only_when_it_changed(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text("one\n")
-    now = [100.0]
-    f = TokenFile(path, clock=lambda: now[0])
+    f = TokenFile(path)
+    assert not f.reload_if_changed()
     path.write_text("two\n")
     os.utime(path, ns=(1, 1))  # a changed mtime even on a coarse clock
-    assert f.tokens() == ("one",)  # within the second: no stat yet
-    now[0] += 1.0
+    assert f.tokens() == ("one",)  # a request never looks at the file
+    assert f.reload_if_changed()
     assert f.tokens() == ("two",)
     assert f.reloads_total == 1
     path.unlink()
-    now[0] += 1.0
+    assert not f.reload_if_changed()
     assert f.tokens() == ("two",)  # a failed re-read keeps the last good set
+    assert f.failing
+
+
+def allowed(auth: TokenAuth, token: str) -> bool:
+    try:
+        auth.check(f"Bearer {token}", Access.READ)
+    except Unauthenticated:
+        return False
+    return True
+
+
+def test_a_worker_takes_in_a_token_file_change_only_once_the_primary_has(tmp_path: Path) -> None:
+    """Two processes' TokenAuth over one file and one shared counter (a real MAP_SHARED
+    mapping, as kura.workers uses): the follower changes its mind exactly when the primary
+    does, not when it could have seen the file first."""
+    path = tmp_path / "tokens"
+    path.write_text("old\n")
+    primary = TokenAuth((), (), read_write_files=[TokenFile(path)])
+    primary.share(SharedGeneration.create(tmp_path, TOKEN_GENERATION), follow=False)
+    worker = TokenAuth((), (), read_write_files=[TokenFile(path)])
+    worker.share(SharedGeneration.open(tmp_path, TOKEN_GENERATION), follow=True)
+    path.with_suffix(".new").write_text("new\n")
+    os.replace(path.with_suffix(".new"), path)
+    assert allowed(worker, "old")  # the file changed, the primary has not looked yet
+    assert not allowed(worker, "new")
+    primary.refresh()
+    assert not allowed(primary, "old")
+    assert allowed(worker, "new")  # the very next check, no look of its own needed
+    assert not allowed(worker, "old")
+    assert primary.token_file_reloads_total == worker.token_file_reloads_total == 1
+    worker.refresh()  # nothing moved: nothing re-read
+    assert worker.token_file_reloads_total == 1
 
 
 @pytest.mark.parametrize(
@@ -110,3 +143,20 @@ def test_plain_tokens_are_checked_before_the_jwt_shape() -> None:
         auth.check("Bearer ro", Access.WRITE)
     with pytest.raises(Unauthenticated):  # no verifier: a JWT is just an unknown token
         auth.check("Bearer eyJhbGciOiJub25lIn0.e30.", Access.READ)
+
+
+def test_a_workers_jwt_verifier_defers_a_kid_it_has_not_got_to_the_primary() -> None:
+    import jwt
+
+    from kura.api.jwt_auth import JwtVerifier
+    from kura.core.errors import ForwardToPrimary
+
+    key = rsa.generate_private_key(65537, 2048)
+    token = jwt.encode({"iss": "i", "aud": "a"}, key, "RS256", headers={"kid": "new"})
+    primary = JwtVerifier(issuer="i", audience="a", jwks_url="https://issuer.test/jwks")
+    with pytest.raises(Unauthenticated, match="kid"):
+        primary.verify(token)
+    worker = JwtVerifier(issuer="i", audience="a", jwks_url="https://issuer.test/jwks")
+    worker.follow("http://primary/jwks", session=lambda: pytest.fail("no fetch here"))
+    with pytest.raises(ForwardToPrimary):
+        worker.verify(token)

@@ -10,13 +10,15 @@ Rules (clients.md): no credentials → 401; unknown token → 401; a read-only t
 
 Plain tokens come from ``KURA_READ_WRITE_TOKENS``/``KURA_READ_ONLY_TOKENS`` and from the token
 files ``KURA_READ_WRITE_TOKENS_FILE``/``KURA_READ_ONLY_TOKENS_FILE`` (re-read on change,
-``kura.api.token_file``). A bearer token that is not a listed plain token but has the JWT shape
-goes to the ``JwtVerifier`` when one is configured (``kura.api.jwt_auth``): a bad token → 401;
-a grant without the access asked for, or for another namespace → 403.
+``kura.api.token_file``, by ``TokenAuth.run`` in every process of the node, see ``share``). A
+bearer token that is not a listed plain token but has the JWT shape goes to the ``JwtVerifier``
+when one is configured (``kura.api.jwt_auth``): a bad token → 401; a grant without the access
+asked for, or for another namespace → 403.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import enum
@@ -24,9 +26,12 @@ import hmac
 from collections.abc import Callable, Sequence
 
 from kura.api.jwt_auth import JwtVerifier, load_public_key, looks_like_jwt
-from kura.api.token_file import TokenFile
+from kura.api.token_file import STAT_INTERVAL_SECONDS, TokenFile
 from kura.core.errors import Forbidden, Unauthenticated
 from kura.settings import Settings
+from kura.storage.hot_generation import SharedGeneration
+
+TOKEN_GENERATION = ".kura.token-generation"  # in the data dir, with KURA_WORKERS > 1
 
 # The request's namespace for a namespace-limited grant: None = the route has none.
 NamespaceOf = Callable[[], str | None]
@@ -58,10 +63,58 @@ class TokenAuth:
             read_write or read_only or read_write_files or read_only_files or jwt is not None
         )
         self.refusals_total = dict.fromkeys(("missing", "invalid", "forbidden"), 0)
+        self._shared: SharedGeneration | None = None
+        self._follow = False
+        self._seen = 0  # the shared counter's value last caught up with (a follower)
 
     @property
     def token_file_reloads_total(self) -> int:
-        return sum(f.reloads_total for f in self._read_write_files + self._read_only_files)
+        return sum(f.reloads_total for f in self._files)
+
+    @property
+    def _files(self) -> tuple[TokenFile, ...]:
+        return self._read_write_files + self._read_only_files
+
+    def share(self, shared: SharedGeneration, *, follow: bool) -> None:
+        """Follow the token files as one node with the other processes (``kura.workers``).
+        The primary (``follow=False``) bumps ``shared`` right after it takes in a change; a
+        worker (``follow=True``) re-reads its files, before its next check, once the counter
+        moved, and looks at them only then. So a process refuses a removed token (or accepts
+        an added one) only once the primary does, and every process does from then on; a
+        worker can be ahead only when the file changed again since the primary last looked
+        (for at most ``STAT_INTERVAL_SECONDS``)."""
+        self._shared, self._follow, self._seen = shared, follow, shared.value
+        if follow:  # a change the primary took in while this process was reading the files
+            self._catch_up()
+
+    async def run(self) -> None:
+        """Every ``STAT_INTERVAL_SECONDS`` until cancelled, re-read changed token files (a
+        worker: catch up with the primary, ``share``). Every process of the node runs it; it
+        returns at once without token files."""
+        if not self._files:
+            return
+        while True:
+            await asyncio.sleep(STAT_INTERVAL_SECONDS)
+            self.refresh()
+
+    def refresh(self) -> None:
+        """One look at the token files (``run``); never raises."""
+        if self._follow:
+            self._catch_up()
+            return
+        changed = [f.reload_if_changed() for f in self._files]  # each file, not just the first
+        if any(changed) and self._shared is not None:
+            self._shared.bump()
+
+    def _catch_up(self) -> None:
+        assert self._shared is not None
+        value = self._shared.value  # before the files: a bump while reading is seen next time
+        if value == self._seen:
+            return
+        for f in self._files:
+            f.reload_if_changed()
+        if not any(f.failing for f in self._files):  # else: tried again on the next check
+            self._seen = value
 
     def check(
         self, authorization: str | None, access: Access, namespace: NamespaceOf | None = None
@@ -71,6 +124,8 @@ class TokenAuth:
         only for a namespace-limited JWT grant."""
         if not self.enabled:
             return
+        if self._follow:
+            self._catch_up()  # one read of shared memory when nothing changed
         try:
             self._check(authorization, access, namespace)
         except Unauthenticated:

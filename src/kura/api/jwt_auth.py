@@ -26,6 +26,9 @@ What it grants (``Grant``), from two claims:
 JWKS keys are fetched at start and every ``KURA_AUTH_JWT_JWKS_REFRESH_SECONDS``, and sooner
 (at most every ``UNKNOWN_KID_REFETCH_SECONDS``) when a token names a ``kid`` not in the set, so
 a rotated signing key is picked up. A failed fetch keeps the last good set and is logged.
+A worker process (``kura.workers``) fetches the primary's set instead of the issuer's and
+forwards a request whose ``kid`` it has not got to the primary rather than refuse it
+(``follow``), so no process refuses a key another one holds.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +47,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from kura.core.errors import Unauthenticated
+from kura.core.errors import ForwardToPrimary, Unauthenticated
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +126,17 @@ class JwtVerifier:
         self._jwks: dict[str, jwt.PyJWK] = {}  # kid ("" when absent) -> key
         self._refetch = asyncio.Event()
         self._last_fetch = 0.0
+        self._session: Callable[[], aiohttp.ClientSession] = aiohttp.ClientSession
+        self._defer_unknown_kid = False
+        self.jwks_document: dict[str, Any] | None = None  # the last good set, as fetched
+
+    def follow(self, jwks_url: str, session: Callable[[], aiohttp.ClientSession]) -> None:
+        """Make this a worker's verifier: fetch the JWKS from ``jwks_url`` (the primary's
+        set) with ``session``, and raise ``ForwardToPrimary`` for a token whose ``kid`` is
+        not in the set, so the primary, which fetches from the issuer, decides. No-op for a
+        fixed key. Call before ``start``."""
+        if self._jwks_url is not None:
+            self._jwks_url, self._session, self._defer_unknown_kid = jwks_url, session, True
 
     def verify(self, token: str) -> Grant:
         """The token's ``Grant``; ``Unauthenticated`` when it is not to be believed."""
@@ -160,6 +175,8 @@ class JwtVerifier:
             found = next(iter(keys.values()))
         else:
             self._refetch.set()  # maybe the signer rotated: fetch the set again soon
+            if self._defer_unknown_kid:
+                raise ForwardToPrimary("a kid not in this worker's JWKS")
             raise Unauthenticated("invalid token: no key in the JWKS matches its kid")
         if found.algorithm_name and found.algorithm_name != header.get("alg"):
             raise Unauthenticated("invalid token: algorithm does not match the JWKS key")
@@ -170,7 +187,7 @@ class JwtVerifier:
         ``start``'s, made before the node listens."""
         if self._jwks_url is None:
             return
-        async with aiohttp.ClientSession() as session:
+        async with self._session() as session:
             while True:
                 self._refetch.clear()
                 # With no key yet (the fetch failed), try again sooner.
@@ -189,7 +206,7 @@ class JwtVerifier:
         """Fetch the JWKS once (no-op for a fixed key). A failure is logged, never raised: the
         node serves plain tokens meanwhile and ``run`` tries again."""
         if self._jwks_url is not None:
-            async with aiohttp.ClientSession() as session:
+            async with self._session() as session:
                 await self._fetch(session)
 
     async def _fetch(self, session: aiohttp.ClientSession) -> None:
@@ -213,7 +230,7 @@ class JwtVerifier:
             return
         if keys.keys() != self._jwks.keys():
             log.info("JWKS %s: %d keys", self._jwks_url, len(keys))
-        self._jwks = keys
+        self._jwks, self.jwks_document = keys, doc
 
     @property
     def key_count(self) -> int:

@@ -8,6 +8,9 @@ is committed (``storage.write_path``, ``storage.eviction``, ``storage.replica``)
 it before it reads a row and again before it keeps what it read; any difference empties its
 cache. A torn read (the store is not guaranteed atomic) only ever differs from both the value
 before and after the store, so it can cost a refill, never a stale hit.
+
+The same kind of counter, in another file, tells workers the token files changed
+(``api.auth.TokenAuth.share``).
 """
 
 from __future__ import annotations
@@ -45,12 +48,12 @@ class SharedGeneration:
         self.path = path
 
     @classmethod
-    def create(cls, data_dir: Path) -> SharedGeneration:
-        return cls(data_dir / NAME, create=True)
+    def create(cls, data_dir: Path, name: str = NAME) -> SharedGeneration:
+        return cls(data_dir / name, create=True)
 
     @classmethod
-    def open(cls, data_dir: Path) -> SharedGeneration:
-        return cls(data_dir / NAME, create=False)
+    def open(cls, data_dir: Path, name: str = NAME) -> SharedGeneration:
+        return cls(data_dir / name, create=False)
 
     @property
     def value(self) -> int:

@@ -3,6 +3,12 @@ reads each worker's exposition over its control socket and adds the request-path
 its own, sample by sample (equal name and labels are summed; counters, histograms and the
 in-flight, hot-cache, connection and unreported-hit gauges are all sums over processes: each
 process has its own connection cap and hot cache). ``_created`` samples keep the primary's value.
+The public TLS families describe files every process follows on its own (``api.public_tls``):
+the node's reload and failure counts are the most any process has made (one swap is counted
+once, not once per process), and its certificate expiry is the earliest any process still
+serves (so an expiry alert fires until every process has the renewed certificate). The token
+file reload count is the primary's alone: workers take in the changes it took
+(``api.auth.TokenAuth.share``).
 A worker that does not answer within ``SCRAPE_TIMEOUT_SECONDS`` is left out of that scrape.
 """
 
@@ -41,6 +47,11 @@ MERGED = frozenset(
         "kura_worker_unreported_hits",
     }
 )
+HIGHEST = frozenset({"kura_public_tls_reloads", "kura_public_tls_reload_failures"})
+LOWEST = frozenset({"kura_public_tls_certificate_expiry_timestamp_seconds"})
+_COMBINE = (
+    dict.fromkeys(MERGED, float.__add__) | dict.fromkeys(HIGHEST, max) | dict.fromkeys(LOWEST, min)
+)
 
 
 async def _scrape(path: str) -> str | None:
@@ -60,12 +71,14 @@ async def _scrape(path: str) -> str | None:
 
 
 def merge(own: str, others: Sequence[str]) -> bytes:
-    """``own`` exposition with the ``MERGED`` families of ``others`` added (module docstring)."""
+    """``own`` exposition with the ``MERGED`` families of ``others`` added, and the ``HIGHEST``
+    and ``LOWEST`` ones combined by max and min (module docstring)."""
     families = list(text_string_to_metric_families(own))
     by_name = {f.name: f for f in families}
     for text in others:
         for family in text_string_to_metric_families(text):
-            if family.name not in MERGED:
+            combine = _COMBINE.get(family.name)
+            if combine is None:
                 continue
             target = by_name.get(family.name)
             if target is None:
@@ -85,7 +98,8 @@ def merge(own: str, others: Sequence[str]) -> bytes:
                     target.samples.append(s)
                 else:
                     old = target.samples[i]
-                    target.samples[i] = Sample(old.name, old.labels, old.value + s.value)
+                    value = combine(float(old.value), float(s.value))
+                    target.samples[i] = Sample(old.name, old.labels, value)
     registry = CollectorRegistry(auto_describe=False)
 
     class _Fixed:
@@ -97,7 +111,7 @@ def merge(own: str, others: Sequence[str]) -> bytes:
 
 
 async def merge_workers(own: bytes, sockets: Sequence[str]) -> bytes:
-    """``own`` with the live workers' request families added (``merge``)."""
+    """``own`` with the live workers' families merged in (``merge``)."""
     texts = await asyncio.gather(*(_scrape(p) for p in sockets))
     found = [t for t in texts if t is not None]
     if not found:

@@ -5,7 +5,9 @@ Sockets (unix, in the data dir; in a private temporary directory when that path 
 for ``sun_path``, unix(7)): ``.kura.primary.sock`` serves the public app for forwarded
 requests, ``.kura.control.sock`` takes the workers' hits (``POST /hits``: accesses for the
 LRU, and ids whose bytes failed a check in a worker, which the primary verifies and
-quarantines if they really are damaged), ``.kura.worker-N.sock`` is worker N's ``/metrics``.
+quarantines if they really are damaged) and gives them the primary's JWKS (``GET /jwks``,
+``api.jwt_auth.JwtVerifier.follow``; 503 before a first good fetch), ``.kura.worker-N.sock``
+is worker N's ``/metrics``.
 
 A worker that exits while the node runs is logged at ERROR, counted in
 ``kura_worker_restarts_total`` and started again after a jittered backoff (``kit.backoff``)
@@ -29,6 +31,7 @@ from pathlib import Path
 from aiohttp import web
 
 from kit.backoff import Backoff
+from kura.api.auth import TOKEN_GENERATION, TokenAuth
 from kura.api.metrics import KuraMetrics
 from kura.mesh.load_report import LoadReport
 from kura.mesh.peer_pace import PublicLoad
@@ -54,9 +57,11 @@ class Workers:
         service: CacheService,
         metrics: KuraMetrics,
         public_app: Callable[[], web.Application],
+        auth: TokenAuth,
         load: PublicLoad | None = None,
     ) -> None:
         self.settings = settings
+        self.auth = auth
         self.load = load  # the node's public load: the workers' reports join it
         self.service = service
         self.metrics = metrics
@@ -106,6 +111,7 @@ class Workers:
         )
         control = web.Application()
         control.router.add_post("/hits", self._hits)
+        control.router.add_get("/jwks", self._jwks)
         own = web.AppRunner(control, handle_signals=False, access_log=None)
         for runner, path in ((forwarded, self.primary_socket), (own, self.control_socket)):
             with contextlib.suppress(FileNotFoundError):
@@ -114,13 +120,22 @@ class Workers:
             await web.UnixSite(runner, path).start()
         self._runners.append(own)
         # Before any worker caches a byte: the primary's changes bump the shared counter.
-        self.service.hot.share(SharedGeneration.create(Path(self.settings.data_dir)), follow=False)
+        data_dir = Path(self.settings.data_dir)
+        self.service.hot.share(SharedGeneration.create(data_dir), follow=False)
+        # ... and a change to the token files, which the workers then take in.
+        self.auth.share(SharedGeneration.create(data_dir, TOKEN_GENERATION), follow=False)
         self.port = port
         self._slots = [
             asyncio.create_task(self._watch(n), name=f"kura-worker-{n}")
             for n in range(1, self.count + 1)
         ]
         return forwarded
+
+    async def _jwks(self, _request: web.Request) -> web.Response:
+        doc = self.auth.jwt.jwks_document if self.auth.jwt is not None else None
+        if doc is None:
+            raise web.HTTPServiceUnavailable(text="no JWKS fetched yet")
+        return web.json_response(doc)
 
     async def _spawn(self, number: int) -> None:
         """Start worker ``number`` and wait until it listens; RuntimeError if it does not

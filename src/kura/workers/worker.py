@@ -51,7 +51,7 @@ from kura.api import (
     webdav,
     xcode,
 )
-from kura.api.auth import token_auth_from
+from kura.api.auth import TOKEN_GENERATION, token_auth_from
 from kura.api.auth_metrics import watch_auth
 from kura.api.http import CTX_KEY, ApiContext
 from kura.api.metrics import KuraMetrics
@@ -60,6 +60,7 @@ from kura.core.errors import ForwardToPrimary
 from kura.mesh.load_report import LoadTally
 from kura.settings import Settings
 from kura.storage.budget import TmpBudget
+from kura.storage.hot_generation import SharedGeneration
 from kura.storage.multipart import MultipartUploads
 from kura.storage.worker_reads import WorkerReads
 from kura.workers.forward import Forwarder
@@ -190,8 +191,17 @@ class Worker:
     async def run(self) -> None:
         self.connections.apply_descriptor_limit()
         self.service.attach(immutable=self.plan.index_immutable)
+        # The token files as the primary last took them in (api.auth.TokenAuth.share).
+        self.auth.share(
+            SharedGeneration.open(Path(self.settings.data_dir), TOKEN_GENERATION), follow=True
+        )
         await self.forward.start()
-        if self.auth.jwt is not None:
+        if self.auth.jwt is not None:  # the primary's keys, not the issuer's (JwtVerifier.follow)
+            via = self.plan.control_socket
+            self.auth.jwt.follow(
+                "http://primary/jwks",
+                lambda: aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=via)),
+            )
             await self.auth.jwt.start()
         public = connections.GuardedAppRunner(
             build_worker_app(self.context, self.forward, self.load),
@@ -218,6 +228,7 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         background = [asyncio.create_task(self._flush_loop())]
+        background.append(asyncio.create_task(self.auth.run()))  # as the primary's, following it
         if self.auth.jwt is not None:
             background.append(asyncio.create_task(self.auth.jwt.run()))
         if self.public_tls is not None:  # re-reads a renewed certificate, as the primary does
