@@ -173,6 +173,12 @@ class Forwarder:
             if await self._primary_died():
                 # The primary died: answer as the node would have, by dropping the connection
                 # (a 503 from a node that just died would be a lie about what it stored).
+                log.info(
+                    "the primary died; cut the connection of %s %s: %s",
+                    request.method,
+                    request.path,
+                    exc,
+                )
                 if request.transport is not None:
                     request.transport.abort()
                 return web.Response(status=499)
