@@ -8,6 +8,16 @@ Hop-by-hop headers are not relayed (RFC 9110 §7.6.1). A body is forwarded with
 so an upload the primary refuses early (413, 401) is refused before its body is read, as
 without workers, and the connection is then closed, its body unread (RFC 9110 §10.1.1). A
 client that sent ``Expect`` itself is given the ``100 Continue`` only when the primary gives it.
+
+The upload limits hold here too, for this process holds the client's connection: when the
+primary answers before the whole body came, from a client that has been stalled for
+``KURA_BODY_IDLE_TIMEOUT_SECONDS`` or, past ``KURA_UPLOAD_GRACE_SECONDS``, averages below
+``KURA_MIN_UPLOAD_BYTES_PER_SECOND``, the connection is closed right after the answer (as the
+primary closes its own), not kept for aiohttp's lingering read of the rest of the body.
+
+When the primary vanishes mid-request, the client's connection is cut (or, if the primary is
+alive but unreachable, answered 503) and the body writer's failure is logged on one line: it
+never surfaces as an unretrieved task exception.
 """
 
 from __future__ import annotations
@@ -16,7 +26,9 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -51,12 +63,58 @@ def _exited(pid: int) -> bool:
     return stat.rpartition(b")")[2].split()[0] in (b"Z", b"X")
 
 
+@dataclass(frozen=True)
+class UploadLimits:
+    """The primary's upload limits, as settings: seconds and bytes per second (0: no minimum)."""
+
+    body_idle_timeout_seconds: float
+    upload_grace_seconds: float
+    min_upload_bytes_per_second: int
+
+
+@dataclass
+class _BodyMeter:
+    """What came of the client's body so far: loop times in seconds, bytes. Timed from the
+    request's start, a little before the primary's first read, so it never judges more
+    leniently than the primary did."""
+
+    started: float
+    last: float
+    received: int = 0
+
+    def given_up(self, now: float, limits: UploadLimits) -> bool:
+        """Whether the primary's rule would abort this upload now (stalled or too slow)."""
+        if now - self.last >= limits.body_idle_timeout_seconds:
+            return True
+        elapsed = now - self.started
+        rate = limits.min_upload_bytes_per_second
+        return (
+            rate > 0 and elapsed >= limits.upload_grace_seconds and (self.received < rate * elapsed)
+        )
+
+
+class _ForwardedRequest(aiohttp.ClientRequest):
+    """aiohttp's request whose body-writer task never ends in an exception nobody retrieves.
+
+    The task runs beside the response: when the primary's socket closes before or while the
+    body goes out (``Cannot write to closing transport``), aiohttp has already closed the
+    connection, so the response side fails (and is handled) on its own; the task's exception
+    only said the same thing again, logged by asyncio with a traceback."""
+
+    async def write_bytes(self, writer: Any, conn: Any, content_length: int | None = None) -> None:
+        try:
+            await super().write_bytes(writer, conn, content_length)
+        except (aiohttp.ClientError, OSError) as exc:
+            log.debug("sending a body to the primary failed: %s", exc)
+
+
 class Forwarder:
     """Relays requests to the primary's unix socket ``path``. ``start()`` before use."""
 
-    def __init__(self, path: str, primary_pid: int) -> None:
+    def __init__(self, path: str, primary_pid: int, limits: UploadLimits) -> None:
         self.path = path
         self.primary_pid = primary_pid
+        self.limits = limits
         self.forwarded_total = 0
         self._session: aiohttp.ClientSession | None = None
 
@@ -66,6 +124,7 @@ class Forwarder:
             auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            request_class=_ForwardedRequest,
         )
 
     async def close(self) -> None:
@@ -90,7 +149,9 @@ class Forwarder:
         self.forwarded_total += 1
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
         expects = request.headers.get("Expect", "").lower() == "100-continue"
-        body = _body(request, expects) if request.body_exists else None
+        now = asyncio.get_running_loop().time()
+        meter = _BodyMeter(started=now, last=now)
+        body = _body(request, expects, meter) if request.body_exists else None
         if body is None:
             headers = [(k, v) for k, v in headers if k.lower() != "expect"]
         try:
@@ -112,6 +173,12 @@ class Forwarder:
             if await self._primary_died():
                 # The primary died: answer as the node would have, by dropping the connection
                 # (a 503 from a node that just died would be a lie about what it stored).
+                log.info(
+                    "the primary died; cut the connection of %s %s: %s",
+                    request.method,
+                    request.path,
+                    exc,
+                )
                 if request.transport is not None:
                     request.transport.abort()
                 return web.Response(status=499)
@@ -128,7 +195,8 @@ class Forwarder:
             for k, v in upstream.headers.items():
                 if k.lower() not in HOP_BY_HOP:
                     response.headers.add(k, v)
-            if request.body_exists and not request.content.is_eof():
+            unread = request.body_exists and not request.content.is_eof()
+            if unread:
                 response.force_close()  # the primary answered before the whole body came
             if upstream.headers.get("Connection", "").lower() == "close":
                 response.force_close()
@@ -136,6 +204,13 @@ class Forwarder:
             async for chunk in upstream.content.iter_chunked(CHUNK_BYTES):
                 await response.write(chunk)
             await response.write_eof()
+            loop = asyncio.get_running_loop()
+            if (
+                unread
+                and request.transport is not None
+                and meter.given_up(loop.time(), self.limits)
+            ):
+                request.transport.close()  # flushes the answer first; no lingering read
             return response
         except (aiohttp.ClientError, OSError) as exc:
             # Bytes may be on their way: the only honest end is to cut the connection.
@@ -149,10 +224,13 @@ class Forwarder:
             upstream.release()
 
 
-async def _body(request: web.Request, expects: bool) -> AsyncIterator[bytes]:
-    """The client's body; with ``Expect: 100-continue`` the client is told to send it only
-    now, when the primary asked for it."""
+async def _body(request: web.Request, expects: bool, meter: _BodyMeter) -> AsyncIterator[bytes]:
+    """The client's body, counted in ``meter``; with ``Expect: 100-continue`` the client is
+    told to send it only now, when the primary asked for it."""
     if expects and request.writer is not None:
         await request.writer.write(CONTINUE)
+    loop = asyncio.get_running_loop()
     async for chunk in request.content.iter_chunked(CHUNK_BYTES):
+        meter.received += len(chunk)
+        meter.last = loop.time()
         yield chunk

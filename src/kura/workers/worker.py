@@ -63,7 +63,7 @@ from kura.storage.budget import TmpBudget
 from kura.storage.hot_generation import SharedGeneration
 from kura.storage.multipart import MultipartUploads
 from kura.storage.worker_reads import WorkerReads
-from kura.workers.forward import Forwarder
+from kura.workers.forward import Forwarder, UploadLimits
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,12 @@ class Worker:
         cert, key = s.public_tls_cert_path, s.public_tls_key_path
         self.public_tls = PublicTls(cert, key) if cert and key else None
         watch_auth(self.metrics, self.auth, self.public_tls)
-        self.forward = Forwarder(plan.primary_socket, primary_pid)
+        limits = UploadLimits(
+            body_idle_timeout_seconds=s.body_idle_timeout_seconds,
+            upload_grace_seconds=s.upload_grace_seconds,
+            min_upload_bytes_per_second=s.min_upload_bytes_per_second,
+        )
+        self.forward = Forwarder(plan.primary_socket, primary_pid, limits)
         self.context = ApiContext(
             settings=s,
             service=self.service,

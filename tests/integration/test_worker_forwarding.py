@@ -1,0 +1,179 @@
+"""Requests a worker forwards to the primary (kura.workers.forward), on connections the worker
+itself accepted: which process accepted a TCP connection is read from /proc (the server-side
+socket's inode among the process's descriptors), so nothing rests on ``SO_REUSEPORT`` luck.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import NodeProcess
+from tests.integration import rawhttp
+from tests.integration.test_workers import start_with_workers, worker_pids
+
+MiB = 1024 * 1024
+
+
+def _server_inode(port: int, client_port: int) -> int | None:
+    """The inode of the server side of the connection from ``client_port`` (proc(5) net/tcp)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote = fields[1], fields[2]
+            if int(local.rsplit(":", 1)[1], 16) == port and (
+                int(remote.rsplit(":", 1)[1], 16) == client_port
+            ):
+                return int(fields[9])
+    return None
+
+
+def _holds(pid: int, inode: int) -> bool:
+    target = f"socket:[{inode}]"
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd) == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def worker_connection(node: NodeProcess) -> socket.socket:
+    """A connection to the public port that the worker (not the primary) accepted."""
+    (worker,) = worker_pids(node)
+    port = int(node.url.rsplit(":", 1)[1])
+    for _ in range(200):
+        s = rawhttp.connect(node.url, timeout=30)
+        client_port = s.getsockname()[1]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            inode = _server_inode(port, client_port)
+            if inode:
+                if _holds(worker, inode):
+                    return s
+                if _holds(node.proc.pid, inode):
+                    break
+            time.sleep(0.01)
+        s.close()
+    raise AssertionError("the worker accepted none of 200 connections")
+
+
+def closed(s: socket.socket) -> bool:
+    """Whether the peer closed (EOF or reset) within the socket's timeout, nothing more sent."""
+    try:
+        return s.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_trickling_upload_through_the_worker_is_answered_and_closed_at_the_grace(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_with_workers(
+        start_node,
+        "g",
+        workers=2,
+        min_upload_bytes_per_second=16 * 1024,
+        upload_grace_seconds=2,
+        body_idle_timeout_seconds=60,
+    )
+    with worker_connection(node) as s:
+        started = time.monotonic()
+        rawhttp.send_head(s, "PUT", "/cache/trickle", {"Content-Length": str(MiB)})
+        s.sendall(b"x")
+        s.settimeout(1.0)
+        data = b""
+        while b"upload too slow" not in data and time.monotonic() - started < 20:
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                s.sendall(b"x")  # a byte a second
+                continue
+            assert chunk, data
+            data += chunk
+        after = time.monotonic() - started
+        assert data.startswith(b"HTTP/1.1 400"), data
+        assert b"upload too slow" in data
+        assert 1.5 <= after < 10, after
+        # Closed at once, as the primary closes its own: not after a 10 s lingering read.
+        s.settimeout(3)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(b"x")
+        assert closed(s)
+    assert node.metric('kura_http_aborted_uploads_total{reason="slow"}') == 1
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == 0)
+
+
+def test_forwarded_requests_end_cleanly_when_the_primary_is_killed(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """In flight when the primary dies: a body waiting for its ``100 Continue``, a body half
+    sent, and a stream of small uploads on kept-alive connections (a pooled connection to the
+    primary found closed as its body goes out). Each client gets a whole answer or a cut
+    connection; the worker logs no traceback (no task exception left unretrieved)."""
+    node = start_with_workers(start_node, "p", workers=2)
+    (worker,) = worker_pids(node)
+    waiting = worker_connection(node)
+    rawhttp.send_head(
+        waiting, "PUT", "/cache/waiting", {"Content-Length": str(MiB), "Expect": "100-continue"}
+    )
+    half = worker_connection(node)
+    rawhttp.send_head(half, "PUT", "/cache/half", {"Content-Length": str(MiB)})
+    half.sendall(os.urandom(MiB // 2))
+
+    stop = threading.Event()
+    outcomes: list[str] = []
+
+    def hammer(s: socket.socket, n: int) -> None:
+        """Small uploads, one after another on one kept-alive connection to the worker."""
+        i = 0
+        with s:
+            while not stop.is_set():
+                i += 1
+                body = os.urandom(2000)
+                try:
+                    rawhttp.send_head(s, "PUT", f"/cache/h{n}-{i}", {"Content-Length": "2000"})
+                    s.sendall(body)
+                    status = rawhttp.read_response(s)[0]
+                except OSError:  # ConnectionError, or the timeout of a connection cut
+                    outcomes.append("cut")
+                    return
+                outcomes.append(str(status))
+                if status != 201:
+                    return
+
+    hammered = [worker_connection(node) for _ in range(4)]
+    writers = [threading.Thread(target=hammer, args=(s, n)) for n, s in enumerate(hammered)]
+    for t in writers:
+        t.start()
+    time.sleep(1.0)
+    node.proc.send_signal(signal.SIGKILL)
+    assert node.proc.wait(timeout=15) == -signal.SIGKILL
+    assert rawhttp.wait_until(lambda: not Path(f"/proc/{worker}").exists(), 30)
+    stop.set()
+    for t in writers:
+        t.join(30)
+        assert not t.is_alive()
+
+    for s in (waiting, half):
+        s.settimeout(10)
+        try:
+            data = s.recv(65536)
+            while data.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"):
+                data = data[len(b"HTTP/1.1 100 Continue\r\n\r\n") :] or s.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        assert data == b"" or data.startswith(b"HTTP/1.1 503"), data
+        s.close()
+    assert "201" in outcomes  # the stream was under way when the primary died
+    assert set(outcomes) <= {"201", "503", "cut"}, set(outcomes)
+    log = node.log()
+    assert "Traceback" not in log, log[-3000:]
+    assert "never retrieved" not in log, log[-3000:]
