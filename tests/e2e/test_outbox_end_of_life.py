@@ -1,7 +1,8 @@
 """A dead peer never blocks writes (issue 11, deliverable 1), on real node processes.
 
 Node A replicates to a live peer B and to a URL nobody listens on, with a per-peer outbox cap of
-20 and ``KURA_PEER_FORGET_AFTER=3s``. Every one of 200 writes (10× the cap) answers 2xx, B holds
+20 and ``KURA_PEER_FORGET_AFTER=10s`` (counted from A's start: the writes must all be queued
+before it passes, or the forget drops a shorter queue). Every one of 200 writes (10× the cap) answers 2xx, B holds
 them all, the dead peer's queue is dropped after the forget time and the peer is marked for
 catch-up; when a real node starts at that URL, A re-offers what it holds and the newcomer ends
 with every artifact — without bootstrapping (it knows no peer), so only A's catch-up can have
@@ -43,7 +44,7 @@ def test_a_peer_that_never_answers_costs_no_write_and_catches_up_when_it_returns
     nodes: list[NodeProcess] = []
     try:
         a = start(
-            "a", a_url, [a_url, b_url, dead_url], outbox_max_depth=CAP, peer_forget_after="3s"
+            "a", a_url, [a_url, b_url, dead_url], outbox_max_depth=CAP, peer_forget_after="10s"
         )
         nodes.append(a)
         b = start("b", b_url, [a_url, b_url], outbox_max_depth=CAP)
