@@ -105,10 +105,7 @@ def test_rows_from_before_the_checksum_are_verified_with_sha256_then_given_one(
     ext4: Ext4Image,  # noqa: F811
 ) -> None:
     intact, damaged = os.urandom(2 * MiB), os.urandom(2 * MiB)
-    # One process: a worker that verifies such a row with SHA-256 does not give it its XXH3-128
-    # (SharedReadIndex drops the write; the primary never hears of it), a known gap of
-    # KURA_WORKERS > 1 (the default is 1), so with a worker the row may never get one.
-    node = spawn_on(ext4, scrub_interval_seconds=0, workers=1)
+    node = spawn_on(ext4, scrub_interval_seconds=0)
     try:
         with node.client() as c:
             for key, body in (("intact", intact), ("damaged", damaged)):
@@ -119,7 +116,7 @@ def test_rows_from_before_the_checksum_are_verified_with_sha256_then_given_one(
         assert node.stop() == 0
     to_schema_1(node)
     flip_below(ext4, path, MiB + 5)
-    node = spawn_on(ext4, scrub_interval_seconds=0, workers=1)
+    node = spawn_on(ext4, scrub_interval_seconds=0)
     try:
         assert checksums(node) == {"old/intact": None, "old/damaged": None}  # migrated in place
         assert outcome(node.url + "/cache/old/damaged", damaged) == "aborted"

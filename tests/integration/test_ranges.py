@@ -231,7 +231,8 @@ def test_a_range_of_a_row_from_before_the_checksum_is_checked_with_sha256(
         with node.client() as c:
             r = c.get("/cache/old/damaged", headers={"Range": "bytes=0-99"})
             assert r.status_code == 404
-            assert node.metric(corrupt("read")) == 1
+            # A worker that finds it reports it to the primary, which counts it (within ~1 s).
+            assert wait_for(lambda: node.metric(corrupt("read")) == 1, 10)
             assert "the file hashes to sha256" in node.log()
             r = c.get("/cache/old/intact", headers={"Range": "bytes=-100"})
             assert r.status_code == 206

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import xxhash
 
-from tests.conftest import NodeProcess, parse_samples
+from tests.conftest import NodeProcess, parse_samples, spawn_node
 from tests.e2e.mesh import wait_for
+from tests.integration.test_fast_checksum import checksums, to_schema_1
 
 RW, RO = "rw-secret-token", "ro-secret-token"
 FRESH = {"Connection": "close"}
@@ -314,6 +316,31 @@ def test_damaged_bytes_are_never_served_by_either_process(
     assert wrong == 0
     assert statuses <= {404, "cut"}
     assert wait_for(lambda: node.metric_sum("kura_storage_corrupt_artifacts_total") >= 2, 10)
+
+
+def test_rows_from_before_the_checksum_get_one_whichever_process_reads_them(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A worker that verifies such a row with SHA-256 sends the XXH3-128 it computed in the same
+    pass to the primary, which records it: no row is left without one for being read there."""
+    bodies = {f"old/{i:02d}": os.urandom(300_000) for i in range(16)}  # large: hashed as sent
+    node = start_with_workers(start_node, "x", workers=2)
+    for key, body in bodies.items():
+        assert fresh(node, "PUT", f"/cache/{key}", content=body).status_code == 201
+    assert node.stop() == 0
+    to_schema_1(node)
+    node = spawn_node(node.log_path.parent, node.env)
+    try:
+        assert wait_for(lambda: node.metric("kura_workers") == 1, 60)
+        assert set(checksums(node).values()) == {None}  # migrated in place
+        for key, body in bodies.items():
+            assert fresh(node, "GET", f"/cache/{key}").content == body
+        by_worker = worker_metrics(node).get(HIT, 0.0)
+        assert 0 < by_worker < len(bodies), f"the worker served {by_worker} of {len(bodies)}"
+        want = {key: xxhash.xxh3_128(body).hexdigest() for key, body in bodies.items()}
+        assert wait_for(lambda: checksums(node) == want, 20), checksums(node)
+    finally:
+        assert node.stop() == 0
 
 
 def last_access_ms(node: NodeProcess) -> dict[str, int]:

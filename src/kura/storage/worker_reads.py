@@ -5,7 +5,10 @@ A worker serves GET and HEAD hits itself and hands everything else to the primar
 process that owns the data dir. ``WorkerReads`` raises ``ForwardToPrimary`` wherever the
 primary would do more than read: a local miss (the primary may read it through from a peer),
 an absent ``exists``/manifest, an entry whose bytes fail their check (the primary re-checks and
-quarantines it; the id is queued in ``suspects`` for it), and every write. The checks a worker
+quarantines it; the id is queued in ``suspects`` for it), and every write. The XXH3-128 a worker
+computes while it verifies a row from before the checksum with SHA-256 is queued in
+``checksums`` for the primary to record (``CacheService.record_xxh3_128``), so such a row gets
+its fast checksum whichever process reads it first. The checks a worker
 makes before it sends a byte are the primary's own (``storage.reads``: size on open, hash of
 small bodies, large ones hashed while sent).
 
@@ -41,7 +44,8 @@ from kura.storage.service import CacheService
 class SharedReadIndex(MetadataIndex):
     """``MetadataIndex`` as a second process reads it while the primary writes: ``mode=ro``,
     ``query_only``, a busy timeout; the best-effort writes a read may make (stat signature,
-    checksum, access times) are dropped (the primary makes its own).
+    checksum, access times) are dropped here (``WorkerReads`` queues the hits and checksums for
+    the primary).
 
     ``immutable``: the primary opened the index read-only at start-up (a full disk,
     ``storage.recovery``), so nothing writes it until the node restarts and SQLite could not
@@ -95,6 +99,7 @@ class WorkerReads(CacheService):
         kwargs["hooks"] = ForwardMisses()
         super().__init__(**kwargs)
         self.suspects: list[str] = []  # ids whose bytes failed a check here, for the primary
+        self.checksums: list[tuple[Manifest, str]] = []  # verified here, for the primary
 
     def attach(self, *, immutable: bool = False) -> None:
         """Open the shared index and change counter (the primary created both; it holds the
@@ -115,6 +120,15 @@ class WorkerReads(CacheService):
     def take_suspects(self) -> list[str]:
         found, self.suspects = self.suspects, []
         return found
+
+    def take_checksums(self) -> list[tuple[Manifest, str]]:
+        """The (manifest, XXH3-128 hex) pairs verified since the last call."""
+        found, self.checksums = self.checksums, []
+        return found
+
+    def record_xxh3_128(self, manifest: Manifest, xxh3_128: str) -> None:
+        """Queue it for the primary, which records it if the row is still that version."""
+        self.checksums.append((manifest, xxh3_128))
 
     async def flush_touches(self) -> None:
         return None  # the primary records them (take_accesses)

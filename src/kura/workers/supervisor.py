@@ -4,10 +4,11 @@ first on SIGTERM, take their hits into the LRU, and answer what they forward.
 Sockets (unix, in the data dir; in a private temporary directory when that path is too long
 for ``sun_path``, unix(7)): ``.kura.primary.sock`` serves the public app for forwarded
 requests, ``.kura.control.sock`` takes the workers' hits (``POST /hits``: accesses for the
-LRU, and ids whose bytes failed a check in a worker, which the primary verifies and
-quarantines if they really are damaged) and gives them the primary's JWKS (``GET /jwks``,
-``api.jwt_auth.JwtVerifier.follow``; 503 before a first good fetch), ``.kura.worker-N.sock``
-is worker N's ``/metrics``.
+LRU; ids whose bytes failed a check in a worker, which the primary verifies and quarantines
+if they really are damaged; the XXH3-128 of rows from before the checksum that a worker
+verified with SHA-256, recorded if the row is still that version) and gives them the
+primary's JWKS (``GET /jwks``, ``api.jwt_auth.JwtVerifier.follow``; 503 before a first good
+fetch), ``.kura.worker-N.sock`` is worker N's ``/metrics``.
 
 A worker that exits while the node runs is logged at ERROR, counted in
 ``kura_worker_restarts_total`` and started again after a jittered backoff (``kit.backoff``)
@@ -33,6 +34,7 @@ from aiohttp import web
 from kit.backoff import Backoff
 from kura.api.auth import TOKEN_GENERATION, TokenAuth
 from kura.api.metrics import KuraMetrics
+from kura.core.manifest import Manifest
 from kura.mesh.load_report import LoadReport
 from kura.mesh.peer_pace import PublicLoad
 from kura.settings import Settings
@@ -253,6 +255,13 @@ class Workers:
             task = asyncio.create_task(self.service.verify_stored(str(aid), detected_by="read"))
             self._verifying.add(task)
             task.add_done_callback(self._verifying.discard)
+        for found in doc.get("checksums") or []:
+            try:
+                manifest, xxh3_128 = Manifest.from_json(found["manifest"]), str(found["xxh3_128"])
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("worker %s sent a bad checksum: %s", doc.get("worker"), exc)
+            else:
+                self.service.record_xxh3_128(manifest, xxh3_128)
         if self.load is not None and "load" in doc:
             try:
                 report = LoadReport.from_json(doc["load"])

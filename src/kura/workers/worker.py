@@ -285,16 +285,18 @@ class Worker:
                 log.warning("could not send hits to the primary: %s", exc)
 
     async def _flush(self) -> None:
-        """Post the hits, suspect ids and public load (``kura.mesh.load_report``) gathered
+        """Post the hits, suspect ids, checksums and public load (``kura.mesh.load_report``) gathered
         since the last flush to the primary, if there are any."""
         accesses, suspects = self.service.take_accesses(), self.service.take_suspects()
-        if not accesses and not suspects and not self.load.pending():
+        checksums = self.service.take_checksums()
+        if not accesses and not suspects and not checksums and not self.load.pending():
             return
         doc = json.dumps(
             {
                 "worker": self.plan.number,
                 "accesses": accesses,
                 "suspects": suspects,
+                "checksums": [{"manifest": m.to_json(), "xxh3_128": h} for m, h in checksums],
                 "load": self.load.take().to_json(),
             }
         )
