@@ -6,7 +6,8 @@ optional mTLS) → public listener (both share the cap; with ``KURA_WORKERS > 1`
 ``SO_REUSEPORT`` and shared with the worker processes, ``kura.workers``) → background tasks in one
 ``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper, scrub, repair of
 quarantined artifacts from peers, anti-entropy, expiry). Stop (SIGTERM): mark draining
-(``/ready`` 503), stop the workers (each drains first), stop accepting and let in-flight
+(``/ready`` 503), close the public listener, stop the workers (each stops accepting and
+drains first; they forward to this process meanwhile), stop accepting and let in-flight
 requests finish within ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open
 multipart uploads, close the peer client and storage.
 """
@@ -362,6 +363,7 @@ class Node:
         self.public_url = ""
         self.event_loop = ""  # set by start()
         self._runners: list[web.AppRunner] = []
+        self._public_runner: web.AppRunner | None = None
         # The REAPI v2 services over gRPC (kura.grpc), when KURA_GRPC_PORT is set.
         self.grpc = (
             GrpcServer(settings, self.service, self.auth, self.metrics, self.public_tls)
@@ -563,6 +565,7 @@ class Node:
             tls.context if tls else None,
             reuse_port=self.workers is not None,
         )
+        self._public_runner = self._runners[-1]
         if self.workers is not None:  # they bind the same port (kura.workers)
             self._runners.append(await self.workers.start(port))
         self.public_url = f"{'https' if tls else 'http'}://{self.settings.host}:{port}"
@@ -652,7 +655,10 @@ class Node:
         """
         self.draining = True
         try:
-            if self.workers is not None:  # first: they forward to this process while draining
+            if self.workers is not None:  # they forward to this process while they drain, so
+                # it stops accepting on the public port, stops them, and then drains itself
+                for site in list(self._public_runner.sites if self._public_runner else ()):
+                    await site.stop()
                 await self.workers.stop()
             if self.grpc is not None:
                 await self.grpc.stop(float(self.settings.shutdown_timeout_seconds))

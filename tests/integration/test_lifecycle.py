@@ -118,10 +118,7 @@ def test_flag_and_cross_field_problems_also_exit_2(tmp_path: Path) -> None:
 def test_sigterm_lets_an_in_flight_upload_finish_and_then_exits_0(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    # One process: with a worker, the primary's listener still accepts while a worker drains
-    # an upload it holds (the workers are stopped first), a known gap of KURA_WORKERS > 1 (the
-    # default is 1).
-    node = start_node(shutdown_timeout_seconds=60, workers=1)
+    node = start_node(shutdown_timeout_seconds=60)
     body = os.urandom(2 * MiB)
     piece = len(body) // 16
     sock = rawhttp.connect(node.url, timeout=30)

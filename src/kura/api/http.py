@@ -174,6 +174,14 @@ def declared_length(request: web.Request) -> int | None:
     return value
 
 
+def upload_too_slow(settings: Settings, received: int, elapsed: float) -> bool:
+    """The trickle rule of ``request_body``: ``received`` bytes ``elapsed`` seconds after the
+    first read average below ``KURA_MIN_UPLOAD_BYTES_PER_SECOND`` (0: no minimum), once
+    ``KURA_UPLOAD_GRACE_SECONDS`` have passed."""
+    rate = settings.min_upload_bytes_per_second
+    return rate > 0 and elapsed >= settings.upload_grace_seconds and received < rate * elapsed
+
+
 async def request_body(request: web.Request, protocol: str) -> AsyncIterator[bytes]:
     """Yield the body's chunks. A disconnect before the end raises ``IncompleteBody``, and so
     does a client holding a tmp reservation without using it: no byte for
@@ -186,8 +194,7 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
     c = ctx(request)
     bytes_in = c.metrics.bytes_in_child(protocol)
     idle = c.settings.body_idle_timeout_seconds
-    min_rate = c.settings.min_upload_bytes_per_second
-    grace = c.settings.upload_grace_seconds
+    min_rate, grace = c.settings.min_upload_bytes_per_second, c.settings.upload_grace_seconds
     content = request.content
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -202,15 +209,16 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
                 async with asyncio.timeout(max(wait, 0.0)):
                     chunk = await content.read(READ_CHUNK_BYTES)
             except TimeoutError:
-                if loop.time() - started >= grace and min_rate > 0 and wait < idle:
-                    raise _aborted(c, protocol, "slow", received, loop.time() - started) from None
+                elapsed = loop.time() - started
+                if wait < idle and upload_too_slow(c.settings, received, elapsed):
+                    raise _aborted(c, protocol, "slow", received, elapsed) from None
                 raise _aborted(c, protocol, "stalled", received, float(idle)) from None
             if not chunk:
                 return
             received += len(chunk)
             bytes_in.inc(len(chunk))
             elapsed = loop.time() - started
-            if min_rate > 0 and elapsed >= grace and received < min_rate * elapsed:
+            if upload_too_slow(c.settings, received, elapsed):
                 raise _aborted(c, protocol, "slow", received, elapsed)
             yield chunk
     except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError) as exc:

@@ -34,6 +34,9 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from kura.api.http import upload_too_slow
+from kura.settings import Settings
+
 log = logging.getLogger(__name__)
 
 HOP_BY_HOP = frozenset(
@@ -63,15 +66,6 @@ def _exited(pid: int) -> bool:
     return stat.rpartition(b")")[2].split()[0] in (b"Z", b"X")
 
 
-@dataclass(frozen=True)
-class UploadLimits:
-    """The primary's upload limits, as settings: seconds and bytes per second (0: no minimum)."""
-
-    body_idle_timeout_seconds: float
-    upload_grace_seconds: float
-    min_upload_bytes_per_second: int
-
-
 @dataclass
 class _BodyMeter:
     """What came of the client's body so far: loop times in seconds, bytes. Timed from the
@@ -82,15 +76,12 @@ class _BodyMeter:
     last: float
     received: int = 0
 
-    def given_up(self, now: float, limits: UploadLimits) -> bool:
-        """Whether the primary's rule would abort this upload now (stalled or too slow)."""
-        if now - self.last >= limits.body_idle_timeout_seconds:
+    def given_up(self, now: float, settings: Settings) -> bool:
+        """Whether the primary's rule (``api.http.request_body``) would abort this upload now:
+        stalled for ``KURA_BODY_IDLE_TIMEOUT_SECONDS``, or too slow (``upload_too_slow``)."""
+        if now - self.last >= settings.body_idle_timeout_seconds:
             return True
-        elapsed = now - self.started
-        rate = limits.min_upload_bytes_per_second
-        return (
-            rate > 0 and elapsed >= limits.upload_grace_seconds and (self.received < rate * elapsed)
-        )
+        return upload_too_slow(settings, self.received, now - self.started)
 
 
 class _ForwardedRequest(aiohttp.ClientRequest):
@@ -111,10 +102,13 @@ class _ForwardedRequest(aiohttp.ClientRequest):
 class Forwarder:
     """Relays requests to the primary's unix socket ``path``. ``start()`` before use."""
 
-    def __init__(self, path: str, primary_pid: int, limits: UploadLimits) -> None:
+    def __init__(
+        self, path: str, primary_pid: int, settings: Settings, running: set[asyncio.Task[Any]]
+    ) -> None:
         self.path = path
         self.primary_pid = primary_pid
-        self.limits = limits
+        self.settings = settings
+        self.running = running  # the drain on SIGTERM waits for these (ApiContext.handlers)
         self.forwarded_total = 0
         self._session: aiohttp.ClientSession | None = None
 
@@ -145,6 +139,17 @@ class Forwarder:
             await asyncio.sleep(0.02)
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
+        """Forward ``request`` (module docstring). Its task is in ``running`` until it ends, so
+        a draining worker lets it finish: an upload it relays is not cut by the worker's exit."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.running.add(task)
+        try:
+            return await self._forward(request)
+        finally:
+            self.running.discard(task)
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         self.forwarded_total += 1
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
@@ -208,7 +213,7 @@ class Forwarder:
             if (
                 unread
                 and request.transport is not None
-                and meter.given_up(loop.time(), self.limits)
+                and meter.given_up(loop.time(), self.settings)
             ):
                 request.transport.close()  # flushes the answer first; no lingering read
             return response

@@ -63,7 +63,7 @@ from kura.storage.budget import TmpBudget
 from kura.storage.hot_generation import SharedGeneration
 from kura.storage.multipart import MultipartUploads
 from kura.storage.worker_reads import WorkerReads
-from kura.workers.forward import Forwarder, UploadLimits
+from kura.workers.forward import Forwarder
 
 log = logging.getLogger(__name__)
 
@@ -167,12 +167,6 @@ class Worker:
         cert, key = s.public_tls_cert_path, s.public_tls_key_path
         self.public_tls = PublicTls(cert, key) if cert and key else None
         watch_auth(self.metrics, self.auth, self.public_tls)
-        limits = UploadLimits(
-            body_idle_timeout_seconds=s.body_idle_timeout_seconds,
-            upload_grace_seconds=s.upload_grace_seconds,
-            min_upload_bytes_per_second=s.min_upload_bytes_per_second,
-        )
-        self.forward = Forwarder(plan.primary_socket, primary_pid, limits)
         self.context = ApiContext(
             settings=s,
             service=self.service,
@@ -180,6 +174,7 @@ class Worker:
             auth=self.auth,
             metrics=self.metrics,
         )
+        self.forward = Forwarder(plan.primary_socket, primary_pid, s, self.context.handlers)
         self.load = LoadTally()  # for the primary's peer pace (kura.mesh.load_report)
         self.connections = connections.ConnectionGuard(s.max_connections)
         self.connections.watch(self.metrics)  # its own cap: KURA_MAX_CONNECTIONS is per process
