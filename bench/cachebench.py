@@ -367,12 +367,27 @@ def _status_kib(pid: int, field: str) -> int:
     return 0
 
 
+def _pss_kib(pid: int) -> int:
+    """Proportional set size: private pages plus each shared page divided by its sharers, so
+    a tree's sum counts a library two processes map once (summed RSS counts it twice)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 class RssWatcher:
-    """Peak RSS of a process tree: VmHWM after a clear_refs reset, plus 20 ms sampling of VmRSS."""
+    """Peak memory of a process tree: RSS as VmHWM after a clear_refs reset plus 20 ms sampling
+    of VmRSS (summed over the tree), and PSS sampled at the same pace (the tree's real share)."""
 
     def __init__(self, pid: int | None):
         self.pid = pid
         self.sampled_kib = 0
+        self.pss_kib = 0
         self._stop = threading.Event()
         self._t: threading.Thread | None = None
         self.hwm_reset = False
@@ -398,6 +413,7 @@ class RssWatcher:
             self.sampled_kib = max(
                 self.sampled_kib, sum(_status_kib(p, "VmRSS") for p in self.pids)
             )
+            self.pss_kib = max(self.pss_kib, sum(_pss_kib(p) for p in self.pids))
             self._stop.wait(0.02)
 
     def __exit__(self, *exc):
@@ -416,6 +432,8 @@ class RssWatcher:
             "idle_rss_mib": round(self.idle_kib / 1024, 1),
             "peak_rss_mib": round(peak / 1024, 1),
             "rss_growth_mib": round(max(0, peak - self.idle_kib) / 1024, 1),
+            "peak_pss_mib": round(self.pss_kib / 1024, 1),
+            "processes": len(self.pids),
         }
 
 

@@ -777,7 +777,7 @@ def build_tables(
         out.append("")
         out.append(
             "| big transfer | "
-            + " | ".join(f"{p} s (MiB/s) [peak RSS MiB, +growth]" for p in peers)
+            + " | ".join(f"{p} s (MiB/s) [peak RSS MiB, +growth; PSS MiB]" for p in peers)
             + " |"
         )
         out.append("|" + "---|" * (1 + len(peers)))
@@ -796,7 +796,11 @@ def build_tables(
                 growth = med(rows, "rss_growth_mib")
                 grow = f", +{growth:,.0f}" if growth == growth else ""
                 peak = max(r.get("peak_rss_mib", float("nan")) for r in rows)
-                cells.append(f"{s:.2f} ({med(rows, 'MiBps'):,.0f}){rat} [{peak:,.0f}{grow}]{bad}")
+                pss = max(r.get("peak_pss_mib", float("nan")) for r in rows)
+                pss_cell = f"; {pss:,.0f}" if pss == pss else ""
+                cells.append(
+                    f"{s:.2f} ({med(rows, 'MiBps'):,.0f}){rat} [{peak:,.0f}{grow}{pss_cell}]{bad}"
+                )
             out.append(f"| {op} {cb.fmt_size(size)} | " + " | ".join(cells) + " |")
         if others:
             out.append("")
@@ -817,7 +821,10 @@ def build_tables(
         out.append("")
         out.append(
             f"xN = throughput relative to {ref} (higher is better). Seconds and MiB/s are "
-            "medians over repeats; peak RSS is the maximum over repeats (process tree)."
+            "medians over repeats; peak RSS is the maximum over repeats, summed over the process "
+            "tree (a library that two processes map counts twice); PSS is the tree's proportional "
+            "set size (each shared page divided among the processes that map it), sampled every "
+            "20 ms."
         )
     return "\n".join(out)
 

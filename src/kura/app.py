@@ -56,7 +56,7 @@ from kura.api.anti_entropy_metrics import watch_anti_entropy
 from kura.api.auth import token_auth_from
 from kura.api.auth_metrics import watch_auth
 from kura.api.expiry_metrics import watch_bucket_expiry, watch_expiry
-from kura.api.http import CTX_KEY, ApiContext
+from kura.api.http import CTX_KEY, ApiContext, no_active_content, track_handlers, wait_for_handlers
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
 from kura.api.object_store_metrics import ObjectStoreCollector
@@ -469,9 +469,12 @@ class Node:
     def build_app(self) -> web.Application:
         app = web.Application(
             client_max_size=CLIENT_MAX_SIZE_BYTES,
-            middlewares=[public_load.middleware(self.peer_pace.load)],
+            middlewares=[
+                track_handlers(self._handlers),
+                public_load.middleware(self.peer_pace.load),
+            ],
         )
-        app.on_response_prepare.append(_no_active_content)
+        app.on_response_prepare.append(no_active_content)
         app[CTX_KEY] = self._context()
         app[probes.READINESS_KEY] = self.readiness_reasons
         app[probes.WARNINGS_KEY] = self.warnings
@@ -503,7 +506,8 @@ class Node:
 
     def build_internal_app(self) -> web.Application:
         app = web.Application(
-            client_max_size=CLIENT_MAX_SIZE_BYTES, middlewares=[self.peer_auth.middleware]
+            client_max_size=CLIENT_MAX_SIZE_BYTES,
+            middlewares=[track_handlers(self._handlers), self.peer_auth.middleware],
         )
         app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
@@ -623,6 +627,13 @@ class Node:
             if reaped:
                 log.info("removed %d abandoned multipart uploads", reaped)
 
+    async def _close_public_listener(self) -> None:
+        """Stop accepting on the public port; open connections stay (``_drain`` ends them).
+        A stopped site leaves ``runner.sites``, so ``_drain`` does not stop it again."""
+        if self._public_runner is not None:
+            for site in list(self._public_runner.sites):
+                await site.stop()
+
     async def _drain(self) -> None:
         """Stop accepting, then let running handlers finish within the shutdown timeout.
 
@@ -635,11 +646,7 @@ class Node:
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.shutdown_timeout_seconds
-        while self._handlers and (remaining := deadline - loop.time()) > 0:
-            await asyncio.wait(set(self._handlers), timeout=remaining)
-        late = set(self._handlers)
+        late = await wait_for_handlers(self._handlers, self.settings.shutdown_timeout_seconds)
         for task in late:
             task.cancel()
         if late:
@@ -657,8 +664,7 @@ class Node:
         try:
             if self.workers is not None:  # they forward to this process while they drain, so
                 # it stops accepting on the public port, stops them, and then drains itself
-                for site in list(self._public_runner.sites if self._public_runner else ()):
-                    await site.stop()
+                await self._close_public_listener()
                 await self.workers.stop()
             if self.grpc is not None:
                 await self.grpc.stop(float(self.settings.shutdown_timeout_seconds))
@@ -727,11 +733,3 @@ def _bound_port(runner: web.AppRunner) -> int:
         if isinstance(addr, tuple):
             return int(addr[1])
     raise RuntimeError("listener has no TCP address")
-
-
-async def _no_active_content(_request: web.Request, response: web.StreamResponse) -> None:
-    """Every public answer: an artifact is served with the Content-Type its client stored, so
-    a stored ``text/html`` body must never run as a page of this origin (where ``/ui`` and its
-    credentials live). ``nosniff`` and a sandboxing CSP unless the route set its own."""
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Content-Security-Policy", "sandbox; default-src 'none'")

@@ -279,6 +279,27 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(
     print(f"{len(acked)} acknowledged writes, 0 lost; reads failed: {len(read_failures)}")
 
 
+def test_a_worker_loads_only_what_serving_needs(start_node: Callable[..., NodeProcess]) -> None:
+    """Each process's RSS counts toward the node's: a worker that has served a hit must not have
+    loaded gRPC, the object-store client or the certificate parser (``kura.app`` pulled them
+    all in, ~30 MiB, until the worker stopped importing it), while the primary has gRPC."""
+    node = start_with_workers(start_node, "t")
+    assert fresh(node, "PUT", "/cache/lean", content=b"x" * 4096).status_code in (200, 201)
+    for _ in range(40):
+        assert fresh(node, "GET", "/cache/lean").status_code == 200
+    assert worker_metrics(node).get(HIT, 0.0) > 0  # the worker did serve
+    (worker,) = worker_pids(node)
+
+    def libraries(pid: int) -> str:
+        return Path(f"/proc/{pid}/maps").read_text()
+
+    assert "cygrpc" in libraries(node.proc.pid)  # the probe would notice a renamed library
+    loaded = libraries(worker)
+    assert "_http_parser" in loaded  # it is the serving process
+    for lib in ("cygrpc", "_obstore", "cryptography"):
+        assert lib not in loaded, f"the worker loaded {lib}"
+
+
 def test_sigterm_stops_the_workers_and_exits_0(start_node: Callable[..., NodeProcess]) -> None:
     node = start_with_workers(start_node, "t", workers=3)
     pids = worker_pids(node)

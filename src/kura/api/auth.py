@@ -24,12 +24,15 @@ import binascii
 import enum
 import hmac
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from kura.api.jwt_auth import JwtVerifier, load_public_key, looks_like_jwt
 from kura.api.token_file import STAT_INTERVAL_SECONDS, TokenFile
 from kura.core.errors import Forbidden, Unauthenticated
 from kura.settings import Settings
 from kura.storage.hot_generation import SharedGeneration
+
+if TYPE_CHECKING:  # PyJWT and cryptography cost each process ~10 MiB: loaded only with JWT on
+    from kura.api.jwt_auth import JwtVerifier
 
 TOKEN_GENERATION = ".kura.token-generation"  # in the data dir, with KURA_WORKERS > 1
 
@@ -148,7 +151,7 @@ class TokenAuth:
             if access is Access.WRITE:
                 raise Forbidden("this token is read-only")
             return
-        if self.jwt is not None and looks_like_jwt(token):
+        if self.jwt is not None and self.jwt.looks_like_jwt(token):
             self._check_grant(token, access, namespace)
             return
         raise Unauthenticated("invalid token")
@@ -205,6 +208,8 @@ def token_auth_from(settings: Settings) -> TokenAuth:
     read or parsed (the CLI prints it and exits 1)."""
     verifier = None
     if settings.auth_jwt:
+        from kura.api.jwt_auth import JwtVerifier, load_public_key
+
         # validate_settings requires both with a key.
         assert settings.auth_jwt_issuer is not None
         assert settings.auth_jwt_audience is not None

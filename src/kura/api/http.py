@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
@@ -51,7 +52,7 @@ class ApiContext:
     uploads: MultipartUploads
     auth: TokenAuth
     metrics: KuraMetrics
-    # Handler tasks running now: the graceful drain waits for them; /metrics counts them.
+    # Request tasks running now (``track_handlers``): the drain waits for them; /metrics counts them.
     handlers: set[asyncio.Task[Any]] = field(default_factory=set)
     # Paces peer bodies by public load (kura.mesh.peer_pace); None: unpaced.
     peer_pace: PeerPace | None = None
@@ -105,9 +106,6 @@ def endpoint(
         async def run(request: web.Request) -> web.StreamResponse:
             c = ctx(request)
             started = time.perf_counter()
-            task = asyncio.current_task()
-            if task is not None:
-                c.handlers.add(task)
             status = 500
             try:
                 if access is not None:
@@ -148,8 +146,6 @@ def endpoint(
                 status = 500
                 raise
             finally:
-                if task is not None:
-                    c.handlers.discard(task)
                 if status != FORWARDED:
                     c.metrics.observe_request(
                         protocol, request.method, status, time.perf_counter() - started
@@ -161,6 +157,37 @@ def endpoint(
         return run
 
     return wrap
+
+
+def track_handlers(handlers: set[asyncio.Task[Any]]) -> Middleware:
+    """The outermost middleware of every app (the primary's two, each worker's): each request's
+    task is in ``handlers`` until its handler returns, whatever the route, so the drain on
+    SIGTERM waits for all of them (a request a worker relays to the primary included) and the
+    in-flight gauge counts them. One place, so that no new kind of handler can be missed."""
+
+    @web.middleware
+    async def tracked(request: web.Request, handler: Handler) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None  # aiohttp runs each request in a task of its own
+        handlers.add(task)
+        try:
+            return await handler(request)
+        finally:
+            handlers.discard(task)
+
+    return tracked
+
+
+async def wait_for_handlers(
+    handlers: set[asyncio.Task[Any]], timeout_seconds: float
+) -> set[asyncio.Task[Any]]:
+    """Wait until every task in ``handlers`` (``track_handlers``) has ended, new ones included,
+    or ``timeout_seconds`` passed; return the ones still running (for the caller to cancel)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_seconds
+    while handlers and (remaining := deadline - loop.time()) > 0:
+        await asyncio.wait(set(handlers), timeout=remaining)
+    return set(handlers)
 
 
 def declared_length(request: web.Request) -> int | None:
@@ -323,3 +350,11 @@ def query_param(request: web.Request, *names: str) -> str | None:
         if value:
             return value
     return None
+
+
+async def no_active_content(_request: web.Request, response: web.StreamResponse) -> None:
+    """Every public answer: an artifact is served with the Content-Type its client stored, so
+    a stored ``text/html`` body must never run as a page of this origin (where ``/ui`` and its
+    credentials live). ``nosniff`` and a sandboxing CSP unless the route set its own."""
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Content-Security-Policy", "sandbox; default-src 'none'")

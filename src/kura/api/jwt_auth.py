@@ -107,6 +107,8 @@ def load_public_key(value: str) -> Any:
 class JwtVerifier:
     """Verifies tokens against one public key or a JWKS URL (exactly one of the two)."""
 
+    looks_like_jwt = staticmethod(looks_like_jwt)
+
     def __init__(
         self,
         *,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -23,11 +23,13 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kura.mesh.bootstrap import Bootstrapper
-from kura.mesh.membership import Membership
-from kura.mesh.read_through import ReadThrough
-from kura.mesh.shipper import Shipper
 from kura.mesh.wire import peer_label
+
+if TYPE_CHECKING:  # a worker process has none of these: it need not load them
+    from kura.mesh.bootstrap import Bootstrapper
+    from kura.mesh.membership import Membership
+    from kura.mesh.read_through import ReadThrough
+    from kura.mesh.shipper import Shipper
 from kura.storage.budget import TmpBudget
 from kura.storage.hotcache import HotCache
 from kura.storage.recovery import StartReport

@@ -20,8 +20,6 @@ import os
 import ssl
 from pathlib import Path
 
-from cryptography import x509
-
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
@@ -91,5 +89,7 @@ class PublicTls:
 
 def _not_after(cert: Path) -> float:
     """The leaf's (first certificate's) notAfter as unix seconds; ``ValueError`` if unparsable."""
+    from cryptography import x509  # ~9 MiB per process: loaded only when TLS is configured
+
     leaf = x509.load_pem_x509_certificate(cert.read_bytes())
     return leaf.not_valid_after_utc.timestamp()

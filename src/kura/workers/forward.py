@@ -102,13 +102,10 @@ class _ForwardedRequest(aiohttp.ClientRequest):
 class Forwarder:
     """Relays requests to the primary's unix socket ``path``. ``start()`` before use."""
 
-    def __init__(
-        self, path: str, primary_pid: int, settings: Settings, running: set[asyncio.Task[Any]]
-    ) -> None:
+    def __init__(self, path: str, primary_pid: int, settings: Settings) -> None:
         self.path = path
         self.primary_pid = primary_pid
         self.settings = settings
-        self.running = running  # the drain on SIGTERM waits for these (ApiContext.handlers)
         self.forwarded_total = 0
         self._session: aiohttp.ClientSession | None = None
 
@@ -139,17 +136,8 @@ class Forwarder:
             await asyncio.sleep(0.02)
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
-        """Forward ``request`` (module docstring). Its task is in ``running`` until it ends, so
-        a draining worker lets it finish: an upload it relays is not cut by the worker's exit."""
-        task = asyncio.current_task()
-        assert task is not None
-        self.running.add(task)
-        try:
-            return await self._forward(request)
-        finally:
-            self.running.discard(task)
-
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        """Forward ``request`` (module docstring). The worker app's ``track_handlers`` keeps its
+        task in the set a draining worker waits for: a relayed upload is not cut by the exit."""
         assert self._session is not None
         self.forwarded_total += 1
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]

@@ -53,7 +53,7 @@ from kura.api import (
 )
 from kura.api.auth import TOKEN_GENERATION, token_auth_from
 from kura.api.auth_metrics import watch_auth
-from kura.api.http import CTX_KEY, ApiContext
+from kura.api.http import CTX_KEY, ApiContext, no_active_content, track_handlers, wait_for_handlers
 from kura.api.metrics import KuraMetrics
 from kura.api.public_tls import PublicTls
 from kura.core.errors import ForwardToPrimary
@@ -122,13 +122,11 @@ def build_worker_app(
     async def no_continue(_request: web.Request) -> None:
         return None  # the forwarder sends 100 Continue when the primary does
 
-    middlewares: list[Middleware] = [forward_the_rest]
+    middlewares: list[Middleware] = [track_handlers(context.handlers), forward_the_rest]
     if load is not None:
         middlewares.append(public_load.middleware(load))
     app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
-    from kura.app import _no_active_content  # the primary's own header rule
-
-    app.on_response_prepare.append(_no_active_content)
+    app.on_response_prepare.append(no_active_content)
     app[CTX_KEY] = context
     s = context.settings
     route_lists = [nx.routes(), metro.routes(), turbo.routes(), xcode.routes()]
@@ -174,7 +172,7 @@ class Worker:
             auth=self.auth,
             metrics=self.metrics,
         )
-        self.forward = Forwarder(plan.primary_socket, primary_pid, s, self.context.handlers)
+        self.forward = Forwarder(plan.primary_socket, primary_pid, s)
         self.load = LoadTally()  # for the primary's peer pace (kura.mesh.load_report)
         self.connections = connections.ConnectionGuard(s.max_connections)
         self.connections.watch(self.metrics)  # its own cap: KURA_MAX_CONNECTIONS is per process
@@ -262,11 +260,7 @@ class Worker:
         """As ``Node._drain``: stop accepting, let running handlers finish within the timeout."""
         for site in list(self._runners[0].sites):
             await site.stop()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.shutdown_timeout_seconds
-        handlers = self.context.handlers
-        while handlers and (remaining := deadline - loop.time()) > 0:
-            await asyncio.wait(set(handlers), timeout=remaining)
+        await wait_for_handlers(self.context.handlers, self.settings.shutdown_timeout_seconds)
 
     async def _flush_loop(self) -> None:
         while True:
