@@ -7,6 +7,8 @@ Peers (all on 127.0.0.1, each with its own store under one fresh temp dir):
   nginx1     the same with worker_processes 1 (one event loop, like the Python servers)
   turbo      turborepo-remote-cache (node, local storage), /v8/artifacts/{key}?teamId=bench
   aiohttp    servers/aiohttp_cache.py  (bare aiohttp, FileResponse -> sendfile; PUT temp+rename)
+  aiohttp-hot1, aiohttp-hot2   the same, small GETs from a dict, in 1 or 2 processes (the
+             ceiling of a Python server for small hits)
   product    any other server: --product-cmd / --product-layout, see bench/README.md
 
 Every case is repeated --repeat times; repeats are interleaved across peers (case by case)
@@ -324,26 +326,25 @@ class TurboPeer(Peer):
 
 
 class AiohttpPeer(Peer):
-    name = "aiohttp"
+    """``aiohttp``: bare aiohttp, FileResponse per GET. ``aiohttp-hotN``: the same with small
+    GETs from a dict (``--hot``) in N processes, the least Python can do per small hit."""
+
+    def __init__(self, workdir: str, processes: int = 1, hot: bool = False) -> None:
+        self.name = f"aiohttp-hot{processes}" if hot else "aiohttp"
+        self.processes, self.hot = processes, hot
+        super().__init__(workdir)
 
     def start(self) -> None:
-        self.proc = Proc(
-            self.name,
-            [
-                sys.executable,
-                os.path.join(HERE, "servers", "aiohttp_cache.py"),
-                "--port",
-                str(self.port),
-                "--root",
-                self.store,
-            ],
-            logfile=os.path.join(self.dir, "stdout.log"),
-        )
+        cmd = [sys.executable, os.path.join(HERE, "servers", "aiohttp_cache.py")]
+        cmd += ["--port", str(self.port), "--root", self.store]
+        cmd += ["--processes", str(self.processes)] + (["--hot"] if self.hot else [])
+        self.proc = Proc(self.name, cmd, logfile=os.path.join(self.dir, "stdout.log"))
 
     def describe(self) -> str:
         import aiohttp
 
-        return f"aiohttp {aiohttp.__version__}, 1 process, FileResponse (sendfile), no fsync"
+        how = "small GETs from a dict (no checks)" if self.hot else "FileResponse (sendfile)"
+        return f"aiohttp {aiohttp.__version__}, {self.processes} process(es), {how}, no fsync"
 
 
 def kura_artifact_id(key: str, tenant: str = "default", producer: str = "http") -> str:
@@ -994,6 +995,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "nginx1": lambda: NginxPeer(workdir, "1", name="nginx1"),
             "turbo": lambda: TurboPeer(workdir, a.turbo_cli),
             "aiohttp": lambda: AiohttpPeer(workdir),
+            "aiohttp-hot1": lambda: AiohttpPeer(workdir, 1, hot=True),
+            "aiohttp-hot2": lambda: AiohttpPeer(workdir, 2, hot=True),
             "kura": lambda: KuraPeer(
                 workdir,
                 cmd=shlex.split(a.kura_cmd) if a.kura_cmd else None,

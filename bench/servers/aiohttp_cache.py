@@ -7,7 +7,13 @@ No fsync (same as nginx WebDAV and turborepo-remote-cache's local store).
 Body writes are plain blocking writes from the event loop: they land in the
 page cache and take microseconds, which is cheaper than a thread hop per chunk.
 
+--hot: GETs of bodies up to 64 KiB are answered from a dict filled on first read (no check,
+no eviction, no invalidation across processes: the least a Python server can do per small hit,
+i.e. the ceiling for kura's hot cache). --processes N: N processes on the port (SO_REUSEPORT),
+as kura's KURA_WORKERS.
+
 Usage: python aiohttp_cache.py --port 8081 --root STORE_DIR [--host 127.0.0.1] [--uvloop]
+       [--hot] [--processes N]
 """
 
 import argparse
@@ -22,7 +28,10 @@ from aiohttp import web
 KEY_RE = re.compile(r"^[0-9A-Za-z_-]{1,200}$")
 
 
-def make_app(root: str) -> web.Application:
+HOT_MAX_BYTES = 64 * 1024
+
+
+def make_app(root: str, hot: bool = False) -> web.Application:
     tmp_dir = os.path.join(root, ".tmp")
     os.makedirs(tmp_dir, exist_ok=True)
 
@@ -32,12 +41,22 @@ def make_app(root: str) -> web.Application:
             raise web.HTTPBadRequest(text="bad key")
         return os.path.join(root, key)
 
+    memory: dict[str, bytes] = {}
+
     async def get_blob(request: web.Request) -> web.StreamResponse:
         path = blob_path(request)
+        if hot:
+            data = memory.get(path)
+            if data is not None:
+                return web.Response(body=data, content_type="application/octet-stream")
         try:
-            os.stat(path)
+            size = os.stat(path).st_size
         except FileNotFoundError:
             raise web.HTTPNotFound() from None
+        if hot and size <= HOT_MAX_BYTES:
+            with open(path, "rb") as f:
+                memory[path] = f.read()
+            return web.Response(body=memory[path], content_type="application/octet-stream")
         return web.FileResponse(
             path,
             chunk_size=1 << 20,
@@ -52,6 +71,7 @@ def make_app(root: str) -> web.Application:
                 async for chunk in request.content.iter_any():
                     f.write(chunk)
             os.replace(tmp, path)
+            memory.pop(path, None)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -74,13 +94,25 @@ def main() -> None:
         action="store_true",
         help="use uvloop (note: disables zero-copy sendfile in FileResponse)",
     )
+    ap.add_argument("--hot", action="store_true", help="small GETs from memory (docstring)")
+    ap.add_argument("--processes", type=int, default=1, help="processes on the port")
     a = ap.parse_args()
     if a.uvloop:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     os.makedirs(a.root, exist_ok=True)
-    web.run_app(make_app(a.root), host=a.host, port=a.port, access_log=None, print=None)
+    for _ in range(a.processes - 1):
+        if os.fork() == 0:  # before any loop exists; the children die with the parent's group
+            break
+    web.run_app(
+        make_app(a.root, a.hot),
+        host=a.host,
+        port=a.port,
+        access_log=None,
+        print=None,
+        reuse_port=a.processes > 1,
+    )
 
 
 if __name__ == "__main__":

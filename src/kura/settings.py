@@ -712,7 +712,7 @@ class Settings:
         "processes serving the public port (auto = the CPUs this process may use); the extra "
         "ones serve GET and HEAD hits and forward the rest to the one process that owns the "
         "data dir",
-        default=1,  # auto once it measures faster on every path (docs/benchmarks.md)
+        default_factory=available_cpus,  # auto
     )
     event_loop: str = option(
         "KURA_EVENT_LOOP",

@@ -7,6 +7,8 @@ Configuration errors are collected and reported all at once, like Kura
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -281,14 +283,29 @@ def test_peer_forget_after_refuses_what_is_not_a_duration_above_zero(text: str) 
         settings_from({"KURA_PEER_FORGET_AFTER": text})
 
 
+PRINT_DEFAULT_WORKERS = (
+    "import argparse; from kit.settings import load; from kura.settings import Settings; "
+    "print(load(Settings, argparse.Namespace(), {}).workers)"
+)
+
+
 def test_workers_is_a_count_or_auto() -> None:
-    """KURA_WORKERS: an integer of at least 1 (default 1), or ``auto`` for the usable CPUs."""
+    """KURA_WORKERS: an integer of at least 1, or ``auto`` for the usable CPUs (the default)."""
     from kit.cpus import available_cpus
     from kura.settings import parse_workers
 
     assert parse_workers("3") == 3
     assert parse_workers("auto") == available_cpus()
-    assert Settings.__dataclass_fields__["workers"].default == 1
+    assert settings_from({}).workers == available_cpus()
+    assert settings_from({"KURA_WORKERS": "1"}).workers == 1
+    # The default follows the CPUs this process may use, not the host's count.
+    pinned = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-c", PRINT_DEFAULT_WORKERS],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert pinned.stdout.strip() == "1"
     for bad in ("0", "-1", "two"):
         with pytest.raises(ValueError, match=r"must be|integer|invalid"):
             parse_workers(bad)
