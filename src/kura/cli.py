@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="KURA_BOOTSTRAP_DOWNLOADS_PER_PEER of every node (kura's default is 4)",
     )
+    rolling.add_argument(
+        "--kura-env",
+        action="append",
+        default=[],
+        metavar="KURA_NAME=VALUE",
+        help="a setting for every node, after the demo's own (repeatable)",
+    )
     rolling.add_argument("--repo", default=None, help="the kura checkout (default: found)")
     rolling.add_argument(
         "--route-before-discovery",
@@ -181,6 +188,10 @@ def demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    kura_env = dict(item.partition("=")[::2] for item in args.kura_env)
+    if any(not name.startswith("KURA_") or not value for name, value in kura_env.items()):
+        print("kura demo: --kura-env takes KURA_NAME=VALUE", file=sys.stderr)
+        return 2
     return rolling.main(
         data_mb=args.data_mb,
         hosts=args.hosts,
@@ -193,6 +204,7 @@ def demo(args: argparse.Namespace) -> int:
         route_before_discovery=args.route_before_discovery,
         bootstrap_limit_mib=args.bootstrap_limit_mib,
         downloads_per_peer=args.downloads_per_peer,
+        kura_env=kura_env,
     )
 
 

@@ -375,23 +375,41 @@ def last_access_ms(node: NodeProcess) -> dict[str, int]:
         conn.close()
 
 
+def get_served_by_the_worker(node: NodeProcess, key: str, body: bytes) -> int:
+    """GET ``key`` until one GET was the worker's alone; the unix ms just before that GET."""
+    for _ in range(100):
+        worker_before, all_before = worker_metrics(node).get(HIT, 0), node.metric(HIT)
+        asked_ms = int(time.time() * 1000)  # any earlier hit (the primary's) is stamped before
+        assert fresh(node, "GET", f"/cache/{key}").content == body
+        worker_after, all_after = worker_metrics(node).get(HIT, 0), node.metric(HIT)
+        if worker_after - worker_before == 1 and all_after - all_before == 1:
+            return asked_ms
+    raise AssertionError("the worker served none of 100 GETs")
+
+
 def test_a_hit_served_by_the_worker_reaches_the_primarys_lru(
     start_node: Callable[..., NodeProcess],
 ) -> None:
     node = start_with_workers(start_node, "l", workers=2)
     assert fresh(node, "PUT", "/cache/lru", content=body_for(2)).status_code in (200, 201)
-    by_worker = False
-    for _ in range(100):  # until one GET was the worker's alone
-        worker_before, all_before = worker_metrics(node).get(HIT, 0), node.metric(HIT)
-        asked_ms = int(time.time() * 1000)  # any earlier hit (the primary's) is stamped before
-        assert fresh(node, "GET", "/cache/lru").content == body_for(2)
-        worker_after, all_after = worker_metrics(node).get(HIT, 0), node.metric(HIT)
-        if worker_after - worker_before == 1 and all_after - all_before == 1:
-            by_worker = True
-            break
-    assert by_worker
+    asked_ms = get_served_by_the_worker(node, "lru", body_for(2))
     # The worker sends its hits within ~1 s, the primary records them with its own (5 s).
     assert wait_for(lambda: last_access_ms(node)["lru"] >= asked_ms, 20)
+
+
+def test_hits_whose_post_to_the_primary_failed_are_sent_again(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Half the worker's posts of its hits fail (an I/O error where it would post): what a
+    failed post carried goes out with a later one, so the primary's LRU still gets every hit."""
+    node = start_with_workers(start_node, "r", failpoints="workers.before_hits_post=eio(0)@0.5")
+    keys = [f"again{i}" for i in range(6)]
+    for i, key in enumerate(keys):
+        assert fresh(node, "PUT", f"/cache/{key}", content=body_for(i)).status_code in (200, 201)
+    asked = {key: get_served_by_the_worker(node, key, body_for(i)) for i, key in enumerate(keys)}
+    assert wait_for(lambda: node.log().count("could not send hits to the primary") >= 2, 30)
+    assert wait_for(lambda: all(last_access_ms(node)[k] >= asked[k] for k in keys), 30)
+    assert wait_for(lambda: worker_metrics(node)["kura_worker_unreported_hits"] == 0, 30)
 
 
 def test_sigterm_lets_downloads_in_flight_on_every_process_finish(

@@ -149,11 +149,11 @@ def test_a_schema_1_index_is_migrated_in_place_keeping_its_rows(tmp_path: Path) 
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT v FROM meta").fetchone() == (str(SCHEMA_VERSION),)
     # The checksum recorded after a SHA-256 verification lands only on that very version.
-    index.set_xxh3_128(manifest(old.artifact_id, data, version_ms=8), "f" * 32)
+    index.set_xxh3_128([(manifest(old.artifact_id, data, version_ms=8), "f" * 32)])
     assert index.get(old.artifact_id) == (old, None, "1:2:3", None)
-    index.set_xxh3_128(old, xxh3_128_hex(data))
+    index.set_xxh3_128([(old, xxh3_128_hex(data))])
     assert index.get(old.artifact_id) == (old, None, "1:2:3", xxh3_128_hex(data))
-    index.set_xxh3_128(old, "f" * 32)  # never overwrites one already recorded
+    index.set_xxh3_128([(old, "f" * 32)])  # never overwrites one already recorded
     assert index.get(old.artifact_id) == (old, None, "1:2:3", xxh3_128_hex(data))
     new = manifest("b" * 64, b"new bytes")
     index.upsert(new, None, "4:5:6", 2, xxh3_128=xxh3_128_hex(b"new bytes"))

@@ -151,7 +151,7 @@ class OpenFileResponse(web.StreamResponse):
             elif d.sha256 != self._stored.manifest.sha256:
                 await self._fail(transport, f"the file hashes to sha256 {d.sha256}")
             else:
-                self._service.record_xxh3_128(self._stored.manifest, d.digests[XXH3_128])
+                self._service.record_xxh3_128([(self._stored.manifest, d.digests[XXH3_128])])
             await writer.write(d.tail)
 
     async def _fail(self, transport: asyncio.Transport, found: str) -> NoReturn:

@@ -127,7 +127,7 @@ async def _verify_whole_file(service: CacheService, body: StoredBody) -> None:
         elif not fast and d.sha256 != body.manifest.sha256:
             found = f"the file hashes to sha256 {d.sha256}"
         elif not fast:
-            service.record_xxh3_128(body.manifest, d.digests[XXH3_128])
+            service.record_xxh3_128([(body.manifest, d.digests[XXH3_128])])
     if found is not None:
         await report(service, body, found)
         raise NotFound("Artifact not found")

@@ -377,22 +377,18 @@ class MetadataIndex(PagingQueries, OutboxQueries):
                 "UPDATE artifacts SET stat_sig = ? WHERE artifact_id = ?", (stat_sig, artifact_id)
             )
 
-    def set_xxh3_128(self, manifest: Manifest, xxh3_128: str) -> None:
-        """Record the XXH3-128 of bytes that were just verified to hash to ``manifest.sha256``
-        (a row written before schema 2). Only the row of exactly that version without a
-        checksum changes, so a newer version written meanwhile is never given another
-        version's checksum. Best effort, like ``set_stat_sig``."""
+    def set_xxh3_128(self, found: Iterable[tuple[Manifest, str]]) -> None:
+        """Record, for each ``(manifest, xxh3_128)``, the XXH3-128 of bytes that were just
+        verified to hash to ``manifest.sha256`` (rows written before schema 2), in one
+        statement. Only the row of exactly that version without a checksum changes, so a newer
+        version written meanwhile is never given another version's checksum. Best effort, like
+        ``set_stat_sig``."""
         if self.read_only:
             return
+        rows = [(x, m.artifact_id, m.version_ms, m.sha256, m.size) for m, x in found]
         with contextlib.suppress(sqlite3.OperationalError):
-            self._conn().execute(
+            self._conn().executemany(
                 "UPDATE artifacts SET xxh3_128 = ? WHERE artifact_id = ? AND version_ms = ? "
                 "AND sha256 = ? AND size = ? AND xxh3_128 IS NULL",
-                (
-                    xxh3_128,
-                    manifest.artifact_id,
-                    manifest.version_ms,
-                    manifest.sha256,
-                    manifest.size,
-                ),
+                rows,
             )

@@ -183,13 +183,14 @@ class ReadPath(StorageState):
         """The one place the integrity checks map a manifest to its blob file."""
         return self.files.blob_path(manifest)
 
-    def record_xxh3_128(self, manifest: Manifest, xxh3_128: str) -> None:
-        """A sender verified a row without a checksum with SHA-256 and computed its XXH3-128 in
-        the same pass: record it (writer thread, not waited for; best effort) so the next read
-        of that version checks the fast one (``MetadataIndex.set_xxh3_128``)."""
+    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
+        """Senders verified rows without a checksum with SHA-256 and computed each one's
+        XXH3-128 in the same pass: record ``(manifest, xxh3_128)`` pairs (one writer-thread
+        task, not waited for; best effort) so the next read of that version checks the fast
+        one (``MetadataIndex.set_xxh3_128``)."""
         index = self._require_index()
         with contextlib.suppress(RuntimeError):  # the writer pool is shutting down
-            self._writer.submit(index.set_xxh3_128, manifest, xxh3_128)
+            self._writer.submit(index.set_xxh3_128, list(found))
 
     async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
         """A sender found ``manifest``'s bytes damaged: re-check them on the writer thread and

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ class SharedReadIndex(MetadataIndex):
     def set_stat_sig(self, artifact_id: str, sig: str) -> None:
         return None
 
-    def set_xxh3_128(self, manifest: Manifest, xxh3_128: str) -> None:
+    def set_xxh3_128(self, found: Iterable[tuple[Manifest, str]]) -> None:
         return None
 
     def touch(self, touches: Mapping[str, int]) -> None:
@@ -126,9 +126,24 @@ class WorkerReads(CacheService):
         found, self.checksums = self.checksums, []
         return found
 
-    def record_xxh3_128(self, manifest: Manifest, xxh3_128: str) -> None:
-        """Queue it for the primary, which records it if the row is still that version."""
-        self.checksums.append((manifest, xxh3_128))
+    def give_back(
+        self,
+        accesses: Mapping[str, int],
+        suspects: Sequence[str],
+        checksums: Sequence[tuple[Manifest, str]],
+    ) -> None:
+        """Queue again what a post to the primary that failed carried. Sending twice is
+        harmless (a post that timed out may have been recorded): an access time is kept as the
+        later one, a suspect is only re-verified, a checksum fills only an empty one."""
+        for aid, at_ms in accesses.items():
+            if self._touches.get(aid, 0) < at_ms:
+                self._touches[aid] = at_ms
+        self.suspects = list(dict.fromkeys([*suspects, *self.suspects]))
+        self.checksums = [*checksums, *self.checksums]
+
+    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
+        """Queue them for the primary, which records each if the row is still that version."""
+        self.checksums.extend(found)
 
     async def flush_touches(self) -> None:
         return None  # the primary records them (take_accesses)

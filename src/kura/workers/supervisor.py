@@ -255,13 +255,14 @@ class Workers:
             task = asyncio.create_task(self.service.verify_stored(str(aid), detected_by="read"))
             self._verifying.add(task)
             task.add_done_callback(self._verifying.discard)
+        checksums = []
         for found in doc.get("checksums") or []:
             try:
-                manifest, xxh3_128 = Manifest.from_json(found["manifest"]), str(found["xxh3_128"])
+                checksums.append((Manifest.from_json(found["manifest"]), str(found["xxh3_128"])))
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("worker %s sent a bad checksum: %s", doc.get("worker"), exc)
-            else:
-                self.service.record_xxh3_128(manifest, xxh3_128)
+        if checksums:
+            self.service.record_xxh3_128(checksums)
         if self.load is not None and "load" in doc:
             try:
                 report = LoadReport.from_json(doc["load"])

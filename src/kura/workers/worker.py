@@ -36,6 +36,7 @@ from aiohttp.typedefs import Middleware
 from kit import event_loop
 from kit import log as kit_log
 from kit.clock import SystemClock
+from kit.failpoint import failpoint
 from kura.api import (
     bazel_http,
     connections,
@@ -292,6 +293,7 @@ class Worker:
         connector = aiohttp.UnixConnector(path=self.plan.control_socket)
         self._sending = len(accesses)
         try:
+            failpoint("workers.before_hits_post")
             async with (
                 aiohttp.ClientSession(connector=connector) as session,
                 session.post(
@@ -299,8 +301,11 @@ class Worker:
                 ) as r,
             ):
                 r.raise_for_status()
+        except BaseException:
+            self.service.give_back(accesses, suspects, checksums)  # for the next flush
+            raise
         finally:
-            self._sending = 0  # recorded by the primary (it answers after), or lost
+            self._sending = 0  # recorded by the primary (it answers after), or queued again
 
 
 def main() -> int:

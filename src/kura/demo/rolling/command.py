@@ -47,6 +47,7 @@ def main(
     route_before_discovery: bool = False,
     bootstrap_limit_mib: float = 3.0,
     downloads_per_peer: int = 1,
+    kura_env: dict[str, str] | None = None,
 ) -> int:
     """``kura demo rolling-reboot``: 0 when every invariant held, 1 when one did not, 2 when
     the demo could not run."""
@@ -69,6 +70,7 @@ def main(
         handle_signals=True,
         replication_limit_bytes_per_second=int(bootstrap_limit_mib * MiB),
         bootstrap_downloads_per_peer=downloads_per_peer,
+        extra_kura_env=kura_env or {},
         progress=progress,
     )
     print(
