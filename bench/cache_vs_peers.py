@@ -53,6 +53,7 @@ def main() -> None:
             os.makedirs(RESULTS, exist_ok=True)
             stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
             base = os.path.join(RESULTS, stamp + ("-quick" if "--quick" in args else ""))
+            base = os.path.relpath(base)  # the command line in the results names no machine path
             out = ["--json-out", base + ".jsonl", "--md-out", base + ".md"]
             peers.log(f"results: {base}.jsonl, {base}.md")
         return peers.main([*DEFAULTS, *out, *args])

@@ -563,6 +563,8 @@ class Node:
             scheme = "https" if self.settings.internal_tls else "http"
             self.node_url = f"{scheme}://{self.settings.host}:{internal_port}"
         tls = self.public_tls
+        if self.workers is not None:  # they share the port: make sure nobody else does
+            connections.refuse_if_taken(self.settings.host, self.settings.port)
         port = await self._listen(
             self.build_app(),
             self.settings.port,
@@ -577,13 +579,15 @@ class Node:
             await self.grpc.start()
         self._tasks = asyncio.create_task(self._background(), name="kura-background")
         log.info(
-            "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s event_loop=%s",
+            "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s event_loop=%s "
+            "processes=%d",
             self.public_url,
             self.node_url,
             ",".join(map(peer_label, self.settings.peers)),
             self.settings.data_dir,
             self.settings.tmp_dir,
             self.event_loop,
+            self.settings.workers,
         )
         if not self.auth.enabled and not is_loopback(self.settings.host):
             log.warning(

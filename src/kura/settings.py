@@ -114,12 +114,23 @@ def _object_store_url(text: str) -> str:
     return text.strip().rstrip("/")
 
 
+WORKERS_PER_CPU_MAX = 4
+
+
 def parse_workers(text: str) -> int:
     """``auto`` (the CPUs this process may use: affinity and cgroup quota, ``kit.cpus``) or an
-    integer of at least 1."""
+    integer from 1 to ``WORKERS_PER_CPU_MAX`` times those CPUs. Processes beyond the CPUs only
+    add memory (about 50 MiB each); a typo such as ``100000`` would fork that many."""
+    cpus = available_cpus()
     if text.strip().lower() == "auto":
-        return available_cpus()
-    return parse_positive_int(text)
+        return cpus
+    value = parse_positive_int(text)
+    if value > WORKERS_PER_CPU_MAX * cpus:
+        raise ValueError(
+            f"must be at most {WORKERS_PER_CPU_MAX * cpus} ({WORKERS_PER_CPU_MAX} per CPU this "
+            f"process may use, {cpus} here)"
+        )
+    return value
 
 
 def _tenant(text: str) -> str:

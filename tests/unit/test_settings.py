@@ -306,6 +306,12 @@ def test_workers_is_a_count_or_auto() -> None:
         check=True,
     )
     assert pinned.stdout.strip() == "1"
+    # A typo must not fork the machine to death: at most 4 processes per usable CPU.
+    assert parse_workers(str(4 * available_cpus())) == 4 * available_cpus()
+    for typo in ("100000", str(4 * available_cpus() + 1)):
+        with pytest.raises(ValueError, match="must be at most"):
+            parse_workers(typo)
+    assert "KURA_WORKERS" in "; ".join(problems_from({"KURA_WORKERS": "100000"}))
     for bad in ("0", "-1", "two"):
         with pytest.raises(ValueError, match=r"must be|integer|invalid"):
             parse_workers(bad)

@@ -269,6 +269,21 @@ def listening_sockets(
     return sockets
 
 
+def refuse_if_taken(host: str, port: int) -> None:
+    """Raise ``OSError(EADDRINUSE)`` when another process listens on ``host:port``.
+
+    ``SO_REUSEPORT`` lets every socket of the same user that sets it bind one port (socket(7)),
+    so a second kura node with workers, given the same port by mistake, would bind it beside
+    the first and take half of its connections, answering 404 for the first node's artifacts.
+    A probe without ``SO_REUSEPORT`` cannot bind a port that anyone listens on, so the primary
+    binds one (and closes it) before it binds its own; a one-process node needs no probe,
+    since it never sets the option. Port 0 (the kernel picks a free one) is never taken."""
+    if port == 0:
+        return
+    for probe in listening_sockets(ConnectionGuard(1), host, port):
+        probe.close()
+
+
 class GuardedServer(web.Server):
     """aiohttp's low-level server, reporting each connection to a ``ConnectionGuard``."""
 

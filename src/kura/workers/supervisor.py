@@ -108,7 +108,7 @@ class Workers:
         forwarded = web.AppRunner(
             self._public_app(),
             handle_signals=False,
-            access_log=logging.getLogger("kura.access") if self.settings.access_log else None,
+            access_log=None,  # the worker logs each request it relays, with the client's address
             shutdown_timeout=float(self.settings.shutdown_timeout_seconds),
         )
         control = web.Application()

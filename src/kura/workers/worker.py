@@ -36,7 +36,6 @@ from aiohttp.typedefs import Middleware
 from kit import event_loop
 from kit import log as kit_log
 from kit.clock import SystemClock
-from kit.failpoint import failpoint
 from kura.api import (
     bazel_http,
     connections,
@@ -293,7 +292,6 @@ class Worker:
         connector = aiohttp.UnixConnector(path=self.plan.control_socket)
         self._sending = len(accesses)
         try:
-            failpoint("workers.before_hits_post")
             async with (
                 aiohttp.ClientSession(connector=connector) as session,
                 session.post(
