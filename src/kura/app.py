@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from kit import event_loop
 from kit.clock import Clock, SystemClock
@@ -56,7 +55,14 @@ from kura.api.anti_entropy_metrics import watch_anti_entropy
 from kura.api.auth import token_auth_from
 from kura.api.auth_metrics import watch_auth
 from kura.api.expiry_metrics import watch_bucket_expiry, watch_expiry
-from kura.api.http import CTX_KEY, ApiContext, no_active_content, track_handlers, wait_for_handlers
+from kura.api.http import (
+    CTX_KEY,
+    ApiContext,
+    no_active_content,
+    quiet_malformed_requests,
+    track_handlers,
+    wait_for_handlers,
+)
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
 from kura.api.object_store_metrics import ObjectStoreCollector
@@ -93,23 +99,6 @@ log = logging.getLogger(__name__)
 MAINTENANCE_INTERVAL_SECONDS = 60.0
 # Request bodies are streamed; this only bounds what aiohttp itself would buffer.
 CLIENT_MAX_SIZE_BYTES = 1024 * 1024
-
-
-class _MalformedRequestFilter(logging.Filter):
-    """aiohttp logs every unparsable request (bad request line, conflicting framing headers)
-    with a full traceback at ERROR, which lets any client fill the log. The client already got
-    a 400; one INFO line without the traceback is enough."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError):
-            record.msg, record.args = "rejected a malformed request: %s", (exc.message,)
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-logging.getLogger("aiohttp.server").addFilter(_MalformedRequestFilter())
 
 
 class Node:
@@ -545,6 +534,7 @@ class Node:
         return _bound_port(runner)
 
     async def start(self) -> None:
+        quiet_malformed_requests()
         self.event_loop = event_loop.running_loop_name()  # uvloop or asyncio (KURA_EVENT_LOOP)
         self.log_ring.attach()
         self.connections.apply_descriptor_limit()

@@ -53,7 +53,14 @@ from kura.api import (
 )
 from kura.api.auth import TOKEN_GENERATION, token_auth_from
 from kura.api.auth_metrics import watch_auth
-from kura.api.http import CTX_KEY, ApiContext, no_active_content, track_handlers, wait_for_handlers
+from kura.api.http import (
+    CTX_KEY,
+    ApiContext,
+    no_active_content,
+    quiet_malformed_requests,
+    track_handlers,
+    wait_for_handlers,
+)
 from kura.api.metrics import KuraMetrics
 from kura.api.public_tls import PublicTls
 from kura.core.errors import ForwardToPrimary
@@ -187,6 +194,7 @@ class Worker:
         self._runners: list[web.AppRunner] = []
 
     async def run(self) -> None:
+        quiet_malformed_requests()
         self.connections.apply_descriptor_limit()
         self.service.attach(immutable=self.plan.index_immutable)
         # The token files as the primary last took them in (api.auth.TokenAuth.share).
