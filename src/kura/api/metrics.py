@@ -24,16 +24,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kura.mesh.wire import peer_label
+from kura.storage.budget import TmpBudget
+from kura.storage.hotcache import HotCache
+from kura.storage.recovery import StartReport
+from kura.storage.service import StorageStats
 
 if TYPE_CHECKING:  # a worker process has none of these: it need not load them
     from kura.mesh.bootstrap import Bootstrapper
     from kura.mesh.membership import Membership
     from kura.mesh.read_through import ReadThrough
     from kura.mesh.shipper import Shipper
-from kura.storage.budget import TmpBudget
-from kura.storage.hotcache import HotCache
-from kura.storage.recovery import StartReport
-from kura.storage.service import StorageStats
 
 # The *_created series only add noise for a long-running server.
 disable_created_metrics()  # type: ignore[no-untyped-call]
