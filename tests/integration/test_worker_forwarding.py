@@ -111,6 +111,42 @@ def test_a_trickling_upload_through_the_worker_is_answered_and_closed_at_the_gra
     assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == 0)
 
 
+def test_the_primary_keeps_reading_a_forwarded_trickle_it_answered(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """The relay's side of the trickle above, made deterministic. On a forwarded connection
+    (the primary's unix socket, spoken to as a worker does), the primary answers the trickle
+    400 and then keeps reading until the worker closes: it does not close under a body the
+    worker is still relaying. Had it closed, the worker's next write would fail (EPIPE), and a
+    worker whose loop wrote before it read lost the 400 and answered 503 (seen in a full run)."""
+    node = start_with_workers(
+        start_node,
+        "k",
+        workers=2,
+        min_upload_bytes_per_second=16 * 1024,
+        upload_grace_seconds=1,
+        body_idle_timeout_seconds=60,
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(node.data_dir.resolve() / ".kura.primary.sock"))
+        s.settimeout(10)
+        rawhttp.send_head(s, "PUT", "/cache/relayed-trickle", {"Content-Length": str(MiB)})
+        s.sendall(b"x")
+        status, headers, body = rawhttp.read_response(s)
+        assert status == 400, body
+        assert b"upload too slow" in body
+        assert headers.get("connection") == "close"
+        # Still reading: bytes sent after the answer are taken, and nothing ends the connection.
+        s.settimeout(0.5)
+        for _ in range(4):
+            s.sendall(b"x" * 4096)  # BrokenPipeError if the primary had closed
+            with contextlib.suppress(TimeoutError):
+                assert s.recv(1) != b"", "the primary closed the forwarded connection"
+                raise AssertionError("the primary sent more after its answer")
+    assert node.metric('kura_http_aborted_uploads_total{reason="slow"}') == 1
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == 0)
+
+
 def test_forwarded_requests_end_cleanly_when_the_primary_is_killed(
     start_node: Callable[..., NodeProcess],
 ) -> None:

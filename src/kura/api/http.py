@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -285,11 +286,25 @@ async def _send_and_close(request: web.Request, response: web.Response) -> None:
     """Send ``response`` and close the connection now. aiohttp would otherwise keep reading and
     discarding the unread body for its lingering time (10 s), which is what a trickling
     client wants; the client it is meant for (one that sends its body regardless of an early
-    answer, RFC 9112 §9.6) is not this one."""
+    answer, RFC 9112 §9.6) is not this one.
+
+    Except on a connection from this node's own worker (a unix socket): the worker closes the
+    client's connection itself (``kura.workers.forward``), and closing this one under it would
+    race the body it is still relaying. A write after the close fails with ``EPIPE``, and the
+    worker's event loop then drops the connection before reading the answer already sent, so
+    the client got a 503 instead of this 400. The lingering read ends when the worker closes."""
     await response.prepare(request)
     await response.write_eof()
-    if request.transport is not None:
+    if request.transport is not None and not _from_own_worker(request):
         request.transport.close()  # flushes the answer first
+
+
+def _from_own_worker(request: web.Request) -> bool:
+    """Whether ``request`` came over a unix socket: only a worker's forwarded requests do (the
+    public and internal listeners are TCP)."""
+    assert request.transport is not None
+    sock = request.transport.get_extra_info("socket")
+    return sock is not None and sock.family == socket.AF_UNIX
 
 
 def _aborted(
