@@ -55,14 +55,7 @@ from kura.api.anti_entropy_metrics import watch_anti_entropy
 from kura.api.auth import token_auth_from
 from kura.api.auth_metrics import watch_auth
 from kura.api.expiry_metrics import watch_bucket_expiry, watch_expiry
-from kura.api.http import (
-    CTX_KEY,
-    ApiContext,
-    no_active_content,
-    quiet_malformed_requests,
-    track_handlers,
-    wait_for_handlers,
-)
+from kura.api.http import ApiContext, serving_app, wait_for_handlers
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.metrics import KuraMetrics
 from kura.api.object_store_metrics import ObjectStoreCollector
@@ -456,15 +449,12 @@ class Node:
         )
 
     def build_app(self) -> web.Application:
-        app = web.Application(
+        app = serving_app(
+            self._context(),
+            [public_load.middleware(self.peer_pace.load)],
             client_max_size=CLIENT_MAX_SIZE_BYTES,
-            middlewares=[
-                track_handlers(self._handlers),
-                public_load.middleware(self.peer_pace.load),
-            ],
+            public=True,
         )
-        app.on_response_prepare.append(no_active_content)
-        app[CTX_KEY] = self._context()
         app[probes.READINESS_KEY] = self.readiness_reasons
         app[probes.WARNINGS_KEY] = self.warnings
         app[probes.MEMBERS_KEY] = self.membership.members
@@ -494,11 +484,12 @@ class Node:
         return app
 
     def build_internal_app(self) -> web.Application:
-        app = web.Application(
+        app = serving_app(
+            self._context(),
+            [self.peer_auth.middleware],
             client_max_size=CLIENT_MAX_SIZE_BYTES,
-            middlewares=[track_handlers(self._handlers), self.peer_auth.middleware],
+            public=False,
         )
-        app[CTX_KEY] = self._context()
         app[internal.NODE_URL_KEY] = lambda: self.node_url
         app[changes.FEED_READ_KEY] = self.catch_up.feed_read
         app.add_routes(
@@ -534,7 +525,6 @@ class Node:
         return _bound_port(runner)
 
     async def start(self) -> None:
-        quiet_malformed_requests()
         self.event_loop = event_loop.running_loop_name()  # uvloop or asyncio (KURA_EVENT_LOOP)
         self.log_ring.attach()
         self.connections.apply_descriptor_limit()

@@ -15,7 +15,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +178,29 @@ def track_handlers(handlers: set[asyncio.Task[Any]]) -> Middleware:
             handlers.discard(task)
 
     return tracked
+
+
+def serving_app(
+    context: ApiContext,
+    middlewares: Sequence[Middleware],
+    *,
+    client_max_size: int,
+    public: bool,
+) -> web.Application:
+    """An app of a process that serves kura's listeners: the primary's public and internal
+    apps, and each worker's public one. What every such app needs is set here, so that no
+    process can miss a piece (a worker once lost the log filter with an import it dropped):
+    ``track_handlers`` outermost, then ``middlewares``; ``context`` under ``CTX_KEY``; the
+    process's malformed-request log filter; on a public app, ``no_active_content``."""
+    quiet_malformed_requests()
+    app = web.Application(
+        client_max_size=client_max_size,
+        middlewares=[track_handlers(context.handlers), *middlewares],
+    )
+    if public:
+        app.on_response_prepare.append(no_active_content)
+    app[CTX_KEY] = context
+    return app
 
 
 async def wait_for_handlers(

@@ -53,14 +53,7 @@ from kura.api import (
 )
 from kura.api.auth import TOKEN_GENERATION, token_auth_from
 from kura.api.auth_metrics import watch_auth
-from kura.api.http import (
-    CTX_KEY,
-    ApiContext,
-    no_active_content,
-    quiet_malformed_requests,
-    track_handlers,
-    wait_for_handlers,
-)
+from kura.api.http import ApiContext, serving_app, wait_for_handlers
 from kura.api.metrics import KuraMetrics
 from kura.api.public_tls import PublicTls
 from kura.core.errors import ForwardToPrimary
@@ -129,12 +122,10 @@ def build_worker_app(
     async def no_continue(_request: web.Request) -> None:
         return None  # the forwarder sends 100 Continue when the primary does
 
-    middlewares: list[Middleware] = [track_handlers(context.handlers), forward_the_rest]
+    middlewares: list[Middleware] = [forward_the_rest]
     if load is not None:
         middlewares.append(public_load.middleware(load))
-    app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
-    app.on_response_prepare.append(no_active_content)
-    app[CTX_KEY] = context
+    app = serving_app(context, middlewares, client_max_size=1024 * 1024, public=True)
     s = context.settings
     route_lists = [nx.routes(), metro.routes(), turbo.routes(), xcode.routes()]
     route_lists += [keyvalue.routes(), gradle.routes(), module.routes()]
@@ -194,7 +185,6 @@ class Worker:
         self._runners: list[web.AppRunner] = []
 
     async def run(self) -> None:
-        quiet_malformed_requests()
         self.connections.apply_descriptor_limit()
         self.service.attach(immutable=self.plan.index_immutable)
         # The token files as the primary last took them in (api.auth.TokenAuth.share).
