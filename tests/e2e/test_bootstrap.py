@@ -184,6 +184,45 @@ def test_an_account_much_larger_than_the_budget_bootstraps_completely(
         joiner.stop()
 
 
+def _threads(pid: int) -> dict[int, tuple[str, int, int]]:
+    """Thread id -> (name, nice value, CPU clock ticks used), from /proc/PID/task (proc(5):
+    the fields after the parenthesised name start at field 3, state)."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+        utime, stime, nice = int(fields[14 - 3]), int(fields[15 - 3]), int(fields[19 - 3])
+        threads[int(task.name)] = (name, nice, utime + stime)
+    return threads
+
+
+def test_a_bootstrap_writes_and_hashes_on_threads_that_yield_the_cpu_to_serving(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    """The joining node writes and hashes a bootstrap's bodies on its ``kura-bootstrap``
+    threads, 10 steps nicer than the process (kit.background), so on a contended CPU the
+    requests of its clients, and of the other processes on the machine, come first; its event
+    loop keeps the process's priority."""
+    peer = start_node("peer")
+    bodies = fill(peer, "big", 48, 2 * MiB)
+    joiner = start_joiner(tmp_path / "joiner", [peer.internal_url])
+    try:
+        assert wait_for(lambda: is_ready(joiner), 120), status(joiner)
+        assert_holds(joiner, bodies)
+        threads = _threads(joiner.proc.pid)
+        loop_thread = threads[joiner.proc.pid]
+        background = [t for t in threads.values() if t[0] == "kura-bootstrap"]
+        assert background, sorted(t[0] for t in threads.values())
+        assert {nice for _, nice, _ in background} == {loop_thread[1] + 10}, background
+        # 96 MiB hashed twice (SHA-256 and XXH3) and written: they did that work.
+        assert sum(ticks for _, _, ticks in background) > 0, background
+    finally:
+        joiner.stop()
+
+
 def test_a_joiner_killed_halfway_resumes_without_partial_artifacts_or_leftovers(
     start_node: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:

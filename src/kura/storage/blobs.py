@@ -31,6 +31,7 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -41,6 +42,7 @@ from kura.storage.body_count import BodyCount, check_sha256
 from kura.storage.budget import Reservation
 from kura.storage.checksum import BodyDigests
 from kura.storage.fsync import fsync_path
+from kura.storage.offload import OffloadedWrites
 
 LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
@@ -314,8 +316,11 @@ async def stage_body(
     limit_bytes: int,
     declared_length: int | None,
     expected_sha256: str | None = None,
+    offload: Executor | None = None,
 ) -> Staged:
     """Stream ``body`` into ``path`` within ``reservation`` and ``limit_bytes``.
+
+    Written and hashed on the event loop, or in the pool ``offload`` (``storage.offload``).
 
     Raises ``PayloadTooLarge`` past ``limit_bytes`` or past the tmp budget's whole capacity,
     ``ResourceExhausted`` when a body without a declared length cannot grow its reservation
@@ -327,8 +332,11 @@ async def stage_body(
     reservation.track(path)
     h = BodyDigests()
     count = BodyCount(limit_bytes=limit_bytes, declared_length=declared_length)
+    offloaded: OffloadedWrites | None = None
     try:
         with path.open("wb") as f:
+            if offload is not None:
+                offloaded = OffloadedWrites(f, h, offload)
             async for chunk in body:
                 size = count.add(chunk)
                 if size > reservation.size_bytes:
@@ -340,19 +348,23 @@ async def stage_body(
                     reservation.grow_for(
                         size, min(limit_bytes, reservation.capacity_bytes, step_to)
                     )
-                f.write(chunk)
-                h.update(chunk)
+                if offloaded is None:
+                    f.write(chunk)
+                    h.update(chunk)
+                else:
+                    await offloaded.add(chunk)
+            if offloaded is not None:
+                await offloaded.finish()
         size = count.finish()
         digest = h.sha256
         check_sha256(digest, expected_sha256)
         return Staged(path, size, digest, h.xxh3_128)
-    except OSError as exc:
+    except BaseException as exc:
+        if offloaded is not None:
+            offloaded.abandon()
         path.unlink(missing_ok=True)
-        if exc.errno == 28:  # ENOSPC
+        if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
             raise ResourceExhausted("insufficient free disk space in the tmp dir") from exc
-        raise
-    except BaseException:
-        path.unlink(missing_ok=True)
         raise
 
 

@@ -108,6 +108,8 @@ class ReplicaApply(WritePath):
                     limit_bytes=min(held.size_bytes, manifest.size),
                     declared_length=manifest.size,
                     expected_sha256=manifest.sha256,
+                    # A client waits on a read-through or a replication; on a bootstrap, none.
+                    offload=self._background if source == "bootstrap" else None,
                 )
             except PayloadTooLarge:
                 raise InvalidRequest(

@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from kit.background import background_pool
 from kit.pace import seconds_ahead
 from kura.storage.service import CacheService
 
@@ -83,7 +84,7 @@ class Scrubber:
         is 0 (scrub off). A failed pass is logged and retried at the next period."""
         if self.interval_seconds <= 0:
             return
-        pool = ThreadPoolExecutor(1, thread_name_prefix="kura-scrub")
+        pool = background_pool(1, "kura-scrub")  # yields the CPU to serving (kit.background)
         loop = asyncio.get_running_loop()
         try:
             due = loop.time() + min(self.interval_seconds, FIRST_PASS_DELAY_SECONDS)

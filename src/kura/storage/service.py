@@ -64,6 +64,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from kit.background import background_pool
 from kit.clock import Clock
 from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
@@ -139,6 +140,9 @@ class CacheService(ReadPath, ReplicaApply):
         self._index: MetadataIndex | None = None
         self._reader = ThreadPoolExecutor(4, thread_name_prefix="kura-read")
         self._syncer = ThreadPoolExecutor(4, thread_name_prefix="kura-sync")
+        # A bootstrap's bodies are written and hashed here, at a lower CPU priority than
+        # serving (kit.background): maintenance must not take the cores clients wait on.
+        self._background = background_pool(2, "kura-bootstrap")
         self._writer = GroupCommitWriter("kura-write")
         self.files.group = self._writer  # blob renames are made durable with their group
         self.max_clock_skew_ms = max_clock_skew_ms
@@ -204,7 +208,7 @@ class CacheService(ReadPath, ReplicaApply):
         elif self._index is not None:  # the writer refuses every job: close here
             self._close_sync()
         self.verifier.close()
-        for pool in (self._reader, self._syncer, self._writer):
+        for pool in (self._reader, self._syncer, self._background, self._writer):
             pool.shutdown(wait=True)
 
     def _close_sync(self) -> None:

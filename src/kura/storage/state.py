@@ -73,6 +73,7 @@ class StorageState:
     _index: MetadataIndex | None
     _reader: ThreadPoolExecutor
     _syncer: ThreadPoolExecutor
+    _background: ThreadPoolExecutor  # bulk background work at a lower CPU priority
     _writer: GroupCommitWriter
     max_clock_skew_ms: int
     max_inline_bytes: int

@@ -1,0 +1,66 @@
+"""Writes and hashing of a staged body done in a thread pool instead of on the event loop
+(``storage.blobs.stage_body`` with ``offload``): for background bulk work, a bootstrap's bodies,
+whose pool runs at a lower CPU priority (``kit.background``)."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Executor
+from typing import BinaryIO
+
+from kura.storage.checksum import BodyDigests
+
+# Bytes handed to an offload pool at a time: large enough that the thread hop (tens of
+# microseconds) is noise, small enough that a block is written in about a millisecond.
+OFFLOAD_BLOCK_BYTES = 1024 * 1024
+
+
+class OffloadedWrites:
+    """``stage_body``'s writes and hashing (``storage.blobs``) done in ``pool``, in blocks of
+    ``OFFLOAD_BLOCK_BYTES``, in order, one block in flight: the loop receives the next block
+    while a thread writes and hashes the last. The chunks are passed as they came (no copy)."""
+
+    def __init__(self, f: BinaryIO, digests: BodyDigests, pool: Executor) -> None:
+        self._f = f
+        self._digests = digests
+        self._pool = pool
+        self._block: list[bytes] = []
+        self._block_bytes = 0
+        self._job: asyncio.Future[None] | None = None
+
+    async def add(self, chunk: bytes) -> None:
+        self._block.append(chunk)
+        self._block_bytes += len(chunk)
+        if self._block_bytes >= OFFLOAD_BLOCK_BYTES:
+            await self._submit()
+
+    async def finish(self) -> None:
+        """Write what is left; returns once every byte is written and hashed."""
+        if self._block:
+            await self._submit()
+        if self._job is not None:
+            job, self._job = self._job, None
+            await job
+
+    def abandon(self) -> None:
+        """On a failure: the block in flight (if any) finishes or fails on its own, its outcome
+        retrieved, so nothing is logged as an unretrieved exception."""
+        if self._job is not None:
+            self._job.add_done_callback(_retrieve)
+
+    async def _submit(self) -> None:
+        if self._job is not None:
+            await self._job
+        block, self._block, self._block_bytes = self._block, [], 0
+        loop = asyncio.get_running_loop()
+        self._job = loop.run_in_executor(self._pool, self._write, block)
+
+    def _write(self, block: list[bytes]) -> None:
+        for chunk in block:
+            self._f.write(chunk)
+            self._digests.update(chunk)
+
+
+def _retrieve(job: asyncio.Future[None]) -> None:
+    if not job.cancelled():
+        job.exception()
