@@ -656,6 +656,7 @@ class Node:
             for runner in reversed(self._runners):
                 await runner.cleanup()
             await self._stop_background()
+            await self.read_through.close()  # the copies it is still storing
             self.uploads.abort_all()
             await self.peer_client.close()
         finally:

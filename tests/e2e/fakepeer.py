@@ -56,9 +56,15 @@ class FakePeer:
     """Runs the double on 127.0.0.1 in a background thread. ``url`` is its internal URL."""
 
     def __init__(
-        self, artifacts: list[FakeArtifact], chunk_delay: float = 0.005, batches: bool = False
+        self,
+        artifacts: list[FakeArtifact],
+        chunk_delay: float = 0.005,
+        batches: bool = False,
+        unlisted: list[FakeArtifact] | None = None,
     ) -> None:
         self.artifacts = {a.manifest.artifact_id: a for a in artifacts}
+        # Served by id but not listed to a bootstrap: what a peer stored after it (read-through).
+        self.unlisted = {a.manifest.artifact_id: a for a in unlisted or []}
         self.chunk_delay = chunk_delay
         self.batches = batches  # serve POST /_internal/bootstrap/bodies (else 405, an old peer)
         self.url = ""
@@ -107,7 +113,8 @@ class FakePeer:
         return web.json_response({"tombstones": [], "next_after": None})
 
     async def _artifact(self, request: web.Request) -> web.StreamResponse:
-        art = self.artifacts.get(request.match_info["aid"])
+        aid = request.match_info["aid"]
+        art = self.artifacts.get(aid) or self.unlisted.get(aid)
         if art is None:
             return web.json_response({"message": "Artifact not found"}, status=404)
         resp = web.StreamResponse(headers={"Kura-Manifest": json.dumps(art.manifest.to_json())})

@@ -7,13 +7,16 @@ a miss on every peer costs at most ``KURA_READ_THROUGH_TIMEOUT_MS``, and a repea
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.e2e.mesh import Mesh, manifests, wait_for
+from tests.e2e.fakepeer import FakePeer, honest
+from tests.e2e.mesh import Mesh, manifests, status, wait_for
+from tests.e2e.test_bootstrap import is_ready, start_joiner
 
 # The peer's internal listener counts every bootstrap/artifacts lookup it answered 404.
 PEER_MISSES = 'kura_http_requests_total{method="GET",protocol="internal",status="404"}'
@@ -92,3 +95,44 @@ def test_a_miss_everywhere_is_bounded_and_not_asked_again_inside_the_negative_tt
         assert hung_s < timeout_ms / 1000 + slack_s
     finally:
         mesh.stop_all()
+
+
+def test_a_read_through_is_answered_before_its_copy_is_durable_and_a_crash_then_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """mesh.read_through, "Served before it is durable": with every group commit held 3 s
+    before its fsync (failpoint), a read-through GET is still answered at once, with the peer's
+    verified bytes. The node is then killed -9 before the commit is durable: restarted, it
+    fetches the artifact again and serves the same bytes, and no staging file is left."""
+    data = os.urandom(256 * 1024)
+    art = honest("late/artifact", data)
+    directory = tmp_path / "a"
+    with FakePeer([], unlisted=[art]) as peer:
+        slow = start_joiner(
+            directory, [peer.url], failpoints="storage.before_group_sync=sleep(3000)"
+        )
+        try:
+            assert wait_for(lambda: is_ready(slow), 60), status(slow)
+            started = time.monotonic()
+            got = httpx.get(slow.url + "/cache/late/artifact", timeout=30)
+            elapsed = time.monotonic() - started
+            assert got.status_code == 200, got.text
+            assert got.content == data
+            assert elapsed < 2.0, f"{elapsed:.2f} s: the answer waited for the fsync"
+            assert slow.metric('kura_read_through_total{result="hit"}') == 1
+        finally:
+            slow.stop(signal.SIGKILL)
+        again = start_joiner(directory, [peer.url])
+        try:
+            assert wait_for(lambda: is_ready(again), 60), status(again)
+            assert again.staging_files() == []
+            got = httpx.get(again.url + "/cache/late/artifact", timeout=30)
+            assert got.status_code == 200, got.text
+            assert got.content == data
+            # Stored this time (no failpoint): the next read is a local hit, no peer asked.
+            assert wait_for(lambda: art.manifest.artifact_id in manifests(again), 10)
+            asked = again.metric('kura_read_through_total{result="hit"}')
+            assert httpx.get(again.url + "/cache/late/artifact", timeout=30).content == data
+            assert again.metric('kura_read_through_total{result="hit"}') == asked
+        finally:
+            again.stop()

@@ -17,25 +17,44 @@ nodes behind one Service (issue 11, "A hit anywhere is a hit everywhere").
   read. An error or a timeout counts as a miss there too, so a slow peer is not asked again on
   every read either. ``repair`` (a quarantined entry) ignores the negative cache.
 * Concurrent misses of one artifact share one fetch.
+* **Served before it is durable.** A body of at most ``IN_MEMORY_MAX_BYTES`` is read into memory,
+  verified, and returned to be served at once (``fetch`` gives a ``StoredBody`` with ``data``);
+  storing it (staging, fsync, commit) goes on in the background. The client does not wait for
+  an fsync. A bootstrap's writes can keep the disk busy for hundreds of milliseconds, and this
+  copy needs no durability: the peer holds the durable one, and nobody was promised it. A
+  crash before the commit leaves no row, so the next read fetches the body again. At most
+  ``IN_MEMORY_TOTAL_MAX_BYTES`` of such bodies are held at once; past that, and for larger
+  bodies, the copy is stored first and then served from disk. ``repair`` always stores first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from kura.core.errors import KuraError
-from kura.mesh.client import PeerClient, PeerError
+from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
+from kura.core.manifest import Manifest
+from kura.mesh.client import FetchedArtifact, PeerClient, PeerError
+from kura.storage.artifact import StoredBody
+from kura.storage.body_count import check_sha256
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
 
 # Ids remembered as missing everywhere; past this the oldest entry is forgotten first.
 NEGATIVE_CACHE_ENTRIES = 10_000
+MiB = 1024 * 1024
+# Bodies up to this size are served from memory while they are stored (module docstring)...
+IN_MEMORY_MAX_BYTES = 4 * MiB
+# ... as long as the ones being stored hold no more than this in all (bounded memory).
+IN_MEMORY_TOTAL_MAX_BYTES = 16 * MiB
+# A fetched body in memory: verified against its manifest, not yet stored.
+InMemory = tuple[Manifest, bytes]
 
 
 @dataclass
@@ -69,14 +88,17 @@ class ReadThrough:
         self._monotonic = monotonic or time.monotonic
         # artifact id -> monotonic seconds until which a miss everywhere is remembered
         self._negative: OrderedDict[str, float] = OrderedDict()
-        self._inflight: dict[str, asyncio.Future[bool]] = {}
+        self._inflight: dict[str, asyncio.Future[bool | InMemory]] = {}
+        self._storing: set[asyncio.Task[None]] = set()
+        self._held_bytes = 0  # of in-memory bodies still being stored
         self.stats = ReadThroughStats()
 
-    async def fetch(self, artifact_id: str) -> bool:
-        """True if the artifact is now stored locally (fetched by this or a concurrent call).
+    async def fetch(self, artifact_id: str) -> bool | StoredBody:
+        """The artifact fetched by this or a concurrent call: a verified ``StoredBody`` in
+        memory, being stored meanwhile (module docstring), or True once it is stored locally.
 
-        False at once while read-through is off or while ``artifact_id`` is in the negative
-        cache (counted as result ``negative_cached``)."""
+        False when no peer had it, and at once while read-through is off or while
+        ``artifact_id`` is in the negative cache (counted as result ``negative_cached``)."""
         if not self._enabled():
             return False
         until = self._negative.get(artifact_id)
@@ -85,27 +107,43 @@ class ReadThrough:
                 self.stats.count("negative_cached")
                 return False
             del self._negative[artifact_id]
-        found = await self.repair(artifact_id)
+        found = await self._single_flight(artifact_id, in_memory=True)
         if not found and self._negative_ttl > 0:
             self._negative[artifact_id] = self._monotonic() + self._negative_ttl
             self._negative.move_to_end(artifact_id)
             while len(self._negative) > NEGATIVE_CACHE_ENTRIES:
                 self._negative.popitem(last=False)
+        if isinstance(found, tuple):
+            return StoredBody(found[0], data=found[1])  # one per caller: the bytes are shared
         return found
 
     async def repair(self, artifact_id: str) -> bool:
-        """Like ``fetch`` but whatever ``KURA_READ_THROUGH`` says: a quarantined (damaged)
-        entry is fetched again from a peer that has it (``mesh.repair``)."""
+        """Like ``fetch`` but whatever ``KURA_READ_THROUGH`` says, and stored before it
+        returns: a quarantined (damaged) entry is fetched again from a peer that has it
+        (``mesh.repair``). (Joining a concurrent ``fetch`` that serves from memory, it returns
+        while that copy is still being stored.)"""
+        return bool(await self._single_flight(artifact_id, in_memory=False))
+
+    async def close(self) -> None:
+        """Let the copies being stored finish (a few seconds at most), then cancel the rest:
+        each cleans up its staging file and reservation."""
+        if self._storing:
+            _, late = await asyncio.wait(set(self._storing), timeout=5)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def _single_flight(self, artifact_id: str, *, in_memory: bool) -> bool | InMemory:
         peers = self._peers()
         if not peers:
             return False
         pending = self._inflight.get(artifact_id)
         if pending is not None:
             return await asyncio.shield(pending)
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[bool | InMemory] = asyncio.get_running_loop().create_future()
         self._inflight[artifact_id] = fut
         try:
-            ok = await self._fetch_from_any(artifact_id, peers)
+            ok = await self._fetch_from_any(artifact_id, peers, in_memory)
             fut.set_result(ok)
             return ok
         except asyncio.CancelledError:
@@ -118,7 +156,9 @@ class ReadThrough:
         finally:
             del self._inflight[artifact_id]
 
-    async def _fetch_from_any(self, artifact_id: str, peers: list[str]) -> bool:
+    async def _fetch_from_any(
+        self, artifact_id: str, peers: list[str], in_memory: bool
+    ) -> bool | InMemory:
         deadline = self._monotonic() + self._timeout
         for peer in peers:
             remaining = deadline - self._monotonic()
@@ -133,6 +173,16 @@ class ReadThrough:
                     )
                     if fetched is None:
                         continue
+                    size = fetched.manifest.size
+                    if (
+                        in_memory
+                        and size <= IN_MEMORY_MAX_BYTES
+                        and (self._held_bytes + size <= IN_MEMORY_TOTAL_MAX_BYTES)
+                    ):
+                        body = await self._read_verified(fetched)
+                        self._store_later(body)
+                        self.stats.count("hit")
+                        return body
                     try:
                         # Wait (within the timeout) for room in the tmp budget rather than
                         # failing at once: a bootstrap may be holding it right now.
@@ -156,3 +206,54 @@ class ReadThrough:
                 log.info("read-through of %s from %s failed: %s", artifact_id, peer, exc)
         self.stats.count("miss")
         return False
+
+    async def _read_verified(self, fetched: FetchedArtifact) -> InMemory:
+        """The whole body, checked against its manifest (``DigestMismatch``,
+        ``IncompleteBody``, ``InvalidRequest`` as ``apply_replica`` would raise)."""
+        manifest = fetched.manifest
+        try:
+            parts = []
+            received = 0
+            async for chunk in fetched.chunks():
+                received += len(chunk)
+                if received > manifest.size:
+                    raise InvalidRequest(f"body exceeded its manifest size {manifest.size}")
+                parts.append(chunk)
+        finally:
+            await fetched.close()
+        data = b"".join(parts)
+        if len(data) != manifest.size:
+            raise IncompleteBody(f"body ended after {len(data)} of {manifest.size} bytes")
+        check_sha256(hashlib.sha256(data).hexdigest(), manifest.sha256)
+        return manifest, data
+
+    def _store_later(self, body: InMemory) -> None:
+        self._held_bytes += len(body[1])
+        task = asyncio.create_task(self._store(body), name="kura-read-through-store")
+        self._storing.add(task)
+        task.add_done_callback(self._storing.discard)
+
+    async def _store(self, body: InMemory) -> None:
+        manifest, data = body
+        try:
+            reservation = await self._service.budget.reserve(max(1, manifest.size))
+            with reservation:
+                await self._service.apply_replica(
+                    manifest,
+                    _once(data),
+                    declared_length=len(data),
+                    source="read_through",
+                    reservation=reservation,
+                )
+        except (KuraError, OSError) as exc:
+            # Served already; only this copy is lost: the next read fetches it again.
+            self.stats.count("store_failed")
+            log.warning(
+                "read-through of %s: storing the copy failed: %s", manifest.artifact_id, exc
+            )
+        finally:
+            self._held_bytes -= len(data)
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from kura.storage.artifact import StoredBody
+
 
 class MeshHooks:
     """Forwards storage's hooks to the mesh components once ``connect`` gave them."""
@@ -18,7 +20,7 @@ class MeshHooks:
     def __init__(self) -> None:
         self._targets: Callable[[], Sequence[str]] = tuple
         self._wake: Callable[[], None] = lambda: None
-        self._fetch: Callable[[str], Awaitable[bool]] | None = None
+        self._fetch: Callable[[str], Awaitable[bool | StoredBody]] | None = None
         self._floor_ms: Callable[[], int | None] = lambda: None
 
     def connect(
@@ -26,7 +28,7 @@ class MeshHooks:
         *,
         targets: Callable[[], Sequence[str]],
         wake: Callable[[], None],
-        fetch: Callable[[str], Awaitable[bool]] | None,
+        fetch: Callable[[str], Awaitable[bool | StoredBody]] | None,
         floor_ms: Callable[[], int | None],
     ) -> None:
         """Forward to these: ``targets()`` the peers local writes are enqueued for
@@ -43,7 +45,7 @@ class MeshHooks:
     def on_outbox_write(self) -> None:
         self._wake()
 
-    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool:
+    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool | StoredBody:
         return self._fetch is not None and await self._fetch(artifact_id)
 
     def eviction_floor_ms(self) -> int | None:

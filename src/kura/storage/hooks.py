@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from kura.storage.artifact import StoredBody
+
 
 class StorageHooks(Protocol):
     """The mesh, as storage sees it (module docstring)."""
@@ -33,9 +35,10 @@ class StorageHooks(Protocol):
         """Outbox messages were committed: wake the shipper."""
         ...
 
-    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool:
+    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool | StoredBody:
         """Try to fetch a locally missing artifact (of ``namespace_id``) from the object-storage
-        tier, then from peers (read-through); True when it is stored here now."""
+        tier, then from peers (read-through); True when it is stored here now, or the verified
+        body in memory to serve while it is being stored (``mesh.read_through``)."""
         ...
 
     def eviction_floor_ms(self) -> int | None:

@@ -39,6 +39,7 @@ from kit.clock import Clock
 from kura.core.errors import KuraError, NotFound
 from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
 from kura.core.version import ApplyOutcome
+from kura.storage.artifact import StoredBody
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.hooks import StorageHooks
 from kura.storage.object_store import ObjectStore, ObjectStoreError
@@ -308,7 +309,7 @@ class TierHooks:
         if self._tier is not None:
             self._tier.wake()
 
-    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool:
+    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool | StoredBody:
         if self._tier is not None and await self._tier.fill(artifact_id, namespace_id):
             return True
         return await self._inner.fetch_missing(artifact_id, namespace_id)

@@ -52,7 +52,7 @@ class ReadPath(StorageState):
             self._touches[aid] = now
         absent = [(r, aid) for r, aid in zip(refs, ids, strict=True) if aid not in present]
         for i, (ref, aid) in enumerate(absent):
-            if not await self.hooks.fetch_missing(aid, ref.namespace_id):
+            if await self.hooks.fetch_missing(aid, ref.namespace_id) is False:
                 return [r for r, _ in absent[i:]]
         return []
 
@@ -73,8 +73,12 @@ class ReadPath(StorageState):
         are verified; a large one may carry ``verified=False``, to be hashed while sent."""
         aid = self.artifact_id(ref)
         body = await self._read_cached(aid)
-        if body is None and await self.hooks.fetch_missing(aid, ref.namespace_id):
-            body = await self._read_cached(aid)
+        if body is None:
+            fetched = await self.hooks.fetch_missing(aid, ref.namespace_id)
+            if isinstance(fetched, StoredBody):
+                body = fetched  # verified, in memory, being stored (mesh.read_through)
+            elif fetched:
+                body = await self._read_cached(aid)
         if body is None:
             raise NotFound("Artifact not found")
         self._touches[aid] = self.clock.now_ms()
