@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     rolling.add_argument(
         "--timeout", type=float, default=900.0, help="give the rolling phase up after this long"
     )
+    rolling.add_argument(
+        "--baseline-seconds",
+        type=float,
+        default=10.0,
+        help="seconds of load before the first reboot and after the last (the latencies "
+        "outside reboots)",
+    )
     return parser
 
 
@@ -205,6 +212,7 @@ def demo(args: argparse.Namespace) -> int:
         bootstrap_limit_mib=args.bootstrap_limit_mib,
         downloads_per_peer=args.downloads_per_peer,
         kura_env=kura_env,
+        baseline_seconds=args.baseline_seconds,
     )
 
 

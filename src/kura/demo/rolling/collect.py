@@ -5,7 +5,9 @@ history into the ``RollingResult``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +71,10 @@ def collect(demo: Rolling) -> None:
         res.handoffs.append(handoff)
     windows = demo.reboot_windows()
     demo.load.latencies(windows)
+    # Every timed request and the windows, for a breakdown the summary does not make.
+    with (demo.workdir / "ops.json").open("w") as f:
+        ops = [dataclasses.asdict(op) for op in demo.load.ops]
+        json.dump({"windows": windows, "ops": ops}, f)
     res.load = demo.load.report
     if demo.clients is not None:
         for c in demo.clients.runs:

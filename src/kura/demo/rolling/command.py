@@ -48,6 +48,7 @@ def main(
     bootstrap_limit_mib: float = 3.0,
     downloads_per_peer: int = 1,
     kura_env: dict[str, str] | None = None,
+    baseline_seconds: float = 10.0,
 ) -> int:
     """``kura demo rolling-reboot``: 0 when every invariant held, 1 when one did not, 2 when
     the demo could not run."""
@@ -71,6 +72,7 @@ def main(
         replication_limit_bytes_per_second=int(bootstrap_limit_mib * MiB),
         bootstrap_downloads_per_peer=downloads_per_peer,
         extra_kura_env=kura_env or {},
+        baseline_seconds=baseline_seconds,
         progress=progress,
     )
     print(

@@ -68,6 +68,9 @@ class RollingConfig:
     # its first discovery round has no peers to read through to, so a miss on a wiped node
     # in those first milliseconds is a 404 (docs/rolling-reboot.md, "Findings").
     route_before_discovery: bool = False
+    # Seconds of the full load (reads, writes, real builds) before the first reboot and after
+    # the last: the "outside reboots" latencies the ones during reboots are compared with.
+    baseline_seconds: float = 1.0
     # Bootstrap speed: each artifact body a node serves to a bootstrapping peer is sent at no
     # more than this (KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND; 0 = unthrottled), and
     # a joining node downloads this many bodies at once from each peer. The defaults make a
@@ -145,6 +148,9 @@ class LoadReport:
     # bootstrapping: misses are read through from peers).
     reads_on_joining_node: int = 0
     read_p99_ms_joining_node: float | None = None
+    # ... and those served by the other nodes, which stayed up (bootstrap's sources).
+    reads_during_on_other_nodes: int = 0
+    read_p99_ms_during_other_nodes: float | None = None
     write_p99_ms_during: float | None = None
     write_p99_ms_outside: float | None = None
     ops_per_second: float = 0.0

@@ -62,6 +62,7 @@ class Op:
     started: float
     ended: float
     judged: bool  # the node was up for the whole request
+    size: int = 0  # the artifact's bytes (read) or the body's (write)
 
 
 class Load:
@@ -174,7 +175,7 @@ class Load:
                 target, method, path, headers, body
             )
             if self.recording:
-                self.ops.append(Op("write", target.name, t0, t1, judged))
+                self.ops.append(Op("write", target.name, t0, t1, judged, len(body)))
             if 200 <= status < 300:
                 art.writer, art.acked_at, art.pre_run = target.name, t1, pre
                 (self.pre if pre else self.acked).append(art)
@@ -209,7 +210,7 @@ class Load:
         )
         self.report.reads += 1
         if self.recording:
-            self.ops.append(Op("read", host.name, t0, t1, judged))
+            self.ops.append(Op("read", host.name, t0, t1, judged, art.size))
         if not judged:
             self.report.reads_excused += 1
             return
@@ -340,18 +341,19 @@ class Load:
         def during(op: Op) -> bool:
             return any(op.started < end and op.ended > start for start, end, _ in windows)
 
-        joining = [
-            1000 * (op.ended - op.started)
-            for op in self.ops
-            if op.judged
-            and op.kind == "read"
-            and any(
+        def on_joining_node(op: Op) -> bool:
+            return any(
                 op.host == host and op.started < end and op.ended > start
                 for start, end, host in windows
             )
-        ]
+
+        reads_during = [op for op in self.ops if op.judged and op.kind == "read" and during(op)]
+        joining = [1000 * (op.ended - op.started) for op in reads_during if on_joining_node(op)]
+        others = [1000 * (op.ended - op.started) for op in reads_during if not on_joining_node(op)]
         self.report.reads_on_joining_node = len(joining)
         self.report.read_p99_ms_joining_node = percentile(joining, 99)
+        self.report.reads_during_on_other_nodes = len(others)
+        self.report.read_p99_ms_during_other_nodes = percentile(others, 99)
 
         groups: dict[tuple[str, bool], list[float]] = {}
         for op in self.ops:

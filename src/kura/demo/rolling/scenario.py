@@ -308,7 +308,7 @@ class Rolling:
         stop_clients: asyncio.Event,
     ) -> None:
         res = self.result
-        await asyncio.sleep(1.0)  # some load before the first reboot
+        await asyncio.sleep(self.config.baseline_seconds)  # load before the first reboot
         res.rolling_started_at = time.time()
         for h in self.hosts:
             h.sentinel.touch()
@@ -331,7 +331,7 @@ class Rolling:
             )
         else:
             self.say("every host rebooted, is back and ready; the lock is free")
-        await asyncio.sleep(1.0)  # some load after the last node is back
+        await asyncio.sleep(self.config.baseline_seconds)  # load after the last node is back
         stop_load.set()
         stop_clients.set()
         await load_task

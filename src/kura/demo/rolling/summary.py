@@ -68,7 +68,8 @@ def render_summary(res: RollingResult) -> str:
         f"  read latency during reboots: p50 {_ms(ld.read_p50_ms_during)}, p99 "
         f"{_ms(ld.read_p99_ms_during)} (n={ld.reads_during_reboot}; of these, served by the "
         f"rebooting node while it booted: p99 {_ms(ld.read_p99_ms_joining_node)}, "
-        f"n={ld.reads_on_joining_node})",
+        f"n={ld.reads_on_joining_node}; by the other nodes: p99 "
+        f"{_ms(ld.read_p99_ms_during_other_nodes)}, n={ld.reads_during_on_other_nodes})",
         f"  read latency outside reboots: p50 {_ms(ld.read_p50_ms_outside)}, p99 "
         f"{_ms(ld.read_p99_ms_outside)} (n={ld.reads_outside_reboot})",
         f"lost artifacts: {len(res.lost)} of {res.artifacts_total} (each read from every node: "
