@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -136,3 +137,44 @@ def test_a_read_through_is_answered_before_its_copy_is_durable_and_a_crash_then_
             assert again.metric('kura_read_through_total{result="hit"}') == asked
         finally:
             again.stop()
+
+
+def test_read_throughs_hold_at_most_16_mib_in_memory_and_the_rest_are_stored_first(
+    tmp_path: Path,
+) -> None:
+    """Six concurrent read-throughs of distinct 4 MiB artifacts, with every group commit held
+    3 s before its fsync: four (16 MiB, ``IN_MEMORY_TOTAL_MAX_BYTES``) are answered from memory
+    at once; the other two are stored first, so they wait for the commit. All six are right."""
+    size = 4 * 1024 * 1024
+    bodies = {f"big/{i}": os.urandom(size) for i in range(6)}
+    arts = [honest(key, data) for key, data in bodies.items()]
+    with FakePeer([], unlisted=arts, chunk_delay=0.001) as peer:
+        node = start_joiner(
+            tmp_path / "a",
+            [peer.url],
+            failpoints="storage.before_group_sync=sleep(3000)",
+            read_through_timeout_ms=30_000,
+        )
+        try:
+            assert wait_for(lambda: is_ready(node), 60), status(node)
+            timings: dict[str, float] = {}
+
+            def get(key: str) -> None:
+                started = time.monotonic()
+                got = httpx.get(f"{node.url}/cache/{key}", timeout=60)
+                assert got.status_code == 200, got.text
+                assert got.content == bodies[key], key
+                timings[key] = time.monotonic() - started
+
+            threads = [threading.Thread(target=get, args=(key,)) for key in bodies]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert len(timings) == 6, timings
+            fast = sorted(t for t in timings.values() if t < 2.0)
+            slow = sorted(t for t in timings.values() if t >= 2.9)
+            assert (len(fast), len(slow)) == (4, 2), timings
+            assert node.metric('kura_read_through_total{result="hit"}') == 6
+        finally:
+            node.stop()

@@ -179,7 +179,12 @@ class ReadThrough:
                         and size <= IN_MEMORY_MAX_BYTES
                         and (self._held_bytes + size <= IN_MEMORY_TOTAL_MAX_BYTES)
                     ):
-                        body = await self._read_verified(fetched)
+                        self._held_bytes += size  # counted now: concurrent fetches see it
+                        try:
+                            body = await self._read_verified(fetched)
+                        except BaseException:
+                            self._held_bytes -= size
+                            raise
                         self._store_later(body)
                         self.stats.count("hit")
                         return body
@@ -228,7 +233,7 @@ class ReadThrough:
         return manifest, data
 
     def _store_later(self, body: InMemory) -> None:
-        self._held_bytes += len(body[1])
+        """Store ``body`` in the background; its bytes stay counted as held until then."""
         task = asyncio.create_task(self._store(body), name="kura-read-through-store")
         self._storing.add(task)
         task.add_done_callback(self._storing.discard)
