@@ -178,3 +178,25 @@ def test_read_throughs_hold_at_most_16_mib_in_memory_and_the_rest_are_stored_fir
             assert node.metric('kura_read_through_total{result="hit"}') == 6
         finally:
             node.stop()
+
+
+def test_a_read_through_serves_only_what_storing_would_apply(tmp_path: Path) -> None:
+    """A copy served from memory passes the checks storing makes first (found by a review of
+    the first version, which served both of these): a peer's version that a local clean
+    covers is not served (the peer had not applied the clean yet), and neither is one further
+    ahead of this node's clock than ``KURA_MAX_CLOCK_SKEW_MS``."""
+    now_ms = int(time.time() * 1000)
+    gone = honest("gone/artifact", os.urandom(256 * 1024), version_ms=now_ms - 10_000)
+    ahead = honest("ahead/artifact", os.urandom(256 * 1024), version_ms=now_ms + 3_600_000)
+    with FakePeer([], unlisted=[gone, ahead]) as peer:
+        node = start_joiner(tmp_path / "a", [peer.url])
+        try:
+            assert wait_for(lambda: is_ready(node), 60), status(node)
+            with node.client() as c:
+                assert c.delete("/cache").status_code == 204  # cleans namespace ""
+                assert c.get("/cache/gone/artifact").status_code == 404
+                assert [c.get("/cache/ahead/artifact").status_code for _ in range(3)] == [404] * 3
+            assert manifests(node) == {}
+            assert node.metric("kura_tmp_reserved_bytes") == 0
+        finally:
+            node.stop()

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
 from kura.core.manifest import Manifest
+from kura.core.version import ApplyOutcome
 from kura.mesh.client import FetchedArtifact, PeerClient, PeerError
 from kura.storage.artifact import StoredBody
 from kura.storage.body_count import check_sha256
@@ -173,18 +174,8 @@ class ReadThrough:
                     )
                     if fetched is None:
                         continue
-                    size = fetched.manifest.size
-                    if (
-                        in_memory
-                        and size <= IN_MEMORY_MAX_BYTES
-                        and (self._held_bytes + size <= IN_MEMORY_TOTAL_MAX_BYTES)
-                    ):
-                        self._held_bytes += size  # counted now: concurrent fetches see it
-                        try:
-                            body = await self._read_verified(fetched)
-                        except BaseException:
-                            self._held_bytes -= size
-                            raise
+                    body = await self._from_memory(fetched) if in_memory else None
+                    if body is not None:
                         self._store_later(body)
                         self.stats.count("hit")
                         return body
@@ -211,6 +202,25 @@ class ReadThrough:
                 log.info("read-through of %s from %s failed: %s", artifact_id, peer, exc)
         self.stats.count("miss")
         return False
+
+    async def _from_memory(self, fetched: FetchedArtifact) -> InMemory | None:
+        """The body read and verified in memory, its bytes counted as held; or None (nothing
+        read) when it is too large, the bound is reached, or storing it would not apply it:
+        only what storing would apply is served, never a version that a local clean covers,
+        an older one, or one past the skew gate (``replica_outcome``)."""
+        size = fetched.manifest.size
+        if size > IN_MEMORY_MAX_BYTES or self._held_bytes + size > IN_MEMORY_TOTAL_MAX_BYTES:
+            return None
+        self._held_bytes += size  # counted before any wait: concurrent fetches see it
+        try:
+            outcome = await self._service.replica_outcome(fetched.manifest, "read_through")
+            if outcome is ApplyOutcome.APPLIED:
+                return await self._read_verified(fetched)
+        except BaseException:
+            self._held_bytes -= size
+            raise
+        self._held_bytes -= size
+        return None
 
     async def _read_verified(self, fetched: FetchedArtifact) -> InMemory:
         """The whole body, checked against its manifest (``DigestMismatch``,

@@ -36,6 +36,19 @@ class ReplicaApply(WritePath):
 
     # -- copies from peers -------------------------------------------------------------------
 
+    async def replica_outcome(self, manifest: Manifest, source: str) -> ApplyOutcome:
+        """What ``apply_replica`` would do with ``manifest`` now, from the checks it makes
+        before reading a byte: the inline limit (``PayloadTooLarge``), the skew gate
+        (``FutureVersion``), last-writer-wins and tombstones. A copy served before it is
+        stored (``mesh.read_through``) must pass them first."""
+        if manifest.inline and manifest.size > self.max_inline_bytes:
+            raise PayloadTooLarge(
+                f"an inline artifact of {manifest.size} bytes exceeds the inline limit of "
+                f"{self.max_inline_bytes} bytes (KURA_MAX_KEYVALUE_BYTES, KURA_INLINE_MAX_BYTES)",
+                self.max_inline_bytes,
+            )
+        return await self.apply_outcome_for(manifest, source)
+
     async def apply_outcome_for(
         self, manifest: Manifest, source: str | None = None
     ) -> ApplyOutcome:
@@ -69,13 +82,7 @@ class ReplicaApply(WritePath):
         A version more than ``max_clock_skew_ms`` ahead raises ``FutureVersion`` (400) before
         anything is read. Never enqueues outbox messages. Safe to call concurrently.
         """
-        if manifest.inline and manifest.size > self.max_inline_bytes:
-            raise PayloadTooLarge(
-                f"an inline artifact of {manifest.size} bytes exceeds the inline limit of "
-                f"{self.max_inline_bytes} bytes (KURA_MAX_KEYVALUE_BYTES, KURA_INLINE_MAX_BYTES)",
-                self.max_inline_bytes,
-            )
-        outcome = await self.apply_outcome_for(manifest, source)
+        outcome = await self.replica_outcome(manifest, source)
         if outcome is not ApplyOutcome.APPLIED:
             self._count(source, outcome.value)
             return outcome
