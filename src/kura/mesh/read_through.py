@@ -17,8 +17,9 @@ nodes behind one Service (issue 11, "A hit anywhere is a hit everywhere").
   read. An error or a timeout counts as a miss there too, so a slow peer is not asked again on
   every read either. ``repair`` (a quarantined entry) ignores the negative cache.
 * Concurrent misses of one artifact share one fetch.
-* **Served before it is durable.** A body of at most ``IN_MEMORY_MAX_BYTES`` is read into memory,
-  verified, and returned to be served at once (``fetch`` gives a ``StoredBody`` with ``data``);
+* **Served before it is durable.** A body of at most ``IN_MEMORY_MAX_BYTES`` that storing would
+  apply (``replica_outcome``: not covered by a local clean, newer than what is stored, within the
+  skew gate) is read into memory, verified, and returned to be served at once (``fetch`` gives a ``StoredBody`` with ``data``);
   storing it (staging, fsync, commit) goes on in the background. The client does not wait for
   an fsync. A bootstrap's writes can keep the disk busy for hundreds of milliseconds, and this
   copy needs no durability: the peer holds the durable one, and nobody was promised it. A
