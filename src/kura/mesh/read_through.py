@@ -31,20 +31,19 @@ nodes behind one Service (issue 11, "A hit anywhere is a hit everywhere").
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from kura.core.errors import IncompleteBody, InvalidRequest, KuraError
+from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
 from kura.mesh.client import FetchedArtifact, PeerClient, PeerError
 from kura.storage.artifact import StoredBody
-from kura.storage.body_count import check_sha256
 from kura.storage.service import CacheService
+from kura.storage.small_body import buffer_small, check_digest
 
 log = logging.getLogger(__name__)
 
@@ -224,23 +223,20 @@ class ReadThrough:
         return None
 
     async def _read_verified(self, fetched: FetchedArtifact) -> InMemory:
-        """The whole body, checked against its manifest (``DigestMismatch``,
-        ``IncompleteBody``, ``InvalidRequest`` as ``apply_replica`` would raise)."""
+        """The whole body, checked against its manifest by the checks a small upload gets
+        (``storage.small_body``: ``InvalidRequest``, ``IncompleteBody``, ``DigestMismatch``)."""
         manifest = fetched.manifest
         try:
-            parts = []
-            received = 0
-            async for chunk in fetched.chunks():
-                received += len(chunk)
-                if received > manifest.size:
-                    raise InvalidRequest(f"body exceeded its manifest size {manifest.size}")
-                parts.append(chunk)
+            data = await buffer_small(
+                fetched.chunks(),
+                manifest.size,
+                limit_bytes=manifest.size,
+                declared_length=manifest.size,
+            )
         finally:
             await fetched.close()
-        data = b"".join(parts)
-        if len(data) != manifest.size:
-            raise IncompleteBody(f"body ended after {len(data)} of {manifest.size} bytes")
-        check_sha256(hashlib.sha256(data).hexdigest(), manifest.sha256)
+        assert isinstance(data, bytes)  # a declared length never spills
+        check_digest(data, manifest.sha256)
         return manifest, data
 
     def _store_later(self, body: InMemory) -> None:
