@@ -184,7 +184,7 @@ def test_an_account_much_larger_than_the_budget_bootstraps_completely(
         joiner.stop()
 
 
-def _threads(pid: int) -> dict[int, tuple[str, int, int]]:
+def threads_of(pid: int) -> dict[int, tuple[str, int, int]]:
     """Thread id -> (name, nice value, CPU clock ticks used), from /proc/PID/task (proc(5):
     the fields after the parenthesised name start at field 3, state)."""
     threads = {}
@@ -202,7 +202,7 @@ def _threads(pid: int) -> dict[int, tuple[str, int, int]]:
 def test_a_bootstrap_writes_and_hashes_on_threads_that_yield_the_cpu_to_serving(
     start_node: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:
-    """The joining node writes and hashes a bootstrap's bodies on its ``kura-bootstrap``
+    """The joining node writes and hashes a bootstrap's bodies on its ``kura-background``
     threads, 10 steps nicer than the process (kit.background), so on a contended CPU the
     requests of its clients, and of the other processes on the machine, come first; its event
     loop keeps the process's priority."""
@@ -212,9 +212,9 @@ def test_a_bootstrap_writes_and_hashes_on_threads_that_yield_the_cpu_to_serving(
     try:
         assert wait_for(lambda: is_ready(joiner), 120), status(joiner)
         assert_holds(joiner, bodies)
-        threads = _threads(joiner.proc.pid)
+        threads = threads_of(joiner.proc.pid)
         loop_thread = threads[joiner.proc.pid]
-        background = [t for t in threads.values() if t[0] == "kura-bootstrap"]
+        background = [t for t in threads.values() if t[0] == "kura-background"]
         assert background, sorted(t[0] for t in threads.values())
         assert {nice for _, nice, _ in background} == {loop_thread[1] + 10}, background
         # 96 MiB hashed twice (SHA-256 and XXH3) and written: they did that work.

@@ -11,15 +11,18 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
+from tests.conftest import NodeProcess
 from tests.e2e.fakepeer import FakePeer, honest
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
-from tests.e2e.test_bootstrap import is_ready, start_joiner
+from tests.e2e.test_bootstrap import fill, is_ready, start_joiner, threads_of
 
 # The peer's internal listener counts every bootstrap/artifacts lookup it answered 404.
+MiB = 1024 * 1024
 PEER_MISSES = 'kura_http_requests_total{method="GET",protocol="internal",status="404"}'
 
 
@@ -137,6 +140,44 @@ def test_a_read_through_is_answered_before_its_copy_is_durable_and_a_crash_then_
             assert again.metric('kura_read_through_total{result="hit"}') == asked
         finally:
             again.stop()
+
+
+def test_a_read_through_copy_served_from_memory_is_stored_on_the_background_threads(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    """A copy served from memory is written and hashed on the node's ``kura-background``
+    threads (``storage.offload``, 10 nice steps down), not on the event loop: nobody waits on
+    that store, and 4 MiB written and hashed there blocks every other request of the process.
+    The peer is a real node; the joiner bootstraps at most 1 % of its 256 MiB disk budget,
+    so the rest is read through."""
+    peer = start_node("peer")
+    bodies = fill(peer, "rt", 12, 4 * MiB)
+    node = start_joiner(
+        tmp_path / "joiner",
+        [peer.internal_url],
+        max_disk_bytes=256 * MiB,
+        bootstrap_disk_percent=1,
+        workers=1,
+    )
+    try:
+        assert wait_for(lambda: is_ready(node), 60), status(node)
+        assert len(manifests(node)) <= 1  # the rest is read through
+        with node.client() as c:
+            for key, body in bodies.items():
+                got = c.get(f"/cache/{key}")
+                assert got.status_code == 200, got.text
+                assert got.content == body, key
+        assert node.metric('kura_read_through_total{result="hit"}') >= 11
+        assert wait_for(lambda: len(manifests(node)) == 12, 30), len(manifests(node))
+        threads = threads_of(node.proc.pid)
+        loop_nice = threads[node.proc.pid][1]
+        background = [t for t in threads.values() if t[0] == "kura-background"]
+        assert background, sorted(t[0] for t in threads.values())
+        assert {nice for _, nice, _ in background} == {loop_nice + 10}, background
+        # 44 MiB or more hashed twice (SHA-256 and XXH3) and written: they did that work.
+        assert sum(ticks for _, _, ticks in background) > 0, background
+    finally:
+        node.stop()
 
 
 def test_read_throughs_hold_at_most_16_mib_in_memory_and_the_rest_are_stored_first(

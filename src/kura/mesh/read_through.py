@@ -31,6 +31,7 @@ nodes behind one Service (issue 11, "A hit anywhere is a hit everywhere").
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -42,8 +43,9 @@ from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
 from kura.mesh.client import FetchedArtifact, PeerClient, PeerError
 from kura.storage.artifact import StoredBody
+from kura.storage.body_count import check_sha256
 from kura.storage.service import CacheService
-from kura.storage.small_body import buffer_small, check_digest
+from kura.storage.small_body import buffer_small
 
 log = logging.getLogger(__name__)
 
@@ -224,11 +226,14 @@ class ReadThrough:
 
     async def _read_verified(self, fetched: FetchedArtifact) -> InMemory:
         """The whole body, checked against its manifest by the checks a small upload gets
-        (``storage.small_body``: ``InvalidRequest``, ``IncompleteBody``, ``DigestMismatch``)."""
+        (``storage.small_body``: ``InvalidRequest``, ``IncompleteBody``; ``DigestMismatch``).
+        Hashed chunk by chunk as it arrives, so the loop never blocks on hashing 4 MiB at once
+        and the check costs no time after the last byte."""
         manifest = fetched.manifest
+        digest = hashlib.sha256()
         try:
             data = await buffer_small(
-                fetched.chunks(),
+                _hashed(fetched.chunks(), digest),
                 manifest.size,
                 limit_bytes=manifest.size,
                 declared_length=manifest.size,
@@ -236,7 +241,7 @@ class ReadThrough:
         finally:
             await fetched.close()
         assert isinstance(data, bytes)  # a declared length never spills
-        check_digest(data, manifest.sha256)
+        check_sha256(digest.hexdigest(), manifest.sha256)
         return manifest, data
 
     def _store_later(self, body: InMemory) -> None:
@@ -256,6 +261,7 @@ class ReadThrough:
                     declared_length=len(data),
                     source="read_through",
                     reservation=reservation,
+                    background=True,
                 )
         except (KuraError, OSError) as exc:
             # Served already; only this copy is lost: the next read fetches it again.
@@ -269,3 +275,9 @@ class ReadThrough:
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
+
+
+async def _hashed(chunks: AsyncIterator[bytes], digest: hashlib._Hash) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        digest.update(chunk)
+        yield chunk

@@ -42,7 +42,7 @@ from kura.storage.body_count import BodyCount, check_sha256
 from kura.storage.budget import Reservation
 from kura.storage.checksum import BodyDigests
 from kura.storage.fsync import fsync_path
-from kura.storage.offload import OffloadedWrites
+from kura.storage.offload import OffloadedWrites, open_for_writing
 
 LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
@@ -320,7 +320,7 @@ async def stage_body(
 ) -> Staged:
     """Stream ``body`` into ``path`` within ``reservation`` and ``limit_bytes``.
 
-    Written and hashed on the event loop, or in the pool ``offload`` (``storage.offload``).
+    Created, written and hashed on the event loop, or in the pool ``offload`` (storage.offload).
 
     Raises ``PayloadTooLarge`` past ``limit_bytes`` or past the tmp budget's whole capacity,
     ``ResourceExhausted`` when a body without a declared length cannot grow its reservation
@@ -334,7 +334,8 @@ async def stage_body(
     count = BodyCount(limit_bytes=limit_bytes, declared_length=declared_length)
     offloaded: OffloadedWrites | None = None
     try:
-        with path.open("wb") as f:
+        f = path.open("wb") if offload is None else await open_for_writing(path, offload)
+        with f:
             if offload is not None:
                 offloaded = OffloadedWrites(f, h, offload)
             async for chunk in body:

@@ -71,6 +71,7 @@ class ReplicaApply(WritePath):
         declared_length: int | None,
         source: str,
         reservation: Reservation | None = None,
+        background: bool = False,
     ) -> ApplyOutcome:
         """Apply a peer's copy of an artifact at the peer's version (last writer wins).
 
@@ -81,6 +82,10 @@ class ReplicaApply(WritePath):
         fail-fast ``try_reserve`` (``ResourceExhausted`` when the tmp budget is full).
         A version more than ``max_clock_skew_ms`` ahead raises ``FutureVersion`` (400) before
         anything is read. Never enqueues outbox messages. Safe to call concurrently.
+
+        The body is written and hashed on the low-priority background threads
+        (``storage.offload``) when nobody waits on it: a bootstrap's, or ``background`` (a
+        read-through copy already served from memory). Otherwise on the event loop.
         """
         outcome = await self.replica_outcome(manifest, source)
         if outcome is not ApplyOutcome.APPLIED:
@@ -115,8 +120,7 @@ class ReplicaApply(WritePath):
                     limit_bytes=min(held.size_bytes, manifest.size),
                     declared_length=manifest.size,
                     expected_sha256=manifest.sha256,
-                    # A client waits on a read-through or a replication; on a bootstrap, none.
-                    offload=self._background if source == "bootstrap" else None,
+                    offload=self._background if background or source == "bootstrap" else None,
                 )
             except PayloadTooLarge:
                 raise InvalidRequest(

@@ -140,9 +140,10 @@ class CacheService(ReadPath, ReplicaApply):
         self._index: MetadataIndex | None = None
         self._reader = ThreadPoolExecutor(4, thread_name_prefix="kura-read")
         self._syncer = ThreadPoolExecutor(4, thread_name_prefix="kura-sync")
-        # A bootstrap's bodies are written and hashed here, at a lower CPU priority than
-        # serving (kit.background): maintenance must not take the cores clients wait on.
-        self._background = background_pool(2, "kura-bootstrap")
+        # Bodies nobody waits on (a bootstrap's, a read-through copy already served) are
+        # written and hashed here, at a lower CPU priority than serving (kit.background):
+        # maintenance must not take the cores clients wait on, nor block the event loop.
+        self._background = background_pool(2, "kura-background")
         self._writer = GroupCommitWriter("kura-write")
         self.files.group = self._writer  # blob renames are made durable with their group
         self.max_clock_skew_ms = max_clock_skew_ms
