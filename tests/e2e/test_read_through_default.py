@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import NodeProcess
-from tests.e2e.fakepeer import FakePeer, honest
+from tests.e2e.fakepeer import FakePeer, honest, lying
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
 from tests.e2e.test_bootstrap import fill, is_ready, start_joiner, threads_of
 
@@ -239,5 +239,39 @@ def test_a_read_through_serves_only_what_storing_would_apply(tmp_path: Path) -> 
                 assert [c.get("/cache/ahead/artifact").status_code for _ in range(3)] == [404] * 3
             assert manifests(node) == {}
             assert node.metric("kura_tmp_reserved_bytes") == 0
+        finally:
+            node.stop()
+
+
+def test_a_lying_peers_copy_is_refused_before_it_is_served_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """Copies small enough to be served from memory, whose bodies do not match their
+    manifests: one byte too many, one too few, the right length with other bytes. Each read
+    answers 404 (no other peer has it), nothing is stored, no staging file or reservation is
+    left, and the log says why in the checks' own words."""
+    claimed = os.urandom(64 * 1024)
+    bad = {
+        "lie/longer": (claimed + b"x", "longer than its declared"),
+        "lie/shorter": (claimed[:-1], "body ended after"),
+        "lie/other": (os.urandom(len(claimed)), "body hashes to sha256"),
+    }
+    arts = [lying(key, claimed, sent) for key, (sent, _) in bad.items()]
+    with FakePeer([], unlisted=arts) as peer:
+        node = start_joiner(tmp_path / "a", [peer.url])
+        try:
+            assert wait_for(lambda: is_ready(node), 60), status(node)
+            for key in bad:
+                got = httpx.get(f"{node.url}/cache/{key}", timeout=30)
+                assert got.status_code == 404, (key, got.status_code)
+            assert manifests(node) == {}
+            assert node.staging_files() == []
+            assert node.metric("kura_tmp_reserved_bytes") == 0
+            assert node.metric('kura_read_through_total{result="error"}') == 3
+            log = node.log()
+            for key, (_, why) in bad.items():
+                assert why in log, (key, why)
+            assert "route's limit" not in log
+            assert "Traceback" not in log
         finally:
             node.stop()

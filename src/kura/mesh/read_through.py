@@ -235,7 +235,9 @@ class ReadThrough:
             data = await buffer_small(
                 _hashed(fetched.chunks(), digest),
                 manifest.size,
-                limit_bytes=manifest.size,
+                # Past the limit: a byte more than the manifest says is "longer than
+                # declared" (InvalidRequest), not a route's limit (PayloadTooLarge).
+                limit_bytes=manifest.size + 1,
                 declared_length=manifest.size,
             )
         finally:
