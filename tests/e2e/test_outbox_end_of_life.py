@@ -67,8 +67,10 @@ def test_a_peer_that_never_answers_costs_no_write_and_catches_up_when_it_returns
         assert a.metric_sum("kura_outbox_dropped_queues_total") == 1
         assert a.metric_sum("kura_outbox_dropped_messages_total") == CAP
         # Past the cap each write skipped the dead peer; once it was forgotten (possibly before
-        # the last write on a loaded machine) it was no longer a target at all.
-        assert 0 < a.metric_sum("kura_outbox_skipped_messages_total") <= WRITES - CAP
+        # the last write on a loaded machine) it was no longer a target at all. The counter is
+        # the node's: on a loaded machine B's queue fills too, and its writes past B's cap
+        # count as well (185 in one full run). Each peer skips at most the writes past its cap.
+        assert 0 < a.metric_sum("kura_outbox_skipped_messages_total") <= 2 * (WRITES - CAP)
         assert "dropped its queue of 20 messages" in a.log()
         assert label in httpx.get(a.url + "/metrics").text
         # The outbox gauge stays exact: nothing is pending for anyone once B is drained.
