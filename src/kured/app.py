@@ -181,6 +181,7 @@ class AgentService:
                     lock_ttl_seconds=s.lock_ttl,
                     lock_release_delay_seconds=s.lock_release_delay,
                     max_consecutive_reboots=s.max_consecutive_reboots,
+                    min_reboot_interval_seconds=s.min_reboot_interval,
                     force_reboot=s.force_reboot,
                     drain_delay_seconds=s.drain_delay,
                     reboot_delay_seconds=s.reboot_delay,

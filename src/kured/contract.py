@@ -81,6 +81,9 @@ class AgentConfig:
     # A failed uncordon is retried after a pause drawn from [½p, p), p doubling up to the cap.
     uncordon_backoff_initial_seconds: float = 1.0
     uncordon_backoff_cap_seconds: float = 60.0
+    # --min-reboot-interval: after an attempt that did not clear the sentinel (still required
+    # after the reboot, or the reboot command failed), none before this much later; 0 = off.
+    min_reboot_interval_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,11 @@ during the delay sleeps only what is left. When the boot ID is unchanged the mac
 reboot: nothing is released as if it had; the attempt is counted towards the circuit breaker
 (``kured_failures_total{kind="reboot"}``) and the normal decision runs with the lock still held
 - it reboots again when everything still allows it, or restores the node and releases the lock
-when something now blocks. Errors in a tick are logged, counted and the tick ends; they never
-escape the loop.
+when something now blocks. A reboot attempt that did not clear the sentinel (the machine came
+back with a new boot ID and a reboot is still required, or the reboot command failed) counts
+towards the breaker and holds further attempts off for ``--min-reboot-interval``
+(``held_off_until`` in the state file; field reports B39, B40). Errors in a tick are logged,
+counted and the tick ends; they never escape the loop.
 
 With the Kubernetes backend the agent also has a ``NodeActuator`` (``node``) and follows
 kured's node choreography (kured-behaviour.md §2.2-2.4):
@@ -191,6 +194,7 @@ class Agent(NodeSteps):
                 detail,
             )
             self._check_breaker()
+            self._hold_off(f"the reboot this agent triggered did not clear the sentinel ({detail})")
         else:
             self.state.consecutive_reboots = 0
         self.store.save(self.state)
@@ -226,6 +230,24 @@ class Agent(NodeSteps):
                 "sentinel; not rebooting again until an operator looks",
                 self.state.consecutive_reboots,
             )
+
+    def _hold_off(self, why: str) -> None:
+        """No reboot attempt for ``--min-reboot-interval`` after one that did not clear the
+        sentinel (the caller saves the state). Field report B39 (kured #976: a negated sentinel
+        command whose tool was missing said "required" after every boot and the node rebooted
+        hourly for two days) and B40 (a failing reboot command drained the node every period).
+        Counted as ``kured_failures_total{kind="reboot_loop"}``."""
+        interval = self.config.min_reboot_interval_seconds
+        if interval <= 0:
+            return
+        self.state.held_off_until = self._unix() + interval
+        self.view.fail("reboot_loop")
+        log.error(
+            "%s: no new reboot attempt before %s (--min-reboot-interval %gs)",
+            why,
+            datetime.fromtimestamp(self.state.held_off_until, tz=UTC).isoformat(),
+            interval,
+        )
 
     def _unix(self) -> float:
         return self.clock.now_ms() / 1000
@@ -267,6 +289,8 @@ class Agent(NodeSteps):
             self._recovery_done()
         await self._check_orphaned_cordon(holds)
         breaker = self.state.breaker_open and bool(reboot_required)
+        until = self.state.held_off_until
+        held_off = bool(reboot_required) and until is not None and self._unix() < until
         return Observation(
             now=now,
             reboot_required=reboot_required,
@@ -282,6 +306,10 @@ class Agent(NodeSteps):
                 f"{self.state.consecutive_reboots} reboots in a row did not clear the sentinel"
             ),
             next_window_at=None if window_open else self.window.next_open(now),
+            held_off_until=(
+                datetime.fromtimestamp(until, tz=UTC) if held_off and until is not None else None
+            ),
+            held_off_detail="the last reboot attempt did not clear the sentinel",
         )
 
     async def tick(self) -> Decision:
@@ -310,6 +338,9 @@ class Agent(NodeSteps):
             log.info("reboot no longer required: closing the circuit breaker")
             self.state.breaker_open = False
             self.state.consecutive_reboots = 0
+            self.store.save(self.state)
+        if self.state.held_off_until is not None and obs.reboot_required is False:
+            self.state.held_off_until = None
             self.store.save(self.state)
 
     async def _acquire(self) -> bool:
@@ -402,6 +433,12 @@ class Agent(NodeSteps):
             log.error("reboot failed: %s", exc.message)
             self.view.fail("reboot")
             self.state.reboot_triggered_at = None
+            # A failed reboot command is a reboot that did not clear the sentinel: it counts
+            # towards the breaker and holds further attempts off (B40; kured #17, #44: a node
+            # drained every period and never rebooted).
+            self.state.consecutive_reboots += 1
+            self._check_breaker()
+            self._hold_off(f"the reboot command failed ({exc.message})")
             self.store.save(self.state)
             await self._release(after_reboot=False)  # do not sit on the lock
             return

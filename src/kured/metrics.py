@@ -14,7 +14,7 @@ users build alerts blind (kured-behaviour.md, "Little visibility"):
 * ``kured_last_reboot_timestamp_seconds{node}``, ``kured_circuit_breaker_open{node}``,
   ``kured_consecutive_reboots{node}``;
 * ``kured_failures_total{node,kind}`` (sentinel, gate, lock, reboot, tick, drain, uncordon,
-  node) and ``kured_decisions_total{node,action}``;
+  node, reboot_loop) and ``kured_decisions_total{node,action}``;
 * with ``--notify-url``: ``kured_notifications_total{node,event,result}`` (event drain, reboot,
   uncordon; result sent, failed, timeout), every delivery to every URL;
 * with ``--release-lock-of-deleted-nodes``: ``kured_lock_releases_of_deleted_nodes_total{node}``.

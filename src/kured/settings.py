@@ -535,6 +535,13 @@ class Settings:
         "circuit breaker: stop after this many reboots in a row that did not clear the sentinel",
         default=3,
     )
+    min_reboot_interval: float = option(
+        *_flag("min-reboot-interval"),
+        _duration,
+        "after a reboot attempt that did not clear the sentinel (still required after the "
+        "reboot, or the reboot command failed), no new attempt before this much later (0 = off)",
+        default=86400.0,
+    )
     log_format: str = option(
         *_flag("log-format"), parse_choice(["text", "json"]), "text or json", default="text"
     )

@@ -12,6 +12,11 @@ with the current one: unchanged means the machine did not reboot (the process wa
 and recovery must not run as if it had. An empty ID (not Linux, file unreadable, state written
 by an older version) cannot confirm anything and counts as a reboot, the behaviour before.
 
+``held_off_until`` (unix seconds) is set when a reboot attempt of this agent did not clear the
+sentinel: the machine came back (new boot ID) and a reboot is still required, or the reboot
+command failed. No new attempt is made before it (``--min-reboot-interval``, field reports B39
+and B40); it is cleared as soon as no reboot is required.
+
 ``came_back_at`` is when the agent first started after a confirmed reboot (unix seconds); it is
 cleared once the lock is released. ``--lock-release-delay`` counts from it, so an agent restarted
 during the delay sleeps only what is left instead of skipping the delay (issue 15).
@@ -33,6 +38,7 @@ class AgentState:
     breaker_open: bool = False
     last_reboot_at: float | None = None
     came_back_at: float | None = None  # unix seconds; set while post-reboot recovery runs
+    held_off_until: float | None = None  # unix seconds; no reboot attempt before it
 
 
 class StateStore:

@@ -12,14 +12,18 @@ retried with new ones, shortened election so a single member has a leader at onc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from kura.demo.launch import LaunchError
 from kura.demo.launch.etcd import Etcd
 from tests.kured.k8s_double import KubeDouble
+
+if TYPE_CHECKING:
+    from tests.kured.kube_agent import KubeHost
 
 ETCD_START_TIMEOUT_SECONDS = 30.0
 ETCD_START_ATTEMPTS = 3
@@ -69,3 +73,22 @@ def kube() -> Iterator[KubeDouble]:
 def kubeconfig(kube: KubeDouble, tmp_path: Path) -> Path:
     """A kubeconfig file for ``kube`` (plain http, bearer token), as a user would write it."""
     return kube.kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+async def hosts(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[Callable[..., KubeHost]]:
+    """``hosts(node_id, **KubeHost options)``: in-process agents wired as ``kured.app`` does
+    for ``--lock-backend=kubernetes`` against ``kube`` (tests/kured/kube_agent.py); every
+    client closed at the end."""
+    from tests.kured.kube_agent import KubeHost  # it imports this module's constants
+
+    made: list[KubeHost] = []
+
+    def make(node_id: str, **options: object) -> KubeHost:
+        host = KubeHost(tmp_path, node_id, kubeconfig, **options)  # type: ignore[arg-type]
+        made.append(host)
+        return host
+
+    yield make
+    for host in made:
+        await host.close()

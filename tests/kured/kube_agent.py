@@ -15,15 +15,16 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.clock import SystemClock
+from kit.clock import Clock, SystemClock
 from kured.actuators.drain import DrainOptions
 from kured.actuators.node import KubernetesNode, NodeOptions
 from kured.apiserver import ApiServer
+from kured.core.errors import RebootError
 from kured.core.window import RebootWindow
 from kured.locks.kubernetes import KubernetesLock
 from kured.loop import Agent, AgentConfig, Gate
 from kured.sensors.pods import BlockingPodGate
-from kured.sensors.sentinel import FileSentinel
+from kured.sensors.sentinel import CommandSentinel, FileSentinel, Sentinel
 from kured.state import StateStore, current_boot_id
 from tests.kured.conftest import LOCK_ANNOTATION, LOCK_DAEMONSET, LOCK_NAMESPACE
 
@@ -37,10 +38,13 @@ class FakeReboot:
         self.calls = 0
         self.at: list[float] = []  # time.monotonic() of each call
         self.happens = True  # False: the command "succeeds" but the machine stays up
+        self.error = ""  # set: the command fails with this message (nothing happens)
 
     async def reboot(self) -> None:
         self.calls += 1
         self.at.append(time.monotonic())
+        if self.error:
+            raise RebootError(self.error)
         if self.happens:
             self.sentinel.unlink(missing_ok=True)
             self.boot_id.write_text(f"{uuid.uuid4()}\n")
@@ -60,6 +64,9 @@ class KubeHost:
     uncordon_backoff_initial_seconds: float = 1.0
     drain_delay_seconds: float = 0.0
     reboot_delay_seconds: float = 0.0
+    sentinel_command: tuple[str, ...] = ()  # --reboot-sentinel-command; () = the file
+    min_reboot_interval_seconds: float = 0.0
+    clock: Clock = field(default_factory=SystemClock)
     apis: list[ApiServer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -75,6 +82,11 @@ class KubeHost:
         api = ApiServer.connect(self.kubeconfig, request_timeout_seconds=5)
         self.apis.append(api)
         gates: list[Gate] = []
+        sentinel: Sentinel = (
+            CommandSentinel(self.sentinel_command)
+            if self.sentinel_command
+            else FileSentinel(self.sentinel)
+        )
         if self.blocking_pod_selectors:
             gates.append(BlockingPodGate(api, self.node_id, self.blocking_pod_selectors))
         return Agent(
@@ -88,9 +100,10 @@ class KubeHost:
                 uncordon_backoff_initial_seconds=self.uncordon_backoff_initial_seconds,
                 drain_delay_seconds=self.drain_delay_seconds,
                 reboot_delay_seconds=self.reboot_delay_seconds,
+                min_reboot_interval_seconds=self.min_reboot_interval_seconds,
             ),
             window=RebootWindow(),
-            sentinel=FileSentinel(self.sentinel),
+            sentinel=sentinel,
             gates=gates,
             lock=KubernetesLock(
                 api,
@@ -98,11 +111,11 @@ class KubeHost:
                 LOCK_DAEMONSET,
                 LOCK_ANNOTATION,
                 self.concurrency,
-                SystemClock(),
+                self.clock,
             ),
             rebooter=self.rebooter,
             state=StateStore(self.dir / "state", self.node_id),
-            clock=SystemClock(),
+            clock=self.clock,
             node=KubernetesNode(api, self.node_id, self.drain, self.node_options),
             boot_id=lambda: current_boot_id(self.boot_id),
         )

@@ -110,7 +110,18 @@ def test_a_node_that_keeps_needing_a_reboot_trips_the_breaker_instead_of_looping
     script = tmp_path / "stuck.sh"
     script.write_text(STUCK_REBOOT)
     script.chmod(0o755)
-    host = Host(tmp_path, "n0", etcd, events, "--period", "1s", "--max-consecutive-reboots", "2")
+    host = Host(
+        tmp_path,
+        "n0",
+        etcd,
+        events,
+        "--period",
+        "1s",
+        "--max-consecutive-reboots",
+        "2",
+        "--min-reboot-interval",
+        "0",  # the breaker alone (the interval would hold the second attempt off for a day)
+    )
     host.argv[host.argv.index("--reboot-command") + 1] = f"{script} n0 {events} {host.boot_id}"
     host.sentinel.touch()
     try:

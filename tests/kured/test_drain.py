@@ -40,21 +40,6 @@ async def api(kubeconfig: Path) -> AsyncIterator[ApiServer]:
     await server.close()
 
 
-@pytest.fixture
-async def hosts(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[Callable[..., KubeHost]]:
-    """``hosts(node_id, **KubeHost options)``; every client closed at the end."""
-    made: list[KubeHost] = []
-
-    def make(node_id: str, **options: object) -> KubeHost:
-        host = KubeHost(tmp_path, node_id, kubeconfig, **options)  # type: ignore[arg-type]
-        made.append(host)
-        return host
-
-    yield make
-    for host in made:
-        await host.close()
-
-
 def on_node(kube: KubeDouble, node: str) -> list[str]:
     return sorted(p["metadata"]["name"] for p in kube.pods() if p["spec"]["nodeName"] == node)
 

@@ -24,20 +24,6 @@ async def api(kubeconfig: Path) -> AsyncIterator[ApiServer]:
     await server.close()
 
 
-@pytest.fixture
-async def hosts(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[Callable[..., KubeHost]]:
-    made: list[KubeHost] = []
-
-    def make(node_id: str, **options: object) -> KubeHost:
-        host = KubeHost(tmp_path, node_id, kubeconfig, **options)  # type: ignore[arg-type]
-        made.append(host)
-        return host
-
-    yield make
-    for host in made:
-        await host.close()
-
-
 def test_the_field_selector_is_this_node_and_unfinished_pods() -> None:
     assert field_selector("n1") == "spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed"
 

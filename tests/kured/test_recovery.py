@@ -11,15 +11,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 import signal
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
+from kit.clock import ManualClock
 from kured.actuators.drain import DrainOptions
+from kured.console import status_of
 from kured.core.lockrecord import parse
 from kured.core.policy import Action, Why
+from kured.loop import Agent
+from kured.metrics import AgentCollector, exposition, registry_for
 from tests.kured.agents import Host, read_events, released_at
 from tests.kured.conftest import LOCK_ANNOTATION, LOCK_DAEMONSET, LOCK_NAMESPACE
 from tests.kured.k8s_double import KubeDouble
@@ -28,20 +32,6 @@ from tests.kured.test_agents import COMMON, wait_for
 
 NS, DS, KEY = LOCK_NAMESPACE, LOCK_DAEMONSET, LOCK_ANNOTATION
 FAST = DrainOptions(timeout_seconds=20, poll_interval_seconds=0.05)
-
-
-@pytest.fixture
-async def hosts(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[Callable[..., KubeHost]]:
-    made: list[KubeHost] = []
-
-    def make(node_id: str, **options: object) -> KubeHost:
-        host = KubeHost(tmp_path, node_id, kubeconfig, **options)  # type: ignore[arg-type]
-        made.append(host)
-        return host
-
-    yield make
-    for host in made:
-        await host.close()
 
 
 def holder(kube: KubeDouble) -> str | None:
@@ -194,3 +184,100 @@ def test_an_agent_killed_during_the_release_delay_still_honours_it(
     finally:
         for h in hosts:
             h.stop()
+
+
+HOUR = 3600.0
+
+
+def blocking_reason(agent: Agent) -> str:
+    metrics = exposition(registry_for(AgentCollector(agent))).decode()
+    found = re.findall(r'kured_blocking_reason\{node="[^"]+",reason="([a-z_]+)"\} 1\.0', metrics)
+    assert len(found) == 1, found
+    return found[0]
+
+
+async def test_a_negated_sentinel_whose_tool_is_missing_reboots_once_a_day_not_every_hour(
+    kube: KubeDouble, hosts: Callable[..., KubeHost]
+) -> None:
+    """B39 (kured #976): ``sh -c "! needs-restarting --reboothint"`` on a node without the
+    tool exits 0 ("not found", negated), so a reboot is "required" after every boot. The first
+    check after the reboot the agent caused still says so: no new attempt for
+    ``--min-reboot-interval``, counted and shown. Hourly checks on virtual time."""
+    kube.add_node("n1")
+    clock = ManualClock(now_ms=int(time.time() * 1000))
+    machine = hosts(
+        "n1",
+        drain=FAST,
+        sentinel_command=("sh", "-c", "! kured-test-no-such-tool --reboothint"),
+        min_reboot_interval_seconds=24 * HOUR,
+        clock=clock,
+    )
+    first = await machine.boot()
+    assert (await first.tick()).action is Action.REBOOT
+    assert machine.rebooter.calls == 1
+
+    back = await machine.boot()  # a new boot ID: the reboot happened, the "tool" is still missing
+    assert (await back.tick()).why is Why.REBOOTED  # the lock is given back
+    reasons = []
+    for _ in range(23):  # the rest of the day, one check an hour
+        clock.advance(HOUR)
+        reasons.append((await back.tick()).why)
+    assert machine.rebooter.calls == 1, reasons  # main: a reboot at every check
+    assert set(reasons) == {Why.MIN_REBOOT_INTERVAL}
+    assert blocking_reason(back) == "min_reboot_interval"
+    assert back.view.failures_total["reboot_loop"] == 1
+    blocked_by = str(status_of(back, "always")["blocked_by"])
+    assert "--min-reboot-interval" in blocked_by
+    observation = back.view.observation
+    assert observation is not None
+    assert "not found" in observation.sentinel_detail  # the shell's complaint is shown
+    assert holder(kube) is None
+    assert not kube.node("n1")["spec"].get("unschedulable")
+
+    clock.advance(HOUR + 1)  # a day later it tries again (and the breaker bounds the attempts)
+    assert (await back.tick()).action is Action.REBOOT
+    assert machine.rebooter.calls == 2
+
+
+async def test_a_sentinel_command_that_cannot_run_is_an_error_and_takes_no_lock(
+    kube: KubeDouble, hosts: Callable[..., KubeHost]
+) -> None:
+    """B39 (1): exit 127 ("command not found") or 126 is an error, not "reboot required"."""
+    kube.add_node("n1")
+    for status in (127, 126):
+        machine = hosts("n1", drain=FAST, sentinel_command=("sh", "-c", f"exit {status}"))
+        agent = await machine.boot()
+        decision = await agent.tick()
+        assert decision.why is Why.SENTINEL_UNKNOWN, decision
+        assert f"exited {status}" in decision.first
+        assert agent.view.failures_total == {"sentinel": 1}
+        assert machine.rebooter.calls == 0
+        assert kube.annotation(NS, DS, KEY) is None  # no lock taken
+        assert not kube.node("n1")["spec"].get("unschedulable")
+
+
+async def test_a_failing_reboot_command_drains_the_node_once_not_every_period(
+    kube: KubeDouble, hosts: Callable[..., KubeHost]
+) -> None:
+    """B40 (kured #17, #44; taken to be "the node is drained every period and never
+    rebooted"): the reboot command fails, the node is uncordoned and the lock released at
+    once, and there is no new cordon, drain or reboot for ``--min-reboot-interval``."""
+    kube.add_node("n1")
+    kube.add_pod("web", "web-abc", "n1", labels={"app": "web"}, owner=("ReplicaSet", "web"))
+    clock = ManualClock(now_ms=int(time.time() * 1000))
+    machine = hosts("n1", drain=FAST, min_reboot_interval_seconds=24 * HOUR, clock=clock)
+    machine.rebooter.error = "exit status 1: Failed to connect to bus"
+    machine.sentinel.touch()
+    agent = await machine.boot()
+    reasons = []
+    for _ in range(12):  # twelve hourly checks
+        reasons.append((await agent.tick()).why)
+        clock.advance(HOUR)
+    cordons = [at for at, node, cordoned in kube.schedulable_history if node == "n1" and cordoned]
+    assert machine.rebooter.calls == 1, reasons  # main: 12
+    assert len(cordons) == 1  # main: drained 12 times
+    assert set(reasons[1:]) == {Why.MIN_REBOOT_INTERVAL}
+    assert agent.view.failures_total == {"reboot": 1, "reboot_loop": 1}
+    assert agent.state.consecutive_reboots == 1
+    assert holder(kube) is None
+    assert not kube.node("n1")["spec"].get("unschedulable")

@@ -7,8 +7,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -29,20 +28,6 @@ NEW_FLAGS = (
     "--reboot-delay",
     "--prefer-no-schedule-taint",
 )
-
-
-@pytest.fixture
-async def hosts(tmp_path: Path, kubeconfig: Path) -> AsyncIterator[Callable[..., KubeHost]]:
-    made: list[KubeHost] = []
-
-    def make(node_id: str, **options: object) -> KubeHost:
-        host = KubeHost(tmp_path, node_id, kubeconfig, **options)  # type: ignore[arg-type]
-        made.append(host)
-        return host
-
-    yield make
-    for host in made:
-        await host.close()
 
 
 def taints(kube: KubeDouble, node: str) -> list[dict[str, str]]:

@@ -4,8 +4,9 @@
 the world, calls it, and acts on the answer. Its invariants (property-tested):
 
 * it never answers ``REBOOT`` outside the window, while a gate blocks or cannot answer, while
-  the sentinel is unknown or says no, while the circuit breaker is open, or without holding the
-  lock;
+  the sentinel is unknown or says no, while the circuit breaker is open, before
+  ``--min-reboot-interval`` has passed since a reboot attempt that did not clear the sentinel
+  (``held_off_until``: field reports B39 and B40), or without holding the lock;
 * it never answers ``ACQUIRE`` unless everything except the lock already allows a reboot, so a
   blocked node never sits on the lock (kured #792: the lock was taken before the blockers ran);
 * after this node triggered a reboot it answers ``HOLD``: it keeps the lock and does nothing
@@ -59,6 +60,10 @@ class Observation:
     breaker_open: bool = False
     breaker_detail: str = ""
     next_window_at: datetime | None = None
+    # Set while a reboot is required but the last attempt did not clear the sentinel and
+    # ``--min-reboot-interval`` has not passed since (kured.loop): no attempt before then.
+    held_off_until: datetime | None = None
+    held_off_detail: str = ""
 
 
 class Why(enum.Enum):
@@ -68,6 +73,7 @@ class Why(enum.Enum):
     REBOOT_TRIGGERED = "reboot_triggered"
     REBOOTED = "rebooted"
     BREAKER_OPEN = "breaker_open"
+    MIN_REBOOT_INTERVAL = "min_reboot_interval"
     OUTSIDE_WINDOW = "outside_window"
     SENTINEL_UNKNOWN = "sentinel_unknown"
     NOT_REQUIRED = "not_required"
@@ -138,6 +144,14 @@ def _blocking_reasons(obs: Observation) -> list[Reason]:
     """Everything that forbids a reboot right now, in kured's check order."""
     if obs.breaker_open:
         return [Reason(Why.BREAKER_OPEN, f"blocked: circuit breaker open: {obs.breaker_detail}")]
+    if obs.held_off_until is not None:
+        return [
+            Reason(
+                Why.MIN_REBOOT_INTERVAL,
+                f"blocked: {obs.held_off_detail}; no new attempt before "
+                f"{obs.held_off_until.isoformat()} (--min-reboot-interval)",
+            )
+        ]
     if not obs.window_open:
         when = f" (next opening {obs.next_window_at.isoformat()})" if obs.next_window_at else ""
         return [Reason(Why.OUTSIDE_WINDOW, f"blocked: outside the reboot window{when}")]

@@ -70,12 +70,15 @@ class CommandSentinel:
             await proc.wait()
             raise SensorError(f"sentinel command {shown!r} timed out") from exc
         rc = self.last_returncode = proc.returncode
+        tail = err.decode(errors="replace").strip()[-200:]
         if rc in (126, 127):
-            tail = err.decode(errors="replace").strip()[-200:]
             raise SensorError(f"sentinel command {shown!r} exited {rc} (cannot run): {tail}")
+        # What it said on stderr goes with the answer: a negated missing tool (kured #976)
+        # exits 0 with "not found" there, and that is the clue an operator needs.
+        said = f" (stderr: {tail})" if tail else ""
         if rc == 0:
-            return True, f"sentinel command {shown!r} exited 0"
-        return False, f"sentinel command {shown!r} exited {rc}"
+            return True, f"sentinel command {shown!r} exited 0{said}"
+        return False, f"sentinel command {shown!r} exited {rc}{said}"
 
 
 _VERSION_PART = re.compile(r"(\d+)|([^\d.\-+~]+)")

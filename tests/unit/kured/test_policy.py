@@ -31,6 +31,7 @@ observations = st.builds(
     reboot_triggered=st.booleans(),
     rebooted_holding_lock=st.booleans(),
     breaker_open=st.booleans(),
+    held_off_until=st.sampled_from([None, datetime(2026, 12, 1, 3, 30, tzinfo=UTC)]),
 )
 
 
@@ -40,6 +41,7 @@ def everything_allows_a_reboot(o: Observation) -> bool:
         and o.reboot_required is True
         and all(g.blocking is False for g in o.gates)
         and not o.breaker_open
+        and o.held_off_until is None
     )
 
 
