@@ -84,7 +84,7 @@ from kured.contract import (
     Window,
 )
 from kured.core.errors import KuredError, LockError, RebootError, SensorError
-from kured.core.policy import Action, Decision, Observation, decide
+from kured.core.policy import Action, Decision, Observation, Why, decide
 from kured.locks.base import Lock
 from kured.lockview import LockView
 from kured.sensors.sentinel import Sentinel
@@ -322,9 +322,37 @@ class Agent(NodeSteps):
             self._record(obs, decision)
             if decision.action is not Action.ACQUIRE or not await self._acquire():
                 break
+        if decision.why is Why.LOCK_HELD_ELSEWHERE:
+            self._warn_held_elsewhere(obs.now)
         await self._prefer_no_schedule(decision)
         await self._act(decision)
         return decision
+
+    def _warn_held_elsewhere(self, now: datetime) -> None:
+        """One warning per holder per check (so once per ``--period``) while this node waits
+        for a lock another node holds: how long it has held it and whether its record expires
+        (field report B36, kured #137: "Lock already held" with no age nor way out). A holder
+        that is up but NotReady keeps a TTL-0 record for ever, as in kured: the lock expires by
+        each record's own TTL only (docs/kured.md "Lock TTL")."""
+        for h in self.lock_view.holders:
+            if h.node_id == self.config.node_id or h.expired(now):
+                continue
+            age = max(0.0, (now - h.created_at).total_seconds())
+            if h.ttl_seconds > 0:
+                left = h.ttl_seconds - age
+                fate = f"its record expires in {left:.0f}s (TTL {h.ttl_seconds:g}s)"
+            else:
+                fate = (
+                    "its record never expires (TTL 0): if that node is not coming back, delete "
+                    "its lock entry or run with --release-lock-of-deleted-nodes"
+                )
+            log.warning(
+                "waiting for the reboot lock: held by %s for %.0fs (since %s); %s",
+                h.node_id,
+                age,
+                h.created_at.isoformat(),
+                fate,
+            )
 
     def _record(self, obs: Observation, decision: Decision) -> None:
         said = self.view.decision

@@ -8,7 +8,9 @@ users build alerts blind (kured-behaviour.md, "Little visibility"):
   ``kured.core.policy.Why``), 0 for the others;
 * ``kured_window_open{node}``, ``kured_lock_held{node}``, ``kured_lock_holders{node}`` (how many
   hold it), ``kured_lock_holder_info{node,holder}``: the lock as last read from the store,
-  re-read at every scrape (``kured.lockview``); ``kured_lock_stale{node}`` is 1 while that read
+  re-read at every scrape (``kured.lockview``), and ``kured_lock_held_seconds{node,holder}``,
+  how long each has held it (field report B36: a holder that is up but NotReady keeps a TTL-0
+  lock for ever, and this is the number to alert on); ``kured_lock_stale{node}`` is 1 while that read
   fails (the holders are then the last known) and ``kured_lock_read_age_seconds{node}`` says
   how old they are;
 * ``kured_last_reboot_timestamp_seconds{node}``, ``kured_circuit_breaker_open{node}``,
@@ -97,6 +99,14 @@ class AgentCollector(Collector):
         for h in lv.holders:
             info.add_metric([node, h.node_id], 1)
         yield info
+        held = GaugeMetricFamily(
+            "kured_lock_held_seconds",
+            "Seconds since each holder took the reboot lock (its record's created time).",
+            labels=["node", "holder"],
+        )
+        for h in lv.holders:
+            held.add_metric([node, h.node_id], max(0.0, (now - h.created_at).total_seconds()))
+        yield held
         yield _gauge(
             "kured_last_reboot_timestamp_seconds",
             "When this agent last triggered a reboot that completed (unix time).",

@@ -525,8 +525,10 @@ class KubeDouble(LeaseRoutes):
         annotations: Mapping[str, str] | None = None,
         addresses: Sequence[tuple[str, str]] = (),
         taints: Sequence[Obj] = (),
+        ready: bool = True,
     ) -> Obj:
-        """A Node; ``addresses`` are (type, address) pairs for ``status.addresses``."""
+        """A Node; ``addresses`` are (type, address) pairs for ``status.addresses``;
+        ``ready`` False: its Ready condition is False (a kubelet that stopped reporting)."""
         spec: Obj = {"podCIDR": "10.0.0.0/24"}
         if unschedulable:
             spec["unschedulable"] = True
@@ -545,7 +547,7 @@ class KubeDouble(LeaseRoutes):
                     },
                     "spec": spec,
                     "status": {
-                        "conditions": [{"type": "Ready", "status": "True"}],
+                        "conditions": [{"type": "Ready", "status": str(ready)}],
                         "addresses": [{"type": t, "address": a} for t, a in addresses],
                     },
                 },
