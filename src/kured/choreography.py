@@ -95,7 +95,9 @@ class NodeSteps:
         """Uncordon per the lock record (retried until it succeeds: see the module docstring),
         post labels, and once the sentinel is gone the in-progress annotation. Label and
         annotation failures are logged and counted; they do not hold the lock. False when the
-        node was left cordoned on purpose (an operator cordoned it before the lock)."""
+        node was left cordoned on purpose: the record says it was cordoned before the lock, or
+        the cordon carries no mark of ours (someone cordoned it after the lock was taken and
+        before our cordon: field report B41)."""
         assert self.node is not None
         me = self.config.node_id
         own: Holder | None = None
@@ -103,14 +105,16 @@ class NodeSteps:
             own = next((h for h in await self.lock.holders() if h.node_id == me), None)
         except LockError as exc:
             log.warning("cannot read the lock record before releasing: %s", exc.message)
+        uncordoned = True
         if own is None:
             # No record to go by: undo the cordon only if it carries our mark.
             await self._until_uncordoned(self.node.undo_orphaned_cordon)
         elif own.unschedulable:
             log.info("node %s was cordoned before the lock was taken: leaving it cordoned", me)
+            uncordoned = False
         else:
-            await self._until_uncordoned(self.node.uncordon)
-        uncordoned = own is None or not own.unschedulable
+            # The record says schedulable; a cordon without our mark was set since (B41).
+            uncordoned = await self._until_uncordoned(self.node.undo_own_cordon)
         try:
             await self.node.apply_labels("post")
         except KuredError as exc:
@@ -127,9 +131,10 @@ class NodeSteps:
                 self.view.fail("node")
         return uncordoned
 
-    async def _until_uncordoned(self, uncordon: Callable[[], Awaitable[object]]) -> None:
+    async def _until_uncordoned(self, uncordon: Callable[[], Awaitable[bool]]) -> bool:
         """Run ``uncordon`` until it succeeds, pausing with equal jitter (``kit.backoff``:
-        from half a doubling ceiling to it) between attempts; every failure is logged, counted and shown as the decision."""
+        from half a doubling ceiling to it) between attempts; every failure is logged, counted
+        and shown as the decision. Returns what the successful call returned."""
         backoff = Backoff(
             self.config.uncordon_backoff_initial_seconds,
             self.config.uncordon_backoff_cap_seconds,
@@ -138,7 +143,7 @@ class NodeSteps:
         )
         while True:
             try:
-                await uncordon()
+                done = await uncordon()
             except KuredError as exc:
                 wait = backoff.failed()
                 attempt = backoff.failures
@@ -159,7 +164,7 @@ class NodeSteps:
                     Action.RELEASE,
                     (Reason(Why.UNCORDON_FAILED, f"uncordoned after {attempt} failed attempts"),),
                 )
-            return
+            return done
 
     async def _check_orphaned_cordon(self, holds: bool | None) -> None:
         if self.node is None or not self.orphan_check_pending or holds is not False:

@@ -40,7 +40,8 @@ kured's node choreography (kured-behaviour.md §2.2-2.4):
   ``kured status`` as the last drain failure. The next eligible tick tries again;
 * whenever it gives the lock back (after the reboot, after a failure, or because it is now
   blocked) it first restores the node: uncordon only if the record says the node was
-  schedulable when the lock was taken (a node an operator cordoned stays cordoned), then the
+  schedulable when the lock was taken and the cordon carries our mark (a node an operator
+  cordoned, before the lock or after it, stays cordoned: field report B41), then the
   post-reboot labels, and after a reboot the in-progress annotation once the sentinel is gone.
   A failed uncordon is retried with jittered exponential backoff (``uncordon_backoff_*``) and
   the lock is kept until it succeeds: releasing it with the node still cordoned would let the

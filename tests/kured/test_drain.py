@@ -19,7 +19,7 @@ from kured.actuators.node import (
     REBOOT_IN_PROGRESS_ANNOTATION,
     NodeOptions,
 )
-from kured.apiserver import ApiServer
+from kured.apiserver import MERGE_PATCH, ApiServer
 from kured.console import status_of
 from kured.core.errors import DrainError
 from kured.core.lockrecord import parse
@@ -323,6 +323,35 @@ async def test_a_node_cordoned_before_the_lock_stays_cordoned_and_still_gets_pos
     node = kube.node("n1")
     assert node["spec"]["unschedulable"] is True
     assert node["metadata"]["labels"]["example.com/reboot-pending"] == "false"
+
+
+async def test_a_node_cordoned_by_an_operator_after_the_lock_was_taken_stays_cordoned(
+    kube: KubeDouble, hosts: Callable[..., KubeHost], api: ApiServer
+) -> None:
+    """B41: "a node cordoned by someone else stays cordoned", also when the cordon came after
+    the lock recorded the node as schedulable (here during ``--drain-delay``, before kured's
+    own cordon): kured's rule reads the record only, and uncordoned it after the reboot."""
+    kube.add_node("n1")
+    host = hosts("n1", drain=FAST, drain_delay_seconds=30)
+    host.sentinel.touch()
+    agent = await host.boot()
+    delays: list[float] = []
+
+    async def operator_cordons_during_the_delay(seconds: float) -> None:
+        delays.append(seconds)  # virtual: the operator acts while the agent waits
+        await api.patch_node("n1", {"spec": {"unschedulable": True}}, MERGE_PATCH)
+
+    agent.sleep = operator_cordons_during_the_delay
+    await agent.tick()
+    assert delays == [30]
+    assert host.rebooter.calls == 1
+    assert parse(kube.annotation(NS, DS, KEY) or "").entries[0].unschedulable is False
+    assert mark(kube, "n1") is None  # kured found it cordoned: not its cordon
+
+    back = await host.boot()
+    assert (await back.tick()).action is Action.RELEASE
+    assert kube.annotation(NS, DS, KEY) is None  # the lock is released all the same
+    assert cordoned(kube, "n1")  # main: uncordoned, the operator's cordon lost
 
 
 async def test_an_orphaned_cordon_of_ours_is_undone_on_start(

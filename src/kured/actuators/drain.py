@@ -8,6 +8,11 @@
   ``undo_orphaned_cordon`` undoes it.
 * **Uncordon** clears ``spec.unschedulable`` and our mark. The caller decides *whether*: kured's
   rule is "only if the lock record says the node was schedulable when the lock was taken".
+  ``undo_own_cordon`` adds the mark to that rule: a cordon without our mark is someone else's
+  and stays, also when the record says schedulable. kured's record is read before the lock is
+  taken, so a cordon an operator sets after that and before kured's own (during
+  ``--drain-delay``, the pre-reboot labels, a slow drain notification) was undone after the
+  reboot (field report B41: "a node cordoned by someone else stays cordoned").
 * **Drain** lists every pod on the node and evicts each through the policy/v1 Eviction
   subresource, except DaemonSet-managed pods (they would come straight back; kured's
   ``IgnoreAllDaemonSets``) and mirror pods (the kubelet owns them). Unmanaged, emptyDir and
@@ -178,6 +183,25 @@ class Drainer:
         except ApiError as exc:
             raise DrainError(f"cannot uncordon node {self.node_id}: {exc.message}") from exc
         log.info("uncordoned node %s", self.node_id)
+
+    async def undo_own_cordon(self) -> bool:
+        """Uncordon the node if the cordon is ours (see the module docstring, B41). True when
+        the node is schedulable afterwards; False when it stays cordoned because the cordon
+        carries no mark of ours (logged). Raises ``DrainError``."""
+        node = await self.node()
+        if not (node.get("spec") or {}).get("unschedulable"):
+            return True
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(CORDON_ANNOTATION) != self.node_id:
+            log.warning(
+                "node %s is cordoned, but not by kured (no %s mark): someone cordoned it after "
+                "the lock was taken; leaving it cordoned",
+                self.node_id,
+                CORDON_ANNOTATION,
+            )
+            return False
+        await self.uncordon()
+        return True
 
     async def undo_orphaned_cordon(self) -> bool:
         """Uncordon the node if it carries a cordon of ours; the caller has checked that this

@@ -83,6 +83,9 @@ class KubernetesNode:
     async def uncordon(self) -> None:
         await self.drainer.uncordon()
 
+    async def undo_own_cordon(self) -> bool:
+        return await self.drainer.undo_own_cordon()
+
     async def drain(self) -> DrainReport:
         return await self.drainer.drain()
 
