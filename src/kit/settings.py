@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
+
+from kit.service_link import is_service_link
 
 T = TypeVar("T")
 
@@ -78,6 +82,63 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
         parser.add_argument(opt.flag, help=f"{opt.help} (env {opt.env})", **kwargs)
 
 
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """A program's ``PREFIX*`` environment variables, sorted (``screen_environment``).
+
+    ``variables``: the whole environment without the Kubernetes service links. ``service_links``:
+    the names of those left out (``kit.service_link``), sorted. ``unknown``: one line per other
+    variable with the prefix that is neither a declared setting nor in ``also_known``, sorted,
+    naming the closest known name when there is one (never the value, which may be a secret).
+    """
+
+    variables: Mapping[str, str]
+    service_links: tuple[str, ...]
+    unknown: tuple[str, ...]
+
+    def log_ignored(self, log: logging.Logger, allow_unknown_env: str) -> None:
+        """Log once what start-up ignores: the unknown variables (a WARNING: they were let
+        through by ``allow_unknown_env``) and the service links (INFO), by name only."""
+        if self.unknown:
+            log.warning(
+                "ignoring %d unknown variables (%s=true): %s",
+                len(self.unknown),
+                allow_unknown_env,
+                "; ".join(self.unknown),
+            )
+        if self.service_links:
+            log.info(
+                "ignoring %d Kubernetes service-link variables: %s",
+                len(self.service_links),
+                " ".join(self.service_links),
+            )
+
+
+def screen_environment(
+    cls: type[Any], environ: Mapping[str, str], prefix: str, also_known: Collection[str] = ()
+) -> Environment:
+    """Sort ``environ``'s variables starting with ``prefix`` (e.g. ``"KURA_"``) against the
+    options ``cls`` declares plus ``also_known`` (variables other commands of the same program
+    read). A declared setting whose value has a service link's shape (``KURA_PORT=tcp://10.0.0.1:
+    4000``, which the kubelet injects for a Service ``kura``) counts as the link: no port is such
+    a URL, and a pod cannot be told apart from its kubelet here. Pure; never raises."""
+    declared = {opt.env for _, opt in options_of(cls)}
+    known = declared | set(also_known)
+    links: list[str] = []
+    unknown: list[str] = []
+    for name in sorted(environ):
+        if not name.startswith(prefix):
+            continue
+        if is_service_link(name, environ[name], prefix.rstrip("_")):
+            links.append(name)
+        elif name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+            hint = f": did you mean {close[0]}?" if close else ""
+            unknown.append(f"{name} is not a known setting{hint}")
+    variables = {k: v for k, v in environ.items() if k not in links}
+    return Environment(variables, tuple(links), tuple(unknown))
+
+
 def load(
     cls: type[T],
     args: argparse.Namespace,
@@ -85,14 +146,25 @@ def load(
     *,
     precedence: Precedence = "flag-over-env",
     validate: Callable[[T], list[str]] | None = None,
+    prefix: str | None = None,
+    also_known: Collection[str] = (),
+    allow_unknown_env: str | None = None,
 ) -> T:
     """Build ``cls`` from parsed flags and the environment.
 
     Raises ``SettingsError`` with every problem: unparsable values, missing required values
     (fields without a default), and whatever ``validate`` returns for the assembled value.
+    With a ``prefix``, the environment is screened first (``screen_environment``): service links
+    are ignored, and every unknown ``prefix`` variable is a problem too, unless the boolean
+    option whose variable is ``allow_unknown_env`` is true (then the caller warns, from
+    ``screen_environment``'s ``unknown``). A misspelt setting would otherwise be ignored in
+    silence: ``KURA_READ_WRITE_TOKEN`` for ``KURA_READ_WRITE_TOKENS`` started a node open.
     """
     problems: list[str] = []
     values: dict[str, Any] = {}
+    screened = screen_environment(cls, environ, prefix, also_known) if prefix else None
+    if screened is not None:
+        environ = screened.variables
     for f, opt in options_of(cls):
         from_flag = getattr(args, f.name, None)
         from_env = environ.get(opt.env)
@@ -125,6 +197,10 @@ def load(
             values[f.name] = opt.parse(raw)
         except ValueError as exc:
             problems.append(f"{source}={raw!r}: {exc}")
+    if screened is not None and screened.unknown and not _allowed(cls, values, allow_unknown_env):
+        problems.extend(screened.unknown)
+        if allow_unknown_env:
+            problems.append(f"{allow_unknown_env}=true starts anyway, ignoring unknown variables")
     if problems:
         raise SettingsError(problems)
     result = cls(**values)
@@ -133,6 +209,14 @@ def load(
         if more:
             raise SettingsError(more)
     return result
+
+
+def _allowed(cls: type[Any], values: Mapping[str, Any], env: str | None) -> bool:
+    """The value (parsed or default) of the option of ``cls`` read from ``env``; False without."""
+    for f, opt in options_of(cls):
+        if opt.env == env:
+            return bool(values.get(f.name, f.default))
+    return False
 
 
 def split_list(text: str, separator: str = ",") -> list[str]:

@@ -7,6 +7,7 @@ died); 2 invalid configuration (every problem listed on stderr).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -14,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from kit import event_loop
 from kit import log as kit_log
 from kit.pipes import quiet_broken_pipe
-from kit.settings import SettingsError, add_arguments, load
+from kit.settings import Environment, SettingsError, add_arguments
 from kura import __version__
 from kura.core.errors import KuraError
-from kura.settings import Settings, validate_settings
+from kura.settings import Settings, describe_auth, environment, load_settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,7 +159,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     try:
-        settings = load(Settings, args, os.environ, validate=validate_settings)
+        settings = load_settings(args, os.environ)
     except SettingsError as exc:
         print("kura: invalid configuration:", file=sys.stderr)
         for problem in exc.problems:
@@ -170,6 +171,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"kura: invalid configuration: KURA_EVENT_LOOP=uvloop: {exc}", file=sys.stderr)
         return 2
     kit_log.configure(settings.log_level)
+    log_start_up(settings, environment(os.environ))
     from kura.app import Node  # imported late: configuration errors need no aiohttp start-up
 
     try:
@@ -184,6 +186,14 @@ def serve(args: argparse.Namespace) -> int:
         print(f"kura: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def log_start_up(settings: Settings, env: Environment) -> None:
+    """Log how clients and peers authenticate, and once each, the ``KURA_*`` variables
+    ignored: unknown ones (with KURA_ALLOW_UNKNOWN_SETTINGS) and Kubernetes service links."""
+    log = logging.getLogger("kura")
+    log.info("%s", describe_auth(settings))
+    env.log_ignored(log, "KURA_ALLOW_UNKNOWN_SETTINGS")
 
 
 def demo(args: argparse.Namespace) -> int:

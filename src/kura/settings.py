@@ -8,12 +8,16 @@ mandatory: with no configuration at all a node serves on 127.0.0.1:4000 with its
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import ipaddress
+from collections.abc import Mapping
 from pathlib import Path
 
 from kit.cpus import available_cpus
 from kit.settings import (
+    Environment,
+    load,
     option,
     parse_bool,
     parse_bytes,
@@ -27,6 +31,7 @@ from kit.settings import (
     parse_port,
     parse_positive_bytes,
     parse_positive_int,
+    screen_environment,
     split_list,
 )
 from kura.core.errors import InvalidRequest
@@ -706,6 +711,14 @@ class Settings:
         "on SIGTERM, how long in-flight requests may take to finish",
         default=30,
     )
+    allow_unknown_settings: bool = option(
+        "KURA_ALLOW_UNKNOWN_SETTINGS",
+        "--allow-unknown-settings",
+        parse_bool,
+        "start even when a KURA_* variable is not a setting (warned once); by default the "
+        "start is refused, naming the closest setting",
+        default=False,
+    )
     log_level: str = option(
         "KURA_LOG_LEVEL",
         "--log-level",
@@ -750,6 +763,40 @@ class Settings:
     @property
     def internal_tls(self) -> bool:
         return self.internal_tls_ca_cert_path is not None
+
+
+# KURA_* variables that are not node settings but that kura's other commands and tools read, so
+# that `kura serve` in the same environment does not refuse them as misspelt settings.
+NOT_NODE_SETTINGS = (
+    "KURA_URL",  # kura status --url
+    "KURA_TOKEN",  # kura status --token
+    "KURA_FAILPOINTS",  # kit.failpoint (tests inject faults)
+    "KURA_WORKER_PARENT_PID",  # set by the supervisor for its worker processes
+    "KURA_TOOLS",  # the build tools of tests/clients and the rolling demo
+    "KURA_TEST_WORKERS",  # the test suite's processes per node
+)
+
+
+def load_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    """Settings from parsed flags and ``environ``, flags winning. Raises
+    ``kit.settings.SettingsError`` listing every problem: invalid values, cross-field rules, and
+    each ``KURA_*`` variable that is neither a setting nor in ``NOT_NODE_SETTINGS`` (naming the
+    closest setting) unless KURA_ALLOW_UNKNOWN_SETTINGS is true. Kubernetes service links for a
+    Service named ``kura`` or ``kura-*`` are ignored (``kit.service_link``)."""
+    return load(
+        Settings,
+        args,
+        environ,
+        validate=validate_settings,
+        prefix="KURA_",
+        also_known=NOT_NODE_SETTINGS,
+        allow_unknown_env="KURA_ALLOW_UNKNOWN_SETTINGS",
+    )
+
+
+def environment(environ: Mapping[str, str]) -> Environment:
+    """``environ``'s ``KURA_*`` variables sorted as ``load_settings`` sorts them."""
+    return screen_environment(Settings, environ, "KURA_", NOT_NODE_SETTINGS)
 
 
 def validate_settings(s: Settings) -> list[str]:
@@ -806,6 +853,44 @@ def validate_settings(s: Settings) -> list[str]:
             "KURA_INTERNAL_TLS_CERT_PATH and KURA_INTERNAL_TLS_KEY_PATH, or bind 127.0.0.1"
         )
     return problems
+
+
+def describe_auth(s: Settings) -> str:
+    """One log line saying whether clients and peers must authenticate, and how: which kinds of
+    credential are accepted (counts and paths, never a token), for example ``auth on: 2
+    read-write tokens (KURA_READ_WRITE_TOKENS), JWT (JWKS https://idp/jwks, iss=..., aud=...);
+    /metrics open; peers: 1 internal token``."""
+    kinds = []
+    for count, what, env in (
+        (len(s.read_write_tokens), "read-write", "KURA_READ_WRITE_TOKENS"),
+        (len(s.read_only_tokens), "read-only", "KURA_READ_ONLY_TOKENS"),
+    ):
+        if count:
+            kinds.append(f"{count} {what} token{'s' if count > 1 else ''} ({env})")
+    for path, what in (
+        (s.read_write_tokens_file, "read-write"),
+        (s.read_only_tokens_file, "read-only"),
+    ):
+        if path is not None:
+            kinds.append(f"{what} token file {path}")
+    if s.auth_jwt:
+        key = f"JWKS {s.auth_jwt_jwks_url}" if s.auth_jwt_jwks_url else "a public key"
+        kinds.append(f"JWT ({key}, iss={s.auth_jwt_issuer}, aud={s.auth_jwt_audience})")
+    if kinds:
+        metrics = "needs a read token" if s.metrics_require_token else "open"
+        clients = f"auth on: {', '.join(kinds)}; /metrics {metrics}"
+    else:
+        clients = (
+            "auth off: every client may read and write (set KURA_READ_WRITE_TOKENS, a token "
+            "file or JWT to require a token)"
+        )
+    peer_kinds = []
+    if s.internal_tokens:
+        count = len(s.internal_tokens)
+        peer_kinds.append(f"{count} internal token{'s' if count > 1 else ''}")
+    if s.internal_tls:
+        peer_kinds.append("mutual TLS")
+    return f"{clients}; peers: {' and '.join(peer_kinds) or 'no credentials'}"
 
 
 def _auth_problems(s: Settings) -> list[str]:

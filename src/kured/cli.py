@@ -51,7 +51,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 
 def agent(argv: list[str]) -> int:
-    from kured.settings import add_arguments, load_settings
+    from kured.settings import add_arguments, environment, load_settings
 
     parser = argparse.ArgumentParser(
         prog="kured",
@@ -71,6 +71,7 @@ def agent(argv: list[str]) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return 2
     kit_log.configure("INFO")
+    environment(os.environ).log_ignored(logging.getLogger("kured"), "KURED_ALLOW_UNKNOWN_SETTINGS")
     warning = real_reboot_warning(settings, os.geteuid())
     if warning:
         logging.getLogger("kured").warning(warning)

@@ -24,6 +24,11 @@ Where we differ from kured, on purpose:
   alert name, which (without ``--alert-filter-match-only``) silently ignores every alert.
 * The regexp is Python's ``re``, not RE2. Patterns kured users write (alternations, classes,
   anchors) mean the same in both.
+* A ``KURED_*`` variable that names no flag stops the start with a message naming the closest
+  flag's variable (kured ignores it, so ``KURED_REBOOT_DAY`` for ``KURED_REBOOT_DAYS`` is lost
+  in silence), unless ``--allow-unknown-settings`` / ``KURED_ALLOW_UNKNOWN_SETTINGS`` is true.
+  The Kubernetes service links of a Service ``kured`` (``KURED_PORT=tcp://...``,
+  ``KURED_SERVICE_HOST``, ...) are recognised and ignored (``kit.service_link``).
 * Boolean flags may be given bare (``--alert-firing-only``), as with pflag; use
   ``kured.settings.add_arguments`` to get that (``kit.settings.add_arguments`` makes every flag
   take a value).
@@ -46,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.settings import (
+    Environment,
     Option,
     load,
     option,
@@ -61,6 +67,7 @@ from kit.settings import (
     parse_path,
     parse_port,
     parse_positive_int,
+    screen_environment,
     split_list,
 )
 from kured.core.window import EVERY_DAY, RebootWindow, parse_days, parse_time, parse_zone
@@ -545,6 +552,14 @@ class Settings:
     log_format: str = option(
         *_flag("log-format"), parse_choice(["text", "json"]), "text or json", default="text"
     )
+    # Not kured's: kured ignores a KURED_* variable that names no flag, so a misspelt one is lost.
+    allow_unknown_settings: bool = option(
+        *_flag("allow-unknown-settings"),
+        parse_bool,
+        "start even when a KURED_* variable names no flag (warned once); by default the start "
+        "is refused, naming the closest one",
+        default=False,
+    )
 
     def __post_init__(self) -> None:
         # ``kit.settings.load`` hands a repeatable option the tuple of its per-occurrence parses;
@@ -675,9 +690,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(opt.flag, help=f"{opt.help} (env {opt.env})", **kwargs)
 
 
+# KURED_* variables that are not the agent's flags but that kured's other commands read.
+NOT_AGENT_SETTINGS = (
+    "KURED_STATUS_URL",  # kured status --url
+    "KURED_ADDRESS_TYPES",  # kured status --all
+    "KURED_FLEETLOCK_HOST",  # kured fleetlock
+    "KURED_FLEETLOCK_PORT",
+    "KURED_FLEETLOCK_PREFIX",
+    "KURED_FLEETLOCK_DEFAULT_SLOTS",
+    "KURED_FLEETLOCK_GROUP_SLOTS",
+)
+
+
 def load_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     """Settings from parsed flags and the environment, the environment winning (kured's rule).
 
-    Raises ``kit.settings.SettingsError`` listing every invalid or missing value.
+    Raises ``kit.settings.SettingsError`` listing every invalid or missing value, and every
+    ``KURED_*`` variable that names no flag (and is not in ``NOT_AGENT_SETTINGS`` or a
+    Kubernetes service link) unless KURED_ALLOW_UNKNOWN_SETTINGS is true.
     """
-    return load(Settings, args, environ, precedence="env-over-flag", validate=validate_settings)
+    return load(
+        Settings,
+        args,
+        environ,
+        precedence="env-over-flag",
+        validate=validate_settings,
+        prefix="KURED_",
+        also_known=NOT_AGENT_SETTINGS,
+        allow_unknown_env="KURED_ALLOW_UNKNOWN_SETTINGS",
+    )
+
+
+def environment(environ: Mapping[str, str]) -> Environment:
+    """``environ``'s ``KURED_*`` variables sorted as ``load_settings`` sorts them."""
+    return screen_environment(Settings, environ, "KURED_", NOT_AGENT_SETTINGS)
