@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 from kit.settings import load, options_of
+from kura.cli import build_parser
 from kura.settings import Settings as KuraSettings
+from kura.settings import load_settings as load_kura_settings
 from kura.settings import validate_settings as validate_kura_settings
 from kured.settings import add_arguments, load_settings
 from tests.deploy.conftest import DEPLOY
@@ -134,16 +136,45 @@ def kura_env(manifests: list[Manifest], pod_name: str = "kura-0") -> dict[str, s
     return container_env(container(sts, "kura"), {"metadata.name": pod_name}, KURA_SECRETS)
 
 
-def kura_settings(manifests: list[Manifest], pod_name: str = "kura-0") -> Any:
-    return load(
-        KuraSettings,
-        argparse.Namespace(),
-        kura_env(manifests, pod_name),
-        validate=validate_kura_settings,
+def kura_settings(
+    manifests: list[Manifest], pod_name: str = "kura-0", links: dict[str, str] | None = None
+) -> Any:
+    """The settings ``kura serve`` loads in the pod (``links``: service-link variables the
+    kubelet would add, which the pod's own env overrides)."""
+    return load_kura_settings(
+        build_parser().parse_args(["serve"]), {**(links or {}), **kura_env(manifests, pod_name)}
     )
 
 
-def kured_settings(manifests: list[Manifest]) -> Any:
+def service_links(manifests: list[Manifest], namespace: str) -> dict[str, str]:
+    """The variables the kubelet gives a pod with service links on, for every Service with a
+    cluster IP in ``namespace`` (a headless one gives none), as the Kubernetes docs describe
+    them (services-networking/service/#environment-variables); 10.96.0.N as the IPs."""
+    env: dict[str, str] = {}
+    services = [m.obj for m in manifests if m.kind == "Service" and m.namespace == namespace]
+    for n, svc in enumerate(services, start=10):
+        if svc["spec"].get("clusterIP") == "None":
+            continue
+        name, ip = svc["metadata"]["name"].upper().replace("-", "_"), f"10.96.0.{n}"
+        ports = svc["spec"]["ports"]
+        env[f"{name}_SERVICE_HOST"] = ip
+        env[f"{name}_SERVICE_PORT"] = str(ports[0]["port"])
+        env[f"{name}_PORT"] = f"{ports[0].get('protocol', 'TCP').lower()}://{ip}:{ports[0]['port']}"
+        for p in ports:
+            proto, port = p.get("protocol", "TCP"), p["port"]
+            if "name" in p:
+                env[f"{name}_SERVICE_PORT_{p['name'].upper().replace('-', '_')}"] = str(port)
+            link = f"{name}_PORT_{port}_{proto}"
+            env[link] = f"{proto.lower()}://{ip}:{port}"
+            env[f"{link}_PROTO"], env[f"{link}_PORT"], env[f"{link}_ADDR"] = (
+                proto.lower(),
+                str(port),
+                ip,
+            )
+    return env
+
+
+def kured_settings(manifests: list[Manifest], links: dict[str, str] | None = None) -> Any:
     ds = find(manifests, "DaemonSet", "kured", "kured")
     c = container(ds, "kured")
     parser = argparse.ArgumentParser()
@@ -151,7 +182,7 @@ def kured_settings(manifests: list[Manifest]) -> Any:
     args, unknown = parser.parse_known_args(c.get("args", []))
     assert unknown == [], f"flags kured does not have: {unknown}"
     env = container_env(c, {"spec.nodeName": "node-a"}, {})
-    return load_settings(args, env)
+    return load_settings(args, {**(links or {}), **env})
 
 
 def service_job(manifests: list[Manifest], service_monitor: dict[str, Any]) -> str:
@@ -357,6 +388,24 @@ def test_kura_environment_is_settings_kura_accepts(manifests: list[Manifest]) ->
     assert settings.internal_port != settings.port
     assert settings.node_url == "http://kura-1.kura-peers.kura.svc.cluster.local:4100"
     assert settings.read_write_tokens == ("a-token",)
+
+
+def test_no_pod_gets_service_links_and_both_would_ignore_them(manifests: list[Manifest]) -> None:
+    # The Services kura and kured would put KURA_PORT=tcp://IP:4000, KURED_PORT=... and more
+    # into every pod of their namespace (issue 26): turned off, and ignored when left on.
+    templates = [m for m in manifests if "template" in m.obj.get("spec", {})]
+    assert {(m.kind, m.name) for m in templates} == {
+        ("StatefulSet", "kura"),
+        ("DaemonSet", "kured"),
+    }
+    on = [m.name for m in templates if pod_spec(m.obj).get("enableServiceLinks") is not False]
+    assert on == [], "these pods get service-link variables"
+    kura_links = service_links(manifests, "kura")
+    assert kura_links["KURA_PORT"] == "tcp://10.96.0.10:4000"
+    assert kura_settings(manifests, links=kura_links).port == 4000
+    kured_links = service_links(manifests, "kured")
+    assert kured_links["KURED_PORT_8080_TCP_ADDR"] == "10.96.0.10"
+    assert kured_settings(manifests, links=kured_links).node_id == "node-a"
 
 
 def test_kura_peers_authenticate_with_a_required_secret_token(manifests: list[Manifest]) -> None:
