@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)"
+    )
+    status.add_argument(
         "--token",
         default=os.environ.get("KURA_TOKEN") or _own_token(os.environ),
         help="bearer token, if the node requires one (env KURA_TOKEN; inside a node's own "
@@ -228,19 +231,15 @@ def demo(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     import json
-    import urllib.error
-    import urllib.request
 
+    from kit.fetch import FetchError, Hints, fetch_json
     from kura.console import render_status
 
-    request = urllib.request.Request(args.url.rstrip("/") + "/status")
-    if args.token:
-        request.add_header("Authorization", f"Bearer {args.token}")
+    hints = Hints("a kura node", "--url or KURA_URL", "--token or KURA_TOKEN")
     try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            data = json.load(resp)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"kura: cannot read {args.url}/status: {exc}", file=sys.stderr)
+        data = fetch_json(args.url.rstrip("/") + "/status", hints, args.token, args.timeout)
+    except FetchError as exc:
+        print(f"kura status: {exc.message}", file=sys.stderr)
         return 1
     print(json.dumps(data, indent=2) if args.json else render_status(data))
     return 0 if data.get("ready") else 3

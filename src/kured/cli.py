@@ -18,8 +18,6 @@ import json
 import logging
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +121,9 @@ def status(argv: list[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)"
+    )
+    parser.add_argument(
         "--all", action="store_true", help="every node's agent, found through the Kubernetes API"
     )
     parser.add_argument(
@@ -144,11 +145,13 @@ def status(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.all:
         return status_all(args)
+    from kit.fetch import FetchError, Hints, fetch_json
+
+    hints = Hints("a kured agent", "--url or KURED_STATUS_URL")
     try:
-        with urllib.request.urlopen(args.url.rstrip("/") + "/status", timeout=10) as resp:
-            data = json.load(resp)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"kured: cannot read {args.url}/status: {exc}", file=sys.stderr)
+        data = fetch_json(args.url.rstrip("/") + "/status", hints, None, args.timeout)
+    except FetchError as exc:
+        print(f"kured status: {exc.message}", file=sys.stderr)
         return 1
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 3 if data.get("reason") not in ("none", "not_required", "lock_not_held") else 0
