@@ -22,7 +22,7 @@ with the HTTP status and the ``Status.reason`` of the body; a connection failure
 a malformed answer becomes ``ApiError`` with status 0. Responses are read up to
 ``MAX_RESPONSE_BYTES``; a larger one is an error, not an unbounded read.
 
-The ``kubernetes`` package is an install extra (``kura[kubernetes]``): this module imports it
+The ``kubernetes`` package is an install extra (``kura-cache[kubernetes]``): this module imports it
 only when an ``ApiServer`` is made, so the etcd and FleetLock paths never load it, and
 ``require_client`` turns its absence into a ``ConfigurationError`` that names the extra.
 
@@ -42,11 +42,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kured.core.errors import ApiError, ConfigurationError
 
-if TYPE_CHECKING:  # imported when used: the client is the optional extra ``kura[kubernetes]``
+if TYPE_CHECKING:  # imported when used: the client is the optional extra ``kura-cache[kubernetes]``
     import kubernetes.client as k8s
     from kubernetes.client.exceptions import ApiException
 
-KUBERNETES_EXTRA = "pip install 'kura[kubernetes]'"
+# The distribution (kura-cache) is not on PyPI: the extra installs from a checkout.
+KUBERNETES_EXTRA = "`pip install '.[kubernetes]'` in the kura checkout"
 
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 10.0
 DEFAULT_MAX_WORKERS = 4
@@ -66,7 +67,7 @@ JSON_PATCH = "application/json-patch+json"
 
 def require_client() -> None:
     """Import the ``kubernetes`` package. Raises ``ConfigurationError`` naming
-    ``pip install 'kura[kubernetes]'`` when it is not installed (or does not import)."""
+    ``KUBERNETES_EXTRA`` when it is not installed (or does not import)."""
     try:
         import kubernetes.client
         import kubernetes.config  # noqa: F401

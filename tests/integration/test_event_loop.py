@@ -21,7 +21,7 @@ MiB = 1024 * 1024
 def test_a_node_runs_and_reports_the_event_loop_it_was_given(
     start_node: Callable[..., NodeProcess], setting: str | None, expected: str
 ) -> None:
-    # Unset is asyncio (the default). auto is uvloop: the dev extra installs kura[uvloop]
+    # Unset is asyncio (the default). auto is uvloop: the dev extra installs kura-cache[uvloop]
     # (pyproject.toml), so it is importable here.
     node = start_node(**({} if setting is None else {"event_loop": setting}))
     small, large = os.urandom(1024), os.urandom(3 * MiB)

@@ -1,6 +1,6 @@
-"""The Kubernetes client is an install extra (``kura[kubernetes]``): the base install runs
+"""The Kubernetes client is an install extra (``kura-cache[kubernetes]``): the base install runs
 ``kura serve`` and ``kured`` on etcd without it, and choosing a Kubernetes backend without it
-exits non-zero with a message naming ``pip install 'kura[kubernetes]'``.
+exits non-zero with a message naming ``pip install '.[kubernetes]'``.
 
 The venv has the extra (the ``dev`` extra pulls it in), so its absence is simulated: each
 program runs under ``python -c`` with a ``sys.meta_path`` finder in front that refuses
@@ -120,6 +120,9 @@ def test_a_kubernetes_backend_without_the_client_exits_naming_the_extra(tmp_path
             stdin=subprocess.DEVNULL,
         )
         assert out.returncode != 0, (backend, out.stderr)
-        assert "pip install 'kura[kubernetes]'" in out.stderr, (backend, out.stderr)
+        assert "`pip install '.[kubernetes]'` in the kura checkout" in out.stderr, (
+            backend,
+            out.stderr,
+        )
         assert "Traceback" not in out.stderr, (backend, out.stderr)
         assert not KURED_LISTEN.search(out.stdout), (backend, out.stdout)
