@@ -69,14 +69,35 @@ class Staged:
 
 
 def _exclusive_lock(path: Path, what: str) -> int:
-    """An flock held for the process's life; ``DataDirLocked`` if another process holds it."""
+    """An flock held for the process's life; ``DataDirLocked`` if another process holds it,
+    naming that process's pid when the kernel tells (``flock_holder``)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        holder = flock_holder(os.fstat(fd))
         os.close(fd)
-        raise DataDirLocked(f"{what} is in use by another kura process") from None
+        by = f" (pid {holder})" if holder is not None else ""
+        raise DataDirLocked(f"{what} is in use by another kura process{by}") from None
     return fd
+
+
+def flock_holder(st: os.stat_result, locks: Path = Path("/proc/locks")) -> int | None:
+    """The pid holding an flock on the file ``st`` describes, from Linux's ``/proc/locks``
+    (proc(5): ``N: FLOCK ADVISORY WRITE PID MAJOR:MINOR:INODE START END``, device numbers in
+    hex; waiters are marked ``->`` and skipped). None when unknown: another OS, no such line,
+    or a pid outside this process's pid namespace (shown as 0). Reads only."""
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        text = locks.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device:
+            pid = int(fields[4])
+            return pid if pid > 0 else None
+    return None
 
 
 def stat_signature(st: os.stat_result) -> str:

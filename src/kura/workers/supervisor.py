@@ -8,7 +8,9 @@ LRU; ids whose bytes failed a check in a worker, which the primary verifies and 
 if they really are damaged; the XXH3-128 of rows from before the checksum that a worker
 verified with SHA-256, recorded if the row is still that version) and gives them the
 primary's JWKS (``GET /jwks``, ``api.jwt_auth.JwtVerifier.follow``; 503 before a first good
-fetch), ``.kura.worker-N.sock`` is worker N's ``/metrics``.
+fetch), ``.kura.worker-N.sock`` is worker N's ``/metrics``. They are created only after the
+data dir's lock is held, and ``stop`` removes only those this process created: a second node
+refused on a live data dir leaves the running node's sockets alone (issue 26, item 8).
 
 A worker that exits while the node runs is logged at ERROR, counted in
 ``kura_worker_restarts_total`` and started again after a jittered backoff (``kit.backoff``)
@@ -76,12 +78,11 @@ class Workers:
         self._stopping = False
         self._runners: list[web.AppRunner] = []
         self._verifying: set[asyncio.Task[bool]] = set()
-        directory = Path(settings.data_dir).resolve()
-        if len(str(directory)) > MAX_SUN_PATH - 20:
-            directory = Path(tempfile.mkdtemp(prefix="kura-"))
-        self.socket_dir = directory
-        self.primary_socket = str(directory / ".kura.primary.sock")
-        self.control_socket = str(directory / ".kura.control.sock")
+        # The socket paths this process bound or whose worker it started: the only ones stop()
+        # removes. A node that refused to start (another process owns the data dir) created
+        # none, so it leaves the running node's sockets alone (issue 26, item 8).
+        self._created: set[str] = set()
+        self.socket_dir = Path(settings.data_dir).resolve()  # elsewhere when too long: start()
         metrics.watch_value("gauge", "kura_workers", "Worker processes running.", lambda: self.live)
         metrics.watch_value(
             "counter",
@@ -96,6 +97,14 @@ class Workers:
         """Workers listening now."""
         return sum(1 for n, p in self.procs.items() if p.returncode is None and n in self.ready)
 
+    @property
+    def primary_socket(self) -> str:
+        return str(self.socket_dir / ".kura.primary.sock")
+
+    @property
+    def control_socket(self) -> str:
+        return str(self.socket_dir / ".kura.control.sock")
+
     def own_socket(self, number: int) -> str:
         return str(self.socket_dir / f".kura.worker-{number}.sock")
 
@@ -104,7 +113,10 @@ class Workers:
         primary serves the whole port alone until each worker listens (``kura_workers``
         counts those that do), so a slow or failing worker never delays or fails the node's
         start. Returns the runner of the forwarded-request listener (the node drains it with
-        its own)."""
+        its own). Call it only once this process holds the data dir's lock: it replaces the
+        socket files it finds there."""
+        if len(str(self.socket_dir)) > MAX_SUN_PATH - 20:
+            self.socket_dir = Path(tempfile.mkdtemp(prefix="kura-"))
         forwarded = web.AppRunner(
             self._public_app(),
             handle_signals=False,
@@ -118,6 +130,7 @@ class Workers:
         for runner, path in ((forwarded, self.primary_socket), (own, self.control_socket)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+            self._created.add(path)
             await runner.setup()
             await web.UnixSite(runner, path).start()
         self._runners.append(own)
@@ -163,6 +176,7 @@ class Workers:
             env=env,
         )
         self.procs[number] = proc
+        self._created.add(self.own_socket(number))
         assert proc.stdin is not None
         assert proc.stdout is not None
         proc.stdin.write(pickle.dumps(plan))
@@ -240,12 +254,10 @@ class Workers:
                 await asyncio.wait(late, timeout=5)
         for runner in self._runners:
             await runner.cleanup()
-        for number in range(1, self.count + 1):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.own_socket(number))
-        for path in (self.control_socket, self.primary_socket):  # no worker is left to use them
+        for path in self._created:  # no worker is left to use them; none but this node's
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        self._created.clear()
 
     async def _hits(self, request: web.Request) -> web.Response:
         doc = json.loads(await request.read())
