@@ -738,6 +738,22 @@ class Settings:
         "data dir",
         default_factory=available_cpus,  # auto
     )
+    worker_probe_period_seconds: float = option(
+        "KURA_WORKER_PROBE_PERIOD",
+        "--worker-probe-period",
+        _positive_duration,
+        "with KURA_WORKERS > 1, how often the primary asks each worker over its own socket "
+        "whether its event loop still answers (5s or seconds)",
+        default=5.0,
+    )
+    worker_probe_timeout_seconds: float = option(
+        "KURA_WORKER_PROBE_TIMEOUT",
+        "--worker-probe-timeout",
+        _positive_duration,
+        "a worker that does not answer a probe within this long is killed (SIGKILL) and "
+        "started again (5s or seconds)",
+        default=5.0,
+    )
     event_loop: str = option(
         "KURA_EVENT_LOOP",
         "--event-loop",

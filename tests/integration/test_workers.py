@@ -8,6 +8,7 @@ against the node's merged ``/metrics``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -23,7 +24,7 @@ import httpx
 import pytest
 import xxhash
 
-from tests.conftest import NodeProcess, node_env, parse_samples, spawn_node
+from tests.conftest import NodeProcess, _answers, node_env, parse_samples, spawn_node
 from tests.e2e.mesh import wait_for
 from tests.integration.test_fast_checksum import checksums, to_schema_1
 
@@ -568,3 +569,50 @@ def test_a_second_serve_on_a_live_data_dir_leaves_the_first_serving_every_reques
     assert served == 100, statuses
     assert first.metric("kura_workers") == 1
     assert "could not send hits" not in first.log()
+
+
+def test_a_hung_worker_is_killed_and_replaced_within_its_probe_period(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Issue 26, item 7: a SIGSTOPped worker keeps its SO_REUSEPORT share of new connections,
+    and the supervisor reacted only to exits (23 of 40 GETs and 6 of 10 /up timed out). The
+    liveness probe on its own socket kills it (SIGKILL) and a new worker takes its place."""
+    period = timeout = 0.5
+    node = start_with_workers(
+        start_node, "hung", worker_probe_period=period, worker_probe_timeout=timeout
+    )
+    assert fresh(node, "PUT", "/cache/held", content=body_for(1)).status_code in (200, 201)
+    (victim,) = worker_pids(node)
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        replaced = wait_for(lambda: worker_pids(node) not in ([victim], []), 15)
+        killed_after = time.monotonic() - stopped_at
+        replaced = replaced and wait_for(
+            lambda: _answers(str(node.data_dir.resolve() / ".kura.worker-1.sock")), 30
+        )
+        listening_after = time.monotonic() - stopped_at
+
+        def one(i: int) -> str:
+            try:
+                r = fresh(node, "GET", "/up" if i % 5 == 4 else "/cache/held", timeout=5)
+            except httpx.TimeoutException:
+                return "timeout"
+            return str(r.status_code)
+
+        with ThreadPoolExecutor(10) as pool:
+            outcomes = list(pool.map(one, range(50)))  # 40 GETs of an artifact, 10 /up
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)  # main's node must stop at the end of the test
+    print(
+        f"hung worker killed {killed_after:.2f} s after SIGSTOP, new one listening after "
+        f"{listening_after:.2f} s (probe period {period} s, timeout {timeout} s); of 40 GETs "
+        f"and 10 /up after: {outcomes.count('timeout')} timed out"
+    )
+    assert replaced
+    assert outcomes == ["200"] * 50, outcomes
+    assert killed_after < period + timeout + 5  # slack: 2 shared cores
+    assert node.metric("kura_worker_probe_failures_total") == 1
+    assert node.metric("kura_worker_restarts_total") == 1
+    assert f"worker 1 (pid {victim}) did not answer its liveness probe" in node.log()

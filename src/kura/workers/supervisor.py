@@ -14,13 +14,23 @@ refused on a live data dir leaves the running node's sockets alone (issue 26, it
 
 A worker that exits while the node runs is logged at ERROR, counted in
 ``kura_worker_restarts_total`` and started again after a jittered backoff (``kit.backoff``)
-that resets once a worker has run for ``STABLE_SECONDS``.
+that resets once a worker has run for ``STABLE_SECONDS``. A worker that is alive but does not
+answer (stopped by SIGSTOP, a stuck event loop) keeps its share of the port's connections,
+since the kernel spreads them over every ``SO_REUSEPORT`` listener (socket(7)), and waiting
+for its exit would never end (issue 26, item 7: 23 of 40 GETs timed out). So every
+``KURA_WORKER_PROBE_PERIOD`` the primary asks each worker for ``GET /alive`` on its own socket;
+one that does not answer within ``KURA_WORKER_PROBE_TIMEOUT`` (or no longer listens there) is
+logged at ERROR, counted in ``kura_worker_probe_failures_total`` and killed with SIGKILL (a
+stopped process acts on no other signal, signal(7)), and so restarted as any exit is. A probe
+this process cannot even open (descriptors or memory short here) says nothing about the
+worker and kills nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -31,6 +41,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
 from kit.backoff import Backoff
@@ -43,13 +54,15 @@ from kura.settings import Settings
 from kura.storage.hot_generation import SharedGeneration
 from kura.storage.service import CacheService
 from kura.workers.metrics_merge import merge_workers
-from kura.workers.worker import READY, WorkerPlan
+from kura.workers.worker import ALIVE_PATH, READY, WorkerPlan
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_SECONDS = 30.0
 STABLE_SECONDS = 60.0
 MAX_SUN_PATH = 107  # sun_path is 108 bytes on Linux, NUL included (unix(7))
+# A probe that fails with these is this process's shortage, not the worker's fault.
+_OWN_SHORTAGES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class Workers:
@@ -72,6 +85,7 @@ class Workers:
         self._public_app = public_app
         self.count = settings.workers - 1
         self.restarts_total = 0
+        self.probe_failures_total = 0
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.ready: set[int] = set()  # numbers of the workers that reported READY
         self._slots: list[asyncio.Task[None]] = []
@@ -89,6 +103,13 @@ class Workers:
             "kura_worker_restarts",
             "Worker processes started again after they exited unexpectedly.",
             lambda: self.restarts_total,
+        )
+        metrics.watch_value(
+            "counter",
+            "kura_worker_probe_failures",
+            "Workers killed (SIGKILL) and started again because they did not answer a liveness "
+            "probe on their own socket within KURA_WORKER_PROBE_TIMEOUT.",
+            lambda: self.probe_failures_total,
         )
         metrics.merge = self._merged
 
@@ -214,7 +235,12 @@ class Workers:
                 log.error("could not start worker %d: %s; trying again", number, exc)
                 continue
             started = loop.time()
-            rc = await self.procs[number].wait()
+            proc = self.procs[number]
+            probe = asyncio.create_task(self._probe_until_hung(number, proc))
+            try:
+                rc = await proc.wait()
+            finally:
+                probe.cancel()
             self.ready.discard(number)
             if self.load is not None:
                 self.load.forget(f"worker-{number}")
@@ -229,6 +255,49 @@ class Workers:
             )
             if loop.time() - started >= STABLE_SECONDS:
                 backoff.reset()
+
+    async def _probe_until_hung(self, number: int, proc: asyncio.subprocess.Process) -> None:
+        """Probe worker ``number`` every ``KURA_WORKER_PROBE_PERIOD`` until one probe fails,
+        then kill it (module docstring); its ``_watch`` sees the exit and starts another."""
+        period = self.settings.worker_probe_period_seconds
+        while True:
+            await asyncio.sleep(period)
+            failure = await self._probe(number)
+            if failure is None:
+                continue
+            self.probe_failures_total += 1
+            log.error(
+                "worker %d (pid %d) did not answer its liveness probe (%s); killing it (SIGKILL) "
+                "and starting another",
+                number,
+                proc.pid,
+                failure,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            return
+
+    async def _probe(self, number: int) -> str | None:
+        """One ``GET /alive`` on worker ``number``'s own socket: None if it answered 204
+        within ``KURA_WORKER_PROBE_TIMEOUT`` or if this process could not open the probe (a
+        shortage here), else why it failed."""
+        timeout = self.settings.worker_probe_timeout_seconds
+        try:
+            async with (
+                asyncio.timeout(timeout),
+                aiohttp.ClientSession(
+                    connector=aiohttp.UnixConnector(path=self.own_socket(number))
+                ) as session,
+                session.get("http://worker" + ALIVE_PATH) as r,
+            ):
+                return None if r.status == 204 else f"answered {r.status}"
+        except TimeoutError:
+            return f"no answer within {timeout:g} s (KURA_WORKER_PROBE_TIMEOUT)"
+        except (aiohttp.ClientError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno in _OWN_SHORTAGES:  # ClientOSError too
+                log.warning("could not probe worker %d: %s", number, exc)
+                return None
+            return f"its socket: {exc}"
 
     async def stop(self) -> None:
         """SIGTERM every worker and wait for it to drain (the primary still serves what they

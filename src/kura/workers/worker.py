@@ -11,7 +11,7 @@ Routes: the GET/HEAD routes of the artifact protocols, with their own handlers, 
 checks, over ``WorkerReads``; a catch-all forwards the rest (other methods, probes, /metrics,
 /status, the status page). A handler that raises ``ForwardToPrimary`` (a miss, a write path)
 is forwarded too; it has sent nothing yet. The worker's own ``/metrics`` is served only on its
-control socket, for the primary to merge.
+control socket, for the primary to merge, beside ``/alive``, the primary's liveness probe.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ from kura.workers.forward import Forwarder
 log = logging.getLogger(__name__)
 
 READY = "READY"
+ALIVE_PATH = "/alive"  # on the worker's own socket: 204 while its event loop runs
 FLUSH_SECONDS = 1.0  # how often hits go to the primary's LRU
 FLUSH_MAX_IDS = 4096  # ... or sooner, at this many ids
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -215,6 +216,7 @@ class Worker:
             await web.SockSite(public, sock, backlog=1024, ssl_context=tls).start()
         control = web.Application()
         control.router.add_get("/metrics", self._metrics)
+        control.router.add_get(ALIVE_PATH, self._alive)  # the primary's liveness probe
         own = web.AppRunner(control, handle_signals=False, access_log=None)
         await own.setup()
         self._runners.append(own)
@@ -250,6 +252,9 @@ class Worker:
         await self.forward.close()
         await self.service.close()
         log.info("kura worker %d stopped", self.plan.number)
+
+    async def _alive(self, _request: web.Request) -> web.Response:
+        return web.Response(status=204)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain")
