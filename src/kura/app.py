@@ -15,11 +15,12 @@ multipart uploads, close the peer client and storage.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -536,27 +537,31 @@ class Node:
         await self.peer_client.start()
         if self.auth.jwt is not None:
             await self.auth.jwt.start()  # the JWKS, before the first request
-        internal_port = await self._listen(
-            self.build_internal_app(), self.settings.internal_port, self._server_ssl
-        )
+        host = self.settings.host
+        with _naming_the_port("KURA_INTERNAL_PORT", host, self.settings.internal_port):
+            internal_port = await self._listen(
+                self.build_internal_app(), self.settings.internal_port, self._server_ssl
+            )
         if not self.node_url:
             scheme = "https" if self.settings.internal_tls else "http"
             self.node_url = f"{scheme}://{self.settings.host}:{internal_port}"
         tls = self.public_tls
-        if self.workers is not None:  # they share the port: make sure nobody else does
-            connections.refuse_if_taken(self.settings.host, self.settings.port)
-        port = await self._listen(
-            self.build_app(),
-            self.settings.port,
-            tls.context if tls else None,
-            reuse_port=self.workers is not None,
-        )
+        with _naming_the_port("KURA_PORT", host, self.settings.port):
+            if self.workers is not None:  # they share the port: make sure nobody else does
+                connections.refuse_if_taken(host, self.settings.port)
+            port = await self._listen(
+                self.build_app(),
+                self.settings.port,
+                tls.context if tls else None,
+                reuse_port=self.workers is not None,
+            )
         self._public_runner = self._runners[-1]
         if self.workers is not None:  # they bind the same port (kura.workers)
             self._runners.append(await self.workers.start(port))
         self.public_url = f"{'https' if tls else 'http'}://{self.settings.host}:{port}"
         if self.grpc is not None:
-            await self.grpc.start()
+            with _naming_the_port("KURA_GRPC_PORT", host, self.settings.grpc_port or 0):
+                await self.grpc.start()
         self._tasks = asyncio.create_task(self._background(), name="kura-background")
         log.info(
             "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s event_loop=%s "
@@ -707,6 +712,23 @@ class Node:
         await self.peer_client.close()
         await self.service.close()
         self.log_ring.detach()
+
+
+@contextlib.contextmanager
+def _naming_the_port(setting: str, host: str, port: int) -> Iterator[None]:
+    """Re-raise a listener's bind failure as an OSError naming ``host:port`` and the setting
+    that chose it (``kura serve`` prints it and exits 1, issue 26 item 11: a bare "Address
+    already in use" named neither). grpc.aio reports a failed bind as RuntimeError."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise OSError(exc.errno, f"cannot listen on {host}:{port} ({setting}): {reason}") from exc
+    except RuntimeError as exc:
+        raise OSError(
+            f"cannot listen on {host}:{port} ({setting}): the gRPC server could not bind it "
+            "(in use, or not an address of this machine)"
+        ) from exc
 
 
 def _by_peer_label(counts: Callable[[], dict[str, int]]) -> Callable[[], dict[str, int]]:

@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +21,7 @@ import httpx
 import pytest
 
 from kura.demo.launch.node import spawn_kura
-from tests.conftest import START_TIMEOUT_SECONDS, NodeProcess, serve_refused
+from tests.conftest import START_TIMEOUT_SECONDS, NodeProcess, node_env, serve_refused
 from tests.integration import rawhttp
 
 MiB = 1024 * 1024
@@ -162,3 +164,35 @@ def test_an_upload_outliving_the_shutdown_timeout_is_abandoned_and_leaves_nothin
     assert again.index_rows() == 0
     with again.client() as c:
         assert c.get("/cache/stalled").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("setting", "workers"),
+    [("KURA_PORT", "2"), ("KURA_PORT", "1"), ("KURA_INTERNAL_PORT", "2"), ("KURA_GRPC_PORT", "2")],
+)
+def test_a_port_in_use_names_the_address_and_the_setting_that_chose_it(
+    tmp_path: Path, setting: str, workers: str
+) -> None:
+    """Issue 26, item 11: a bare ``Address already in use`` named neither the port nor which
+    of the node's listeners wanted it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = node_env(tmp_path, workers=workers)
+        env[setting] = str(port)
+        done = subprocess.run(
+            [sys.executable, "-m", "kura.cli", "serve"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "kura listening" not in done.stdout
+    message = done.stderr.strip().splitlines()[-1]
+    print(message)
+    assert message.startswith("kura: "), done.stderr
+    assert f"cannot listen on 127.0.0.1:{port} ({setting})" in message, done.stderr
