@@ -159,10 +159,13 @@ def spawn_node(directory: Path, env: dict[str, str], prefix: Sequence[str] = ())
     )
 
 
-def serve_refused(env: dict[str, str], *flags: str, cwd: Path | None = None) -> str:
+def serve_refused(
+    env: dict[str, str], *flags: str, cwd: Path | None = None, exit_code: int = 2
+) -> str:
     """Run ``kura serve *flags`` in ``env`` (e.g. ``node_env(tmp, **bad_settings)``), which must
-    refuse to start: exit 2 (``kura.cli``: a configuration error) within 60 s, no traceback and
-    no listening line. Returns its stderr, for the test to find the message it expects."""
+    refuse to start: exit ``exit_code`` (``kura.cli``: 2 a configuration error, 1 a refusal at
+    start-up such as a port in use or a data dir another node owns) within 60 s, no traceback
+    and no listening line. Returns its stderr, for the test to find the message it expects."""
     done = subprocess.run(
         [sys.executable, "-m", "kura.cli", "serve", *flags],
         env=env,
@@ -172,7 +175,7 @@ def serve_refused(env: dict[str, str], *flags: str, cwd: Path | None = None) -> 
         check=False,
         cwd=cwd,
     )
-    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.returncode == exit_code, (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
     assert "kura listening" not in done.stdout, done.stdout
     return done.stderr

@@ -10,15 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from tests.conftest import NodeProcess, spawn_node
+from tests.conftest import NodeProcess, serve_refused, spawn_node
 from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
 
@@ -295,18 +293,8 @@ def test_a_second_process_on_the_same_data_dir_exits_1_and_touches_nothing(
     assert rawhttp.wait_until(lambda: len(node.staging_files()) == 1)
     staged = node.staging_files()
     env = dict(node.env)
-    proc = subprocess.run(
-        [sys.executable, "-m", "kura.cli", "serve"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 1, proc.stderr
-    assert f"data directory {node.data_dir} is in use by another kura process" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert "kura listening" not in proc.stdout
+    stderr = serve_refused(env, cwd=tmp_path, exit_code=1)
+    assert f"data directory {node.data_dir} is in use by another kura process" in stderr
     assert node.staging_files() == staged
     with sock:
         sock.sendall(b"o" * 1000)

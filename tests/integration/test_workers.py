@@ -12,8 +12,6 @@ import contextlib
 import hashlib
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +22,14 @@ import httpx
 import pytest
 import xxhash
 
-from tests.conftest import NodeProcess, _answers, node_env, parse_samples, spawn_node
+from tests.conftest import (
+    NodeProcess,
+    _answers,
+    node_env,
+    parse_samples,
+    serve_refused,
+    spawn_node,
+)
 from tests.e2e.mesh import wait_for
 from tests.integration.test_fast_checksum import checksums, to_schema_1
 
@@ -317,17 +322,8 @@ def test_a_second_node_given_the_same_port_refuses_to_start(
     port = first.url.rsplit(":", 1)[1]
     for workers in ("2", "1"):
         env = node_env(tmp_path / f"second-{workers}", port=port, workers=workers)
-        second = subprocess.run(
-            [sys.executable, "-m", "kura.cli", "serve"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert second.returncode == 1, (workers, second.stdout, second.stderr)
-        assert "Address already in use" in second.stderr, second.stderr
-        assert "kura listening" not in second.stdout
+        stderr = serve_refused(env, exit_code=1)
+        assert "Address already in use" in stderr, stderr
     statuses = [fresh(first, "GET", "/cache/mine").status_code for _ in range(30)]
     assert statuses == [200] * 30
 
@@ -541,18 +537,9 @@ def test_a_second_serve_on_a_live_data_dir_leaves_the_first_serving_every_reques
     assert fresh(first, "PUT", "/cache/mine", content=body_for(7)).status_code in (200, 201)
     sockets = sorted(first.data_dir.resolve().glob(".kura.*.sock"))
     assert len(sockets) == 3  # primary, control, worker-1
-    second = subprocess.run(
-        [sys.executable, "-m", "kura.cli", "serve"],
-        env=first.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert second.returncode == 1, (second.stdout, second.stderr)
-    assert "Traceback" not in second.stderr, second.stderr
-    assert f"data directory {first.data_dir} is in use by another kura process" in second.stderr
-    assert f"(pid {first.proc.pid})" in second.stderr, second.stderr
+    stderr = serve_refused(first.env, exit_code=1)
+    assert f"data directory {first.data_dir} is in use by another kura process" in stderr
+    assert f"(pid {first.proc.pid})" in stderr, stderr
     assert sorted(first.data_dir.resolve().glob(".kura.*.sock")) == sockets
 
     def one(i: int) -> int:
