@@ -394,9 +394,10 @@ class Node:
             # Healthy again after a partition: catch up from the cursor (mesh.incremental).
             self.bootstrapper.peer_joined(node_url)
 
-    def status(self) -> dict[str, Any]:
-        """The mesh as this node sees it (``GET /status``, ``kura status``; ``node_status``)."""
-        return node_status(self)
+    async def status(self) -> dict[str, Any]:
+        """The mesh as this node sees it (``GET /status``, ``kura status``; ``node_status``),
+        its lookups counted over every process (``KuraMetrics.lookups_by_protocol``)."""
+        return node_status(self, await self.metrics.lookups_by_protocol())
 
     # -- wiring ----------------------------------------------------------------------------
 

@@ -18,9 +18,10 @@ if TYPE_CHECKING:
     from kura.app import Node
 
 
-def node_status(node: Node) -> dict[str, Any]:
+def node_status(node: Node, lookups: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The status document of ``node`` (a JSON object; peers sorted by URL, bootstrap peers by
-    peer). Event loop thread only: it reads state the loop mutates."""
+    peer), with ``lookups`` (``KuraMetrics.lookups_by_protocol``) as its hits and misses. Event
+    loop thread only: it reads state the loop mutates."""
     peers = _peers(node)
     reasons = node.readiness_reasons()
     bootstrap = _bootstrap(node)
@@ -46,7 +47,7 @@ def node_status(node: Node) -> dict[str, Any]:
         "version": __version__,
         "event_loop": node.event_loop,
         "disk_limit_bytes": node.settings.max_disk_bytes,
-        "lookups": node.metrics.lookups_by_protocol(),
+        "lookups": lookups,
         "recent_errors": node.log_ring.records(),
     }
 

@@ -603,3 +603,23 @@ def test_a_hung_worker_is_killed_and_replaced_within_its_probe_period(
     assert node.metric("kura_worker_probe_failures_total") == 1
     assert node.metric("kura_worker_restarts_total") == 1
     assert f"worker 1 (pid {victim}) did not answer its liveness probe" in node.log()
+
+
+def test_the_status_page_and_status_count_the_hits_of_every_process(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Issue 26, item 11: /status and the status page counted the primary's lookups alone
+    (21 hits against 40 on /metrics); they now read the node's merged exposition."""
+    node = start_with_workers(start_node, "ratio")
+    assert fresh(node, "PUT", "/cache/ratio", content=body_for(3)).status_code in (200, 201)
+    for _ in range(40):
+        assert fresh(node, "GET", "/cache/ratio").status_code == 200
+    assert fresh(node, "GET", "/cache/absent").status_code == 404
+    assert worker_metrics(node).get(HIT, 0) > 0  # the worker served some of them
+    lookups = fresh(node, "GET", "/status").json()["lookups"]["http_cache"]
+    print(f"/status counts {lookups['hit']} hits of 40, /metrics {node.metric(HIT):.0f}")
+    assert lookups == {"hit": 40, "miss": 1}
+    assert node.metric(HIT) == 40
+    page = fresh(node, "GET", "/ui").text
+    assert '<td>http_cache</td><td class="n">40</td><td class="n">1</td>' in page, page
+    assert '<td class="n">97.6%</td>' in page  # 40 / 41

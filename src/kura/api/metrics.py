@@ -21,6 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from kura.mesh.wire import peer_label
@@ -430,11 +431,25 @@ class KuraMetrics:
             )
         child.inc()
 
-    def lookups_by_protocol(self) -> dict[str, dict[str, int]]:
-        """``kura_cache_lookups_total`` as ``{protocol: {"hit": n, "miss": n}}``, protocols in
-        name order; a protocol appears once it counted a lookup (empty before any read)."""
+    async def node_exposition(self) -> bytes:
+        """The node's exposition: this process's, with its workers' merged in when it has some
+        (``merge``, set by ``kura.workers``). ``/metrics`` serves it and ``/status`` counts its
+        lookups from it, so the two cannot disagree."""
+        body = self.exposition()
+        if self.merge is not None:
+            body = await self.merge(body)
+        return body
+
+    async def lookups_by_protocol(self) -> dict[str, dict[str, int]]:
+        """``kura_cache_lookups_total`` of the whole node (the workers' hits too, from
+        ``node_exposition``; issue 26 item 11: the status page counted the primary's alone) as
+        ``{protocol: {"hit": n, "miss": n}}``, protocols in name order; a protocol appears once
+        it counted a lookup (empty before any read)."""
         out: dict[str, dict[str, int]] = {}
-        for family in self.lookups.collect():
+        text = (await self.node_exposition()).decode()
+        for family in text_string_to_metric_families(text):
+            if family.name != "kura_cache_lookups":
+                continue
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     counts = out.setdefault(sample.labels["protocol"], {"hit": 0, "miss": 0})

@@ -11,7 +11,7 @@ Prometheus scrape then sends ``authorization.credentials_file``, deploy/kura/ser
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -26,7 +26,7 @@ ReadinessSource = Callable[[], list[str]]
 READINESS_KEY: web.AppKey[ReadinessSource] = web.AppKey("kura_readiness")
 MEMBERS_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("kura_members")
 WARNINGS_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("kura_warnings")
-STATUS_KEY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("kura_status")
+STATUS_KEY: web.AppKey[Callable[[], Awaitable[dict[str, Any]]]] = web.AppKey("kura_status")
 
 
 @endpoint(PROTOCOL, None)
@@ -61,7 +61,7 @@ async def ready(request: web.Request) -> web.StreamResponse:
 @endpoint(PROTOCOL, Access.READ)
 async def status(request: web.Request) -> web.StreamResponse:
     """The mesh as this node sees it: peers, health, outbox backlog, readiness."""
-    return web.json_response(request.app[STATUS_KEY]())
+    return web.json_response(await request.app[STATUS_KEY]())
 
 
 @endpoint(PROTOCOL, None)
@@ -73,11 +73,8 @@ async def metrics(request: web.Request) -> web.StreamResponse:
             Access.READ,
             lambda: request_namespace(request, PROTOCOL),
         )
-    body = c.metrics.exposition()
-    if c.metrics.merge is not None:  # the workers' requests too (kura.workers)
-        body = await c.metrics.merge(body)
     return web.Response(
-        body=body,
+        body=await c.metrics.node_exposition(),  # the workers' requests too (kura.workers)
         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
     )
 

@@ -266,7 +266,7 @@ async def page(request: web.Request) -> web.StreamResponse:
     except (Unauthenticated, Forbidden) as exc:
         return _refusal(exc)
     return web.Response(
-        text=render(request.app[STATUS_KEY]()), content_type="text/html", headers=HEADERS
+        text=render(await request.app[STATUS_KEY]()), content_type="text/html", headers=HEADERS
     )
 
 
