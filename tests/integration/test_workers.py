@@ -337,7 +337,13 @@ def test_a_relayed_request_is_logged_once_with_the_clients_address(
     node = start_with_workers(start_node, "a", access_log=True)
     for i in range(20):
         assert fresh(node, "PUT", f"/cache/logged{i}", content=b"x").status_code in (200, 201)
-    lines = [line for line in node.log().splitlines() if '"PUT /cache/logged' in line]
+
+    def logged() -> list[str]:
+        return [line for line in node.log().splitlines() if '"PUT /cache/logged' in line]
+
+    # A line is written after its response is sent, and reaches the log through a pipe.
+    wait_for(lambda: len(logged()) >= 20, 10)
+    lines = logged()
     assert len(lines) == 20, lines
     assert all("127.0.0.1" in line for line in lines), lines
 
