@@ -25,7 +25,6 @@ before the row committed, and a crash in that window lost the old version (issue
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from kit import flock
 from kura.core.errors import KuraError, ResourceExhausted
 from kura.core.manifest import Manifest
 from kura.storage.body_count import BodyCount, check_sha256
@@ -70,34 +70,12 @@ class Staged:
 
 def _exclusive_lock(path: Path, what: str) -> int:
     """An flock held for the process's life; ``DataDirLocked`` if another process holds it,
-    naming that process's pid when the kernel tells (``flock_holder``)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    naming its pid when the kernel tells (``kit.flock``)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = flock_holder(os.fstat(fd))
-        os.close(fd)
-        by = f" (pid {holder})" if holder is not None else ""
+        return flock.exclusive(path)
+    except flock.Held as held:
+        by = f" (pid {held.pid})" if held.pid is not None else ""
         raise DataDirLocked(f"{what} is in use by another kura process{by}") from None
-    return fd
-
-
-def flock_holder(st: os.stat_result, locks: Path = Path("/proc/locks")) -> int | None:
-    """The pid holding an flock on the file ``st`` describes, from Linux's ``/proc/locks``
-    (proc(5): ``N: FLOCK ADVISORY WRITE PID MAJOR:MINOR:INODE START END``, device numbers in
-    hex; waiters are marked ``->`` and skipped). None when unknown: another OS, no such line,
-    or a pid outside this process's pid namespace (shown as 0). Reads only."""
-    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        text = locks.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == device:
-            pid = int(fields[4])
-            return pid if pid > 0 else None
-    return None
 
 
 def stat_signature(st: os.stat_result) -> str:
