@@ -2,11 +2,17 @@
 compress a Read as it streams out. Blobs are stored uncompressed (one store for HTTP and gRPC).
 
 * ``decompressed(chunks, size_bytes)``: the uncompressed bytes of a zstd stream, in pieces of at
-  most ``OUT_CHUNK_BYTES``. Bounded: once the output passes ``size_bytes`` (the uncompressed
-  size the resource name declares) it raises ``InvalidRequest`` at once, before the excess is
-  kept, so a zstd bomb never fills the tmp budget (``size_bytes`` is what was reserved) nor RAM
-  (at most ``size_bytes`` + one piece is held). A corrupt frame is ``InvalidRequest`` too.
-  Fewer bytes than ``size_bytes`` or a wrong SHA-256 is caught by the write path's own checks.
+  most ``OUT_CHUNK_BYTES``. Bounded in memory by a constant per upload, whatever the expansion
+  ratio: the decompressor is asked for one piece at a time (``ZSTD_decompressStream`` with an
+  output buffer of ``OUT_CHUNK_BYTES``, through ``zstandard``'s stream reader), each piece is
+  handed on (and the event loop gets a turn) before the next is made, and a frame's window may
+  not exceed ``MAX_WINDOW_BYTES``. A 32 KB frame of a 1 GiB blob once expanded whole between two
+  yields (+1,033 MiB RSS, a 3 s stall, issue 26). Once the output passes ``size_bytes`` (the
+  uncompressed size the resource name declares) it raises ``InvalidRequest`` at once, before the
+  excess is kept, so a zstd bomb never fills the tmp budget (``size_bytes`` is what was
+  reserved). A corrupt frame, or bytes after the last frame that are no frame, is
+  ``InvalidRequest`` too. Fewer bytes than ``size_bytes`` or a wrong SHA-256 is caught by the
+  write path's own checks.
 * ``compressed(pieces, size_bytes)``: one zstd frame (level ``LEVEL``, content size in the
   header) of ``pieces``; the frame is closed only after the last piece, which the caller yields
   only once the whole blob verified, so a damaged blob never reaches a client as a complete frame.
@@ -19,6 +25,7 @@ a compressed Write's later ``write_offset`` values count compressed bytes.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import IO, cast
@@ -30,6 +37,10 @@ from kura.core.errors import InvalidRequest
 LEVEL = 3
 IN_SLICE_BYTES = 64 * 1024  # compressed bytes handed to the decompressor per step
 OUT_CHUNK_BYTES = 256 * 1024  # largest uncompressed piece the decompressor emits
+# The largest frame window accepted: RFC 8878 section 3.1.1.1.2 recommends decoders support
+# windows up to 8 MB and encoders not need more (zstd levels 1-19 stay within it); the window is
+# memory the decoder holds per upload, so a larger one (levels 20-22, --long) is refused.
+MAX_WINDOW_BYTES = 8 * 1024 * 1024
 
 
 EMPTY_FRAME = zstandard.ZstdCompressor(level=LEVEL).compress(b"")
@@ -39,41 +50,64 @@ class ZstdBomb(InvalidRequest):
     """The stream decompresses to more than the declared uncompressed size."""
 
 
-class _Bounded:
-    """The decompressor's sink: keeps pieces, refuses output past ``limit_bytes``."""
+class _NeedInput(Exception):
+    """Raised by ``_Feed.read`` while it holds no compressed bytes: the stream reader's ``read1``
+    lets it through and loses no output (it asks for input only while its output buffer is still
+    empty), and is called again once the next chunk arrived."""
 
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit_bytes = limit_bytes
-        self.total_bytes = 0
-        self.pieces: deque[bytes] = deque()
 
-    def write(self, data: bytes) -> int:
-        self.total_bytes += len(data)
-        if self.total_bytes > self.limit_bytes:
-            self.pieces.clear()
-            raise ZstdBomb(
-                f"the zstd stream decompresses to more than the declared {self.limit_bytes} bytes"
-            )
-        self.pieces.append(bytes(data))
-        return len(data)
+class _Feed:
+    """The stream reader's source: the compressed chunks received and not yet taken."""
+
+    def __init__(self) -> None:
+        self.chunks: deque[bytes] = deque()
+        self.ended = False
+
+    def read(self, size: int) -> bytes:
+        if self.chunks:
+            chunk = self.chunks.popleft()
+            if len(chunk) > size:
+                self.chunks.appendleft(chunk[size:])
+                chunk = chunk[:size]
+            return chunk
+        if self.ended:
+            return b""
+        raise _NeedInput
 
 
 async def decompressed(chunks: AsyncIterator[bytes], size_bytes: int) -> AsyncIterator[bytes]:
-    """The uncompressed bytes of the zstd stream ``chunks`` (module rules)."""
-    sink = _Bounded(size_bytes)
-    writer = zstandard.ZstdDecompressor().stream_writer(
-        cast(IO[bytes], sink),  # it calls only write()
-        write_size=OUT_CHUNK_BYTES,
+    """The uncompressed bytes of the zstd stream ``chunks`` (module rules), in pieces of at most
+    ``OUT_CHUNK_BYTES``. Raises ``ZstdBomb`` past ``size_bytes`` and ``InvalidRequest`` for a
+    corrupt stream or a window larger than ``MAX_WINDOW_BYTES``."""
+    feed = _Feed()
+    reader = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES).stream_reader(
+        cast(IO[bytes], feed),  # it calls only read()
+        read_size=IN_SLICE_BYTES,
+        read_across_frames=True,
+        closefd=False,
     )
-    async for chunk in chunks:
-        view = memoryview(chunk)
-        for start in range(0, len(view), IN_SLICE_BYTES):
+    incoming = aiter(chunks)
+    total_bytes = 0
+    while True:
+        try:
+            piece = reader.read1(OUT_CHUNK_BYTES)
+        except _NeedInput:
             try:
-                writer.write(view[start : start + IN_SLICE_BYTES])
-            except zstandard.ZstdError as exc:
-                raise InvalidRequest(f"the zstd stream is corrupt: {exc}") from None
-            while sink.pieces:
-                yield sink.pieces.popleft()
+                feed.chunks.append(await anext(incoming))
+            except StopAsyncIteration:
+                feed.ended = True
+            continue
+        except zstandard.ZstdError as exc:
+            raise InvalidRequest(f"the zstd stream is corrupt or unsupported: {exc}") from None
+        if not piece:
+            return
+        total_bytes += len(piece)
+        if total_bytes > size_bytes:
+            raise ZstdBomb(
+                f"the zstd stream decompresses to more than the declared {size_bytes} bytes"
+            )
+        yield piece
+        await asyncio.sleep(0)  # a stream of pieces that were never awaited must not hog the loop
 
 
 async def compressed(pieces: AsyncIterator[bytes], size_bytes: int) -> AsyncIterator[bytes]:
