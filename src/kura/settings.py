@@ -643,6 +643,22 @@ class Settings:
         "largest gRPC message received or sent; batch calls are advertised 64 KiB less",
         default=4 * MiB,
     )
+    action_cache_tree_max_bytes: int = option(
+        "KURA_ACTION_CACHE_TREE_MAX_BYTES",
+        "--action-cache-tree-max-bytes",
+        parse_positive_bytes,
+        "bytes of distinct output-directory Trees one action-cache look-up may read to check "
+        "their files are stored; past it the entry is a miss",
+        default=64 * MiB,
+    )
+    action_cache_check_seconds: float = option(
+        "KURA_ACTION_CACHE_CHECK_SECONDS",
+        "--action-cache-check-seconds",
+        _positive_duration,
+        "how long one action-cache look-up may spend checking its outputs are stored; past it "
+        "the entry is a miss",
+        default=10.0,
+    )
     grpc_upload_resume_seconds: float = option(
         "KURA_GRPC_UPLOAD_RESUME_SECONDS",
         "--grpc-upload-resume-seconds",

@@ -5,11 +5,21 @@ Used by the Bazel HTTP cache (``kura.api.bazel_http``, ``GET {prefix}/ac/{sha256
 REAPI ``ActionCache.GetActionResult`` over gRPC (``kura.grpc.action_cache``), on the same
 ``ArtifactRef("bazel", namespace, "ac/<hex>")`` and ``"cas/<hex>"`` keys, so an entry written
 over one protocol is found by the other. No aiohttp here.
+
+The completeness check reads the output directories' ``Tree`` blobs, which can be far larger
+than the entry naming them, so one look-up is bounded (``TreeBounds``): each distinct Tree is
+read and parsed once (in a worker thread), their sizes together may not pass
+``KURA_ACTION_CACHE_TREE_MAX_BYTES`` and the whole check may not take longer than
+``KURA_ACTION_CACHE_CHECK_SECONDS``. Past either bound the entry is a miss (``TreesTooCostly``,
+a ``NotFound``): Bazel then runs the action and uploads a fresh result, where an error would fail
+the build. Issue 26: a 9.6 KB entry naming one 8 MB Tree 120 times cost 16.7 s and 1 GB of RAM
+on every look-up, each Tree read and parsed once per output directory.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
@@ -25,11 +35,29 @@ from kura.api.action_cache import (
 )
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.manifest import Manifest
+from kura.settings import Settings
 from kura.storage.service import ArtifactRef, CacheService, StoredBody
 
 PRODUCER = "bazel"
-# A Tree larger than this is not read to check its files: the entry reads as a miss.
-MAX_TREE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TreeBounds:
+    """What one look-up may spend on its Trees: ``max_bytes`` of distinct Trees read in all
+    (``KURA_ACTION_CACHE_TREE_MAX_BYTES``), ``seconds`` for the whole completeness check
+    (``KURA_ACTION_CACHE_CHECK_SECONDS``); the defaults are the settings' defaults."""
+
+    max_bytes: int = 64 * 1024 * 1024
+    seconds: float = 10.0
+
+
+def tree_bounds(settings: Settings) -> TreeBounds:
+    """The ``TreeBounds`` ``settings`` set."""
+    return TreeBounds(settings.action_cache_tree_max_bytes, settings.action_cache_check_seconds)
+
+
+class TreesTooCostly(NotFound):
+    """The completeness check passed a ``TreeBounds`` bound: the entry is answered as a miss."""
 
 
 def cas_ref(namespace: str, sha256: str) -> ArtifactRef:
@@ -43,12 +71,13 @@ def ac_ref(namespace: str, sha256: str) -> ArtifactRef:
 
 
 async def find_action_result(
-    service: CacheService, ref: ArtifactRef
+    service: CacheService, ref: ArtifactRef, bounds: TreeBounds
 ) -> tuple[Manifest, bytes, reapi.ActionResult]:
     """The stored entry ``ref`` as (manifest, serialized bytes, parsed result).
 
     Raises ``NotFound`` when it is absent, larger than ``MAX_ACTION_RESULT_BYTES``, does not
-    parse, or references a CAS blob that is not stored (``missing_blobs``)."""
+    parse, or references a CAS blob that is not stored (``missing_blobs``), and
+    ``TreesTooCostly`` (a ``NotFound``) when checking its Trees would pass ``bounds``."""
     body = await service.read(ref)
     data = await read_all(body, MAX_ACTION_RESULT_BYTES)
     if data is None:
@@ -57,7 +86,7 @@ async def find_action_result(
         result = parse_action_result(data)
     except InvalidRequest:
         raise NotFound("stored action result does not parse; treated as a miss") from None
-    missing = await missing_blobs(service, ref.namespace_id, result)
+    missing = await missing_blobs(service, ref.namespace_id, result, bounds)
     if missing:
         raise NotFound(
             f"action result references {len(missing)} CAS blob(s) that are not stored "
@@ -67,27 +96,46 @@ async def find_action_result(
 
 
 async def missing_blobs(
-    service: CacheService, namespace: str, result: reapi.ActionResult
+    service: CacheService, namespace: str, result: reapi.ActionResult, bounds: TreeBounds
 ) -> list[str]:
     """Hashes of the CAS blobs ``result`` references that are not stored (empty: a hit).
 
-    A Tree that is absent, too large or does not parse counts as missing itself.
-    """
-    hashes = blob_references(result)
-    for tree_hash in tree_references(result):
-        if tree_hash == EMPTY_SHA256:
-            continue
-        try:
-            tree = await service.read(cas_ref(namespace, tree_hash))
-        except NotFound:
-            return [tree_hash]
-        data = await read_all(tree, MAX_TREE_BYTES)
-        files = None if data is None else await asyncio.to_thread(tree_file_references, data)
-        if files is None:
-            return [tree_hash]
-        hashes.extend(files)
-    unique = list(dict.fromkeys(hashes))
-    missing = await service.missing([cas_ref(namespace, h) for h in unique])
+    A Tree that is absent or does not parse counts as missing itself. Raises ``TreesTooCostly``
+    when the distinct Trees add up to more than ``bounds.max_bytes`` or the check takes longer
+    than ``bounds.seconds`` (module docstring)."""
+    try:
+        async with asyncio.timeout(bounds.seconds):
+            hashes = blob_references(result)
+            spent_bytes = 0
+            for tree_hash in dict.fromkeys(tree_references(result)):  # each distinct Tree once
+                if tree_hash == EMPTY_SHA256:
+                    continue
+                try:
+                    tree = await service.read(cas_ref(namespace, tree_hash))
+                except NotFound:
+                    return [tree_hash]
+                spent_bytes += tree.manifest.size
+                if spent_bytes > bounds.max_bytes:
+                    tree.close()
+                    raise TreesTooCostly(
+                        f"the action result's distinct output-directory Trees add up to more "
+                        f"than {bounds.max_bytes} bytes (KURA_ACTION_CACHE_TREE_MAX_BYTES); "
+                        "treated as a miss"
+                    )
+                data = await read_all(tree, bounds.max_bytes)
+                files = (
+                    None if data is None else await asyncio.to_thread(tree_file_references, data)
+                )
+                if files is None:
+                    return [tree_hash]
+                hashes.extend(files)
+            unique = list(dict.fromkeys(hashes))
+            missing = await service.missing([cas_ref(namespace, h) for h in unique])
+    except TimeoutError:
+        raise TreesTooCostly(
+            f"checking the action result's outputs took longer than {bounds.seconds:g} s "
+            "(KURA_ACTION_CACHE_CHECK_SECONDS); treated as a miss"
+        ) from None
     return [m.key.removeprefix("cas/") for m in missing]
 
 

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from kura.api.action_cache import MAX_ACTION_RESULT_BYTES, is_ccache_key, parse_action_result
-from kura.api.action_lookup import find_action_result
+from kura.api.action_lookup import find_action_result, tree_bounds
 from kura.api.auth import Access
 from kura.api.blob import serve, store
 from kura.api.http import count_lookup, ctx, endpoint, read_small_body
@@ -50,7 +50,9 @@ async def get_ac(request: web.Request) -> web.StreamResponse:
     if is_ccache_key(request.match_info["digest"]):
         return await serve(request, ref, PROTOCOL)
     try:
-        manifest, data, _result = await find_action_result(ctx(request).service, ref)
+        manifest, data, _result = await find_action_result(
+            ctx(request).service, ref, tree_bounds(ctx(request).settings)
+        )
     except NotFound:
         count_lookup(request, PROTOCOL, False)
         raise

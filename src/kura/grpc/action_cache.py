@@ -23,7 +23,7 @@ from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
 )
 
 from kura.api.action_cache import MAX_ACTION_RESULT_BYTES, parse_action_result
-from kura.api.action_lookup import ac_ref, find_action_result
+from kura.api.action_lookup import ac_ref, find_action_result, tree_bounds
 from kura.api.auth import Access
 from kura.core.errors import PayloadTooLarge
 from kura.grpc.common import GrpcContext, check_digest, rpc
@@ -41,7 +41,9 @@ class ActionCache(reapi_grpc.ActionCacheServicer):
     ) -> reapi.ActionResult:
         ns = self.gc.authorize(context, Access.READ, request.instance_name)
         ref = ac_ref(ns, check_digest(request.action_digest))
-        _manifest, _data, result = await self.gc.looked_up(find_action_result(self.gc.service, ref))
+        _manifest, _data, result = await self.gc.looked_up(
+            find_action_result(self.gc.service, ref, tree_bounds(self.gc.settings))
+        )
         return result
 
     @rpc("UpdateActionResult")
