@@ -118,3 +118,45 @@ def test_a_check_past_its_time_bound_is_a_miss(start_node: Callable[..., NodePro
             assert http.get("/up").status_code == 200
     finally:
         c.close()
+
+
+def test_get_tree_pages_by_bytes_under_the_message_limit(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A root of 1,100 directories of about 2 KB each, with ``KURA_GRPC_MAX_MESSAGE_BYTES`` at
+    1 MiB: every page fits the message limit, together they hold each directory once in
+    breadth-first order, and a call resumes from a page's token. Before: a page was 1,000
+    directories whatever their size, and the call failed ("Sent message larger than max")."""
+    _node, c = start_grpc_node(start_node, workers=1, grpc_max_message_bytes="1MiB")
+    try:
+        children = [
+            reapi.Directory(
+                files=[
+                    reapi.FileNode(name=f"d{n:04d}-f{i:02d}.o", digest=digest(OBJECT))
+                    for i in range(25)
+                ]
+            )
+            for n in range(1_100)
+        ]
+        blobs = [d.SerializeToString() for d in children]
+        assert all(len(b) > 2_000 for b in blobs)
+        root = reapi.Directory(
+            directories=[
+                reapi.DirectoryNode(name=f"d{n:04d}", digest=digest(b)) for n, b in enumerate(blobs)
+            ]
+        )
+        root_bytes = root.SerializeToString()
+        for start in range(0, len(blobs), 400):
+            c.batch_update(blobs[start : start + 400])
+        c.write(blob_name(root_bytes), root_bytes)
+        request = reapi.GetTreeRequest(root_digest=digest(root_bytes))
+        pages = list(c.cas.GetTree(request))
+        assert [d for p in pages for d in p.directories] == [root, *children]
+        assert len(pages) >= 3
+        assert all(p.ByteSize() <= 1024 * 1024 for p in pages)
+        assert [bool(p.next_page_token) for p in pages] == [True] * (len(pages) - 1) + [False]
+        request.page_token = pages[1].next_page_token
+        rest = [d for p in c.cas.GetTree(request) for d in p.directories]
+        assert rest == [d for p in pages[2:] for d in p.directories]
+    finally:
+        c.close()

@@ -12,10 +12,13 @@
 * ``BatchReadBlobs``: per-blob NOT_FOUND; INVALID_ARGUMENT for the whole call when the blobs
   asked for add up to more than ``max_batch_total_size_bytes`` (REAPI: "the server MUST return
   INVALID_ARGUMENT" then).
-* ``GetTree``: the root ``Directory`` and every directory below it, breadth first, streamed in
-  pages of ``page_size`` (default and maximum 1,000 directories); every page but the last
-  carries a ``next_page_token`` from which a new call resumes. Directories that are not stored
-  are skipped (REAPI: "they will be omitted").
+* ``GetTree``: the root ``Directory`` and every directory below it, breadth first, each once,
+  streamed in pages of at most ``page_size`` directories (default and maximum 1,000) and at most
+  ``max_batch_total_size_bytes`` of them, so a page always fits ``KURA_GRPC_MAX_MESSAGE_BYTES``
+  (by count alone, 1,000 directories of 3 KiB once passed the 4 MiB message limit, issue 26);
+  every page but the last carries a ``next_page_token`` from which a new call resumes.
+  Directories that are not stored are skipped (REAPI: "they will be omitted"). A Directory
+  larger than ``MAX_INLINE_PARSE_BYTES`` is parsed in a worker thread, off the event loop.
 
 Keys: ``ArtifactRef("bazel", namespace, "cas/<hex>")``, the Bazel HTTP cache's
 (``kura.api.action_lookup.cas_ref``).
@@ -23,6 +26,8 @@ Keys: ``ArtifactRef("bazel", namespace, "cas/<hex>")``, the Bazel HTTP cache's
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
@@ -52,6 +57,7 @@ from kura.grpc.common import (
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 MAX_TREE_PAGE = 1000
+MAX_INLINE_PARSE_BYTES = 64 * 1024  # a larger Directory is parsed in a worker thread
 
 
 def _status(exc: KuraError | None = None) -> status_pb2.Status:
@@ -198,22 +204,34 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         if skip < 0:
             raise InvalidRequest("page_token must not be negative")
         page: list[reapi.Directory] = []
+        page_bytes = 0
         seen = 0
-        async for directory in self._walk(ns, request.root_digest):
+        async for directory, size_bytes in self._walk(ns, request.root_digest):
             seen += 1
             if seen <= skip:
                 continue
-            if len(page) == page_size:  # a full page, and more follow: it names where
+            # Each entry of the repeated field costs its bytes, a tag and a length (<= 6 bytes).
+            entry_bytes = size_bytes + 6
+            if page and (
+                len(page) == page_size or page_bytes + entry_bytes > self.gc.max_batch_bytes
+            ):
+                # A full page, and more follow: it names where.
                 yield reapi.GetTreeResponse(directories=page, next_page_token=str(seen - 1))
-                page = []
+                page, page_bytes = [], 0
             page.append(directory)
+            page_bytes += entry_bytes
         yield reapi.GetTreeResponse(directories=page)
 
-    async def _walk(self, ns: str, root: reapi.Digest) -> AsyncIterator[reapi.Directory]:
-        queue = [root]
+    async def _walk(
+        self, ns: str, root: reapi.Digest
+    ) -> AsyncIterator[tuple[reapi.Directory, int]]:
+        """Every stored directory from ``root`` down, breadth first, each once, with its size in
+        a response in bytes (about its blob's: ``read_blob`` refuses blobs larger than
+        ``max_batch_total_size_bytes``)."""
+        queue = deque([root])
         visited: set[str] = set()
         while queue:
-            digest = queue.pop(0)
+            digest = queue.popleft()
             if digest.hash in visited:
                 continue
             visited.add(digest.hash)
@@ -221,15 +239,25 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 data = await read_blob(self.gc, ns, digest, self.gc.max_batch_bytes)
             except NotFound:
                 continue
-            directory = reapi.Directory()
-            try:
-                directory.ParseFromString(data)
-            except DecodeError:
-                raise InvalidRequest(f"blob {digest.hash} is not a Directory") from None
-            yield directory
+            if len(data) > MAX_INLINE_PARSE_BYTES:
+                directory, size_bytes = await asyncio.to_thread(_directory, digest.hash, data)
+            else:
+                directory, size_bytes = _directory(digest.hash, data)
+            yield directory, size_bytes
             for child in directory.directories:
                 check_digest(child.digest)
                 queue.append(child.digest)
+
+
+def _directory(sha256: str, data: bytes) -> tuple[reapi.Directory, int]:
+    """``data`` parsed as a ``Directory``, with its size as it will be sent (its own encoding
+    may be longer or shorter); ``InvalidRequest`` when it is not one."""
+    directory = reapi.Directory()
+    try:
+        directory.ParseFromString(data)
+    except DecodeError:
+        raise InvalidRequest(f"blob {sha256} is not a Directory") from None
+    return directory, directory.ByteSize()
 
 
 async def read_blob(gc: GrpcContext, ns: str, digest: reapi.Digest, limit_bytes: int) -> bytes:
