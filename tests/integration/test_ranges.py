@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -258,3 +260,31 @@ def test_verify_reads_changed_trusts_an_unchanged_signature_for_a_range(
         assert node.metric(corrupt("read")) == 0
     finally:
         assert node.stop() == 0
+
+
+def read_syscall_bytes(node: NodeProcess) -> int:
+    """Bytes the node's process has read with read(2)/pread(2) so far (``rchar``, proc(5))."""
+    for line in Path(f"/proc/{node.proc.pid}/io").read_text(encoding="ascii").splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/PID/io")
+
+
+def test_repeated_one_byte_ranges_of_a_large_blob_hash_only_their_block(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """20 one-byte ranges of a 128 MiB blob: the first hashes the whole file, the others only
+    the 1 MiB block they touch, and every byte served is the stored one. Before (issue 26):
+    every range hashed the whole blob, 20 x 128 MiB read."""
+    node = start_node(workers=1)  # one process: its /proc/PID/io is the whole node's
+    body = os.urandom(8 * MiB) * 16
+    path = _stored(node, "http_cache", body)
+    offsets = [(n * 7_340_033) % len(body) for n in range(20)]
+    with node.client() as c:
+        before = read_syscall_bytes(node)
+        for offset in offsets:
+            r = c.get(path, headers={"Range": f"bytes={offset}-{offset}"})
+            assert r.status_code == 206
+            assert r.content == body[offset : offset + 1]
+        read = read_syscall_bytes(node) - before
+    assert read < len(body) + 32 * MiB, f"{read / MiB:.0f} MiB read for 20 one-byte ranges"

@@ -1,4 +1,5 @@
-"""``storage.verify.digest_fd`` (the hash a large GET waits for before its last bytes) and
+"""``storage.verify.digest_fd`` (the hash a large GET waits for before its last bytes), the block
+digests a later range is checked against (``problem_with_blocks``, ``BlockDigests``) and
 ``storage.quarantine.Quarantine`` (bounded evidence), on real files.
 
 digest_fd's tail is what the sender writes after the digest matched, so it must be exactly the
@@ -17,7 +18,13 @@ from hypothesis import strategies as st
 
 from kura.core.manifest import Manifest
 from kura.storage.quarantine import Quarantine
-from kura.storage.verify import HASH_CHUNK_BYTES, digest_fd, problem_with_file
+from kura.storage.verify import (
+    HASH_CHUNK_BYTES,
+    BlockDigests,
+    digest_fd,
+    problem_with_blocks,
+    problem_with_file,
+)
 
 SIZES = st.integers(0, 3 * HASH_CHUNK_BYTES + 17)
 
@@ -101,3 +108,51 @@ def test_the_quarantine_deletes_the_oldest_past_its_bound_and_counts_what_it_hol
     reopened = Quarantine(tmp_path / "q", max_bytes=150)
     reopened.open()  # a smaller bound applies at start-up
     assert reopened.size_bytes == 100
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    size=st.integers(1, 3 * HASH_CHUNK_BYTES + 17),
+    flip=st.integers(0, 3 * HASH_CHUNK_BYTES + 16),
+    first=st.integers(0, 3 * HASH_CHUNK_BYTES + 16),
+    length=st.integers(1, 2 * HASH_CHUNK_BYTES),
+)
+def test_block_digests_catch_a_flipped_byte_in_exactly_the_ranges_that_touch_its_block(
+    size: int, flip: int, first: int, length: int
+) -> None:
+    """Block digests recorded while the whole file verified; then a byte flips on disk: a range
+    touching the flipped byte's block is refused, any other range is checked intact (its bytes
+    are the stored ones: the flip is elsewhere)."""
+    flip, first = flip % size, first % size
+    last = min(size - 1, first + length - 1)
+    data = os.urandom(size)
+    blocks: list[bytes] = []
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        assert digest_fd(os.dup(f.fileno()), size, 0, blocks=blocks).sha256 == (
+            hashlib.sha256(data).hexdigest()
+        )
+        kept = BlockDigests()
+        kept.put(hashlib.sha256(data).hexdigest(), size, blocks)
+        known = kept.get(hashlib.sha256(data).hexdigest(), size)
+        assert known is not None
+        assert len(known) == -(-size // HASH_CHUNK_BYTES)
+        assert problem_with_blocks(os.dup(f.fileno()), first, last, known) is None
+        os.pwrite(f.fileno(), bytes([data[flip] ^ 0x01]), flip)
+        found = problem_with_blocks(os.dup(f.fileno()), first, last, known)
+    touched = first // HASH_CHUNK_BYTES <= flip // HASH_CHUNK_BYTES <= last // HASH_CHUNK_BYTES
+    assert (found is not None) == touched, found
+
+
+def test_block_digests_keep_the_most_recent_within_their_byte_bound() -> None:
+    kept = BlockDigests(max_bytes=16 * 5)
+    kept.put("a", 2 * HASH_CHUNK_BYTES, [b"a" * 16] * 2)
+    kept.put("b", 2 * HASH_CHUNK_BYTES, [b"b" * 16] * 2)
+    assert kept.get("a", 2 * HASH_CHUNK_BYTES) is not None  # now the most recent
+    kept.put("c", 2 * HASH_CHUNK_BYTES, [b"c" * 16] * 2)
+    assert kept.get("b", 2 * HASH_CHUNK_BYTES) is None
+    assert kept.get("a", 2 * HASH_CHUNK_BYTES) is not None
+    assert kept.get("a", 2 * HASH_CHUNK_BYTES + 1) is None  # another size is other content
+    kept.put("d", 3 * HASH_CHUNK_BYTES, [b"d" * 16] * 2)  # too few blocks for its size
+    assert kept.get("d", 3 * HASH_CHUNK_BYTES) is None

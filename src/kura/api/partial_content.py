@@ -15,15 +15,24 @@ blob while it is sent and holds its last bytes back until the digest matched
 (``kura.api.file_response``); a range cannot do that, because the digest covers the whole
 file and the range may end anywhere. So before a 206 of a file-backed blob that storage did not
 already verify (``StoredBody.verified`` is False: the ``KURA_VERIFY_READS=always`` default with
-an unchanged stat signature), the whole file is hashed first in the verify pool
-(``storage.verify.digest_fd``, against the row's XXH3-128, else SHA-256), and only then is the
-range sent with ``sendfile`` from the same open descriptor. A file whose stat signature changed
-was already hashed with SHA-256 by storage when it was opened; with ``KURA_VERIFY_READS=changed``
-an unchanged signature is trusted, as for a 200. On a mismatch (or a read error) the entry is
-reported to storage, which re-checks and quarantines it, and the request gets 404 like any
-miss; nothing of the damaged file is sent. The cost is one whole-file hash per range request of
-a large blob (XXH3-128 reads at several GB/s; see docs/benchmarks.md). A file that turns out
-shorter while the range is sent aborts the connection (``DamagedBlob``), as for a 200.
+an unchanged stat signature), the bytes are checked in the verify pool first, and only then is
+the range sent with ``sendfile`` from the same open descriptor:
+
+* the first range of a content hashes the whole file (``storage.verify.digest_fd``, against the
+  row's XXH3-128, else SHA-256) and, in the same pass, the XXH3-128 of each 1 MiB block, which
+  are kept (``storage.verify.BlockDigests``, by content SHA-256 and size, 8 MiB of digests);
+* a later range of the same content hashes only the blocks it touches against those
+  (``storage.verify.problem_with_blocks``): a 1-byte range of a 512 MiB blob hashed all of it
+  on every request before issue 26, now 1 MiB. Block digests are kept only after the whole file
+  matched the row, so a damaged block is caught as a whole-file hash would catch it; what can
+  still be sent from a damaged file is a range of its intact blocks, never a wrong byte.
+
+A file whose stat signature changed was already hashed with SHA-256 by storage when it was
+opened; with ``KURA_VERIFY_READS=changed`` an unchanged signature is trusted, as for a 200. On a
+mismatch (or a read error) the entry is reported to storage, which re-checks it with SHA-256 and
+quarantines it, and the request gets 404 like any miss; nothing of the damaged bytes is sent. A
+file that turns out shorter while the range is sent aborts the connection (``DamagedBlob``), as
+for a 200.
 
 A matching ``If-None-Match`` gets 304 before any range is looked at (``kura.core.conditional``).
 Not here: ``If-Match``/``If-Modified-Since`` (kura sends no Last-Modified), and
@@ -53,7 +62,7 @@ from kura.core.conditional import none_match
 from kura.core.errors import NotFound
 from kura.storage.checksum import SHA256, XXH3_128
 from kura.storage.service import CacheService, StoredBody
-from kura.storage.verify import FileDigest, digest_fd
+from kura.storage.verify import FileDigest, digest_fd, problem_with_blocks
 
 
 async def ranged_response(
@@ -89,7 +98,7 @@ async def ranged_response(
         )
     assert isinstance(answer, ByteRange)
     try:
-        await _verify_whole_file(service, body)
+        await _verify_range(service, body, answer)
     except BaseException:
         body.close()
         raise
@@ -102,40 +111,67 @@ async def ranged_response(
     return RangeFileResponse(body, answer, headers, service)
 
 
-async def _verify_whole_file(service: CacheService, body: StoredBody) -> None:
-    """Hash ``body``'s whole file unless storage already verified it; raise ``NotFound`` (after
-    reporting the entry) when it is short, unreadable or hashes to something else."""
+async def _verify_range(service: CacheService, body: StoredBody, byte_range: ByteRange) -> None:
+    """Check the bytes of ``byte_range`` of ``body``'s file unless storage already verified it:
+    only the blocks it touches when the content's block digests are known, else the whole file
+    (keeping its block digests). Raise ``NotFound`` (after reporting the entry) when the file is
+    short, unreadable or hashes to something else."""
     if body.file is None or body.verified:
         return
     size = body.manifest.size
+    known = service.verifier.blocks.get(body.manifest.sha256, size)
+    if known is not None:
+        check: Future[str | None] = service.verifier.pool.submit(
+            problem_with_blocks,
+            os.dup(body.file.fileno()),
+            byte_range.first,
+            byte_range.last,
+            known,
+        )
+        found = await asyncio.wrap_future(check)
+        if found is None:
+            return
+        service.verifier.blocks.forget(body.manifest.sha256, size)
+    else:
+        found = await _verify_whole_file(service, body)
+        if found is None:
+            return
+    await report(service, body, found)
+    raise NotFound("Artifact not found")
+
+
+async def _verify_whole_file(service: CacheService, body: StoredBody) -> str | None:
+    """What is wrong with ``body``'s whole file (None: intact, and ``body.verified`` is set and
+    its block digests kept)."""
+    assert body.file is not None
+    size = body.manifest.size
     fast = body.xxh3_128
     algorithms = (XXH3_128,) if fast else (SHA256, XXH3_128)
+    blocks: list[bytes] = []
     # Its own descriptor: the hash may outlive this request (client gone) safely.
     cfut: Future[FileDigest] = service.verifier.pool.submit(
-        digest_fd, os.dup(body.file.fileno()), size, 0, algorithms
+        digest_fd, os.dup(body.file.fileno()), size, 0, algorithms, blocks
     )
-    found: str | None = None
     try:
         d = await asyncio.wrap_future(cfut)
     except OSError as exc:
-        found = f"hashing the file failed: {exc}"
-    else:
-        if d.size_bytes < size:
-            found = f"the file ended after {d.size_bytes} of {size} bytes"
-        elif fast and d.digests[XXH3_128] != fast:
-            found = f"the file hashes to xxh3_128 {d.digests[XXH3_128]}"
-        elif not fast and d.sha256 != body.manifest.sha256:
-            found = f"the file hashes to sha256 {d.sha256}"
-        elif not fast:
-            service.record_xxh3_128([(body.manifest, d.digests[XXH3_128])])
-    if found is not None:
-        await report(service, body, found)
-        raise NotFound("Artifact not found")
+        return f"hashing the file failed: {exc}"
+    if d.size_bytes < size:
+        return f"the file ended after {d.size_bytes} of {size} bytes"
+    if fast and d.digests[XXH3_128] != fast:
+        return f"the file hashes to xxh3_128 {d.digests[XXH3_128]}"
+    if not fast and d.sha256 != body.manifest.sha256:
+        return f"the file hashes to sha256 {d.sha256}"
+    if not fast:
+        service.record_xxh3_128([(body.manifest, d.digests[XXH3_128])])
     body.verified = True
+    service.verifier.blocks.put(body.manifest.sha256, size, blocks)
+    return None
 
 
 class RangeFileResponse(OpenFileResponse):
-    """206 with one byte range of an already-open, verified blob file, sent with sendfile."""
+    """206 with one byte range of an already-open blob file whose range was verified
+    (``_verify_range``), sent with sendfile."""
 
     def __init__(
         self,
@@ -145,7 +181,6 @@ class RangeFileResponse(OpenFileResponse):
         service: CacheService,
     ) -> None:
         super().__init__(body, headers, service)
-        assert body.verified
         self.set_status(206)
         self.content_length = byte_range.length_bytes
         self._range = byte_range

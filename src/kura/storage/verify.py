@@ -12,6 +12,15 @@ updates), so a large GET pays for the hash in parallel with ``sendfile`` instead
 The sender checks the row's XXH3-128 when it has one (``storage.checksum``: many times faster
 than SHA-256), else SHA-256; either way a mismatch is confirmed with SHA-256 by the writer
 before anything is quarantined.
+
+``BlockDigests`` keeps, for blobs whose whole file was just verified, the XXH3-128 of each
+``HASH_CHUNK_BYTES`` block (``digest_fd(..., blocks=)`` records them in the same pass), so a
+later byte range of the same content is checked by hashing only the blocks it touches
+(``problem_with_blocks``): a 1-byte range of a 512 MiB blob hashed the whole file every time
+(issue 26). The digests describe the *content* (they are kept only after the whole file matched
+the row's digest), so they stay right for any file that claims that content; a damaged block is
+caught as surely as by a whole-file hash, and only the intact bytes of a damaged file can be
+served (never a wrong byte).
 All functions here block; call them from an executor.
 """
 
@@ -19,15 +28,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import xxhash
+
 from kura.core.manifest import Manifest
 from kura.storage.checksum import SHA256, new_hasher
 
 HASH_CHUNK_BYTES = 1024 * 1024
+BLOCK_DIGESTS_MAX_BYTES = 8 * 1024 * 1024  # 16 bytes a MiB: the blocks of 512 GiB of blobs
 
 
 def problem_with_bytes(data: bytes | None, manifest: Manifest) -> str | None:
@@ -90,23 +103,36 @@ class FileDigest:
 
 
 def digest_fd(
-    fd: int, size_bytes: int, tail_bytes: int, algorithms: Sequence[str] = (SHA256,)
+    fd: int,
+    size_bytes: int,
+    tail_bytes: int,
+    algorithms: Sequence[str] = (SHA256,),
+    blocks: list[bytes] | None = None,
 ) -> FileDigest:
     """Hash the first ``size_bytes`` bytes of ``fd`` with each of ``algorithms``
     (``storage.checksum.ALGORITHMS``) using ``pread`` (no shared file offset, so another
     reader of the same open file is undisturbed) and keep the last ``tail_bytes``. Stops early
-    at end of file (``size_bytes`` of the result is then smaller). Closes ``fd``."""
+    at end of file (``size_bytes`` of the result is then smaller). With ``blocks``, appends the
+    XXH3-128 digest (16 bytes) of each ``HASH_CHUNK_BYTES`` block to it (left empty if a read
+    came back short before the end). Closes ``fd``."""
     try:
         hashers = {a: new_hasher(a) for a in algorithms}
         tail_from = size_bytes - tail_bytes
         tail: list[bytes] = []
         offset = 0
         while offset < size_bytes:
-            chunk = os.pread(fd, min(HASH_CHUNK_BYTES, size_bytes - offset), offset)
+            want = min(HASH_CHUNK_BYTES, size_bytes - offset)
+            chunk = os.pread(fd, want, offset)
             if not chunk:
                 break
             for h in hashers.values():
                 h.update(chunk)
+            if blocks is not None:
+                if len(chunk) == want:
+                    blocks.append(xxhash.xxh3_128_digest(chunk))
+                else:  # the blocks would no longer line up
+                    blocks.clear()
+                    blocks = None
             end = offset + len(chunk)
             if end > tail_from:
                 tail.append(chunk[max(0, tail_from - offset) :])
@@ -117,11 +143,71 @@ def digest_fd(
         os.close(fd)
 
 
+def problem_with_blocks(
+    fd: int, first_byte: int, last_byte: int, blocks: Sequence[bytes]
+) -> str | None:
+    """What is wrong with the bytes ``first_byte``..``last_byte`` (inclusive) of ``fd``,
+    checked whole ``HASH_CHUNK_BYTES`` blocks at a time against ``blocks`` (``digest_fd``'s, of
+    the intact content; None = intact). A short read hashes to something else; a failed one is
+    a problem too. Closes ``fd``."""
+    try:
+        for n in range(first_byte // HASH_CHUNK_BYTES, last_byte // HASH_CHUNK_BYTES + 1):
+            if n >= len(blocks):
+                return f"the range ends past the {len(blocks)} known blocks"
+            offset = n * HASH_CHUNK_BYTES
+            try:
+                chunk = os.pread(fd, HASH_CHUNK_BYTES, offset)
+            except OSError as exc:
+                return f"reading the file failed: {exc}"
+            if xxhash.xxh3_128_digest(chunk) != blocks[n]:
+                return f"block {n} (bytes from {offset}) hashes to something else"
+        return None
+    finally:
+        os.close(fd)
+
+
+class BlockDigests:
+    """The block digests (``digest_fd(..., blocks=)``) of recently verified blobs, by content
+    (SHA-256 and size), least recently used dropped first, at most ``max_bytes`` of digests.
+    Not thread-safe: use it from the event loop."""
+
+    def __init__(self, max_bytes: int = BLOCK_DIGESTS_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._held_bytes = 0
+        self._by_content: OrderedDict[tuple[str, int], tuple[bytes, ...]] = OrderedDict()
+
+    def get(self, sha256: str, size_bytes: int) -> tuple[bytes, ...] | None:
+        """The blocks of the content ``sha256`` of ``size_bytes`` bytes, or None."""
+        found = self._by_content.get((sha256, size_bytes))
+        if found is not None:
+            self._by_content.move_to_end((sha256, size_bytes))
+        return found
+
+    def put(self, sha256: str, size_bytes: int, blocks: Sequence[bytes]) -> None:
+        """Keep ``blocks``, the digests of every block of that content, verified whole."""
+        expected = -(-size_bytes // HASH_CHUNK_BYTES)
+        held = 16 * len(blocks)
+        if len(blocks) != expected or held > self.max_bytes:
+            return
+        self.forget(sha256, size_bytes)
+        self._by_content[(sha256, size_bytes)] = tuple(blocks)
+        self._held_bytes += held
+        while self._held_bytes > self.max_bytes:
+            _key, dropped = self._by_content.popitem(last=False)
+            self._held_bytes -= 16 * len(dropped)
+
+    def forget(self, sha256: str, size_bytes: int) -> None:
+        dropped = self._by_content.pop((sha256, size_bytes), None)
+        if dropped is not None:
+            self._held_bytes -= 16 * len(dropped)
+
+
 class ReadVerifier:
     """A small thread pool that hashes blobs being sent. Safe to use from any task."""
 
     def __init__(self, threads: int = 4) -> None:
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="kura-verify")
+        self.blocks = BlockDigests()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
