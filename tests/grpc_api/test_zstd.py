@@ -129,6 +129,28 @@ def test_zstd_write_cut_queried_resumed(grpc_node: tuple[NodeProcess, Reapi]) ->
     assert wait_for(lambda: node.metric("kura_tmp_reserved_bytes") == 0, 10)
 
 
+def test_empty_messages_inside_a_zstd_write_are_skipped(
+    grpc_node: tuple[NodeProcess, Reapi],
+) -> None:
+    """Messages without data (a client's closing ``finish_write``, or between pieces) are no
+    end of the compressed stream: the blob is stored whole."""
+    _node, c = grpc_node
+    blob = mixed_blob(1024 * 1024 + 3)
+    frame = zstd(blob)
+    name = blob_name(blob, upload=new_upload(), compressor="zstd")
+    half = len(frame) // 2
+
+    def messages() -> Iterator[bs.WriteRequest]:
+        yield bs.WriteRequest(resource_name=name, write_offset=0, data=frame[:half])
+        yield bs.WriteRequest(write_offset=half, data=b"")
+        yield bs.WriteRequest(write_offset=half, data=frame[half:])
+        yield bs.WriteRequest(write_offset=len(frame), data=b"", finish_write=True)
+
+    done = c.bytestream.Write(messages())
+    assert done.committed_size == len(frame)
+    assert c.read(blob_name(blob)) == blob
+
+
 BOMB_DECLARED = 1024
 BOMB_TARGET = digest(os.urandom(BOMB_DECLARED)).hash
 

@@ -93,9 +93,12 @@ async def decompressed(chunks: AsyncIterator[bytes], size_bytes: int) -> AsyncIt
             piece = reader.read1(OUT_CHUNK_BYTES)
         except _NeedInput:
             try:
-                feed.chunks.append(await anext(incoming))
+                chunk = await anext(incoming)
             except StopAsyncIteration:
                 feed.ended = True
+            else:
+                if chunk:  # the reader takes an empty read for the end of the stream
+                    feed.chunks.append(chunk)
             continue
         except zstandard.ZstdError as exc:
             raise InvalidRequest(f"the zstd stream is corrupt or unsupported: {exc}") from None
