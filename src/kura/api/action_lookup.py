@@ -39,6 +39,7 @@ from kura.settings import Settings
 from kura.storage.service import ArtifactRef, CacheService, StoredBody
 
 PRODUCER = "bazel"
+MISSING_BATCH = 8192  # CAS references looked up in one index query
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ async def find_action_result(
 async def missing_blobs(
     service: CacheService, namespace: str, result: reapi.ActionResult, bounds: TreeBounds
 ) -> list[str]:
-    """Hashes of the CAS blobs ``result`` references that are not stored (empty: a hit).
+    """Hashes of the CAS blobs ``result`` references that are not stored (empty: a hit; a miss
+    may list only the first few it found).
 
     A Tree that is absent or does not parse counts as missing itself. Raises ``TreesTooCostly``
     when the distinct Trees add up to more than ``bounds.max_bytes`` or the check takes longer
@@ -130,7 +132,13 @@ async def missing_blobs(
                     return [tree_hash]
                 hashes.extend(files)
             unique = list(dict.fromkeys(hashes))
-            missing = await service.missing([cas_ref(namespace, h) for h in unique])
+            missing: list[ArtifactRef] = []
+            # In batches: the loop gets a turn (and the time bound a chance) between them.
+            for start in range(0, len(unique), MISSING_BATCH):
+                batch = unique[start : start + MISSING_BATCH]
+                missing = await service.missing([cas_ref(namespace, h) for h in batch])
+                if missing:
+                    break
     except TimeoutError:
         raise TreesTooCostly(
             f"checking the action result's outputs took longer than {bounds.seconds:g} s "
