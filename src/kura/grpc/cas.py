@@ -14,8 +14,10 @@
   INVALID_ARGUMENT" then).
 * ``GetTree``: the root ``Directory`` and every directory below it, breadth first, each once,
   streamed in pages of at most ``page_size`` directories (default and maximum 1,000) and at most
-  ``max_batch_total_size_bytes`` of them, so a page always fits ``KURA_GRPC_MAX_MESSAGE_BYTES``
-  (by count alone, 1,000 directories of 3 KiB once passed the 4 MiB message limit, issue 26);
+  ``MAX_TREE_PAGE_BYTES`` (2 MiB) or ``max_batch_total_size_bytes`` of them, whichever is less
+  (a Directory larger alone is a page of its own), so a page always fits
+  ``KURA_GRPC_MAX_MESSAGE_BYTES`` (by count alone, 1,000 directories of 3 KiB once passed the
+  4 MiB message limit, issue 26) and serializing one never holds the event loop for long;
   every page but the last carries a ``next_page_token`` from which a new call resumes.
   Directories that are not stored are skipped (REAPI: "they will be omitted"). A Directory
   larger than ``MAX_INLINE_PARSE_BYTES`` is parsed in a worker thread, off the event loop.
@@ -57,6 +59,7 @@ from kura.grpc.common import (
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 MAX_TREE_PAGE = 1000
+MAX_TREE_PAGE_BYTES = 2 * 1024 * 1024  # directories in one GetTree page (a lone larger one too)
 MAX_INLINE_PARSE_BYTES = 64 * 1024  # a larger Directory is parsed in a worker thread
 
 
@@ -203,6 +206,8 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             ) from None
         if skip < 0:
             raise InvalidRequest("page_token must not be negative")
+        # A page is serialized on the event loop: a few MiB at most, even under a large limit.
+        page_max_bytes = min(self.gc.max_batch_bytes, MAX_TREE_PAGE_BYTES)
         page: list[reapi.Directory] = []
         page_bytes = 0
         seen = 0
@@ -212,9 +217,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 continue
             # Each entry of the repeated field costs its bytes, a tag and a length (<= 6 bytes).
             entry_bytes = size_bytes + 6
-            if page and (
-                len(page) == page_size or page_bytes + entry_bytes > self.gc.max_batch_bytes
-            ):
+            if page and (len(page) == page_size or page_bytes + entry_bytes > page_max_bytes):
                 # A full page, and more follow: it names where.
                 yield reapi.GetTreeResponse(directories=page, next_page_token=str(seen - 1))
                 page, page_bytes = [], 0
