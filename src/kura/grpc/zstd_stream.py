@@ -60,13 +60,13 @@ class _Feed:
     """The stream reader's source: the compressed chunks received and not yet taken."""
 
     def __init__(self) -> None:
-        self.chunks: deque[bytes] = deque()
+        self.chunks: deque[memoryview] = deque()
         self.ended = False
 
-    def read(self, size: int) -> bytes:
+    def read(self, size: int) -> memoryview | bytes:
         if self.chunks:
             chunk = self.chunks.popleft()
-            if len(chunk) > size:
+            if len(chunk) > size:  # views, not copies, of a large message's rest
                 self.chunks.appendleft(chunk[size:])
                 chunk = chunk[:size]
             return chunk
@@ -98,7 +98,7 @@ async def decompressed(chunks: AsyncIterator[bytes], size_bytes: int) -> AsyncIt
                 feed.ended = True
             else:
                 if chunk:  # the reader takes an empty read for the end of the stream
-                    feed.chunks.append(chunk)
+                    feed.chunks.append(memoryview(chunk))
             continue
         except zstandard.ZstdError as exc:
             raise InvalidRequest(f"the zstd stream is corrupt or unsupported: {exc}") from None
