@@ -247,11 +247,15 @@ class Node:
         self.bucket_toucher: BucketToucher | None = None
         if tier_hooks is not None:
             config = ObjectStoreConfig.from_env(
-                settings.object_store_url, os.environ, settings.object_store_timeout_seconds
+                settings.object_store_url,
+                os.environ,
+                settings.object_store_timeout_seconds,
+                settings.object_store_breaker_failures,
+                settings.object_store_breaker_cooldown_seconds,
             )
             self.object_tier = ObjectTier(
                 self.service,
-                ObjectStore(config),
+                ObjectStore(config, clock=self.clock),
                 self.clock,
                 backoff_max_seconds=settings.replication_backoff_max_ms / 1000,
             )
@@ -267,7 +271,8 @@ class Node:
                 )
                 watch_bucket_expiry(self.metrics, self.bucket_expiry, self.bucket_toucher)
             tier_hooks.connect(self.object_tier, self.bucket_toucher)
-            self.metrics.registry.register(ObjectStoreCollector(self.object_tier.store.stats))
+            store = self.object_tier.store
+            self.metrics.registry.register(ObjectStoreCollector(store.stats, store.breaker.state))
         self.metrics.watch_store(
             self.service.stats,
             self.budget,
@@ -375,9 +380,12 @@ class Node:
 
     def warnings(self) -> list[str]:
         """Problems that do not block readiness but need an operator: storage (a full disk, a
-        damaged index set aside at start-up), bootstrap (an abandoned peer) and replication (a
-        peer that keeps failing, e.g. refusing this node's token)."""
-        return self.service.warnings() + self.bootstrapper.warnings() + self.shipper.warnings()
+        damaged index set aside at start-up), bootstrap (an abandoned peer), replication (a
+        peer that keeps failing, e.g. refusing this node's token) and the object store
+        (unreachable, uploads stalled)."""
+        tier = [] if self.object_tier is None else self.object_tier.warnings()
+        found = self.service.warnings() + self.bootstrapper.warnings() + self.shipper.warnings()
+        return found + tier
 
     def _read_through_enabled(self) -> bool:
         mode = self.settings.read_through

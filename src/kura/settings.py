@@ -399,6 +399,22 @@ class Settings:
         "how long one object-store request may take before it counts as failed",
         default=30.0,
     )
+    object_store_breaker_failures: int = option(
+        "KURA_OBJECT_STORE_BREAKER_FAILURES",
+        "--object-store-breaker-failures",
+        parse_positive_int,
+        "object-store failures in a row (timeouts, refused connections, 5xx) after which "
+        "requests skip the store for KURA_OBJECT_STORE_BREAKER_COOLDOWN",
+        default=3,
+    )
+    object_store_breaker_cooldown_seconds: float = option(
+        "KURA_OBJECT_STORE_BREAKER_COOLDOWN",
+        "--object-store-breaker-cooldown",
+        _positive_duration,
+        "how long (10s, 1m or seconds) requests skip a failing object store before one "
+        "request probes it again",
+        default=10.0,
+    )
     read_through_timeout_ms: int = option(
         "KURA_READ_THROUGH_TIMEOUT_MS",
         "--read-through-timeout-ms",

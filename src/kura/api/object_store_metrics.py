@@ -6,6 +6,9 @@
 * ``kura_object_store_request_duration_seconds{op}``: request latency.
 * ``kura_object_store_upload_queue_messages``: uploads and cleans waiting in the outbox.
 * ``kura_object_store_upload_queue_oldest_age_seconds``: how long the oldest has waited.
+* ``kura_object_store_circuit_open``: 1 while the circuit breaker skips the store
+  (``storage.breaker``), else 0; ``kura_object_store_circuit_opened_total``: times it opened;
+  ``kura_object_store_skipped_requests_total``: requests not sent because it was open.
 * ``kura_object_store_uploaded_bytes_total``, ``kura_object_store_filled_bytes_total``: artifact
   bytes uploaded, and read from the store into the local tier on misses.
 """
@@ -17,12 +20,14 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from kura.storage.breaker import BreakerState
 from kura.storage.object_store_stats import LATENCY_BUCKETS, OPS, RESULTS, ObjectStoreStats
 
 
 class ObjectStoreCollector(Collector):
-    def __init__(self, stats: ObjectStoreStats) -> None:
+    def __init__(self, stats: ObjectStoreStats, breaker: BreakerState | None = None) -> None:
         self._stats = stats
+        self._breaker = breaker or BreakerState()
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         s = self._stats
@@ -57,6 +62,22 @@ class ObjectStoreCollector(Collector):
             "kura_object_store_upload_queue_oldest_age_seconds",
             "Age of the oldest message queued for the object-storage tier (0 when empty).",
             s.upload_oldest_age_seconds,
+        )
+        b = self._breaker
+        yield GaugeMetricFamily(
+            "kura_object_store_circuit_open",
+            "1 while requests skip the object store after failures in a row, else 0.",
+            1 if b.open else 0,
+        )
+        yield CounterMetricFamily(
+            "kura_object_store_circuit_opened",
+            "Times the object store's circuit breaker opened.",
+            b.opened_total,
+        )
+        yield CounterMetricFamily(
+            "kura_object_store_skipped_requests",
+            "Requests not sent to the object store because its circuit breaker was open.",
+            b.skipped_total,
         )
         yield CounterMetricFamily(
             "kura_object_store_uploaded_bytes",

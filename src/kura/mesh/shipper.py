@@ -230,10 +230,21 @@ class Shipper:
 
         results = await asyncio.gather(*(one(m) for m in batch))
         acked = [r for r in results if r is not None]
-        await self._service.outbox_ack(acked)
-        state.depth = max(0, state.depth - len(acked))
+        recorded = await self._service.outbox_ack(acked)
+        state.depth = max(0, state.depth - recorded)
         if state.depth == 0:
             state.oldest_enqueued_ms = None
+        if recorded < len(acked) and not failed:
+            # The disk is too full to record deliveries (SQLITE_FULL): back off rather than
+            # deliver the same batch again at once; the peer ignores the repeats (LWW).
+            backoff = state.backoff.failed(self._clock.monotonic())
+            log.warning(
+                "replication to %s: %d deliveries not recorded (disk full); retry in %.0fs",
+                state.peer,
+                len(acked) - recorded,
+                backoff,
+            )
+            return False
         if failed:
             backoff = state.backoff.failed(self._clock.monotonic())
             long_pauses = state.backoff.ceiling(state.failures) >= 60

@@ -53,3 +53,6 @@ class MeshHooks:
 
     def touched(self, accesses: Mapping[str, int]) -> None:
         return None  # access times never replicate (storage.expiry)
+
+    def sent_again(self, artifact_id: str) -> None:
+        return None  # a peer's copy is checked by anti-entropy, not by a client's re-PUT

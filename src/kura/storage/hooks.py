@@ -52,6 +52,12 @@ class StorageHooks(Protocol):
         memory to be recorded in the index; called on the event loop, must not block."""
         ...
 
+    def sent_again(self, artifact_id: str) -> None:
+        """A client sent ``artifact_id`` again and the PUT found it stored and intact here (so
+        stored nothing): the object-storage tier checks its copy in the bucket and re-uploads
+        a damaged one. Called on the event loop, must not block."""
+        ...
+
 
 class NoHooks:
     """``StorageHooks`` of a node on its own: no targets, no wake-up, no fetch, no floor."""
@@ -72,4 +78,7 @@ class NoHooks:
         return None
 
     def touched(self, accesses: Mapping[str, int]) -> None:
+        return None
+
+    def sent_again(self, artifact_id: str) -> None:
         return None

@@ -22,10 +22,11 @@ says which. No secret is ever logged or put in a message.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, BinaryIO
@@ -33,9 +34,11 @@ from typing import Any, BinaryIO
 import obstore
 from obstore.store import S3Store
 
+from kit.clock import Clock, SystemClock
 from kura.core.errors import NotFound, Unavailable
 from kura.core.manifest import Manifest
 from kura.core.object_layout import namespace_prefix, object_key, parse_url
+from kura.storage.breaker import Breaker
 from kura.storage.object_store_stats import ObjectStoreStats, classify, first_line
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,8 @@ MAX_HEADER_BYTES = 1024 * 1024
 # Bodies up to this size are uploaded in one PUT from memory, larger ones as a multipart upload.
 SINGLE_PUT_BYTES = 8 * 1024 * 1024
 READ_CHUNK_BYTES = 1024 * 1024
+# What the circuit breaker's probe asks for (a HEAD; absent is an answer like any other).
+PROBE_KEY = ".kura-start-check/probe"
 
 
 class ObjectStoreError(Unavailable):
@@ -53,6 +58,11 @@ class ObjectStoreError(Unavailable):
     def __init__(self, result: str, message: str) -> None:
         super().__init__(message, retry_after_seconds=5)
         self.result = result
+
+
+class CircuitOpen(ObjectStoreError):
+    """Not sent: the store failed too often just now (``storage.breaker``); ``result`` is
+    ``"circuit_open"``, which is not a request result (nothing was sent)."""
 
 
 class NotKuraObject(ObjectStoreError):
@@ -73,10 +83,17 @@ class ObjectStoreConfig:
     secret_access_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
     timeout_seconds: float = 30.0
+    breaker_failures: int = 3
+    breaker_cooldown_seconds: float = 10.0
 
     @classmethod
     def from_env(
-        cls, url: str, environ: Mapping[str, str], timeout_seconds: float
+        cls,
+        url: str,
+        environ: Mapping[str, str],
+        timeout_seconds: float,
+        breaker_failures: int = 3,
+        breaker_cooldown_seconds: float = 10.0,
     ) -> ObjectStoreConfig:
         """Parse ``url`` (ValueError if it is not ``s3://bucket[/prefix]``) and read
         ``AWS_ENDPOINT_URL``, ``AWS_REGION`` (else ``AWS_DEFAULT_REGION``, else us-east-1),
@@ -92,6 +109,8 @@ class ObjectStoreConfig:
             secret_access_key=environ.get("AWS_SECRET_ACCESS_KEY") or None,
             session_token=environ.get("AWS_SESSION_TOKEN") or None,
             timeout_seconds=timeout_seconds,
+            breaker_failures=breaker_failures,
+            breaker_cooldown_seconds=breaker_cooldown_seconds,
         )
 
 
@@ -107,9 +126,17 @@ class ListedObject:
 class ObjectStore:
     """See module docstring. Safe to share between tasks on one event loop."""
 
-    def __init__(self, config: ObjectStoreConfig, stats: ObjectStoreStats | None = None) -> None:
+    def __init__(
+        self,
+        config: ObjectStoreConfig,
+        stats: ObjectStoreStats | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.config = config
         self.stats = stats or ObjectStoreStats()
+        self.breaker = Breaker(
+            clock or SystemClock(), config.breaker_failures, config.breaker_cooldown_seconds
+        )
         kwargs: dict[str, Any] = {"region": config.region}
         if config.endpoint:
             kwargs["endpoint"] = config.endpoint
@@ -168,7 +195,7 @@ class ObjectStore:
             payload = _file_chunks(header, body)
         await self._call(
             "put",
-            obstore.put_async(
+            lambda: obstore.put_async(
                 self._store,
                 key,
                 payload,
@@ -185,7 +212,8 @@ class ObjectStore:
         failing on it for ever. Raises ObjectStoreError when the store fails."""
         try:
             result = await self._call(
-                "get", obstore.get_async(self._store, key, options={"range": (0, 64 * 1024)})
+                "get",
+                lambda: obstore.get_async(self._store, key, options={"range": (0, 64 * 1024)}),
             )
         except NotFound:
             return None
@@ -209,7 +237,7 @@ class ObjectStore:
         there is no object at ``key``. Raises ObjectStoreError (also for an object that is not
         in kura's format). The iterator raises ObjectStoreError if the transfer breaks."""
         try:
-            result = await self._call("get", obstore.get_async(self._store, key))
+            result = await self._call("get", lambda: obstore.get_async(self._store, key))
         except NotFound:
             return None
         stream = result.stream(min_chunk_size=256 * 1024)
@@ -223,7 +251,7 @@ class ObjectStore:
     async def head(self, key: str) -> int | None:
         """The stored object's size in bytes (header included), or None if absent."""
         try:
-            meta = await self._call("head", obstore.head_async(self._store, key))
+            meta = await self._call("head", lambda: obstore.head_async(self._store, key))
         except NotFound:
             return None
         return int(meta["size"])
@@ -231,13 +259,13 @@ class ObjectStore:
     async def put_marker(self, key: str) -> None:
         """Write a zero-byte object at ``key`` (a touch marker: only its last-modified time
         matters). Raises ObjectStoreError."""
-        await self._call("put", obstore.put_async(self._store, key, b""))
+        await self._call("put", lambda: obstore.put_async(self._store, key, b""))
 
     async def modified_ms(self, key: str) -> int | None:
         """The object's last-modified time in wall-clock ms (the store's clock), or None if
         absent. Raises ObjectStoreError."""
         try:
-            meta = await self._call("head", obstore.head_async(self._store, key))
+            meta = await self._call("head", lambda: obstore.head_async(self._store, key))
         except NotFound:
             return None
         return int(meta["last_modified"].timestamp() * 1000)
@@ -245,24 +273,17 @@ class ObjectStore:
     async def delete_many(self, keys: Sequence[str]) -> None:
         """Delete ``keys`` (absent ones are fine). Raises ObjectStoreError."""
         for start in range(0, len(keys), 1000):  # S3 DeleteObjects takes at most 1,000 keys
-            await self._call(
-                "delete", obstore.delete_async(self._store, list(keys[start : start + 1000]))
-            )
+            page = list(keys[start : start + 1000])
+            await self._call("delete", functools.partial(obstore.delete_async, self._store, page))
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[list[ListedObject]]:
         """Pages of the objects under ``prefix`` (relative to the configured prefix), with
         sizes and last-modified times. Raises ObjectStoreError."""
         stream = obstore.list(self._store, prefix, chunk_size=1000)
         while True:
-            started = time.monotonic()
-            try:
-                page = await stream.__anext__()
-            except StopAsyncIteration:
-                self.stats.observe("list", "ok", time.monotonic() - started)
+            page = await self._call("list", lambda: _next_page(stream))
+            if page is None:
                 return
-            except Exception as exc:
-                raise self._failed("list", exc, started) from None
-            self.stats.observe("list", "ok", time.monotonic() - started)
             yield [ListedObject(str(m["path"]), int(m["size"]), m["last_modified"]) for m in page]
 
     async def delete_prefix(self, prefix: str) -> int:
@@ -288,18 +309,68 @@ class ObjectStore:
             return exc
         return None
 
-    async def _call(self, op: str, awaitable: Any) -> Any:
+    async def probe(self) -> bool:
+        """When the circuit breaker is open and its cool-down over: one HEAD of a key that
+        need not exist, whose answer closes the breaker (``storage.breaker``). True when the
+        store answered; False when it failed or no probe was due."""
+        if not self.breaker.probe_due():
+            return False
+        try:
+            await self._call("head", lambda: obstore.head_async(self._store, PROBE_KEY), probe=True)
+        except NotFound:
+            return True
+        except ObjectStoreError:
+            return False
+        return True
+
+    async def _call(
+        self, op: str, request: Callable[[], Awaitable[Any]], *, probe: bool = False
+    ) -> Any:
+        """Send ``request()`` (called only if the breaker lets it through: an obstore call
+        starts its request as soon as it is made) and count it. Raises CircuitOpen without
+        sending anything while the breaker is open (``storage.breaker``); ``probe``: this is
+        the breaker's probe."""
+        entered = self.breaker.enter(probe)
+        if entered is None:
+            state = self.breaker.state
+            raise CircuitOpen(
+                "circuit_open",
+                f"object store {op} skipped: the store failed {state.consecutive_failures} "
+                f"times in a row ({state.last_failure}); it is probed again every "
+                f"{self.breaker.cooldown_seconds:g}s",
+            )
         started = time.monotonic()
         try:
-            value = await awaitable
+            value = await request()
+        except asyncio.CancelledError:
+            if entered:
+                self.breaker.abandon()
+            raise
         except Exception as exc:
             raise self._failed(op, exc, started) from None
-        self.stats.observe(op, "ok", time.monotonic() - started)
+        self._observe(op, "ok", started)
         return value
+
+    def _observe(self, op: str, result: str, started: float) -> None:
+        self.stats.observe(op, result, time.monotonic() - started)
+        was_open = self.breaker.state.open
+        self.breaker.record(result)
+        state = self.breaker.state
+        if state.open and not was_open:
+            log.warning(
+                "object store %s unreachable: %d failures in a row (last: %s); requests skip "
+                "it for %gs, then one probes it (a local miss answers at once meanwhile)",
+                self.describe(),
+                state.consecutive_failures,
+                result,
+                self.breaker.cooldown_seconds,
+            )
+        elif was_open and not state.open:
+            log.info("object store %s answers again; requests go to it", self.describe())
 
     def _failed(self, op: str, exc: BaseException, started: float) -> Exception:
         result = classify(exc)
-        self.stats.observe(op, result, time.monotonic() - started)
+        self._observe(op, result, started)
         if result == "not_found":
             return NotFound("object not found")
         return ObjectStoreError(result, f"object store {op} failed ({result}): {first_line(exc)}")
@@ -334,6 +405,14 @@ async def decode_header(chunks: AsyncIterator[bytes]) -> tuple[Manifest, bytes]:
         if more is None:
             raise ValueError("object ends inside its header")
         buf += more
+
+
+async def _next_page(stream: Any) -> Any:
+    """The next page of an obstore list stream, None at its end."""
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 async def _chunks(stream: Any, store: ObjectStore) -> AsyncIterator[bytes]:

@@ -11,8 +11,29 @@ The rules (docs/object-storage.md states them for operators):
   ``ObjectStoreStats`` and retried with the shared jittered exponential backoff (``kit.backoff``); nothing is dropped. An
   artifact whose upload is pending is never evicted (``MetadataIndex.least_recently_used``),
   so an outage never loses an acknowledged write and local reads keep being served.
+* **A full disk never stops the queue** (issue 26 item 5). With the store down, writes over
+  ``KURA_MAX_DISK_BYTES`` stay (they cannot be evicted) until the disk reaches
+  ``KURA_MIN_FREE_DISK_BYTES`` and writes answer 503. The queue keeps delivering all along
+  (``CacheService.outbox_batch`` ignores free space), and each delivery recorded evicts back to
+  the budget (``outbox_ack``), so once the store answers the node frees its disk and takes
+  writes again by itself. While the store fails and the disk is full, ``warnings`` (``/ready``)
+  says why writes are refused, and one ERROR line says so when it starts.
+* **A damaged copy is replaced when a client sends the artifact again** (issue 26 item 10). A
+  PUT that finds the artifact stored and intact here stores nothing, so nothing was uploaded
+  and a damaged object in the bucket stayed for good. Now such a PUT (``sent_again``) queues
+  a check of the bucket's copy (``repair_copy``: read whole, hashed against its own header);
+  a copy damaged, missing or not kura's is replaced by this node's verified one. A copy that is
+  whole is left alone whatever its version (last writer wins). Each artifact is checked at
+  most once per ``CHECK_AGAIN_SECONDS``; at most ``CHECK_QUEUE_MAX`` wait (more are dropped:
+  the client's next PUT asks again). Cost: one GET of the object per check.
+* **A failing store is skipped** (issue 26 item 6): the client's circuit breaker
+  (``storage.breaker``) refuses requests at once after failures in a row, so a local miss
+  does not wait ``KURA_OBJECT_STORE_TIMEOUT``; ``warnings`` names the store as unreachable.
 * **Last writer wins in the bucket too.** Before uploading, the stored object's header is read
-  (a ranged GET); an object at the same or a newer version is left alone. S3 has no
+  (a ranged GET); an object at the same or a newer version is left alone, unless its version
+  lies more than ``KURA_MAX_CLOCK_SKEW_MS`` ahead of this node's clock: no node may issue
+  such a version (a peer's is refused, ``CacheService._admit``), and no node could fill it
+  either, so a local write replaces it (issue 26 item 10) and a clean deletes it. S3 has no
   compare-and-swap on our versions, so two nodes uploading the same key at the same moment may
   leave the older one (until it is written again); build-cache keys name their content, so
   the two bodies are normally the same.
@@ -30,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,11 +60,11 @@ from kit.backoff import Backoff
 from kit.clock import Clock
 from kura.core.errors import KuraError, NotFound
 from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
-from kura.core.version import ApplyOutcome
+from kura.core.version import ApplyOutcome, ahead_of_skew_ms
 from kura.storage.artifact import StoredBody
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.hooks import StorageHooks
-from kura.storage.object_store import ObjectStore, ObjectStoreError
+from kura.storage.object_store import CircuitOpen, NotKuraObject, ObjectStore, ObjectStoreError
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT, OutboxMessage
 from kura.storage.service import CacheService
 
@@ -52,6 +74,10 @@ BATCH = 32
 PIPELINE = 4
 BACKOFF_START_SECONDS = 0.5
 IDLE_POLL_SECONDS = 2.0
+# Checks of the bucket's copy after a client sent an artifact again (``sent_again``).
+CHECK_QUEUE_MAX = 1024
+CHECK_AGAIN_SECONDS = 600.0
+CHECKED_REMEMBERED = 8192
 
 
 @dataclass
@@ -79,6 +105,11 @@ class ObjectTier:
         # The shared jittered backoff (kit.backoff), equal jitter as the shipper's.
         self._backoff = Backoff(BACKOFF_START_SECONDS, backoff_max_seconds, jitter=0.5)
         self._wake = asyncio.Event()
+        self._failing = False  # the last pass left messages undelivered
+        self._to_check: dict[str, None] = {}  # artifact ids, in arrival order
+        self._checked_at: dict[str, float] = {}  # artifact id -> monotonic s, oldest first
+        self._check_wake = asyncio.Event()
+        self._stalled = False  # failing with the disk full: writes refused until it drains
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -122,6 +153,8 @@ class ObjectTier:
         key = object_key(self.service.tenant_id, namespace_id, artifact_id)
         try:
             got = await self.store.get(key)
+        except CircuitOpen:  # the breaker logged the outage once; a miss per line would flood
+            return FillResult(False, "circuit_open")
         except ObjectStoreError as exc:
             log.warning("object store fill of %s failed: %s", artifact_id, exc.message)
             return FillResult(False, exc.result)
@@ -153,7 +186,108 @@ class ObjectTier:
     # -- the uploader ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Forever: drain the bucket's outbox queue in order, backing off after a failure."""
+        """Forever: drain the bucket's outbox queue in order, backing off after a failure;
+        and probe the store while its circuit breaker is open (``probe_store``)."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.probe_store(), name="object store probe")
+            tasks.create_task(self._check_forever(), name="object store copy checks")
+            await self._upload_forever()
+
+    # -- copies sent again -----------------------------------------------------------------
+
+    def sent_again(self, artifact_id: str) -> None:
+        """A client sent ``artifact_id`` again and it is intact here: queue a check of the
+        bucket's copy (module docstring), unless it was checked in the last
+        ``CHECK_AGAIN_SECONDS`` or ``CHECK_QUEUE_MAX`` checks wait already. Never blocks."""
+        if artifact_id in self._to_check or len(self._to_check) >= CHECK_QUEUE_MAX:
+            return
+        checked = self._checked_at.get(artifact_id)
+        if checked is not None and self.clock.monotonic() - checked < CHECK_AGAIN_SECONDS:
+            return
+        self._to_check[artifact_id] = None
+        self._check_wake.set()
+
+    async def _check_forever(self) -> None:
+        while True:
+            await self._check_wake.wait()
+            self._check_wake.clear()
+            while self._to_check:
+                aid = next(iter(self._to_check))
+                del self._to_check[aid]
+                try:
+                    await self.repair_copy(aid)
+                except CircuitOpen:
+                    pass  # the breaker logged the outage; the client's next PUT asks again
+                except Exception as exc:  # one check failing must not stop the others
+                    log.warning("object store: checking the copy of %s failed: %s", aid, exc)
+                self._checked_at.pop(aid, None)
+                self._checked_at[aid] = self.clock.monotonic()
+                if len(self._checked_at) > CHECKED_REMEMBERED:
+                    del self._checked_at[next(iter(self._checked_at))]
+
+    async def repair_copy(self, artifact_id: str) -> bool:
+        """Read the bucket's copy of ``artifact_id`` whole and hash it against its own header;
+        when it is damaged, missing or not a kura object, upload this node's copy (verified:
+        ``read_by_id(hashed=True)``). True when it was replaced; False when it was whole, or
+        this node no longer holds the artifact. Raises ObjectStoreError (nothing changed)."""
+        try:
+            body = await self.service.read_by_id(artifact_id, hashed=True)
+        except NotFound:
+            return False
+        try:
+            manifest = body.manifest
+            key = object_key(self.service.tenant_id, manifest.namespace_id, artifact_id)
+            problem = await self._copy_problem(key)
+            if problem is None:
+                return False
+            log.warning(
+                "object store copy of %s %s; uploading this node's verified copy",
+                artifact_id,
+                problem,
+            )
+            source = body.data if body.data is not None else body.file
+            assert source is not None
+            await self.store.put_file(key, manifest, source)
+            return True
+        finally:
+            body.close()
+
+    async def _copy_problem(self, key: str) -> str | None:
+        """What is wrong with the object at ``key``, None when it is whole (its bytes match the
+        size and SHA-256 its own header declares)."""
+        try:
+            got = await self.store.get(key)
+        except NotKuraObject:
+            return "is not a kura object"
+        if got is None:
+            return "is missing"
+        manifest, chunks = got
+        digest, size = hashlib.sha256(), 0
+        try:
+            async for chunk in chunks:
+                digest.update(chunk)
+                size += len(chunk)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+        if size != manifest.size or digest.hexdigest() != manifest.sha256:
+            return (
+                f"is damaged ({size} bytes with SHA-256 {digest.hexdigest()[:16]}..., its header "
+                f"declares {manifest.size} bytes with {manifest.sha256[:16]}...)"
+            )
+        return None
+
+    async def probe_store(self) -> None:
+        """Forever: while the store's circuit breaker is open, send its probe once each
+        cool-down is over (``ObjectStore.probe``), so that no client's miss is the one that
+        waits for a hung store. Polls a few times per cool-down (at most every second)."""
+        breaker = self.store.breaker
+        poll_seconds = min(1.0, max(0.05, breaker.cooldown_seconds / 4))
+        while True:
+            await asyncio.sleep(poll_seconds)
+            if breaker.probe_due():
+                await self.store.probe()
+
+    async def _upload_forever(self) -> None:
         while True:
             self._wake.clear()
             try:
@@ -165,12 +299,12 @@ class ObjectTier:
                             await self._wake.wait()
                     continue
                 done = await self._deliver(batch)
-                if done:
-                    await self.service.outbox_ack(done)
-                complete = len(done) == len(batch)
+                acked = await self.service.outbox_ack(done)
+                complete = len(done) == len(batch) and acked == len(done)
             except Exception:  # an index or local-file problem: keep the queue, try again later
                 log.exception("object store upload queue: a pass failed; retrying with backoff")
                 complete = False
+            self._note_progress(complete)
             if complete:
                 self._backoff.reset()
             else:
@@ -179,10 +313,49 @@ class ObjectTier:
     async def drain_once(self) -> int:
         """Deliver what is queued now, once, without backoff; the number of messages acked."""
         batch = await self.service.outbox_batch(OUTBOX_TARGET, BATCH)
-        done = await self._deliver(batch)
-        if done:
-            await self.service.outbox_ack(done)
-        return len(done)
+        return await self.service.outbox_ack(await self._deliver(batch))
+
+    def _note_progress(self, complete: bool) -> None:
+        """Log the start and the end of a stall (the store failing while the disk is full):
+        once each, not once per pass."""
+        self._failing = not complete
+        stalled = self._failing and self._disk_full()
+        if stalled and not self._stalled:
+            log.error(
+                "object store upload queue stalled: %d uploads pending and the store fails "
+                "while the disk is full (KURA_MIN_FREE_DISK_BYTES=%d): writes answer 503 until "
+                "the store takes the uploads, which makes their artifacts evictable",
+                self.store.stats.upload_queue_depth,
+                self.service.min_free_disk_bytes,
+            )
+        elif self._stalled and not stalled:
+            log.info("object store upload queue moving again")
+        self._stalled = stalled
+
+    def warnings(self) -> list[str]:
+        """The tier's problems for ``/ready`` warnings: the store unreachable (its circuit
+        breaker open), the upload queue stalled with the disk full. Empty when all is well."""
+        found = []
+        state = self.store.breaker.state
+        if state.open:
+            found.append(
+                f"object store {self.store.describe()} unreachable: {state.consecutive_failures} "
+                f"failures in a row ({state.last_failure}); local misses do not wait for it, "
+                "uploads queue in the outbox"
+            )
+        if self._failing and self.store.stats.upload_queue_depth:
+            full = self._disk_full()
+            found.append(
+                f"object store upload queue not draining: {self.store.stats.upload_queue_depth} "
+                f"messages, oldest {self.store.stats.upload_oldest_age_seconds:.0f}s"
+                + (
+                    "; the disk is full and their artifacts cannot be evicted until uploaded: "
+                    "writes are refused (503) until the store takes them"
+                    if full
+                    else ""
+                )
+            )
+        return found
 
     async def _refresh_gauges(self) -> None:
         depths = await self.service.outbox_depths()
@@ -253,7 +426,11 @@ class ObjectTier:
             manifest = body.manifest
             key = object_key(self.service.tenant_id, manifest.namespace_id, artifact_id)
             stored = await self.store.stored_version_ms(key)
-            if stored is not None and stored >= manifest.version_ms:
+            if (
+                stored is not None
+                and stored >= manifest.version_ms
+                and not self._beyond_skew(stored)
+            ):
                 return  # the same or a newer version is there (another node's, or a retry)
             source = body.data if body.data is not None else body.file
             assert source is not None
@@ -270,11 +447,25 @@ class ObjectTier:
                     victims.append(obj.key)
                     continue
                 stored = await self.store.stored_version_ms(obj.key)
-                if stored is not None and stored <= version_ms:
+                if stored is not None and (stored <= version_ms or self._beyond_skew(stored)):
                     victims.append(obj.key)
         await self.store.delete_many(victims)
         if victims:
             log.info("object store: cleaned namespace %r (%d objects)", namespace_id, len(victims))
+
+    def _disk_full(self) -> bool:
+        """Writes are refused for want of disk space (at or near the free-space floor)."""
+        service = self.service
+        floor = service.min_free_disk_bytes
+        return service.refusing_for_space or service.free_disk_bytes() <= floor
+
+    def _beyond_skew(self, version_ms: int) -> bool:
+        """Whether a bucket object's version is further ahead of this node's clock than
+        ``KURA_MAX_CLOCK_SKEW_MS``: the bound a peer's version is refused beyond
+        (``CacheService._admit``). Such an object cannot be filled anywhere, so it must not
+        win against a local write either."""
+        now = self.clock.now_ms()
+        return ahead_of_skew_ms(version_ms, now, self.service.max_clock_skew_ms) > 0
 
 
 class StartError(KuraError):
@@ -321,3 +512,8 @@ class TierHooks:
         self._inner.touched(accesses)
         if self._toucher is not None:
             self._toucher.touched(accesses)
+
+    def sent_again(self, artifact_id: str) -> None:
+        self._inner.sent_again(artifact_id)
+        if self._tier is not None:
+            self._tier.sent_again(artifact_id)

@@ -65,8 +65,14 @@ class ReadPath(StorageState):
 
     async def intact(self, ref: ArtifactRef) -> bool:
         """Stored and intact: what a PUT route that skips existing keys must ask instead of
-        ``exists``, so a PUT over a damaged copy (quarantined here) stores the new body."""
-        return await self.verify_stored(self.artifact_id(ref), detected_by="put")
+        ``exists``, so a PUT over a damaged copy (quarantined here) stores the new body. When
+        intact, the hooks hear that it was sent again (``StorageHooks.sent_again``: the
+        bucket's copy is checked)."""
+        aid = self.artifact_id(ref)
+        found = await self.verify_stored(aid, detected_by="put")
+        if found:
+            self.hooks.sent_again(aid)
+        return found
 
     async def read(self, ref: ArtifactRef) -> StoredBody:
         """The artifact, or ``NotFound`` (absent, evicted, or failed verification). Small ones

@@ -313,22 +313,35 @@ class CacheService(ReadPath, ReplicaApply):
     # -- outbox ------------------------------------------------------------------------------
 
     async def outbox_batch(self, peer: str, limit: int) -> list[OutboxMessage]:
-        """The oldest pending messages for ``peer``; none while deliveries cannot be recorded
-        (index read-only, or the disk full): shipping resumes once space is back."""
-        if self._require_index().read_only or self.free_disk_bytes() <= self.min_free_disk_bytes:
+        """The oldest pending messages for ``peer``; none while the index is read-only.
+
+        Never held back by a full disk (issue 26 item 5): a delivery is what makes an artifact
+        pending upload evictable, so waiting for free space here waited for itself (the store
+        down, the disk filled with pending uploads, and nothing uploaded once it returned).
+        Recording a delivery deletes rows, which needs at most a few pages; if even that fails
+        (SQLITE_FULL) ``outbox_ack`` says so and the message is delivered again later."""
+        if self._require_index().read_only:
             return []
         return await self._in(self._reader, self._require_index().outbox_batch, peer, limit)
 
-    async def outbox_ack(self, ids: Sequence[int]) -> None:
-        """Delete delivered messages (only after the peer acknowledged them)."""
+    async def outbox_ack(self, ids: Sequence[int]) -> int:
+        """Delete delivered messages (only after the peer acknowledged them); the number
+        deleted, fewer than ``len(ids)`` when the disk is too full to record it (the caller
+        backs off; they are delivered again, idempotently). Uploads to the object-storage tier
+        make their artifacts evictable, so when the store is over ``max_disk_bytes`` (writes
+        kept while the store was down) eviction runs at once, not at the next write: a full
+        disk refuses that write before it could evict."""
         if not ids:
-            return
-        await self._in(self._writer, self._outbox_ack_sync, ids)
+            return 0
+        return await self._in(self._writer, self._outbox_ack_sync, ids)
 
-    def _outbox_ack_sync(self, ids: Sequence[int]) -> None:
+    def _outbox_ack_sync(self, ids: Sequence[int]) -> int:
         # Writer thread, like every other change of ``stats.outbox_depth`` (_commit_sync,
         # _delete_namespace_sync): ``+=``/``-=`` from two threads could lose an update.
-        self.queues.acked(self._require_index().connection(), ids)
+        removed = self.queues.acked(self._require_index().connection(), ids)
+        if removed and self.stats.used_bytes > self.max_disk_bytes:
+            self._evict_sync(0, "")
+        return removed
 
     async def outbox_depths(self) -> dict[str, tuple[int, int]]:
         return await self._in(self._reader, self._require_index().outbox_depths)

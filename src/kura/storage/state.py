@@ -81,6 +81,9 @@ class StorageState:
     versions: VersionClock
     _touches: dict[str, int]
     start_report: StartReport
+    # Whether the last free-space check refused a write (``_check_free_disk``): the disk is
+    # full for writes even while a little more than the floor is free.
+    refusing_for_space: bool = False
 
     # -- identity and versions ---------------------------------------------------------------
 
@@ -142,7 +145,8 @@ class StorageState:
     def _check_free_disk(self, incoming_bytes: int) -> None:
         self._check_writable()
         free = shutil.disk_usage(self.files.data_dir).free
-        if free - incoming_bytes < self.min_free_disk_bytes:
+        self.refusing_for_space = free - incoming_bytes < self.min_free_disk_bytes
+        if self.refusing_for_space:
             raise ResourceExhausted(
                 f"insufficient free disk space: {free} bytes free, {incoming_bytes} bytes "
                 f"incoming, {self.min_free_disk_bytes} bytes must stay free",
