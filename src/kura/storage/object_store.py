@@ -312,14 +312,20 @@ class ObjectStore:
     async def probe(self) -> bool:
         """When the circuit breaker is open and its cool-down over: one HEAD of a key that
         need not exist, whose answer closes the breaker (``storage.breaker``). True when the
-        store answered; False when it failed or no probe was due."""
+        store answered; False when it failed (logged: one line per cool-down) or no probe
+        was due."""
         if not self.breaker.probe_due():
             return False
         try:
             await self._call("head", lambda: obstore.head_async(self._store, PROBE_KEY), probe=True)
         except NotFound:
             return True
-        except ObjectStoreError:
+        except ObjectStoreError as exc:
+            log.warning(
+                "%s; requests keep skipping the store for %gs",
+                exc.message,
+                self.breaker.cooldown_seconds,
+            )
             return False
         return True
 
