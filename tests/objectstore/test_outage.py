@@ -6,6 +6,9 @@
   ``/ready`` says why, and once the store answers again the queue drains by itself, eviction
   frees the disk and writes are taken again, with every acknowledged write in the bucket (0
   lost). On f8bb892 the queue waited for free space only its uploads could make: 0 uploads.
+* Peer replication's queue the same way (no object store): a peer down while the sender's disk
+  fills and then goes below the floor; once the peer starts, the sender ships every
+  acknowledged write to it (on f8bb892 its queue waited for free space too: 0 shipped).
 * The real SeaweedFS SIGSTOPped (a hung store): after the first timeouts, a local miss answers
   within 1 s (the circuit breaker, ``storage.breaker``), ``/ready`` names the store as
   unreachable, and once it is SIGCONTed a probe closes the breaker and fills work again. On
@@ -25,8 +28,8 @@ import httpx
 import pytest
 
 from kura.demo.launch.seaweedfs import SeaweedFS
-from tests.conftest import NodeProcess, spawn_node, stop_nodes
-from tests.e2e.mesh import wait_for
+from tests.conftest import NodeProcess, node_env, spawn_node, stop_nodes
+from tests.e2e.mesh import free_port, status, wait_for
 from tests.integration.ext4 import Ext4Image
 from tests.objectstore.conftest import TierNode, get, put, tier_env, tier_metric
 from tests.objectstore.faultproxy import FaultProxy
@@ -66,25 +69,8 @@ def test_store_down_with_the_disk_full_drains_by_itself_once_the_store_returns(
     a = spawn_node(directory, env)
     try:
         fault_proxy.set_mode("refuse")  # the store is down
-        acked: dict[str, bytes] = {}
-        statuses: list[int] = []
-        for i in range(60):  # 60 x 512 KiB = 30 MiB: more than the disk holds
-            body = os.urandom(512 * 1024)
-            status = put(a, f"full/{i}", body)
-            statuses.append(status)
-            if status in (200, 201):
-                acked[f"full/{i}"] = body
-            elif status == 503:
-                break
-        assert statuses[-1] == 503, statuses  # the disk filled: writes are refused
-        assert len(acked) >= 8, statuses  # over the 2 MiB budget: nothing could be evicted
-        # Something else on the disk (a log, another file) takes what is left above the floor.
-        floor = 16 * MiB
-        filler = small_disk.mountpoint / "filler"
-        with filler.open("wb") as f:
-            f.write(b"\0" * (shutil.disk_usage(small_disk.mountpoint).free - floor + MiB))
-            os.fsync(f.fileno())
-        assert shutil.disk_usage(small_disk.mountpoint).free < floor
+        acked = fill_until_refused(a, small_disk, 16 * MiB)
+        assert len(acked) >= 8  # over the 2 MiB budget: nothing could be evicted
         assert wait_for(lambda: tier_metric(a, QUEUE) >= len(acked), 30)  # none uploaded
         said = wait_for(lambda: any("disk is full" in w for w in ready_warnings(a)), 30)
         logged = wait_for(lambda: "upload queue stalled" in a.log(), 10)
@@ -107,6 +93,62 @@ def test_store_down_with_the_disk_full_drains_by_itself_once_the_store_returns(
     lost = [k for k, body in acked.items() if get(b, k).content != body]
     assert lost == [], f"{len(lost)} of {len(acked)} acknowledged writes lost"
     print(f"acked={len(acked)} drained_in={drained_s:.1f}s lost=0")
+
+
+def fill_until_refused(node: NodeProcess, disk: Ext4Image, floor_bytes: int) -> dict[str, bytes]:
+    """PUT 512 KiB bodies until the node answers 503 (its disk at the free-space floor), then
+    fill what is left above ``floor_bytes`` with a file beside the node's (a log, another
+    program). Returns the acknowledged writes."""
+    acked: dict[str, bytes] = {}
+    statuses: list[int] = []
+    for i in range(60):  # 60 x 512 KiB = 30 MiB: more than the disk holds
+        body = os.urandom(512 * 1024)
+        status_code = put(node, f"full/{i}", body)
+        statuses.append(status_code)
+        if status_code in (200, 201):
+            acked[f"full/{i}"] = body
+        elif status_code == 503:
+            break
+    assert statuses[-1] == 503, statuses
+    with (disk.mountpoint / "filler").open("wb") as f:
+        f.write(b"\0" * (shutil.disk_usage(disk.mountpoint).free - floor_bytes + MiB))
+        os.fsync(f.fileno())
+    assert shutil.disk_usage(disk.mountpoint).free < floor_bytes
+    return acked
+
+
+def test_a_peer_down_with_the_disk_full_gets_every_write_once_it_returns(
+    tmp_path: Path, small_disk: Ext4Image
+) -> None:
+    port = free_port()  # the receiver's internal port, before it runs
+    directory = small_disk.mountpoint / "sender"
+    env = node_env(
+        directory,
+        max_disk_bytes=1024 * MiB,  # only the floor limits the disk
+        min_free_disk_bytes=16 * MiB,
+        replication_backoff_max_ms=1000,
+    )
+    env["KURA_PEERS"] = f"http://127.0.0.1:{port}"
+    sender = spawn_node(directory, env)
+    nodes = [sender]
+    try:
+        acked = fill_until_refused(sender, small_disk, 16 * MiB)
+        assert len(acked) >= 8
+        assert status(sender)["outbox_messages"] >= len(acked)
+        receiver_env = node_env(tmp_path / "receiver")
+        receiver_env["KURA_INTERNAL_PORT"] = str(port)
+        receiver = spawn_node(tmp_path / "receiver", receiver_env)  # no peers: no bootstrap
+        nodes.append(receiver)
+        started = time.monotonic()
+        assert wait_for(lambda: status(sender)["outbox_messages"] == 0, 60), (
+            f"{status(sender)['outbox_messages']} of {len(acked)} unshipped: {sender.log()[-3000:]}"
+        )
+        shipped_s = time.monotonic() - started
+        lost = [k for k, body in acked.items() if get(receiver, k).content != body]
+        assert lost == [], f"{len(lost)} of {len(acked)} acknowledged writes never shipped"
+        print(f"acked={len(acked)} shipped_in={shipped_s:.1f}s lost=0")
+    finally:
+        stop_nodes(nodes)
 
 
 def test_a_hung_store_costs_a_miss_under_a_second_after_the_first_timeouts(
