@@ -35,6 +35,7 @@ from tests.objectstore.conftest import TierNode, get, put, tier_env, tier_metric
 from tests.objectstore.faultproxy import FaultProxy
 
 QUEUE = "kura_object_store_upload_queue_messages"
+STALLED = "kura_object_store_upload_queue_stalled"
 MiB = 1024 * 1024
 
 
@@ -74,6 +75,7 @@ def test_store_down_with_the_disk_full_drains_by_itself_once_the_store_returns(
         assert wait_for(lambda: tier_metric(a, QUEUE) >= len(acked), 30)  # none uploaded
         said = wait_for(lambda: any("disk is full" in w for w in ready_warnings(a)), 30)
         logged = wait_for(lambda: "upload queue stalled" in a.log(), 10)
+        gauged = tier_metric(a, STALLED) == 1
 
         fault_proxy.set_mode("pass")  # the store is back; nothing else is done to the node
         started = time.monotonic()
@@ -83,6 +85,8 @@ def test_store_down_with_the_disk_full_drains_by_itself_once_the_store_returns(
         drained_s = time.monotonic() - started
         assert said, "while it was stuck, /ready did not say why"
         assert logged, "while it was stuck, no log line said why"
+        assert gauged, "while it was stuck, no metric said so"
+        assert wait_for(lambda: tier_metric(a, STALLED) == 0, 30)
         # The uploads made the artifacts evictable and eviction freed the disk: writes resume.
         assert wait_for(lambda: put(a, "full/after", b"x" * 300_000) in (200, 201), 30)
         assert wait_for(lambda: ready_warnings(a) == [], 30), ready_warnings(a)

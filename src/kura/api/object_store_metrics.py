@@ -6,6 +6,8 @@
 * ``kura_object_store_request_duration_seconds{op}``: request latency.
 * ``kura_object_store_upload_queue_messages``: uploads and cleans waiting in the outbox.
 * ``kura_object_store_upload_queue_oldest_age_seconds``: how long the oldest has waited.
+* ``kura_object_store_upload_queue_stalled``: 1 while uploads fail with the disk full (writes
+  are refused until the store takes them), else 0.
 * ``kura_object_store_circuit_open``: 1 while the circuit breaker skips the store
   (``storage.breaker``), else 0; ``kura_object_store_circuit_opened_total``: times it opened;
   ``kura_object_store_skipped_requests_total``: requests not sent because it was open.
@@ -62,6 +64,11 @@ class ObjectStoreCollector(Collector):
             "kura_object_store_upload_queue_oldest_age_seconds",
             "Age of the oldest message queued for the object-storage tier (0 when empty).",
             s.upload_oldest_age_seconds,
+        )
+        yield GaugeMetricFamily(
+            "kura_object_store_upload_queue_stalled",
+            "1 while uploads fail and the disk is full (writes refused until they drain).",
+            1 if s.upload_stalled else 0,
         )
         b = self._breaker
         yield GaugeMetricFamily(

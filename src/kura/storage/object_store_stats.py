@@ -40,6 +40,7 @@ class ObjectStoreStats:
     latency: dict[str, tuple[list[int], float]] = field(default_factory=dict)
     upload_queue_depth: int = 0  # set by the uploader
     upload_oldest_age_seconds: float = 0.0  # set by the uploader
+    upload_stalled: bool = False  # set by the uploader: failing while the disk is full
     uploaded_bytes_total: int = 0
     filled_bytes_total: int = 0
 

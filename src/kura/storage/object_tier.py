@@ -330,7 +330,7 @@ class ObjectTier:
             )
         elif self._stalled and not stalled:
             log.info("object store upload queue moving again")
-        self._stalled = stalled
+        self._stalled = self.store.stats.upload_stalled = stalled
 
     def warnings(self) -> list[str]:
         """The tier's problems for ``/ready`` warnings: the store unreachable (its circuit
