@@ -37,6 +37,9 @@ class MeshDouble:
     def touched(self, accesses: Mapping[str, int]) -> None:
         self.touches.append(dict(accesses))
 
+    def sent_again(self, artifact_id: str) -> None:
+        self.asked.append("again " + artifact_id)
+
 
 class TierDouble:
     """A test double of ObjectTier: the bucket holds ``in-bucket`` only."""
@@ -51,6 +54,9 @@ class TierDouble:
 
     def wake(self) -> None:
         self.woken += 1
+
+    def sent_again(self, artifact_id: str) -> None:
+        self.filled.append(("again", artifact_id))
 
 
 def test_tier_hooks_route_writes_cleans_and_misses() -> None:
@@ -68,6 +74,9 @@ def test_tier_hooks_route_writes_cleans_and_misses() -> None:
     hooks.on_outbox_write()
     assert (mesh.woken, tier.woken) == (1, 1)
     assert hooks.eviction_floor_ms() == 7
+    hooks.sent_again("re-put")  # the bucket's copy is checked; the mesh hears it too
+    assert tier.filled[-1] == ("again", "re-put")
+    assert mesh.asked[-1] == "again re-put"
 
 
 class ToucherDouble:
