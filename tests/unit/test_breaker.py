@@ -24,15 +24,19 @@ def test_the_breaker_opens_after_failures_in_a_row_and_only_a_due_probe_goes_thr
     assert breaker.enter() is None  # never a client's request, even when a probe is due
     assert breaker.enter(probe=True) is True
     assert breaker.enter(probe=True) is None  # one probe at a time
+    breaker.record("server_error")  # a request sent before it opened fails meanwhile
+    assert breaker.enter(probe=True) is None  # the probe is still out
     breaker.record("timeout")  # the probe failed: another cool-down
+    breaker.probe_ended()
     assert breaker.state.open
     assert breaker.enter(probe=True) is None
     clock.advance(10)
     assert breaker.enter(probe=True) is True
-    breaker.abandon()  # cancelled before an answer: the next probe may go
+    breaker.probe_ended()  # cancelled before an answer: the next probe may go
     assert breaker.enter(probe=True) is True
     breaker.record("ok")
-    assert not breaker.state.open
+    breaker.probe_ended()
+    assert not breaker.state.open  # transient: the first answer closes it
     assert breaker.enter() is False
     assert breaker.state.skipped_total == 2
     assert breaker.state.opened_total == 1

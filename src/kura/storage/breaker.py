@@ -53,7 +53,8 @@ class Breaker:
     def enter(self, probe: bool = False) -> bool | None:
         """Before sending a request: False when the breaker is closed (send it); while open,
         None (refuse it), except for a ``probe`` once the cool-down is over and no other probe
-        is out: True (send it; report its end with ``record`` or ``abandon``)."""
+        is out: True (send it; ``record`` its result, then call ``probe_ended`` however it
+        ended, cancelled included)."""
         if not self.state.open:
             return False
         if not probe or self._probing or not self.probe_due():
@@ -71,7 +72,6 @@ class Breaker:
         """A request ended with ``result`` (an ``ObjectStoreStats`` result; ``"ok"`` for a
         success). Opens the breaker, or keeps it open for another cool-down, on a failure that
         reaches ``failures_to_open`` in a row; closes it on any answer."""
-        self._probing = False
         if result not in FAILURES:
             self.state.consecutive_failures = 0
             self.state.open = False
@@ -84,6 +84,6 @@ class Breaker:
                 self.state.opened_total += 1
             self.state.open = True
 
-    def abandon(self) -> None:
-        """The probe was cancelled before the store answered: the next request probes."""
+    def probe_ended(self) -> None:
+        """The probe is over (answered, failed or cancelled): the next due probe may go."""
         self._probing = False

@@ -348,13 +348,14 @@ class ObjectStore:
         started = time.monotonic()
         try:
             value = await request()
+            self._observe(op, "ok", started)
         except asyncio.CancelledError:
-            if entered:
-                self.breaker.abandon()
             raise
         except Exception as exc:
             raise self._failed(op, exc, started) from None
-        self._observe(op, "ok", started)
+        finally:
+            if entered:
+                self.breaker.probe_ended()
         return value
 
     def _observe(self, op: str, result: str, started: float) -> None:
