@@ -91,6 +91,8 @@ def render_status(status: dict[str, Any]) -> str:
                 if store["upload_queue_messages"]
                 else ""
             )
+            + ("; UNREACHABLE: misses skip it" if store.get("unreachable") else "")
+            + ("; uploads STALLED with the disk full" if store.get("uploads_stalled") else "")
         )
     bootstrap = status.get("bootstrap")
     if bootstrap:

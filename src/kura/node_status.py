@@ -115,7 +115,9 @@ def _bootstrap(node: Node) -> dict[str, Any]:
 
 
 def _object_store(node: Node) -> dict[str, Any] | None:
-    """The tier's part: where, and how far the uploads are behind (None without the tier)."""
+    """The tier's part: where, how far the uploads are behind, whether requests skip the store
+    (its circuit breaker open: ``unreachable``) and whether the uploads are stalled with the
+    disk full (None without the tier)."""
     if node.object_tier is None:
         return None
     stats = node.object_tier.store.stats
@@ -123,6 +125,8 @@ def _object_store(node: Node) -> dict[str, Any] | None:
         "store": node.object_tier.store.describe(),
         "upload_queue_messages": stats.upload_queue_depth,
         "oldest_upload_age_seconds": round(stats.upload_oldest_age_seconds, 1),
+        "unreachable": node.object_tier.store.breaker.state.open,
+        "uploads_stalled": stats.upload_stalled,
     }
 
 

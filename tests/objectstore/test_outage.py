@@ -186,6 +186,7 @@ def test_a_hung_store_costs_a_miss_under_a_second_after_the_first_timeouts(
         assert max(later) < 1.0, later
         assert any("unreachable" in w for w in ready_warnings(a)), ready_warnings(a)
         assert tier_metric(a, "kura_object_store_circuit_open") == 1
+        assert httpx.get(f"{a.url}/status", timeout=10).json()["object_store"]["unreachable"]
     finally:
         os.killpg(seaweedfs.proc.pid, signal.SIGCONT)
     # Transient: once the store answers, a probe after the cool-down closes the breaker.
