@@ -217,9 +217,10 @@ class ObjectTier:
                 try:
                     await self.repair_copy(aid)
                 except CircuitOpen:
-                    pass  # the breaker logged the outage; the client's next PUT asks again
+                    continue  # the breaker logged the outage; the client's next PUT asks again
                 except Exception as exc:  # one check failing must not stop the others
                     log.warning("object store: checking the copy of %s failed: %s", aid, exc)
+                    continue  # not checked: the next PUT of it asks again
                 self._checked_at.pop(aid, None)
                 self._checked_at[aid] = self.clock.monotonic()
                 if len(self._checked_at) > CHECKED_REMEMBERED:
@@ -265,7 +266,7 @@ class ObjectTier:
         digest, size = hashlib.sha256(), 0
         try:
             async for chunk in chunks:
-                digest.update(chunk)
+                await asyncio.to_thread(digest.update, chunk)  # off the loop: objects are large
                 size += len(chunk)
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
