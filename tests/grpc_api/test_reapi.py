@@ -211,3 +211,81 @@ def committed(c: Reapi, query: bs.QueryWriteStatusRequest) -> int:
         if exc.code() is grpc.StatusCode.NOT_FOUND:
             return -1
         raise
+
+
+def _sized(d: reapi.Digest, size_bytes: int) -> reapi.Digest:
+    return reapi.Digest(hash=d.hash, size_bytes=size_bytes)
+
+
+def test_a_blob_stored_with_one_size_is_not_present_for_a_digest_of_another_size(
+    grpc_node: tuple[NodeProcess, Reapi],
+) -> None:
+    """A digest is hash and size (remote_execution.proto ``Digest``): the blob stored as
+    (H, 1000) does not answer for (H, 999) in FindMissingBlobs, in ByteStream's and
+    BatchUpdateBlobs' "already stored" answers, nor in the action cache's completeness check
+    (an output file, a Tree, a file inside a Tree)."""
+    node, c = grpc_node
+    blob, inner = os.urandom(1000), os.urandom(300)
+    t = tree({"x": inner}, {})
+    c.batch_update([blob, inner, t])
+    stored, wrong = digest(blob), _sized(digest(blob), 999)
+    response = c.cas.FindMissingBlobs(
+        reapi.FindMissingBlobsRequest(blob_digests=[stored, wrong, _sized(digest(t), 1)])
+    )
+    missing = {(d.hash, d.size_bytes) for d in response.missing_blob_digests}
+    assert missing == {(wrong.hash, 999), (digest(t).hash, 1)}
+
+    name = f"blobs/{stored.hash}/999"
+    with pytest.raises(grpc.RpcError) as query:
+        c.bytestream.QueryWriteStatus(bs.QueryWriteStatusRequest(resource_name=name))
+    assert query.value.code() is grpc.StatusCode.NOT_FOUND
+    # Not "already stored": the 999 bytes are taken, and refused as not hashing to H.
+    with pytest.raises(grpc.RpcError) as write:
+        c.write(name, blob[:999])
+    assert write.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    batch = c.cas.BatchUpdateBlobs(
+        reapi.BatchUpdateBlobsRequest(
+            requests=[reapi.BatchUpdateBlobsRequest.Request(digest=wrong, data=blob[:999])]
+        )
+    )
+    assert batch.responses[0].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+    wrong_tree = reapi.Tree.FromString(t)
+    wrong_tree.root.files[0].digest.size_bytes = 299
+    c.batch_update([wrong_tree.SerializeToString()])
+    results = {
+        "output file": reapi.ActionResult(output_files=[reapi.OutputFile(path="a", digest=wrong)]),
+        "tree": reapi.ActionResult(
+            output_directories=[
+                reapi.OutputDirectory(path="d", tree_digest=_sized(digest(t), len(t) + 1))
+            ]
+        ),
+        "tree file": reapi.ActionResult(
+            output_directories=[
+                reapi.OutputDirectory(path="d", tree_digest=digest(wrong_tree.SerializeToString()))
+            ]
+        ),
+        "hit": reapi.ActionResult(
+            output_files=[reapi.OutputFile(path="a", digest=stored)],
+            output_directories=[reapi.OutputDirectory(path="d", tree_digest=digest(t))],
+        ),
+    }
+    found = {}
+    for case, result in results.items():
+        action = digest(case.encode())
+        c.ac.UpdateActionResult(
+            reapi.UpdateActionResultRequest(action_digest=action, action_result=result)
+        )
+        try:
+            c.ac.GetActionResult(reapi.GetActionResultRequest(action_digest=action))
+            found[case] = "hit"
+        except grpc.RpcError as exc:
+            found[case] = exc.code().name
+    assert found == {
+        "output file": "NOT_FOUND",
+        "tree": "NOT_FOUND",
+        "tree file": "NOT_FOUND",
+        "hit": "hit",
+    }
+    assert node.staging_files() == []
+    assert node.metric("kura_tmp_reserved_bytes") == 0

@@ -8,7 +8,8 @@ Rules (the Bazel HTTP cache, ``{prefix}/ac/{sha256}``):
   not 64 lowercase hex digits with a size >= 0 is refused (``InvalidRequest``, 400). A zero-byte
   upload is refused too: an empty protobuf parses, but a zero-length stored ActionResult is far
   more often a truncated write than a real result (buchgr/bazel-remote#121).
-* A stored entry is a hit only while every CAS blob it references is stored: the
+* A stored entry is a hit only while every CAS blob it references is stored, with the size
+  its digest names (a digest is hash and size; a blob of another size does not count): the
   ``output_files[].digest``, ``stdout_digest``, ``stderr_digest``, every
   ``output_directories[].tree_digest`` and every file digest inside each referenced ``Tree``
   (root and children). Otherwise Bazel would take the hit and then fail fetching an output;
@@ -69,11 +70,11 @@ def parse_action_result(data: bytes) -> reapi.ActionResult:
     return result
 
 
-def blob_references(result: reapi.ActionResult) -> list[str]:
-    """SHA-256 hashes of the CAS blobs ``result`` names directly (outputs, stdout, stderr),
-    without the empty blob; in field order, possibly with repeats."""
+def blob_references(result: reapi.ActionResult) -> list[tuple[str, int]]:
+    """(SHA-256 hash, size in bytes) of the CAS blobs ``result`` names directly (outputs,
+    stdout, stderr), without the empty blob; in field order, possibly with repeats."""
     return [
-        d.hash
+        (d.hash, d.size_bytes)
         for d in (
             *(f.digest for f in result.output_files),
             *((result.stdout_digest,) if result.HasField("stdout_digest") else ()),
@@ -83,28 +84,29 @@ def blob_references(result: reapi.ActionResult) -> list[str]:
     ]
 
 
-def tree_references(result: reapi.ActionResult) -> list[str]:
-    """SHA-256 hashes of the ``Tree`` blobs of ``result``'s output directories, in order."""
-    return [d.tree_digest.hash for d in result.output_directories]
+def tree_references(result: reapi.ActionResult) -> list[tuple[str, int]]:
+    """(SHA-256 hash, size in bytes) of the ``Tree`` blobs of ``result``'s output directories,
+    in order."""
+    return [(d.tree_digest.hash, d.tree_digest.size_bytes) for d in result.output_directories]
 
 
-def tree_file_references(data: bytes) -> list[str] | None:
-    """Hashes of every file in the serialized ``Tree`` ``data`` (root, then children), without
-    the empty blob; None when ``data`` is not a valid ``Tree`` (the reference cannot be
+def tree_file_references(data: bytes) -> list[tuple[str, int]] | None:
+    """(hash, size in bytes) of every file in the serialized ``Tree`` ``data`` (root, then
+    children), without the empty blob; None when ``data`` is not a valid ``Tree`` (the reference cannot be
     trusted, so the entry must read as a miss)."""
     tree = reapi.Tree()
     try:
         tree.ParseFromString(data)
     except DecodeError:
         return None
-    hashes: list[str] = []
+    digests: list[tuple[str, int]] = []
     for directory in (tree.root, *tree.children):
         for node in directory.files:
             if not _valid(node.digest):
                 return None
             if not _is_empty(node.digest):
-                hashes.append(node.digest.hash)
-    return hashes
+                digests.append((node.digest.hash, node.digest.size_bytes))
+    return digests
 
 
 def _direct_digests(result: reapi.ActionResult) -> list[reapi.Digest]:

@@ -99,22 +99,25 @@ async def find_action_result(
 async def missing_blobs(
     service: CacheService, namespace: str, result: reapi.ActionResult, bounds: TreeBounds
 ) -> list[str]:
-    """Hashes of the CAS blobs ``result`` references that are not stored (empty: a hit; a miss
-    may list only the first few it found).
+    """Hashes of the CAS blobs ``result`` references that are not stored with the size their
+    digest names (empty: a hit; a miss may list only the first few it found).
 
-    A Tree that is absent or does not parse counts as missing itself. Raises ``TreesTooCostly``
-    when the distinct Trees add up to more than ``bounds.max_bytes`` or the check takes longer
-    than ``bounds.seconds`` (module docstring)."""
+    A Tree that is absent, stored with another size, or does not parse counts as missing
+    itself. Raises ``TreesTooCostly`` when the distinct Trees add up to more than
+    ``bounds.max_bytes`` or the check takes longer than ``bounds.seconds`` (module docstring)."""
     try:
         async with asyncio.timeout(bounds.seconds):
-            hashes = blob_references(result)
+            digests = blob_references(result)
             spent_bytes = 0
-            for tree_hash in dict.fromkeys(tree_references(result)):  # each distinct Tree once
+            for tree_hash, tree_size in dict.fromkeys(tree_references(result)):  # each once
                 if tree_hash == EMPTY_SHA256:
                     continue
                 try:
                     tree = await service.read(cas_ref(namespace, tree_hash))
                 except NotFound:
+                    return [tree_hash]
+                if tree.manifest.size != tree_size:
+                    tree.close()
                     return [tree_hash]
                 spent_bytes += tree.manifest.size
                 if spent_bytes > bounds.max_bytes:
@@ -130,13 +133,15 @@ async def missing_blobs(
                 )
                 if files is None:
                     return [tree_hash]
-                hashes.extend(files)
-            unique = list(dict.fromkeys(hashes))
+                digests.extend(files)
+            unique = list(dict.fromkeys(digests))
             missing: list[ArtifactRef] = []
             # In batches: the loop gets a turn (and the time bound a chance) between them.
             for start in range(0, len(unique), MISSING_BATCH):
                 batch = unique[start : start + MISSING_BATCH]
-                missing = await service.missing([cas_ref(namespace, h) for h in batch])
+                missing = await service.missing(
+                    [cas_ref(namespace, h) for h, _size in batch], [size for _h, size in batch]
+                )
                 if missing:
                     break
     except TimeoutError:

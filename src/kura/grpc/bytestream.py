@@ -23,7 +23,7 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
   budget before the first byte is staged, size and SHA-256 checked at the end). Every message
   must carry ``write_offset`` == bytes committed so far; a jump, a resource name that changes
   mid-stream, more bytes than the size, or a hash mismatch is INVALID_ARGUMENT and discards
-  the upload (nothing stored). A blob that is already stored intact is answered at once with
+  the upload (nothing stored). A blob that is already stored intact, with the name's size, is answered at once with
   ``committed_size`` = its size (REAPI allows it: the client stops sending). A stream that drops,
   or sends nothing for ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` (then it ends with DEADLINE_EXCEEDED),
   parks an ``uploads/{uuid}/`` write for ``KURA_GRPC_UPLOAD_RESUME_SECONDS``; one without an
@@ -173,7 +173,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
     async def _stored(self, name: BlobName) -> bool:
         if name.size_bytes == 0 and name.sha256 == EMPTY_SHA256:
             return True
-        return await self.gc.service.intact(cas_ref(name.namespace, name.sha256))
+        return await self.gc.service.intact(cas_ref(name.namespace, name.sha256), name.size_bytes)
 
     def _open(self, name: BlobName, offset: int) -> Upload:
         """The upload this stream writes: a parked one to resume, or a new one at offset 0."""

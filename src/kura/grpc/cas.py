@@ -5,7 +5,8 @@
   which predate the ``Compressor`` field: the batch calls carry identity only, and zstd cannot
   be advertised; ByteStream serves ``compressed-blobs/zstd/…`` all the same,
   ``kura.grpc.bytestream``).
-* ``FindMissingBlobs``: one index look-up (peers asked for local misses, read-through).
+* ``FindMissingBlobs``: one index look-up (peers asked for local misses, read-through). A blob
+  is present only with the digest's size: a stored blob of another size does not answer for it.
 * ``BatchUpdateBlobs``: each blob is checked (size, hash) and stored on its own; a bad one gets
   its own INVALID_ARGUMENT status and nothing is stored for it. Blobs already stored intact are
   not rewritten. The request's blob bytes must fit ``max_batch_total_size_bytes``.
@@ -103,13 +104,24 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     ) -> reapi.FindMissingBlobsResponse:
         ns = self.gc.authorize(context, Access.READ, request.instance_name)
         wanted: dict[str, reapi.Digest] = {}
+        # A hash asked again with another size: reported missing (a false "missing" costs an
+        # upload the Write's own check then skips; a false "present" fails the build).
+        again: dict[tuple[str, int], reapi.Digest] = {}
         for d in request.blob_digests:
             check_digest(d)
-            if not is_empty(d):
-                wanted.setdefault(d.hash, d)
-        missing = await self.gc.service.missing([cas_ref(ns, h) for h in wanted])
+            if is_empty(d):
+                continue
+            first = wanted.setdefault(d.hash, d)
+            if first.size_bytes != d.size_bytes:
+                again.setdefault((d.hash, d.size_bytes), d)
+        missing = await self.gc.service.missing(
+            [cas_ref(ns, h) for h in wanted], [d.size_bytes for d in wanted.values()]
+        )
         return reapi.FindMissingBlobsResponse(
-            missing_blob_digests=[wanted[m.key.removeprefix("cas/")] for m in missing]
+            missing_blob_digests=[
+                *(wanted[m.key.removeprefix("cas/")] for m in missing),
+                *again.values(),
+            ]
         )
 
     @rpc("BatchUpdateBlobs")
@@ -145,7 +157,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             return
         service = self.gc.service
         ref = cas_ref(ns, sha256)
-        if await service.intact(ref):
+        if await service.intact(ref, digest.size_bytes):
             return
         await service.put_stream(
             ref,

@@ -151,19 +151,18 @@ class MetadataIndex(PagingQueries, OutboxQueries):
         )
         return row is not None
 
-    def existing(self, artifact_ids: Sequence[str]) -> set[str]:
-        """The ids of ``artifact_ids`` that have a row (queried in chunks of 500)."""
-        found: set[str] = set()
+    def stored_sizes(self, artifact_ids: Sequence[str]) -> dict[str, int]:
+        """``artifact_id -> size`` in bytes for the ids of ``artifact_ids`` that have a row
+        (queried in chunks of 500)."""
+        found: dict[str, int] = {}
         conn = self._conn()
         for start in range(0, len(artifact_ids), 500):
             chunk = artifact_ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            found.update(
-                str(r[0])
-                for r in conn.execute(
-                    f"SELECT artifact_id FROM artifacts WHERE artifact_id IN ({marks})", chunk
-                )
-            )
+            for r in conn.execute(
+                f"SELECT artifact_id, size FROM artifacts WHERE artifact_id IN ({marks})", chunk
+            ):
+                found[str(r[0])] = int(r[1])
         return found
 
     def versions(self, artifact_ids: Sequence[str]) -> dict[str, tuple[int, str]]:

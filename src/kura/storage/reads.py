@@ -38,23 +38,36 @@ class ReadPath(StorageState):
     async def exists(self, ref: ArtifactRef) -> bool:
         return await self._in(self._reader, self._require_index().exists, self.artifact_id(ref))
 
-    async def missing(self, refs: Sequence[ArtifactRef]) -> list[ArtifactRef]:
+    async def missing(
+        self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
+    ) -> list[ArtifactRef]:
         """The refs of ``refs`` with no stored version, in order: one index look-up (no body
         read), then, like ``read``, a fetch from peers (``StorageHooks.fetch_missing``,
         read-through) of each absent one, stopping at the first that cannot be had (so a miss
         may list only one).
+        ``sizes`` (bytes, one per ref) asks for the ref stored with that size: one stored with
+        another size is missing too, and not asked of peers (a content digest names one size:
+        REAPI's ``Digest`` is hash and size, so a blob of size N is not the digest's blob of
+        size M).
         The stored ones are touched like a read (LRU), so the blobs a hit references age with
         it."""
         ids = [self.artifact_id(r) for r in refs]
-        present = await self._in(self._reader, self._require_index().existing, ids)
+        stored = await self._in(self._reader, self._require_index().stored_sizes, ids)
+        wrong_size = {
+            i
+            for i, (aid, size) in enumerate(zip(ids, sizes or (), strict=sizes is not None))
+            if aid in stored and stored[aid] != size
+        }
         now = self.clock.now_ms()
-        for aid in present:
-            self._touches[aid] = now
-        absent = [(r, aid) for r, aid in zip(refs, ids, strict=True) if aid not in present]
-        for i, (ref, aid) in enumerate(absent):
-            if await self.hooks.fetch_missing(aid, ref.namespace_id) is False:
-                return [r for r, _ in absent[i:]]
-        return []
+        for i, aid in enumerate(ids):
+            if aid in stored and i not in wrong_size:
+                self._touches[aid] = now
+        absent = [i for i, aid in enumerate(ids) if aid not in stored]
+        for n, i in enumerate(absent):
+            if await self.hooks.fetch_missing(ids[i], refs[i].namespace_id) is False:
+                wrong_size.update(absent[n:])
+                break
+        return [refs[i] for i in sorted(wrong_size)]
 
     def note_access(self, accesses: dict[str, int]) -> None:
         """Record reads made elsewhere (a worker process's hits, ``kura.workers``): artifact id
@@ -63,13 +76,14 @@ class ReadPath(StorageState):
             if at_ms > self._touches.get(aid, 0):
                 self._touches[aid] = at_ms
 
-    async def intact(self, ref: ArtifactRef) -> bool:
+    async def intact(self, ref: ArtifactRef, size_bytes: int | None = None) -> bool:
         """Stored and intact: what a PUT route that skips existing keys must ask instead of
-        ``exists``, so a PUT over a damaged copy (quarantined here) stores the new body. When
-        intact, the hooks hear that it was sent again (``StorageHooks.sent_again``: the
-        bucket's copy is checked)."""
+        ``exists``, so a PUT over a damaged copy (quarantined here) stores the new body.
+        ``size_bytes``: and stored with that size (a content digest's size, as in ``missing``);
+        one stored with another size reads False and is left alone. When intact, the hooks hear
+        that it was sent again (``StorageHooks.sent_again``: the bucket's copy is checked)."""
         aid = self.artifact_id(ref)
-        found = await self.verify_stored(aid, detected_by="put")
+        found = await self.verify_stored(aid, detected_by="put", size_bytes=size_bytes)
         if found:
             self.hooks.sent_again(aid)
         return found
@@ -214,19 +228,30 @@ class ReadPath(StorageState):
         detected_by: str,
         pace: Callable[[int], None] | None = None,
         executor: ThreadPoolExecutor | None = None,
+        size_bytes: int | None = None,
     ) -> bool:
         """True if the artifact is stored and intact (size and SHA-256 match its manifest).
 
         A damaged entry is quarantined (counted under ``detected_by``: "put", "scrub") and
         reads False, like an absent one. ``pace(n)`` is called per chunk hashed (rate limits);
-        it runs on ``executor`` (default: the reader pool). Safe to call concurrently.
+        it runs on ``executor`` (default: the reader pool). ``size_bytes``: False, without a
+        read, when the stored artifact has another size. Safe to call concurrently.
         """
         return await self._in(
-            executor or self._reader, self._verify_stored_sync, artifact_id, detected_by, pace
+            executor or self._reader,
+            self._verify_stored_sync,
+            artifact_id,
+            detected_by,
+            pace,
+            size_bytes,
         )
 
     def _verify_stored_sync(
-        self, aid: str, detected_by: str, pace: Callable[[int], None] | None
+        self,
+        aid: str,
+        detected_by: str,
+        pace: Callable[[int], None] | None,
+        size_bytes: int | None = None,
     ) -> bool:
         index = self._require_index()
         for _attempt in range(5):
@@ -234,6 +259,8 @@ class ReadPath(StorageState):
             if row is None:
                 return False
             manifest, inline_body = row[0], row[1]
+            if size_bytes is not None and manifest.size != size_bytes:
+                return False
             if manifest.inline:
                 problem = problem_with_bytes(inline_body, manifest)
                 if pace is not None:

@@ -160,7 +160,7 @@ class WorkerReads(CacheService):
             raise ForwardToPrimary("not stored here")
         return found
 
-    async def intact(self, ref: ArtifactRef) -> bool:
+    async def intact(self, ref: ArtifactRef, size_bytes: int | None = None) -> bool:
         raise ForwardToPrimary("write path")
 
     def _check_writable(self) -> None:
