@@ -141,6 +141,9 @@ class Node:
             self.clock,
             settings.multipart_upload_ttl_seconds,
             settings.multipart_upload_idle_seconds,
+            per_namespace=settings.multipart_uploads_per_namespace,
+            min_bytes_per_second=settings.min_upload_bytes_per_second,
+            grace_seconds=settings.upload_grace_seconds,
         )
         self.connections = connections.ConnectionGuard(settings.max_connections)
         server_ssl: ssl.SSLContext | None = None

@@ -736,6 +736,14 @@ class Settings:
         "at the open-upload cap, a multipart upload idle this long may be reclaimed for a new one",
         default=60,
     )
+    multipart_uploads_per_namespace: int = option(
+        "KURA_MULTIPART_UPLOADS_PER_NAMESPACE",
+        "--multipart-uploads-per-namespace",
+        parse_positive_int,
+        "open multipart uploads one namespace may hold (of the node's 1,024); at the cap its "
+        "own idle or too slow upload is reclaimed for a new one, else start answers 503",
+        default=256,
+    )
     shutdown_timeout_seconds: int = option(
         "KURA_SHUTDOWN_TIMEOUT_SECONDS",
         "--shutdown-timeout-seconds",

@@ -422,3 +422,35 @@ def test_a_namespace_token_reaches_its_namespace_on_the_path_routes_only(
     with node.client(headers=bearer(token(KEY))) as c:
         assert c.get("/ns/team-b/cache/ab/b1").content == b"b"
         assert c.get("/cache/ab/b1").content == b"tenant"
+
+
+def test_a_namespace_token_cannot_add_parts_to_or_complete_another_namespaces_upload(
+    node: NodeProcess,
+) -> None:
+    """The upload's own namespace is checked, not the one the part's query names."""
+    module = "/api/cache/module/{step}?tenant_id=acme&namespace_id={ns}&hash=h1&name=M"
+    only_a, only_b = (
+        token(KEY, scope="cache:write", namespaces=[team]) for team in ("team-a", "team-b")
+    )
+    with node.client(headers=bearer(only_a)) as a:
+        upload_id = a.post(module.format(step="start", ns="team-a")).json()["upload_id"]
+        part = f"/api/cache/module/part?upload_id={upload_id}&part_number="
+        assert (
+            a.post(part + "1&tenant_id=acme&namespace_id=team-a", content=b"a").status_code == 204
+        )
+    before = (stored(node), node.metric("kura_tmp_reserved_bytes"))
+    with node.client(headers=bearer(only_b)) as b:
+        for query in ("&tenant_id=acme&namespace_id=team-b", ""):
+            r = b.post(part + "2" + query, content=b"by-b")
+            assert r.status_code == 403, r.text
+            assert "team-a" in r.json()["message"]
+            r = b.post(
+                f"/api/cache/module/complete?upload_id={upload_id}{query}", json={"parts": [1]}
+            )
+            assert r.status_code == 403, r.text
+    assert (stored(node), node.metric("kura_tmp_reserved_bytes")) == before
+    with node.client(headers=bearer(only_a)) as a:
+        # The upload is untouched: its owner completes it with its one part.
+        done = a.post(f"/api/cache/module/complete?upload_id={upload_id}", json={"parts": [1]})
+        assert done.status_code == 204, done.text
+        assert a.get(module.format(step="x", ns="team-a")).content == b"a"

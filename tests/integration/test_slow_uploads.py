@@ -135,7 +135,9 @@ def test_idle_multipart_uploads_are_reclaimed_at_the_cap(
 ) -> None:
     from kura.storage.multipart import MAX_OPEN_UPLOADS
 
-    node = start_node(multipart_upload_idle_seconds=2)
+    node = start_node(
+        multipart_upload_idle_seconds=2, multipart_uploads_per_namespace=2 * MAX_OPEN_UPLOADS
+    )
     part = os.urandom(MiB)
     with node.client() as c:
         # The oldest upload holds a part: reclaiming it must free the part and its budget.
@@ -168,7 +170,7 @@ def test_idle_multipart_uploads_are_reclaimed_at_the_cap(
             == 404
         )
     assert node.staging_files() == []
-    assert "reclaimed the least recently active idle upload" in node.log()
+    assert "reclaimed the least recently active idle or too slow upload" in node.log()
 
 
 def test_the_cap_refuses_only_when_every_open_upload_is_active(
@@ -176,7 +178,11 @@ def test_the_cap_refuses_only_when_every_open_upload_is_active(
 ) -> None:
     from kura.storage.multipart import MAX_OPEN_UPLOADS
 
-    node = start_node(multipart_upload_idle_seconds=3600)
+    node = start_node(
+        multipart_upload_idle_seconds=3600,
+        upload_grace_seconds=3600,
+        multipart_uploads_per_namespace=2 * MAX_OPEN_UPLOADS,
+    )
     with node.client() as c:
         for i in range(MAX_OPEN_UPLOADS):
             assert c.post(f"/api/cache/module/start?{MODULE}&hash=a{i}").status_code == 200
@@ -184,4 +190,61 @@ def test_the_cap_refuses_only_when_every_open_upload_is_active(
     assert r.status_code == 503
     assert r.headers["Retry-After"] == "5"
     assert "each was active within the last 3600 s" in r.json()["message"]
+    assert node.metric("kura_multipart_reclaimed_uploads_total") == 0
+
+
+def test_uploads_kept_alive_by_a_trickle_of_tiny_parts_are_reclaimed_for_a_real_one(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Issue 26: 1,024 uploads (256 in each of four namespaces), each sent a 1-byte part within
+    the idle bound, held every slot and refused every other ``start``. Past the grace period,
+    an upload that received less than the minimum rate over its age is reclaimable."""
+    from kura.storage.multipart import MAX_OPEN_UPLOADS
+
+    node = start_node(multipart_upload_idle_seconds=60, upload_grace_seconds=2)
+    with node.client() as c:
+        for i in range(MAX_OPEN_UPLOADS):
+            ns = f"tenant_id=acme&namespace_id=t{i % 4}&name=M"
+            r = c.post(f"/api/cache/module/start?{ns}&hash=a{i}")
+            assert r.status_code == 200, (i, r.text)
+            upload_id = r.json()["upload_id"]
+            part = f"/api/cache/module/part?upload_id={upload_id}&part_number=1"
+            assert c.post(part, content=b"x").status_code == 204
+        starts: list[int] = []
+
+        def real_start() -> bool:
+            r = c.post(f"/api/cache/module/start?{MODULE}&hash=real")
+            starts.append(r.status_code)
+            return r.status_code == 200
+
+        # Every upload got a part less than 60 s ago: only their too slow progress frees one.
+        assert rawhttp.wait_until(real_start, timeout=15, interval=0.5), starts
+        real = c.post(f"/api/cache/module/start?{MODULE}&hash=real2").json()["upload_id"]
+        body = os.urandom(MiB)
+        base = f"/api/cache/module/part?upload_id={real}&part_number="
+        assert c.post(base + "1", content=body).status_code == 204
+        done = c.post(f"/api/cache/module/complete?upload_id={real}", json={"parts": [1]})
+        assert done.status_code == 204, done.text
+        assert c.get(f"/api/cache/module/x?{MODULE}&hash=real2").content == body
+    assert node.metric("kura_multipart_reclaimed_uploads_total") == 2
+    assert node.metric("kura_tmp_reserved_bytes") == MAX_OPEN_UPLOADS - 2  # their 1-byte parts
+
+
+def test_one_namespace_cannot_hold_more_than_its_share_of_uploads(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node(
+        multipart_upload_idle_seconds=3600,
+        upload_grace_seconds=3600,
+        multipart_uploads_per_namespace=3,
+    )
+    greedy = "tenant_id=acme&namespace_id=greedy&name=M"
+    with node.client() as c:
+        for i in range(3):
+            assert c.post(f"/api/cache/module/start?{greedy}&hash=g{i}").status_code == 200
+        r = c.post(f"/api/cache/module/start?{greedy}&hash=g3")
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] == "5"
+        assert "namespace 'greedy' has 3 multipart uploads" in r.json()["message"]
+        assert c.post(f"/api/cache/module/start?{MODULE}&hash=other").status_code == 200
     assert node.metric("kura_multipart_reclaimed_uploads_total") == 0

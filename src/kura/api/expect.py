@@ -25,7 +25,6 @@ from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
 from kura.api.errors import error_response
-from kura.api.grant_scope import request_namespace
 from kura.api.http import EndpointSpec, ctx, declared_length, endpoint_spec
 from kura.core.errors import KuraError
 
@@ -89,7 +88,7 @@ def _check(request: web.Request, spec: EndpointSpec) -> None:
         c.auth.check(
             request.headers.get("Authorization"),
             spec.access,
-            lambda: request_namespace(request, spec.protocol),
+            lambda: spec.namespace_of(request),
         )
     if spec.body_limit is None:
         return

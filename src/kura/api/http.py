@@ -65,6 +65,8 @@ def ctx(request: web.Request) -> ApiContext:
 
 
 BodyLimit = Callable[[Settings], int]
+# The namespace a route touches when its query does not say it (a multipart part: its upload's).
+NamespaceOfRequest = Callable[[web.Request], str | None]
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,14 @@ class EndpointSpec:
     access: Access | None
     style: ErrorStyle
     body_limit: BodyLimit | None
+    namespace: NamespaceOfRequest | None = None
+
+    def namespace_of(self, request: web.Request) -> str | None:
+        """The namespace a grant limited to namespaces is checked against
+        (``kura.api.grant_scope`` unless the route declared its own)."""
+        if self.namespace is not None:
+            return self.namespace(request)
+        return request_namespace(request, self.protocol)
 
 
 SPEC_ATTR = "kura_endpoint_spec"
@@ -99,12 +109,17 @@ def endpoint(
     *,
     style: ErrorStyle = "json",
     body_limit: BodyLimit | None = None,
+    namespace: NamespaceOfRequest | None = None,
 ) -> Callable[[Handler], Handler]:
     """Decorate a handler: check ``access`` (None = no auth), map errors, record metrics.
     ``body_limit`` declares an upload route's largest body in bytes (from the settings), for
-    the checks made before ``100 Continue`` (``kura.api.expect``)."""
+    the checks made before ``100 Continue`` (``kura.api.expect``). ``namespace`` names the
+    namespace a route touches when ``kura.api.grant_scope`` cannot tell it from the request;
+    it may raise a ``KuraError`` (then the answer)."""
 
     def wrap(handler: Handler) -> Handler:
+        spec = EndpointSpec(protocol, access, style, body_limit, namespace)
+
         async def run(request: web.Request) -> web.StreamResponse:
             c = ctx(request)
             started = time.perf_counter()
@@ -114,7 +129,7 @@ def endpoint(
                     c.auth.check(
                         request.headers.get("Authorization"),
                         access,
-                        lambda: request_namespace(request, protocol),
+                        lambda: spec.namespace_of(request),
                     )
                 response = await handler(request)
                 status = response.status
@@ -155,7 +170,7 @@ def endpoint(
 
         run.__name__ = handler.__name__
         run.__doc__ = handler.__doc__
-        setattr(run, SPEC_ATTR, EndpointSpec(protocol, access, style, body_limit))
+        setattr(run, SPEC_ATTR, spec)
         return run
 
     return wrap

@@ -5,6 +5,8 @@ Statuses follow upstream Kura (kura-behaviour.md §1.3): start → 200 ``{"uploa
 if the module exists); part → 204 (400 bad part number, 413 over 10 MiB, 404 unknown upload,
 422 total over 2 GiB); complete → 204 (400 parts mismatch, 404, 422); HEAD → 204 or 404. The key
 is ``{cache_category}/{hash}/{name}`` from the query; the ``{id}`` path segment is ignored.
+A part or a completion is authorised against the namespace of the upload it names
+(``_upload_namespace``).
 """
 
 from __future__ import annotations
@@ -60,7 +62,15 @@ def _upload_id(request: web.Request) -> str:
     return upload_id
 
 
-@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda _s: MAX_PART_BYTES)
+def _upload_namespace(request: web.Request) -> str:
+    """The namespace of the upload a part or completion names (the one its ``start`` named),
+    not the one this request's query names: a token limited to namespace B is refused (403)
+    parts and completion of namespace A's upload, whatever its query says. ``NotFound`` (404)
+    for an unknown upload."""
+    return ctx(request).uploads.namespace_of(_upload_id(request))
+
+
+@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda _s: MAX_PART_BYTES, namespace=_upload_namespace)
 async def part(request: web.Request) -> web.StreamResponse:
     upload_id = _upload_id(request)
     number = query_int(request, "part_number", default=None, low=0, high=2**31 - 1)
@@ -70,7 +80,7 @@ async def part(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.WRITE, namespace=_upload_namespace)
 async def complete(request: web.Request) -> web.StreamResponse:
     upload_id = _upload_id(request)
     raw = await read_small_body(request, COMPLETE_BODY_LIMIT_BYTES, PROTOCOL)

@@ -4,10 +4,17 @@ Rules from upstream Kura (kura-behaviour.md §1.3): a part is at most 10 MiB (41
 total at most 2 GiB (422; replacing a part number counts only the new size), and ``complete``
 needs the exact ascending list of uploaded part numbers (400). Unknown uploads are 404.
 
-At ``MAX_OPEN_UPLOADS`` a ``start`` reclaims the least recently active upload that has been
-idle (no part received or in flight) for longer than ``idle_seconds``, freeing its parts and
-their tmp budget; only when every open upload is active does it answer 503 + Retry-After (1,024
-``start`` calls otherwise locked every module upload out for the whole TTL).
+At ``MAX_OPEN_UPLOADS``, or at ``per_namespace`` open uploads of the starting namespace, a
+``start`` reclaims the least recently active *reclaimable* upload (of that namespace, at its own
+cap), freeing its parts and their tmp budget; only when none is reclaimable does it answer 503 +
+Retry-After. An upload with no part in flight is reclaimable when it has been idle (no part
+received) for longer than ``idle_seconds``, or when, older than ``grace_seconds``, it has
+received fewer bytes than ``min_bytes_per_second`` times its age: the HTTP bodies' minimum
+rate (``KURA_MIN_UPLOAD_BYTES_PER_SECOND`` after ``KURA_UPLOAD_GRACE_SECONDS``), here over the
+whole upload, so a trickle of 1-byte parts cannot keep an upload from reclaim (issue 26: 1,024
+uploads kept alive by a 1-byte part every 45 s refused every other ``start``). The per-namespace
+cap keeps one namespace (one team's credential) from holding every slot. The TTL counts from
+``start`` and nothing extends it.
 
 Parts are staged in ``TMP_DIR/parts`` and each keeps its tmp-budget reservation until the upload
 completes, is abandoned (TTL) or the part is replaced, so parts count against the same budget as
@@ -58,6 +65,8 @@ class _Upload:
     # Monotonic seconds of the last start, part begun or part staged; parts being received now.
     active_at: float = 0.0
     parts_in_flight: int = 0
+    # Bytes of every part staged so far, replaced ones included (the progress made).
+    received_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -73,11 +82,18 @@ class MultipartUploads:
         clock: Clock,
         ttl_seconds: float,
         idle_seconds: float = 60.0,
+        *,
+        per_namespace: int = MAX_OPEN_UPLOADS,
+        min_bytes_per_second: int = 0,
+        grace_seconds: float = 10.0,
     ) -> None:
         self._service = service
         self._clock = clock
         self._ttl_seconds = ttl_seconds
         self._idle_seconds = idle_seconds
+        self._per_namespace = per_namespace
+        self._min_bytes_per_second = min_bytes_per_second
+        self._grace_seconds = grace_seconds
         self._uploads: dict[str, _Upload] = {}
         self.reclaimed_total = 0
 
@@ -86,14 +102,26 @@ class MultipartUploads:
         return len(self._uploads)
 
     async def start(self, ref: ArtifactRef) -> str | None:
-        """A new upload id, or None if the artifact already exists (nothing to upload)."""
+        """A new upload id, or None if the artifact already exists (nothing to upload).
+        ``ResourceExhausted`` (503 + Retry-After) when the node's or the namespace's cap is
+        reached and no upload is reclaimable (module docstring)."""
         if await self._service.exists(ref):
             return None
         self.reap_expired()
-        if len(self._uploads) >= MAX_OPEN_UPLOADS and not self._reclaim_idle():
+        namespace = ref.namespace_id
+        mine = [u for u, up in self._uploads.items() if up.ref.namespace_id == namespace]
+        if len(mine) >= self._per_namespace and not self._reclaim(mine):
+            raise ResourceExhausted(
+                f"namespace {namespace!r} has {len(mine)} multipart uploads in progress, its "
+                f"cap (KURA_MULTIPART_UPLOADS_PER_NAMESPACE), and each is making progress; "
+                "retry later",
+                5,
+            )
+        if len(self._uploads) >= MAX_OPEN_UPLOADS and not self._reclaim(list(self._uploads)):
             raise ResourceExhausted(
                 f"{MAX_OPEN_UPLOADS} multipart uploads are in progress and each was active "
-                f"within the last {self._idle_seconds:g} s; retry later",
+                f"within the last {self._idle_seconds:g} s at the minimum upload rate; "
+                "retry later",
                 5,
             )
         upload_id = str(uuid.uuid4())
@@ -101,13 +129,25 @@ class MultipartUploads:
         self._uploads[upload_id] = _Upload(ref, now, active_at=now)
         return upload_id
 
-    def _reclaim_idle(self) -> bool:
-        """Abort the least recently active upload idle past ``idle_seconds``; whether one was."""
+    def _reclaimable(self, upload: _Upload, now: float) -> bool:
+        """Idle past ``idle_seconds``, or past the grace period below the minimum rate."""
+        if upload.parts_in_flight:
+            return False  # a part being received is held to the rate by the body reader
+        if now - upload.active_at > self._idle_seconds:
+            return True
+        age = now - upload.started_at
+        return (
+            age > self._grace_seconds and upload.received_bytes < self._min_bytes_per_second * age
+        )
+
+    def _reclaim(self, candidates: list[str]) -> bool:
+        """Abort the least recently active reclaimable upload of ``candidates``; whether one
+        was."""
         now = self._clock.monotonic()
         idle = [
-            (up.active_at, upload_id)
-            for upload_id, up in self._uploads.items()
-            if up.parts_in_flight == 0 and now - up.active_at > self._idle_seconds
+            (self._uploads[upload_id].active_at, upload_id)
+            for upload_id in candidates
+            if self._reclaimable(self._uploads[upload_id], now)
         ]
         if not idle:
             return False
@@ -116,9 +156,10 @@ class MultipartUploads:
         self.reclaimed_total += 1
         if self.reclaimed_total == 1 or self.reclaimed_total % 1000 == 0:
             log.warning(
-                "open multipart uploads at the cap of %d: reclaimed the least recently active "
-                "idle upload (%d reclaimed so far)",
+                "open multipart uploads at a cap (%d per node, %d per namespace): reclaimed the "
+                "least recently active idle or too slow upload (%d reclaimed so far)",
                 MAX_OPEN_UPLOADS,
+                self._per_namespace,
                 self.reclaimed_total,
             )
         return True
@@ -176,6 +217,7 @@ class MultipartUploads:
                 raise NotFound("Upload not found")
             raise UnprocessableEntity("Total upload size exceeds 2GB limit")
         reservation.shrink_to(staged.size)  # a chunked part reserved up to MAX_PART_BYTES
+        upload.received_bytes += staged.size
         previous = upload.parts.get(part_number)
         if previous is not None:
             _discard(previous)
@@ -224,6 +266,10 @@ class MultipartUploads:
     def abort_all(self) -> None:
         for upload_id in list(self._uploads):
             self.abort(upload_id)
+
+    def namespace_of(self, upload_id: str) -> str:
+        """The namespace the upload ``upload_id`` was started in; ``NotFound`` if unknown."""
+        return self._get(upload_id).ref.namespace_id
 
     def _get(self, upload_id: str) -> _Upload:
         upload = self._uploads.get(upload_id)
