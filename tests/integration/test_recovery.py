@@ -10,7 +10,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -20,8 +23,10 @@ import httpx
 import pytest
 
 from tests.conftest import NodeProcess, node_env, spawn_node
+from tests.integration import rawhttp
 
 KiB = 1024
+MiB = 1024 * KiB
 SCOPE = "tenant_id=acme&namespace_id=rec"
 
 
@@ -288,5 +293,59 @@ def test_a_node_with_a_damaged_index_sets_it_aside_and_starts(
         with node.client() as c:
             assert c.get("/cache/rec/after").content == b"after the damage"
             assert not any("damaged" in w for w in c.get("/ready").json()["warnings"])
+    finally:
+        node.stop()
+
+
+def test_concurrent_writes_are_refused_before_free_space_falls_below_the_floor(
+    full_disk: Path,
+) -> None:
+    """Issue 26: each upload was admitted if free space minus its own length kept the floor,
+    so uploads in flight together took a real 32 MiB filesystem to 5.3 MB free under an 8 MiB
+    floor. Nine 3 MiB PUTs are admitted one by one (each holds its reservation, having sent
+    one byte), then all send their bodies: the ones admitted all store, and free space stays
+    at or above the floor."""
+    floor, size = 8 * MiB, 3 * MiB
+    env = node_env(
+        full_disk,
+        data_dir=full_disk / "data",
+        tmp_dir=full_disk / "tmp",
+        min_free_disk_bytes=floor,
+    )
+    node = spawn_node(full_disk.parent / "logs", env)
+    try:
+        admitted: list[socket.socket] = []
+        refused: list[tuple[int, bytes]] = []
+        for i in range(9):
+            s = rawhttp.connect(node.url, timeout=30)
+            rawhttp.send_head(s, "PUT", f"/cache/floor/{i}", {"Content-Length": str(size)})
+            s.sendall(b"x")
+            want = (len(admitted) + 1) * size
+
+            def settled(s: socket.socket = s, want: int = want) -> bool:
+                readable = select.select([s], [], [], 0)[0]
+                return bool(readable) or node.metric("kura_tmp_reserved_bytes") == want
+
+            assert rawhttp.wait_until(settled, timeout=20)
+            if select.select([s], [], [], 0.2)[0]:
+                status, _headers, body = rawhttp.read_response(s)
+                refused.append((status, body))
+                s.close()
+            else:
+                admitted.append(s)
+        for s in admitted:
+            s.sendall(b"x" * (size - 1))
+        answers = [rawhttp.read_response(s) for s in admitted]
+        stored = [status for status, _h, _b in answers]
+        for s in admitted:
+            s.close()
+        free = shutil.disk_usage(full_disk).free
+        assert free >= floor, (free, len(admitted), refused)
+        assert stored == [201] * len(admitted), [b[:300] for _s, _h, b in answers]
+        assert refused, "the filesystem cannot take all nine above the floor"
+        assert all(status == 503 and b"must stay free" in body for status, body in refused)
+        assert node.staging_files() == []
+        assert node.metric("kura_tmp_reserved_bytes") == 0
+        assert node.index_rows() == len(admitted)
     finally:
         node.stop()

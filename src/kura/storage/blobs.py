@@ -358,6 +358,7 @@ async def stage_body(
         size = count.finish()
         digest = h.sha256
         check_sha256(digest, expected_sha256)
+        reservation.mark_written()
         return Staged(path, size, digest, h.xxh3_128)
     except BaseException as exc:
         if offloaded is not None:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -47,6 +49,7 @@ class Reservation:
         self.size_bytes = size_bytes
         self.released = False
         self._paths: list[str] = []
+        budget._live.add(self)
 
     def track(self, path: Path) -> None:
         """Declare that this reservation's bytes live in ``path`` (so they are not counted
@@ -107,10 +110,25 @@ class Reservation:
         if self.released:
             return
         self.released = True
+        self._budget._live.discard(self)
         if self._budget.occupancy is not None:
             for key in self._paths:
                 self._budget.occupancy.untrack(key)
         self._budget._give_back(self.size_bytes)
+
+    def mark_written(self) -> None:
+        """Its body is staged whole (``stage_body`` returned): nothing of it is left to write,
+        wherever the file goes next (a commit renames it into the blob dir while this is still
+        held), so ``TmpBudget.unwritten_bytes`` no longer counts it."""
+        self._budget._live.discard(self)
+
+    def unwritten_bytes(self) -> int:
+        """Reserved bytes not in its staging files yet (one ``stat`` per tracked path)."""
+        on_disk = 0
+        for key in self._paths:
+            with contextlib.suppress(OSError):
+                on_disk += os.stat(key).st_size
+        return max(0, self.size_bytes - on_disk)
 
     def __enter__(self) -> Reservation:
         return self
@@ -148,6 +166,7 @@ class TmpBudget:
         else:
             self._outside_bytes = lambda: 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._live: set[Reservation] = set()
 
     @property
     def outside_bytes(self) -> int:
@@ -182,6 +201,12 @@ class TmpBudget:
     @property
     def reserved_bytes(self) -> int:
         return self._ledger.reserved_bytes
+
+    def unwritten_bytes(self) -> int:
+        """Bytes reserved but not yet written to their staging files: what the uploads in
+        flight will still add to the tmp dir's filesystem (``storage.state``'s free-space
+        floor counts them). O(live reservations) ``stat`` calls; call from the event loop."""
+        return sum(r.unwritten_bytes() for r in self._live)
 
     @property
     def waiting(self) -> int:
