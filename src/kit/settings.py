@@ -293,12 +293,18 @@ _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 def parse_bytes(text: str) -> int:
-    """A byte count: a plain integer, or with a binary suffix (``512M``, ``8GiB``, ``64KiB``)."""
+    """A byte count below 2^63: a plain integer, or with a binary suffix (``512M``, ``8GiB``,
+    ``64KiB``). ``ValueError`` otherwise."""
     m = _SIZE.match(text)
     if m is None:
         raise ValueError("expected a byte count such as 1048576, 512M or 8GiB")
     unit = (m.group(2) or "").lower()[:1]
-    return int(m.group(1)) * _UNITS[unit]
+    value = int(m.group(1)) * _UNITS[unit]
+    if value >= 2**63:
+        # Not a silent wrap or clamp: no file, body or disk is that large, and a signed 64-bit
+        # field (SQLite's INTEGER, a Content-Length parser) cannot hold it (field report B22).
+        raise ValueError(f"{text.strip()} is 2^63 bytes or more: no byte count is that large")
+    return value
 
 
 def parse_positive_bytes(text: str) -> int:

@@ -12,14 +12,16 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import NodeProcess
+from tests.conftest import NodeProcess, node_env, serve_refused
 from tests.integration import rawhttp
+from tests.integration.test_workers import worker_pids
 
 MiB = 1024 * 1024
 
@@ -122,6 +124,57 @@ def test_declared_body_over_route_limit_gets_413_before_the_body_is_sent(
     # One rejection does not poison the server: the next upload on a new connection works.
     with node.client() as c:
         assert c.put("/v1/cache/414", content=b"fine").status_code == 200
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    """Peak resident set of ``pid`` (``VmHWM``, proc(5))."""
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
+def test_a_large_turborepo_artifact_is_streamed_through_a_temp_file_not_memory(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """B22 (ducktors/turborepo-remote-cache #32, #366, #677: a 228 MB bundle never cached, the
+    server buffered bodies in memory under a fixed limit). Default configuration: a 128 MiB
+    PUT is accepted, no process of the node grows its peak RSS by 64 MiB, and the GET returns
+    the same bytes."""
+    size, chunk = 128 * MiB, MiB  # 300 MiB in the report: 11 s here, RSS grew by < 2 MiB
+    node = start_node()
+    pids = [node.proc.pid, *worker_pids(node)]
+    peaks = {pid: _peak_rss_bytes(pid) for pid in pids}
+    sent = hashlib.sha256()
+
+    def body() -> Iterator[bytes]:
+        piece = os.urandom(chunk)
+        for i in range(size // chunk):
+            data = piece[i:] + piece[:i]  # every MiB different, none generated per MiB
+            sent.update(data)
+            yield data
+
+    path = "/v8/artifacts/big?teamId=t1"
+    with httpx.Client(base_url=node.url, timeout=120) as c:
+        r = c.put(path, content=body(), headers={"Content-Length": str(size)})
+        assert r.status_code == 202, r.text
+        grown = {pid: _peak_rss_bytes(pid) - peaks[pid] for pid in pids}
+        got, length = hashlib.sha256(), 0
+        with c.stream("GET", path) as response:
+            assert response.status_code == 200
+            for data in response.iter_bytes():
+                got.update(data)
+                length += len(data)
+    assert max(grown.values()) < 64 * MiB, grown
+    assert (length, got.hexdigest()) == (size, sent.hexdigest())
+
+
+def test_a_limit_of_2_63_bytes_or_more_refuses_the_start(tmp_path: Path) -> None:
+    """B22: a limit is a byte count (``KiB``/``MiB``/``GiB`` suffixes) below 2^63; a larger one
+    stops the start, naming the setting, instead of being taken (main started with it)."""
+    stderr = serve_refused(node_env(tmp_path, max_artifact_bytes=str(2**63)))
+    assert "KURA_MAX_ARTIFACT_BYTES" in stderr, stderr
+    assert "2^63" in stderr, stderr
 
 
 def test_body_larger_than_the_whole_disk_budget_is_507_and_evicts_nothing(

@@ -127,6 +127,13 @@ def test_malformed_byte_sizes_are_rejected(text: str) -> None:
         parse_bytes(text)
 
 
+@pytest.mark.parametrize("text", [str(2**63), "99999999999999999999999", "9223372036854775807K"])
+def test_byte_sizes_of_2_63_or_more_are_rejected(text: str) -> None:
+    with pytest.raises(ValueError, match=r"2\^63"):
+        parse_bytes(text)
+    assert parse_bytes(str(2**63 - 1)) == 2**63 - 1
+
+
 def test_flags_are_parsed_and_win_over_the_environment() -> None:
     s = settings_from(
         {"KURA_PORT": "5000", "KURA_MAX_DISK_BYTES": "1G", "KURA_TENANT_ID": "from-env"},
