@@ -216,3 +216,40 @@ def test_a_keyvalue_entry_is_a_miss_when_its_cas_object_was_never_stored(
         other = "tenant_id=acme&namespace_id=android"
         assert c.put(f"/api/cache/keyvalue?{other}", json=entry).status_code == 204
         assert c.get(f"/api/cache/keyvalue/k2?{other}").status_code == 404
+
+
+def test_an_entry_whose_referenced_object_file_was_removed_behind_the_node_is_a_miss(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """B29 (and B01 without its restart): the CAS object a key-value entry names, and the
+    output an ActionResult names, are gone from the disk while the node runs (an operator's
+    clean-up, a lost file). The entries are misses (404), not hits pointing at nothing, on a
+    key-value GET, a Bazel ``/ac/`` GET and ``FindMissingBlobs``'s HTTP twin, the CAS HEAD."""
+    node = start_node()
+    obj, output = os.urandom(64 * 1024), os.urandom(64 * 1024)
+    cas_id = hashlib.sha256(obj + b"cache-v1").hexdigest().upper()  # Tuist's fingerprint
+    entry = {"cas_id": "0~gone", "entries": [{"value": compile_job_value(cas_id)}]}
+    action = _sha(b"action whose output is removed")
+    with node.client() as c:
+        assert c.post(f"/api/cache/cas/{cas_id}?{SCOPE}", content=obj).status_code == 204
+        assert c.put(f"/api/cache/keyvalue?{SCOPE}", json=entry).status_code == 204
+        assert c.put(f"/cache/cas/{_sha(output)}", content=output).status_code == 200
+        result = action_result({"out/a.o": output})
+        assert c.put(f"/cache/ac/{action}", content=result).status_code == 200
+        assert c.get(f"/api/cache/keyvalue/0~gone?{SCOPE}").status_code == 200
+        assert c.get(f"/cache/ac/{action}").status_code == 200
+        files = node.blob_files()
+        assert len(files) == 2  # the two 64 KiB bodies; the entries are inline
+        for path in files:
+            path.unlink()
+        misses = lookups(node, "keyvalue", "miss")
+        r = c.get(f"/api/cache/keyvalue/0~gone?{SCOPE}")
+        assert r.status_code == 404, r.text
+        assert lookups(node, "keyvalue", "miss") == misses + 1
+        assert c.get(f"/cache/ac/{action}").status_code == 404
+        # The objects' rows went with the files: a re-upload stores them again, and the entries
+        # hit again.
+        assert c.post(f"/api/cache/cas/{cas_id}?{SCOPE}", content=obj).status_code == 204
+        assert c.put(f"/cache/cas/{_sha(output)}", content=output).status_code == 200
+        assert c.get(f"/api/cache/keyvalue/0~gone?{SCOPE}").status_code == 200
+        assert c.get(f"/cache/ac/{action}").status_code == 200

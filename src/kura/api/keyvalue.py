@@ -13,8 +13,10 @@ each ``value`` as standard base64 of the bytes of Xcode's KeyValueDB value, a co
 result; the CAS objects it points at appear in it as a 65-byte length-delimited field 1
 (``0x0A 0x41``) holding ``0x00`` and the object's 64-hex-digit id, which is the id the client
 saved the object under (``POST /api/cache/cas/{id}``, stored as ``blob/{id}`` in the same
-namespace; ``kura.api.xcode``). So a GET is a hit only while every such id is stored, else it is
-the same 404 as a missing entry (counted as a miss). A value that is not base64, or holds no
+namespace; ``kura.api.xcode``). So a GET is a hit only while every such id is stored, its file
+in place (``CacheService.missing``, the Bazel action cache's check: an object evicted, or whose
+file was removed behind the node's back, field report B29), else it is the same 404 as a missing
+entry (counted as a miss). A value that is not base64, or holds no
 such field, references nothing and is served as stored.
 """
 

@@ -170,7 +170,8 @@ class BlobFiles:
     def blob_path(self, manifest: Manifest) -> Path:
         """The file of exactly this version of the artifact (layout 2): readers derive it from
         the row they read, so a reader holding an older row finds the older file or nothing."""
-        return self.bucket(manifest.artifact_id) / blob_name(manifest)
+        m = manifest
+        return self.bucket(m.artifact_id) / blob_name(m.artifact_id, m.version_ms, m.sha256)
 
     def legacy_blob_path(self, artifact_id: str) -> Path:
         """Where layout 1 kept an artifact's one file (migration only)."""
@@ -301,10 +302,10 @@ class PublishGroup(Protocol):
     def sync_dir_later(self, directory: Path) -> None: ...
 
 
-def blob_name(manifest: Manifest) -> str:
+def blob_name(artifact_id: str, version_ms: int, sha256: str) -> str:
     """``<artifact_id>.<version_ms>-<first 16 hex of sha256>``: one name per version (a write
     at the same version with other bytes gets another name too)."""
-    return f"{manifest.artifact_id}.{manifest.version_ms}-{manifest.sha256[:16]}"
+    return f"{artifact_id}.{version_ms}-{sha256[:16]}"
 
 
 async def stage_body(
@@ -317,17 +318,14 @@ async def stage_body(
     expected_sha256: str | None = None,
     offload: Executor | None = None,
 ) -> Staged:
-    """Stream ``body`` into ``path`` within ``reservation`` and ``limit_bytes``.
-
-    Created, written and hashed on the event loop, or in the pool ``offload`` (storage.offload).
-
-    Raises ``PayloadTooLarge`` past ``limit_bytes`` or past the tmp budget's whole capacity,
+    """Stream ``body`` into ``path`` within ``reservation`` and ``limit_bytes``: created,
+    written and hashed on the event loop, or in the pool ``offload`` (storage.offload). Raises ``PayloadTooLarge`` past ``limit_bytes`` or past the tmp budget's whole capacity,
     ``ResourceExhausted`` when a body without a declared length cannot grow its reservation
     now, ``InvalidRequest`` when more than ``declared_length`` bytes arrive, ``IncompleteBody``
     when fewer, ``DigestMismatch`` when ``expected_sha256`` is given and does not match (those
     checks are ``storage.body_count``'s). On any failure (cancellation included) the partial
-    file is deleted; the caller owns releasing the reservation. The file is not yet fsynced.
-    """
+    file is deleted; the caller owns releasing the reservation. The file is not yet fsynced;
+    the reservation is marked written (``Reservation.mark_written``)."""
     reservation.track(path)
     h = BodyDigests()
     count = BodyCount(limit_bytes=limit_bytes, declared_length=declared_length)

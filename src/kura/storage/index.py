@@ -151,18 +151,21 @@ class MetadataIndex(PagingQueries, OutboxQueries):
         )
         return row is not None
 
-    def stored_sizes(self, artifact_ids: Sequence[str]) -> dict[str, int]:
-        """``artifact_id -> size`` in bytes for the ids of ``artifact_ids`` that have a row
-        (queried in chunks of 500)."""
-        found: dict[str, int] = {}
+    def stored_bodies(self, artifact_ids: Sequence[str]) -> dict[str, tuple[int, int, str, bool]]:
+        """``artifact_id -> (size, version_ms, sha256, inline)`` for the ids of
+        ``artifact_ids`` that have a row (queried in chunks of 500): enough to name a version's
+        blob file without reading the rest of its row."""
+        found: dict[str, tuple[int, int, str, bool]] = {}
         conn = self._conn()
         for start in range(0, len(artifact_ids), 500):
             chunk = artifact_ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
             for r in conn.execute(
-                f"SELECT artifact_id, size FROM artifacts WHERE artifact_id IN ({marks})", chunk
+                "SELECT artifact_id, size, version_ms, sha256, inline_body IS NOT NULL "
+                f"FROM artifacts WHERE artifact_id IN ({marks})",
+                chunk,
             ):
-                found[str(r[0])] = int(r[1])
+                found[str(r[0])] = (int(r[1]), int(r[2]), str(r[3]), bool(r[4]))
         return found
 
     def versions(self, artifact_ids: Sequence[str]) -> dict[str, tuple[int, str]]:

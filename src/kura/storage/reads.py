@@ -24,7 +24,7 @@ from typing import BinaryIO
 from kura.core.errors import NotFound
 from kura.core.manifest import Manifest
 from kura.storage.artifact import ArtifactRef, StoredBody
-from kura.storage.blobs import stat_signature
+from kura.storage.blobs import blob_name, stat_signature
 from kura.storage.checksum import SHA256, XXH3_128
 from kura.storage.state import SMALL_BLOB_BYTES, StorageState
 from kura.storage.verify import digest_fd, problem_with_bytes, problem_with_file
@@ -41,8 +41,9 @@ class ReadPath(StorageState):
     async def missing(
         self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
     ) -> list[ArtifactRef]:
-        """The refs of ``refs`` with no stored version, in order: one index look-up (no body
-        read), then, like ``read``, a fetch from peers (``StorageHooks.fetch_missing``,
+        """The refs of ``refs`` with no stored version, in order: one index look-up and a
+        ``stat`` of each blob file (no body read; a row whose file is gone or cut short is
+        quarantined and missing, ``_present_sync``), then, like ``read``, a fetch from peers (``StorageHooks.fetch_missing``,
         read-through) of each absent one, stopping at the first that cannot be had (so a miss
         may list only one).
         ``sizes`` (bytes, one per ref) asks for the ref stored with that size: one stored with
@@ -52,7 +53,7 @@ class ReadPath(StorageState):
         The stored ones are touched like a read (LRU), so the blobs a hit references age with
         it."""
         ids = [self.artifact_id(r) for r in refs]
-        stored = await self._in(self._reader, self._require_index().stored_sizes, ids)
+        stored = await self._in(self._reader, self._present_sync, ids)
         wrong_size = {
             i
             for i, (aid, size) in enumerate(zip(ids, sizes or (), strict=sizes is not None))
@@ -68,6 +69,29 @@ class ReadPath(StorageState):
                 wrong_size.update(absent[n:])
                 break
         return [refs[i] for i in sorted(wrong_size)]
+
+    def _present_sync(self, ids: Sequence[str]) -> dict[str, int]:
+        """Reader thread: ``artifact_id -> size`` of the ids stored with their body in place.
+        A row whose blob file is gone or has another size (removed or cut behind the node's
+        back) is not present: it is quarantined like any damaged entry, so an entry naming it
+        reads as a miss (field report B29) until it is stored again. One ``stat`` per file;
+        no body is read."""
+        index = self._require_index()
+        present: dict[str, int] = {}
+        for aid, (size, version_ms, sha256, inline) in index.stored_bodies(ids).items():
+            if not inline:
+                path = self.files.bucket(aid) / blob_name(aid, version_ms, sha256)
+                try:
+                    on_disk = os.stat(path).st_size
+                except FileNotFoundError:
+                    on_disk = -1
+                if on_disk != size:
+                    row = index.get(aid)
+                    if row is not None and row[0].version_ms == version_ms:
+                        self._writer.submit(self._confirm_corrupt_sync, row[0], "read").result()
+                    continue
+            present[aid] = size
+        return present
 
     def note_access(self, accesses: dict[str, int]) -> None:
         """Record reads made elsewhere (a worker process's hits, ``kura.workers``): artifact id
