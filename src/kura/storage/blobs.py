@@ -319,7 +319,8 @@ async def stage_body(
     offload: Executor | None = None,
 ) -> Staged:
     """Stream ``body`` into ``path`` within ``reservation`` and ``limit_bytes``: created,
-    written and hashed on the event loop, or in the pool ``offload`` (storage.offload). Raises ``PayloadTooLarge`` past ``limit_bytes`` or past the tmp budget's whole capacity,
+    written and hashed on the event loop, or in the pool ``offload`` (storage.offload).
+    Raises ``PayloadTooLarge`` past ``limit_bytes`` or past the tmp budget's whole capacity,
     ``ResourceExhausted`` when a body without a declared length cannot grow its reservation
     now, ``InvalidRequest`` when more than ``declared_length`` bytes arrive, ``IncompleteBody``
     when fewer, ``DigestMismatch`` when ``expected_sha256`` is given and does not match (those
