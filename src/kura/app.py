@@ -83,9 +83,10 @@ from kura.storage.budget import TmpBudget
 from kura.storage.expiry import Expiry
 from kura.storage.multipart import MultipartUploads
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
-from kura.storage.object_tier import ObjectTier, TierHooks
+from kura.storage.object_tier import ObjectTier
 from kura.storage.scrub import Scrubber
 from kura.storage.service import CacheService
+from kura.storage.tier_hooks import TierHooks
 from kura.workers.supervisor import Workers
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class Node:
         self.clock = clock or SystemClock()
         self.budget = TmpBudget(settings.tmp_dir_max_bytes, tmp_dir=Path(settings.tmp_dir))
         self.storage_hooks = MeshHooks()  # connected below, once the mesh components exist
-        # With the object-storage tier, its hooks wrap the mesh's (storage.object_tier).
+        # With the object-storage tier, its hooks wrap the mesh's (storage.tier_hooks).
         tier_hooks = TierHooks(self.storage_hooks) if settings.object_store_url else None
         self.service = CacheService(
             data_dir=Path(settings.data_dir),

@@ -10,7 +10,7 @@ import pytest
 
 from kura.core.manifest import Manifest
 from kura.core.object_layout import namespace_prefix, object_key, parse_url
-from kura.storage.object_store import decode_header, encode_header
+from kura.storage.object_header import decode_header, encode_header
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from kura.core.object_layout import OUTBOX_TARGET
-from kura.storage.object_tier import TierHooks
+from kura.storage.tier_hooks import TierHooks
 
 
 class MeshDouble:

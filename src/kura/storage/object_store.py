@@ -6,12 +6,8 @@ consumer, head, delete (one or many), and list a prefix with sizes and last-modi
 seam for bucket-side expiry).
 
 Object layout (one object per artifact; a clean is one prefix list + delete): see
-``kura.core.object_layout``. Each object is a self-describing body: the line
-``kura-object 1 <n>\\n``, then ``n`` bytes of the manifest as JSON (``Manifest.to_json``),
-then the artifact's bytes. The manifest travels in the body rather than in ``x-amz-meta-*``
-headers because S3 caps user metadata at 2 KB
-(https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingMetadata.html) and a manifest with
-stored headers can be larger.
+``kura.core.object_layout``. Each object is a self-describing body, the manifest first then
+the artifact's bytes (``storage.object_header`` encodes and decodes it).
 
 Every request is counted in ``ObjectStoreStats`` by operation and result, from closed sets
 (``storage.object_store_stats``: ``OPS``, ``RESULTS``; ``classify`` maps an error to a result), with its latency; errors other
@@ -23,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -39,15 +34,11 @@ from kura.core.errors import NotFound, Unavailable
 from kura.core.manifest import Manifest
 from kura.core.object_layout import namespace_prefix, object_key, parse_url
 from kura.storage.breaker import Breaker
+from kura.storage.object_header import decode_body, decode_header, encode_body
 from kura.storage.object_store_stats import ObjectStoreStats, classify, first_line
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"kura-object 1 "
-MAX_HEADER_BYTES = 1024 * 1024
-# Bodies up to this size are uploaded in one PUT from memory, larger ones as a multipart upload.
-SINGLE_PUT_BYTES = 8 * 1024 * 1024
-READ_CHUNK_BYTES = 1024 * 1024
 # What the circuit breaker's probe asks for (a HEAD; absent is an answer like any other).
 PROBE_KEY = ".kura-start-check/probe"
 
@@ -185,14 +176,7 @@ class ObjectStore:
         """Upload ``manifest`` and the body (bytes, or an open file read from its start) as one
         object at ``key``. Raises ObjectStoreError; on success the whole object is stored
         (S3 PUT and multipart completion are atomic). Reads of the file run in a thread."""
-        header = encode_header(manifest)
-        payload: bytes | AsyncIterator[bytes]
-        if isinstance(body, bytes):
-            payload = header + body
-        elif manifest.size <= SINGLE_PUT_BYTES:
-            payload = header + await asyncio.to_thread(_read_all, body)
-        else:
-            payload = _file_chunks(header, body)
+        payload = await encode_body(manifest, body)
         await self._call(
             "put",
             lambda: obstore.put_async(
@@ -243,10 +227,10 @@ class ObjectStore:
         stream = result.stream(min_chunk_size=256 * 1024)
         chunks = _chunks(stream, self)
         try:
-            manifest, rest = await decode_header(chunks)
+            manifest, rest = await decode_body(chunks)
         except ValueError as exc:
             raise NotKuraObject("error", f"object {key} is not a kura object: {exc}") from None
-        return manifest, _prepend(rest, chunks)
+        return manifest, rest
 
     async def head(self, key: str) -> int | None:
         """The stored object's size in bytes (header included), or None if absent."""
@@ -383,37 +367,6 @@ class ObjectStore:
         return ObjectStoreError(result, f"object store {op} failed ({result}): {first_line(exc)}")
 
 
-def encode_header(manifest: Manifest) -> bytes:
-    data = json.dumps(manifest.to_json(), separators=(",", ":"), sort_keys=True).encode()
-    return MAGIC + str(len(data)).encode() + b"\n" + data
-
-
-async def decode_header(chunks: AsyncIterator[bytes]) -> tuple[Manifest, bytes]:
-    """The manifest at the start of ``chunks`` and the bytes after it. ValueError if absent."""
-    buf = b""
-    while True:
-        newline = buf.find(b"\n")
-        if newline >= 0:
-            if not buf.startswith(MAGIC):
-                raise ValueError("no kura-object header")
-            length = int(buf[len(MAGIC) : newline])
-            if not 0 < length <= MAX_HEADER_BYTES:
-                raise ValueError(f"header length {length} out of range")
-            end = newline + 1 + length
-            while len(buf) < end:
-                more = await anext(chunks, None)
-                if more is None:
-                    raise ValueError("object ends inside its header")
-                buf += more
-            return Manifest.from_text(buf[newline + 1 : end]), buf[end:]
-        if len(buf) > 64:
-            raise ValueError("no kura-object header")
-        more = await anext(chunks, None)
-        if more is None:
-            raise ValueError("object ends inside its header")
-        buf += more
-
-
 async def _next_page(stream: Any) -> Any:
     """The next page of an obstore list stream, None at its end."""
     try:
@@ -429,22 +382,3 @@ async def _chunks(stream: Any, store: ObjectStore) -> AsyncIterator[bytes]:
             yield bytes(chunk)
     except Exception as exc:
         raise store._failed("get", exc, started) from None
-
-
-async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    if first:
-        yield first
-    async for chunk in rest:
-        yield chunk
-
-
-def _read_all(f: BinaryIO) -> bytes:
-    f.seek(0)
-    return f.read()
-
-
-async def _file_chunks(header: bytes, f: BinaryIO) -> AsyncIterator[bytes]:
-    yield header
-    await asyncio.to_thread(f.seek, 0)
-    while chunk := await asyncio.to_thread(f.read, READ_CHUNK_BYTES):
-        yield chunk

@@ -4,9 +4,9 @@ The rules (docs/object-storage.md states them for operators):
 
 * **Durability.** A local write is acknowledged once it is durable on local disk AND its upload
   is queued in the node's durable outbox, in the same SQLite transaction (the existing outbox,
-  with ``OUTBOX_TARGET`` as one more target; ``TierHooks.artifact_targets``). ``run`` drains that
-  queue in order: an upsert uploads the artifact as stored now, a namespace clean deletes the
-  namespace's objects; a message is deleted only after the store answered 2xx. Failures (store
+  with ``OUTBOX_TARGET`` as one more target; ``tier_hooks.TierHooks.artifact_targets``).
+  ``run`` drains that queue in order: an upsert uploads the artifact as stored now, a
+  namespace clean deletes the namespace's objects; a message is deleted only after the store answered 2xx. Failures (store
   down, timeouts, 5xx, 503 SlowDown, refused credentials) are logged, counted by result in
   ``ObjectStoreStats`` and retried with the shared jittered exponential backoff (``kit.backoff``); nothing is dropped. An
   artifact whose upload is pending is never evicted (``MetadataIndex.least_recently_used``),
@@ -18,14 +18,8 @@ The rules (docs/object-storage.md states them for operators):
   the budget (``outbox_ack``), so once the store answers the node frees its disk and takes
   writes again by itself. While the store fails and the disk is full, ``warnings`` (``/ready``)
   says why writes are refused, and one ERROR line says so when it starts.
-* **A damaged copy is replaced when a client sends the artifact again** (issue 26 item 10). A
-  PUT that finds the artifact stored and intact here stores nothing, so nothing was uploaded
-  and a damaged object in the bucket stayed for good. Now such a PUT (``sent_again``) queues
-  a check of the bucket's copy (``repair_copy``: read whole, hashed against its own header);
-  a copy damaged, missing or not kura's is replaced by this node's verified one. A copy that is
-  whole is left alone whatever its version (last writer wins). Each artifact is checked at
-  most once per ``CHECK_AGAIN_SECONDS``; at most ``CHECK_QUEUE_MAX`` wait (more are dropped:
-  the client's next PUT asks again). Cost: one GET of the object per check.
+* **A damaged copy is replaced when a client sends the artifact again** (issue 26 item 10):
+  ``sent_again`` queues a check of the bucket's copy (``storage.bucket_heal``).
 * **A failing store is skipped** (issue 26 item 6): the client's circuit breaker
   (``storage.breaker``) refuses requests at once after failures in a row, so a local miss
   does not wait ``KURA_OBJECT_STORE_TIMEOUT``; ``warnings`` names the store as unreachable.
@@ -51,9 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kit.backoff import Backoff
@@ -61,10 +53,8 @@ from kit.clock import Clock
 from kura.core.errors import KuraError, NotFound
 from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
 from kura.core.version import ApplyOutcome, ahead_of_skew_ms
-from kura.storage.artifact import StoredBody
-from kura.storage.bucket_touch import BucketToucher
-from kura.storage.hooks import StorageHooks
-from kura.storage.object_store import CircuitOpen, NotKuraObject, ObjectStore, ObjectStoreError
+from kura.storage.bucket_heal import BucketHeal
+from kura.storage.object_store import CircuitOpen, ObjectStore, ObjectStoreError
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT, OutboxMessage
 from kura.storage.service import CacheService
 
@@ -74,10 +64,6 @@ BATCH = 32
 PIPELINE = 4
 BACKOFF_START_SECONDS = 0.5
 IDLE_POLL_SECONDS = 2.0
-# Checks of the bucket's copy after a client sent an artifact again (``sent_again``).
-CHECK_QUEUE_MAX = 1024
-CHECK_AGAIN_SECONDS = 600.0
-CHECKED_REMEMBERED = 8192
 
 
 @dataclass
@@ -106,9 +92,7 @@ class ObjectTier:
         self._backoff = Backoff(BACKOFF_START_SECONDS, backoff_max_seconds, jitter=0.5)
         self._wake = asyncio.Event()
         self._failing = False  # the last pass left messages undelivered
-        self._to_check: dict[str, None] = {}  # artifact ids, in arrival order
-        self._checked_at: dict[str, float] = {}  # artifact id -> monotonic s, oldest first
-        self._check_wake = asyncio.Event()
+        self.heal = BucketHeal(service, store, clock)  # checks of copies sent again
         self._stalled = False  # failing with the disk full: writes refused until it drains
 
     # -- wiring ------------------------------------------------------------------------------
@@ -190,92 +174,13 @@ class ObjectTier:
         and probe the store while its circuit breaker is open (``probe_store``)."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.probe_store(), name="object store probe")
-            tasks.create_task(self._check_forever(), name="object store copy checks")
+            tasks.create_task(self.heal.run(), name="object store copy checks")
             await self._upload_forever()
-
-    # -- copies sent again -----------------------------------------------------------------
 
     def sent_again(self, artifact_id: str) -> None:
         """A client sent ``artifact_id`` again and it is intact here: queue a check of the
-        bucket's copy (module docstring), unless it was checked in the last
-        ``CHECK_AGAIN_SECONDS`` or ``CHECK_QUEUE_MAX`` checks wait already. Never blocks."""
-        if artifact_id in self._to_check or len(self._to_check) >= CHECK_QUEUE_MAX:
-            return
-        checked = self._checked_at.get(artifact_id)
-        if checked is not None and self.clock.monotonic() - checked < CHECK_AGAIN_SECONDS:
-            return
-        self._to_check[artifact_id] = None
-        self._check_wake.set()
-
-    async def _check_forever(self) -> None:
-        while True:
-            await self._check_wake.wait()
-            self._check_wake.clear()
-            while self._to_check:
-                aid = next(iter(self._to_check))
-                del self._to_check[aid]
-                try:
-                    await self.repair_copy(aid)
-                except CircuitOpen:
-                    continue  # the breaker logged the outage; the client's next PUT asks again
-                except Exception as exc:  # one check failing must not stop the others
-                    log.warning("object store: checking the copy of %s failed: %s", aid, exc)
-                    continue  # not checked: the next PUT of it asks again
-                self._checked_at.pop(aid, None)
-                self._checked_at[aid] = self.clock.monotonic()
-                if len(self._checked_at) > CHECKED_REMEMBERED:
-                    del self._checked_at[next(iter(self._checked_at))]
-
-    async def repair_copy(self, artifact_id: str) -> bool:
-        """Read the bucket's copy of ``artifact_id`` whole and hash it against its own header;
-        when it is damaged, missing or not a kura object, upload this node's copy (verified:
-        ``read_by_id(hashed=True)``). True when it was replaced; False when it was whole, or
-        this node no longer holds the artifact. Raises ObjectStoreError (nothing changed)."""
-        try:
-            body = await self.service.read_by_id(artifact_id, hashed=True)
-        except NotFound:
-            return False
-        try:
-            manifest = body.manifest
-            key = object_key(self.service.tenant_id, manifest.namespace_id, artifact_id)
-            problem = await self._copy_problem(key)
-            if problem is None:
-                return False
-            log.warning(
-                "object store copy of %s %s; uploading this node's verified copy",
-                artifact_id,
-                problem,
-            )
-            source = body.data if body.data is not None else body.file
-            assert source is not None
-            await self.store.put_file(key, manifest, source)
-            return True
-        finally:
-            body.close()
-
-    async def _copy_problem(self, key: str) -> str | None:
-        """What is wrong with the object at ``key``, None when it is whole (its bytes match the
-        size and SHA-256 its own header declares)."""
-        try:
-            got = await self.store.get(key)
-        except NotKuraObject:
-            return "is not a kura object"
-        if got is None:
-            return "is missing"
-        manifest, chunks = got
-        digest, size = hashlib.sha256(), 0
-        try:
-            async for chunk in chunks:
-                await asyncio.to_thread(digest.update, chunk)  # off the loop: objects are large
-                size += len(chunk)
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-        if size != manifest.size or digest.hexdigest() != manifest.sha256:
-            return (
-                f"is damaged ({size} bytes with SHA-256 {digest.hexdigest()[:16]}..., its header "
-                f"declares {manifest.size} bytes with {manifest.sha256[:16]}...)"
-            )
-        return None
+        bucket's copy (``BucketHeal.sent_again``). Never blocks."""
+        self.heal.sent_again(artifact_id)
 
     async def probe_store(self) -> None:
         """Forever: while the store's circuit breaker is open, send its probe once each
@@ -471,50 +376,3 @@ class ObjectTier:
 
 class StartError(KuraError):
     """The object store is misconfigured (bucket missing, credentials refused): do not start."""
-
-
-class TierHooks:
-    """The ``storage.hooks.StorageHooks`` of a node with the tier, around the mesh's own
-    (``inner``): local artifact writes are queued for the bucket only, cleans for the peers and
-    the bucket, a local miss is filled from the bucket before any peer is asked, and every
-    outbox write wakes the uploader too. ``connect(tier)`` once the tier exists (it needs the
-    service, which needs these hooks); until then it forwards to ``inner`` alone."""
-
-    def __init__(self, inner: StorageHooks) -> None:
-        self._inner = inner
-        self._tier: ObjectTier | None = None
-        self._toucher: BucketToucher | None = None
-
-    def connect(self, tier: ObjectTier, toucher: BucketToucher | None = None) -> None:
-        """``toucher``: writes the bucket's touch markers (with ``KURA_MAX_AGE`` set)."""
-        self._tier = tier
-        self._toucher = toucher
-
-    def replication_targets(self) -> Sequence[str]:
-        return [*self._inner.replication_targets(), OUTBOX_TARGET]
-
-    def artifact_targets(self) -> Sequence[str]:
-        return (OUTBOX_TARGET,)
-
-    def on_outbox_write(self) -> None:
-        self._inner.on_outbox_write()
-        if self._tier is not None:
-            self._tier.wake()
-
-    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool | StoredBody:
-        if self._tier is not None and await self._tier.fill(artifact_id, namespace_id):
-            return True
-        return await self._inner.fetch_missing(artifact_id, namespace_id)
-
-    def eviction_floor_ms(self) -> int | None:
-        return self._inner.eviction_floor_ms()
-
-    def touched(self, accesses: Mapping[str, int]) -> None:
-        self._inner.touched(accesses)
-        if self._toucher is not None:
-            self._toucher.touched(accesses)
-
-    def sent_again(self, artifact_id: str) -> None:
-        self._inner.sent_again(artifact_id)
-        if self._tier is not None:
-            self._tier.sent_again(artifact_id)
