@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kura.api.malformed import LOG_LINES
 from tests.conftest import NodeProcess, node_env, serve_refused, spawn_node
 from tests.integration import rawhttp
 
@@ -180,4 +181,5 @@ def test_malformed_requests_get_a_400_and_no_traceback_in_the_log(node: NodeProc
         assert status == 400
     assert httpx.get(node.url + "/up").status_code == 200
     assert "Traceback" not in node.log()
-    assert node.log().count("rejected a malformed request") == 24
+    # The quiet policy's budget of lines per process (kura.api.malformed), the rest left out.
+    assert 1 <= node.log().count("rejected a malformed HTTP request") <= 2 * LOG_LINES

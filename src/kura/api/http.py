@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
 from kura.api.file_response import DamagedBlob, OpenFileResponse
 from kura.api.grant_scope import request_namespace
+from kura.api.malformed import quiet_malformed_requests
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
 from kura.core.errors import ForwardToPrimary, IncompleteBody, InvalidRequest, KuraError
@@ -228,30 +228,6 @@ async def wait_for_handlers(
     while handlers and (remaining := deadline - loop.time()) > 0:
         await asyncio.wait(set(handlers), timeout=remaining)
     return set(handlers)
-
-
-class _MalformedRequestFilter(logging.Filter):
-    """aiohttp logs every unparsable request (bad request line, conflicting framing headers)
-    with a full traceback at ERROR, which lets any client fill the log. The client already got
-    a 400; one INFO line without the traceback is enough."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError):
-            record.msg, record.args = "rejected a malformed request: %s", (exc.message,)
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-_MALFORMED = _MalformedRequestFilter()
-
-
-def quiet_malformed_requests() -> None:
-    """Log an unparsable request as one INFO line (``_MalformedRequestFilter``). Every process
-    that serves the public port calls it (the primary and each worker); calling it again does
-    nothing."""
-    logging.getLogger("aiohttp.server").addFilter(_MALFORMED)  # a set: added once
 
 
 def declared_length(request: web.Request) -> int | None:

@@ -12,6 +12,11 @@
 * Errors: ``rpc`` maps kura's exception tree to one gRPC status per class, as
   ``kura.api.errors`` maps it to HTTP, and counts every call in
   ``kura_grpc_requests_total{method,code}``.
+* Malformed input follows the listeners' quiet policy (``kura.api.malformed``): a message that
+  does not decode as its method's protobuf is INVALID_ARGUMENT with at most a rate-limited INFO
+  line (``TolerantDecoding``; grpcio itself answers UNKNOWN and logs an ERROR traceback each).
+* A call the client cancelled (or whose connection dropped) is counted with code CANCELLED and
+  is not logged: it is not a server error.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ import grpc
 from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
+from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from kura.api.action_cache import EMPTY_SHA256
 from kura.api.auth import Access, TokenAuth
+from kura.api.malformed import log_malformed
 from kura.api.metrics import KuraMetrics
 from kura.core import errors as e
 from kura.core.keys import HEX_SHA256, NAMESPACE, validate
@@ -158,6 +165,63 @@ def is_empty(digest: reapi.Digest) -> bool:
     return digest.size_bytes == 0 and digest.hash == EMPTY_SHA256
 
 
+@dataclass(frozen=True)
+class Undecodable:
+    """What ``TolerantDecoding`` hands a servicer for a message that did not decode."""
+
+    message: str
+
+
+class TolerantDecoding(grpc.aio.ServerInterceptor):
+    """Decode each request message so that a malformed one reaches the servicer as
+    ``Undecodable`` (then INVALID_ARGUMENT from ``rpc``/``streaming_rpc``) instead of raising
+    inside grpcio, which answers UNKNOWN and logs an ERROR traceback per message. Methods kura
+    does not serve stay grpcio's (UNIMPLEMENTED, not logged)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        decode = getattr(handler, "request_deserializer", None)
+        if handler is None or decode is None:
+            return handler
+        # grpcio's handlers are named tuples (grpc._utilities.RpcMethodHandler).
+        replaced: grpc.RpcMethodHandler[Any, Any] = handler._replace(  # type: ignore[attr-defined]
+            request_deserializer=_tolerant(decode)
+        )
+        return replaced
+
+
+def _tolerant(decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def tolerant(raw: bytes) -> Any:
+        try:
+            return decode(raw)
+        except DecodeError as exc:
+            return Undecodable(str(exc))
+
+    return tolerant
+
+
+def _refuse_undecodable(request: Any) -> Any:
+    """``request``, unless it is ``Undecodable`` (``InvalidRequest``, quietly logged); a stream
+    of requests is checked message by message as the servicer reads it."""
+    if isinstance(request, Undecodable):
+        log_malformed("gRPC", request.message)
+        raise e.InvalidRequest(f"the request message is malformed: {request.message}")
+    if hasattr(request, "__aiter__"):
+        return _checked_stream(request)
+    return request
+
+
+async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _refuse_undecodable(request)
+
+
 S = TypeVar("S")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -176,7 +240,7 @@ def rpc(method: str) -> Callable[[Unary[S, Req, Resp]], Unary[S, Req, Resp]]:
         ) -> Resp:
             gc: GrpcContext = self.gc  # type: ignore[attr-defined]
             try:
-                response = await fn(self, request, context)
+                response = await fn(self, _refuse_undecodable(request), context)
             except e.KuraError as exc:
                 await _abort(gc, method, context, exc)
             except BaseException as exc:
@@ -200,14 +264,19 @@ def streaming_rpc(method: str) -> Callable[[Streaming[S, Req, Resp]], Streaming[
             self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]
         ) -> AsyncIterator[Resp]:
             gc: GrpcContext = self.gc  # type: ignore[attr-defined]
+            responses: AsyncIterator[Resp] | None = None
             try:
-                async for response in fn(self, request, context):
+                responses = fn(self, _refuse_undecodable(request), context)
+                async for response in responses:
                     yield response
             except e.KuraError as exc:
                 await _abort(gc, method, context, exc)
             except BaseException as exc:
                 _count_failure(gc, method, exc)
                 raise
+            finally:
+                if responses is not None:  # now, not whenever the collector gets to it
+                    await responses.aclose()  # type: ignore[attr-defined]
             gc.requests.labels(method, "OK").inc()
 
         return handler
@@ -228,7 +297,9 @@ async def _abort(
 def _count_failure(gc: GrpcContext, method: str, exc: BaseException) -> None:
     if isinstance(exc, grpc.aio.AbortError):
         return  # counted where it was raised
-    if isinstance(exc, asyncio.CancelledError):
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        # The client cancelled or went away: grpcio cancels a unary call's task, and closes a
+        # streaming call's generator at its ``yield`` (GeneratorExit). Not a server error.
         gc.requests.labels(method, "CANCELLED").inc()
     else:
         gc.requests.labels(method, "INTERNAL").inc()

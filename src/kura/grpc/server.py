@@ -23,7 +23,7 @@ from kura.api.public_tls import PublicTls
 from kura.grpc.action_cache import ActionCache
 from kura.grpc.bytestream import ByteStream
 from kura.grpc.cas import Capabilities, ContentAddressableStorage
-from kura.grpc.common import GrpcContext
+from kura.grpc.common import GrpcContext, TolerantDecoding
 from kura.settings import Settings
 from kura.storage.service import CacheService
 
@@ -61,10 +61,11 @@ class GrpcServer:
         # Created here, in the running loop: grpc.aio binds a server to the loop it was made in.
         limit = s.grpc_max_message_bytes
         self._server = grpc.aio.server(
+            interceptors=[TolerantDecoding()],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
-            ]
+            ],
         )
         reapi_grpc.add_CapabilitiesServicer_to_server(Capabilities(self.gc), self._server)
         reapi_grpc.add_ContentAddressableStorageServicer_to_server(

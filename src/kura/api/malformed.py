@@ -1,0 +1,68 @@
+"""The quiet policy for malformed input, on every listener (public and internal HTTP, each
+worker's, gRPC).
+
+A request kura cannot even parse (an HTTP request line or framing aiohttp refuses, a gRPC
+message that is not the protobuf its method takes) gets its status (400, INVALID_ARGUMENT) and
+at most one INFO line without a traceback, and those lines are rate-limited: at most
+``LOG_LINES`` per ``LOG_INTERVAL_SECONDS`` per process, the next one saying how many were left
+out (``kit.log_limit``). Any client can send such requests at will, so neither ERROR, nor a
+traceback, nor a line each: 2,000 garbage gRPC calls once wrote 2,000 tracebacks (1.58 MB in
+1.7 s) and filled the status page's list of recent errors (issue 26). INFO keeps them out of
+that list (``kit.log_ring`` keeps WARNING and above).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp.http_exceptions import HttpProcessingError
+
+from kit.log_limit import LogLimit
+
+log = logging.getLogger(__name__)
+
+LOG_LINES = 5
+LOG_INTERVAL_SECONDS = 60.0
+_LIMIT = LogLimit(LOG_LINES, LOG_INTERVAL_SECONDS)
+
+
+def _suffix(suppressed: int) -> str:
+    return f" ({suppressed} more malformed requests not logged)" if suppressed else ""
+
+
+def log_malformed(listener: str, message: str) -> None:
+    """One INFO line for a malformed request on ``listener`` (``"gRPC"``, ``"HTTP"``) within the
+    process's budget (module docstring); nothing once the budget of the interval is spent.
+    Safe to call from any thread."""
+    suppressed = _LIMIT.admit()
+    if suppressed is not None:
+        log.info("rejected a malformed %s request: %s%s", listener, message, _suffix(suppressed))
+
+
+class _MalformedRequestFilter(logging.Filter):
+    """aiohttp logs every unparsable request (bad request line, conflicting framing headers)
+    with a full traceback at ERROR. The client already got a 400; the record becomes the
+    policy's INFO line without the traceback, or is dropped past the budget."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        suppressed = _LIMIT.admit()
+        if suppressed is None:
+            return False
+        record.msg = "rejected a malformed HTTP request: %s%s"
+        record.args = (exc.message, _suffix(suppressed))
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+_MALFORMED = _MalformedRequestFilter()
+
+
+def quiet_malformed_requests() -> None:
+    """Apply the policy to aiohttp's unparsable requests. Every process that serves an HTTP
+    listener calls it (``kura.api.http.serving_app``: the primary and each worker); calling it
+    again does nothing."""
+    logging.getLogger("aiohttp.server").addFilter(_MALFORMED)  # a set: added once
