@@ -8,6 +8,7 @@ real gRPC channel to a ``kura serve`` process: the independent client the gRPC t
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -108,8 +109,15 @@ class Reapi:
 
 
 def write_requests(
-    name: str, data: bytes, *, chunk: int = 64 * 1024, offset: int = 0, finish: bool = True
+    name: str,
+    data: bytes,
+    *,
+    chunk: int = 64 * 1024,
+    offset: int = 0,
+    finish: bool = True,
+    pace_seconds: float = 0.0,
 ) -> Iterator[bs.WriteRequest]:
+    """The Write messages of ``data[offset:]``, ``pace_seconds`` apart (0: at once)."""
     pos = offset
     first = True
     while True:
@@ -125,6 +133,8 @@ def write_requests(
         pos += len(piece)
         if last:
             return
+        if pace_seconds:
+            time.sleep(pace_seconds)
 
 
 def new_upload() -> str:

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import grpc
 import httpx
+import pytest
 from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 
 from kura.api.malformed import LOG_LINES
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
-from tests.grpc_api.client import blob_name, start_grpc_node
+from tests.grpc_api.client import blob_name, new_upload, start_grpc_node, write_requests
 
 MiB = 1024 * 1024
+GRACE_SECONDS = 2
 CAS = "/build.bazel.remote.execution.v2.ContentAddressableStorage/"
 GARBAGE_METHODS = (
     CAS + "FindMissingBlobs",
@@ -89,4 +92,84 @@ def test_a_read_the_client_cancels_is_not_an_error(start_node: Callable[..., Nod
     assert "Traceback" not in node.log()
     assert recent_errors(node) == []
     assert client.read(name) == data  # and the node serves the blob whole
+    client.close()
+
+
+def trickle(
+    name: str, stop: threading.Event, piece: bytes, every_seconds: float
+) -> Iterator[bs.WriteRequest]:
+    """A Write stream sending ``piece`` every ``every_seconds`` until ``stop`` is set."""
+    offset = 0
+    while not stop.is_set():
+        yield bs.WriteRequest(
+            resource_name=name if offset == 0 else "", write_offset=offset, data=piece
+        )
+        offset += len(piece)
+        stop.wait(every_seconds)
+
+
+def test_trickling_and_parked_writes_give_their_budget_back_and_others_are_served(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Three Writes declaring 8 MiB that send a byte every 0.5 s, and a resumable Write that
+    sent a byte and dropped (parked for 600 s), hold the whole tmp budget: on main they held it
+    for good (the idle timeout never fired, the resume window was 600 s) and every other write
+    was RESOURCE_EXHAUSTED. Past the grace period all four are discarded, and a write at four
+    times the minimum rate that outlasts the grace period is stored."""
+    held = 4 * 8 * MiB
+    node, client = start_grpc_node(
+        start_node,
+        workers=1,
+        tmp_dir_max_bytes=held + MiB,
+        min_upload_bytes_per_second=16 * 1024,
+        upload_grace_seconds=GRACE_SECONDS,
+        body_idle_timeout_seconds=60,
+        grpc_upload_resume_seconds=600,
+    )
+    stop = threading.Event()
+    parked = blob_name(os.urandom(8 * MiB), upload=new_upload())
+    with pytest.raises(grpc.RpcError) as dropped:
+        client.bytestream.Write(iter([bs.WriteRequest(resource_name=parked, data=b"x")]))
+    assert dropped.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # ended without finish
+    trickles = [
+        client.bytestream.Write.future(trickle(blob_name(os.urandom(8 * MiB)), stop, b"x", 0.5))
+        for _ in range(3)
+    ]
+    modest_data = os.urandom(24 * 8 * 1024)
+    modest = client.bytestream.Write.future(
+        write_requests(blob_name(modest_data), modest_data, chunk=8 * 1024, pace_seconds=0.125)
+    )
+    try:
+        assert wait_for(lambda: node.metric("kura_tmp_reserved_bytes") >= held, 30)
+        other = os.urandom(4 * MiB)
+        with pytest.raises(grpc.RpcError) as refused:
+            client.write(blob_name(other), other)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        def other_stored() -> bool:
+            try:
+                return client.write(blob_name(other), other).committed_size == len(other)
+            except grpc.RpcError as exc:
+                if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                return False
+
+        assert wait_for(other_stored, GRACE_SECONDS + 20, interval=0.25)
+        for call in trickles:
+            error = call.exception(timeout=30)
+            assert isinstance(error, grpc.Call)
+            assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "upload too slow" in (error.details() or "")
+        assert modest.result(timeout=30).committed_size == len(modest_data)
+    finally:
+        stop.set()
+    assert wait_for(lambda: node.metric("kura_tmp_reserved_bytes") == 0, 15), node.metrics()
+    assert node.staging_files() == []
+    assert node.metric("kura_grpc_uploads") == 0
+    assert node.metric('kura_http_aborted_uploads_total{reason="slow"}') == 3
+    with pytest.raises(grpc.RpcError) as gone:
+        client.bytestream.QueryWriteStatus(bs.QueryWriteStatusRequest(resource_name=parked))
+    assert gone.value.code() is grpc.StatusCode.NOT_FOUND
+    assert client.read(blob_name(other)) == other
+    assert node.index_rows() == 2  # the modest write and the other client's
     client.close()

@@ -30,6 +30,7 @@ from kura.api.grant_scope import request_namespace
 from kura.api.malformed import quiet_malformed_requests
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
+from kura.api.upload_rate import UploadRule
 from kura.core.errors import ForwardToPrimary, IncompleteBody, InvalidRequest, KuraError
 from kura.mesh.peer_pace import PeerPace
 from kura.settings import Settings
@@ -241,52 +242,34 @@ def declared_length(request: web.Request) -> int | None:
     return value
 
 
-def upload_too_slow(settings: Settings, received: int, elapsed: float) -> bool:
-    """The trickle rule of ``request_body``: ``received`` bytes ``elapsed`` seconds after the
-    first read average below ``KURA_MIN_UPLOAD_BYTES_PER_SECOND`` (0: no minimum), once
-    ``KURA_UPLOAD_GRACE_SECONDS`` have passed."""
-    rate = settings.min_upload_bytes_per_second
-    return rate > 0 and elapsed >= settings.upload_grace_seconds and received < rate * elapsed
-
-
 async def request_body(request: web.Request, protocol: str) -> AsyncIterator[bytes]:
     """Yield the body's chunks. A disconnect before the end raises ``IncompleteBody``, and so
-    does a client holding a tmp reservation without using it: no byte for
-    ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` (a stall), or, once ``KURA_UPLOAD_GRACE_SECONDS`` have
-    passed, an average rate since the first read below ``KURA_MIN_UPLOAD_BYTES_PER_SECOND``
-    (a trickle: four 2 GiB uploads sending a byte a second held a whole staging budget). Every
-    protocol's body comes through here, peer replication included. Each abort is logged once
-    and counted in ``kura_http_aborted_uploads_total{reason}``; the caller's staging cleanup
-    frees the file and reservation, and ``endpoint`` closes the connection (body unread)."""
+    does a client holding a tmp reservation without using it, stalled or trickling by the
+    listeners' one rule (``kura.api.upload_rate``). Every protocol's body comes through here,
+    peer replication included. Each abort is logged once and counted in
+    ``kura_http_aborted_uploads_total{reason}``; the caller's staging cleanup frees the file and
+    reservation, and ``endpoint`` closes the connection (body unread)."""
     c = ctx(request)
     bytes_in = c.metrics.bytes_in_child(protocol)
-    idle = c.settings.body_idle_timeout_seconds
-    min_rate, grace = c.settings.min_upload_bytes_per_second, c.settings.upload_grace_seconds
     content = request.content
     loop = asyncio.get_running_loop()
-    started = loop.time()
-    received = 0
+    meter = UploadRule.of(c.settings).meter(loop.time())
     try:
         while True:
-            wait = float(idle)
-            if min_rate > 0:
-                # The moment the average would fall below the minimum if nothing more arrives.
-                wait = min(wait, max(grace, received / min_rate) - (loop.time() - started))
             try:
-                async with asyncio.timeout(max(wait, 0.0)):
+                async with asyncio.timeout(meter.seconds_left(loop.time())):
                     chunk = await content.read(READ_CHUNK_BYTES)
             except TimeoutError:
-                elapsed = loop.time() - started
-                if wait < idle and upload_too_slow(c.settings, received, elapsed):
-                    raise _aborted(c, protocol, "slow", received, elapsed) from None
-                raise _aborted(c, protocol, "stalled", received, float(idle)) from None
+                now = loop.time()
+                message = meter.give_up(c.metrics, protocol, meter.due(now), now)
+                raise UploadAborted(message) from None
             if not chunk:
                 return
-            received += len(chunk)
             bytes_in.inc(len(chunk))
-            elapsed = loop.time() - started
-            if upload_too_slow(c.settings, received, elapsed):
-                raise _aborted(c, protocol, "slow", received, elapsed)
+            now = loop.time()
+            meter.add(len(chunk), now)
+            if (verdict := meter.verdict(now)) is not None:
+                raise UploadAborted(meter.give_up(c.metrics, protocol, verdict, now))
             yield chunk
     except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError) as exc:
         raise IncompleteBody(f"client stopped sending the body: {exc}") from exc
@@ -319,21 +302,6 @@ def _from_own_worker(request: web.Request) -> bool:
     assert request.transport is not None
     sock = request.transport.get_extra_info("socket")
     return sock is not None and sock.family == socket.AF_UNIX
-
-
-def _aborted(
-    c: ApiContext, protocol: str, reason: str, received: int, seconds: float
-) -> IncompleteBody:
-    c.metrics.count_aborted_upload(reason)
-    if reason == "stalled":
-        message = f"no body bytes arrived for {seconds:g} s; giving up"
-    else:
-        message = (
-            f"upload too slow: {received} bytes in {seconds:.1f} s, below the minimum of "
-            f"{c.settings.min_upload_bytes_per_second} bytes per second; giving up"
-        )
-    log.info("aborted a %s upload (%s): %s", protocol, reason, message)
-    return UploadAborted(message)
 
 
 async def read_small_body(request: web.Request, limit_bytes: int, protocol: str) -> bytes:

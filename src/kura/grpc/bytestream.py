@@ -27,7 +27,9 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
   ``committed_size`` = its size (REAPI allows it: the client stops sending). A stream that drops,
   or sends nothing for ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` (then it ends with DEADLINE_EXCEEDED),
   parks an ``uploads/{uuid}/`` write for ``KURA_GRPC_UPLOAD_RESUME_SECONDS``; one without an
-  upload id is discarded at once.
+  upload id is discarded at once. A write slower than the listeners' minimum upload rate
+  (``kura.api.upload_rate``, counted over the upload's life, parked time included) ends with
+  DEADLINE_EXCEEDED "upload too slow" and is discarded, streaming or parked.
 * ``QueryWriteStatus``: the committed size of a parked or running upload, or ``complete`` with
   the full size once the blob is stored; NOT_FOUND for an unknown upload.
 """
@@ -37,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -48,9 +50,10 @@ from kura.api.action_cache import EMPTY_SHA256
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
 from kura.api.file_response import DamagedBlob, verified_chunks
+from kura.api.upload_rate import UploadMeter, UploadRule, Verdict
 from kura.core.errors import InvalidRequest, KuraError, NotFound
 from kura.grpc import zstd_stream
-from kura.grpc.common import GrpcContext, OutOfRange, rpc, streaming_rpc
+from kura.grpc.common import PROTOCOL, GrpcContext, OutOfRange, rpc, streaming_rpc
 from kura.grpc.resource_names import IDENTITY, BlobName, parse_read, parse_write
 from kura.grpc.uploads import Upload, Uploads
 from kura.storage.artifact import PutResult
@@ -62,7 +65,7 @@ READ_CHUNK_BYTES = 1024 * 1024
 class ByteStream(bs_grpc.ByteStreamServicer):
     def __init__(self, gc: GrpcContext) -> None:
         self.gc = gc
-        self.uploads = Uploads(gc.settings.grpc_upload_resume_seconds)
+        self.uploads = Uploads(gc.settings.grpc_upload_resume_seconds, UploadRule.of(gc.settings))
 
     @streaming_rpc("Read")
     async def Read(  # type: ignore[override]
@@ -113,9 +116,15 @@ class ByteStream(bs_grpc.ByteStreamServicer):
     ) -> bs.WriteResponse:
         upload: Upload | None = None
         first: bs.WriteRequest | None = None
+        loop = asyncio.get_running_loop()
+        # Until the first message opens (or resumes) an upload, only the idle timeout runs.
+        waiting = dataclasses.replace(self.uploads.rule, min_bytes_per_second=0).meter(loop.time())
+
+        def meter() -> UploadMeter:  # asked before each wait: the upload's once opened
+            return waiting if upload is None else upload.meter
+
         try:
-            idle = float(self.gc.settings.body_idle_timeout_seconds)
-            async for request in _within(request_iterator, idle):
+            async for request in _within(request_iterator, meter):
                 if first is None:
                     first = request
                     name = parse_write(request.resource_name)
@@ -133,9 +142,12 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                     )
                 await upload.feed(request.data)
                 self.gc.metrics.bytes_in_child("grpc").inc(len(request.data))
+                upload.meter.add(len(request.data), loop.time())
                 if request.finish_write:
                     await upload.finish()
                     return bs.WriteResponse(committed_size=upload.committed_bytes)
+                if (verdict := upload.meter.verdict(loop.time())) is not None:
+                    raise GivenUp(verdict)
             if upload is None:
                 raise InvalidRequest("the Write stream carried no request")
             self._park(upload)
@@ -147,12 +159,15 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             if upload is not None:
                 await self.uploads.discard(upload)
             raise
-        except StreamIdle as exc:
-            if upload is not None:
-                self._park(upload)
+        except GivenUp as exc:
+            message = meter().give_up(self.gc.metrics, PROTOCOL, exc.verdict, loop.time())
+            if upload is not None and exc.verdict == "slow":
+                await self.uploads.discard(upload)  # its reservation was not earned
+            elif upload is not None:
+                self._park(upload)  # stalled: resumable, as a drop is
             self.gc.requests.labels("Write", "DEADLINE_EXCEEDED").inc()
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-        except BaseException:  # the stream dropped: cancelled, broke, or went idle
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+        except BaseException:  # the stream dropped: cancelled or broke
             if upload is not None:
                 self._park(upload)
             raise
@@ -217,24 +232,31 @@ def _done_size(name: BlobName) -> int:
 
 
 async def _within(
-    messages: AsyncIterator[bs.WriteRequest], idle_seconds: float
+    messages: AsyncIterator[bs.WriteRequest], meter: Callable[[], UploadMeter]
 ) -> AsyncIterator[bs.WriteRequest]:
-    """``messages``, but a stream that sends nothing for ``idle_seconds``
-    (``KURA_BODY_IDLE_TIMEOUT_SECONDS``, as for HTTP bodies) raises ``StreamIdle``: a stalled
+    """``messages``, but a stream whose upload (``meter()``) is due to be given up before the
+    next message comes, stalled or too slow (``kura.api.upload_rate``), raises ``GivenUp``: a
     client must not hold its reservation while its stream stays open."""
     iterator = aiter(messages)
+    loop = asyncio.get_running_loop()
     while True:
+        current = meter()
         try:
-            message = await asyncio.wait_for(anext(iterator), idle_seconds)
+            message = await asyncio.wait_for(anext(iterator), current.seconds_left(loop.time()))
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise StreamIdle(f"no Write message for {idle_seconds:.0f} s") from None
+            raise GivenUp(current.due(loop.time())) from None
         yield message
 
 
-class StreamIdle(Exception):
-    """A Write stream sent nothing for the idle timeout; its upload is parked like a drop."""
+class GivenUp(Exception):
+    """A Write stream's upload stalled or trickled (``kura.api.upload_rate``): the stream ends
+    with DEADLINE_EXCEEDED; a stalled upload is parked like a drop, a slow one discarded."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict)
+        self.verdict = verdict
 
 
 async def _verified_range(gc: GrpcContext, body: Any, start: int, end: int) -> AsyncIterator[bytes]:

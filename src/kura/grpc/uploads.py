@@ -14,6 +14,11 @@ no reserved bytes).
   is cancelled, which deletes the staged file and releases the reservation.
 * One stream at a time per upload: a second one while the first is attached is refused
   (``Conflict``).
+* Each upload has an ``UploadMeter`` (``kura.api.upload_rate``), the listeners' one rule for
+  slow uploads, run over the upload's whole life: the time it is parked counts toward its
+  average rate, so a parked upload is discarded when its resume window ends or, sooner, when
+  its average falls below ``KURA_MIN_UPLOAD_BYTES_PER_SECOND`` (past the grace period). A
+  client cannot keep a reservation by resuming with a byte now and then.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeAlias
 
+from kura.api.upload_rate import UploadMeter, UploadRule
 from kura.core.errors import Conflict
 from kura.storage.artifact import PutResult
 
@@ -34,9 +40,13 @@ class Upload:
     """One resumable write (module docstring). Create through ``Uploads.open``."""
 
     def __init__(
-        self, key: Key, store: Callable[[AsyncIterator[bytes]], asyncio.Future[PutResult]]
+        self,
+        key: Key,
+        store: Callable[[AsyncIterator[bytes]], asyncio.Future[PutResult]],
+        meter: UploadMeter,
     ) -> None:
         self.key = key
+        self.meter = meter
         self.committed_bytes = 0
         self.attached = False
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_CHUNKS)
@@ -72,8 +82,9 @@ class Upload:
 class Uploads:
     """The uploads in progress on this node, by (namespace, uuid, hash, size, compressor)."""
 
-    def __init__(self, resume_seconds: float) -> None:
+    def __init__(self, resume_seconds: float, rule: UploadRule) -> None:
         self.resume_seconds = resume_seconds
+        self.rule = rule
         self._uploads: dict[Key, Upload] = {}
 
     def __len__(self) -> int:
@@ -88,7 +99,7 @@ class Uploads:
         """A new upload for ``key`` (none may be in progress), attached to the calling stream."""
         old = self._uploads.get(key)
         assert old is None or old.task.done()
-        upload = Upload(key, store)
+        upload = Upload(key, store, self.rule.meter(asyncio.get_running_loop().time()))
         upload.attached = True
         self._uploads[key] = upload
         upload.task.add_done_callback(lambda _t: self._forget(upload))
@@ -102,14 +113,18 @@ class Uploads:
             upload._expiry.cancel()
             upload._expiry = None
         upload.attached = True
+        # A new stream has the idle timeout anew; the average rate keeps its clock.
+        upload.meter.last = asyncio.get_running_loop().time()
 
     def park(self, upload: Upload) -> None:
-        """The stream dropped: keep ``upload`` for ``resume_seconds``, then discard it."""
+        """The stream dropped: keep ``upload`` for ``resume_seconds``, or until its average
+        rate falls below the minimum if that is sooner (module docstring), then discard it."""
         upload.attached = False
         if upload.task.done():
             return
         loop = asyncio.get_running_loop()
-        upload._expiry = loop.call_later(self.resume_seconds, upload.cancel)
+        keep = min(self.resume_seconds, upload.meter.slow_at() - loop.time())
+        upload._expiry = loop.call_later(max(keep, 0.0), upload.cancel)
 
     async def discard(self, upload: Upload) -> None:
         """Cancel ``upload`` and wait until its staged file and reservation are gone."""

@@ -10,10 +10,9 @@ without workers, and the connection is then closed, its body unread (RFC 9110 §
 client that sent ``Expect`` itself is given the ``100 Continue`` only when the primary gives it.
 
 The upload limits hold here too, for this process holds the client's connection: when the
-primary answers before the whole body came, from a client that has been stalled for
-``KURA_BODY_IDLE_TIMEOUT_SECONDS`` or, past ``KURA_UPLOAD_GRACE_SECONDS``, averages below
-``KURA_MIN_UPLOAD_BYTES_PER_SECOND``, the connection is closed right after the answer (as the
-primary closes its own), not kept for aiohttp's lingering read of the rest of the body.
+primary answers before the whole body came, from a client that stalled or trickled by the
+listeners' one rule (``kura.api.upload_rate``), the connection is closed right after the answer
+(as the primary closes its own), not kept for aiohttp's lingering read of the rest of the body.
 
 When the primary vanishes mid-request, the client's connection is cut (or, if the primary is
 alive but unreachable, answered 503) and the body writer's failure is logged on one line: it
@@ -26,7 +25,6 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from kura.api.http import upload_too_slow
+from kura.api.upload_rate import UploadMeter, UploadRule
 from kura.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -64,24 +62,6 @@ def _exited(pid: int) -> bool:
     except OSError:
         return True
     return stat.rpartition(b")")[2].split()[0] in (b"Z", b"X")
-
-
-@dataclass
-class _BodyMeter:
-    """What came of the client's body so far: loop times in seconds, bytes. Timed from the
-    request's start, a little before the primary's first read, so it never judges more
-    leniently than the primary did."""
-
-    started: float
-    last: float
-    received: int = 0
-
-    def given_up(self, now: float, settings: Settings) -> bool:
-        """Whether the primary's rule (``api.http.request_body``) would abort this upload now:
-        stalled for ``KURA_BODY_IDLE_TIMEOUT_SECONDS``, or too slow (``upload_too_slow``)."""
-        if now - self.last >= settings.body_idle_timeout_seconds:
-            return True
-        return upload_too_slow(settings, self.received, now - self.started)
 
 
 class _ForwardedRequest(aiohttp.ClientRequest):
@@ -142,8 +122,9 @@ class Forwarder:
         self.forwarded_total += 1
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
         expects = request.headers.get("Expect", "").lower() == "100-continue"
-        now = asyncio.get_running_loop().time()
-        meter = _BodyMeter(started=now, last=now)
+        # Timed from the request's start, a little before the primary's first read, so it
+        # never judges more leniently than the primary does.
+        meter = UploadRule.of(self.settings).meter(asyncio.get_running_loop().time())
         body = _body(request, expects, meter) if request.body_exists else None
         if body is None:
             headers = [(k, v) for k, v in headers if k.lower() != "expect"]
@@ -201,7 +182,7 @@ class Forwarder:
             if (
                 unread
                 and request.transport is not None
-                and meter.given_up(loop.time(), self.settings)
+                and meter.verdict(loop.time()) is not None  # the primary's rule gave up
             ):
                 request.transport.close()  # flushes the answer first; no lingering read
             return response
@@ -217,13 +198,12 @@ class Forwarder:
             upstream.release()
 
 
-async def _body(request: web.Request, expects: bool, meter: _BodyMeter) -> AsyncIterator[bytes]:
+async def _body(request: web.Request, expects: bool, meter: UploadMeter) -> AsyncIterator[bytes]:
     """The client's body, counted in ``meter``; with ``Expect: 100-continue`` the client is
     told to send it only now, when the primary asked for it."""
     if expects and request.writer is not None:
         await request.writer.write(CONTINUE)
     loop = asyncio.get_running_loop()
     async for chunk in request.content.iter_chunked(CHUNK_BYTES):
-        meter.received += len(chunk)
-        meter.last = loop.time()
+        meter.add(len(chunk), loop.time())
         yield chunk
