@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import collections
 import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
@@ -172,4 +175,64 @@ def test_trickling_and_parked_writes_give_their_budget_back_and_others_are_serve
     assert gone.value.code() is grpc.StatusCode.NOT_FOUND
     assert client.read(blob_name(other)) == other
     assert node.index_rows() == 2  # the modest write and the other client's
+    client.close()
+
+
+# Opens N Reads of one blob, takes each one's first message, says so, then reads no more.
+STALLED_READER = """
+import sys, time, grpc
+target, n, request = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+channels = [grpc.insecure_channel(target) for _ in range(n // 10 + 1)]
+calls = []
+for i in range(n):
+    call = channels[i % len(channels)].unary_stream("/google.bytestream.ByteStream/Read")(request)
+    next(call)
+    calls.append(call)
+print("opened", flush=True)
+time.sleep(600)
+"""
+
+
+def rss_bytes(node: NodeProcess) -> int:
+    """The node process's resident set size (proc(5), /proc/PID/statm: pages)."""
+    with open(f"/proc/{node.proc.pid}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_stalled_reads_are_cut_at_the_idle_timeout_and_their_memory_returned(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """50 Reads of a 64 MiB blob whose client stops (SIGSTOP) after their first message: on
+    main they were never cut (the node held each call, its open file and ~6 MiB of messages
+    for as long as the client lived), and once the client was gone the node kept most of that
+    memory. Now each is cut at the idle timeout (DEADLINE_EXCEEDED, no ERROR), and the memory
+    is back once the client is gone."""
+    node, client = start_grpc_node(start_node, workers=1, body_idle_timeout_seconds=2)
+    data = os.urandom(64 * MiB)
+    name = blob_name(data)
+    client.write(name, data, chunk=MiB)
+    baseline = rss_bytes(node)
+    request = bs.ReadRequest(resource_name=name).SerializeToString().hex()
+    cut = 'kura_grpc_requests_total{code="DEADLINE_EXCEEDED",method="Read"}'
+    with subprocess.Popen(
+        [sys.executable, "-c", STALLED_READER, client.target, "50", request],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as reader:
+        try:
+            assert reader.stdout is not None
+            assert reader.stdout.readline() == "opened\n"
+            os.kill(reader.pid, signal.SIGSTOP)
+            held = rss_bytes(node) - baseline
+            assert wait_for(lambda: node.metric(cut) == 50, 30), (held, node.metrics())
+        finally:
+            reader.kill()
+    assert wait_for(lambda: rss_bytes(node) - baseline < 32 * MiB, 15), (
+        f"held {held / MiB:.0f} MiB while stalled, "
+        f"{(rss_bytes(node) - baseline) / MiB:.0f} MiB after the client left"
+    )
+    assert " ERROR " not in node.log()
+    assert "Traceback" not in node.log()
+    assert node.metric('kura_grpc_requests_total{code="INTERNAL",method="Read"}') == 0
+    assert client.read(name) == data
     client.close()

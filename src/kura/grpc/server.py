@@ -4,7 +4,10 @@ Started by ``kura.app`` when ``KURA_GRPC_PORT`` is set, on ``KURA_HOST``; with t
 certificate and key set it speaks TLS with them, and a new handshake gets the pair that
 ``kura.api.public_tls`` last loaded (grpcio asks ``_certificates`` before each one). Messages larger than
 ``KURA_GRPC_MAX_MESSAGE_BYTES`` are refused by grpcio itself (RESOURCE_EXHAUSTED) in both
-directions; ``GetCapabilities`` advertises the batch limit below it.
+directions; ``GetCapabilities`` advertises the batch limit below it. A stream whose client
+stops reading is cut (``kura.grpc.common``), and the process's large blocks go back to the
+system when freed (``kit.allocator``), so what a stalled Read buffered is returned once its
+connection closes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
 )
 from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as bs_grpc
 
+from kit.allocator import return_large_blocks
 from kura.api.auth import TokenAuth
 from kura.api.metrics import KuraMetrics
 from kura.api.public_tls import PublicTls
@@ -43,6 +47,7 @@ class GrpcServer:
     ) -> None:
         self.settings = settings
         self.tls = tls
+        return_large_blocks()  # grpcio's message buffers go back to the system when freed
         self.gc = GrpcContext(settings, service, auth, metrics)
         self.bytestream = ByteStream(self.gc)
         self.gc.metrics.watch_value(
