@@ -695,7 +695,8 @@ class Settings:
         "KURA_BODY_IDLE_TIMEOUT_SECONDS",
         "--body-idle-timeout-seconds",
         parse_positive_int,
-        "an upload that sends no byte for this long is aborted and its tmp reservation freed",
+        "an upload that sends no byte for this long is aborted and its tmp reservation freed; "
+        "a gRPC stream whose client takes no message for this long is cut",
         default=60,
     )
     min_upload_bytes_per_second: int = option(
