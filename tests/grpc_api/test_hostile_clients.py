@@ -236,3 +236,32 @@ def test_stalled_reads_are_cut_at_the_idle_timeout_and_their_memory_returned(
     assert node.metric('kura_grpc_requests_total{code="INTERNAL",method="Read"}') == 0
     assert client.read(name) == data
     client.close()
+
+
+def test_reads_whose_client_dies_mid_stream_are_not_errors(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A client killed while 50 of its Reads stream: on main each was INTERNAL with an ERROR
+    traceback ("Read failed", GeneratorExit), and grpcio logged its failed send at ERROR too."""
+    node, client = start_grpc_node(start_node, workers=1)
+    data = os.urandom(64 * MiB)
+    name = blob_name(data)
+    client.write(name, data, chunk=MiB)
+    request = bs.ReadRequest(resource_name=name).SerializeToString().hex()
+    with subprocess.Popen(
+        [sys.executable, "-c", STALLED_READER, client.target, "50", request],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as reader:
+        try:
+            assert reader.stdout is not None
+            assert reader.stdout.readline() == "opened\n"
+        finally:
+            reader.kill()
+    cancelled = 'kura_grpc_requests_total{code="CANCELLED",method="Read"}'
+    assert wait_for(lambda: node.metric(cancelled) == 50, 30), node.metrics()
+    assert node.metric('kura_grpc_requests_total{code="INTERNAL",method="Read"}') == 0
+    assert " ERROR " not in node.log()
+    assert "Traceback" not in node.log()
+    assert recent_errors(node) == []
+    client.close()

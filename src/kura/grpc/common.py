@@ -16,7 +16,7 @@
   does not decode as its method's protobuf is INVALID_ARGUMENT with at most a rate-limited INFO
   line (``TolerantDecoding``; grpcio itself answers UNKNOWN and logs an ERROR traceback each).
 * A call the client cancelled (or whose connection dropped) is counted with code CANCELLED and
-  is not logged: it is not a server error.
+  is not logged, by kura or by grpcio (``_ClientGoneFilter``): it is not a server error.
 * A server-streaming call (Read, GetTree) whose client takes no message for
   ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` is cut (``_SendWatchdog``), counted DEADLINE_EXCEEDED.
 """
@@ -172,6 +172,24 @@ class Undecodable:
     """What ``TolerantDecoding`` hands a servicer for a message that did not decode."""
 
     message: str
+
+
+class _ClientGoneFilter(logging.Filter):
+    """grpcio logs at ERROR, with a traceback, a send that failed because the client went
+    away in the middle of a streaming call (``ExecuteBatchError raised in core by servicer
+    method``). The call is counted CANCELLED (``streaming_rpc``); the line is dropped unless
+    the log is at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if type(exc).__name__ != "ExecuteBatchError":  # grpc._cython.cygrpc's, private
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.exc_info, record.exc_text = None, None
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+logging.getLogger("grpc._cython.cygrpc").addFilter(_ClientGoneFilter())
 
 
 class TolerantDecoding(grpc.aio.ServerInterceptor):
