@@ -5,6 +5,7 @@ log, tmp budget and memory, and none is counted or logged as a server error."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +21,13 @@ from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 from kura.api.malformed import LOG_LINES
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
-from tests.grpc_api.client import blob_name, new_upload, start_grpc_node, write_requests
+from tests.grpc_api.client import (
+    Reapi,
+    blob_name,
+    new_upload,
+    start_grpc_node,
+    write_requests,
+)
 
 MiB = 1024 * 1024
 GRACE_SECONDS = 2
@@ -193,6 +200,24 @@ time.sleep(600)
 """
 
 
+@contextlib.contextmanager
+def stalled_reader(client: Reapi, name: str, reads: int) -> Iterator[subprocess.Popen[str]]:
+    """Run ``STALLED_READER`` with ``reads`` Reads of the blob ``name``: yields once each took
+    its first message, and kills the reader on the way out."""
+    request = bs.ReadRequest(resource_name=name).SerializeToString().hex()
+    with subprocess.Popen(
+        [sys.executable, "-c", STALLED_READER, client.target, str(reads), request],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as reader:
+        try:
+            assert reader.stdout is not None
+            assert reader.stdout.readline() == "opened\n"
+            yield reader
+        finally:
+            reader.kill()
+
+
 def rss_bytes(node: NodeProcess) -> int:
     """The node process's resident set size (proc(5), /proc/PID/statm: pages)."""
     with open(f"/proc/{node.proc.pid}/statm") as statm:
@@ -209,24 +234,13 @@ def test_stalled_reads_are_cut_at_the_idle_timeout_and_their_memory_returned(
     is back once the client is gone."""
     node, client = start_grpc_node(start_node, workers=1, body_idle_timeout_seconds=2)
     data = os.urandom(64 * MiB)
-    name = blob_name(data)
-    client.write(name, data, chunk=MiB)
+    client.write(blob_name(data), data, chunk=MiB)
     baseline = rss_bytes(node)
-    request = bs.ReadRequest(resource_name=name).SerializeToString().hex()
     cut = 'kura_grpc_requests_total{code="DEADLINE_EXCEEDED",method="Read"}'
-    with subprocess.Popen(
-        [sys.executable, "-c", STALLED_READER, client.target, "50", request],
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as reader:
-        try:
-            assert reader.stdout is not None
-            assert reader.stdout.readline() == "opened\n"
-            os.kill(reader.pid, signal.SIGSTOP)
-            held = rss_bytes(node) - baseline
-            assert wait_for(lambda: node.metric(cut) == 50, 30), (held, node.metrics())
-        finally:
-            reader.kill()
+    with stalled_reader(client, blob_name(data), 50) as reader:
+        os.kill(reader.pid, signal.SIGSTOP)
+        held = rss_bytes(node) - baseline
+        assert wait_for(lambda: node.metric(cut) == 50, 30), (held, node.metrics())
     assert wait_for(lambda: rss_bytes(node) - baseline < 32 * MiB, 15), (
         f"held {held / MiB:.0f} MiB while stalled, "
         f"{(rss_bytes(node) - baseline) / MiB:.0f} MiB after the client left"
@@ -234,7 +248,7 @@ def test_stalled_reads_are_cut_at_the_idle_timeout_and_their_memory_returned(
     assert " ERROR " not in node.log()
     assert "Traceback" not in node.log()
     assert node.metric('kura_grpc_requests_total{code="INTERNAL",method="Read"}') == 0
-    assert client.read(name) == data
+    assert client.read(blob_name(data)) == data
     client.close()
 
 
@@ -245,19 +259,9 @@ def test_reads_whose_client_dies_mid_stream_are_not_errors(
     traceback ("Read failed", GeneratorExit), and grpcio logged its failed send at ERROR too."""
     node, client = start_grpc_node(start_node, workers=1)
     data = os.urandom(64 * MiB)
-    name = blob_name(data)
-    client.write(name, data, chunk=MiB)
-    request = bs.ReadRequest(resource_name=name).SerializeToString().hex()
-    with subprocess.Popen(
-        [sys.executable, "-c", STALLED_READER, client.target, "50", request],
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as reader:
-        try:
-            assert reader.stdout is not None
-            assert reader.stdout.readline() == "opened\n"
-        finally:
-            reader.kill()
+    client.write(blob_name(data), data, chunk=MiB)
+    with stalled_reader(client, blob_name(data), 50):
+        pass  # killed on the way out, 50 Reads streaming
     cancelled = 'kura_grpc_requests_total{code="CANCELLED",method="Read"}'
     assert wait_for(lambda: node.metric(cancelled) == 50, 30), node.metrics()
     assert node.metric('kura_grpc_requests_total{code="INTERNAL",method="Read"}') == 0
