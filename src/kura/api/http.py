@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from kura.api import upload_rate
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
 from kura.api.file_response import DamagedBlob, OpenFileResponse
@@ -30,7 +31,6 @@ from kura.api.grant_scope import request_namespace
 from kura.api.malformed import quiet_malformed_requests
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
-from kura.api.upload_rate import UploadRule
 from kura.core.errors import ForwardToPrimary, IncompleteBody, InvalidRequest, KuraError
 from kura.mesh.peer_pace import PeerPace
 from kura.settings import Settings
@@ -253,7 +253,7 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
     bytes_in = c.metrics.bytes_in_child(protocol)
     content = request.content
     loop = asyncio.get_running_loop()
-    meter = UploadRule.of(c.settings).meter(loop.time())
+    meter = upload_rate.UploadRule.of(c.settings).meter(loop.time())
     try:
         while True:
             try:

@@ -4,10 +4,7 @@ Started by ``kura.app`` when ``KURA_GRPC_PORT`` is set, on ``KURA_HOST``; with t
 certificate and key set it speaks TLS with them, and a new handshake gets the pair that
 ``kura.api.public_tls`` last loaded (grpcio asks ``_certificates`` before each one). Messages larger than
 ``KURA_GRPC_MAX_MESSAGE_BYTES`` are refused by grpcio itself (RESOURCE_EXHAUSTED) in both
-directions; ``GetCapabilities`` advertises the batch limit below it. A stream whose client
-stops reading is cut (``kura.grpc.common``), and the process's large blocks go back to the
-system when freed (``kit.allocator``), so what a stalled Read buffered is returned once its
-connection closes.
+directions; ``GetCapabilities`` advertises the batch limit below it.
 """
 
 from __future__ import annotations
@@ -47,7 +44,9 @@ class GrpcServer:
     ) -> None:
         self.settings = settings
         self.tls = tls
-        return_large_blocks()  # grpcio's message buffers go back to the system when freed
+        # grpcio's message buffers go back to the system when freed: what a stalled Read held is
+        # returned once its call is cut (kura.grpc.common) and its connection closed.
+        return_large_blocks()
         self.gc = GrpcContext(settings, service, auth, metrics)
         self.bytestream = ByteStream(self.gc)
         self.gc.metrics.watch_value(
