@@ -321,6 +321,13 @@ class Node:
                 "Writer groups whose fsync failed (their writes failed).",
                 lambda: commits.sync_failures_total,
             ),
+            (
+                "counter",
+                "kura_storage_commit_sync_shortages",
+                "Writer groups not made durable for want of descriptors or memory (their "
+                "writes failed; later writes are taken once the shortage passes).",
+                lambda: commits.sync_shortages_total,
+            ),
         ):
             self.metrics.watch_value(kind, name, doc, value)
         self.metrics.watch_value(
@@ -380,6 +387,7 @@ class Node:
             reasons.append("discovery settling")
         if self.object_tier is None:  # with the tier, a fresh node is ready without a bootstrap
             reasons.extend(self.bootstrapper.reasons())
+        reasons.extend(self.service.write_refusals())  # a failed fsync, a descriptor shortage
         return reasons
 
     def warnings(self) -> list[str]:

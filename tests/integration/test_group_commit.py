@@ -59,8 +59,9 @@ def test_a_failed_fsync_refuses_every_later_write_until_a_restart(
     start_node: Callable[..., NodeProcess],
 ) -> None:
     """``eio(N)``: the N+1st group's fsync fails (kit.failpoint). That group's PUT is answered
-    503; so is every later write, reads still serve what was acknowledged, /ready says why, and
-    a restart on the same data dir (disk healthy again) serves every acknowledged write."""
+    503; so is every later write, reads still serve what was acknowledged, /ready is 503 and
+    says why, and a restart on the same data dir (disk healthy again) serves every acknowledged
+    write."""
     node = start_node("eio", failpoints="storage.before_group_sync=eio(30)")
     acked: dict[int, bytes] = {}
     failed = None
@@ -77,8 +78,10 @@ def test_a_failed_fsync_refuses_every_later_write_until_a_restart(
     later = httpx.put(f"{node.url}/cache/after", content=b"refused", timeout=30)
     assert later.status_code == 503, later.text
     assert "refuses every write until it is restarted" in later.text
-    warnings = httpx.get(f"{node.url}/ready", timeout=10).json()["warnings"]
-    assert any("fsync" in w and "restarted" in w for w in warnings), warnings
+    ready = httpx.get(f"{node.url}/ready", timeout=10)
+    assert ready.status_code == 503  # writes are refused: not ready
+    assert any("fsync" in w and "restarted" in w for w in ready.json()["reasons"]), ready.text
+    assert any("fsync" in w and "restarted" in w for w in ready.json()["warnings"]), ready.text
     assert node.metric("kura_storage_commit_sync_failures_total") == 1
     assert acked
     for i, body in acked.items():

@@ -1,15 +1,18 @@
 """The writer thread's group commit (``kura.storage.group_commit``): jobs run in order, a group
-shares one sync, no future resolves before its group's sync, and a failed sync fails the group
-and keeps the files it would have unlinked."""
+shares one sync, no future resolves before its group's sync, a failed sync fails the group
+and keeps the files it would have unlinked, and a sync short of descriptors latches nothing."""
 
 from __future__ import annotations
 
+import errno
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from kura.core.errors import Unavailable
+from kura.storage.fsync import DescriptorShortage
 from kura.storage.group_commit import GroupCommitWriter
 
 WAIT = 10.0
@@ -109,6 +112,37 @@ def test_a_failed_sync_fails_the_groups_writes_and_keeps_what_they_replaced(
     assert ran == []
     assert writer.failure is not None
     assert sync.calls == 1
+
+
+def test_a_sync_short_of_descriptors_fails_its_group_only_and_is_retried_by_itself(
+    writer: GroupCommitWriter, tmp_path: Path
+) -> None:
+    """EMFILE when opening the WAL to fsync it (issue 26): no fsync ran, so nothing latches.
+    The group's writes fail, what they replaced is kept until a sync succeeds, and the writer
+    retries on its own, with no write arriving, until one does."""
+    sync = CountingSync()
+    sync.fail = DescriptorShortage(errno.EMFILE, "Too many open files", "index.sqlite3-wal")
+    writer.set_sync(sync)
+    old = tmp_path / "old-version"
+    old.write_bytes(b"acknowledged bytes")
+    first = writer.submit(writer.unlink_later, old)
+    with pytest.raises(Unavailable, match="retry later"):
+        first.result(WAIT)
+    assert writer.failure is None
+    assert writer.shortage is not None
+    assert "descriptors" in writer.shortage
+    assert old.exists()
+    calls = sync.calls
+    sync.fail = None  # descriptors free up; nobody writes
+    deadline = time.monotonic() + WAIT
+    while writer.shortage is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert writer.shortage is None
+    assert sync.calls > calls
+    assert not old.exists()  # carried to the sync that succeeded
+    assert writer.stats.sync_shortages_total >= 1
+    assert writer.stats.sync_failures_total == 0
+    assert writer.submit(lambda: "taken").result(WAIT) == "taken"
 
 
 def test_unlinks_wait_for_the_sync_and_a_republished_name_is_kept(

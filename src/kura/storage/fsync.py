@@ -1,19 +1,42 @@
 """fsync helpers: a file, a directory (renames and unlinks in it), a SQLite WAL.
 
-Blocking; callers run them off the event loop. Each raises OSError when the fsync fails.
+Blocking; callers run them off the event loop. Each raises OSError when the fsync fails, and
+``DescriptorShortage`` (an OSError) when the file could not even be opened for want of a
+descriptor or memory: then no fsync ran on it and nothing was lost, so a caller may retry once
+the shortage passes (``storage.group_commit`` does, instead of refusing writes for good).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+# open(2) fails with these when the process (EMFILE) or the system (ENFILE) has no descriptor
+# left, or the kernel no memory (ENOMEM): conditions that pass, unlike an I/O error.
+SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+class DescriptorShortage(OSError):
+    """A file to fsync could not be opened (``SHORTAGE_ERRNOS``): no fsync ran on it."""
+
+
+def open_to_sync(path: Path) -> int:
+    """``os.open(path, O_RDONLY)``; raises ``DescriptorShortage`` for ``SHORTAGE_ERRNOS`` and
+    the OSError itself otherwise (FileNotFoundError included)."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        if exc.errno in SHORTAGE_ERRNOS:
+            raise DescriptorShortage(exc.errno, exc.strerror, str(path)) from exc
+        raise
 
 
 def fsync_path(path: Path) -> None:
     """fsync a file (its bytes) or a directory (renames, creations and unlinks in it); either
     is opened read-only, which Linux fsyncs (fsync(2): "an explicit fsync() on a file
     descriptor for the directory is also needed")."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_to_sync(path)
     try:
         os.fsync(fd)
     finally:
@@ -33,7 +56,7 @@ class WalSync:
 
     def __call__(self) -> None:
         try:
-            fd = os.open(self._wal, os.O_RDONLY)
+            fd = open_to_sync(self._wal)
         except FileNotFoundError:
             fsync_path(self.database)
             return

@@ -34,6 +34,16 @@ loss; it may already be served), the group's unlinks are skipped (start-up remov
 names), and every later job fails with ``Unavailable`` without running: the node serves what
 it has and refuses every write until it is restarted (``CacheService.warnings`` says so).
 
+A shortage is not a failed sync. When a file to fsync cannot even be opened for want of a
+descriptor or memory (``fsync.DescriptorShortage``: EMFILE, ENFILE, ENOMEM), no fsync ran on
+it and the kernel dropped nothing, so nothing latches: the group's jobs that had succeeded fail
+with ``Unavailable`` (retry later), its directories and unlinks are carried to the next group
+(whose WAL fsync also covers these commits), and ``shortage`` says why until a sync succeeds.
+While it lasts the thread retries an empty group every ``SHORTAGE_RETRY_SECONDS``, so writes
+are taken again by themselves once descriptors free up, even if none arrives meanwhile.
+(Field report, issue 26: idle connections to an uncapped listener exhausted the descriptors,
+the WAL's open failed with EMFILE, and the node refused every write until a restart.)
+
 Calls made off this thread, or outside a job, act at once: ``sync_dir_later`` fsyncs,
 ``unlink_later`` unlinks.
 """
@@ -52,11 +62,12 @@ from typing import Any
 
 from kit.failpoint import failpoint
 from kura.core.errors import Unavailable
-from kura.storage.fsync import fsync_path
+from kura.storage.fsync import DescriptorShortage, fsync_path
 
 log = logging.getLogger(__name__)
 
 MAX_GROUP_JOBS = 256
+SHORTAGE_RETRY_SECONDS = 1.0  # how often a sync that lacked descriptors is retried
 
 
 @dataclass
@@ -75,6 +86,7 @@ class GroupStats:
     jobs_total: int = 0
     largest_group: int = 0
     sync_failures_total: int = 0
+    sync_shortages_total: int = 0  # groups failed for want of descriptors or memory (transient)
 
 
 class GroupCommitWriter(Executor):
@@ -93,6 +105,7 @@ class GroupCommitWriter(Executor):
         self._in_group = False
         self._closed = False
         self.failure: str | None = None  # set by a failed sync: every later job fails
+        self.shortage: str | None = None  # set by a sync that lacked descriptors, until one works
         self._lock = threading.Lock()
         self.stats = GroupStats()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -149,7 +162,12 @@ class GroupCommitWriter(Executor):
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
+            try:
+                retry = SHORTAGE_RETRY_SECONDS if self.shortage and not self.failure else None
+                first = self._queue.get(timeout=retry)
+            except queue.Empty:
+                self._run_group([])  # no write came: retry the pending sync by itself
+                continue
             if first is None:
                 return
             group = [first]
@@ -187,7 +205,7 @@ class GroupCommitWriter(Executor):
         finally:
             self._in_group = False
         failure = self._make_durable(len(group))
-        if failure is None:
+        if failure is None and group:
             self.stats.groups_total += 1
             self.stats.jobs_total += sum(1 for ok, _v in outcomes if ok)
             self.stats.largest_group = max(self.stats.largest_group, len(group))
@@ -212,6 +230,8 @@ class GroupCommitWriter(Executor):
                 except FileNotFoundError:
                     continue  # emptied and removed since: nothing left to make durable
             self._sync()
+        except DescriptorShortage as exc:
+            return self._short_of_descriptors(jobs, exc, dirs, unlinks)
         except Exception as exc:
             self.stats.sync_failures_total += 1
             self.failure = (
@@ -227,6 +247,9 @@ class GroupCommitWriter(Executor):
                 len(unlinks),
             )
             return Unavailable(f"the write could not be made durable: {exc}")
+        if self.shortage is not None:
+            log.warning("writes are made durable again (the descriptor shortage has passed)")
+            self.shortage = None
         for path in unlinks:
             try:
                 os.unlink(path)
@@ -235,3 +258,25 @@ class GroupCommitWriter(Executor):
             except OSError as exc:
                 log.warning("could not remove replaced blob file %s: %s", path, exc)
         return None
+
+    def _short_of_descriptors(
+        self, jobs: int, exc: DescriptorShortage, dirs: list[str], unlinks: list[str]
+    ) -> Unavailable:
+        """A file to fsync could not be opened: fail this group's writes, keep its pending
+        directory fsyncs and unlinks for the next group, and latch nothing (module docstring)."""
+        self.stats.sync_shortages_total += 1
+        self._dirs = dict.fromkeys(dirs) | self._dirs
+        self._unlinks = dict.fromkeys(unlinks) | self._unlinks
+        if self.shortage is None:  # one line per episode, not one per failed group
+            log.error(
+                "could not make %d writes durable: %s; they are reported as failed and writes "
+                "are refused until a sync succeeds (retried every %g s)",
+                jobs,
+                exc,
+                SHORTAGE_RETRY_SECONDS,
+            )
+        self.shortage = (
+            f"writes are refused for now: the process is short of descriptors or memory "
+            f"({exc.strerror}); they resume by themselves once it passes"
+        )
+        return Unavailable(f"the write could not be made durable now ({exc}); retry later")

@@ -195,6 +195,13 @@ class CacheService(ReadPath, ReplicaApply):
         """The writer's group-commit counters (``storage.group_commit``)."""
         return self._writer.stats
 
+    def write_refusals(self) -> list[str]:
+        """Why writes are refused right now (``/ready`` reasons), empty when they are taken:
+        a failed fsync (until a restart) or a descriptor shortage (until a sync succeeds
+        again, which the writer retries by itself); ``storage.group_commit``."""
+        writer = self._writer
+        return [r for r in (writer.failure, writer.shortage) if r is not None]
+
     def warnings(self) -> list[str]:
         """Storage problems for an operator (``/ready`` warnings); see ``recovery.warnings``."""
         found = warnings(self.start_report, self.files.data_dir, self.min_free_disk_bytes)
