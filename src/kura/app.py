@@ -356,7 +356,13 @@ class Node:
         self.workers: Workers | None = None  # KURA_WORKERS > 1 (kura.workers)
         if settings.workers > 1:
             self.workers = Workers(
-                settings, self.service, self.metrics, self.build_app, self.auth, self.peer_pace.load
+                settings,
+                self.service,
+                self.metrics,
+                self.build_app,
+                self.auth,
+                self.peer_pace.load,
+                self.connections,
             )
         self.draining = False
         self.public_url = ""
@@ -365,7 +371,9 @@ class Node:
         self._public_runner: web.AppRunner | None = None
         # The REAPI v2 services over gRPC (kura.grpc), when KURA_GRPC_PORT is set.
         self.grpc = (
-            GrpcServer(settings, self.service, self.auth, self.metrics, self.public_tls)
+            GrpcServer(
+                settings, self.service, self.auth, self.metrics, self.connections, self.public_tls
+            )
             if settings.grpc_port is not None
             else None
         )

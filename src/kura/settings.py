@@ -726,8 +726,8 @@ class Settings:
         "KURA_MAX_CONNECTIONS",
         "--max-connections",
         parse_positive_int,
-        "open client and peer connections per node, both listeners together (clamped below "
-        "the descriptor limit)",
+        "open client and peer connections per process, every listener together (gRPC's "
+        "share included; clamped below the descriptor limit)",
         default=4096,
     )
     multipart_upload_idle_seconds: int = option(

@@ -1,4 +1,4 @@
-"""The node's open connections: one cap for both listeners, and a quiet accept loop.
+"""The node's open connections: one cap for every listener, and a quiet accept loop.
 
 Field report: 1,100 idle connections under a 1,024-descriptor limit made ``/up`` time out and
 wrote 166,623 tracebacks (74 MB of log) in 30 s. Once the process is out of descriptors,
@@ -8,27 +8,46 @@ gets in. Three parts keep that from happening:
 
 * ``descriptor_cap`` raises the soft ``RLIMIT_NOFILE`` to the hard limit at start and clamps
   ``KURA_MAX_CONNECTIONS`` below it, keeping a reserve (a quarter of the limit, at least
-  ``MIN_RESERVED_DESCRIPTORS``) for blob files, SQLite, peer connections and the executor, so
-  ``accept`` itself never runs out.
-* ``ConnectionGuard`` counts every open connection of both listeners, admitting each in
-  ``accept`` itself (``GuardedSocket``, the listeners' sockets). At the cap it closes the
+  ``MIN_RESERVED_DESCRIPTORS``) for SQLite, the WAL's fsync, peer connections and the
+  executor, so ``accept`` itself never runs out. A busy connection costs
+  ``DESCRIPTORS_PER_CONNECTION`` descriptors, not one: its socket, and the file its upload is
+  staged in or its download is sent from (or, in a worker, its connection to the primary).
+* ``ConnectionGuard`` counts every open connection of every listener of the process, admitting
+  each in ``accept`` itself (``GuardedSocket``, the listeners' sockets): in the primary the
+  public and internal ports and the unix socket the workers forward requests to, in a worker
+  its share of the public port. At the cap it closes the
   connection that has waited longest for a request head (idle keep-alive, or a client that never
   finished its head), so that a real request such as ``/up`` still gets in; with none waiting,
   it answers the new connection ``503`` and closes it. A running handler is never closed.
 * ``AcceptErrorFilter`` turns asyncio's accept-error reports into one line per
   ``ACCEPT_ERROR_LOG_INTERVAL_SECONDS`` without the traceback, should the limit be reached anyway
-  (descriptors used elsewhere in the process).
+  (descriptors used elsewhere in the process), and ``GuardedSocket`` makes such an error pause
+  that socket's accepting for a second instead of spinning: CPython 3.11's
+  ``_accept_connection`` keeps calling ``accept`` after an EMFILE for the rest of its backlog
+  (1,024 calls) and schedules one retry for each, which measured about 36,000 failed accepts a
+  second (issue 26).
+* ``ConnectionGuard.grpc_options`` carves the gRPC listener's share out of the same cap
+  (``GRPC_SHARE_DIVISOR``): grpcio's C-core accepts on its own threads, so its share is its
+  ``grpc.max_allowed_incoming_connections`` (a connection past it is closed as soon as it is
+  accepted), and the HTTP listeners keep the rest. Without it, 4,500 idle connections to the
+  gRPC port, each sending only the HTTP/2 preface, took every descriptor of the process, and the
+  WAL's fsync could not open its file (issue 26).
 
 The header-read timeout is aiohttp's keep-alive timeout (``GuardedAppRunner`` is given
 ``keepalive_timeout``): aiohttp arms it when a connection opens and after every response, and
 closes the connection when it fires while no complete request head has arrived
-(aiohttp ``web_protocol.RequestHandler._process_keepalive``).
+(aiohttp ``web_protocol.RequestHandler._process_keepalive``). gRPC gets the same timeout twice:
+``grpc.server_handshake_timeout_ms`` closes a connection that has not finished its HTTP/2
+handshake (a preface and its SETTINGS frame) within it, and ``grpc.max_connection_idle_ms`` one
+with no call in progress for as long.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import resource
 import socket
 import time
@@ -42,9 +61,18 @@ from kura.api.metrics import KuraMetrics
 log = logging.getLogger(__name__)
 
 MIN_RESERVED_DESCRIPTORS = 64
+DESCRIPTORS_PER_CONNECTION = 2  # its socket and one file (module docstring)
 # RLIM_INFINITY as a soft limit is refused by Linux (fs.nr_open bounds it); never ask for more.
 MAX_SOFT_DESCRIPTORS = 1 << 20
 ACCEPT_ERROR_LOG_INTERVAL_SECONDS = 10.0
+# After a failed accept for want of resources a listening socket rests this long. asyncio itself
+# re-arms it after 1 s (asyncio.constants.ACCEPT_RETRY_DELAY); resting less lets that retry run.
+ACCEPT_PAUSE_SECONDS = 0.5
+_ACCEPT_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# With the gRPC port on, a quarter of the cap is its share: build tools open many HTTP
+# connections (Bazel's --remote_max_connections is 100 by default) but multiplex gRPC calls
+# over a few channels.
+GRPC_SHARE_DIVISOR = 4
 _REFUSAL_BODY = b"connection limit reached; retry later\n"
 REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
@@ -55,8 +83,9 @@ REFUSAL = (
 def descriptor_cap(configured: int) -> tuple[int, int]:
     """Raise the soft descriptor limit to the hard one; return ``(effective cap, limit)``.
 
-    The cap is ``configured`` clamped to ``limit - reserve`` (reserve: a quarter of the limit,
-    at least ``MIN_RESERVED_DESCRIPTORS``), and at least 1. Process-wide; call once at start.
+    The cap is ``configured`` clamped to ``(limit - reserve) // DESCRIPTORS_PER_CONNECTION``
+    (reserve: a quarter of the limit, at least ``MIN_RESERVED_DESCRIPTORS``), and at least 1.
+    Process-wide; call once at start.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = MAX_SOFT_DESCRIPTORS if hard == resource.RLIM_INFINITY else hard
@@ -68,7 +97,7 @@ def descriptor_cap(configured: int) -> tuple[int, int]:
         except (ValueError, OSError) as exc:
             log.warning("could not raise the descriptor limit from %d to %d: %s", soft, target, exc)
     reserve = max(MIN_RESERVED_DESCRIPTORS, soft // 4)
-    return max(1, min(configured, soft - reserve)), soft
+    return max(1, min(configured, (soft - reserve) // DESCRIPTORS_PER_CONNECTION)), soft
 
 
 def _waiting_since(handler: RequestHandler) -> float | None:
@@ -108,6 +137,7 @@ class ConnectionGuard:
         self._handlers: set[RequestHandler] = set()
         self.closed_idle_total = 0
         self.refused_total = 0
+        self.grpc_max_connections = 0  # the gRPC listener's share, once carved (grpc_options)
 
     @property
     def open_connections(self) -> int:
@@ -125,6 +155,27 @@ class ConnectionGuard:
             limit,
         )
 
+    def grpc_options(self, idle_timeout_seconds: float) -> list[tuple[str, int]]:
+        """Carve the gRPC listener's share out of the cap and return grpcio server options
+        that hold it to that share: ``(name, value)`` pairs for ``grpc.aio.server(options=)``.
+
+        The share is a ``GRPC_SHARE_DIVISOR``-th of the cap (at least 1), and the HTTP
+        listeners' cap shrinks by as much, so the process keeps its descriptor reserve whatever
+        mix of listeners is attacked. Call once, after ``apply_descriptor_limit`` and before
+        the gRPC server is made. ``idle_timeout_seconds`` bounds both a connection's HTTP/2
+        handshake and a connection with no call in progress (module docstring). The option
+        names are grpc C-core's (``grpc/impl/channel_arg_names.h``)."""
+        share = max(1, self.max_connections // GRPC_SHARE_DIVISOR)
+        if self.max_connections > 1:
+            self.max_connections = max(1, self.max_connections - share)
+        self.grpc_max_connections = share
+        idle_ms = max(1, int(idle_timeout_seconds * 1000))
+        return [
+            ("grpc.max_allowed_incoming_connections", share),
+            ("grpc.server_handshake_timeout_ms", idle_ms),
+            ("grpc.max_connection_idle_ms", idle_ms),
+        ]
+
     def watch(self, metrics: KuraMetrics) -> None:
         metrics.watch_value(
             "gauge",
@@ -135,8 +186,15 @@ class ConnectionGuard:
         metrics.watch_value(
             "gauge",
             "kura_http_max_connections",
-            "Effective connection cap (KURA_MAX_CONNECTIONS clamped to the descriptor limit).",
+            "Effective connection cap of the HTTP listeners (KURA_MAX_CONNECTIONS clamped to "
+            "the descriptor limit, less the gRPC listener's share).",
             lambda: self.max_connections,
+        )
+        metrics.watch_value(
+            "gauge",
+            "kura_grpc_max_connections",
+            "The gRPC listener's share of the connection cap (0 without the gRPC port).",
+            lambda: self.grpc_max_connections,
         )
         metrics.watch_value(
             "counter",
@@ -222,11 +280,27 @@ class GuardedSocket(socket.socket):
     (CPython ``selector_events._accept_connection`` treats ``BlockingIOError`` as an empty
     queue), by which time the closed connection's descriptor is free. With nothing idle it
     accepts and refuses with 503, so the queue drains instead of spinning.
+
+    An accept that fails for want of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM)
+    is raised once, so asyncio reports it (``AcceptErrorFilter``) and re-arms the socket a
+    second later; until ``ACCEPT_PAUSE_SECONDS`` have passed, further calls report "nothing to
+    accept" without trying (module docstring: asyncio would otherwise retry at once).
     """
 
     guard: ConnectionGuard
+    _resting_until = 0.0  # monotonic time: no accept is tried before it
 
     def accept(self) -> tuple[socket.socket, Any]:
+        if time.monotonic() < self._resting_until:
+            raise BlockingIOError("resting after a failed accept")
+        try:
+            return self._admit()
+        except OSError as exc:
+            if exc.errno in _ACCEPT_SHORTAGE:
+                self._resting_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
+            raise
+
+    def _admit(self) -> tuple[socket.socket, Any]:
         guard = self.guard
         while True:
             if guard.has_room():
@@ -267,6 +341,23 @@ def listening_sockets(
             bound.close()
         raise
     return sockets
+
+
+def unix_listening_socket(guard: ConnectionGuard, path: str) -> socket.socket:
+    """A bound (not yet listening) ``GuardedSocket`` on the unix socket ``path`` (an old file
+    there is removed first), so the connections made to it count against ``guard``: the
+    workers' forwarded requests (``kura.workers``) hold the primary's descriptors too, and
+    without it N workers could make the primary hold N times its cap. Raises OSError."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = GuardedSocket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.guard = guard
+    try:
+        sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def refuse_if_taken(host: str, port: int) -> None:

@@ -273,6 +273,13 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
             yield chunk
     except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError) as exc:
         raise IncompleteBody(f"client stopped sending the body: {exc}") from exc
+    except RuntimeError as exc:
+        # aiohttp raises a bare RuntimeError("Connection closed.") when a read starts after the
+        # connection was lost (aiohttp 3.14 ``streams.StreamReader._wait``): a client gone, not
+        # a bug (hundreds of closing uploads logged a traceback each, issue 26).
+        if str(exc) != "Connection closed.":
+            raise
+        raise IncompleteBody(f"client stopped sending the body: {exc}") from exc
 
 
 class UploadAborted(IncompleteBody):

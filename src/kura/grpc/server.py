@@ -4,7 +4,9 @@ Started by ``kura.app`` when ``KURA_GRPC_PORT`` is set, on ``KURA_HOST``; with t
 certificate and key set it speaks TLS with them, and a new handshake gets the pair that
 ``kura.api.public_tls`` last loaded (grpcio asks ``_certificates`` before each one). Messages larger than
 ``KURA_GRPC_MAX_MESSAGE_BYTES`` are refused by grpcio itself (RESOURCE_EXHAUSTED) in both
-directions; ``GetCapabilities`` advertises the batch limit below it.
+directions; ``GetCapabilities`` advertises the batch limit below it. Its connections count
+against the node's connection cap (``kura.api.connections.ConnectionGuard.grpc_options``: a
+share of it, and the HTTP header-read timeout for handshakes and idle connections).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as
 
 from kit.allocator import return_large_blocks
 from kura.api.auth import TokenAuth
+from kura.api.connections import ConnectionGuard
 from kura.api.metrics import KuraMetrics
 from kura.api.public_tls import PublicTls
 from kura.grpc.action_cache import ActionCache
@@ -40,9 +43,11 @@ class GrpcServer:
         service: CacheService,
         auth: TokenAuth,
         metrics: KuraMetrics,
+        connections: ConnectionGuard,
         tls: PublicTls | None = None,
     ) -> None:
         self.settings = settings
+        self.connections = connections
         self.tls = tls
         # grpcio's message buffers go back to the system when freed: what a stalled Read held is
         # returned once its call is cut (kura.grpc.common) and its connection closed.
@@ -69,7 +74,11 @@ class GrpcServer:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
+                *self.connections.grpc_options(s.header_read_timeout_seconds),
             ],
+            # A call may hold a staged file: as many calls as connections keeps gRPC within
+            # its share of descriptors (api.connections.DESCRIPTORS_PER_CONNECTION).
+            maximum_concurrent_rpcs=self.connections.grpc_max_connections,
         )
         reapi_grpc.add_CapabilitiesServicer_to_server(Capabilities(self.gc), self._server)
         reapi_grpc.add_ContentAddressableStorageServicer_to_server(
@@ -84,7 +93,13 @@ class GrpcServer:
         else:
             self.port = self._server.add_insecure_port(address)
         await self._server.start()
-        log.info("kura gRPC (REAPI v2) listening %s://%s:%d", self.scheme, s.host, self.port)
+        log.info(
+            "kura gRPC (REAPI v2) listening %s://%s:%d (at most %d connections, of the cap)",
+            self.scheme,
+            s.host,
+            self.port,
+            self.connections.grpc_max_connections,
+        )
         return self.port
 
     async def stop(self, grace_seconds: float) -> None:

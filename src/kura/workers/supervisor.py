@@ -46,6 +46,7 @@ from aiohttp import web
 
 from kit.backoff import Backoff
 from kura.api.auth import TOKEN_GENERATION, TokenAuth
+from kura.api.connections import ConnectionGuard, unix_listening_socket
 from kura.api.metrics import KuraMetrics
 from kura.core.manifest import Manifest
 from kura.mesh.load_report import LoadReport
@@ -76,8 +77,11 @@ class Workers:
         public_app: Callable[[], web.Application],
         auth: TokenAuth,
         load: PublicLoad | None = None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         self.settings = settings
+        # The primary's connection cap: forwarded requests count against it (api.connections).
+        self.guard = guard or ConnectionGuard(settings.max_connections)
         self.auth = auth
         self.load = load  # the node's public load: the workers' reports join it
         self.service = service
@@ -148,12 +152,15 @@ class Workers:
         control.router.add_post("/hits", self._hits)
         control.router.add_get("/jwks", self._jwks)
         own = web.AppRunner(control, handle_signals=False, access_log=None)
-        for runner, path in ((forwarded, self.primary_socket), (own, self.control_socket)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            self._created.add(path)
-            await runner.setup()
-            await web.UnixSite(runner, path).start()
+        await forwarded.setup()
+        sock = unix_listening_socket(self.guard, self.primary_socket)
+        self._created.add(self.primary_socket)
+        await web.SockSite(forwarded, sock, backlog=1024).start()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.control_socket)
+        self._created.add(self.control_socket)
+        await own.setup()
+        await web.UnixSite(own, self.control_socket).start()
         self._runners.append(own)
         # Before any worker caches a byte: the primary's changes bump the shared counter.
         data_dir = Path(self.settings.data_dir)
