@@ -15,7 +15,8 @@ gets in. Three parts keep that from happening:
 * ``ConnectionGuard`` counts every open connection of every listener of the process, admitting
   each in ``accept`` itself (``GuardedSocket``, the listeners' sockets): in the primary the
   public and internal ports and the unix socket the workers forward requests to, in a worker
-  its share of the public port. At the cap it closes the
+  its share of the public port. uvloop accepts in libuv without calling ``accept``; there a
+  connection is admitted when it reaches aiohttp instead (``ConnectionGuard.opened``). At the cap it closes the
   connection that has waited longest for a request head (idle keep-alive, or a client that never
   finished its head), so that a real request such as ``/up`` still gets in; with none waiting,
   it answers the new connection ``503`` and closes it. A running handler is never closed.
@@ -44,6 +45,7 @@ with no call in progress for as long.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -135,6 +137,9 @@ class ConnectionGuard:
         self._accepted: dict[int, socket.socket] = {}  # fd -> accepted socket, until closed
         self._closing: set[int] = set()  # fds of connections closed to make room
         self._handlers: set[RequestHandler] = set()
+        # Connections accepted without GuardedSocket.accept (uvloop: libuv accepts by itself),
+        # admitted when they reach aiohttp instead, until closed.
+        self._late: set[RequestHandler] = set()
         self.closed_idle_total = 0
         self.refused_total = 0
         self.grpc_max_connections = 0  # the gRPC listener's share, once carved (grpc_options)
@@ -142,7 +147,7 @@ class ConnectionGuard:
     @property
     def open_connections(self) -> int:
         self._prune()
-        return len(self._accepted)
+        return len(self._accepted) + len(self._late)
 
     def apply_descriptor_limit(self) -> None:
         """Clamp the cap to the descriptor limit (``descriptor_cap``) and log the result."""
@@ -211,9 +216,9 @@ class ConnectionGuard:
 
     def has_room(self) -> bool:
         """Whether one more connection fits under the cap now."""
-        if len(self._accepted) >= self.max_connections:
+        if len(self._accepted) + len(self._late) >= self.max_connections:
             self._prune()
-        return len(self._accepted) < self.max_connections
+        return len(self._accepted) + len(self._late) < self.max_connections
 
     def track(self, conn: socket.socket) -> None:
         """Count an accepted socket until it is closed."""
@@ -259,11 +264,30 @@ class ConnectionGuard:
         finally:
             conn.close()
 
-    def opened(self, handler: RequestHandler) -> None:
+    def opened(self, handler: RequestHandler, transport: Any) -> None:
+        """A connection reached aiohttp. One that ``accept`` did not admit (uvloop accepts in
+        libuv, never calling ``GuardedSocket.accept``) is admitted here: counted, and at the
+        cap it makes room or is answered 503 and closed, as in ``GuardedSocket.accept``. Its
+        descriptor existed for a moment, so a burst can pass the cap briefly under uvloop."""
+        raw = transport.get_extra_info("socket") if transport is not None else None
+        if raw is not None and raw.fileno() in self._accepted:
+            self._handlers.add(handler)
+            return
+        if not self.has_room() and not self.make_room():
+            self.refused_total += 1
+            transport.write(REFUSAL)
+            # aiohttp creates the handler's task after this call, and that task must see the
+            # connection open (it asserts so) but handle no request: force_close, queued
+            # before the task's first step, stops its loop before any request and closes the
+            # transport (the refusal is flushed first).
+            asyncio.get_running_loop().call_soon(handler.force_close)
+            return
+        self._late.add(handler)
         self._handlers.add(handler)
 
     def closed(self, handler: RequestHandler) -> None:
         self._handlers.discard(handler)
+        self._late.discard(handler)
 
     def _prune(self) -> None:
         for fd, conn in list(self._accepted.items()):
@@ -384,7 +408,7 @@ class GuardedServer(web.Server):
 
     def connection_made(self, handler: RequestHandler, transport: Any) -> None:
         super().connection_made(handler, transport)
-        self._guard.opened(handler)
+        self._guard.opened(handler, transport)
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         self._guard.closed(handler)

@@ -46,7 +46,7 @@ from aiohttp import web
 
 from kit.backoff import Backoff
 from kura.api.auth import TOKEN_GENERATION, TokenAuth
-from kura.api.connections import ConnectionGuard, unix_listening_socket
+from kura.api.connections import ConnectionGuard, GuardedAppRunner, unix_listening_socket
 from kura.api.metrics import KuraMetrics
 from kura.core.manifest import Manifest
 from kura.mesh.load_report import LoadReport
@@ -142,8 +142,9 @@ class Workers:
         socket files it finds there."""
         if len(str(self.socket_dir)) > MAX_SUN_PATH - 20:
             self.socket_dir = Path(tempfile.mkdtemp(prefix="kura-"))
-        forwarded = web.AppRunner(
+        forwarded = GuardedAppRunner(  # counted like the node's other listeners
             self._public_app(),
+            self.guard,
             handle_signals=False,
             access_log=None,  # the worker logs each request it relays, with the client's address
             shutdown_timeout=float(self.settings.shutdown_timeout_seconds),
