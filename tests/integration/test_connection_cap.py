@@ -338,7 +338,8 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
         waiting = None
         try:
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (_descriptors(pid), limit[1]))
-            refused = client.put("/cache/short", content=b"s")
+            refused = client.put("/cache/short", content=b"s")  # inline: the WAL's fsync
+            staged = client.put("/cache/staged", content=b"s" * 64 * 1024)  # a staging file
             ready = client.get("/ready")
             # A new client waits in the backlog: accepting it fails (once a second, not in a
             # storm of retries).
@@ -351,6 +352,7 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
         after = client.put("/cache/after", content=b"a")
         figures = {
             "write during": refused.status_code,
+            "staged write during": staged.status_code,
             "/ready during": ready.status_code,
             "accept failed": accept_failed,
             "/ready 200 again": ready_again,
@@ -358,14 +360,19 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
         }
         assert figures == {
             "write during": 503,
+            "staged write during": 503,
             "/ready during": 503,
             "accept failed": True,
             "/ready 200 again": True,
             "write after": 201,
         }, (figures, refused.text, ready.text, after.text)
         assert "retry later" in refused.text
+        assert "short of descriptors" in staged.text
         assert any("descriptors" in r for r in ready.json()["reasons"]), ready.text
         assert client.get("/cache/after").content == b"a"
+    # The refused staged write left nothing behind.
+    assert node.staging_files() == []
+    assert node.metric("kura_tmp_reserved_bytes") == 0
     assert waiting is not None
     with waiting:  # accepted once descriptors freed up, and answered
         rawhttp.send_head(waiting, "GET", "/up", {})

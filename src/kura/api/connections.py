@@ -59,6 +59,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from kura.api.metrics import KuraMetrics
+from kura.storage.fsync import SHORTAGE_ERRNOS
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ ACCEPT_ERROR_LOG_INTERVAL_SECONDS = 10.0
 # After a failed accept for want of resources a listening socket rests this long. asyncio itself
 # re-arms it after 1 s (asyncio.constants.ACCEPT_RETRY_DELAY); resting less lets that retry run.
 ACCEPT_PAUSE_SECONDS = 0.5
-_ACCEPT_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_ACCEPT_SHORTAGE = SHORTAGE_ERRNOS | {errno.ENOBUFS}
 # With the gRPC port on, a quarter of the cap is its share: build tools open many HTTP
 # connections (Bazel's --remote_max_connections is 100 by default) but multiplex gRPC calls
 # over a few channels.

@@ -31,9 +31,16 @@ from kura.api.grant_scope import request_namespace
 from kura.api.malformed import quiet_malformed_requests
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
-from kura.core.errors import ForwardToPrimary, IncompleteBody, InvalidRequest, KuraError
+from kura.core.errors import (
+    ForwardToPrimary,
+    IncompleteBody,
+    InvalidRequest,
+    KuraError,
+    Unavailable,
+)
 from kura.mesh.peer_pace import PeerPace
 from kura.settings import Settings
+from kura.storage.fsync import SHORTAGE_ERRNOS
 from kura.storage.service import CacheService, StoredBody
 
 if TYPE_CHECKING:
@@ -104,6 +111,34 @@ CLIENT_CLOSED_REQUEST = 499
 FORWARDED = -1  # not a status: a worker process forwarded the request (kura.workers)
 
 
+class _ShortageLog:
+    """Requests failed for want of descriptors or memory: one WARNING line per
+    ``SHORTAGE_LOG_INTERVAL_SECONDS`` with the count since the last, not one per request."""
+
+    def __init__(self) -> None:
+        self._logged_at = float("-inf")
+        self._since = 0
+
+    def report(self, request: web.Request, exc: OSError) -> None:
+        self._since += 1
+        now = time.monotonic()
+        if now - self._logged_at < SHORTAGE_LOG_INTERVAL_SECONDS:
+            return
+        log.warning(
+            "%s %s answered 503: %s (%d such requests in the last %g s)",
+            request.method,
+            request.path,
+            exc,
+            self._since,
+            SHORTAGE_LOG_INTERVAL_SECONDS,
+        )
+        self._logged_at, self._since = now, 0
+
+
+SHORTAGE_LOG_INTERVAL_SECONDS = 10.0
+_shortages = _ShortageLog()
+
+
 def endpoint(
     protocol: str,
     access: Access | None,
@@ -159,6 +194,21 @@ def endpoint(
             except ForwardToPrimary:
                 status = FORWARDED  # a worker hands it on; the primary counts it
                 raise
+            except OSError as exc:
+                if exc.errno not in SHORTAGE_ERRNOS:
+                    log.exception("unhandled error in %s %s", request.method, request.path)
+                    status = 500
+                    raise
+                # No descriptor or memory for a file (a staged body, a blob to send): it
+                # passes, so 503 and retry, one line per interval rather than a traceback each.
+                _shortages.report(request, exc)
+                response = error_response(
+                    Unavailable(f"the node is short of descriptors or memory now ({exc.strerror})"),
+                    style,
+                )
+                response.force_close()  # any unread body; and a connection spared
+                status = response.status
+                return response
             except Exception:
                 log.exception("unhandled error in %s %s", request.method, request.path)
                 status = 500
