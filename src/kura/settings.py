@@ -791,8 +791,8 @@ class Settings:
         "KURA_WORKER_PROBE_TIMEOUT",
         "--worker-probe-timeout",
         _positive_duration,
-        "a worker that does not answer a probe within this long is killed (SIGKILL) and "
-        "started again (5s or seconds)",
+        "a worker that does not answer 3 probes in a row, each within this long, is killed "
+        "(SIGKILL) and started again (5s or seconds)",
         default=5.0,
     )
     event_loop: str = option(

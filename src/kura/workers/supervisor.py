@@ -20,10 +20,13 @@ since the kernel spreads them over every ``SO_REUSEPORT`` listener (socket(7)), 
 for its exit would never end (issue 26, item 7: 23 of 40 GETs timed out). So every
 ``KURA_WORKER_PROBE_PERIOD`` the primary asks each worker for ``GET /alive`` on its own socket;
 one that does not answer within ``KURA_WORKER_PROBE_TIMEOUT`` (or no longer listens there) is
-logged at ERROR, counted in ``kura_worker_probe_failures_total`` and killed with SIGKILL (a
-stopped process acts on no other signal, signal(7)), and so restarted as any exit is. A probe
-this process cannot even open (descriptors or memory short here) says nothing about the
-worker and kills nothing.
+asked again at once, and after ``PROBE_MISSES_TO_KILL`` misses in a row it is logged at ERROR,
+counted in ``kura_worker_probe_failures_total`` and killed with SIGKILL (a stopped process acts
+on no other signal, signal(7)), and so restarted as any exit is. One miss is not enough: the
+timeout runs on the primary's own loop, so a primary busy past it, or a worker's passing stall,
+would otherwise kill a healthy worker and every request in flight on it (Kubernetes' liveness
+probes also default to 3 failures, ``failureThreshold``). A probe this process cannot even open
+(descriptors or memory short here) says nothing about the worker and kills nothing.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_SECONDS = 30.0
 STABLE_SECONDS = 60.0
 MAX_SUN_PATH = 107  # sun_path is 108 bytes on Linux, NUL included (unix(7))
+PROBE_MISSES_TO_KILL = 3  # liveness probes missed in a row (module docstring)
 # A probe that fails with these is this process's shortage, not the worker's fault.
 _OWN_SHORTAGES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -265,20 +269,27 @@ class Workers:
                 backoff.reset()
 
     async def _probe_until_hung(self, number: int, proc: asyncio.subprocess.Process) -> None:
-        """Probe worker ``number`` every ``KURA_WORKER_PROBE_PERIOD`` until one probe fails,
-        then kill it (module docstring); its ``_watch`` sees the exit and starts another."""
+        """Probe worker ``number`` every ``KURA_WORKER_PROBE_PERIOD`` until it misses
+        ``PROBE_MISSES_TO_KILL`` probes in a row (a miss is retried at once), then kill it
+        (module docstring); its ``_watch`` sees the exit and starts another."""
         period = self.settings.worker_probe_period_seconds
         while True:
             await asyncio.sleep(period)
-            failure = await self._probe(number)
+            for miss in range(1, PROBE_MISSES_TO_KILL + 1):
+                failure = await self._probe(number)
+                if failure is None:
+                    break
+                if miss < PROBE_MISSES_TO_KILL:
+                    log.warning("worker %d missed a liveness probe (%s)", number, failure)
             if failure is None:
                 continue
             self.probe_failures_total += 1
             log.error(
-                "worker %d (pid %d) did not answer its liveness probe (%s); killing it (SIGKILL) "
-                "and starting another",
+                "worker %d (pid %d) did not answer its liveness probe %d times in a row (%s); "
+                "killing it (SIGKILL) and starting another",
                 number,
                 proc.pid,
+                PROBE_MISSES_TO_KILL,
                 failure,
             )
             with contextlib.suppress(ProcessLookupError):
