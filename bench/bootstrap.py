@@ -178,7 +178,9 @@ async def main() -> int:
                 # The joiner.
                 d_port = free_port()
                 peer_urls = [str((await status(s, u))["node_url"]) for u in mesh.urls]
-                env = dict(os.environ)
+                # Not the bench's own KURA_BENCH_* knobs: kura serve refuses an unknown
+                # KURA_* variable (kura.settings.load_settings).
+                env = {k: v for k, v in os.environ.items() if not k.startswith("KURA_BENCH_")}
                 env.update(
                     {
                         "KURA_PORT": "0",
