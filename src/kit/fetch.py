@@ -7,6 +7,7 @@ Unauthorized``) say what failed but not what the user should change (issue 26, i
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import ssl
@@ -41,7 +42,8 @@ def fetch_json(
     """GET ``url`` (with ``Authorization: Bearer token`` when given) and parse its JSON body.
 
     Raises ``FetchError`` for every failure: refused or unresolvable host, a timeout, TLS, an
-    HTTP error status (401/403 name ``hints.token_option``), a body that is not JSON. Blocking;
+    HTTP error status (401/403 name ``hints.token_option``), an answer that is not HTTP/1 (a
+    gRPC port's), a body that is not JSON. Blocking;
     safe to call from any thread."""
     request = urllib.request.Request(url)
     if token:
@@ -55,6 +57,11 @@ def fetch_json(
         raise FetchError(_unreachable(url, exc.reason, hints, timeout_seconds)) from None
     except (TimeoutError, OSError) as exc:  # a timeout or reset while reading the body
         raise FetchError(_unreachable(url, exc, hints, timeout_seconds)) from None
+    except http.client.HTTPException:  # not HTTP/1 (a gRPC or TLS port), or cut short
+        raise FetchError(
+            f"{url} did not answer in HTTP/1: is it {hints.server}'s HTTP port? Pass its URL "
+            f"with {hints.url_option}."
+        ) from None
     except ValueError:
         raise FetchError(
             f"{url} answered, but not with JSON: is it {hints.server}? Pass {hints.url_option}."

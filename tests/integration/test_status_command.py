@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess
 
 
@@ -91,3 +92,18 @@ def test_a_node_that_requires_a_token_names_the_option_and_variable(
     assert line.startswith(f"kura status: {node.url}/status answered HTTP 401 Unauthorized: "), line
     assert "the token was refused" in line
     assert "not-the-token" not in line
+
+
+def test_the_grpc_port_is_not_taken_for_the_http_port(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """``--url`` pointing at the node's gRPC port: its HTTP/2 answer is no HTTP/1 status line
+    (``http.client.BadStatusLine``), which urllib lets through: a traceback before."""
+    port = free_port()
+    start_node(workers=1, grpc_port=port)
+    url = f"http://127.0.0.1:{port}"
+    line = run_status("kura", "--url", url)
+    assert line == (
+        f"kura status: {url}/status did not answer in HTTP/1: is it a kura node's HTTP port? "
+        "Pass its URL with --url or KURA_URL."
+    )
