@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from kura.demo.launch.node import spawn_kura
+from kura.demo.launch.process import free_port
 from tests.conftest import START_TIMEOUT_SECONDS, NodeProcess, node_env, serve_refused
 from tests.integration import rawhttp
 
@@ -184,3 +185,15 @@ def test_a_port_in_use_names_the_address_and_the_setting_that_chose_it(
     print(message)
     assert message.startswith("kura: "), stderr
     assert f"cannot listen on 127.0.0.1:{port} ({setting})" in message, stderr
+
+
+def test_a_grpc_port_another_node_serves_stops_the_start(
+    tmp_path: Path, start_node: Callable[..., NodeProcess]
+) -> None:
+    """gRPC sets SO_REUSEPORT on its listener by default, so a second node given the first's
+    KURA_GRPC_PORT started, and the kernel split the gRPC connections between the two caches."""
+    port = free_port()
+    start_node(workers=1, grpc_port=port)
+    env = node_env(tmp_path / "second", workers=1, grpc_port=port)
+    stderr = serve_refused(env, exit_code=1)
+    assert f"cannot listen on 127.0.0.1:{port} (KURA_GRPC_PORT)" in stderr, stderr

@@ -75,6 +75,10 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
                 *self.connections.grpc_options(s.header_read_timeout_seconds),
+                # gRPC sets SO_REUSEPORT by default, so a second node given the same port bound
+                # it too and the kernel split the connections between two caches; only the
+                # primary serves gRPC, so nothing here needs to share the port.
+                ("grpc.so_reuseport", 0),
             ],
             # A call may hold a staged file: as many calls as connections keeps gRPC within
             # its share of descriptors (api.connections.DESCRIPTORS_PER_CONNECTION).
