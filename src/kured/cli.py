@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kit import log as kit_log
 from kit.pipes import quiet_broken_pipe
+from kit.service_link import is_service_link
 from kit.settings import SettingsError
 from kured import __version__
 
@@ -110,13 +111,21 @@ def real_reboot_warning(settings: Settings, euid: int) -> str | None:
     )
 
 
+def _environ() -> dict[str, str]:
+    """``os.environ`` without the kubelet's service links for a Service ``kured*``
+    (``KURED_METRICS_PORT=tcp://10.0.0.1:8080`` for ``kured-metrics``), as the agent reads it
+    (``kured.settings.load_settings``): a link's value is no port."""
+    return {k: v for k, v in os.environ.items() if not is_service_link(k, v, "KURED")}
+
+
 def status(argv: list[str]) -> int:
     from kured.console import render
 
+    env = _environ()
     parser = argparse.ArgumentParser(prog="kured status")
     parser.add_argument(
         "--url",
-        default=os.environ.get("KURED_STATUS_URL", "http://127.0.0.1:8080"),
+        default=env.get("KURED_STATUS_URL", "http://127.0.0.1:8080"),
         help="the agent's metrics address (env KURED_STATUS_URL)",
     )
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -128,18 +137,18 @@ def status(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--kubeconfig",
-        default=os.environ.get("KURED_KUBECONFIG"),
+        default=env.get("KURED_KUBECONFIG"),
         help="with --all: kubeconfig (default: in-cluster)",
     )
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=int(os.environ.get("KURED_METRICS_PORT", "8080")),
+        default=int(env.get("KURED_METRICS_PORT", "8080")),
         help="with --all: the agents' --metrics-port",
     )
     parser.add_argument(
         "--address-types",
-        default=os.environ.get("KURED_ADDRESS_TYPES", "InternalIP,ExternalIP,Hostname"),
+        default=env.get("KURED_ADDRESS_TYPES", "InternalIP,ExternalIP,Hostname"),
         help="with --all: node address types to try, in order",
     )
     args = parser.parse_args(argv)
@@ -228,7 +237,7 @@ def fleetlock_parser() -> argparse.ArgumentParser:
         prog="kured fleetlock",
         description="FleetLock server (Zincati) on etcd; also serves /v1/status and /metrics.",
     )
-    env = os.environ.get
+    env = _environ().get
     parser.add_argument(
         "--host",
         default=env("KURED_FLEETLOCK_HOST", "127.0.0.1"),

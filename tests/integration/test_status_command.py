@@ -4,6 +4,7 @@ line naming the URL and what to do, exit 1, no traceback. On main they printed u
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -15,15 +16,16 @@ from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess
 
 
-def run_status(program: str, *args: str) -> str:
-    """Run ``PROGRAM status *args``, which must fail with exit 1 and one line on stderr, no
-    traceback and nothing on stdout; returns that line."""
+def run_status(program: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run ``PROGRAM status *args`` (in ``env``, default this process's), which must fail with
+    exit 1 and one line on stderr, no traceback and nothing on stdout; returns that line."""
     done = subprocess.run(
         [sys.executable, "-m", f"{program}.cli", "status", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env=env,
     )
     assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
     assert done.stdout == ""
@@ -107,3 +109,19 @@ def test_the_grpc_port_is_not_taken_for_the_http_port(
         f"kura status: {url}/status did not answer in HTTP/1: is it a kura node's HTTP port? "
         "Pass its URL with --url or KURA_URL."
     )
+
+
+def test_kured_status_ignores_the_service_links_of_a_service_kured_metrics(
+    closed_port: int,
+) -> None:
+    """The kubelet gives a pod KURED_METRICS_PORT=tcp://IP:PORT for a Service ``kured-metrics``;
+    the agent ignores it (kit.service_link), and ``kured status`` read it as --metrics-port's
+    default: int('tcp://...') raised before any request (a traceback)."""
+    links = {
+        "KURED_METRICS_SERVICE_HOST": "10.96.0.21",
+        "KURED_METRICS_PORT": "tcp://10.96.0.21:9100",
+        "KURED_METRICS_PORT_9100_TCP_PORT": "9100",
+    }
+    url = f"http://127.0.0.1:{closed_port}"
+    line = run_status("kured", "--url", url, env={**os.environ, **links})
+    assert line.startswith(f"kured status: cannot connect to {url}/status: "), line
