@@ -616,6 +616,31 @@ def test_a_hung_worker_is_killed_and_replaced_within_its_probe_period(
     assert f"worker 1 (pid {victim}) did not answer its liveness probe" in node.log()
 
 
+def test_a_worker_that_misses_one_probe_is_not_killed(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A worker stalled past one probe's timeout, then running again, is kept: the kill needs
+    PROBE_MISSES_TO_KILL misses in a row (the probe's timeout runs on the primary's loop, so one
+    miss may be the primary's own stall). After one miss the worker was SIGKILLed, and the
+    requests in flight on it with it."""
+    timeout = 1.0
+    node = start_with_workers(
+        start_node, "stall", worker_probe_period=0.5, worker_probe_timeout=timeout
+    )
+    (worker,) = worker_pids(node)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        assert wait_for(lambda: "worker 1 missed a liveness probe" in node.log(), 15)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    # A negative: the kill would come within the retries that follow the first miss.
+    time.sleep(PROBE_MISSES_TO_KILL * timeout)
+    assert worker_pids(node) == [worker]
+    assert "did not answer its liveness probe" not in node.log()
+    assert node.metric("kura_worker_probe_failures_total") == 0
+    assert node.metric("kura_worker_restarts_total") == 0
+
+
 def test_the_status_page_and_status_count_the_hits_of_every_process(
     start_node: Callable[..., NodeProcess],
 ) -> None:
