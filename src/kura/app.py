@@ -395,14 +395,14 @@ class Node:
             reasons.append("discovery settling")
         if self.object_tier is None:  # with the tier, a fresh node is ready without a bootstrap
             reasons.extend(self.bootstrapper.reasons())
-        reasons.extend(self.service.write_refusals())  # a failed fsync, a descriptor shortage
+        reasons.extend(self.service.write_refusals())  # fsync failed, descriptors short, disk full
         return reasons
 
     def warnings(self) -> list[str]:
-        """Problems that do not block readiness but need an operator: storage (a full disk, a
-        damaged index set aside at start-up), bootstrap (an abandoned peer), replication (a
-        peer that keeps failing, e.g. refusing this node's token) and the object store
-        (unreachable, uploads stalled)."""
+        """Problems that do not block readiness but need an operator: storage (a damaged
+        index set aside at start-up; a full disk is a reason instead), bootstrap (an abandoned
+        peer), replication (a peer that keeps failing, e.g. refusing this node's token) and
+        the object store (unreachable, uploads stalled)."""
         tier = [] if self.object_tier is None else self.object_tier.warnings()
         found = self.service.warnings() + self.bootstrapper.warnings() + self.shipper.warnings()
         return found + tier

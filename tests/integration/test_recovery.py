@@ -1,7 +1,7 @@
 """Start-up under faults, against real node processes (storage.recovery, storage.reconcile):
 a layout-1 data dir is migrated, what a crash leaves beside a blob is reconciled, a node on a
-REAL full filesystem (a tmpfs filled to 100 %) starts read-only and serves its data, and a node
-whose index is damaged in any of several ways sets it aside and starts instead of crash-looping
+REAL full filesystem (a tmpfs filled to 100 %) starts read-only and serves its data, a node
+whose disk fills is not ready until space is freed, and a node whose index is damaged in any of several ways sets it aside and starts instead of crash-looping
 (issue 10).
 """
 
@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.conftest import NodeProcess, node_env, spawn_node
+from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
 
 KiB = 1024
@@ -133,6 +134,11 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
+def on_disk(disk: Path, **settings: object) -> dict[str, str]:
+    """A node's environment with its data and tmp dirs on ``disk`` (its log beside it)."""
+    return node_env(disk, data_dir=disk / "data", tmp_dir=disk / "tmp", **settings)
+
+
 def fill(directory: Path) -> None:
     """Fill the filesystem of ``directory`` to 100 % with one filler file."""
     with (directory / "filler").open("wb", buffering=0) as f:
@@ -148,7 +154,7 @@ def fill(directory: Path) -> None:
 def test_a_node_on_a_full_disk_starts_serves_reads_and_refuses_writes(
     full_disk: Path, stop_signal: signal.Signals
 ) -> None:
-    env = node_env(full_disk, data_dir=full_disk / "data", tmp_dir=full_disk / "tmp")
+    env = on_disk(full_disk)
     node = spawn_node(full_disk.parent / "logs", env)
     try:
         with node.client() as c:
@@ -163,14 +169,52 @@ def test_a_node_on_a_full_disk_starts_serves_reads_and_refuses_writes(
             assert r.status_code == 503, r.text
             assert "disk" in r.text
             assert c.get("/cache/rec/new").status_code == 404
-            ready = c.get("/ready").json()
-        assert any("disk full" in w for w in ready["warnings"]), ready
+            ready = c.get("/ready")
+        assert ready.status_code == 503, ready.text  # writes are refused: not ready
+        assert any("disk full" in r for r in ready.json()["reasons"]), ready.text
         assert node.metric("kura_disk_free_bytes") == 0
         assert "disk full" in node.log()
         if stop_signal == signal.SIGTERM:  # no -shm left: SQLite cannot size one, read-only
             assert node.metric("kura_storage_read_only") == 1
             assert "disk full at start-up" in node.log()
         assert node.proc.poll() is None
+        assert "Traceback" not in node.log()
+    finally:
+        node.stop()
+
+
+def test_a_disk_under_the_floor_is_not_ready_and_ready_again_by_itself_once_freed(
+    full_disk: Path,
+) -> None:
+    """Issue 26: "/ready turns 503 while writes are refused", and a full disk never latches.
+    A file beside the node takes a real 32 MiB tmpfs under ``KURA_MIN_FREE_DISK_BYTES``:
+    writes answer 503 and ``/ready`` is 503 naming the disk (on main it said 200, with a
+    warning). Deleting the file makes ``/ready`` 200 again with no write arriving (a node
+    that is not ready may get none), and writes are taken again."""
+    floor = 8 * MiB
+    node = spawn_node(full_disk.parent / "logs", on_disk(full_disk, min_free_disk_bytes=floor))
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30)
+            assert c.put("/cache/rec/before", content=b"before").status_code == 201
+            filler = full_disk / "filler"
+            filler.write_bytes(b"\0" * (shutil.disk_usage(full_disk).free - floor // 2))
+            assert shutil.disk_usage(full_disk).free < floor
+            r = c.put("/cache/rec/during", content=b"during")
+            assert r.status_code == 503, r.text
+            ready = c.get("/ready")
+            assert ready.status_code == 503, ready.text
+            (reason,) = ready.json()["reasons"]
+            assert reason.startswith("disk full: "), reason
+            assert f"KURA_MIN_FREE_DISK_BYTES={floor}" in reason, reason
+            assert not any("disk full" in w for w in ready.json()["warnings"]), ready.text
+            assert c.get("/cache/rec/before").content == b"before"  # reads are still served
+
+            filler.unlink()  # space comes back; no write reaches the node until it is ready
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 10), c.get("/ready").text
+            assert c.put("/cache/rec/after", content=b"after").status_code == 201
+            assert c.get("/cache/rec/after").content == b"after"
+        assert node.index_rows() == 2
         assert "Traceback" not in node.log()
     finally:
         node.stop()
@@ -306,13 +350,7 @@ def test_concurrent_writes_are_refused_before_free_space_falls_below_the_floor(
     one byte), then all send their bodies: the ones admitted all store, and free space stays
     at or above the floor."""
     floor, size = 8 * MiB, 3 * MiB
-    env = node_env(
-        full_disk,
-        data_dir=full_disk / "data",
-        tmp_dir=full_disk / "tmp",
-        min_free_disk_bytes=floor,
-    )
-    node = spawn_node(full_disk.parent / "logs", env)
+    node = spawn_node(full_disk.parent / "logs", on_disk(full_disk, min_free_disk_bytes=floor))
     try:
         admitted: list[socket.socket] = []
         refused: list[tuple[int, bytes]] = []

@@ -3,7 +3,7 @@
 * The store down while the node's real (small, loop-mounted ext4) disk fills with writes whose
   uploads are pending, and then with a file beside them: writes answer 503 once the disk
   reaches ``KURA_MIN_FREE_DISK_BYTES``,
-  ``/ready`` says why, and once the store answers again the queue drains by itself, eviction
+  ``/ready`` is 503 and says why, and once the store answers again the queue drains by itself, eviction
   frees the disk and writes are taken again, with every acknowledged write in the bucket (0
   lost). On f8bb892 the queue waited for free space only its uploads could make: 0 uploads.
 * Peer replication's queue the same way (no object store): a peer down while the sender's disk
@@ -43,6 +43,12 @@ def ready_warnings(node: NodeProcess) -> list[str]:
     return list(httpx.get(f"{node.url}/ready", timeout=10).json()["warnings"])
 
 
+def not_ready_for_disk(node: NodeProcess) -> bool:
+    """``/ready`` is 503 naming the full disk (its writes are refused)."""
+    r = httpx.get(f"{node.url}/ready", timeout=10)
+    return r.status_code == 503 and any("disk full" in x for x in r.json()["reasons"])
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Ext4Image]:
     """A real 32 MiB ext4 filesystem (``tests.integration.ext4``), unmounted after the test."""
@@ -74,6 +80,7 @@ def test_store_down_with_the_disk_full_drains_by_itself_once_the_store_returns(
         assert len(acked) >= 8  # over the 2 MiB budget: nothing could be evicted
         assert wait_for(lambda: tier_metric(a, QUEUE) >= len(acked), 30)  # none uploaded
         said = wait_for(lambda: any("disk is full" in w for w in ready_warnings(a)), 30)
+        not_ready = not_ready_for_disk(a)
         logged = wait_for(lambda: "upload queue stalled" in a.log(), 10)
         gauged = tier_metric(a, STALLED) == 1
 
@@ -84,12 +91,14 @@ def test_store_down_with_the_disk_full_drains_by_itself_once_the_store_returns(
         )
         drained_s = time.monotonic() - started
         assert said, "while it was stuck, /ready did not say why"
+        assert not_ready, "while writes were refused, /ready was not 503 naming the disk"
         assert logged, "while it was stuck, no log line said why"
         assert gauged, "while it was stuck, no metric said so"
         assert wait_for(lambda: tier_metric(a, STALLED) == 0, 30)
         # The uploads made the artifacts evictable and eviction freed the disk: writes resume.
         assert wait_for(lambda: put(a, "full/after", b"x" * 300_000) in (200, 201), 30)
         assert wait_for(lambda: ready_warnings(a) == [], 30), ready_warnings(a)
+        assert wait_for(lambda: httpx.get(f"{a.url}/ready", timeout=10).status_code == 200, 30)
     finally:
         stop_nodes([a])
 
@@ -138,6 +147,7 @@ def test_a_peer_down_with_the_disk_full_gets_every_write_once_it_returns(
     try:
         acked = fill_until_refused(sender, small_disk, 16 * MiB)
         assert len(acked) >= 8
+        assert not_ready_for_disk(sender)
         assert status(sender)["outbox_messages"] >= len(acked)
         receiver_env = node_env(tmp_path / "receiver")
         receiver_env["KURA_INTERNAL_PORT"] = str(port)

@@ -8,7 +8,8 @@ and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
 * **Full disk.** With a clean previous stop SQLite must create and size the ``-shm`` file for
   WAL, which fails with ``SQLITE_IOERR_SHMSIZE`` when no block is free. If the disk is full and
   the WAL is empty, the index is opened read-only (``immutable=1``): reads are served, every
-  write answers 503 with the reason, until a restart after space was freed. Start-up itself
+  write answers 503 with the reason, and ``/ready`` is 503 naming it
+  (``StartReport.read_only_reason``), until a restart after space was freed. Start-up itself
   writes nothing else then (directories and lock files exist; reconciliation only deletes).
 * **Damaged index.** A ``sqlite3.DatabaseError`` of the damage kind (``SQLITE_CORRUPT``,
   ``SQLITE_NOTADB``, ``SQLITE_CANTOPEN``) while opening, checking (``PRAGMA quick_check``) or
@@ -19,7 +20,7 @@ and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
   their manifests they cannot be served, but they are never deleted; peers refill the node by
   bootstrap), and a fresh index is created. Logged at ERROR.
 
-Every such reason lands in ``StartReport.warnings`` (``/ready`` shows them). Other errors (an
+Every other such reason lands in ``StartReport.warnings`` (``/ready`` warnings). Other errors (an
 unknown layout, a schema newer than this code, a locked data dir, I/O errors on a disk with
 space) still stop the start: restarting would not help.
 """
@@ -89,19 +90,6 @@ def open_storage(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
         report.reconciled = reconcile(files, index)
     report.reconciled.migrated_files = migrated
     return index, report
-
-
-def warnings(report: StartReport, data_dir: Path, min_free_disk_bytes: int) -> list[str]:
-    """What start-up found (read-only on a full disk, a damaged index set aside), plus a disk
-    that is full now (at most ``min_free_disk_bytes`` free). Cheap: one ``statvfs``."""
-    found = list(report.warnings)
-    free = shutil.disk_usage(data_dir).free
-    if free <= min_free_disk_bytes:
-        found.append(
-            f"disk full: {free} bytes free (KURA_MIN_FREE_DISK_BYTES={min_free_disk_bytes}); "
-            f"writes answer 503"
-        )
-    return found
 
 
 def _is_damage(exc: sqlite3.DatabaseError) -> bool:
@@ -175,8 +163,7 @@ def _open(files: BlobFiles, path: Path, report: StartReport) -> MetadataIndex:
             f"disk full at start-up ({free} bytes free; SQLite: {exc}): index opened read-only, "
             f"reads are served and writes answer 503 until a restart after freeing space"
         )
-        log.error("%s", report.read_only_reason)
-        report.warnings.append(report.read_only_reason)
+        log.error("%s", report.read_only_reason)  # a /ready reason: CacheService.write_refusals
         return MetadataIndex(path, read_only=True)
 
 

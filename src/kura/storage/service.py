@@ -82,7 +82,7 @@ from kura.storage.outbox import OutboxMessage
 from kura.storage.peer_queue import PeerQueues
 from kura.storage.quarantine import Quarantine
 from kura.storage.reads import ReadPath
-from kura.storage.recovery import StartReport, open_storage, warnings
+from kura.storage.recovery import StartReport, open_storage
 from kura.storage.replica import ReplicaApply
 from kura.storage.state import SMALL_BLOB_BYTES
 from kura.storage.stats import StorageStats
@@ -183,8 +183,9 @@ class CacheService(ReadPath, ReplicaApply):
         count, used = self._index.totals()
         self.stats.artifacts, self.stats.used_bytes = count, used
         self.queues.load(self._index.connection(), self._index.read_only)
-        for warning in self.warnings()[len(self.start_report.warnings) :]:
-            log.warning("at start-up: %s", warning)  # a full disk (the rest is logged already)
+        full = self.disk_full_reason()  # a /ready reason; the start report is logged already
+        for warning in self.queues.warnings() + ([full] if full else []):
+            log.warning("at start-up: %s", warning)
         swept, rec = self.start_report.swept_files, self.start_report.reconciled
         if swept or rec.removed_files or rec.dropped_rows:
             orphans = rec.removed_files + rec.dropped_rows
@@ -197,15 +198,19 @@ class CacheService(ReadPath, ReplicaApply):
 
     def write_refusals(self) -> list[str]:
         """Why writes are refused right now (``/ready`` reasons), empty when they are taken:
-        a failed fsync (until a restart) or a descriptor shortage (until a sync succeeds
-        again, which the writer retries by itself); ``storage.group_commit``."""
+        a failed fsync (until a restart), a descriptor shortage (until a sync succeeds again,
+        which the writer retries by itself; ``storage.group_commit``), a full disk (while it
+        lasts, ``disk_full_reason``) or an index opened read-only on a full disk at start-up
+        (until a restart, ``storage.recovery``)."""
         writer = self._writer
-        return [r for r in (writer.failure, writer.shortage) if r is not None]
+        found = [self.start_report.read_only_reason, writer.failure, writer.shortage]
+        return [r for r in (*found, self.disk_full_reason()) if r]
 
     def warnings(self) -> list[str]:
-        """Storage problems for an operator (``/ready`` warnings); see ``recovery.warnings``."""
-        found = warnings(self.start_report, self.files.data_dir, self.min_free_disk_bytes)
-        found += self.queues.warnings()
+        """Storage problems for an operator that do not block readiness (``/ready``
+        warnings): what start-up found (``StartReport.warnings``), the peer queues, and a
+        failed fsync (a reason too)."""
+        found = self.start_report.warnings + self.queues.warnings()
         return found + ([self._writer.failure] if self._writer.failure else [])
 
     async def close(self) -> None:

@@ -132,6 +132,21 @@ class StorageState:
         except FileNotFoundError:
             return 0
 
+    def disk_full_reason(self) -> str | None:
+        """Why writes are refused for want of space right now (a ``/ready`` reason), or
+        ``None``: at most ``KURA_MIN_FREE_DISK_BYTES`` free on the data filesystem. One
+        ``statvfs`` per call, so the reason clears by itself once space is freed, with no
+        write needed to notice (issue 26: a full disk must not latch, and ``/ready`` is 503
+        while writes are refused). Each write's own check (``_check_free_disk``) also counts
+        the uploads in flight, so a write can be refused a little above the floor."""
+        free = self.free_disk_bytes()
+        if free > self.min_free_disk_bytes:
+            return None
+        return (
+            f"disk full: {free} bytes free (KURA_MIN_FREE_DISK_BYTES="
+            f"{self.min_free_disk_bytes}); writes answer 503 until space is freed"
+        )
+
     @property
     def index_read_only(self) -> bool:
         """Whether the index was opened read-only (a full disk at start-up, ``storage.recovery``;
