@@ -153,13 +153,33 @@ async def missing_blobs(
 
 
 async def read_all(body: StoredBody, limit_bytes: int) -> bytes | None:
-    """The whole body in memory (closing its file), or None when it exceeds ``limit_bytes``."""
+    """The whole body in memory (closing its file), or None when it exceeds ``limit_bytes``.
+
+    The file is read in a thread. Cancelled meanwhile (``TreeBounds.seconds``, a client
+    gone), this raises at once and the file is closed when the read has returned, as
+    ``storage.offload.open_for_writing`` does: closing a buffered file while another thread
+    reads it waits for that read to return, which would block the event loop."""
+    close_now = True
     try:
         if body.data is not None:
             return body.data if len(body.data) <= limit_bytes else None
         if body.manifest.size > limit_bytes:
             return None
         assert body.file is not None
-        return await asyncio.to_thread(body.file.read)
+        job = asyncio.get_running_loop().run_in_executor(None, body.file.read)
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            close_now = False
+            job.add_done_callback(lambda done: _close_after(done, body))
+            raise
     finally:
-        body.close()
+        if close_now:
+            body.close()
+
+
+def _close_after(done: asyncio.Future[bytes], body: StoredBody) -> None:
+    """Close ``body`` once the read its caller gave up on has ended (its outcome retrieved)."""
+    if not done.cancelled():
+        done.exception()
+    body.close()
