@@ -26,6 +26,7 @@ from tests.integration.test_integrity import (
     spawn_on,
     store_and_corrupt_below,
 )
+from tests.integration.test_workers import worker_pids
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -263,11 +264,13 @@ def test_verify_reads_changed_trusts_an_unchanged_signature_for_a_range(
 
 
 def read_syscall_bytes(node: NodeProcess) -> int:
-    """Bytes the node's process has read with read(2)/pread(2) so far (``rchar``, proc(5))."""
-    for line in Path(f"/proc/{node.proc.pid}/io").read_text(encoding="ascii").splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no rchar in /proc/PID/io")
+    """Bytes the node's processes (primary and workers) have read with read(2), pread(2) or
+    sendfile(2) so far (``rchar``, proc(5))."""
+    total = 0
+    for pid in [node.proc.pid, *worker_pids(node)]:
+        lines = Path(f"/proc/{pid}/io").read_text(encoding="ascii").splitlines()
+        total += next(int(line.split()[1]) for line in lines if line.startswith("rchar:"))
+    return total
 
 
 def test_repeated_one_byte_ranges_of_a_large_blob_hash_only_their_block(

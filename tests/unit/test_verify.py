@@ -8,19 +8,25 @@ file's last bytes, for every size and tail length, and the digest must be the fi
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import tempfile
+import threading
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kura.core.manifest import Manifest
+from kura.storage.checksum import SHA256
 from kura.storage.quarantine import Quarantine
 from kura.storage.verify import (
     HASH_CHUNK_BYTES,
     BlockDigests,
+    DigestStopped,
+    ReadVerifier,
     digest_fd,
     problem_with_blocks,
     problem_with_file,
@@ -156,3 +162,44 @@ def test_block_digests_keep_the_most_recent_within_their_byte_bound() -> None:
     assert kept.get("a", 2 * HASH_CHUNK_BYTES + 1) is None  # another size is other content
     kept.put("d", 3 * HASH_CHUNK_BYTES, [b"d" * 16] * 2)  # too few blocks for its size
     assert kept.get("d", 3 * HASH_CHUNK_BYTES) is None
+
+
+def test_concurrent_digests_of_one_file_share_one_run_and_the_last_to_leave_stops_it(
+    tmp_path: Path,
+) -> None:
+    """``ReadVerifier.digest``: two shares of the same open file get one run's digest and tail;
+    a run all of whose waiters left (their clients went away) stops before its next read, and
+    the next request starts afresh (issue 26: aborted GETs hashed whole blobs for nobody)."""
+    data = os.urandom(3 * HASH_CHUNK_BYTES + 5)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+
+    async def scenario() -> None:
+        verifier = ReadVerifier(threads=1)
+        try:
+            with path.open("rb") as f, path.open("rb") as g:
+                gate = threading.Event()  # holds the pool's one thread: the runs queue
+                verifier.pool.submit(gate.wait)
+                a = verifier.digest(f.fileno(), len(data), 7, (SHA256,))
+                b = verifier.digest(g.fileno(), len(data), 7, (SHA256,))
+                gate.set()
+                da, db = await a.result(), await b.result()
+                assert da is db
+                assert da.sha256 == hashlib.sha256(data).hexdigest()
+                assert da.tail == data[-7:]
+                a.leave()
+                b.leave()
+                gate.clear()
+                verifier.pool.submit(gate.wait)
+                gone = verifier.digest(f.fileno(), len(data), 7, (SHA256,))
+                gone.leave()  # the client went away before the run started
+                again = verifier.digest(f.fileno(), len(data), 7, (SHA256,))
+                gate.set()
+                with pytest.raises(DigestStopped):
+                    await gone._job.result
+                assert (await again.result()).sha256 == da.sha256
+                again.leave()
+        finally:
+            verifier.close()
+
+    asyncio.run(scenario())

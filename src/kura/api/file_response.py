@@ -18,7 +18,11 @@ gets the promised count with wrong bytes, caches garbage. Two rules follow:
   SHA-256 for a row written before the checksum existed; then the XXH3-128 is computed in the
   same pass and recorded, so the next read of that version checks the fast one. A blob of at
   most ``LOOP_HASH_MAX_BYTES`` with an XXH3-128 is hashed in the event loop before ``sendfile``
-  instead (cheaper than the hop to the worker thread; the same tail rule applies).
+  instead (cheaper than the hop to the worker thread; the same tail rule applies). The pool's
+  hash is shared with concurrent GETs of the same file and stops when every GET waiting for it
+  has gone (``storage.verify.ReadVerifier.digest``): verifying costs at most what is served, so
+  GETs that hang up cannot queue whole-file hashes ahead of other reads (issue 26). A hash that
+  finished before its client left still has its damage reported.
 
 Failing a transfer raises ``ConnectionResetError`` out of ``prepare``, which aiohttp treats as a
 client gone away (no traceback, no second response).
@@ -27,10 +31,10 @@ client gone away (no traceback, no second response).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
-from concurrent.futures import Future
 from typing import BinaryIO, NoReturn
 
 import aiohttp
@@ -38,7 +42,7 @@ from aiohttp import web
 
 from kura.storage.checksum import SHA256, XXH3_128, new_hasher
 from kura.storage.service import CacheService, StoredBody
-from kura.storage.verify import FileDigest, digest_fd
+from kura.storage.verify import DigestShare, FileDigest, digest_fd
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +117,7 @@ class OpenFileResponse(web.StreamResponse):
         assert f is not None
         size = self._stored.manifest.size
         digest: asyncio.Future[FileDigest] | None = None
+        share: DigestShare | None = None
         tail = 0
         fast = self._stored.xxh3_128
         if not self._stored.verified:
@@ -121,38 +126,51 @@ class OpenFileResponse(web.StreamResponse):
             if fast and size <= LOOP_HASH_MAX_BYTES:
                 digest = _digest_here(f.fileno(), size, tail)
             else:
-                # Its own descriptor: the hash may outlive this response (client gone) safely.
-                cfut: Future[FileDigest] = self._service.verifier.pool.submit(
-                    digest_fd, os.dup(f.fileno()), size, tail, algorithms
-                )
-                digest = asyncio.wrap_future(cfut)
-                digest.add_done_callback(_retrieve)
-        await writer.drain()
+                # Shared with concurrent GETs of the same file, stopped if all of them leave.
+                share = self._service.verifier.digest(f.fileno(), size, tail, algorithms)
         try:
-            sent = await send_file(writer, transport, f, 0, size - tail)
-        except ConnectionError:
-            raise  # the client went away
-        except OSError as exc:  # EIO and friends: the disk, not the client
-            await self._fail(transport, f"reading the file failed: {exc}")
-        if sent < size - tail:
-            await self._fail(transport, f"the file ended after {sent} of {size} bytes")
-        if digest is not None:
+            await writer.drain()
             try:
-                d = await digest
-            except OSError as exc:
-                await self._fail(transport, f"hashing the file failed: {exc}")
-            if d.size_bytes < size:
-                await self._fail(transport, f"the file ended after {d.size_bytes} of {size} bytes")
-            if fast:
-                if d.digests[XXH3_128] != fast:
-                    await self._fail(
-                        transport, f"the file hashes to xxh3_128 {d.digests[XXH3_128]}"
-                    )
-            elif d.sha256 != self._stored.manifest.sha256:
-                await self._fail(transport, f"the file hashes to sha256 {d.sha256}")
-            else:
-                self._service.record_xxh3_128([(self._stored.manifest, d.digests[XXH3_128])])
-            await writer.write(d.tail)
+                sent = await send_file(writer, transport, f, 0, size - tail)
+            except ConnectionError:
+                if share is not None and share.done():  # the hash finished: still report damage
+                    with contextlib.suppress(OSError):
+                        found = self._problem(await share.result())
+                        if found is not None:
+                            await report(self._service, self._stored, found)
+                raise  # the client went away
+            except OSError as exc:  # EIO and friends: the disk, not the client
+                await self._fail(transport, f"reading the file failed: {exc}")
+            if sent < size - tail:
+                await self._fail(transport, f"the file ended after {sent} of {size} bytes")
+            if share is not None:
+                digest = asyncio.ensure_future(share.result())
+            if digest is not None:
+                try:
+                    d = await digest
+                except OSError as exc:
+                    await self._fail(transport, f"hashing the file failed: {exc}")
+                found = self._problem(d)
+                if found is not None:
+                    await self._fail(transport, found)
+                if not fast:
+                    self._service.record_xxh3_128([(self._stored.manifest, d.digests[XXH3_128])])
+                await writer.write(d.tail)
+        finally:
+            if share is not None:
+                share.leave()
+
+    def _problem(self, d: FileDigest) -> str | None:
+        """What ``d`` (the whole file's digest) says is wrong with the file (None: intact)."""
+        size = self._stored.manifest.size
+        if d.size_bytes < size:
+            return f"the file ended after {d.size_bytes} of {size} bytes"
+        fast = self._stored.xxh3_128
+        if fast and d.digests[XXH3_128] != fast:
+            return f"the file hashes to xxh3_128 {d.digests[XXH3_128]}"
+        if not fast and d.sha256 != self._stored.manifest.sha256:
+            return f"the file hashes to sha256 {d.sha256}"
+        return None
 
     async def _fail(self, transport: asyncio.Transport, found: str) -> NoReturn:
         transport.abort()
@@ -207,8 +225,3 @@ def _digest_here(fd: int, size: int, tail: int) -> asyncio.Future[FileDigest]:
     except OSError as exc:
         fut.set_exception(exc)
     return fut
-
-
-def _retrieve(fut: asyncio.Future[FileDigest]) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.warning("hashing a blob being sent failed: %s", fut.exception())

@@ -62,7 +62,7 @@ from kura.core.conditional import none_match
 from kura.core.errors import NotFound
 from kura.storage.checksum import SHA256, XXH3_128
 from kura.storage.service import CacheService, StoredBody
-from kura.storage.verify import FileDigest, digest_fd, problem_with_blocks
+from kura.storage.verify import problem_with_blocks
 
 
 async def ranged_response(
@@ -147,15 +147,14 @@ async def _verify_whole_file(service: CacheService, body: StoredBody) -> str | N
     size = body.manifest.size
     fast = body.xxh3_128
     algorithms = (XXH3_128,) if fast else (SHA256, XXH3_128)
-    blocks: list[bytes] = []
-    # Its own descriptor: the hash may outlive this request (client gone) safely.
-    cfut: Future[FileDigest] = service.verifier.pool.submit(
-        digest_fd, os.dup(body.file.fileno()), size, 0, algorithms, blocks
-    )
+    # Shared with concurrent requests for the same file (storage.verify.ReadVerifier.digest).
+    share = service.verifier.digest(body.file.fileno(), size, 0, algorithms, blocks=True)
     try:
-        d = await asyncio.wrap_future(cfut)
+        d = await share.result()
     except OSError as exc:
         return f"hashing the file failed: {exc}"
+    finally:
+        share.leave()
     if d.size_bytes < size:
         return f"the file ended after {d.size_bytes} of {size} bytes"
     if fast and d.digests[XXH3_128] != fast:
@@ -165,7 +164,7 @@ async def _verify_whole_file(service: CacheService, body: StoredBody) -> str | N
     if not fast:
         service.record_xxh3_128([(body.manifest, d.digests[XXH3_128])])
     body.verified = True
-    service.verifier.blocks.put(body.manifest.sha256, size, blocks)
+    service.verifier.blocks.put(body.manifest.sha256, size, share.blocks)
     return None
 
 

@@ -11,7 +11,8 @@ open file's descriptor, in its own bounded thread pool; hashlib releases the GIL
 updates), so a large GET pays for the hash in parallel with ``sendfile`` instead of before it.
 The sender checks the row's XXH3-128 when it has one (``storage.checksum``: many times faster
 than SHA-256), else SHA-256; either way a mismatch is confirmed with SHA-256 by the writer
-before anything is quarantined.
+before anything is quarantined. ``ReadVerifier.digest`` runs those hashes: one run for all the
+concurrent requests of the same file, stopped once none of them waits for it any more.
 
 ``BlockDigests`` keeps, for blobs whose whole file was just verified, the XXH3-128 of each
 ``HASH_CHUNK_BYTES`` block (``digest_fd(..., blocks=)`` records them in the same pass), so a
@@ -26,8 +27,11 @@ All functions here block; call them from an executor.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +90,10 @@ def problem_with_file(
     return None
 
 
+class DigestStopped(Exception):
+    """``digest_fd`` was told to stop: nobody waits for its result any more."""
+
+
 @dataclass(frozen=True)
 class FileDigest:
     """What ``digest_fd`` read: {algorithm: hex digest} of ``size_bytes`` bytes from offset
@@ -108,19 +116,23 @@ def digest_fd(
     tail_bytes: int,
     algorithms: Sequence[str] = (SHA256,),
     blocks: list[bytes] | None = None,
+    stop: threading.Event | None = None,
 ) -> FileDigest:
     """Hash the first ``size_bytes`` bytes of ``fd`` with each of ``algorithms``
     (``storage.checksum.ALGORITHMS``) using ``pread`` (no shared file offset, so another
     reader of the same open file is undisturbed) and keep the last ``tail_bytes``. Stops early
     at end of file (``size_bytes`` of the result is then smaller). With ``blocks``, appends the
     XXH3-128 digest (16 bytes) of each ``HASH_CHUNK_BYTES`` block to it (left empty if a read
-    came back short before the end). Closes ``fd``."""
+    came back short before the end). Raises ``DigestStopped`` once ``stop`` is set (checked
+    before each read). Closes ``fd``."""
     try:
         hashers = {a: new_hasher(a) for a in algorithms}
         tail_from = size_bytes - tail_bytes
         tail: list[bytes] = []
         offset = 0
         while offset < size_bytes:
+            if stop is not None and stop.is_set():
+                raise DigestStopped(f"stopped after {offset} of {size_bytes} bytes")
             want = min(HASH_CHUNK_BYTES, size_bytes - offset)
             chunk = os.pread(fd, want, offset)
             if not chunk:
@@ -202,12 +214,117 @@ class BlockDigests:
             self._held_bytes -= 16 * len(dropped)
 
 
+_JobKey = tuple[int, int, int, int, int, tuple[str, ...], bool]
+
+
+class _Job:
+    """One ``digest_fd`` run in the pool and the responses waiting for it."""
+
+    result: asyncio.Future[FileDigest]
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.blocks: list[bytes] = []
+        self.waiters = 0
+
+
+class DigestShare:
+    """One response's share of a hash (``ReadVerifier.digest``): await ``result``, and call
+    ``leave`` when done with it, whether the result came or not (the client went away)."""
+
+    def __init__(self, verifier: ReadVerifier, key: _JobKey, job: _Job) -> None:
+        self._verifier, self._key, self._job = verifier, key, job
+        self._left = False
+        job.waiters += 1
+
+    async def result(self) -> FileDigest:
+        """The digest; raises what ``digest_fd`` raised (``OSError``). Cancelling this await
+        leaves the job running for the other waiters."""
+        return await asyncio.shield(self._job.result)
+
+    @property
+    def blocks(self) -> list[bytes]:
+        """The block digests (asked with ``blocks=True``), complete once ``result`` is."""
+        return self._job.blocks
+
+    def done(self) -> bool:
+        return self._job.result.done()
+
+    def leave(self) -> None:
+        """Stop waiting (idempotent). The last waiter to leave a job that has not finished
+        stops it before its next read, and a later request starts afresh."""
+        if self._left:
+            return
+        self._left = True
+        job = self._job
+        job.waiters -= 1
+        if job.waiters == 0 and not job.result.done():
+            job.stop.set()
+            if self._verifier._jobs.get(self._key) is job:
+                del self._verifier._jobs[self._key]
+
+
 class ReadVerifier:
-    """A small thread pool that hashes blobs being sent. Safe to use from any task."""
+    """A small thread pool that hashes blobs being sent. ``digest`` runs the hashes that
+    responses wait for; use it from the event loop."""
 
     def __init__(self, threads: int = 4) -> None:
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="kura-verify")
         self.blocks = BlockDigests()
+        self._jobs: dict[_JobKey, _Job] = {}
+
+    def digest(
+        self,
+        fd: int,
+        size_bytes: int,
+        tail_bytes: int,
+        algorithms: Sequence[str],
+        blocks: bool = False,
+    ) -> DigestShare:
+        """A share of ``digest_fd`` over the open file ``fd`` (not closed; a duplicate is
+        hashed), run in the pool. Work is bounded by what the waiting responses cost (issue
+        26: 40 GETs of a 256 MiB blob that hung up after 4 KiB read 9.9 GiB):
+
+        * concurrent requests for the same file (device, inode and ctime, so an overwrite
+          or a change starts a new hash) and the same parameters join one run, and all get
+          the same digest and tail bytes, exactly as hashed;
+        * when every waiter has left before the result (its client went away), the run stops
+          before its next ``HASH_CHUNK_BYTES`` read: nothing is left to be served from it.
+
+        A damaged file is still found by any hash that completes, and its waiters report it.
+        """
+        st = os.fstat(fd)
+        key: _JobKey = (
+            st.st_dev,
+            st.st_ino,
+            st.st_ctime_ns,
+            size_bytes,
+            tail_bytes,
+            tuple(algorithms),
+            blocks,
+        )
+        job = self._jobs.get(key)
+        if job is None:
+            job = _Job()
+            cfut = self.pool.submit(
+                digest_fd,
+                os.dup(fd),
+                size_bytes,
+                tail_bytes,
+                algorithms,
+                job.blocks if blocks else None,
+                job.stop,
+            )
+            job.result = asyncio.wrap_future(cfut)
+            job.result.add_done_callback(functools.partial(self._finished, key, job))
+            self._jobs[key] = job
+        return DigestShare(self, key, job)
+
+    def _finished(self, key: _JobKey, job: _Job, _done: asyncio.Future[FileDigest]) -> None:
+        if self._jobs.get(key) is job:
+            del self._jobs[key]
+        if not job.result.cancelled():
+            job.result.exception()  # retrieved: the waiters, if any, saw it
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
