@@ -43,8 +43,13 @@ def fetch_json(
 
     Raises ``FetchError`` for every failure: refused or unresolvable host, a timeout, TLS, an
     HTTP error status (401/403 name ``hints.token_option``), an answer that is not HTTP/1 (a
-    gRPC port's), a body that is not JSON. Blocking;
+    gRPC port's), a body that is not JSON, and a URL that is not one: no ``http://`` or
+    ``https://`` scheme (``127.0.0.1:4000``), no host, a port out of range. Blocking;
     safe to call from any thread."""
+    if (problem := _malformed(url)) is not None:
+        raise FetchError(
+            f"{url} is not a usable URL: {problem}. Pass the right one with {hints.url_option}."
+        )
     request = urllib.request.Request(url)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
@@ -66,6 +71,26 @@ def fetch_json(
         raise FetchError(
             f"{url} answered, but not with JSON: is it {hints.server}? Pass {hints.url_option}."
         ) from None
+
+
+def _malformed(url: str) -> str | None:
+    """What is wrong with ``url`` for an HTTP GET, or None. urllib raises a bare ValueError for
+    these (``unknown url type``, ``Port out of range``), which named neither the fix nor the
+    option."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a port out of range or not a number, a broken [IPv6] host
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        if "://" in url:
+            return f"the scheme must be http:// or https://, not {parts.scheme}://"
+        return f"add the scheme, as in http://{url}"
+    if not parts.hostname:
+        return "it names no host"
+    if port == 0:
+        return "port 0 is not a port to connect to"
+    return None
 
 
 def _http_error(url: str, code: int, reason: str, hints: Hints, token: str | None) -> str:

@@ -125,3 +125,25 @@ def test_kured_status_ignores_the_service_links_of_a_service_kured_metrics(
     url = f"http://127.0.0.1:{closed_port}"
     line = run_status("kured", "--url", url, env={**os.environ, **links})
     assert line.startswith(f"kured status: cannot connect to {url}/status: "), line
+
+
+@pytest.mark.parametrize(
+    ("program", "url", "problem"),
+    [
+        ("kura", "notaurl", "add the scheme, as in http://notaurl/status"),
+        ("kured", "notaurl", "add the scheme, as in http://notaurl/status"),
+        ("kura", "127.0.0.1:4000", "add the scheme, as in http://127.0.0.1:4000/status"),
+        ("kura", "localhost:4000", "add the scheme, as in http://localhost:4000/status"),
+        ("kura", "http://127.0.0.1:99999", "Port out of range 0-65535"),
+        ("kura", "ftp://127.0.0.1", "the scheme must be http:// or https://, not ftp://"),
+    ],
+)
+def test_a_url_that_is_not_one_says_how_to_write_it(program: str, url: str, problem: str) -> None:
+    """On main, ``notaurl`` and a port out of range were urllib's ValueError traceback, and
+    ``127.0.0.1:4000`` was ``unknown url type: 127.0.0.1`` with no hint (issue 26)."""
+    line = run_status(program, "--url", url)
+    option = "--url or KURA_URL" if program == "kura" else "--url or KURED_STATUS_URL"
+    assert line == (
+        f"{program} status: {url}/status is not a usable URL: {problem}. "
+        f"Pass the right one with {option}."
+    )
