@@ -13,6 +13,7 @@ import pytest
 from kura.core.keys import artifact_id
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
+from tests.grpc_api.test_hostile_clients import recent_errors
 from tests.integration import rawhttp
 
 MiB = 1024 * 1024
@@ -236,3 +237,31 @@ def test_the_internal_listener_checks_peer_credentials_before_100(
     _assert_nothing_left(node)
     assert node.metric('kura_internal_auth_failures_total{reason="missing"}') == 1
     assert node.metric('kura_internal_auth_failures_total{reason="invalid"}') == 1
+
+
+def test_clients_that_leave_before_sending_the_body_are_not_errors(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A client that sends ``Expect: 100-continue`` and goes away (a cancelled curl upload) is
+    no error on any listener: on main, 400 of them logged 400 tracebacks at ERROR (writing the
+    ``100`` to a closing transport) that filled ``recent_errors``, and each one a worker relayed
+    logged a WARNING blaming the primary ("could not forward ... Can not write request body")."""
+    node = start_node(workers=2)
+    path = "/cache/cas/" + "ab" * 32
+    for i in range(400):
+        sock = rawhttp.connect(node.url)
+        rawhttp.send_head(
+            sock, "PUT", path, {"Content-Length": "9", "Expect": "100-continue", **RW}
+        )
+        if i % 2:  # a moment later: the upload is then on its way to the primary
+            time.sleep(0.005)
+        sock.close()
+    assert rawhttp.wait_until(lambda: node.metric("kura_tmp_reserved_bytes") == 0)
+    assert node.staging_files() == []
+    assert node.index_rows() == 0
+    assert recent_errors(node) == []
+    log = node.log()
+    assert "Traceback" not in log
+    assert " ERROR " not in log, log[-3000:]
+    assert " WARNING " not in log, log[-3000:]
+    assert len(log.splitlines()) < 60, log[-3000:]

@@ -13,7 +13,8 @@ Content-Length against the route's limit and the disk budget (413/507), free dis
 room in the tmp budget (503 + Retry-After). A failing check is answered with the handler's own
 error response (same status table, same body style) and the connection is closed; nothing is
 reserved or staged. The handler still makes every check itself when the body arrives: this is
-a forecast, not a reservation.
+a forecast, not a reservation. A client that closed before its ``100`` is no error
+(``kura.api.malformed.client_gone``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from aiohttp.http import HttpVersion11
 
 from kura.api.errors import error_response
 from kura.api.http import EndpointSpec, ctx, declared_length, endpoint_spec
+from kura.api.malformed import client_gone, log_client_gone
 from kura.core.errors import KuraError
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -77,7 +79,18 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
                 spec.protocol, request.method, response.status, time.perf_counter() - started
             )
             return response
-    await request.writer.write(CONTINUE)
+    try:
+        await request.writer.write(CONTINUE)
+    except Exception as exc:
+        if not client_gone(exc):
+            raise
+        # The client closed before its 100 (a cancelled upload): nothing to answer, nothing
+        # staged. This response is never sent (aiohttp drops a write that fails for a reset
+        # connection quietly); raising would log a traceback at ERROR (issue 26).
+        log_client_gone("HTTP", f"{request.method} {request.path} before its 100 Continue")
+        gone = web.Response(status=499)
+        gone.force_close()
+        return gone
     request.writer.output_size = 0  # the 100 is not part of the response
     return None
 

@@ -28,7 +28,7 @@ from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
 from kura.api.file_response import DamagedBlob, OpenFileResponse
 from kura.api.grant_scope import request_namespace
-from kura.api.malformed import quiet_malformed_requests
+from kura.api.malformed import client_gone, quiet_malformed_requests
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
 from kura.core.errors import (
@@ -321,13 +321,8 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
             if (verdict := meter.verdict(now)) is not None:
                 raise UploadAborted(meter.give_up(c.metrics, protocol, verdict, now))
             yield chunk
-    except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError) as exc:
-        raise IncompleteBody(f"client stopped sending the body: {exc}") from exc
-    except RuntimeError as exc:
-        # aiohttp raises a bare RuntimeError("Connection closed.") when a read starts after the
-        # connection was lost (aiohttp 3.14 ``streams.StreamReader._wait``): a client gone, not
-        # a bug (hundreds of closing uploads logged a traceback each, issue 26).
-        if str(exc) != "Connection closed.":
+    except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+        if not (isinstance(exc, aiohttp.ClientError) or client_gone(exc)):
             raise
         raise IncompleteBody(f"client stopped sending the body: {exc}") from exc
 

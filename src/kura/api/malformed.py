@@ -9,10 +9,16 @@ out (``kit.log_limit``). Any client can send such requests at will, so neither E
 traceback, nor a line each: 2,000 garbage gRPC calls once wrote 2,000 tracebacks (1.58 MB in
 1.7 s) and filled the status page's list of recent errors (issue 26). INFO keeps them out of
 that list (``kit.log_ring`` keeps WARNING and above).
+
+A client that goes away mid-request (connection reset, a write to a closing transport, aiohttp's
+``RuntimeError('Connection closed.')``) is the same kind of event: ``client_gone`` is the one test
+for it, and ``log_client_gone`` its INFO line within a budget of its own. 400 clients that sent
+``Expect: 100-continue`` and closed once logged 400 tracebacks at ERROR (issue 26).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp.http_exceptions import HttpProcessingError
@@ -24,6 +30,27 @@ log = logging.getLogger(__name__)
 LOG_LINES = 5
 LOG_INTERVAL_SECONDS = 60.0
 _LIMIT = LogLimit(LOG_LINES, LOG_INTERVAL_SECONDS)
+_GONE_LIMIT = LogLimit(LOG_LINES, LOG_INTERVAL_SECONDS)
+
+
+def client_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says the client's connection is gone: a reset or broken pipe (aiohttp's
+    ``ClientConnectionResetError``, "Cannot write to closing transport", is a
+    ``ConnectionResetError``), a body cut short, or the bare ``RuntimeError("Connection
+    closed.")`` aiohttp raises when a read starts after the connection was lost (aiohttp 3.14
+    ``streams.StreamReader._wait``)."""
+    if isinstance(exc, (ConnectionError, asyncio.IncompleteReadError)):
+        return True
+    return isinstance(exc, RuntimeError) and str(exc) == "Connection closed."
+
+
+def log_client_gone(listener: str, message: str) -> None:
+    """One INFO line for a client of ``listener`` that went away mid-request, within the
+    budget (module docstring). Safe to call from any thread."""
+    suppressed = _GONE_LIMIT.admit()
+    if suppressed is not None:
+        more = f" ({suppressed} more not logged)" if suppressed else ""
+        log.info("a %s client went away: %s%s", listener, message, more)
 
 
 def _suffix(suppressed: int) -> str:
@@ -42,10 +69,14 @@ def log_malformed(listener: str, message: str) -> None:
 class _MalformedRequestFilter(logging.Filter):
     """aiohttp logs every unparsable request (bad request line, conflicting framing headers)
     with a full traceback at ERROR. The client already got a 400; the record becomes the
-    policy's INFO line without the traceback, or is dropped past the budget."""
+    policy's INFO line without the traceback, or is dropped past the budget. So does a
+    handler's failure because its client went away (``client_gone``), whatever the handler."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and client_gone(exc):
+            log_client_gone("HTTP", f"{type(exc).__name__}: {exc}")
+            return False
         if not isinstance(exc, HttpProcessingError):
             return True
         suppressed = _LIMIT.admit()

@@ -14,6 +14,11 @@ primary answers before the whole body came, from a client that stalled or trickl
 listeners' one rule (``kura.api.upload_rate``), the connection is closed right after the answer
 (as the primary closes its own), not kept for aiohttp's lingering read of the rest of the body.
 
+A client that goes away mid-request (closes before its ``100 Continue``, or while its body or
+the answer is under way) is told apart from a primary that failed: the first is the listeners'
+quiet INFO line within its budget (``kura.api.malformed.log_client_gone``), never a WARNING
+blaming the primary (issue 26: 400 cancelled uploads logged 124 such warnings).
+
 When the primary vanishes mid-request, the client's connection is cut (or, if the primary is
 alive but unreachable, answered 503) and the body writer's failure is logged on one line: it
 never surfaces as an unretrieved task exception.
@@ -32,6 +37,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from kura.api.malformed import client_gone, log_client_gone
 from kura.api.upload_rate import UploadMeter, UploadRule
 from kura.settings import Settings
 
@@ -125,7 +131,8 @@ class Forwarder:
         # Timed from the request's start, a little before the primary's first read, so it
         # never judges more leniently than the primary does.
         meter = UploadRule.of(self.settings).meter(asyncio.get_running_loop().time())
-        body = _body(request, expects, meter) if request.body_exists else None
+        client = _ClientSide()
+        body = _body(request, expects, meter, client) if request.body_exists else None
         if body is None:
             headers = [(k, v) for k, v in headers if k.lower() != "expect"]
         try:
@@ -144,6 +151,8 @@ class Forwarder:
                 else None,
             )
         except (aiohttp.ClientError, OSError) as exc:
+            if client.gone is not None:  # the body failed on the client's side, not the primary's
+                return _client_went_away(request, client.gone)
             if await self._primary_died():
                 # The primary died: answer as the node would have, by dropping the connection
                 # (a 503 from a node that just died would be a lie about what it stored).
@@ -187,6 +196,8 @@ class Forwarder:
                 request.transport.close()  # flushes the answer first; no lingering read
             return response
         except (aiohttp.ClientError, OSError) as exc:
+            if client_gone(exc):  # writing the answer to the client failed
+                return _client_went_away(request, exc)
             # Bytes may be on their way: the only honest end is to cut the connection.
             log.info(
                 "relaying %s %s from the primary failed: %s", request.method, request.path, exc
@@ -198,12 +209,35 @@ class Forwarder:
             upstream.release()
 
 
-async def _body(request: web.Request, expects: bool, meter: UploadMeter) -> AsyncIterator[bytes]:
+class _ClientSide:
+    """What ``_body`` saw of the client: ``gone``, the exception that said it went away."""
+
+    gone: BaseException | None = None
+
+
+def _client_went_away(request: web.Request, exc: BaseException) -> web.StreamResponse:
+    """The quiet end of a request whose client left: one budgeted INFO line, the connection
+    dropped, and a response nobody will read."""
+    log_client_gone("worker", f"{request.method} {request.path}: {exc}")
+    if request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=499)
+
+
+async def _body(
+    request: web.Request, expects: bool, meter: UploadMeter, client: _ClientSide
+) -> AsyncIterator[bytes]:
     """The client's body, counted in ``meter``; with ``Expect: 100-continue`` the client is
-    told to send it only now, when the primary asked for it."""
-    if expects and request.writer is not None:
-        await request.writer.write(CONTINUE)
-    loop = asyncio.get_running_loop()
-    async for chunk in request.content.iter_chunked(CHUNK_BYTES):
-        meter.add(len(chunk), loop.time())
-        yield chunk
+    told to send it only now, when the primary asked for it. A failure here is the client's
+    (noted in ``client``): aiohttp reports it as a failure to write to the primary."""
+    try:
+        if expects and request.writer is not None:
+            await request.writer.write(CONTINUE)
+        loop = asyncio.get_running_loop()
+        async for chunk in request.content.iter_chunked(CHUNK_BYTES):
+            meter.add(len(chunk), loop.time())
+            yield chunk
+    except Exception as exc:
+        if client_gone(exc) or isinstance(exc, aiohttp.ClientError):
+            client.gone = exc
+        raise
