@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
+from kura.api.connections import GRPC_IDLE_TIMEOUT_SECONDS
 from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.grpc_api.client import Reapi
@@ -299,6 +301,48 @@ def test_idle_and_slow_connections_on_every_listener_stay_within_the_descriptor_
     log = node.log()
     assert "Too many open files" not in log
     assert "Traceback" not in log
+
+
+H2_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame (RFC 9113 §6.5)
+
+
+def test_preface_only_sockets_at_the_grpc_cap_lock_clients_out_for_10_s_at_most(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """grpcio closes the newcomer at its connection cap, not the connection idle longest: on
+    main, sockets that sent only the HTTP/2 preface (its magic, or magic and SETTINGS) held the
+    gRPC share, and every real client was refused, for KURA_HEADER_READ_TIMEOUT_SECONDS (60 s).
+    Now they are closed within ``GRPC_IDLE_TIMEOUT_SECONDS`` while the attacker keeps them."""
+    grpc_port = free_port()
+    node = start_node(grpc_port=grpc_port, max_connections=16)
+    share = int(node.metric("kura_grpc_max_connections"))
+    assert share == 4
+    started = time.monotonic()
+    attack: list[socket.socket] = []
+    try:
+        for i in range(3 * share):
+            attack.append(socket.create_connection(("127.0.0.1", grpc_port), timeout=10))
+            _send(attack[-1], H2_PREFACE if i % 2 else H2_PREFACE + H2_SETTINGS)
+        locked_out = Reapi(f"127.0.0.1:{grpc_port}")
+        try:
+            with pytest.raises(grpc.RpcError):  # while the sockets are held
+                locked_out.find_missing([b"x"], timeout=2)
+        finally:
+            locked_out.close()  # its channel would wait out a reconnect backoff
+        deadline = started + GRPC_IDLE_TIMEOUT_SECONDS + 5  # slack for 2 shared cores
+        # Once the deadline is past, each socket is still given a glance (an EOF already in).
+        closed = sum(
+            1 for s in attack if _closed_by_peer(s, max(deadline, time.monotonic() + 0.05))
+        )
+        assert closed == len(attack), (closed, round(time.monotonic() - started, 1))
+        newcomer = Reapi(f"127.0.0.1:{grpc_port}")
+        try:
+            assert newcomer.find_missing([b"x"], timeout=10) != []  # the attacker holds its end
+        finally:
+            newcomer.close()
+    finally:
+        for s in attack:
+            s.close()
 
 
 def _send(s: socket.socket, data: bytes) -> None:

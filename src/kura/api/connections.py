@@ -38,10 +38,15 @@ gets in. Three parts keep that from happening:
 The header-read timeout is aiohttp's keep-alive timeout (``GuardedAppRunner`` is given
 ``keepalive_timeout``): aiohttp arms it when a connection opens and after every response, and
 closes the connection when it fires while no complete request head has arrived
-(aiohttp ``web_protocol.RequestHandler._process_keepalive``). gRPC gets the same timeout twice:
-``grpc.server_handshake_timeout_ms`` closes a connection that has not finished its HTTP/2
-handshake (a preface and its SETTINGS frame) within it, and ``grpc.max_connection_idle_ms`` one
-with no call in progress for as long.
+(aiohttp ``web_protocol.RequestHandler._process_keepalive``). gRPC gets the same timeout twice,
+capped at ``GRPC_IDLE_TIMEOUT_SECONDS``: ``grpc.server_handshake_timeout_ms`` closes a connection
+that has not finished its HTTP/2 handshake (a preface and its SETTINGS frame) within it, and
+``grpc.max_connection_idle_ms`` one with no call in progress for as long (grpcio 1.85: a socket
+sending only the preface's magic is closed by the first, one that adds SETTINGS by the second).
+The cap is shorter than the HTTP timeout because grpcio, at its connection cap, closes the
+newcomer rather than the connection idle longest (the HTTP guard's way): sockets that sent only
+the preface held every gRPC client out for the whole 60 s (issue 26), now 10 s at most. What is left: an attacker
+that reopens its sockets every 10 s keeps the gRPC share, but not the HTTP listeners.
 """
 
 from __future__ import annotations
@@ -77,6 +82,13 @@ _ACCEPT_SHORTAGE = SHORTAGE_ERRNOS | {errno.ENOBUFS}
 # connections (Bazel's --remote_max_connections is 100 by default) but multiplex gRPC calls
 # over a few channels.
 GRPC_SHARE_DIVISOR = 4
+# A gRPC connection that has not finished its HTTP/2 handshake (its preface and SETTINGS) within
+# this many seconds, or has had no call in progress for as long, is closed, unless
+# KURA_HEADER_READ_TIMEOUT_SECONDS is shorter (module docstring). A client sends preface and
+# SETTINGS together and is done in one round trip (milliseconds; TLS adds one or two), and a
+# channel closed while idle is reopened by the client at its next call (one round trip): 10 s
+# is far past any real client, and frees the gRPC share 6 times sooner than 60 s did.
+GRPC_IDLE_TIMEOUT_SECONDS = 10.0
 _REFUSAL_BODY = b"connection limit reached; retry later\n"
 REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
@@ -170,13 +182,14 @@ class ConnectionGuard:
         listeners' cap shrinks by as much, so the process keeps its descriptor reserve whatever
         mix of listeners is attacked. Call once, after ``apply_descriptor_limit`` and before
         the gRPC server is made. ``idle_timeout_seconds`` bounds both a connection's HTTP/2
-        handshake and a connection with no call in progress (module docstring). The option
+        handshake and a connection with no call in progress, at most ``GRPC_IDLE_TIMEOUT_SECONDS``
+        (module docstring). The option
         names are grpc C-core's (``grpc/impl/channel_arg_names.h``)."""
         share = max(1, self.max_connections // GRPC_SHARE_DIVISOR)
         if self.max_connections > 1:
             self.max_connections = max(1, self.max_connections - share)
         self.grpc_max_connections = share
-        idle_ms = max(1, int(idle_timeout_seconds * 1000))
+        idle_ms = max(1, int(min(idle_timeout_seconds, GRPC_IDLE_TIMEOUT_SECONDS) * 1000))
         return [
             ("grpc.max_allowed_incoming_connections", share),
             ("grpc.server_handshake_timeout_ms", idle_ms),

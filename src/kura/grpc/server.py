@@ -6,7 +6,7 @@ certificate and key set it speaks TLS with them, and a new handshake gets the pa
 ``KURA_GRPC_MAX_MESSAGE_BYTES`` are refused by grpcio itself (RESOURCE_EXHAUSTED) in both
 directions; ``GetCapabilities`` advertises the batch limit below it. Its connections count
 against the node's connection cap (``kura.api.connections.ConnectionGuard.grpc_options``: a
-share of it, and the HTTP header-read timeout for handshakes and idle connections).
+share of it, and the HTTP header-read timeout, at most 10 s, for handshakes and idle connections).
 """
 
 from __future__ import annotations
