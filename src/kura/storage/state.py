@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -168,7 +167,7 @@ class StorageState:
         under an 8 MiB floor)."""
         self._check_writable()
         free = shutil.disk_usage(self.files.data_dir).free
-        if os.stat(self.files.tmp_dir).st_dev == os.stat(self.files.data_dir).st_dev:
+        if self.files.tmp_on_data_fs:
             in_flight = self.budget.unwritten_bytes()
         else:
             in_flight = self.budget.reserved_bytes
