@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from kit.log_limit import LogLimit
 from kura.api import upload_rate
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
@@ -111,32 +112,22 @@ CLIENT_CLOSED_REQUEST = 499
 FORWARDED = -1  # not a status: a worker process forwarded the request (kura.workers)
 
 
-class _ShortageLog:
-    """Requests failed for want of descriptors or memory: one WARNING line per
-    ``SHORTAGE_LOG_INTERVAL_SECONDS`` with the count since the last, not one per request."""
-
-    def __init__(self) -> None:
-        self._logged_at = float("-inf")
-        self._since = 0
-
-    def report(self, request: web.Request, exc: OSError) -> None:
-        self._since += 1
-        now = time.monotonic()
-        if now - self._logged_at < SHORTAGE_LOG_INTERVAL_SECONDS:
-            return
+def _report_shortage(request: web.Request, exc: OSError) -> None:
+    """A request failed for want of descriptors or memory: one WARNING line per
+    ``SHORTAGE_LOG_INTERVAL_SECONDS`` with the count of the others, not one per request."""
+    left_out = _SHORTAGES.admit()
+    if left_out is not None:
         log.warning(
-            "%s %s answered 503: %s (%d such requests in the last %g s)",
+            "%s %s answered 503: %s (%d more such requests not logged)",
             request.method,
             request.path,
             exc,
-            self._since,
-            SHORTAGE_LOG_INTERVAL_SECONDS,
+            left_out,
         )
-        self._logged_at, self._since = now, 0
 
 
 SHORTAGE_LOG_INTERVAL_SECONDS = 10.0
-_shortages = _ShortageLog()
+_SHORTAGES = LogLimit(1, SHORTAGE_LOG_INTERVAL_SECONDS)
 
 
 def endpoint(
@@ -201,7 +192,7 @@ def endpoint(
                     raise
                 # No descriptor or memory for a file (a staged body, a blob to send): it
                 # passes, so 503 and retry, one line per interval rather than a traceback each.
-                _shortages.report(request, exc)
+                _report_shortage(request, exc)
                 response = error_response(
                     Unavailable(f"the node is short of descriptors or memory now ({exc.strerror})"),
                     style,
@@ -321,7 +312,7 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
             if (verdict := meter.verdict(now)) is not None:
                 raise UploadAborted(meter.give_up(c.metrics, protocol, verdict, now))
             yield chunk
-    except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+    except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError, RuntimeError) as exc:
         if not (isinstance(exc, aiohttp.ClientError) or client_gone(exc)):
             raise
         raise IncompleteBody(f"client stopped sending the body: {exc}") from exc
