@@ -24,7 +24,9 @@ import pytest
 from kura.api.connections import GRPC_IDLE_TIMEOUT_SECONDS
 from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess, node_env, spawn_node
-from tests.grpc_api.client import Reapi
+from tests.grpc_api.client import Reapi, new_upload
+from tests.grpc_api.client import blob_name as client_blob_name
+from tests.grpc_api.client import digest as client_digest
 from tests.integration import rawhttp
 from tests.integration.test_workers import worker_pids
 
@@ -432,3 +434,33 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
 def node_port(node: NodeProcess) -> int:
     port = node.url.rsplit(":", 1)[1]
     return int(port)
+
+
+def test_a_descriptor_shortage_on_the_grpc_port_is_unavailable_like_http_not_internal(
+    limited_node: Callable[..., NodeProcess],
+) -> None:
+    """The shortage policy on every listener: a ByteStream Write that cannot open its staging
+    file for want of a descriptor is UNAVAILABLE (retry), as the same write over HTTP is 503,
+    and logs no traceback. Before, gRPC answered INTERNAL with a traceback per call. Once
+    the descriptors are back, the same Write is stored."""
+    port = free_port()
+    node = limited_node(workers=1, grpc_port=port)
+    pid = node.proc.pid
+    client = Reapi(f"127.0.0.1:{port}")
+    blob = os.urandom(64 * 1024)  # staged in a file, not inline
+    try:
+        assert client.find_missing([blob]) == [client_digest(blob).hash]  # the channel is up
+        limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        try:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (_descriptors(pid), limit[1]))
+            with pytest.raises(grpc.RpcError) as refused:
+                client.write(client_blob_name(blob, upload=new_upload()), blob)
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, limit)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+        assert "short of descriptors" in (refused.value.details() or "")
+        assert "Traceback" not in node.log()
+        written = client.write(client_blob_name(blob, upload=new_upload()), blob)
+        assert written.committed_size == len(blob)
+    finally:
+        client.close()

@@ -23,13 +23,17 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from kit.log_limit import LogLimit
 from kura.api import upload_rate
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
 from kura.api.file_response import DamagedBlob, OpenFileResponse
 from kura.api.grant_scope import request_namespace
-from kura.api.malformed import client_gone, quiet_malformed_requests
+from kura.api.malformed import (
+    client_gone,
+    log_shortage,
+    quiet_malformed_requests,
+    short_of_resources,
+)
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
 from kura.core.errors import (
@@ -41,7 +45,6 @@ from kura.core.errors import (
 )
 from kura.mesh.peer_pace import PeerPace
 from kura.settings import Settings
-from kura.storage.fsync import SHORTAGE_ERRNOS
 from kura.storage.service import CacheService, StoredBody
 
 if TYPE_CHECKING:
@@ -112,24 +115,6 @@ CLIENT_CLOSED_REQUEST = 499
 FORWARDED = -1  # not a status: a worker process forwarded the request (kura.workers)
 
 
-def _report_shortage(request: web.Request, exc: OSError) -> None:
-    """A request failed for want of descriptors or memory: one WARNING line per
-    ``SHORTAGE_LOG_INTERVAL_SECONDS`` with the count of the others, not one per request."""
-    left_out = _SHORTAGES.admit()
-    if left_out is not None:
-        log.warning(
-            "%s %s answered 503: %s (%d more such requests not logged)",
-            request.method,
-            request.path,
-            exc,
-            left_out,
-        )
-
-
-SHORTAGE_LOG_INTERVAL_SECONDS = 10.0
-_SHORTAGES = LogLimit(1, SHORTAGE_LOG_INTERVAL_SECONDS)
-
-
 def endpoint(
     protocol: str,
     access: Access | None,
@@ -186,13 +171,13 @@ def endpoint(
                 status = FORWARDED  # a worker hands it on; the primary counts it
                 raise
             except OSError as exc:
-                if exc.errno not in SHORTAGE_ERRNOS:
+                if not short_of_resources(exc):
                     log.exception("unhandled error in %s %s", request.method, request.path)
                     status = 500
                     raise
                 # No descriptor or memory for a file (a staged body, a blob to send): it
                 # passes, so 503 and retry, one line per interval rather than a traceback each.
-                _report_shortage(request, exc)
+                log_shortage("HTTP", f"{request.method} {request.path}", exc)
                 response = error_response(
                     Unavailable(f"the node is short of descriptors or memory now ({exc.strerror})"),
                     style,

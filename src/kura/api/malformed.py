@@ -14,6 +14,12 @@ A client that goes away mid-request (connection reset, a write to a closing tran
 ``RuntimeError('Connection closed.')``) is the same kind of event: ``client_gone`` is the one test
 for it, and ``log_client_gone`` its INFO line within a budget of its own. 400 clients that sent
 ``Expect: 100-continue`` and closed once logged 400 tracebacks at ERROR (issue 26).
+
+A request that fails because the process is short of descriptors or memory for a file
+(``short_of_resources``: EMFILE, ENFILE, ENOMEM) is answered "unavailable, retry" (503,
+UNAVAILABLE) on every listener, and ``log_shortage`` writes one WARNING line per
+``SHORTAGE_LOG_INTERVAL_SECONDS`` for all of them: the condition passes, and a line with a
+traceback per request would flood the log while it lasts.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import logging
 from aiohttp.http_exceptions import HttpProcessingError
 
 from kit.log_limit import LogLimit
+from kura.storage.fsync import SHORTAGE_ERRNOS
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +38,28 @@ LOG_LINES = 5
 LOG_INTERVAL_SECONDS = 60.0
 _LIMIT = LogLimit(LOG_LINES, LOG_INTERVAL_SECONDS)
 _GONE_LIMIT = LogLimit(LOG_LINES, LOG_INTERVAL_SECONDS)
+SHORTAGE_LOG_INTERVAL_SECONDS = 10.0
+_SHORTAGE_LIMIT = LogLimit(1, SHORTAGE_LOG_INTERVAL_SECONDS)
+
+
+def short_of_resources(exc: BaseException) -> bool:
+    """Whether ``exc`` is an OSError for want of a descriptor or memory (module docstring)."""
+    return isinstance(exc, OSError) and exc.errno in SHORTAGE_ERRNOS
+
+
+def log_shortage(listener: str, what: str, exc: OSError) -> None:
+    """One WARNING line for a request of ``listener`` (``what``: its method and path or gRPC
+    method) answered unavailable for want of descriptors or memory, within the budget of one
+    line per ``SHORTAGE_LOG_INTERVAL_SECONDS`` (the line counts the others). Any thread."""
+    left_out = _SHORTAGE_LIMIT.admit()
+    if left_out is not None:
+        log.warning(
+            "%s %s answered unavailable: %s (%d more such requests not logged)",
+            listener,
+            what,
+            exc,
+            left_out,
+        )
 
 
 def client_gone(exc: BaseException) -> bool:

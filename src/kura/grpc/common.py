@@ -17,6 +17,8 @@
   line (``TolerantDecoding``; grpcio itself answers UNKNOWN and logs an ERROR traceback each).
 * A call the client cancelled (or whose connection dropped) is counted with code CANCELLED and
   is not logged, by kura or by grpcio (``_ClientGoneFilter``): it is not a server error.
+* A call that fails for want of descriptors or memory (EMFILE, ENFILE, ENOMEM) is UNAVAILABLE,
+  as HTTP answers 503, with one WARNING line per interval for all of them (``_shortage``).
 * A server-streaming call (Read, GetTree) whose client takes no message for
   ``KURA_BODY_IDLE_TIMEOUT_SECONDS`` is cut (``_SendWatchdog``), counted DEADLINE_EXCEEDED.
 """
@@ -39,7 +41,7 @@ from prometheus_client import Counter
 
 from kura.api.action_cache import EMPTY_SHA256
 from kura.api.auth import Access, TokenAuth
-from kura.api.malformed import log_malformed
+from kura.api.malformed import log_malformed, log_shortage, short_of_resources
 from kura.api.metrics import KuraMetrics
 from kura.core import errors as e
 from kura.core.keys import HEX_SHA256, NAMESPACE, validate
@@ -264,6 +266,8 @@ def rpc(method: str) -> Callable[[Unary[S, Req, Resp]], Unary[S, Req, Resp]]:
             except e.KuraError as exc:
                 await _abort(gc, method, context, exc)
             except BaseException as exc:
+                if short_of_resources(exc):
+                    await _abort(gc, method, context, _shortage(method, exc))
                 _count_failure(gc, method, exc)
                 raise
             gc.requests.labels(method, "OK").inc()
@@ -325,6 +329,8 @@ def streaming_rpc(method: str) -> Callable[[Streaming[S, Req, Resp]], Streaming[
             except e.KuraError as exc:
                 await _abort(gc, method, context, exc)
             except BaseException as exc:
+                if short_of_resources(exc):
+                    await _abort(gc, method, context, _shortage(method, exc))
                 if watchdog.fired:
                     gc.requests.labels(method, "DEADLINE_EXCEEDED").inc()
                     log.info(
@@ -353,6 +359,15 @@ async def _abort(
     if code is grpc.StatusCode.INTERNAL:
         log.error("%s failed: %s", method, exc.message)
     await context.abort(code, exc.message)
+
+
+def _shortage(method: str, exc: BaseException) -> e.Unavailable:
+    """UNAVAILABLE for a call that failed for want of descriptors or memory, as HTTP answers
+    503 (``kura.api.malformed.short_of_resources``): the condition passes, so not INTERNAL,
+    and one budgeted line for all such calls, not a traceback each."""
+    assert isinstance(exc, OSError)
+    log_shortage("gRPC", method, exc)
+    return e.Unavailable(f"the node is short of descriptors or memory now ({exc.strerror})")
 
 
 def _count_failure(gc: GrpcContext, method: str, exc: BaseException) -> None:
