@@ -164,13 +164,17 @@ class StorageState:
         written yet (``TmpBudget.unwritten_bytes``); on another one, all they reserved (a
         commit copies them over). Each upload alone passing a check of free space minus its
         own length let concurrent ones take the disk below the floor (issue 26: 5.3 MB free
-        under an 8 MiB floor)."""
+        under an 8 MiB floor). The unwritten bytes cost a ``stat`` per upload in flight, so
+        they are counted only when all that is reserved (their upper bound) would not fit: 4.6
+        ms on the event loop per check with 1,000 uploads in flight, twice per write."""
         self._check_writable()
         free = shutil.disk_usage(self.files.data_dir).free
-        if self.files.tmp_on_data_fs:
+        in_flight = self.budget.reserved_bytes
+        if (
+            self.files.tmp_on_data_fs
+            and free - in_flight - incoming_bytes < self.min_free_disk_bytes
+        ):
             in_flight = self.budget.unwritten_bytes()
-        else:
-            in_flight = self.budget.reserved_bytes
         self.refusing_for_space = free - in_flight - incoming_bytes < self.min_free_disk_bytes
         if self.refusing_for_space:
             raise ResourceExhausted(
