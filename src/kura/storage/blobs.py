@@ -169,22 +169,13 @@ class BlobFiles:
 
     def bucket(self, artifact_id: str) -> Path:
         """The directory holding every version file of ``artifact_id``."""
-        return Path(self._bucket_str(artifact_id))
-
-    def _bucket_str(self, artifact_id: str) -> str:
-        return f"{self.blobs_dir}/{artifact_id[:2]}/{artifact_id[2:4]}"
+        return self.blobs_dir / artifact_id[:2] / artifact_id[2:4]
 
     def blob_path(self, manifest: Manifest) -> Path:
         """The file of exactly this version of the artifact (layout 2): readers derive it from
         the row they read, so a reader holding an older row finds the older file or nothing."""
         m = manifest
-        return Path(self.blob_file(m.artifact_id, m.version_ms, m.sha256))
-
-    def blob_file(self, artifact_id: str, version_ms: int, sha256: str) -> str:
-        """``blob_path`` of that version as a str, built without ``Path`` joins (a third of
-        the cost of a ``stat`` each): ``ReadPath.missing`` stats one per blob referenced, and
-        a FindMissingBlobs may name 10,000."""
-        return f"{self._bucket_str(artifact_id)}/{blob_name(artifact_id, version_ms, sha256)}"
+        return self.bucket(m.artifact_id) / blob_name(m.artifact_id, m.version_ms, m.sha256)
 
     def legacy_blob_path(self, artifact_id: str) -> Path:
         """Where layout 1 kept an artifact's one file (migration only)."""

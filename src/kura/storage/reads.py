@@ -24,7 +24,7 @@ from typing import BinaryIO
 from kura.core.errors import NotFound
 from kura.core.manifest import Manifest
 from kura.storage.artifact import ArtifactRef, StoredBody
-from kura.storage.blobs import stat_signature
+from kura.storage.blobs import blob_name, stat_signature
 from kura.storage.checksum import SHA256, XXH3_128
 from kura.storage.state import SMALL_BLOB_BYTES, StorageState
 from kura.storage.verify import digest_fd, problem_with_bytes, problem_with_file
@@ -76,12 +76,13 @@ class ReadPath(StorageState):
         back) is not present: it is quarantined like any damaged entry, so an entry naming it
         reads as a miss (field report B29) until it is stored again. One ``stat`` per file;
         no body is read."""
-        index, files = self._require_index(), self.files
+        index = self._require_index()
         present: dict[str, int] = {}
         for aid, (size, version_ms, sha256, inline) in index.stored_bodies(ids).items():
             if not inline:
+                path = self.files.bucket(aid) / blob_name(aid, version_ms, sha256)
                 try:
-                    on_disk = os.stat(files.blob_file(aid, version_ms, sha256)).st_size
+                    on_disk = os.stat(path).st_size
                 except FileNotFoundError:
                     on_disk = -1
                 if on_disk != size:
