@@ -106,9 +106,6 @@ class BlobFiles:
         self.tmp_dir = tmp_dir
         self.blobs_dir = data_dir / "blobs"
         self._lock_fds: list[int] = []
-        # Whether the tmp dir is on the data dir's filesystem (``open`` finds out, once): the
-        # free-space floor counts the uploads in flight by it (``StorageState._check_free_disk``).
-        self.tmp_on_data_fs = True
         # The writer's group commit (storage.group_commit): publishes fsync their directory
         # with the group. None: at once.
         self.group: PublishGroup | None = None
@@ -139,7 +136,6 @@ class BlobFiles:
             raise
         for area in STAGING_AREAS:
             (self.tmp_dir / area).mkdir(parents=True, exist_ok=True)
-        self.tmp_on_data_fs = os.stat(self.tmp_dir).st_dev == os.stat(self.data_dir).st_dev
         layout = self.data_dir / "layout"
         if not layout.exists():
             return None

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import cached_property
 from typing import TypeVar
 
 from kit.clock import Clock
@@ -157,6 +159,12 @@ class StorageState:
         if reason := self.start_report.read_only_reason:
             raise ResourceExhausted(reason, retry_after_seconds=30)
 
+    @cached_property
+    def _tmp_on_data_fs(self) -> bool:
+        """Whether the tmp dir is on the data dir's filesystem (cannot change while the node
+        runs, so stat'ed once): the free-space floor counts the uploads in flight by it."""
+        return os.stat(self.files.tmp_dir).st_dev == os.stat(self.files.data_dir).st_dev
+
     def _check_free_disk(self, incoming_bytes: int) -> None:
         """``ResourceExhausted`` (503) unless the data filesystem keeps
         ``KURA_MIN_FREE_DISK_BYTES`` free once ``incoming_bytes`` more and the uploads in
@@ -170,10 +178,7 @@ class StorageState:
         self._check_writable()
         free = shutil.disk_usage(self.files.data_dir).free
         in_flight = self.budget.reserved_bytes
-        if (
-            self.files.tmp_on_data_fs
-            and free - in_flight - incoming_bytes < self.min_free_disk_bytes
-        ):
+        if self._tmp_on_data_fs and free - in_flight - incoming_bytes < self.min_free_disk_bytes:
             in_flight = self.budget.unwritten_bytes()
         self.refusing_for_space = free - in_flight - incoming_bytes < self.min_free_disk_bytes
         if self.refusing_for_space:
