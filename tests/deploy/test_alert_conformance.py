@@ -4,7 +4,7 @@ explicit allow-list of metrics that come from elsewhere.
 "Exported" is read from running processes (``conftest.py``): a real ``kura serve`` and a real
 ``kured`` agent, scraped over HTTP. An alert over a metric nobody exports never fires and
 looks exactly like a healthy system, which is how the home-lab kured alerts could have stayed
-silent (shared/seeds/004), so a misspelled name must fail here, and
+silent, so a misspelled name must fail here, and
 ``test_a_misspelled_metric_fails_the_check`` shows that it does.
 """
 

@@ -537,7 +537,7 @@ def test_kured_gates_on_every_kura_pod_by_its_stable_name(manifests: list[Manife
 
 
 def test_kured_service_and_servicemonitor_are_on_by_default(manifests: list[Manifest]) -> None:
-    # The chart's default (both off) left kured_reboot_required unscraped (shared/seeds/004).
+    # The chart's default (both off) left kured_reboot_required unscraped: a dashboard and alerts over it stayed silent.
     ds = find(manifests, "DaemonSet", "kured", "kured")
     metrics_port = kured_settings(manifests).metrics_port
     c = container(ds, "kured")

@@ -1,5 +1,5 @@
-"""Bootstrap of a fresh node within a bounded tmp budget (the regression tests of the incident in
-shared/seeds/000_*, kura-behaviour.md §0), over real HTTP between real node processes.
+"""Bootstrap of a fresh node within a bounded tmp budget (the regression tests of an incident in
+which a joining node filled its tmp dir from its peers), over real HTTP between real node processes.
 
 An external watcher samples the joining node's tmp dir every 2 ms; its peak must stay within
 ``KURA_TMP_DIR_MAX_BYTES``.

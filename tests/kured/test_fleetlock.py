@@ -2,8 +2,8 @@
 
 Scenarios are field reports B43 (recursive lock, unlock-if-held), B45 (per-group slots, the
 "semaphore full" answer naming the holders, config changes) and B46 (protocol header, body
-validation, error JSON with kinds from a fixed set) from shared/reference/field-reports.md §13,
-and the FleetLock spec in shared/reference/kured-behaviour.md §5.1.
+validation, error JSON with kinds from a fixed set) (coreos/zincati #756, coreos/airlock #81, coreos/zincati PR #350 and PR #385),
+and the FleetLock protocol as Zincati documents it (coreos/zincati, docs/development/fleetlock).
 """
 
 from __future__ import annotations

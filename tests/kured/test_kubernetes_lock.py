@@ -1,7 +1,7 @@
 """KubernetesLock through the official ``kubernetes`` client against the API server double
 (tests/kured/k8s_double.py: no API server runs here; the double enforces resourceVersion 409s).
 
-Compatibility fixtures are hand-written from shared/reference/kured-behaviour.md §2.5, not
+Compatibility fixtures are hand-written from kured's lock annotation format (kubereboot/kured, pkg/daemonsetlock), not
 produced by our serialiser: a record we write must be byte-identical to what kured writes, and
 a record kured wrote must be honoured by us, in both the single and the multi format, so a
 fleet can move between kured and us in the middle of a rollout.

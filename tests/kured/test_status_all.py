@@ -3,7 +3,7 @@ type it has (InternalIP, ExternalIP, Hostname), through the real client against 
 
 Two real agents listen on the same metrics port on different loopback addresses, like a
 DaemonSet's pods on different machines. Node n1 has no ExternalIP and an unresolvable Hostname
-(shared/seeds/000_*, part 2): it must still answer, through its InternalIP.
+(as on a cloud node whose name is not in DNS): it must still answer, through its InternalIP.
 """
 
 from __future__ import annotations

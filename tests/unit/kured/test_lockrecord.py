@@ -1,6 +1,6 @@
 """kured's lock record (kured.core.lockrecord): byte compatibility and the acquire/release rules.
 
-Fixtures are written by hand from shared/reference/kured-behaviour.md §2.5 and from what Go's
+Fixtures are written by hand from kured's lock annotation format (kubereboot/kured, pkg/daemonsetlock) and from what Go's
 encoding/json and time.Time.MarshalJSON produce; each must round-trip byte for byte. The
 property tests check that whatever we write parses back to the same record and re-serialises to
 the same bytes, and that the transitions keep the semaphore's invariants.
