@@ -51,6 +51,9 @@ def limited_node(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
         assert node.stop() == 0, node.log()[-3000:]
 
 
+REFUSALS = (b"connection limit reached", b"the node's primary process is unavailable")
+
+
 def processes(node: NodeProcess) -> int:
     """The node's serving processes: its workers, plus the primary."""
     return int(node.metric("kura_workers") or 0) + 1
@@ -157,7 +160,11 @@ def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503(
         assert refusal is not None
         assert 8 <= len(busy) <= 8 * n, len(busy)
         assert refusal[:2] == (503, "1")
-        assert b"connection limit reached" in refusal[2]
+        # Refused by the cap of the process the kernel gave it, or, in a worker, relayed from
+        # the primary: the worker's forwarded connections count against the primary's cap, and
+        # a forward the primary refuses as it is accepted may fail writing its head (EPIPE)
+        # before the worker reads the primary's 503, so the worker answers its own 503.
+        assert any(why in refusal[2] for why in REFUSALS), refusal[2]
     finally:
         for s in busy:
             s.close()
