@@ -138,8 +138,11 @@ def test_wiped_nodes_bootstrapped_within_their_tmp_budget(run: rolling.RollingRe
         for node, peak in h.tmp_peak_during_any_bootstrap.items():
             assert peak <= h.tmp_budget_bytes, f"{node} tmp {peak} > budget while {h.name} booted"
         assert h.tmp_peak_run_bytes <= h.tmp_budget_bytes
-    # Bootstrap used the budget (it is not trivially far below it).
-    assert max(h.tmp_peak_bootstrap_bytes for h in wiped) > 4 * rolling.MiB
+    # Bootstrap used the budget (it is not trivially far below it): it staged bodies of the
+    # largest class (1 MiB to max_artifact_bytes, 4 MiB) in tmp. One body per peer at a time
+    # (module docstring of the demo's config): two large bodies overlap on some runs (5.0 MiB
+    # seen) and not on others (3.75 MiB, one body caught near its end, on CI).
+    assert max(h.tmp_peak_bootstrap_bytes for h in wiped) > 3 * rolling.MiB
 
 
 def test_real_clients_hit_before_during_and_after(run: rolling.RollingResult) -> None:
