@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import re
 import shlex
 from collections.abc import Mapping
@@ -50,6 +51,7 @@ from datetime import UTC, time, tzinfo
 from pathlib import Path
 from typing import Any
 
+from kit.local_zone import local_zone
 from kit.settings import (
     Environment,
     Option,
@@ -439,7 +441,7 @@ class Settings:
     )
     time_zone: tzinfo = option(
         *_flag("time-zone"),
-        parse_zone,
+        functools.partial(parse_zone, local=local_zone),
         "zone of the window: an IANA name, UTC or Local",
         default=UTC,
     )

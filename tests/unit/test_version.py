@@ -1,4 +1,5 @@
-"""Versions and last-writer-wins (kura.core.version; kura-behaviour.md §2.6)."""
+"""Versions and last-writer-wins (kura.core.version, kura.storage.version_clock;
+kura-behaviour.md §2.6)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from kura.core.errors import InvalidRequest
 from kura.core.version import (
     ApplyOutcome,
     FutureVersion,
-    VersionClock,
     ahead_of_skew_ms,
     decide_apply,
     next_version_ms,
 )
+from kura.storage.version_clock import VersionClock
 
 MS = st.integers(0, 2**53)
 

@@ -1,4 +1,5 @@
-"""Versions, the last-writer-wins rule, and the clock that issues local versions.
+"""Versions and the last-writer-wins rule; the clock that issues local versions by these rules
+is ``kura.storage.version_clock`` (it holds a lock, which the pure core does not).
 
 Every artifact carries ``version_ms``, an integer millisecond stamp from the writer. An
 incoming copy is applied only if it is newer than what is stored and strictly newer than the
@@ -25,7 +26,6 @@ for good).
 from __future__ import annotations
 
 import enum
-import threading
 
 from kura.core.errors import InvalidRequest
 
@@ -92,37 +92,3 @@ class FutureVersion(InvalidRequest):
 def ahead_of_skew_ms(version_ms: int, now_ms: int, max_skew_ms: int) -> int:
     """How far ``version_ms`` lies beyond ``now_ms + max_skew_ms`` (0 when acceptable). Pure."""
     return max(0, version_ms - now_ms - max_skew_ms)
-
-
-class VersionClock:
-    """The node's version clock: the largest version issued or learned, and the next one.
-
-    ``observe`` (any thread) advances it with a version learned from the index or a peer;
-    ``issue`` (the storage writer thread) returns the next local version by
-    ``next_version_ms``. Both take one lock, so a concurrent ``observe`` is never lost.
-    """
-
-    def __init__(self, last_ms: int = 0) -> None:
-        self._last_ms = last_ms
-        self._lock = threading.Lock()
-
-    @property
-    def last_ms(self) -> int:
-        return self._last_ms
-
-    def observe(self, version_ms: int) -> None:
-        with self._lock:
-            if version_ms > self._last_ms:
-                self._last_ms = version_ms
-
-    def issue(
-        self,
-        now_ms: int,
-        stored_version_ms: int | None = None,
-        tombstone_version_ms: int | None = None,
-    ) -> int:
-        with self._lock:
-            self._last_ms = next_version_ms(
-                now_ms, self._last_ms, stored_version_ms, tombstone_version_ms
-            )
-            return self._last_ms

@@ -68,7 +68,7 @@ from kit.background import background_pool
 from kit.clock import Clock
 from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
-from kura.core.version import VersionClock, ahead_of_skew_ms
+from kura.core.version import ahead_of_skew_ms
 from kura.storage import change_feed
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
 from kura.storage.blobs import BlobFiles
@@ -87,6 +87,7 @@ from kura.storage.replica import ReplicaApply
 from kura.storage.state import SMALL_BLOB_BYTES
 from kura.storage.stats import StorageStats
 from kura.storage.verify import ReadVerifier
+from kura.storage.version_clock import VersionClock
 
 __all__ = ["ArtifactRef", "CacheService", "PutResult", "StorageStats", "StoredBody"]
 

@@ -26,7 +26,6 @@ from kura.core.manifest import Manifest
 from kura.core.version import (
     ApplyOutcome,
     FutureVersion,
-    VersionClock,
     ahead_of_skew_ms,
     decide_apply,
 )
@@ -42,6 +41,7 @@ from kura.storage.quarantine import Quarantine
 from kura.storage.recovery import StartReport
 from kura.storage.stats import StorageStats
 from kura.storage.verify import ReadVerifier
+from kura.storage.version_clock import VersionClock
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 
 This module owns parsing kured's window flags (``--reboot-days``, ``--start-time``,
 ``--end-time``, ``--time-zone``) and the ``RebootWindow`` value that answers "is the window open
-at this instant?" and "when does it next open?". It is pure: no clock, no asyncio. The one thing
-it reads is time-zone data, through ``zoneinfo`` (and ``/etc/localtime`` or ``$TZ`` for the zone
-named ``Local``, exactly as Go resolves it).
+at this instant?" and "when does it next open?". It is pure: no clock, no asyncio, no
+environment. The one thing it reads is time-zone data, through ``zoneinfo``; the zone named
+``Local`` is resolved by the caller's function (``kit.local_zone``, exactly as Go resolves it).
 
 Parsing (kured 1.23.0 ``pkg/timewindow``, docs/reference/kured-behaviour.md §2.10):
 
@@ -70,9 +70,8 @@ business, not this module's.
 from __future__ import annotations
 
 import functools
-import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -229,39 +228,25 @@ def parse_time(text: str) -> time:
     )
 
 
-def parse_zone(name: str) -> tzinfo:
-    """A time zone by IANA name; ``UTC`` and ``""`` are UTC; ``Local`` as Go resolves it.
+def parse_zone(name: str, *, local: Callable[[], tzinfo] | None = None) -> tzinfo:
+    """A time zone by IANA name; ``UTC`` and ``""`` are UTC; ``Local`` is ``local()``, the host's
+    zone as Go resolves it (``kit.local_zone.local_zone``: it reads ``$TZ`` and
+    ``/etc/localtime``, which this pure module does not).
 
-    Raises ValueError for an unknown or malformed name.
+    Raises ValueError for an unknown or malformed name, and for ``Local`` without ``local``.
     """
     if name in ("", "UTC"):
         return UTC
     if name == "Local":
-        return _local_zone()
+        if local is None:
+            raise ValueError("'Local' (the host's zone) is not known here; name an IANA zone")
+        return local()
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ValueError(
             f"{name!r} is not a known time zone (an IANA name such as Europe/Berlin, UTC or Local)"
         ) from None
-
-
-def _local_zone() -> tzinfo:
-    """Go's ``time.Local`` (``initLocal``): ``$TZ``, else /etc/localtime, else UTC."""
-    tz = os.environ.get("TZ")
-    try:
-        if tz is None:
-            with open("/etc/localtime", "rb") as f:
-                return ZoneInfo.from_file(f, key="Local")
-        tz = tz.removeprefix(":")
-        if tz.startswith("/"):
-            with open(tz, "rb") as f:
-                return ZoneInfo.from_file(f, key="Local")
-        if tz not in ("", "UTC"):
-            return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        pass  # Go falls back to UTC silently.
-    return UTC
 
 
 def _wall(instant: datetime, zone: tzinfo) -> datetime:
@@ -392,8 +377,16 @@ class RebootWindow:
         return f"{days} {start} to {end}{nxt} (end second included), {zone}"
 
 
-def parse_window(days: Iterable[str], start: str, end: str, zone: str) -> RebootWindow:
-    """A window from kured's flag values. Raises ``ConfigurationError`` listing every problem."""
+def parse_window(
+    days: Iterable[str],
+    start: str,
+    end: str,
+    zone: str,
+    *,
+    local: Callable[[], tzinfo] | None = None,
+) -> RebootWindow:
+    """A window from kured's flag values (``local`` as for ``parse_zone``). Raises
+    ``ConfigurationError`` listing every problem."""
     problems: list[str] = []
     parsed_days: frozenset[int] = frozenset()
     parsed_start = parsed_end = time(0)
@@ -411,7 +404,7 @@ def parse_window(days: Iterable[str], start: str, end: str, zone: str) -> Reboot
     except ValueError as exc:
         problems.append(f"end time: {exc}")
     try:
-        parsed_zone = parse_zone(zone)
+        parsed_zone = parse_zone(zone, local=local)
     except ValueError as exc:
         problems.append(f"time zone: {exc}")
     if problems:

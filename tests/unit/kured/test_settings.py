@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime, time
+from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -348,6 +348,12 @@ def test_the_window_is_built_from_days_times_and_zone() -> None:
     # 2024-03-02 is a Saturday: the Friday night window is still open at 01:00.
     assert w.contains(datetime(2024, 3, 2, 1, 0, tzinfo=UTC))
     assert not w.contains(datetime(2024, 3, 1, 1, 0, tzinfo=UTC))
+
+
+def test_time_zone_local_is_the_hosts_zone_from_tz(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    s = settings_from({**NODE, "KURED_TIME_ZONE": "Local"})
+    assert datetime(2024, 1, 15, 12, tzinfo=s.time_zone).utcoffset() == timedelta(hours=9)
 
 
 def test_period_must_be_positive_and_timeouts_too() -> None:

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kit.local_zone import local_zone
 from kured.core.errors import ConfigurationError
 from kured.core.window import (
     EVERY_DAY,
@@ -177,19 +178,20 @@ def test_zones_parse_like_gos_load_location() -> None:
         ("Nowhere/Zone", 0),  # Go falls back to UTC
     ],
 )
-def test_local_zone_follows_tz_like_go(
-    monkeypatch: pytest.MonkeyPatch, tz: str, expected_offset_hours_in_january: int
-) -> None:
-    monkeypatch.setenv("TZ", tz)
-    zone = parse_zone("Local")
+def test_local_zone_follows_tz_like_go(tz: str, expected_offset_hours_in_january: int) -> None:
+    zone = parse_zone("Local", local=functools.partial(local_zone, {"TZ": tz}))
     offset = datetime(2024, 1, 15, 12, tzinfo=zone).utcoffset()
     assert offset == timedelta(hours=expected_offset_hours_in_january)
 
 
-def test_local_zone_without_tz_is_a_usable_zone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TZ", raising=False)
-    zone = parse_zone("Local")
+def test_local_zone_without_tz_is_a_usable_zone() -> None:
+    zone = parse_zone("Local", local=functools.partial(local_zone, {}))
     assert datetime(2024, 1, 15, tzinfo=zone).utcoffset() is not None
+
+
+def test_the_pure_core_refuses_local_when_not_told_the_hosts_zone() -> None:
+    with pytest.raises(ValueError, match="Local"):
+        parse_zone("Local")
 
 
 def test_parse_window_reports_every_problem_at_once() -> None:
