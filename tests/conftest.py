@@ -26,7 +26,7 @@ import pytest
 
 from kura.demo.launch.node import KURA_LISTEN, kura_env, spawn_kura
 from kura.demo.launch.process import stop
-from kura.settings import parse_workers
+from kura.settings_rules import parse_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = KURA_LISTEN

@@ -1,10 +1,14 @@
 """Settings from environment variables and command-line flags, every problem reported at once.
 
 A component describes its settings as a frozen dataclass whose fields carry ``option(...)``
-metadata: the environment variable, the flag, a parser and a help line. ``load`` builds an
-argparse parser from that description, reads the environment, applies the precedence the
-component asks for, and raises ``SettingsError`` listing *every* invalid or missing value, the
-way Kura reports configuration errors (docs/reference/kura-behaviour.md §6.1).
+metadata, a default and a help line, and whose types name the parsers (``Port``,
+``PositiveBytes``, ...: ``Annotated`` types, at the end). The environment variable is the class's
+``ENV_PREFIX`` followed by the field's name upper-cased (``port`` -> ``KURA_PORT``) unless the
+option names another, and the flag is that variable without the prefix, lower-cased, ``_`` turned
+into ``-`` (``KURA_MAX_AGE`` -> ``--max-age``). ``add_arguments`` builds argparse flags from that
+description; ``load`` reads the environment, applies the precedence the component asks for, and
+raises ``SettingsError`` listing *every* invalid or missing value, the way Kura reports
+configuration errors (docs/reference/kura-behaviour.md §6.1).
 """
 
 from __future__ import annotations
@@ -14,14 +18,16 @@ import dataclasses
 import difflib
 import logging
 import re
+import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
 from kit.service_link import is_service_link
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 Precedence = Literal["flag-over-env", "env-over-flag"]
 
@@ -42,43 +48,86 @@ class Option:
     flag: str
     parse: Callable[[str], Any]
     help: str
-    metavar: str = "VALUE"
     repeatable: bool = False
     # How an environment value of a repeatable option splits into items (a flag is repeated
     # instead). A comma, unless the items themselves contain commas (label selectors).
     separator: str = ","
 
 
+@dataclasses.dataclass(frozen=True)
+class _Declared:
+    help: str
+    env: str
+    repeatable: bool
+    separator: str
+
+
 def option(
-    env: str,
-    flag: str,
-    parse: Callable[[str], Any],
-    help: str,
-    *,
     default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
     default_factory: Any = dataclasses.MISSING,
-    metavar: str = "VALUE",
+    env: str = "",
     repeatable: bool = False,
     separator: str = ",",
 ) -> Any:
-    """Declare a dataclass field read from ``env`` or ``flag`` (see module docstring)."""
-    meta = {"option": Option(env, flag, parse, help, metavar, repeatable, separator)}
+    """Declare a dataclass field read from its environment variable (``env``, or the class's
+    ``ENV_PREFIX`` and the field's name) or its flag (module docstring). Without a default (or
+    ``default_factory``) the setting is required. The field's type names the parser: an
+    ``Annotated[T, parse]`` (``Port``, ``PositiveBytes``, ... below), also inside ``X | None``
+    or ``tuple[X, ...]``, or a ``Literal`` of the accepted words. A ``repeatable`` option may be
+    given more than once; ``parse`` reads one occurrence, and the field holds their tuple."""
+    if not help:
+        raise TypeError("a setting needs a help line")
+    meta = {"option": _Declared(help, env, repeatable, separator)}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
-def options_of(cls: type[Any]) -> list[tuple[dataclasses.Field[Any], Option]]:
-    """The (field, option) pairs of a settings dataclass, in declaration order."""
-    return [(f, f.metadata["option"]) for f in dataclasses.fields(cls) if "option" in f.metadata]
+def options_of(cls: type[Any]) -> tuple[tuple[dataclasses.Field[Any], Option], ...]:
+    """The (field, option) pairs of a settings dataclass, in declaration order, each option with
+    its environment variable, flag and parser (module docstring, ``option``)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    pairs = []
+    for f in dataclasses.fields(cls):
+        if "option" in f.metadata:
+            d: _Declared = f.metadata["option"]
+            env = d.env or cls.ENV_PREFIX + f.name.upper()
+            flag = "--" + env.removeprefix(cls.ENV_PREFIX).lower().replace("_", "-")
+            parse = _parser_of(hints[f.name])
+            if parse is None:
+                raise TypeError(f"{cls.__name__}.{f.name}: its type names no parser")
+            pairs.append((f, Option(env, flag, parse, d.help, d.repeatable, d.separator)))
+    return tuple(pairs)
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
-    """Add one flag per option of ``cls``; values stay text so ``load`` reports all problems."""
+def _parser_of(hint: Any) -> Callable[[str], Any] | None:
+    """The parser ``hint`` names: ``Annotated``'s first extra or a ``Literal``'s words, found
+    outermost first (``X | None``, ``tuple[X, ...]``); None without one."""
+    if typing.get_origin(hint) is Annotated:
+        parse: Callable[[str], Any] = hint.__metadata__[0]
+        return parse
+    if typing.get_origin(hint) is Literal:
+        return parse_choice(typing.get_args(hint))
+    for arg in typing.get_args(hint):
+        if (parse_arg := _parser_of(arg)) is not None:
+            return parse_arg
+    return None
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type[Any], *, bare_booleans: bool = False
+) -> None:
+    """Add one flag per option of ``cls``; values stay text so ``load`` reports all problems.
+    With ``bare_booleans``, a boolean flag may also be given without a value (``--flag`` =
+    true), as Go's pflag allows."""
     for f, opt in options_of(cls):
-        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "metavar": opt.metavar}
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "metavar": "VALUE"}
         if opt.repeatable:
             kwargs["action"] = "append"
+        if bare_booleans and opt.parse is parse_bool:
+            kwargs.update(nargs="?", const="true", metavar="BOOL")
         parser.add_argument(opt.flag, help=f"{opt.help} (env {opt.env})", **kwargs)
 
 
@@ -275,16 +324,17 @@ def parse_int(text: str) -> int:
 
 
 def parse_non_negative_int(text: str) -> int:
-    value = parse_int(text)
-    if value < 0:
-        raise ValueError("must not be negative")
-    return value
+    return checked(parse_int(text), lambda value: value >= 0, "must not be negative")
 
 
 def parse_positive_int(text: str) -> int:
-    value = parse_int(text)
-    if value <= 0:
-        raise ValueError("must be greater than 0")
+    return checked(parse_int(text), lambda value: value > 0, "must be greater than 0")
+
+
+def checked(value: N, ok: Callable[[N], bool], problem: str) -> N:
+    """``value`` when ``ok(value)``; ``ValueError(problem)`` otherwise."""
+    if not ok(value):
+        raise ValueError(problem)
     return value
 
 
@@ -308,10 +358,7 @@ def parse_bytes(text: str) -> int:
 
 
 def parse_positive_bytes(text: str) -> int:
-    value = parse_bytes(text)
-    if value <= 0:
-        raise ValueError("must be greater than 0")
-    return value
+    return checked(parse_bytes(text), lambda value: value > 0, "must be greater than 0")
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -352,6 +399,25 @@ def parse_duration(text: str) -> float:
     return sign * total
 
 
+def parse_non_negative_duration(text: str) -> float:
+    """A ``parse_duration`` of 0 or more."""
+    return checked(parse_duration(text), lambda seconds: seconds >= 0, "must not be negative")
+
+
+def parse_positive_duration(text: str) -> float:
+    """A ``parse_duration`` above 0."""
+    return checked(parse_duration(text), lambda seconds: seconds > 0, "must be greater than 0")
+
+
+def parse_seconds(text: str) -> float:
+    """Seconds as a number (``90``, ``1.5``) or a ``parse_duration`` (``90s``, ``1h30m``);
+    not range-checked."""
+    try:
+        return float(text)
+    except ValueError:
+        return parse_duration(text)
+
+
 def parse_choice(choices: Sequence[str]) -> Callable[[str], str]:
     """A parser accepting exactly one of ``choices``."""
 
@@ -361,3 +427,20 @@ def parse_choice(choices: Sequence[str]) -> Callable[[str], str]:
         return text
 
     return parse
+
+
+# The types of settings: each reads as its first argument to a type checker and names the parser
+# of its text (``option``).
+NonEmpty: TypeAlias = Annotated[str, parse_non_empty]
+FilePath: TypeAlias = Annotated[Path, parse_path]
+HttpUrl: TypeAlias = Annotated[str, parse_http_url]
+HttpUrls: TypeAlias = Annotated[tuple[str, ...], parse_http_urls]
+Bool: TypeAlias = Annotated[bool, parse_bool]
+Port: TypeAlias = Annotated[int, parse_port]
+Int: TypeAlias = Annotated[int, parse_int]
+NonNegativeInt: TypeAlias = Annotated[int, parse_non_negative_int]
+PositiveInt: TypeAlias = Annotated[int, parse_positive_int]
+Bytes: TypeAlias = Annotated[int, parse_bytes]
+PositiveBytes: TypeAlias = Annotated[int, parse_positive_bytes]
+Duration: TypeAlias = Annotated[float, parse_non_negative_duration]
+PositiveDuration: TypeAlias = Annotated[float, parse_positive_duration]

@@ -76,7 +76,8 @@ from kura.mesh.shipper import Shipper
 from kura.mesh.storage_hooks import MeshHooks
 from kura.mesh.wire import peer_label
 from kura.node_status import node_status
-from kura.settings import Settings, is_loopback
+from kura.settings import Settings
+from kura.settings_rules import is_loopback
 from kura.storage.bucket_expiry import BucketExpiry, bucket_aging
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.budget import TmpBudget

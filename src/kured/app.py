@@ -44,7 +44,8 @@ from kured.sensors.sentinel import (
     KernelSentinel,
     Sentinel,
 )
-from kured.settings import KUBERNETES_BACKENDS, Settings, describe
+from kured.settings import Settings, describe
+from kured.settings_rules import KUBERNETES_BACKENDS
 from kured.state import StateStore, current_boot_id
 
 log = logging.getLogger(__name__)

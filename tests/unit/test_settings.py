@@ -299,7 +299,7 @@ PRINT_DEFAULT_WORKERS = (
 def test_workers_is_a_count_or_auto() -> None:
     """KURA_WORKERS: an integer of at least 1, or ``auto`` for the usable CPUs (the default)."""
     from kit.cpus import available_cpus
-    from kura.settings import parse_workers
+    from kura.settings_rules import parse_workers
 
     assert parse_workers("3") == 3
     assert parse_workers("auto") == available_cpus()

@@ -1,0 +1,172 @@
+"""The value types of kured's settings and the rules between them (``kured.settings``
+declares the settings with these types; its docstring says where they differ from kured's).
+
+Each type reads as its first argument to a type checker and names the parser of its text
+(``kit.settings.option``); a parser raises ValueError with the problem, which ``load`` reports
+with every other. ``validate_settings`` holds the rules that involve more than one setting.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shlex
+from datetime import time, tzinfo
+from typing import TYPE_CHECKING, Annotated, TypeAlias
+
+from kit.local_zone import local_zone
+from kit.settings import checked, parse_http_url, parse_positive_int, split_list
+from kured.core.window import parse_days, parse_time, parse_zone
+
+if TYPE_CHECKING:
+    from kured.settings import Settings
+
+# The lock backends that talk to the Kubernetes API (and so can act on this node's Node).
+KUBERNETES_BACKENDS = ("kubernetes", "lease")
+
+
+def _optional_url(text: str) -> str:
+    return "" if not text.strip() else parse_http_url(text)
+
+
+OptionalUrl: TypeAlias = Annotated[str, _optional_url]
+
+
+def _notify_url(text: str) -> str:
+    """A ``--notify-url``: kured's shoutrrr URL or an apprise URL, kept as given once apprise
+    can use its translation (``kured.core.notify_urls``)."""
+    from kured.actuators.notify import check_url
+    from kured.core.notify_urls import translate
+
+    check_url(translate(text))
+    return text.strip()
+
+
+NotifyUrl: TypeAlias = Annotated[str, _notify_url]
+
+
+def _template(text: str) -> str:
+    from kured.core.notify_urls import check_template
+
+    return check_template(text)
+
+
+Template: TypeAlias = Annotated[str, _template]
+
+
+def parse_argv(text: str) -> tuple[str, ...]:
+    """POSIX shell-style words, no shell (kured lexes with google/shlex the same way)."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise ValueError(f"cannot split into words: {exc}") from None
+
+
+Argv: TypeAlias = Annotated[tuple[str, ...], parse_argv]
+
+
+def _signal(text: str) -> int:
+    return checked(parse_positive_int(text), lambda n: n <= 64, "must be a signal number 1-64")
+
+
+Signal: TypeAlias = Annotated[int, _signal]
+
+
+def _days(text: str) -> frozenset[int]:
+    # One occurrence of --reboot-days; it may itself be a comma list (pflag string slice).
+    return parse_days([text])
+
+
+Days: TypeAlias = Annotated[frozenset[int], _days]
+
+
+def _regexp(text: str) -> re.Pattern[str] | None:
+    if text == "":
+        return None
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression: {exc}") from None
+
+
+Regexp: TypeAlias = Annotated[re.Pattern[str] | None, _regexp]
+
+
+def _labels(text: str) -> tuple[tuple[str, str], ...]:
+    """One occurrence of a node-label flag: ``key=value`` entries, comma-separated (a pflag
+    string slice). An entry without ``=`` is refused (kured crashes on it at the first
+    reboot)."""
+    out = []
+    for item in split_list(text):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{item!r} is not key=value")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
+
+
+Labels: TypeAlias = Annotated[tuple[tuple[str, str], ...], _labels]
+
+
+_QUALIFIED_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def _taint_key(text: str) -> str:
+    """'' (off) or a taint key: a Kubernetes qualified name (optional DNS prefix ``/``, a name
+    of at most 63 characters), the rule the API server applies to taint keys."""
+    text = text.strip()
+    if text and (not _QUALIFIED_NAME.match(text) or len(text.rpartition("/")[2]) > 63):
+        raise ValueError(f"{text!r} is not a valid taint key (e.g. kured.dev/kured-node-reboot)")
+    return text
+
+
+TaintKey: TypeAlias = Annotated[str, _taint_key]
+Stripped: TypeAlias = Annotated[str, str.strip]
+ClockTime: TypeAlias = Annotated[time, parse_time]
+Zone: TypeAlias = Annotated[tzinfo, functools.partial(parse_zone, local=local_zone)]
+
+
+def validate_settings(s: Settings) -> list[str]:
+    """Cross-field rules; returns every problem found (empty when the settings are usable)."""
+    problems: list[str] = []
+    if s.start_time == s.end_time:
+        # kured (pkg/timewindow) makes this a one-second window, silently; nobody means that.
+        problems.append(
+            f"KURED_START_TIME / --start-time and KURED_END_TIME / --end-time are both "
+            f"{s.start_time.isoformat()}: that window is open for one second a day. For all day "
+            "use --start-time 00:00 --end-time 23:59:59; otherwise give a later end (an end "
+            "before the start crosses midnight)"
+        )
+    if s.reboot_method == "command" and not s.reboot_command:
+        problems.append(
+            "KURED_REBOOT_COMMAND / --reboot-command must not be empty with --reboot-method=command"
+        )
+    if s.lock_backend == "etcd" and not s.etcd_endpoints:
+        problems.append(
+            "KURED_ETCD_ENDPOINTS / --etcd-endpoints must name at least one URL "
+            "with --lock-backend=etcd"
+        )
+    if s.lock_backend not in KUBERNETES_BACKENDS:
+        needs = [
+            flag
+            for flag, used in (
+                ("--blocking-pod-selector", bool(s.blocking_pod_selector)),
+                ("--pre-reboot-node-labels", bool(s.pre_reboot_node_labels)),
+                ("--post-reboot-node-labels", bool(s.post_reboot_node_labels)),
+                ("--annotate-nodes", s.annotate_nodes),
+                ("--drain-delay", s.drain_delay > 0),
+                ("--drain-pod-selector", bool(s.drain_pod_selector)),
+                ("--prefer-no-schedule-taint", bool(s.prefer_no_schedule_taint)),
+                ("--release-lock-of-deleted-nodes", s.release_lock_of_deleted_nodes),
+            )
+            if used
+        ]
+        if needs:
+            problems.append(
+                ", ".join(needs)
+                + " need --lock-backend=kubernetes or lease (they act on the Node object)"
+            )
+    return problems
