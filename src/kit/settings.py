@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import logging
 import re
+import sys
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -258,6 +259,15 @@ def load(
         if more:
             raise SettingsError(more)
     return result
+
+
+def print_problems(program: str, problems: Sequence[str]) -> int:
+    """Print ``problems`` to stderr under ``PROGRAM: invalid configuration:``, one ``  - ``
+    line each; return 2, the exit code of a command given a bad configuration."""
+    print(f"{program}: invalid configuration:", file=sys.stderr)
+    for problem in problems:
+        print(f"  - {problem}", file=sys.stderr)
+    return 2
 
 
 def _allowed(cls: type[Any], values: Mapping[str, Any], env: str | None) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from kit import event_loop
 from kit import log as kit_log
 from kit.pipes import quiet_broken_pipe
-from kit.settings import Environment, SettingsError, add_arguments
+from kit.settings import Environment, SettingsError, add_arguments, print_problems
 from kura import __version__
 from kura.core.errors import KuraError
 from kura.settings import Settings, describe_auth, environment, load_settings
@@ -164,10 +164,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args, os.environ)
     except SettingsError as exc:
-        print("kura: invalid configuration:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
+        return print_problems("kura", exc.problems)
     try:
         event_loop.choose(settings.event_loop)
     except ImportError as exc:

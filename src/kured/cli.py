@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from kit import log as kit_log
 from kit.pipes import quiet_broken_pipe
 from kit.service_link import is_service_link
-from kit.settings import SettingsError
+from kit.settings import SettingsError, print_problems
 from kured import __version__
 
 if TYPE_CHECKING:
@@ -65,10 +65,7 @@ def agent(argv: list[str]) -> int:
     try:
         settings = load_settings(args, os.environ)
     except SettingsError as exc:
-        print("kured: invalid configuration:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
+        return print_problems("kured", exc.problems)
     kit_log.configure("INFO")
     environment(os.environ).log_ignored(logging.getLogger("kured"), "KURED_ALLOW_UNKNOWN_SETTINGS")
     warning = real_reboot_warning(settings, os.geteuid())
@@ -292,10 +289,7 @@ def fleetlock(argv: list[str]) -> int:
     if args.default_slots < 1:
         problems.append("--default-slots must be >= 1")
     if problems:
-        print("kured fleetlock: invalid configuration:", file=sys.stderr)
-        for p in problems:
-            print(f"  - {p}", file=sys.stderr)
-        return 2
+        return print_problems("kured fleetlock", problems)
     kit_log.configure("INFO")
     from kured.locks.fleetlock import serve
 
