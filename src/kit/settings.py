@@ -165,13 +165,14 @@ class Environment:
 
 
 def screen_environment(
-    cls: type[Any], environ: Mapping[str, str], prefix: str, also_known: Collection[str] = ()
+    cls: type[Any], environ: Mapping[str, str], also_known: Collection[str] = ()
 ) -> Environment:
-    """Sort ``environ``'s variables starting with ``prefix`` (e.g. ``"KURA_"``) against the
-    options ``cls`` declares plus ``also_known`` (variables other commands of the same program
-    read). A declared setting whose value has a service link's shape (``KURA_PORT=tcp://10.0.0.1:
+    """Sort ``environ``'s variables starting with ``cls.ENV_PREFIX`` (e.g. ``"KURA_"``) against
+    the options ``cls`` declares plus ``also_known`` (variables other commands of the same
+    program read). A declared setting whose value has a service link's shape (``KURA_PORT=tcp://10.0.0.1:
     4000``, which the kubelet injects for a Service ``kura``) counts as the link: no port is such
     a URL, and a pod cannot be told apart from its kubelet here. Pure; never raises."""
+    prefix: str = cls.ENV_PREFIX
     declared = {opt.env for _, opt in options_of(cls)}
     known = declared | set(also_known)
     links: list[str] = []
@@ -196,23 +197,22 @@ def load(
     *,
     precedence: Precedence = "flag-over-env",
     validate: Callable[[T], list[str]] | None = None,
-    prefix: str | None = None,
+    screen: bool = False,
     also_known: Collection[str] = (),
-    allow_unknown_env: str | None = None,
 ) -> T:
     """Build ``cls`` from parsed flags and the environment.
 
     Raises ``SettingsError`` with every problem: unparsable values, missing required values
     (fields without a default), and whatever ``validate`` returns for the assembled value.
-    With a ``prefix``, the environment is screened first (``screen_environment``): service links
-    are ignored, and every unknown ``prefix`` variable is a problem too, unless the boolean
-    option whose variable is ``allow_unknown_env`` is true (then the caller warns, from
+    With ``screen``, the environment is screened first (``screen_environment``): service links
+    are ignored, and every unknown ``ENV_PREFIX`` variable is a problem too, unless ``cls`` has
+    a boolean option ``allow_unknown_settings`` and it is true (then the caller warns, from
     ``screen_environment``'s ``unknown``). A misspelt setting would otherwise be ignored in
     silence: ``KURA_READ_WRITE_TOKEN`` for ``KURA_READ_WRITE_TOKENS`` started a node open.
     """
     problems: list[str] = []
     values: dict[str, Any] = {}
-    screened = screen_environment(cls, environ, prefix, also_known) if prefix else None
+    screened = screen_environment(cls, environ, also_known) if screen else None
     if screened is not None:
         environ = screened.variables
     for f, opt in options_of(cls):
@@ -247,10 +247,8 @@ def load(
             values[f.name] = opt.parse(raw)
         except ValueError as exc:
             problems.append(f"{source}={raw!r}: {exc}")
-    if screened is not None and screened.unknown and not _allowed(cls, values, allow_unknown_env):
-        problems.extend(screened.unknown)
-        if allow_unknown_env:
-            problems.append(f"{allow_unknown_env}=true starts anyway, ignoring unknown variables")
+    if screened is not None and screened.unknown:
+        problems.extend(_unknown_problems(cls, values, screened.unknown))
     if problems:
         raise SettingsError(problems)
     result = cls(**values)
@@ -270,12 +268,17 @@ def print_problems(program: str, problems: Sequence[str]) -> int:
     return 2
 
 
-def _allowed(cls: type[Any], values: Mapping[str, Any], env: str | None) -> bool:
-    """The value (parsed or default) of the option of ``cls`` read from ``env``; False without."""
+def _unknown_problems(
+    cls: type[Any], values: Mapping[str, Any], unknown: Sequence[str]
+) -> list[str]:
+    """``unknown`` and how to start anyway, unless the option ``allow_unknown_settings`` of
+    ``cls`` (its value parsed, or its default) lets them through: then none."""
     for f, opt in options_of(cls):
-        if opt.env == env:
-            return bool(values.get(f.name, f.default))
-    return False
+        if f.name == "allow_unknown_settings":
+            if values.get(f.name, f.default):
+                return []
+            return [*unknown, f"{opt.env}=true starts anyway, ignoring unknown variables"]
+    return list(unknown)
 
 
 def split_list(text: str, separator: str = ",") -> list[str]:

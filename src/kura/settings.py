@@ -399,8 +399,6 @@ class Settings:
 
 # KURA_* variables that are not node settings but that kura's other commands and tools read, so
 # that `kura serve` in the same environment does not refuse them as misspelt settings.
-
-
 NOT_NODE_SETTINGS = (
     "KURA_URL",  # kura status --url
     "KURA_TOKEN",  # kura status --token
@@ -422,15 +420,14 @@ def load_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         args,
         environ,
         validate=validate_settings,
-        prefix="KURA_",
+        screen=True,
         also_known=NOT_NODE_SETTINGS,
-        allow_unknown_env="KURA_ALLOW_UNKNOWN_SETTINGS",
     )
 
 
 def environment(environ: Mapping[str, str]) -> Environment:
     """``environ``'s ``KURA_*`` variables sorted as ``load_settings`` sorts them."""
-    return screen_environment(Settings, environ, "KURA_", NOT_NODE_SETTINGS)
+    return screen_environment(Settings, environ, NOT_NODE_SETTINGS)
 
 
 def describe_auth(s: Settings) -> str:

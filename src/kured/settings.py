@@ -417,12 +417,11 @@ def load_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         environ,
         precedence="env-over-flag",
         validate=validate_settings,
-        prefix="KURED_",
+        screen=True,
         also_known=NOT_AGENT_SETTINGS,
-        allow_unknown_env="KURED_ALLOW_UNKNOWN_SETTINGS",
     )
 
 
 def environment(environ: Mapping[str, str]) -> Environment:
     """``environ``'s ``KURED_*`` variables sorted as ``load_settings`` sorts them."""
-    return screen_environment(Settings, environ, "KURED_", NOT_AGENT_SETTINGS)
+    return screen_environment(Settings, environ, NOT_AGENT_SETTINGS)
