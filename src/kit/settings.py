@@ -86,9 +86,19 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
+_OPTIONS: dict[type[Any], tuple[tuple[dataclasses.Field[Any], Option], ...]] = {}
+
+
 def options_of(cls: type[Any]) -> tuple[tuple[dataclasses.Field[Any], Option], ...]:
     """The (field, option) pairs of a settings dataclass, in declaration order, each option with
-    its environment variable, flag and parser (module docstring, ``option``)."""
+    its environment variable, flag and parser (module docstring, ``option``). Worked out once
+    per class: resolving the types takes milliseconds."""
+    if cls not in _OPTIONS:
+        _OPTIONS[cls] = _options(cls)
+    return _OPTIONS[cls]
+
+
+def _options(cls: type[Any]) -> tuple[tuple[dataclasses.Field[Any], Option], ...]:
     hints = typing.get_type_hints(cls, include_extras=True)
     pairs = []
     for f in dataclasses.fields(cls):
