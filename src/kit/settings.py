@@ -139,7 +139,9 @@ def add_arguments(
             kwargs["action"] = "append"
         if bare_booleans and opt.parse is parse_bool:
             kwargs.update(nargs="?", const="true", metavar="BOOL")
-        parser.add_argument(opt.flag, help=f"{opt.help} (env {opt.env})", **kwargs)
+        parser.add_argument(
+            opt.flag, help=f"{opt.help} (env {opt.env})".replace("%", "%%"), **kwargs
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -394,3 +394,13 @@ def test_deleted_node_release_is_off_by_default_and_needs_a_kubernetes_backend()
     )
     assert (lease.release_lock_of_deleted_nodes, lease.deleted_node_grace) == (True, 90.0)
     assert problems_from(NODE, "--deleted-node-grace=0")
+
+
+def test_help_prints_a_percent_in_a_help_text_as_written() -> None:
+    """A help text naming kured's ``%s`` placeholder is printed as written: argparse formats
+    help with ``%`` (it printed its own internals, with memory addresses, for ``%s``)."""
+    parser = argparse.ArgumentParser(prog="kured")
+    add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "message sent before the drain; %s is the node name" in text
+    assert "0x" not in text
