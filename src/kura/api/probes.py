@@ -7,6 +7,12 @@ kured's readiness gate) can read why. Neither needs credentials: they are the ku
 ``/status`` names peers' internal URLs, so with access control on it needs a read token like
 the cache routes. ``/metrics`` needs one too when ``KURA_METRICS_REQUIRE_TOKEN`` is on (a
 Prometheus scrape then sends ``authorization.credentials_file``, deploy/kura/servicemonitor.yaml).
+
+The reasons (``kura.app``): draining; discovery has not yet heard from every seed (nor timed out)
+or has not settled; a known peer is not yet bootstrapped (one whose passes failed too often stops
+gating and is a warning instead, ``mesh.bootstrap``); writes are refused (a failed fsync, a
+descriptor shortage, a full disk: docs/durability.md). The same reasons and warnings are in
+``/status``, ``kura status``, the status page (``/ui``) and the metrics.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ The Bazel, plain HTTP-cache (ccache, Gradle ``HttpBuildCache``) and WebDAV (scca
 cannot add a query to their URLs, so their routes take a namespace from the path instead:
 ``NAMESPACED_PREFIX`` (``/ns/{namespace}``) before the route's own prefix, as in
 ``/ns/team1/cache/ac/<sha256>``. Without it they store in namespace ``""``, as before.
+
+So the first path segment ``ns`` is reserved: a prefix starting with it is refused at start-up
+(``kura.settings_rules``).
 """
 
 from __future__ import annotations

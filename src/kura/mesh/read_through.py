@@ -26,6 +26,14 @@ nodes behind one Service (issue 11, "A hit anywhere is a hit everywhere").
   crash before the commit leaves no row, so the next read fetches the body again. At most
   ``IN_MEMORY_TOTAL_MAX_BYTES`` of such bodies are held at once; past that, and for larger
   bodies, the copy is stored first and then served from disk. ``repair`` always stores first.
+
+The body is hashed chunk by chunk as it arrives, and its background store is created, written and
+hashed on the ``kura-background`` threads (``kit.background``), never on the event loop: storing 4
+MiB there held up every other request of the process (docs/benchmarks.md, "Read-through hits and
+their bystanders"). A miss costs one internal request per healthy peer: on loopback with two peers,
+one down, about 1.3 ms more at p50 than without read-through, nothing more for a repeat within the
+negative TTL, and at most the timeout for a peer that hangs (docs/benchmarks.md, "Read-through
+misses").
 """
 
 from __future__ import annotations

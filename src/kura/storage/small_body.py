@@ -17,6 +17,13 @@ The checks are those ``storage.blobs.stage_body`` makes, by the same code
 (``storage.body_count``): the route's limit (``PayloadTooLarge``), a body longer than its
 declared length (``InvalidRequest``) or shorter (``IncompleteBody``), and an expected SHA-256
 (``DigestMismatch``, e.g. Bazel's ``cas/`` path digest).
+
+Every path that reads or moves a body takes an inline row as it takes a file: reads (ranges and
+conditional requests included), the scrub, quarantine, eviction and expiry (inline bytes count
+against ``KURA_MAX_DISK_BYTES``), replication and bootstrap (a peer stores an inline copy inline),
+anti-entropy, the object-storage tier and the gRPC CAS. The threshold stays small because a row
+larger than a SQLite page (4 KiB) spills into overflow pages, which every manifest scan reading a
+column stored after the body walks (docs/benchmarks.md, "Inline small blobs").
 """
 
 from __future__ import annotations

@@ -9,4 +9,9 @@ the artifact routes from the shared index and blob files (``kura.storage.worker_
 forwards everything else to the primary over a unix socket before it sends a byte
 (``forward``). Its hits reach the primary's LRU within a second; ``/metrics`` adds the
 workers' request families to the primary's (``metrics_merge``). See docs/architecture.md.
+
+Each process is an interpreter of its own: a worker loads only what serving needs (no gRPC, no
+object-store client, no certificate parser unless TLS is on; an import-linter contract keeps it
+so), about 47 MiB of RSS at idle against the primary's 69 MiB, of which about 15 MiB are shared
+libraries both map once.
 """

@@ -12,6 +12,12 @@ checks, over ``WorkerReads``; a catch-all forwards the rest (other methods, prob
 /status, the status page). A handler that raises ``ForwardToPrimary`` (a miss, a write path)
 is forwarded too; it has sent nothing yet. The worker's own ``/metrics`` is served only on its
 control socket, for the primary to merge, beside ``/alive``, the primary's liveness probe.
+
+Hits go to the primary every ``FLUSH_SECONDS`` (sooner at ``FLUSH_MAX_IDS`` ids), which records
+them as its own reads (LRU access times, bucket touch markers); until then such a read does not
+protect its artifact from eviction (``kura_worker_unreported_hits`` counts them). A post that fails
+is given back and sent with the next one; recording twice does no harm, since an access time keeps
+the later of two.
 """
 
 from __future__ import annotations
