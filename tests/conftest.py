@@ -49,6 +49,9 @@ class NodeProcess:
     # What the helpers below send: a context trusting an https:// node's CA, a /metrics token.
     verify: ssl.SSLContext | bool = True
     metrics_headers: dict[str, str] = field(default_factory=dict)
+    # Signals the test sent on purpose (``kill``, ``stop``): ``stop_nodes`` accepts death by one
+    # of them, besides exit 0. SIGTERM and SIGINT are never among them: a node handles both.
+    sent: set[int] = field(default_factory=set, repr=False)
 
     def client(self, **kwargs: object) -> httpx.Client:
         kwargs.setdefault("verify", self.verify)
@@ -89,12 +92,33 @@ class NodeProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` now and return (a crash the test causes on purpose: ``stop_nodes``
+        then accepts death by it)."""
+        self._expect(sig)
+        self.proc.send_signal(sig)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Send ``sig``, wait up to ``timeout`` s (then SIGKILL, which ``stop_nodes`` does
+        not accept unless the test sent it); the exit code."""
+        self._expect(sig)
         rc = stop(self.proc, sig, timeout)
         if self.reader is not None:
             self.reader.join(5)
         assert rc is not None
         return rc
+
+    def _expect(self, sig: int) -> None:
+        if sig not in (signal.SIGTERM, signal.SIGINT):
+            self.sent.add(sig)
+
+    def exited_cleanly(self, rc: int) -> bool:
+        """Exit 0, or death by a signal the test sent on purpose (``kill``, ``stop``), or by
+        SIGKILL when its ``KURA_FAILPOINTS`` kill it (kit.failpoint)."""
+        expected = {-s for s in self.sent}
+        if "kill" in self.env.get("KURA_FAILPOINTS", ""):
+            expected.add(-signal.SIGKILL)
+        return rc == 0 or rc in expected
 
 
 def node_env(tmp: Path, **settings: object) -> dict[str, str]:
@@ -236,15 +260,18 @@ def parse_samples(text: str) -> dict[str, float]:
     return samples
 
 
-def stop_nodes(nodes: Sequence[NodeProcess]) -> None:
-    """Stop every node, then fail naming each one that crashed: an exit other than 0 or the
-    kill signal a test sent (SIGKILL, SIGTERM), with the end of its log."""
-    crashed = []
+def stop_nodes(nodes: Sequence[NodeProcess]) -> list[int]:
+    """Stop every node with SIGTERM, then fail naming each one that did not exit cleanly
+    (``NodeProcess.exited_cleanly``: 0, or death by a signal the test sent on purpose), with
+    the end of its log. A node handles SIGTERM, so death by it is a failure. The exit codes."""
+    crashed, rcs = [], []
     for node in nodes:
         rc = node.stop()
-        if rc not in (0, -signal.SIGKILL, -signal.SIGTERM):
+        rcs.append(rc)
+        if not node.exited_cleanly(rc):
             crashed.append(f"{node.url} exited {rc}:\n{node.log()[-3000:]}")
     assert not crashed, "\n".join(crashed)
+    return rcs
 
 
 @pytest.fixture

@@ -712,16 +712,20 @@ class Node:
 
     async def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT, then stop gracefully. A failed background task stops
-        the node too, so its supervisor can restart it."""
+        the node too, so its supervisor can restart it.
+
+        The handlers are installed before ``start`` announces the port: a SIGTERM sent the
+        moment the listening line appears (or during the start) is a graceful stop, exit 0,
+        never death by the signal's default action."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         try:
             await self.start()
         except BaseException:
             await self._abandon_start()
             raise
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         assert self._tasks is not None
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({waiter, self._tasks}, return_when=asyncio.FIRST_COMPLETED)

@@ -202,10 +202,10 @@ def test_sigkills_during_overwrites_lose_no_acknowledged_version(
                 try:  # the node kills itself at a failpoint
                     node.proc.wait(timeout=15)
                 except Exception:
-                    node.proc.send_signal(signal.SIGKILL)
+                    node.kill()
             else:
                 time.sleep(rng.uniform(0.05, 0.6))
-                node.proc.send_signal(signal.SIGKILL)
+                node.kill()
             assert node.proc.wait(timeout=15) == -signal.SIGKILL, node.log()[-2000:]
             for t in writers:
                 t.join(30)

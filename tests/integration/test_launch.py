@@ -17,6 +17,7 @@ import pytest
 from kura.demo.launch import LaunchError
 from kura.demo.launch.etcd import Etcd
 from kura.demo.launch.process import spawn_until_line, stop, wait_until
+from tests.conftest import NodeProcess, stop_nodes
 
 READY = re.compile(r"^ready (\d+)$")
 
@@ -92,3 +93,50 @@ def test_etcd_starts_healthy_and_stops(tmp_path: Path) -> None:
     assert server.proc is not None
     assert server.proc.returncode is not None
     assert not server.healthy()
+
+
+def harness_node(tmp_path: Path, code: str, **env: str) -> NodeProcess:
+    """A ``NodeProcess`` around a real Python process running ``code`` (no kura: the harness's
+    own exit-code rule is under test)."""
+    log = tmp_path / "harness.log"
+    log.touch()
+    proc = subprocess.Popen(
+        python(code + "\nprint('up', flush=True)\ntime.sleep(60)"),
+        text=True,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    with proc.stdout:  # it writes nothing more
+        assert proc.stdout.readline() == "up\n"
+    return NodeProcess("http://127.0.0.1:1", tmp_path, tmp_path, proc, log, env)
+
+
+def test_the_harness_counts_death_by_sigterm_as_a_crash(tmp_path: Path) -> None:
+    """A node handles SIGTERM and exits 0; one killed by it (no handler installed yet, as a
+    node announcing its port too early was) fails ``stop_nodes``."""
+    untrapped = harness_node(tmp_path, "import time")
+    with pytest.raises(AssertionError, match="exited -15"):
+        stop_nodes([untrapped])
+    trapped = harness_node(
+        tmp_path,
+        "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))",
+    )
+    assert stop_nodes([trapped]) == [0]
+
+
+def test_the_harness_accepts_sigkill_only_when_the_test_sent_it(tmp_path: Path) -> None:
+    code = "import time"
+    killed = harness_node(tmp_path, code)
+    killed.kill()
+    assert killed.proc.wait(10) == -signal.SIGKILL
+    assert stop_nodes([killed]) == [-signal.SIGKILL]
+    by_failpoint = harness_node(tmp_path, code, KURA_FAILPOINTS="storage.after_commit=kill")
+    os.kill(by_failpoint.proc.pid, signal.SIGKILL)  # as kit.failpoint's kill does
+    by_failpoint.proc.wait(10)
+    assert stop_nodes([by_failpoint]) == [-signal.SIGKILL]
+    unexpected = harness_node(tmp_path, code)
+    os.kill(unexpected.proc.pid, signal.SIGKILL)  # nobody asked for it: a crash
+    unexpected.proc.wait(10)
+    with pytest.raises(AssertionError, match="exited -9"):
+        stop_nodes([unexpected])

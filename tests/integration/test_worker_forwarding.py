@@ -190,7 +190,7 @@ def test_forwarded_requests_end_cleanly_when_the_primary_is_killed(
     for t in writers:
         t.start()
     time.sleep(1.0)
-    node.proc.send_signal(signal.SIGKILL)
+    node.kill()
     assert node.proc.wait(timeout=15) == -signal.SIGKILL
     assert rawhttp.wait_until(lambda: not Path(f"/proc/{worker}").exists(), 30)
     stop.set()

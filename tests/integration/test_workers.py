@@ -520,7 +520,7 @@ def test_a_worker_exits_when_the_primary_is_killed(
 ) -> None:
     node = start_with_workers(start_node, "p", workers=2)
     (worker,) = worker_pids(node)
-    node.proc.send_signal(signal.SIGKILL)
+    node.kill()
     assert node.proc.wait(15) == -signal.SIGKILL
 
     def gone() -> bool:

@@ -192,6 +192,12 @@ class Worker:
         self._runners: list[web.AppRunner] = []
 
     async def run(self) -> None:
+        # Before it listens (as the primary, kura.app.Node.serve_forever): a SIGTERM from the
+        # supervisor while this worker starts is a graceful stop, not death by the signal.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         self.connections.apply_descriptor_limit()
         self.service.attach(immutable=self.plan.index_immutable)
         # The token files as the primary last took them in (api.auth.TokenAuth.share).
@@ -227,10 +233,6 @@ class Worker:
         await own.setup()
         self._runners.append(own)
         await web.UnixSite(own, self.plan.own_socket).start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         background = [asyncio.create_task(self._flush_loop())]
         background.append(asyncio.create_task(self.auth.run()))  # as the primary's, following it
         if self.auth.jwt is not None:
