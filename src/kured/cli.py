@@ -66,7 +66,7 @@ def agent(argv: list[str]) -> int:
         settings = load_settings(args, os.environ)
     except SettingsError as exc:
         return print_problems("kured", exc.problems)
-    kit_log.configure("INFO")
+    kit_log.configure("INFO", fmt=settings.log_format)
     environment(os.environ).log_ignored(logging.getLogger("kured"), "KURED_ALLOW_UNKNOWN_SETTINGS")
     warning = real_reboot_warning(settings, os.geteuid())
     if warning:

@@ -304,7 +304,10 @@ class Settings:
         "after a reboot attempt that did not clear the sentinel (still required after the reboot, "
         "or the reboot command failed), no new attempt before this much later (0 = off)",
     )
-    log_format: Literal["text", "json"] = option("text", "text or json")
+    log_format: Literal["text", "json"] = option(
+        "text",
+        "text, or json: one JSON object per log line (time, level, logger, message, exception)",
+    )
     # Not kured's: kured ignores a KURED_* variable that names no flag, so a misspelt one is lost.
     allow_unknown_settings: Bool = option(
         False,

@@ -3,6 +3,7 @@ and the circuit breaker that stops a reboot loop."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from kura.demo.launch.node import spawn_kured
-from kura.demo.launch.process import free_port, stop
+from kura.demo.launch.process import free_port, stop, wait_until
 from kured.settings import Settings
 from tests.kured.agents import Host, read_events
 
@@ -208,3 +209,35 @@ def test_agent_logs_the_real_reboot_warning_at_start_up(tmp_path: Path) -> None:
     log = stderr.read_text()
     warned = "REALLY REBOOTS THIS MACHINE" in log
     assert warned == (os.geteuid() == 0), log
+
+
+def test_log_format_json_writes_one_json_object_per_line(tmp_path: Path) -> None:
+    """``--log-format json``: every line on stderr is a JSON object with the time (RFC 3339
+    UTC), level, logger and message (it was accepted and ignored: text lines)."""
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("00000000-0000-0000-0000-000000000001\n")
+    sentinel = tmp_path / "reboot-required"
+    sentinel.touch()  # a reboot is wanted: the agent reads the lock, which cannot be read
+    stderr = tmp_path / "kured.log"
+    proc, _ = spawn_kured(
+        ["--node-id", "n1", "--log-format", "json",
+         "--etcd-endpoints", "http://127.0.0.1:1", "--reboot-command", "/bin/true",
+         "--reboot-sentinel", str(sentinel),
+         "--boot-id-file", str(boot_id), "--state-dir", str(tmp_path / "state"),
+         "--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+        stderr,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: "cannot read the lock" in stderr.read_text(), 30), (
+            stderr.read_text()
+        )
+    finally:
+        assert stop(proc, timeout=30) == 0
+    lines = [json.loads(line) for line in stderr.read_text().splitlines()]
+    assert {tuple(sorted(line)) for line in lines} == {("level", "logger", "message", "time")}
+    assert any(line["level"] == "WARNING" and line["logger"] == "kured.loop" for line in lines), (
+        lines
+    )
+    assert lines[-1]["message"] == "kured stopped"
+    for line in lines:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"]), line
