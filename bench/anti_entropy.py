@@ -33,6 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.replication import free_port, start_node
+from kit.wait import wait_until
 from kura.core.keys import artifact_id
 from kura.storage.index import MetadataIndex
 
@@ -100,12 +101,14 @@ class Node:
 
     def wait_rounds(self, n: int, timeout: float = 600) -> dict[str, Any]:
         start = self.ae()["rounds"]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ae = self.ae()
-            if ae["rounds"] >= start + n:
-                return ae
-            time.sleep(0.2)
+        seen: dict[str, Any] = {}
+
+        def rounds_done() -> bool:
+            seen.update(self.ae())
+            return bool(seen["rounds"] >= start + n)
+
+        if wait_until(rounds_done, timeout, interval=0.2):
+            return seen
         raise TimeoutError("no anti-entropy round")
 
     def stop(self) -> None:

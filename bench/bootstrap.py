@@ -32,7 +32,8 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.replication import Cluster, free_port
+from bench.replication import Cluster, free_port, ready_200
+from kit.wait import wait_until_async
 from kura.demo.launch.node import spawn_kura
 from kura.demo.rolling.sampler import dir_bytes
 
@@ -79,12 +80,10 @@ class Watcher(threading.Thread):
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, timeout: float) -> float:
+    """Seconds until ``url`` answers 200 on /ready; RuntimeError after ``timeout`` seconds."""
     start = time.perf_counter()
-    while time.perf_counter() - start < timeout:
-        async with session.get(url + "/ready") as r:
-            if r.status == 200:
-                return time.perf_counter() - start
-        await asyncio.sleep(0.05)
+    if await wait_until_async(lambda: ready_200(session, url), timeout):
+        return time.perf_counter() - start
     raise RuntimeError(f"{url} not ready after {timeout}s")
 
 

@@ -33,7 +33,6 @@ medians with every repeat in brackets (``--md-out``, also printed).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -53,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import cachebench as cb
 import peers
 from bench.seed import body_of, key_of, seed
+from kit.wait import wait_until
 
 SIZE = 1024
 BASE_MS = 1_700_000_000_000
@@ -73,14 +73,18 @@ def tree_kib(pid: int, field: str) -> int:
 def wait_ready(base: str, proc: peers.Proc, timeout: float) -> float:
     """Seconds until ``GET /ready`` answers 200; raises RuntimeError on exit or timeout."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if proc.p.poll() is not None:
-            raise RuntimeError(f"{proc.name} exited with {proc.p.returncode}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(base + "/ready", timeout=5) as r:
-                if r.status == 200:
-                    return time.monotonic() - start
-        time.sleep(0.1)
+
+    def ready() -> bool:
+        with urllib.request.urlopen(base + "/ready", timeout=5) as r:
+            return bool(r.status == 200)
+
+    def exited() -> bool:
+        return proc.p.poll() is not None
+
+    if wait_until(ready, timeout, interval=0.1, ignoring=(OSError,), give_up=exited):
+        return time.monotonic() - start
+    if exited():
+        raise RuntimeError(f"{proc.name} exited with {proc.p.returncode}")
     raise RuntimeError(f"{proc.name} not ready after {timeout} s")
 
 

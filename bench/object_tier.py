@@ -63,7 +63,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.cachebench import fmt_size, parse_size
-from bench.replication import free_port, percentile, start_node, stop_node
+from bench.replication import free_port, percentile, ready_200, start_node, stop_node
+from kit.wait import wait_until_async
 from kura.demo.launch.seaweedfs import SeaweedFS, weed_binary
 
 MB = 1_000_000
@@ -193,14 +194,10 @@ class Nodes:
     async def wait_ready(self) -> None:
         async with aiohttp.ClientSession() as session:
             for url in self.urls.values():
-                deadline = time.monotonic() + 120
-                while True:
-                    async with session.get(url + "/ready") as r:
-                        if r.status == 200:
-                            break
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{url} not ready")
-                    await asyncio.sleep(0.1)
+                if not await wait_until_async(
+                    lambda u=url: ready_200(session, u), 120, interval=0.1
+                ):
+                    raise RuntimeError(f"{url} not ready")
 
     def cpu(self) -> dict[str, float]:
         assert self.weed.proc is not None

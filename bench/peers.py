@@ -48,6 +48,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import IO, Any, ClassVar
 
+from kit.wait import wait_until
 from kura.demo.launch.process import free_port
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -119,17 +120,20 @@ def _on_signal(signum, frame):
 
 
 def wait_http(url: str, headers: dict, proc: Proc, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.p.poll() is not None:
-            raise RuntimeError(f"{proc.name} exited with {proc.p.returncode}")
+    def answers() -> bool:
         try:
             urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2)
-            return
         except urllib.error.HTTPError:
-            return  # any HTTP answer (404 for an unknown key) means it is up
-        except OSError:
-            time.sleep(0.2)
+            pass  # any HTTP answer (404 for an unknown key) means it is up
+        return True
+
+    def exited() -> bool:
+        return proc.p.poll() is not None
+
+    if wait_until(answers, timeout, interval=0.2, ignoring=(OSError,), give_up=exited):
+        return
+    if exited():
+        raise RuntimeError(f"{proc.name} exited with {proc.p.returncode}")
     raise RuntimeError(f"{proc.name} did not answer on {url}")
 
 
@@ -478,13 +482,13 @@ class KuraWorkersPeer(KuraPeer):
     def ready(self) -> None:
         super().ready()
         want = int(self.settings["KURA_WORKERS"]) - 1
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # workers start in the background
+
+        def listening() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics") as r:
-                text = r.read().decode()
-            if f"kura_workers {float(want)}" in text:
-                return
-            time.sleep(0.1)
+                return f"kura_workers {float(want)}" in r.read().decode()
+
+        if wait_until(listening, 60, interval=0.1):  # workers start in the background
+            return
         raise RuntimeError(f"{self.name}: {want} worker(s) not listening after 60 s")
 
 

@@ -39,7 +39,8 @@ from typing import Any
 
 import aiohttp
 
-from bench.replication import free_port, percentile, start_node, stop_node
+from bench.replication import free_port, percentile, ready_200, start_node, stop_node
+from kit.wait import wait_until_async
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -47,15 +48,10 @@ HITS = re.compile(r'^kura_read_through_total\{result="hit"\} (\S+)$', re.M)
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url + "/ready") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
+    if await wait_until_async(
+        lambda: ready_200(session, url), timeout, interval=0.1, ignoring=(aiohttp.ClientError,)
+    ):
+        return
     raise RuntimeError(f"{url} not ready after {timeout} s")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from bench.replication import free_port, percentile, start_node, stop_node
+from kit.wait import wait_until_async
 
 
 def start(root: Path, name: str, port: int, peers: list[str], **extra: str) -> tuple[Any, str]:
@@ -38,12 +39,12 @@ def stop(proc: Any) -> None:
 
 
 async def until(session: aiohttp.ClientSession, url: str, check: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    async def holds() -> bool:
         async with session.get(url) as r:
-            if check(r.status, await r.read()):
-                return
-        await asyncio.sleep(0.1)
+            return bool(check(r.status, await r.read()))
+
+    if await wait_until_async(holds, timeout, interval=0.1):
+        return
     raise RuntimeError(f"timed out waiting on {url}")
 
 

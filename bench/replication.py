@@ -34,10 +34,17 @@ from pathlib import Path
 
 import aiohttp
 
+from kit.wait import wait_until_async
 from kura.demo.launch.node import kura_env, spawn_kura
 from kura.demo.launch.process import free_port, stop
 
 __all__ = ["Cluster", "free_port", "percentile", "start_node", "stop_node"]
+
+
+async def ready_200(session: aiohttp.ClientSession, url: str) -> bool:
+    """Whether ``url`` answers 200 on /ready now (a probe for ``kit.wait.wait_until_async``)."""
+    async with session.get(url + "/ready") as r:
+        return r.status == 200
 
 
 def start_node(
@@ -79,13 +86,9 @@ class Cluster:
     async def wait_ready(self, session: aiohttp.ClientSession, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         for url in self.urls:
-            while True:
-                async with session.get(url + "/ready") as r:
-                    if r.status == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{url} not ready")
-                await asyncio.sleep(0.1)
+            left = deadline - time.monotonic()
+            if not await wait_until_async(lambda u=url: ready_200(session, u), left, interval=0.1):
+                raise RuntimeError(f"{url} not ready")
 
     def stop(self) -> None:
         for p in self.procs:

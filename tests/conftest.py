@@ -8,6 +8,7 @@ starts is stopped when the test ends; a node that exited with an error fails the
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kit.wait import wait_until
 from kura.demo.launch.node import KURA_LISTEN, kura_env, spawn_kura
 from kura.demo.launch.process import stop
 from kura.settings_rules import parse_workers
@@ -216,10 +218,9 @@ def _wait_for_workers(data_dir: Path, workers: int) -> None:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     for n in range(1, workers):
         path = str(directory / f".kura.worker-{n}.sock")
-        while not _answers(path):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker {n} of {data_dir} did not start")
-            time.sleep(0.05)
+        left = deadline - time.monotonic()
+        if not wait_until(functools.partial(_answers, path), left):
+            raise AssertionError(f"worker {n} of {data_dir} did not start")
 
 
 def _answers(path: str) -> bool:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kit.wait import wait_until
+
 POLL_SECONDS = 0.2
 STOP_TIMEOUT_SECONDS = 30.0
 RESTART_TIMEOUT_SECONDS = 60.0
@@ -233,12 +235,14 @@ def restart_node(number: int, directory: str) -> int:
     request = root / CONTROL_DIR / f"restart-{number}"
     request.parent.mkdir(parents=True, exist_ok=True)
     request.touch()
-    deadline = time.monotonic() + RESTART_TIMEOUT_SECONDS
-    while request.exists() or not _up(node["public_url"]):
-        if time.monotonic() > deadline:
-            print(f"kura dev restart: node-{number} did not come back", file=sys.stderr)
-            return 1
-        time.sleep(POLL_SECONDS)
+    back = wait_until(
+        lambda: not request.exists() and _up(node["public_url"]),
+        RESTART_TIMEOUT_SECONDS,
+        interval=POLL_SECONDS,
+    )
+    if not back:
+        print(f"kura dev restart: node-{number} did not come back", file=sys.stderr)
+        return 1
     print(f"node-{number} is serving again on {node['public_url']}")
     return 0
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kit.wait import wait_until
 from kura import __version__
 from kura.demo.launch.process import free_ports
 
@@ -143,16 +144,17 @@ def _ready(url: str) -> bool:
 
 
 def _wait_ready(url: str, name: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         try:
-            if _ready(url):
-                return
+            return _ready(url)
         except httpx.HTTPError:
-            pass
-        state = podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
-        assert state == "running", f"container {state}:\n{_logs(name)}"
-        time.sleep(0.2)
+            state = podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+            assert state == "running", f"container {state}:\n{_logs(name)}"
+            return False
+
+    if wait_until(ready, READY_TIMEOUT_SECONDS, interval=0.2):
+        return
     pytest.fail(f"{url}/ready not 200 in {READY_TIMEOUT_SECONDS:.0f}s:\n{_logs(name)}")
 
 

@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
+from kit.wait import wait_until
 from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess, node_env, spawn_node
 
@@ -82,17 +82,10 @@ def status(node: NodeProcess) -> dict[str, object]:
     return httpx.get(node.url + "/status", timeout=10).json()  # type: ignore[no-any-return]
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if predicate():
-                return True
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
+    """``kit.wait.wait_until``, a node that does not answer (``httpx.HTTPError``) counting as
+    "not yet"."""
+    return wait_until(predicate, timeout, interval=interval, ignoring=(httpx.HTTPError,))
 
 
 def manifests(node: NodeProcess, peer_token: str = "") -> dict[str, dict[str, object]]:

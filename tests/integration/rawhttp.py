@@ -4,8 +4,10 @@ bodies shorter than their Content-Length, disconnects mid-body, chunked streams.
 from __future__ import annotations
 
 import socket
-import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
+
+from kit import wait as kit_wait
 
 
 def connect(base_url: str, timeout: float = 10.0) -> socket.socket:
@@ -52,12 +54,8 @@ def chunk(data: bytes) -> bytes:
 LAST_CHUNK = b"0\r\n\r\n"
 
 
-def wait_until(predicate: object, timeout: float = 10.0, interval: float = 0.05) -> bool:
-    """Poll ``predicate()`` until true or ``timeout`` seconds pass; returns the last answer."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():  # type: ignore[operator]
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05
+) -> bool:
+    """``kit.wait.wait_until`` with these tests' default timeout (10 s)."""
+    return kit_wait.wait_until(predicate, timeout, interval=interval)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from kit.wait import wait_until
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import Mesh, manifests, wait_for
 
@@ -43,15 +44,13 @@ def test_an_artifact_unused_past_max_age_is_gone_and_one_in_use_stays_intact(
     assert len(node.blob_files()) == 1  # A is inline in its index row (KURA_INLINE_MAX_BYTES)
 
     def touch_b_until(predicate: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def touched() -> bool:
             r = _get(node, "/cache/bb/in-use")
             assert r.status_code == 200
             assert r.content == b
-            if predicate():
-                return True
-            time.sleep(0.3)
-        return False
+            return predicate()
+
+        return wait_until(touched, timeout, interval=0.3)
 
     assert touch_b_until(lambda: node.metric("kura_expiry_deleted_total") >= 1, 60), node.log()
     # B survives several more passes, each more than the age after B's write.

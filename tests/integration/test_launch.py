@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from kit.wait import wait_until
 from kura.demo.launch import LaunchError
 from kura.demo.launch.etcd import Etcd
-from kura.demo.launch.process import spawn_until_line, stop, wait_until
+from kura.demo.launch.process import spawn_until_line, stop
 from tests.conftest import NodeProcess, stop_nodes
 
 READY = re.compile(r"^ready (\d+)$")

@@ -6,23 +6,20 @@ import itertools
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from kit.wait import wait_until
 from tests.kured.agents import Host, read_events, released_at
 from tests.kured.prom import ALWAYS_FIRING, Prometheus
 
 COMMON = ("--period", "1s", "--start-time", "0:00", "--end-time", "23:59:59")
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.1) -> bool:
+    return wait_until(predicate, timeout, interval=interval)
 
 
 def kured_status(host: Host) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import httpx
 
+from kit.wait import wait_until
 from kura.demo.launch.node import spawn_kured
-from kura.demo.launch.process import free_port, stop, wait_until
+from kura.demo.launch.process import free_port, stop
 from kured.settings import Settings
 from tests.kured.agents import Host, read_events
 
@@ -131,18 +132,13 @@ def test_a_node_that_keeps_needing_a_reboot_trips_the_breaker_instead_of_looping
         def reboots() -> int:
             return sum(1 for e in read_events(events) if e[2] == "reboot")
 
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and host.boots < 3:
-            time.sleep(0.2)
-        assert host.boots >= 3, host.log()[-2000:]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if host.status()["reason"] == "breaker_open":
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        assert wait_until(lambda: host.boots >= 3, 60, interval=0.2), host.log()[-2000:]
+        wait_until(
+            lambda: host.status()["reason"] == "breaker_open",
+            30,
+            interval=0.2,
+            ignoring=(httpx.HTTPError,),
+        )
         status = host.status()
         assert status["reason"] == "breaker_open", status
         count = reboots()

@@ -12,12 +12,13 @@ would).
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
+from kit.wait import wait_until_async
 from tests.kured.agents import Host, read_events
 from tests.kured.conftest import LOCK_ANNOTATION
 from tests.kured.k8s_double import KubeDouble
@@ -58,13 +59,8 @@ def _checks(url: str) -> float:
     return total
 
 
-async def _until(predicate, within: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.1)
-    return bool(predicate())
+async def _until(predicate: Callable[[], object], within: float) -> bool:
+    return await wait_until_async(predicate, within, interval=0.1)
 
 
 def _host(tmp_path: Path, kubeconfig: Path, *flags: str) -> Host:

@@ -5,7 +5,6 @@ now under the agent's filter, and the gate loop on kured's own alerts (deploy/al
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kit.wait import wait_until
 from tests.kured.agents import Host
 from tests.kured.doctor_host import good_apt, in_process, release
 from tests.kured.k8s_double import KubeDouble
@@ -26,12 +26,7 @@ HOSTS = ("host0", "host1", "host2")
 
 
 def wait_for(predicate: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return bool(predicate())
+    return wait_until(predicate, timeout, interval=0.2)
 
 
 def scraped(prom: Prometheus) -> int:

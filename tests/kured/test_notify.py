@@ -19,7 +19,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -27,6 +27,7 @@ import pytest
 from aiohttp import web
 from aiosmtpd.controller import Controller
 
+from kit.wait import wait_until_async
 from tests.kured.agents import Host, read_events
 from tests.kured.k8s_double import KubeDouble
 
@@ -83,13 +84,8 @@ async def webhook() -> AsyncIterator[tuple[list[dict[str, object]], int]]:
     await runner.cleanup()
 
 
-async def _until(predicate, within: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.1)
-    return bool(predicate())
+async def _until(predicate: Callable[[], object], within: float) -> bool:
+    return await wait_until_async(predicate, within, interval=0.1)
 
 
 def _lease_holder(kube: KubeDouble) -> str | None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import errno
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from kit.wait import wait_until
 from kura.core.errors import Unavailable
 from kura.storage.fsync import DescriptorShortage
 from kura.storage.group_commit import GroupCommitWriter
@@ -134,10 +134,7 @@ def test_a_sync_short_of_descriptors_fails_its_group_only_and_is_retried_by_itse
     assert old.exists()
     calls = sync.calls
     sync.fail = None  # descriptors free up; nobody writes
-    deadline = time.monotonic() + WAIT
-    while writer.shortage is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert writer.shortage is None
+    assert wait_until(lambda: writer.shortage is None, WAIT)
     assert sync.calls > calls
     assert not old.exists()  # carried to the sync that succeeded
     assert writer.stats.sync_shortages_total >= 1

@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kit.clock import SystemClock
+from kit.wait import wait_until_async
 from kura.api.http import SPEC_ATTR, EndpointSpec, Handler
 from kura.api.public_load import middleware
 from kura.mesh.peer_pace import PublicLoad
@@ -27,14 +28,8 @@ def declared(protocol: str, handler: Handler) -> Handler:
 
 
 async def wait_until(predicate: Callable[[], bool]) -> bool:
-    """True once ``predicate()`` holds, False after 20 s."""
-    try:
-        async with asyncio.timeout(20):
-            while not predicate():  # noqa: ASYNC110 (a counter: no event to wait on)
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        return False
-    return True
+    """True once ``predicate()`` holds (a counter: no event to wait on), False after 20 s."""
+    return await wait_until_async(predicate, 20, interval=0.01)
 
 
 def serve(

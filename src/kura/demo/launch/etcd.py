@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from kit.wait import wait_until
 from kura.demo.launch.process import (
     START_TIMEOUT_SECONDS,
     LaunchError,
@@ -18,7 +19,6 @@ from kura.demo.launch.process import (
     get_json,
     log_tail,
     stop,
-    wait_until,
     which,
 )
 
@@ -56,7 +56,12 @@ class Etcd:
             self.url = f"http://127.0.0.1:{client}"
             log_path = self.dir / f"etcd-{attempt}.log"
             self.proc = self._spawn(attempt, f"http://127.0.0.1:{peer}", log_path)
-            if wait_until(self.healthy, self.timeout, self.proc):
+            if wait_until(
+                self.healthy,
+                self.timeout,
+                ignoring=(OSError, ValueError),
+                give_up=lambda: self.proc is not None and self.proc.poll() is not None,
+            ):
                 return self
             stop(self.proc)
             tails.append(log_tail(log_path))

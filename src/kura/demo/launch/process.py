@@ -23,10 +23,9 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,25 +169,6 @@ def _signal(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:
             os.killpg(proc.pid, sig)
         else:
             proc.send_signal(sig)
-
-
-def wait_until(
-    predicate: Callable[[], bool],
-    timeout: float,
-    proc: subprocess.Popen[Any] | None = None,
-    interval: float = 0.05,
-) -> bool:
-    """Poll ``predicate`` (OSError and ValueError count as False) until it is true (True), or
-    ``timeout`` seconds pass or ``proc`` exits (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            return False
-        with contextlib.suppress(OSError, ValueError):
-            if predicate():
-                return True
-        time.sleep(interval)
-    return False
 
 
 @dataclass

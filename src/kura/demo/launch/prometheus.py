@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kit.wait import wait_until
 from kura.demo.launch.process import (
     START_TIMEOUT_SECONDS,
     LaunchError,
@@ -21,7 +22,6 @@ from kura.demo.launch.process import (
     http_get,
     log_tail,
     stop,
-    wait_until,
     which,
 )
 
@@ -85,8 +85,13 @@ class Prometheus:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+        proc = self.proc
         ready = wait_until(
-            lambda: http_get(self.url + "/-/ready", 2)[0] == 200, self.timeout, self.proc, 0.2
+            lambda: http_get(self.url + "/-/ready", 2)[0] == 200,
+            self.timeout,
+            interval=0.2,
+            ignoring=(OSError, ValueError),
+            give_up=lambda: proc.poll() is not None,
         )
         if not ready:
             self.stop()

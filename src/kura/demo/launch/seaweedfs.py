@@ -22,12 +22,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kit.wait import wait_until
 from kura.demo.launch.process import LaunchError, free_ports, log_tail, stop
 
 PORT_NAMES = (
@@ -178,14 +178,16 @@ class SeaweedFS:
 
     def create_bucket(self, name: str) -> None:
         """Create bucket ``name`` (idempotent), retrying while the cluster comes up."""
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
         out = ""
-        while time.monotonic() < deadline:
+
+        def created() -> bool:
+            nonlocal out
             self._check_running()
             out = self._shell(f"s3.bucket.create -name {name}")
-            if f"created bucket {name}" in out or "already exist" in out:
-                return
-            time.sleep(0.3)
+            return f"created bucket {name}" in out or "already exist" in out
+
+        if wait_until(created, START_TIMEOUT_SECONDS, interval=0.3):
+            return
         raise LaunchError(f"could not create bucket {name}: {out}\n{log_tail(self.log_path)}")
 
     def wait_ready(self) -> None:
@@ -202,17 +204,20 @@ class SeaweedFS:
             client_options={"allow_http": True, "timeout": "5s", "connect_timeout": "2s"},
             retry_config={"max_retries": 0},
         )
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
         problem = ""
-        while time.monotonic() < deadline:
+
+        def round_trips() -> bool:
+            nonlocal problem
             self._check_running()
             try:
                 obstore.put(store, "probe", b"ok")
-                if bytes(obstore.get(store, "probe").bytes()) == b"ok":
-                    return
+                return bytes(obstore.get(store, "probe").bytes()) == b"ok"
             except Exception as exc:  # not up yet: connection refused, 5xx, no volume yet
                 problem = str(exc).splitlines()[0]
-            time.sleep(0.2)
+                return False
+
+        if wait_until(round_trips, START_TIMEOUT_SECONDS, interval=0.2):
+            return
         raise LaunchError(f"SeaweedFS S3 did not come up: {problem}\n{log_tail(self.log_path)}")
 
     def answers(self) -> bool:

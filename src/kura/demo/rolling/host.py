@@ -14,6 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from kit.wait import wait_until
 from kura.demo.launch import LaunchError
 from kura.demo.launch.node import kura_env, spawn_kura, spawn_kured
 from kura.demo.launch.process import get_json, http_get, stop
@@ -191,12 +192,14 @@ class Host:
     def wait_routable(self) -> None:
         """Until /up answers 200 (and lists every host, see ``route_before_discovery``)."""
         want = 1 if self.run.config.route_before_discovery else len(self.run.hosts)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not self.run.stopping.is_set():
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                if int(get_json(self.url + "/up", 2)["ring_members"]) >= want:
-                    return
-            time.sleep(0.005)
+        if wait_until(
+            lambda: int(get_json(self.url + "/up", 2)["ring_members"]) >= want,
+            30,
+            interval=0.005,
+            ignoring=(OSError, ValueError, KeyError),
+            give_up=self.run.stopping.is_set,
+        ):
+            return
         self.run.note(f"{self.name}: /up did not list every host within 30 s; routing anyway")
 
     def start_supervisor(self) -> None:
@@ -272,15 +275,13 @@ class Host:
         """Before a disk is replaced: no new requests (already routed away), let the in-flight
         ones finish, and wait until the node's outbox is empty, as kured's drain of the node
         would before the machine goes down."""
-        deadline = time.monotonic() + 15
-        while self.inflight > 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                if get_json(self.url + "/status")["outbox_messages"] == 0:
-                    return
-            time.sleep(0.05)
+        wait_until(lambda: self.inflight == 0, 15, interval=0.01)
+        if wait_until(
+            lambda: get_json(self.url + "/status")["outbox_messages"] == 0,
+            30,
+            ignoring=(OSError, ValueError),
+        ):
+            return
         self.run.note(f"{self.name}: outbox not empty after 30 s of draining; wiping anyway")
 
     def _watch_ready(self) -> None:

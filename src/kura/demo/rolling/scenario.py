@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kit.wait import wait_until, wait_until_async
 from kura.demo.launch.etcd import Etcd
 from kura.demo.launch.process import get_json, stop, which
 from kura.demo.launch.prometheus import Prometheus
@@ -204,26 +205,20 @@ class Rolling:
     def _wait(
         self, predicate: Callable[[], bool], timeout: float, what: str, fatal: bool = True
     ) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                if predicate():
-                    return True
-            time.sleep(0.1)
+        if wait_until(predicate, timeout, interval=0.1, ignoring=(OSError, ValueError, KeyError)):
+            return True
         if fatal:
             raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
         return False
 
     async def _await(self, predicate: Callable[[], bool], seconds: float, what: str) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            try:
-                ok = await asyncio.to_thread(predicate)
-            except (OSError, ValueError, KeyError):
-                ok = False
-            if ok:
-                return True
-            await asyncio.sleep(0.2)
+        if await wait_until_async(
+            lambda: asyncio.to_thread(predicate),
+            seconds,
+            interval=0.2,
+            ignoring=(OSError, ValueError, KeyError),
+        ):
+            return True
         self.violation(f"timed out after {seconds:.0f}s waiting for {what}")
         return False
 
