@@ -46,9 +46,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any, ClassVar
 
 from kit.wait import wait_until
+from kura.demo.launch.node import spawn_kura
 from kura.demo.launch.process import free_port
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -81,7 +83,7 @@ class Proc:
     ):
         self.name = name
         self.log: IO[bytes] = open(logfile or os.devnull, "ab")  # noqa: SIM115 (closed in stop)
-        self.p = subprocess.Popen(
+        self.p: subprocess.Popen[Any] = subprocess.Popen(
             cmd,
             env=env,
             stdout=self.log,
@@ -90,6 +92,15 @@ class Proc:
             start_new_session=True,
         )
         _procs.append(self)
+
+    @classmethod
+    def adopt(cls, name: str, proc: subprocess.Popen[Any]) -> Proc:
+        """A process a launcher started (in its own session) and that stop() ends the same."""
+        self = cls.__new__(cls)
+        self.name, self.p = name, proc
+        self.log = open(os.devnull, "ab")  # noqa: SIM115 (closed in stop)
+        _procs.append(self)
+        return self
 
     @property
     def pid(self) -> int:
@@ -447,12 +458,13 @@ class KuraPeer(Peer):
         env.update(self.extra_env)
         self.version = _first_line([*self.cmd, "--version"], env)
         env.update(self.settings)
-        self.proc = Proc(
-            self.name,
-            [*self.cmd, "serve"],
-            env=env,
-            logfile=os.path.join(self.dir, "stdout.log"),
+        node = spawn_kura(
+            env,
+            Path(self.dir) / "stdout.log",
+            command=self.cmd,
+            start_new_session=True,
         )
+        self.proc = Proc.adopt(self.name, node.proc)
 
     def describe(self) -> str:
         shown = {

@@ -3,7 +3,9 @@
 Starts N ``kura serve`` subprocesses with consecutive public ports (BASE, BASE+1, ...) and
 internal ports (BASE+100, ...), each with its own data and tmp dirs under ``--dir``, every node
 seeded with every other node, then supervises them until Ctrl-C (or SIGTERM) stops them all
-gracefully (exit 0).
+gracefully (exit 0). Nodes start through the launcher the tests, bench/ and the demo use
+(``kura.demo.launch.node.spawn_kura``): each is listening when its URL is printed; one that
+exits before it listens is named with the end of its log and left down.
 
 A node that exits or is killed does not stop the mesh: the supervisor names it on stderr
 (``kura dev: node-2 (pid 4242) exited (killed by SIGKILL); ...``) and leaves it down, so the
@@ -30,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from kit.wait import wait_until
+from kura.demo.launch import LaunchError
+from kura.demo.launch.node import spawn_kura
+from kura.demo.launch.process import stop
 
 POLL_SECONDS = 0.2
 STOP_TIMEOUT_SECONDS = 30.0
@@ -56,7 +61,7 @@ class DevNode:
     internal_url: str
     directory: Path
     env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[str] | None = None
     reported: bool = field(default=False)
 
     @property
@@ -68,28 +73,21 @@ class DevNode:
         return self.directory / "kura.log"
 
     def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kura.cli", "serve"],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        """Start ``kura serve`` and wait for its listening line (``RESTART_TIMEOUT_SECONDS``);
+        a node that exits or times out first is reported on stderr and stays down."""
+        self.proc = None
+        try:
+            self.proc = spawn_kura(self.env, self.log_path, timeout=RESTART_TIMEOUT_SECONDS).proc
+        except LaunchError as exc:
+            print(f"kura dev: {self.name} did not start: {exc}", file=sys.stderr, flush=True)
         self.reported = False
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(STOP_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        """SIGTERM, then SIGKILL after ``STOP_TIMEOUT_SECONDS``."""
+        stop(self.proc, signal.SIGTERM, STOP_TIMEOUT_SECONDS)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -150,6 +148,15 @@ def run_dev_mesh(nodes: int, base_port: int, directory: str) -> int:
     for stale in control.glob("restart-*"):
         stale.unlink()
     mesh = _dev_nodes(nodes, base_port, root)
+    stopping = False
+
+    def stop_mesh(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    # Before the nodes start: Ctrl-C while they start stops the ones started, gracefully.
+    signal.signal(signal.SIGINT, stop_mesh)
+    signal.signal(signal.SIGTERM, stop_mesh)
     for node in mesh:
         node.start()
     _write_mesh_file(root, mesh)
@@ -163,14 +170,6 @@ def run_dev_mesh(nodes: int, base_port: int, directory: str) -> int:
     print(f"      {kura} status --url {mesh[0].public_url}")
     print(f"      {kura} dev restart N --dir {root}   (start node N again after it stopped)")
     print("Ctrl-C stops the mesh.", flush=True)
-    stopping = False
-
-    def stop(_signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
     while not stopping:
         changed = False
         for node in mesh:

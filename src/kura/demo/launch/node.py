@@ -74,11 +74,16 @@ def spawn_kura(
     timeout: float = START_TIMEOUT_SECONDS,
     start_new_session: bool = False,
     log_mode: str = "a",
+    command: Sequence[str] = (),
 ) -> KuraProcess:
     """Start ``kura serve`` (under the command ``prefix``, e.g. a faketime wrapper) with ``env``
-    and wait for its listening line; raises LaunchError when it exits or times out first."""
+    and wait for its listening line; raises LaunchError when it exits or times out first.
+
+    ``command`` runs another ``kura`` (bench/ runs an installed one, or another revision's):
+    ``serve`` is appended to it; by default this interpreter's ``-m kura.cli``. The one
+    launcher of ``kura serve`` for the tests, bench/, the demo and ``kura dev``."""
     started = spawn_until_line(
-        [*prefix, sys.executable, "-m", "kura.cli", "serve"],
+        [*prefix, *(command or (sys.executable, "-m", "kura.cli")), "serve"],
         env,
         log_path,
         KURA_LISTEN,
