@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from kit import event_loop
+from kit.backoff import every
 from kit.clock import Clock, SystemClock
 from kit.log_ring import LogRing
 from kura.api import (
@@ -640,11 +641,12 @@ class Node:
                 tg.create_task(self.public_tls.run())
 
     async def _reap_uploads(self) -> None:
-        while True:
-            await asyncio.sleep(MAINTENANCE_INTERVAL_SECONDS)
+        async def reap() -> None:
             reaped = self.uploads.reap_expired()
             if reaped:
                 log.info("removed %d abandoned multipart uploads", reaped)
+
+        await every(reap, MAINTENANCE_INTERVAL_SECONDS, what="multipart upload reaping", log=log)
 
     async def _close_public_listener(self) -> None:
         """Stop accepting on the public port; open connections stay (``_drain`` ends them).

@@ -18,18 +18,21 @@ asked for, or for another namespace → 403.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import enum
 import hmac
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from kit.backoff import every
 from kura.api.token_file import STAT_INTERVAL_SECONDS, TokenFile
 from kura.core.errors import Forbidden, Unauthenticated
 from kura.settings import Settings
 from kura.storage.hot_generation import SharedGeneration
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # PyJWT and cryptography cost each process ~10 MiB: loaded only with JWT on
     from kura.api.jwt_auth import JwtVerifier
@@ -96,9 +99,11 @@ class TokenAuth:
         returns at once without token files."""
         if not self._files:
             return
-        while True:
-            await asyncio.sleep(STAT_INTERVAL_SECONDS)
+
+        async def refresh() -> None:
             self.refresh()
+
+        await every(refresh, STAT_INTERVAL_SECONDS, what="token file check", log=log)
 
     def refresh(self) -> None:
         """One look at the token files (``run``); never raises."""

@@ -14,11 +14,12 @@ the same pair from ``loaded`` (``kura.grpc.server``), so both ports swap togethe
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import ssl
 from pathlib import Path
+
+from kit.backoff import every
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,11 @@ class PublicTls:
 
     async def run(self) -> None:
         """Poll for a changed pair until cancelled."""
-        while True:
-            await asyncio.sleep(POLL_SECONDS)
+
+        async def poll() -> None:
             self.reload_if_changed()
+
+        await every(poll, POLL_SECONDS, what="public TLS certificate check", log=log)
 
 
 def _not_after(cert: Path) -> float:

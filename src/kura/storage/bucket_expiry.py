@@ -28,6 +28,7 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 
+from kit.backoff import every
 from kit.clock import Clock
 from kit.pace import Pace
 from kura.core.bucket_expiry import Victim, artifact_of, bucket_cutoff_ms, last_use_ms
@@ -94,20 +95,25 @@ class BucketExpiry:
         """Forever: sleep one interval, run a pass. Returns at once when expiry is off."""
         if self.max_age_seconds <= 0:
             return
-        while True:
-            await self._sleep(self.interval_seconds)
+
+        async def one_pass() -> None:
             try:
                 await self.expiry_pass()
-            except ObjectStoreError as exc:
+            except ObjectStoreError as exc:  # the store's: one line, retried at the interval
                 self.stats.failures_total += 1
                 log.warning(
                     "bucket expiry pass failed (next in %g s): %s",
                     self.interval_seconds,
                     exc.message,
                 )
-            except Exception:  # an index problem: logged with its traceback, retried
+            except Exception:  # an index problem: every() logs its traceback and backs off
                 self.stats.failures_total += 1
-                log.exception("bucket expiry pass failed; next pass in %g s", self.interval_seconds)
+                raise
+
+        await self._sleep(self.interval_seconds)
+        await every(
+            one_pass, self.interval_seconds, what="bucket expiry pass", log=log, sleep=self._sleep
+        )
 
     async def expiry_pass(self) -> int:
         """One pass (module docstring); the number of artifacts deleted from the bucket.

@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from kit.backoff import every
 from kit.clock import Clock
 from kit.pace import Pace
 from kura.core.errors import ResourceExhausted
@@ -121,14 +122,15 @@ class Expiry:
         """Forever: sleep one interval, run a pass. Returns at once when expiry is off."""
         if self.max_age_seconds <= 0:
             return
-        while True:
-            await self._sleep(self.interval_seconds)
+
+        async def one_pass() -> None:
             try:
                 await self.expiry_pass()
-            except ResourceExhausted as exc:
+            except ResourceExhausted as exc:  # a read-only index: no traceback, no backoff
                 log.warning("expiry pass skipped: %s", exc.message)
-            except Exception:
-                log.exception("expiry pass failed; next pass in %g s", self.interval_seconds)
+
+        await self._sleep(self.interval_seconds)
+        await every(one_pass, self.interval_seconds, what="expiry pass", log=log, sleep=self._sleep)
 
     async def expiry_pass(self) -> int:
         """Delete every artifact last used before now - max age, at the bounded rate (module

@@ -48,7 +48,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from kit.backoff import Backoff
+from kit.backoff import Backoff, every
 from kit.clock import Clock
 from kura.core.errors import KuraError, NotFound
 from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
@@ -188,10 +188,12 @@ class ObjectTier:
         waits for a hung store. Polls a few times per cool-down (at most every second)."""
         breaker = self.store.breaker
         poll_seconds = min(1.0, max(0.05, breaker.cooldown_seconds / 4))
-        while True:
-            await asyncio.sleep(poll_seconds)
+
+        async def probe_if_due() -> None:
             if breaker.probe_due():
                 await self.store.probe()
+
+        await every(probe_if_due, poll_seconds, what="object store probe", log=log)
 
     async def _upload_forever(self) -> None:
         while True:

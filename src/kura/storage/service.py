@@ -57,7 +57,6 @@ one single-threaded writer, which serialises commits of the same key.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +64,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from kit.background import background_pool
+from kit.backoff import every
 from kit.clock import Clock
 from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
@@ -232,12 +232,7 @@ class CacheService(ReadPath, ReplicaApply):
 
     async def run_maintenance(self) -> None:
         """Forever: flush batched access times. Run it in the app's TaskGroup."""
-        while True:
-            await asyncio.sleep(TOUCH_FLUSH_SECONDS)
-            try:
-                await self.flush_touches()
-            except Exception:
-                log.exception("flushing access times failed; will retry")
+        await every(self.flush_touches, TOUCH_FLUSH_SECONDS, what="flushing access times", log=log)
 
     async def flush_touches(self) -> None:
         touches = self._take_touches()
