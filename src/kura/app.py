@@ -713,12 +713,9 @@ class Node:
             log.error("background task failed", exc_info=task.exception())
 
     async def serve_forever(self) -> None:
-        """Run until SIGTERM or SIGINT, then stop gracefully. A failed background task stops
-        the node too, so its supervisor can restart it.
-
-        The handlers are installed before ``start`` announces the port: a SIGTERM sent the
-        moment the listening line appears (or during the start) is a graceful stop, exit 0,
-        never death by the signal's default action."""
+        """Run until SIGTERM or SIGINT (handled from before the port is announced: exit 0, not
+        death by the signal), then stop gracefully. A failed background task stops the node
+        too, so its supervisor can restart it."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
