@@ -49,11 +49,12 @@ def kura_exposition(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def kura_tier_exposition(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``/metrics`` of a real ``kura serve`` with an object-storage tier, which adds the
-    ``kura_object_store_*`` families. Its store is a closed port: uploads would fail, which
-    changes values, not which families are exported."""
+    """``/metrics`` of a real ``kura serve`` with an object-storage tier, bucket expiry and the
+    gRPC port, which add the ``kura_object_store_*``, ``kura_expiry_bucket_*`` and
+    ``kura_grpc_*`` families. Its store is a closed port: uploads would fail, which changes
+    values, not which families are exported."""
     directory = tmp_path_factory.mktemp("kura-tier-metrics")
-    env = node_env(directory, object_store_url="s3://conformance/kura")
+    env = node_env(directory, object_store_url="s3://conformance/kura", max_age="1d", grpc_port=0)
     env.update(
         AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}",
         AWS_ACCESS_KEY_ID="conformance",
