@@ -20,11 +20,12 @@ import logging
 import os
 import signal
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client.registry import Collector
 
 from kit import event_loop
 from kit.backoff import every
@@ -53,16 +54,18 @@ from kura.api import (
     webdav,
     xcode,
 )
-from kura.api.anti_entropy_metrics import watch_anti_entropy
+from kura.api.anti_entropy_metrics import anti_entropy_collector
 from kura.api.auth import token_auth_from
-from kura.api.auth_metrics import watch_auth
-from kura.api.expiry_metrics import watch_bucket_expiry, watch_expiry
+from kura.api.auth_metrics import auth_collector, peer_auth_collector
+from kura.api.expiry_metrics import bucket_expiry_collector, expiry_collector
 from kura.api.http import ApiContext, serving_app, wait_for_handlers
 from kura.api.integrity_metrics import IntegrityCollector
+from kura.api.mesh_metrics import MeshCollector, catch_up_collector, peer_metadata_collector
 from kura.api.metrics import KuraMetrics
 from kura.api.object_store_metrics import ObjectStoreCollector
 from kura.api.peer_auth import PeerAuth
 from kura.api.public_tls import PublicTls
+from kura.api.storage_metrics import StoreCollector, commit_collector, uploads_collector
 from kura.grpc.server import GrpcServer
 from kura.mesh.anti_entropy import AntiEntropy
 from kura.mesh.bootstrap import Bootstrapper
@@ -275,84 +278,7 @@ class Node:
                     max_deletes_per_second=settings.expiry_max_deletes_per_second,
                     batch_size=settings.expiry_batch_size,
                 )
-                watch_bucket_expiry(self.metrics, self.bucket_expiry, self.bucket_toucher)
             tier_hooks.connect(self.object_tier, self.bucket_toucher)
-            store = self.object_tier.store
-            self.metrics.registry.register(ObjectStoreCollector(store.stats, store.breaker.state))
-        self.metrics.watch_store(
-            self.service.stats,
-            self.budget,
-            settings.max_disk_bytes,
-            lambda: self.budget.tmp_dir_bytes,
-            self.service.hot,
-            lambda: self.service.start_report,
-            self.service.free_disk_bytes,
-        )
-        self.metrics.watch_mesh(self.membership, self.shipper, self.read_through, self.bootstrapper)
-        self.connections.watch(self.metrics)
-        self.metrics.watch_peer_metadata(
-            lambda: self.peer_client.metadata_requests_total,
-            lambda: self.peer_client.metadata_bytes_total,
-        )
-        self._watch_catch_up()
-        watch_anti_entropy(self.metrics, self.anti_entropy.stats)
-        watch_expiry(self.metrics, self.expiry.stats)
-        commits = self.service.commit_stats
-        for kind, name, doc, value in (
-            (
-                "counter",
-                "kura_storage_commit_groups",
-                "Writer groups made durable (one WAL fsync each).",
-                lambda: commits.groups_total,
-            ),
-            (
-                "counter",
-                "kura_storage_commit_group_jobs",
-                "Writer jobs made durable in those groups.",
-                lambda: commits.jobs_total,
-            ),
-            (
-                "gauge",
-                "kura_storage_commit_group_max_jobs",
-                "The largest writer group so far.",
-                lambda: commits.largest_group,
-            ),
-            (
-                "counter",
-                "kura_storage_commit_sync_failures",
-                "Writer groups whose fsync failed (their writes failed).",
-                lambda: commits.sync_failures_total,
-            ),
-            (
-                "counter",
-                "kura_storage_commit_sync_shortages",
-                "Writer groups not made durable for want of descriptors or memory (their "
-                "writes failed; later writes are taken once the shortage passes).",
-                lambda: commits.sync_shortages_total,
-            ),
-        ):
-            self.metrics.watch_value(kind, name, doc, value)
-        self.metrics.watch_value(
-            "counter",
-            "kura_multipart_reclaimed_uploads",
-            "Idle multipart uploads reclaimed at the open-upload cap.",
-            lambda: self.uploads.reclaimed_total,
-        )
-        self.metrics.registry.register(
-            IntegrityCollector(
-                self.service.stats,
-                self.service.quarantine,
-                self.scrubber.stats,
-                self.repairer.stats,
-            )
-        )
-        self.metrics.watch_counts(
-            "kura_internal_auth_failures",
-            "Requests to /_internal/ refused for missing or invalid peer credentials.",
-            "reason",
-            lambda: self.peer_auth.failures_total,
-        )
-        watch_auth(self.metrics, self.auth, self.public_tls)
         # The last WARNING/ERROR records, for /status and the status page (attached in start).
         self.log_ring = LogRing()
         self.workers: Workers | None = None  # KURA_WORKERS > 1 (kura.workers)
@@ -382,6 +308,7 @@ class Node:
         # Request handlers running right now, so that stop() can let them finish (_drain).
         self._handlers: set[asyncio.Task[Any]] = set()
         self.metrics.count_inflight(lambda: len(self._handlers))
+        self.metrics.register(*self._collectors())
         self._tasks: asyncio.Task[None] | None = None
 
     # -- state -----------------------------------------------------------------------------
@@ -431,43 +358,39 @@ class Node:
 
     # -- wiring ----------------------------------------------------------------------------
 
-    def _watch_catch_up(self) -> None:
-        stats = self.catch_up.stats
-        for name, doc, counts in (
-            (
-                "kura_outbox_dropped_queues",
-                "Peer queues dropped because the peer was absent past KURA_PEER_FORGET_AFTER.",
-                lambda: stats.dropped_queues_total,
+    def _collectors(self) -> list[Collector]:
+        """Each component's metric families (``kura.api.metrics``), for the node's registry."""
+        service, tier = self.service, self.object_tier
+        found: list[Collector] = [
+            StoreCollector(
+                service.stats,
+                self.budget,
+                self.settings.max_disk_bytes,
+                lambda: self.budget.tmp_dir_bytes,
+                service.hot,
+                lambda: service.start_report,
+                service.free_disk_bytes,
             ),
-            (
-                "kura_outbox_dropped_messages",
-                "Outbox messages dropped with a forgotten peer's queue.",
-                lambda: stats.dropped_messages_total,
+            commit_collector(service.commit_stats),
+            uploads_collector(self.uploads),
+            IntegrityCollector(
+                service.stats, service.quarantine, self.scrubber.stats, self.repairer.stats
             ),
-            (
-                "kura_outbox_skipped_messages",
-                "Messages not enqueued because the peer's queue was at KURA_OUTBOX_MAX_DEPTH.",
-                lambda: self.service.queues.skipped_total,
-            ),
-            (
-                "kura_outbox_catch_up_messages",
-                "Messages re-offered to a returning peer that was marked to be caught up.",
-                lambda: stats.reoffered_total,
-            ),
-            (
-                "kura_outbox_catch_ups",
-                "Catch-up passes completed (the peer's mark cleared).",
-                lambda: stats.catch_ups_total,
-            ),
-        ):
-            self.metrics.watch_counts(name, doc, "peer", _by_peer_label(counts))
-        self.metrics.watch_value(
-            "gauge",
-            "kura_outbox_peers_needing_catch_up",
-            "Peers marked to be caught up (queue dropped or at its cap).",
-            lambda: len(self.service.queues.marks),
-        )
-        public_load.watch(self.metrics, self.peer_pace)
+            expiry_collector(self.expiry.stats),
+            MeshCollector(self.membership, self.shipper, self.read_through, self.bootstrapper),
+            catch_up_collector(self.catch_up.stats, service.queues),
+            peer_metadata_collector(self.peer_client),
+            anti_entropy_collector(self.anti_entropy.stats),
+            public_load.collector(self.peer_pace),
+            self.connections.collector(),
+            peer_auth_collector(self.peer_auth),
+            auth_collector(self.auth, self.public_tls),
+        ]
+        if tier is not None:
+            found.append(ObjectStoreCollector(tier.store.stats, tier.store.breaker.state))
+        if self.bucket_expiry is not None and self.bucket_toucher is not None:
+            found.append(bucket_expiry_collector(self.bucket_expiry, self.bucket_toucher))
+        return found
 
     def _context(self) -> ApiContext:
         return ApiContext(
@@ -762,10 +685,6 @@ def _naming_the_port(setting: str, host: str, port: int) -> Iterator[None]:
             f"cannot listen on {host}:{port} ({setting}): the gRPC server could not bind it "
             "(in use, or not an address of this machine)"
         ) from exc
-
-
-def _by_peer_label(counts: Callable[[], dict[str, int]]) -> Callable[[], dict[str, int]]:
-    return lambda: {peer_label(url): n for url, n in counts().items()}
 
 
 def _bound_port(runner: web.AppRunner) -> int:

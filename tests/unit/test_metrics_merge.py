@@ -1,10 +1,13 @@
-"""``kura.workers.metrics_merge``: the node's /metrics adds the workers' request families."""
+"""``kura.workers.metrics_merge``: the node's /metrics combines the workers' families as the
+collectors that define them say (``across_processes``), with no list of families of its own."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kura.api.metrics import KuraMetrics
+from kura.api.auth import TokenAuth
+from kura.api.auth_metrics import auth_collector
+from kura.api.metrics import KuraMetrics, Scraped, counts, gauge
 from kura.workers.metrics_merge import merge
 
 
@@ -27,7 +30,13 @@ def test_equal_labels_are_summed_and_new_ones_added() -> None:
         worker.observe_request("nx", "GET", 200, 0.002)
     worker.count_lookup("turbo", False)
     worker.bytes_out_child("nx").inc(100)
-    merged = samples(merge(primary.exposition().decode(), [worker.exposition().decode()]))
+    merged = samples(
+        merge(
+            primary.exposition().decode(),
+            [worker.exposition().decode()],
+            primary.across_processes,
+        )
+    )
     hit = ("kura_cache_lookups_total", (("protocol", "nx"), ("result", "hit")))
     assert merged[hit] == 8
     assert merged[("kura_cache_lookups_total", (("protocol", "turbo"), ("result", "miss")))] == 1
@@ -53,7 +62,39 @@ def test_tls_reloads_are_the_most_any_process_made_and_expiry_the_earliest() -> 
             f"kura_public_tls_certificate_expiry_timestamp_seconds {expiry}\n"
         )
 
-    merged = samples(merge(exposition(0, 2, 300), [exposition(1, 1, 200), exposition(1, 0, 400)]))
+    primary = KuraMetrics("r", "t")
+    primary.register(auth_collector(TokenAuth((), ()), None))
+    merged = samples(
+        merge(
+            exposition(0, 2, 300),
+            [exposition(1, 1, 200), exposition(1, 0, 400)],
+            primary.across_processes,
+        )
+    )
     assert merged[("kura_public_tls_reloads_total", ())] == 1  # one swap, not one a process
     assert merged[("kura_public_tls_reload_failures_total", ())] == 2
     assert merged[("kura_public_tls_certificate_expiry_timestamp_seconds", ())] == 200
+
+
+def test_a_family_a_component_adds_is_combined_as_its_collector_says() -> None:
+    # No list in the merge names these: a worker's new family is summed by default, and one its
+    # collector declares as the primary's keeps the primary's value.
+    def node(waiting: float, held: dict[str, int]) -> KuraMetrics:
+        metrics = KuraMetrics("r", "t")
+        metrics.register(
+            Scraped(
+                gauge("kura_test_waiting", "Waiting.", lambda: waiting),
+                counts("kura_test_held", "Held.", "kind", lambda: held),
+                gauge("kura_test_share", "The primary's share.", lambda: waiting),
+                across_processes={"kura_test_share": "primary"},
+            )
+        )
+        return metrics
+
+    primary = node(2, {"a": 1})
+    workers = [node(3, {"a": 4, "b": 5}).exposition().decode() for _ in range(2)]
+    merged = samples(merge(primary.exposition().decode(), workers, primary.across_processes))
+    assert merged[("kura_test_waiting", ())] == 8
+    assert merged[("kura_test_held_total", (("kind", "a"),))] == 9
+    assert merged[("kura_test_held_total", (("kind", "b"),))] == 10
+    assert merged[("kura_test_share", ())] == 2

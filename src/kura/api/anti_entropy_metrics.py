@@ -10,43 +10,50 @@ bodies of repaired artifacts), ``..._repaired_total{kind}`` (kind: artifact, tom
 
 from __future__ import annotations
 
-from kura.api.metrics import KuraMetrics
+from kura.api.metrics import Scraped, counter, counts, gauge
 from kura.mesh.anti_entropy import AntiEntropyStats
 
 
-def watch_anti_entropy(metrics: KuraMetrics, stats: AntiEntropyStats) -> None:
-    for name, doc, value in (
-        ("rounds", "Anti-entropy rounds run.", lambda: stats.rounds_total),
-        (
-            "ranges_compared",
+def anti_entropy_collector(stats: AntiEntropyStats) -> Scraped:
+    """The families above, read from ``stats`` at scrape time."""
+    return Scraped(
+        counter("kura_anti_entropy_rounds", "Anti-entropy rounds run.", lambda: stats.rounds_total),
+        counter(
+            "kura_anti_entropy_ranges_compared",
             "Key ranges whose digests were compared with a peer's.",
             lambda: stats.ranges_compared_total,
         ),
-        (
-            "ranges_mismatched",
+        counter(
+            "kura_anti_entropy_ranges_mismatched",
             "Compared key ranges whose digests differed.",
             lambda: stats.ranges_mismatched_total,
         ),
-        ("requests", "Anti-entropy requests sent to peers.", lambda: stats.requests_total),
-        ("bytes", "Bytes of anti-entropy responses received.", lambda: stats.bytes_total),
-    ):
-        metrics.watch_value("counter", f"kura_anti_entropy_{name}", doc, value)
-    metrics.watch_counts(
-        "kura_anti_entropy_repaired",
-        "Items repaired by anti-entropy, by kind (artifact, tombstone).",
-        "kind",
-        lambda: stats.repaired_total,
-    )
-    metrics.watch_counts(
-        "kura_anti_entropy_skipped",
-        "Repairs not made, by reason (disk_budget: a missing artifact that would need an "
-        "eviction; future_version; error).",
-        "reason",
-        lambda: stats.skipped_total,
-    )
-    metrics.watch_value(
-        "gauge",
-        "kura_anti_entropy_last_round_seconds",
-        "Wall time of the last anti-entropy round.",
-        lambda: stats.last_round_seconds,
+        counter(
+            "kura_anti_entropy_requests",
+            "Anti-entropy requests sent to peers.",
+            lambda: stats.requests_total,
+        ),
+        counter(
+            "kura_anti_entropy_bytes",
+            "Bytes of anti-entropy responses received.",
+            lambda: stats.bytes_total,
+        ),
+        counts(
+            "kura_anti_entropy_repaired",
+            "Items repaired by anti-entropy, by kind (artifact, tombstone).",
+            "kind",
+            lambda: stats.repaired_total,
+        ),
+        counts(
+            "kura_anti_entropy_skipped",
+            "Repairs not made, by reason (disk_budget: a missing artifact that would need an "
+            "eviction; future_version; error).",
+            "reason",
+            lambda: stats.skipped_total,
+        ),
+        gauge(
+            "kura_anti_entropy_last_round_seconds",
+            "Wall time of the last anti-entropy round.",
+            lambda: stats.last_round_seconds,
+        ),
     )

@@ -64,7 +64,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from kura.api.metrics import KuraMetrics
+from kura.api.metrics import Scraped, counter, gauge
 from kura.storage.fsync import SHORTAGE_ERRNOS
 
 log = logging.getLogger(__name__)
@@ -196,37 +196,37 @@ class ConnectionGuard:
             ("grpc.max_connection_idle_ms", idle_ms),
         ]
 
-    def watch(self, metrics: KuraMetrics) -> None:
-        metrics.watch_value(
-            "gauge",
-            "kura_http_open_connections",
-            "Open connections, both listeners.",
-            lambda: self.open_connections,
-        )
-        metrics.watch_value(
-            "gauge",
-            "kura_http_max_connections",
-            "Effective connection cap of the HTTP listeners (KURA_MAX_CONNECTIONS clamped to "
-            "the descriptor limit, less the gRPC listener's share).",
-            lambda: self.max_connections,
-        )
-        metrics.watch_value(
-            "gauge",
-            "kura_grpc_max_connections",
-            "The gRPC listener's share of the connection cap (0 without the gRPC port).",
-            lambda: self.grpc_max_connections,
-        )
-        metrics.watch_value(
-            "counter",
-            "kura_http_connections_closed_at_cap",
-            "Connections waiting for a request head closed to make room at the cap.",
-            lambda: self.closed_idle_total,
-        )
-        metrics.watch_value(
-            "counter",
-            "kura_http_connections_refused_at_cap",
-            "New connections answered 503 at the cap because none was idle.",
-            lambda: self.refused_total,
+    def collector(self) -> Scraped:
+        """This process's connection families; across worker processes they are summed (each
+        has its own cap), but the gRPC share is the primary's (only it serves gRPC)."""
+        return Scraped(
+            gauge(
+                "kura_http_open_connections",
+                "Open connections, both listeners.",
+                lambda: self.open_connections,
+            ),
+            gauge(
+                "kura_http_max_connections",
+                "Effective connection cap of the HTTP listeners (KURA_MAX_CONNECTIONS clamped to "
+                "the descriptor limit, less the gRPC listener's share).",
+                lambda: self.max_connections,
+            ),
+            gauge(
+                "kura_grpc_max_connections",
+                "The gRPC listener's share of the connection cap (0 without the gRPC port).",
+                lambda: self.grpc_max_connections,
+            ),
+            counter(
+                "kura_http_connections_closed_at_cap",
+                "Connections waiting for a request head closed to make room at the cap.",
+                lambda: self.closed_idle_total,
+            ),
+            counter(
+                "kura_http_connections_refused_at_cap",
+                "New connections answered 503 at the cap because none was idle.",
+                lambda: self.refused_total,
+            ),
+            across_processes={"kura_grpc_max_connections": "primary"},
         )
 
     def has_room(self) -> bool:

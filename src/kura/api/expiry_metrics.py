@@ -7,7 +7,7 @@ gauges ``kura_expiry_last_pass_timestamp_seconds`` (Unix time the last pass ende
 ``kura_expiry_oldest_access_age_seconds`` (how long the least recently used artifact had been
 unused when the last pass ended; 0 for an empty store). All stay 0 while expiry is off.
 
-With the object-storage tier (``watch_bucket_expiry``, ``storage.bucket_expiry``):
+With the object-storage tier (``bucket_expiry_collector``, ``storage.bucket_expiry``):
 ``kura_expiry_bucket_deleted_total`` (artifacts deleted from the bucket by this node's passes),
 ``kura_expiry_bucket_markers_deleted_total`` (touch markers left without their object),
 ``kura_expiry_bucket_kept_total`` (victims a re-check kept: used meanwhile),
@@ -18,99 +18,87 @@ With the object-storage tier (``watch_bucket_expiry``, ``storage.bucket_expiry``
 
 from __future__ import annotations
 
-from kura.api.metrics import KuraMetrics
+from kura.api.metrics import Scraped, counter, counts, gauge
 from kura.storage.bucket_expiry import BucketExpiry
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.expiry import ExpiryStats
 
 
-def watch_expiry(metrics: KuraMetrics, stats: ExpiryStats) -> None:
-    for kind, name, doc, value in (
-        (
-            "counter",
+def expiry_collector(stats: ExpiryStats) -> Scraped:
+    """The ``kura_expiry_*`` families of the local tier's expiry (``storage.expiry``)."""
+    return Scraped(
+        counter(
             "kura_expiry_deleted",
             "Artifacts deleted because they were unused for longer than KURA_MAX_AGE.",
             lambda: stats.deleted_total,
         ),
-        (
-            "counter",
+        counter(
             "kura_expiry_deleted_bytes",
             "Bytes of artifacts deleted for age.",
             lambda: stats.deleted_bytes_total,
         ),
-        ("counter", "kura_expiry_passes", "Expiry passes completed.", lambda: stats.passes_total),
-        (
-            "counter",
+        counter("kura_expiry_passes", "Expiry passes completed.", lambda: stats.passes_total),
+        counter(
             "kura_expiry_listener_failures",
             "Expiry listeners (another tier's expiry) that raised.",
             lambda: stats.listener_failures_total,
         ),
-        (
-            "gauge",
+        gauge(
             "kura_expiry_last_pass_timestamp_seconds",
             "Unix time the last expiry pass ended (0: none yet).",
             lambda: stats.last_pass_timestamp_seconds,
         ),
-        (
-            "gauge",
+        gauge(
             "kura_expiry_last_pass_seconds",
             "Wall time the last expiry pass took (paced by KURA_EXPIRY_MAX_DELETES_PER_SECOND).",
             lambda: stats.last_pass_seconds,
         ),
-        (
-            "gauge",
+        gauge(
             "kura_expiry_oldest_access_age_seconds",
             "Time since the least recently used artifact was last used, at the last pass.",
             lambda: stats.oldest_access_age_seconds,
         ),
-    ):
-        metrics.watch_value(kind, name, doc, value)
+    )
 
 
-def watch_bucket_expiry(metrics: KuraMetrics, expiry: BucketExpiry, toucher: BucketToucher) -> None:
+def bucket_expiry_collector(expiry: BucketExpiry, toucher: BucketToucher) -> Scraped:
+    """The ``kura_expiry_bucket_*`` families (``storage.bucket_expiry``, ``.bucket_touch``)."""
     stats = expiry.stats
-    for kind, name, doc, value in (
-        (
-            "counter",
+    return Scraped(
+        counter(
             "kura_expiry_bucket_deleted",
             "Artifacts this node deleted from the bucket: unused on every node past KURA_MAX_AGE.",
             lambda: stats.deleted_total,
         ),
-        (
-            "counter",
+        counter(
             "kura_expiry_bucket_markers_deleted",
             "Touch markers deleted from the bucket after their object was gone.",
             lambda: stats.markers_deleted_total,
         ),
-        (
-            "counter",
+        counter(
             "kura_expiry_bucket_kept",
             "Bucket expiry victims kept by the re-check before deletion (used meanwhile).",
             lambda: stats.kept_total,
         ),
-        (
-            "counter",
+        counter(
             "kura_expiry_bucket_passes",
             "Bucket expiry passes completed.",
             lambda: stats.passes_total,
         ),
-        (
-            "counter",
+        counter(
             "kura_expiry_bucket_pass_failures",
             "Bucket expiry passes that failed (the store refused or was unreachable).",
             lambda: stats.failures_total,
         ),
-        (
-            "gauge",
+        gauge(
             "kura_expiry_bucket_touch_queue_artifacts",
             "Artifacts waiting for their touch marker to be written to the bucket.",
             toucher.pending,
         ),
-    ):
-        metrics.watch_value(kind, name, doc, value)
-    metrics.watch_counts(
-        "kura_expiry_bucket_touches",
-        "Touch markers written to the bucket, by result (ok, error, dropped: queue full).",
-        "result",
-        lambda: dict(toucher.stats),
+        counts(
+            "kura_expiry_bucket_touches",
+            "Touch markers written to the bucket, by result (ok, error, dropped: queue full).",
+            "result",
+            lambda: dict(toucher.stats),
+        ),
     )

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.typedefs import Middleware
 
 from kura.api.http import Handler, endpoint_spec
-from kura.api.metrics import KuraMetrics
+from kura.api.metrics import Scraped, counter, gauge
 from kura.mesh.peer_pace import PeerPace
 
 # A request with a larger (or chunked) body gives no latency sample: its handler's time is
@@ -114,42 +114,38 @@ def middleware(load: LoadSink) -> Middleware:
     return public_load
 
 
-def watch(metrics: KuraMetrics, pace: PeerPace) -> None:
-    """Register the gauges of ``pace`` and its ``PublicLoad`` on ``metrics``."""
+def collector(pace: PeerPace) -> Scraped:
+    """The gauges and counters of ``pace`` and its ``PublicLoad``."""
     load = pace.load
-    gauges: list[tuple[str, str, Any]] = [
-        (
+    return Scraped(
+        gauge(
             "kura_public_request_latency_ewma_seconds",
             "EWMA of public request latency (to the response being ready), decaying while idle.",
             load.latency_ewma_seconds,
         ),
-        (
+        gauge(
             "kura_public_requests_in_flight",
             "Public requests (not probes) until their body is sent, on every process.",
             lambda: float(load.inflight_total()),
         ),
-        (
+        gauge(
             "kura_replication_peer_slowdown_factor",
             "Peer body traffic runs at the shared rate divided by this (1 = not slowed).",
             lambda: load.factor() if pace.enabled else 1.0,
         ),
-        (
+        gauge(
             "kura_replication_peer_rate_bytes_per_second",
             "Rate peer body traffic may use now (0 = unpaced).",
             lambda: 0.0 if math.isinf(rate := pace.rate()) else rate,
         ),
-    ]
-    for name, doc, source in gauges:
-        metrics.watch_value("gauge", name, doc, source)
-    metrics.watch_value(
-        "counter",
-        "kura_replication_peer_paced_bytes",
-        "Peer body bytes that went through the pace (served, fetched, pushed).",
-        lambda: float(pace.paced_bytes),
-    )
-    metrics.watch_value(
-        "counter",
-        "kura_replication_peer_pace_wait_seconds",
-        "Seconds peer transfers waited on the pace.",
-        lambda: pace.waited_seconds,
+        counter(
+            "kura_replication_peer_paced_bytes",
+            "Peer body bytes that went through the pace (served, fetched, pushed).",
+            lambda: float(pace.paced_bytes),
+        ),
+        counter(
+            "kura_replication_peer_pace_wait_seconds",
+            "Seconds peer transfers waited on the pace.",
+            lambda: pace.waited_seconds,
+        ),
     )

@@ -22,7 +22,7 @@ from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as
 from kit.allocator import return_large_blocks
 from kura.api.auth import TokenAuth
 from kura.api.connections import ConnectionGuard
-from kura.api.metrics import KuraMetrics
+from kura.api.metrics import KuraMetrics, Scraped, gauge
 from kura.api.public_tls import PublicTls
 from kura.grpc.action_cache import ActionCache
 from kura.grpc.bytestream import ByteStream
@@ -54,11 +54,15 @@ class GrpcServer:
         return_large_blocks()
         self.gc = GrpcContext(settings, service, auth, metrics)
         self.bytestream = ByteStream(self.gc)
-        self.gc.metrics.watch_value(
-            "gauge",
-            "kura_grpc_uploads",
-            "ByteStream writes in progress or parked for resumption (each holds tmp budget).",
-            lambda: len(self.bytestream.uploads),
+        self.gc.metrics.register(
+            Scraped(
+                gauge(
+                    "kura_grpc_uploads",
+                    "ByteStream writes in progress or parked for resumption (each holds tmp "
+                    "budget).",
+                    lambda: len(self.bytestream.uploads),
+                )
+            )
         )
         self._server: grpc.aio.Server | None = None
         self.port = 0

@@ -31,7 +31,7 @@ fetches) waits for a slot of ``max_requests_per_second``, and a round stops afte
 ``max_requests_per_round`` requests (``stopped_at_cap``); what it did not reach is found again
 by the next round. Ranges are visited in key order.
 
-Metrics (``stats``) are read by ``api.metrics`` through ``app``; ``summary()`` feeds ``/status``.
+Metrics (``stats``) are read by ``api.anti_entropy_metrics``; ``summary()`` feeds ``/status``.
 Event-loop confined.
 
 Cost of a round: two equal nodes, one request per peer whatever the dataset's size

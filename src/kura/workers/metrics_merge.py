@@ -1,22 +1,31 @@
 """``/metrics`` of a node with workers reports the node as one: at scrape time the primary
-reads each worker's exposition over its control socket and adds the request-path families to
-its own, sample by sample (equal name and labels are summed; counters, histograms and the
-in-flight, hot-cache, connection and unreported-hit gauges are all sums over processes: each
-process has its own connection cap and hot cache). ``_created`` samples keep the primary's value.
-The public TLS families describe files every process follows on its own (``api.public_tls``):
-the node's reload and failure counts are the most any process has made (one swap is counted
-once, not once per process), and its certificate expiry is the earliest any process still
-serves (so an expiry alert fires until every process has the renewed certificate). The token
-file reload count is the primary's alone: workers take in the changes it took
-(``api.auth.TokenAuth.share``).
-A worker that does not answer within ``SCRAPE_TIMEOUT_SECONDS`` is left out of that scrape.
+reads each worker's exposition over its control socket and combines every family a worker
+exposes with its own, sample by sample (equal name and labels combine; ``_created`` samples
+keep the primary's value). How a family combines is declared by the collector that defines it
+(``across_processes``, ``kura.api.metrics.Scraped``), gathered by ``KuraMetrics.register``:
+the default is the sum over processes (requests, latency, lookups, bytes, in-flight, hot cache,
+connections, unreported hits: each process has its own), and a collector may ask for the most
+or the least any process has, or the primary's value alone (``api.auth_metrics`` says which
+and why for its families; ``kura_node_info`` and the gRPC share of the connection cap are the
+primary's). A worker that does not answer within ``SCRAPE_TIMEOUT_SECONDS`` is left out of
+that scrape.
+
+Why not prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``,
+``MultiProcessCollector``): it could add up only the request counters and histogram. Custom
+collectors and ``Gauge.set_function`` do not work in it (prometheus_client's "Multiprocess
+Mode" documentation), yet the in-flight, hot-cache, connection and unreported-hit gauges and
+the TLS families are read from each process's state at scrape time, so this scrape would stay
+for them and a second mechanism would be added beside it. Its counters are always summed, where
+the TLS reload counts need the most any process made. And it is chosen for the whole Python
+process, at import, from the environment: every node in one process (the in-process test
+nodes) would write one set of files, keyed by one pid.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
@@ -24,34 +33,16 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from kura.api.metrics import Across
+
 log = logging.getLogger(__name__)
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
-# The families a worker's requests add to (kura.api.metrics, kura.api.auth_metrics).
-MERGED = frozenset(
-    {
-        "kura_http_requests",
-        "kura_http_request_duration_seconds",
-        "kura_http_inflight_requests",
-        "kura_cache_lookups",
-        "kura_http_received_bytes",
-        "kura_http_sent_bytes",
-        "kura_http_aborted_uploads",
-        "kura_auth_refusals",
-        "kura_hot_cache_bytes",
-        "kura_hot_cache_lookups",
-        "kura_http_open_connections",
-        "kura_http_max_connections",
-        "kura_http_connections_closed_at_cap",
-        "kura_http_connections_refused_at_cap",
-        "kura_worker_unreported_hits",
-    }
-)
-HIGHEST = frozenset({"kura_public_tls_reloads", "kura_public_tls_reload_failures"})
-LOWEST = frozenset({"kura_public_tls_certificate_expiry_timestamp_seconds"})
-_COMBINE = (
-    dict.fromkeys(MERGED, float.__add__) | dict.fromkeys(HIGHEST, max) | dict.fromkeys(LOWEST, min)
-)
+_COMBINE: dict[Across, Callable[[float, float], float]] = {
+    "sum": float.__add__,
+    "max": max,
+    "min": min,
+}
 
 
 async def _scrape(path: str) -> str | None:
@@ -70,16 +61,18 @@ async def _scrape(path: str) -> str | None:
         return None
 
 
-def merge(own: str, others: Sequence[str]) -> bytes:
-    """``own`` exposition with the ``MERGED`` families of ``others`` added, and the ``HIGHEST``
-    and ``LOWEST`` ones combined by max and min (module docstring)."""
+def merge(own: str, others: Sequence[str], across: Mapping[str, Across]) -> bytes:
+    """``own`` exposition (Prometheus text format) with every family of ``others`` combined into
+    it as ``across`` says (family name → rule; absent: ``sum``; module docstring). Families
+    only ``own`` has are kept as they are."""
     families = list(text_string_to_metric_families(own))
     by_name = {f.name: f for f in families}
     for text in others:
         for family in text_string_to_metric_families(text):
-            combine = _COMBINE.get(family.name)
-            if combine is None:
+            rule = across.get(family.name, "sum")
+            if rule == "primary":
                 continue
+            combine = _COMBINE[rule]
             target = by_name.get(family.name)
             if target is None:
                 target = by_name[family.name] = family
@@ -110,10 +103,11 @@ def merge(own: str, others: Sequence[str]) -> bytes:
     return generate_latest(registry)
 
 
-async def merge_workers(own: bytes, sockets: Sequence[str]) -> bytes:
-    """``own`` with the live workers' families merged in (``merge``)."""
+async def merge_workers(own: bytes, sockets: Sequence[str], across: Mapping[str, Across]) -> bytes:
+    """``own`` with the families of the workers listening on ``sockets`` merged in as
+    ``across`` says (``merge``)."""
     texts = await asyncio.gather(*(_scrape(p) for p in sockets))
     found = [t for t in texts if t is not None]
     if not found:
         return own
-    return merge(own.decode(), found)
+    return merge(own.decode(), found, across)

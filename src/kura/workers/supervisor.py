@@ -50,7 +50,7 @@ from aiohttp import web
 from kit.backoff import Backoff
 from kura.api.auth import TOKEN_GENERATION, TokenAuth
 from kura.api.connections import ConnectionGuard, GuardedAppRunner, unix_listening_socket
-from kura.api.metrics import KuraMetrics
+from kura.api.metrics import KuraMetrics, Scraped, counter, gauge
 from kura.core.manifest import Manifest
 from kura.mesh.load_report import LoadReport
 from kura.mesh.peer_pace import PublicLoad
@@ -105,19 +105,21 @@ class Workers:
         # none, so it leaves the running node's sockets alone (issue 26, item 8).
         self._created: set[str] = set()
         self.socket_dir = Path(settings.data_dir).resolve()  # elsewhere when too long: start()
-        metrics.watch_value("gauge", "kura_workers", "Worker processes running.", lambda: self.live)
-        metrics.watch_value(
-            "counter",
-            "kura_worker_restarts",
-            "Worker processes started again after they exited unexpectedly.",
-            lambda: self.restarts_total,
-        )
-        metrics.watch_value(
-            "counter",
-            "kura_worker_probe_failures",
-            "Workers killed (SIGKILL) and started again because they did not answer a liveness "
-            "probe on their own socket within KURA_WORKER_PROBE_TIMEOUT.",
-            lambda: self.probe_failures_total,
+        metrics.register(
+            Scraped(
+                gauge("kura_workers", "Worker processes running.", lambda: self.live),
+                counter(
+                    "kura_worker_restarts",
+                    "Worker processes started again after they exited unexpectedly.",
+                    lambda: self.restarts_total,
+                ),
+                counter(
+                    "kura_worker_probe_failures",
+                    "Workers killed (SIGKILL) and started again because they did not answer a "
+                    "liveness probe on their own socket within KURA_WORKER_PROBE_TIMEOUT.",
+                    lambda: self.probe_failures_total,
+                ),
+            )
         )
         metrics.merge = self._merged
 
@@ -374,4 +376,5 @@ class Workers:
 
     async def _merged(self, own: bytes) -> bytes:
         live = [n for n, p in self.procs.items() if p.returncode is None and n in self.ready]
-        return await merge_workers(own, [self.own_socket(n) for n in live])
+        sockets = [self.own_socket(n) for n in live]
+        return await merge_workers(own, sockets, self.metrics.across_processes)

@@ -58,10 +58,11 @@ from kura.api import (
     xcode,
 )
 from kura.api.auth import TOKEN_GENERATION, token_auth_from
-from kura.api.auth_metrics import watch_auth
+from kura.api.auth_metrics import auth_collector
 from kura.api.http import ApiContext, serving_app, wait_for_handlers
-from kura.api.metrics import KuraMetrics
+from kura.api.metrics import KuraMetrics, Scraped, gauge
 from kura.api.public_tls import PublicTls
+from kura.api.storage_metrics import HotCacheCollector
 from kura.core.errors import ForwardToPrimary
 from kura.mesh.load_report import LoadTally
 from kura.settings import Settings
@@ -165,11 +166,9 @@ class Worker:
             inline_max_bytes=s.inline_max_bytes,
         )
         self.metrics = KuraMetrics(s.region, s.tenant_id)
-        self.metrics.watch_hot_cache(self.service.hot)
         self.auth = token_auth_from(s)
         cert, key = s.public_tls_cert_path, s.public_tls_key_path
         self.public_tls = PublicTls(cert, key) if cert and key else None
-        watch_auth(self.metrics, self.auth, self.public_tls)
         self.context = ApiContext(
             settings=s,
             service=self.service,
@@ -180,14 +179,20 @@ class Worker:
         self.forward = Forwarder(plan.primary_socket, primary_pid, s)
         self.load = LoadTally()  # for the primary's peer pace (kura.mesh.load_report)
         self.connections = connections.ConnectionGuard(s.max_connections)
-        self.connections.watch(self.metrics)  # its own cap: KURA_MAX_CONNECTIONS is per process
         self._sending = 0  # ids of the hits on their way to the primary
-        self.metrics.watch_value(
-            "gauge",
-            "kura_worker_unreported_hits",
-            "Artifacts read from a worker whose access the primary's LRU has not recorded yet "
-            "(a worker sends its hits about every second).",
-            lambda: len(self.service.pending_accesses) + self._sending,
+        # The primary merges what the worker exposes (kura.workers.metrics_merge).
+        self.metrics.register(
+            HotCacheCollector(self.service.hot),
+            auth_collector(self.auth, self.public_tls),
+            self.connections.collector(),  # its own cap: KURA_MAX_CONNECTIONS is per process
+            Scraped(
+                gauge(
+                    "kura_worker_unreported_hits",
+                    "Artifacts read from a worker whose access the primary's LRU has not recorded "
+                    "yet (a worker sends its hits about every second).",
+                    lambda: len(self.service.pending_accesses) + self._sending,
+                )
+            ),
         )
         self._runners: list[web.AppRunner] = []
 
