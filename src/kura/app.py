@@ -366,7 +366,6 @@ class Node:
                 service.stats,
                 self.budget,
                 self.settings.max_disk_bytes,
-                lambda: self.budget.tmp_dir_bytes,
                 service.hot,
                 lambda: service.start_report,
                 service.free_disk_bytes,

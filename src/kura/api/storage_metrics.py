@@ -55,10 +55,9 @@ class StoreCollector(Collector):
         stats: StorageStats,
         budget: TmpBudget,
         max_disk_bytes: int,
-        tmp_dir_bytes: Callable[[], int],
         hot: HotCache,
-        start_report: Callable[[], StartReport] = StartReport,
-        free_bytes: Callable[[], int] = lambda: 0,
+        start_report: Callable[[], StartReport],
+        free_bytes: Callable[[], int],
     ) -> None:
         self._hot = hot
         self._start_report = start_report
@@ -66,7 +65,6 @@ class StoreCollector(Collector):
         self._stats = stats
         self._budget = budget
         self._max_disk_bytes = max_disk_bytes
-        self._tmp_dir_bytes = tmp_dir_bytes
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._stats
@@ -153,7 +151,7 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily(
             "kura_tmp_dir_bytes",
             "Bytes of all files on disk in the tmp dir, as of the last background walk.",
-            self._tmp_dir_bytes(),
+            self._budget.tmp_dir_bytes,
         )
 
 
