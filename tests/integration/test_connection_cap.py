@@ -212,6 +212,16 @@ def _descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def _squeeze(pid: int, hard: int) -> None:
+    """Lower ``pid``'s soft descriptor limit to its lowest free descriptor number: it can open
+    none (a new descriptor takes the lowest free number, EMFILE at or past the soft limit,
+    Linux ``alloc_fd``) until one below it closes. Its count would not do: a transient
+    descriptor numbered above the others closing (a request's file) frees a number below it."""
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    lowest_free = next(n for n in range(len(used) + 1) if n not in used)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, hard))
+
+
 def _writes_refused(url: str, prefix: str, n: int) -> int:
     """PUT ``n`` small bodies, each on a new connection; how many were not stored (201)."""
     refused = 0
@@ -390,9 +400,11 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
         limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         waiting = None
         try:
-            resource.prlimit(pid, resource.RLIMIT_NOFILE, (_descriptors(pid), limit[1]))
+            _squeeze(pid, limit[1])
             refused = client.put("/cache/short", content=b"s")  # inline: the WAL's fsync
+            _squeeze(pid, limit[1])
             staged = client.put("/cache/staged", content=b"s" * 64 * 1024)  # a staging file
+            _squeeze(pid, limit[1])
             ready = client.get("/ready")
             # A new client waits in the backlog: accepting it fails (once a second, not in a
             # storm of retries).
@@ -459,7 +471,7 @@ def test_a_descriptor_shortage_on_the_grpc_port_is_unavailable_like_http_not_int
         assert client.find_missing([blob]) == [client_digest(blob).hash]  # the channel is up
         limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         try:
-            resource.prlimit(pid, resource.RLIMIT_NOFILE, (_descriptors(pid), limit[1]))
+            _squeeze(pid, limit[1])
             with pytest.raises(grpc.RpcError) as refused:
                 client.write(client_blob_name(blob, upload=new_upload()), blob)
         finally:
