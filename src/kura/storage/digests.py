@@ -37,6 +37,7 @@ import sqlite3
 from collections.abc import Iterable
 
 from kura.core.errors import Unavailable
+from kura.storage.schema import write_transaction
 
 LEVELS = (0, 2, 4)
 DEEPEST = LEVELS[-1]
@@ -111,8 +112,7 @@ def ensure(conn: sqlite3.Connection) -> bool:
         count = int(conn.execute("SELECT COUNT(*) FROM artifacts").fetchone()[0])
         if (0 if root is None else int(root[0])) == count:
             return False
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with write_transaction(conn):
         conn.execute("DELETE FROM ae_ranges")
         totals: dict[str, list[int]] = {}
         for aid, version_ms, sha256 in conn.execute(
@@ -128,11 +128,6 @@ def ensure(conn: sqlite3.Connection) -> bool:
             ((len(p), p, n, h) for p, (n, h) in totals.items()),
         )
         conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, '1')", (BUILT_FLAG,))
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
     return True
 
 

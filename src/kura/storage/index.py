@@ -49,8 +49,8 @@ from kura.storage.schema import (
     SCHEMA,
     SCHEMA_VERSION,
     migrate_schema,
-    rollback,
     row_to_manifest,
+    write_transaction,
 )
 
 
@@ -245,9 +245,8 @@ class MetadataIndex(PagingQueries, OutboxQueries):
         """``upsert`` for many ``(manifest, inline body, stat signature, XXH3-128)`` rows in one
         transaction (one durable commit); return the sizes they replaced, in order."""
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
         replaced: list[int | None] = []
-        try:
+        with write_transaction(conn):
             for manifest, inline_body, stat_sig, xxh3_128 in rows:
                 old = conn.execute(
                     "SELECT size, version_ms, sha256 FROM artifacts WHERE artifact_id = ?",
@@ -290,25 +289,16 @@ class MetadataIndex(PagingQueries, OutboxQueries):
                         for p in outbox_peers
                     ),
                 )
-            conn.execute("COMMIT")
-        except BaseException:
-            rollback(conn)
-            raise
         return replaced
 
     def delete(self, artifact_ids: Iterable[str]) -> None:
         conn = self._conn()
         artifact_ids = list(artifact_ids)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(conn):
             digests.apply(conn, digests.rows_of(conn, artifact_ids), ())
             conn.executemany(
                 "DELETE FROM artifacts WHERE artifact_id = ?", ((a,) for a in artifact_ids)
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            rollback(conn)
-            raise
 
     def apply_tombstone(
         self, namespace_id: str, version_ms: int, now_ms: int, outbox_peers: Sequence[str] = ()
@@ -320,13 +310,11 @@ class MetadataIndex(PagingQueries, OutboxQueries):
         above ``version_ms`` already existed (nothing changes, nothing is enqueued).
         """
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(conn):
             row = conn.execute(
                 "SELECT version_ms FROM tombstones WHERE namespace_id = ?", (namespace_id,)
             ).fetchone()
             if row is not None and int(row[0]) >= version_ms:
-                conn.execute("COMMIT")
                 return None
             conn.execute(
                 "INSERT OR REPLACE INTO tombstones(namespace_id, version_ms, seq) VALUES (?, ?, ?)",
@@ -349,25 +337,15 @@ class MetadataIndex(PagingQueries, OutboxQueries):
                 "VALUES (?, ?, ?, ?, ?)",
                 ((p, DELETE_NAMESPACE, namespace_id, version_ms, now_ms) for p in outbox_peers),
             )
-            conn.execute("COMMIT")
             return victims
-        except BaseException:
-            rollback(conn)
-            raise
 
     def touch(self, accesses: dict[str, int]) -> None:
         """Record last access times (batched from memory)."""
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(self._conn()) as conn:
             conn.executemany(
                 "UPDATE artifacts SET last_access_ms = MAX(last_access_ms, ?) WHERE artifact_id = ?",
                 ((ms, a) for a, ms in accesses.items()),
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            rollback(conn)
-            raise
 
     def set_stat_sig(self, artifact_id: str, stat_sig: str) -> None:
         """Record a verified file's stat signature. Best effort: it only saves a re-hash, so a

@@ -34,6 +34,7 @@ from typing import Protocol
 from kura.core.errors import ResourceExhausted
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
+from kura.storage.schema import write_transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS catch_up (
@@ -157,23 +158,18 @@ class PeerQueues:
         """Writer thread: delete delivered messages in one transaction; returns how many. 0 when
         the disk is full (SQLITE_FULL): they stay and are delivered again (idempotent, LWW)."""
         gone: dict[str, int] = {}
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            for i in ids:
-                row = conn.execute(
-                    "DELETE FROM outbox WHERE id = ? RETURNING peer", (i,)
-                ).fetchone()
-                if row is not None:
-                    gone[str(row[0])] = gone.get(str(row[0]), 0) + 1
-            conn.execute("COMMIT")
+            with write_transaction(conn):
+                for i in ids:
+                    row = conn.execute(
+                        "DELETE FROM outbox WHERE id = ? RETURNING peer", (i,)
+                    ).fetchone()
+                    if row is not None:
+                        gone[str(row[0])] = gone.get(str(row[0]), 0) + 1
         except sqlite3.OperationalError as exc:
-            _rollback(conn)
             if exc.sqlite_errorname != "SQLITE_FULL":
                 raise
             return 0
-        except BaseException:
-            _rollback(conn)
-            raise
         depths = dict(self.depths)
         for peer, n in gone.items():
             depths[peer] = max(0, depths.get(peer, 0) - n)
@@ -187,8 +183,7 @@ class PeerQueues:
     def forget(self, conn: sqlite3.Connection, peer: str, now_ms: int) -> int:
         """Writer thread: drop ``peer``'s whole queue and mark it ``absent``, in one
         transaction. Returns the messages dropped (0 if its queue was empty)."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(conn):
             n, lowest = conn.execute(
                 "SELECT COUNT(*), MIN(version_ms) FROM outbox WHERE peer = ?", (peer,)
             ).fetchone()
@@ -208,10 +203,6 @@ class PeerQueues:
                 int(n) + (0 if old is None else old.dropped_messages),
             )
             self._write_mark(conn, mark)
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
         self.depths = {**self.depths, peer: 0}
         self._gauge().outbox_depth -= int(n)
         return int(n)
@@ -283,19 +274,9 @@ class PeerQueues:
     ) -> None:
         if not rows:
             return
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(conn):
             conn.executemany(
                 "INSERT INTO outbox (peer, kind, artifact_id, namespace_id, version_ms, "
                 "enqueued_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
                 rows,
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
-        conn.execute("ROLLBACK")

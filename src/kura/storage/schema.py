@@ -1,6 +1,7 @@
 """The metadata index's SQLite schema, its version and migration, and the row shape of a
 manifest (``COLUMNS``, ``row_to_manifest``), shared by the index modules (``storage.index``,
-``storage.paging``, ``storage.outbox_queries``) and ``storage.change_feed``.
+``storage.paging``, ``storage.outbox_queries``) and ``storage.change_feed``; and
+``write_transaction``, the one write transaction of every storage module.
 
 The schema carries a version in ``meta``; opening the index creates or migrates it in place.
 Version 2 added ``artifacts.xxh3_128`` (the fast checksum of ``storage.checksum``, NULL for rows
@@ -15,8 +16,10 @@ Nothing here opens a connection: every function takes the caller's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+from collections.abc import Iterator
 
 from kura.core.manifest import Manifest
 from kura.storage import change_seq
@@ -98,13 +101,25 @@ def row_to_manifest(row: tuple[object, ...]) -> Manifest:
 def migrate_schema(conn: sqlite3.Connection) -> None:
     """Version 1 or 2 to 3 in one transaction: add ``artifacts.xxh3_128`` (NULL for every row)
     if missing, then the change sequence (``change_seq.migrate``)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with write_transaction(conn):
         columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(artifacts)")}
         if "xxh3_128" not in columns:
             conn.execute("ALTER TABLE artifacts ADD COLUMN xxh3_128 TEXT")
         change_seq.migrate(conn)
         conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
+
+
+@contextlib.contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """The one way storage writes in a transaction: ``BEGIN IMMEDIATE`` (the write lock taken
+    at once, so the transaction never fails half-way for want of it), ``COMMIT`` when the block
+    ends, ``ROLLBACK`` (``rollback``) and re-raise on any exception, the failed ``COMMIT``
+    included. Yields ``conn``, whose ``isolation_level`` must be None (manual transactions).
+    Durability is the connection's: on the writer thread a COMMIT is made durable by its group
+    (``storage.group_commit``, ``docs/durability.md``) before anything is acknowledged."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
         conn.execute("COMMIT")
     except BaseException:
         rollback(conn)
