@@ -13,8 +13,8 @@ writes go through a single writer thread, so write transactions never contend.
 
 The index is split by job: this module opens the file (creating or migrating the schema of
 ``storage.schema``) and holds the artifact, tombstone and access-time reads and writes;
-``storage.paging`` the cursor pages for peers; ``storage.outbox_queries`` the outbox reads and
-deletes (its vocabulary, ``storage.outbox``, is the one public to the mesh). Only
+``storage.paging`` the cursor pages for peers; ``storage.outbox_queries`` the outbox reads
+(its vocabulary, ``storage.outbox``, is the one public to the mesh). Only
 ``kura.storage`` imports these modules (import-linter contract in ``pyproject.toml``).
 
 Durability: the writer thread's connection runs ``synchronous=NORMAL`` (``group_commits``): a

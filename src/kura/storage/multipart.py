@@ -97,10 +97,6 @@ class MultipartUploads:
         self._uploads: dict[str, _Upload] = {}
         self.reclaimed_total = 0
 
-    @property
-    def open_uploads(self) -> int:
-        return len(self._uploads)
-
     async def start(self, ref: ArtifactRef) -> str | None:
         """A new upload id, or None if the artifact already exists (nothing to upload).
         ``ResourceExhausted`` (503 + Retry-After) when the node's or the namespace's cap is

@@ -218,11 +218,6 @@ class ObjectTier:
             else:
                 await self._backoff.sleep()
 
-    async def drain_once(self) -> int:
-        """Deliver what is queued now, once, without backoff; the number of messages acked."""
-        batch = await self.service.outbox_batch(OUTBOX_TARGET, BATCH)
-        return await self.service.outbox_ack(await self._deliver(batch))
-
     def _note_progress(self, complete: bool) -> None:
         """Log the start and the end of a stall (the store failing while the disk is full):
         once each, not once per pass."""

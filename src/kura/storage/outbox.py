@@ -1,7 +1,7 @@
 """The replication outbox's public vocabulary: message kinds and one pending delivery.
 
 The rows live in the metadata index (table ``outbox``, written in the same transaction as the
-data change: ``storage.index``; read and deleted by ``storage.outbox_queries``). This module is
+data change: ``storage.index``; read by ``storage.outbox_queries``, deleted by ``storage.peer_queue``). This module is
 the one the mesh imports (``mesh.shipper``): it holds no SQL, so the SQLite modules stay private
 to ``kura.storage`` (an import-linter contract in ``pyproject.toml``).
 """

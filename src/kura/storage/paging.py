@@ -68,9 +68,6 @@ class PagingQueries:
             ).fetchall()
         return [_row_to_manifest(r) for r in rows]
 
-    def all_ids(self) -> set[str]:
-        return {r[0] for r in self._conn().execute("SELECT artifact_id FROM artifacts")}
-
     def tombstones_after(self, after: str | None, limit: int) -> list[tuple[str, int]]:
         """(namespace_id, version_ms) with namespace_id > ``after`` (every one when ``after`` is
         None, so the tenant-wide namespace ``""`` is on the first page), in namespace_id order,
