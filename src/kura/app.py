@@ -190,8 +190,13 @@ class Node:
             initial_timeout_seconds=settings.discovery_initial_timeout_ms / 1000,
             tls=settings.internal_tls,
         )
+        replica_log = self.service.replica_log
         self.shipper = Shipper(
-            self.service, self.peer_client, self.clock, settings.replication_backoff_max_ms / 1000
+            self.service,
+            replica_log,
+            self.peer_client,
+            self.clock,
+            settings.replication_backoff_max_ms / 1000,
         )
         self.read_through = ReadThrough(
             self.service,
@@ -221,11 +226,11 @@ class Node:
                 if settings.read_through == "always"
                 else f"the rest misses here (KURA_READ_THROUGH={settings.read_through})"
             ),
-            cursors=CursorPass(self.service, self.peer_client, self.clock, lambda: self.node_url),
+            cursors=CursorPass(replica_log, self.peer_client, lambda: self.node_url),
             poll_interval_seconds=settings.changes_poll_interval_seconds,
         )
         self.catch_up = CatchUp(
-            self.service,
+            replica_log,
             self.membership,
             self.clock,
             settings.peer_forget_after_seconds,
@@ -233,6 +238,7 @@ class Node:
         )
         self.anti_entropy = AntiEntropy(
             service=self.service,
+            replica_log=replica_log,
             client=self.peer_client,
             clock=self.clock,
             peers=self.membership.healthy_peers,

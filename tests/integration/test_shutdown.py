@@ -157,9 +157,9 @@ async def test_outbox_depth_is_changed_on_the_writer_thread_and_matches_the_rows
     async def ack(peer: str) -> None:
         nonlocal acked
         while True:
-            batch = await service.outbox_batch(peer, 7)
+            batch = await service.replica_log.outbox_batch(peer, 7)
             if batch:
-                await service.outbox_ack([m.id for m in batch])
+                await service.replica_log.outbox_ack([m.id for m in batch])
                 acked += len(batch)
             elif writes_done.is_set():
                 return
@@ -173,7 +173,7 @@ async def test_outbox_depth_is_changed_on_the_writer_thread_and_matches_the_rows
         await asyncio.gather(*ackers)
         for i in range(100):  # more writes left unacknowledged
             await write(1000 + i)
-        rows = sum(n for n, _ in (await service.outbox_depths()).values())
+        rows = sum(n for n, _ in (await service.replica_log.outbox_depths()).values())
         assert acked == 1200
         assert rows == 200
         assert stats.outbox_depth == rows

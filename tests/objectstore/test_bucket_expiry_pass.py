@@ -7,7 +7,6 @@ the bucket is past the age), and a sleep that advances it, so the pace is exact.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -70,19 +69,15 @@ async def write_local(service: CacheService, key: str) -> str:
     async def body() -> AsyncIterator[bytes]:
         yield b"local body"
 
+    ref = ArtifactRef("http", "", key)
     await service.put_stream(
-        ArtifactRef("http", "", key),
+        ref,
         body(),
         declared_length=10,
         limit_bytes=1 << 20,
         content_type="application/octet-stream",
     )
-
-    def artifact_id(conn: sqlite3.Connection) -> str:
-        row = conn.execute("SELECT artifact_id FROM artifacts WHERE key = ?", (key,)).fetchone()
-        return str(row[0])
-
-    return await service.in_reader(artifact_id)
+    return service.artifact_id(ref)
 
 
 async def test_a_pass_deletes_old_objects_and_stale_markers_at_the_bounded_rate_and_keeps_pending(

@@ -5,7 +5,7 @@ same peer authentication as every internal route; ``mesh.anti_entropy`` is the c
   ``{"prefix", "depth", "ranges": [[prefix, rows, digest], ...], "tombstones": [count, digest]}``.
   ``prefix`` is 0, 2 or 4 lowercase hex digits, ``depth`` 0 (the range itself) or 2 (its 256
   children), ``len(prefix) + depth`` at most 4. ``ranges`` lists only non-empty ranges, in
-  prefix order (one left out is empty); ``digest`` is 16 hex digits (``storage.digests``).
+  prefix order (one left out is empty); ``digest`` is 16 hex digits (``ReplicaLog.range_digests``).
   ``tombstones`` summarises every namespace tombstone. Anything else: 400 with a message.
 * ``GET /_internal/anti_entropy/range?prefix=<hex>&after=<artifact_id>&limit=<n>`` →
   ``{"manifests": [...], "next_after"}``: the manifests whose artifact_id starts with
@@ -24,7 +24,8 @@ from kura.api.http import ctx, endpoint
 from kura.api.query import query_int
 from kura.core.errors import InvalidRequest
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
-from kura.storage import digests
+from kura.storage.outbox import DIGEST_DEEPEST, DIGEST_LEVELS
+from kura.storage.ports import ReplicaLog
 
 PROTOCOL = "internal"
 _HEX = re.compile(r"[0-9a-f]{0,64}")
@@ -55,21 +56,20 @@ def _just_before(prefix: str) -> str:
 
 @endpoint(PROTOCOL, None)
 async def range_digests(request: web.Request) -> web.StreamResponse:
-    prefix = _hex(request, "prefix", digests.DEEPEST)
+    prefix = _hex(request, "prefix", DIGEST_DEEPEST)
     depth = query_int(request, "depth", default=0, low=0, high=2)
-    if len(prefix) not in digests.LEVELS or depth not in (0, 2):
+    if len(prefix) not in DIGEST_LEVELS or depth not in (0, 2):
         raise InvalidRequest("prefix must have 0, 2 or 4 hex digits and depth must be 0 or 2")
-    if len(prefix) + depth > digests.DEEPEST:
-        raise InvalidRequest(f"prefix length + depth must be at most {digests.DEEPEST}")
-    service = ctx(request).service
-    found = await service.in_reader(digests.ranges, prefix, depth)
-    count, acc = await service.in_reader(digests.tombstones_digest)
+    if len(prefix) + depth > DIGEST_DEEPEST:
+        raise InvalidRequest(f"prefix length + depth must be at most {DIGEST_DEEPEST}")
+    replica_log: ReplicaLog = ctx(request).service.replica_log
+    found = await replica_log.range_digests(prefix, depth)
     return web.json_response(
         {
             "prefix": prefix,
             "depth": depth,
-            "ranges": [[p, n, digests.hex64(h)] for p, n, h in found],
-            "tombstones": [count, digests.hex64(acc)],
+            "ranges": [list(r) for r in found.ranges],
+            "tombstones": list(found.tombstones),
         }
     )
 

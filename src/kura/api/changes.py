@@ -22,7 +22,7 @@ from aiohttp import web
 from kura.api.http import ctx, endpoint
 from kura.api.query import query_int
 from kura.mesh.wire import NODE_HEADER, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
-from kura.storage.change_feed import ChangesPage
+from kura.storage.outbox import ChangesPage
 
 PROTOCOL = "internal"
 # Called with the requester's URL before the page is read; what it returns, after.
@@ -37,7 +37,7 @@ async def changes(request: web.Request) -> web.StreamResponse:
     requester = request.headers.get(NODE_HEADER, "")
     feed_read = request.app.get(FEED_READ_KEY)
     done = feed_read(requester) if requester and feed_read is not None else None
-    page = await ctx(request).service.changes_page(since, limit)
+    page = await ctx(request).service.replica_log.changes_page(since, limit)
     if done is not None:
         await done(since, page)
     return web.json_response(

@@ -5,7 +5,7 @@ Pull model. Every ``interval_seconds`` (``KURA_ANTI_ENTROPY_INTERVAL``; 0 disabl
 this node is ready, one *round* visits each healthy peer in turn (never one that is down):
 
 1. ``GET /_internal/anti_entropy/digests?prefix=&depth=0``: the peer's whole-keyspace digest
-   and its tombstones digest (``storage.digests``). Equal to ours: done with this peer, one
+   and its tombstones digest (``ReplicaLog.range_digests``, ``storage.digests``). Equal to ours: done with this peer, one
    request of about 150 bytes whatever the dataset's size.
 2. Tombstones differ: page the peer's tombstones (``/_internal/bootstrap/namespace_tombstones``)
    and apply each one newer than ours *first*, so nothing a clean covered is fetched back.
@@ -56,7 +56,8 @@ from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, FutureVersion
 from kura.mesh.client import PeerClient, PeerError
-from kura.storage import digests
+from kura.storage.outbox import DIGEST_DEEPEST, RangeDigests
+from kura.storage.ports import ReplicaLog
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class AntiEntropy:
         self,
         *,
         service: CacheService,
+        replica_log: ReplicaLog,
         client: PeerClient,
         clock: Clock,
         peers: Callable[[], list[str]],
@@ -118,6 +120,7 @@ class AntiEntropy:
         max_requests_per_round: int,
     ) -> None:
         self._service = service
+        self._log = replica_log
         self._client = client
         self._clock = clock
         self._peers = peers
@@ -226,19 +229,22 @@ class AntiEntropy:
         except (KeyError, TypeError, ValueError) as exc:
             raise PeerError(f"{peer}: malformed digests answer: {exc!r}") from exc
 
-    async def _local(self, prefix: str, depth: int) -> dict[str, tuple[int, str]]:
-        rows = await self._service.in_reader(digests.ranges, prefix, depth)
-        return {p: (n, digests.hex64(h)) for p, n, h in rows}
+    async def _local(
+        self, prefix: str, depth: int
+    ) -> tuple[dict[str, tuple[int, str]], RangeDigests]:
+        found = await self._log.range_digests(prefix, depth)
+        return {p: (n, h) for p, n, h in found.ranges}, found
 
     # -- comparison ------------------------------------------------------------------------
 
     async def _sync_peer(self, peer: str, rnd: _Round) -> None:
         theirs, their_tombstones = await self._digests(rnd, peer, "", 0)
-        count, acc = await self._service.in_reader(digests.tombstones_digest)
-        if their_tombstones != (count, digests.hex64(acc)):
+        mine, found = await self._local("", 0)
+        if their_tombstones != found.tombstones:
             await self._sync_tombstones(peer, rnd)
+            mine, _ = await self._local("", 0)  # the tombstones applied deleted rows
         self.stats.ranges_compared_total += 1
-        if theirs == await self._local("", 0):
+        if theirs == mine:
             return
         self._mismatch(rnd)
         await self._descend(peer, "", rnd)
@@ -249,7 +255,7 @@ class AntiEntropy:
 
     async def _descend(self, peer: str, prefix: str, rnd: _Round) -> None:
         theirs, _ = await self._digests(rnd, peer, prefix, 2)
-        mine = await self._local(prefix, 2)
+        mine, _ = await self._local(prefix, 2)
         for child in sorted(set(theirs) | set(mine)):
             self.stats.ranges_compared_total += 1
             their, my = theirs.get(child, (0, "")), mine.get(child, (0, ""))
@@ -258,7 +264,7 @@ class AntiEntropy:
             self._mismatch(rnd)
             if their[0] == 0:
                 continue  # only we hold rows there: the peer pulls them in its own round
-            if len(child) < digests.DEEPEST and max(their[0], my[0]) > LIST_MAX_ROWS:
+            if len(child) < DIGEST_DEEPEST and max(their[0], my[0]) > LIST_MAX_ROWS:
                 await self._descend(peer, child, rnd)
             else:
                 await self._repair_range(peer, child, rnd)

@@ -32,7 +32,8 @@ Rules, checked every ``interval_seconds``:
   counted (``reoffered_total``, ``catch_ups_total``). A restart mid-pass starts it again (the
   mark is durable; re-offers are idempotent on the peer, last writer wins).
 
-Event-loop confined, except what runs through ``CacheService.in_writer``.
+Event-loop confined; every read and change of the queues and marks goes through the
+``ReplicaLog`` port (``storage.ports``), which runs it on the storage writer thread.
 """
 
 from __future__ import annotations
@@ -47,10 +48,8 @@ from kit.backoff import every
 from kit.clock import Clock
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.membership import Membership
-from kura.storage import change_feed
-from kura.storage.change_feed import ChangesPage
-from kura.storage.peer_queue import PeerQueues
-from kura.storage.service import CacheService
+from kura.storage.outbox import ChangesPage
+from kura.storage.ports import PeerQueueView, ReplicaLog
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +89,7 @@ class CatchUp:
 
     def __init__(
         self,
-        service: CacheService,
+        replica_log: ReplicaLog,
         membership: Membership,
         clock: Clock,
         forget_after_seconds: float,
@@ -98,8 +97,8 @@ class CatchUp:
         interval_seconds: float | None = None,
         pull_grace_seconds: float = PULL_GRACE_SECONDS,
     ) -> None:
-        self._service = service
-        self._queues: PeerQueues = service.queues
+        self._log = replica_log
+        self._queues: PeerQueueView = replica_log.queues
         self._membership = membership
         self._clock = clock
         self.forget_after_seconds = forget_after_seconds
@@ -175,8 +174,7 @@ class CatchUp:
             await self._forget(peer, now - since)
 
     async def _forget(self, peer: str, absent_seconds: float) -> None:
-        dropped = await self._service.in_writer(self._queues.forget, peer, self._clock.now_ms())
-        self._seq_at_mark[peer] = (await self._service.in_writer(change_feed.head))[1]
+        dropped, self._seq_at_mark[peer] = await self._log.forget_peer(peer)
         self.stats.add(self.stats.dropped_queues_total, peer)
         self.stats.add(self.stats.dropped_messages_total, peer, dropped)
         log.warning(
@@ -230,7 +228,7 @@ class CatchUp:
             return
         # Every later write is now enqueued for it, or skipped at its cap and counted (clear()
         # then refuses, and the pass is judged again).
-        if await self._service.in_writer(self._queues.clear, peer, pull.skipped_at_start):
+        if await self._log.clear_mark(peer, pull.skipped_at_start):
             self._seq_at_mark.pop(peer, None)
             self._full_walk_head.pop(peer, None)
             self.stats.add(self.stats.catch_ups_total, peer)
@@ -255,7 +253,7 @@ class CatchUp:
                 sent = await self._reoffer(peer, mark.since_ms)
                 if sent is None:
                     return  # the peer went away again; the next check starts over
-                if await self._service.in_writer(self._queues.clear, peer, skipped):
+                if await self._log.clear_mark(peer, skipped):
                     self.stats.add(self.stats.catch_ups_total, peer)
                     log.info("outbox: caught up %s: %d messages re-offered", peer, sent)
                     return
@@ -264,9 +262,7 @@ class CatchUp:
 
     async def _reoffer(self, peer: str, since_ms: int) -> int | None:
         """One pass; the messages enqueued, or None if the peer stopped being healthy."""
-        sent = await self._service.in_writer(
-            self._queues.enqueue_tombstones, peer, since_ms, self._clock.now_ms()
-        )
+        sent = await self._log.reoffer_tombstones(peer, since_ms)
         self.stats.add(self.stats.reoffered_total, peer, sent)
         after = ""
         half = max(1, self._queues.max_depth_per_peer // 2)
@@ -276,9 +272,7 @@ class CatchUp:
                     return None
                 await asyncio.sleep(DRAIN_POLL_SECONDS)
             limit = min(PAGE, half - self._queues.depth(peer))
-            n, after = await self._service.in_writer(
-                self._queues.enqueue_artifacts, peer, since_ms, after, limit, self._clock.now_ms()
-            )
+            n, after = await self._log.reoffer_artifacts(peer, since_ms, after, limit)
             sent += n
             self.stats.add(self.stats.reoffered_total, peer, n)
             self._wake_shipper()

@@ -37,6 +37,7 @@ from kura.mesh.wire import (
     decode_manifest,
     encode_manifest,
 )
+from kura.storage.outbox import ChangesPage
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class PeerClient:
 
     async def changes_page(
         self, url: str, since: int, limit: int, node_url: str, timeout_seconds: float = 30.0
-    ) -> ChangesFeedPage:
+    ) -> ChangesPage:
         """One page of the peer's change feed after ``since`` (``GET /_internal/changes``).
         ``node_url`` names this node to the peer (``Kura-Node``), which clears its catch-up mark
         for this node once this node has pulled to its head (``mesh.catch_up``)."""
@@ -210,7 +211,7 @@ class PeerClient:
             headers={NODE_HEADER: node_url} if node_url else None,
         )
         try:
-            return ChangesFeedPage(
+            return ChangesPage(
                 epoch=str(data["epoch"]),
                 head_seq=int(data["head_seq"]),
                 tombstones=[
@@ -335,18 +336,6 @@ class PeerClient:
                     return json.loads(body), len(body)
         except (aiohttp.ClientError, TimeoutError, OSError, json.JSONDecodeError) as exc:
             raise PeerError(f"{url}: {exc!r}") from exc
-
-
-@dataclass(frozen=True)
-class ChangesFeedPage:
-    """A page of a peer's change feed; ``tombstones`` are (namespace_id, version_ms)."""
-
-    epoch: str
-    head_seq: int
-    tombstones: list[tuple[str, int]]
-    manifests: list[Manifest]
-    next_since: int
-    more: bool
 
 
 def _page_of(url: str, data: Any) -> tuple[list[Manifest], str | None]:

@@ -22,7 +22,8 @@ A cursor is advanced only after the page is applied, so "cursor = s" means: this
 applied every change of that peer numbered up to ``s`` (or a newer version of it). The peer
 relies on that to clear its catch-up mark for this node (``mesh.catch_up``).
 
-Event-loop confined; cursor reads and writes run on the storage writer thread.
+Event-loop confined; cursor reads and writes go through the ``ReplicaLog`` port
+(``storage.ports``), on the storage writer thread.
 
 A pass runs at start-up, when a peer joins and when a peer is seen healthy again after a partition
 (``kura.app``); ``/status`` shows per peer, under ``bootstrap.peers``, its ``mode`` and ``cursor``.
@@ -39,13 +40,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from kit.clock import Clock
 from kit.failpoint import failpoint
 from kura.core.manifest import Manifest
-from kura.mesh.client import ChangesFeedPage, PeerClient, PeerError
+from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT
-from kura.storage import change_feed
-from kura.storage.service import CacheService
+from kura.storage.outbox import ChangesPage
+from kura.storage.ports import ReplicaLog
 
 if TYPE_CHECKING:
     from kura.mesh.bootstrap import PeerProgress
@@ -71,15 +71,13 @@ class CursorPass:
 
     def __init__(
         self,
-        service: CacheService,
+        replica_log: ReplicaLog,
         client: PeerClient,
-        clock: Clock,
         node_url: Callable[[], str],
         page_limit: int = PAGE_LIMIT_DEFAULT,
     ) -> None:
-        self._service = service
+        self._log = replica_log
         self._client = client
-        self._clock = clock
         self._node_url = node_url
         self._limit = page_limit
 
@@ -97,7 +95,7 @@ class CursorPass:
         fully applied. A ``background`` pass (the poll) skips a peer without the feed instead
         of walking it whole every interval."""
         peer = state.peer
-        cursor = await self._service.in_writer(change_feed.load_cursor, peer)
+        cursor = await self._log.load_cursor(peer)
         state.cursor_seq = None if cursor is None else cursor.seq
         try:
             page = await self._page(peer, 0 if cursor is None else cursor.seq, cursor is None)
@@ -148,18 +146,16 @@ class CursorPass:
             page = await self._page(peer, page.next_since, False)
             self._check_epoch(peer, epoch, page)
 
-    async def _page(self, peer: str, since: int, head_only: bool) -> ChangesFeedPage:
+    async def _page(self, peer: str, since: int, head_only: bool) -> ChangesPage:
         # Reading only the head costs one row; the page is thrown away.
         limit = 1 if head_only else self._limit
         return await self._client.changes_page(peer, since, limit, self._node_url())
 
     async def _store(self, peer: str, epoch: str, seq: int) -> int:
-        await self._service.in_writer(
-            change_feed.store_cursor, peer, epoch, seq, self._clock.now_ms()
-        )
+        await self._log.store_cursor(peer, epoch, seq)
         return seq
 
     @staticmethod
-    def _check_epoch(peer: str, epoch: str, page: ChangesFeedPage) -> None:
+    def _check_epoch(peer: str, epoch: str, page: ChangesPage) -> None:
         if page.epoch != epoch:
             raise EpochChanged(f"{peer}: epoch changed from {epoch} to {page.epoch} mid-pass")

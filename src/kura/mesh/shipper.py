@@ -35,6 +35,7 @@ from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import FUTURE_VERSION
 from kura.storage.outbox import DELETE_NAMESPACE, OutboxMessage
+from kura.storage.ports import ReplicaLog
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
@@ -115,11 +116,13 @@ class Shipper:
     def __init__(
         self,
         service: CacheService,
+        replica_log: ReplicaLog,
         client: PeerClient,
         clock: Clock,
         backoff_max_seconds: float,
     ) -> None:
         self._service = service
+        self._log = replica_log
         self._client = client
         self._clock = clock
         self._backoff_max = backoff_max_seconds
@@ -177,7 +180,7 @@ class Shipper:
                     await task
 
     async def _sync_workers(self) -> None:
-        depths = await self._service.outbox_depths()
+        depths = await self._log.outbox_depths()
         depths.pop(OUTBOX_TARGET, None)  # the object tier's queue: storage.object_tier uploads it
         for peer, (count, oldest) in depths.items():
             state = self.peers.get(peer)
@@ -199,7 +202,7 @@ class Shipper:
             # Clear before looking, so a write that lands while we deliver wakes us again.
             state.wake.clear()
             if not state.backoff.waiting(self._clock.monotonic()):
-                batch = await self._service.outbox_batch(state.peer, BATCH)
+                batch = await self._log.outbox_batch(state.peer, BATCH)
                 if batch and await self._deliver(state, batch):
                     continue  # more may be waiting
             now = self._clock.monotonic()
@@ -230,7 +233,7 @@ class Shipper:
 
         results = await asyncio.gather(*(one(m) for m in batch))
         acked = [r for r in results if r is not None]
-        recorded = await self._service.outbox_ack(acked)
+        recorded = await self._log.outbox_ack(acked)
         state.depth = max(0, state.depth - recorded)
         if state.depth == 0:
             state.oldest_enqueued_ms = None

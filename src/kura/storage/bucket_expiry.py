@@ -132,7 +132,7 @@ class BucketExpiry:
                     markers[stands_for] = (obj.key, modified_ms)
                 elif is_object_key(tenant, obj.key):
                     objects[obj.key] = modified_ms
-        pending = await self._service.in_reader(pending_uploads)
+        pending = await self._service._read_index(pending_uploads)
         victims = select(objects, markers, cutoff_ms, pending)
         deleted = 0
         for start in range(0, len(victims), self.batch_size):
@@ -159,7 +159,7 @@ class BucketExpiry:
 
     async def _recheck(self, batch: list[Victim], cutoff_ms: int) -> list[Victim]:
         """The victims of ``batch`` still unused and not pending now (fresh HEADs)."""
-        pending = await self._service.in_reader(pending_uploads)
+        pending = await self._service._read_index(pending_uploads)
         sem = asyncio.Semaphore(CHECKS)
 
         async def modified(key: str | None) -> int | None:

@@ -127,7 +127,7 @@ class BucketToucher:
         """Write up to ``BATCH`` queued markers, paced; True when none failed."""
         started = self._clock.monotonic()
         batch = list(self._queued)[:BATCH]
-        namespaces = await self._service.in_reader(namespaces_of, batch)
+        namespaces = await self._service._read_index(namespaces_of, batch)
         sem = asyncio.Semaphore(PIPELINE)
         failures = 0
         tenant = self._service.tenant_id

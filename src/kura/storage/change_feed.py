@@ -15,37 +15,16 @@ writer thread, after a page is fully applied (durable once the writer job return
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 
 from kura.core.errors import Unavailable
-from kura.core.manifest import Manifest
 from kura.storage import change_seq
+from kura.storage.outbox import ChangesPage, PeerCursor
 from kura.storage.schema import COLUMNS as _COLUMNS
 from kura.storage.schema import row_to_manifest as _row_to_manifest
 
 
 class FeedUnavailable(Exception):
     """The index has no change sequence (a pre-version-3 file opened read-only)."""
-
-
-@dataclass(frozen=True)
-class ChangesPage:
-    """One page of the feed. ``tombstones`` are (namespace_id, version_ms); ``next_since`` is
-    the ``since`` of the next page (``head_seq`` when ``more`` is False)."""
-
-    epoch: str
-    head_seq: int
-    tombstones: list[tuple[str, int]]
-    manifests: list[Manifest]
-    next_since: int
-    more: bool
-
-
-@dataclass(frozen=True)
-class PeerCursor:
-    peer: str
-    epoch: str
-    seq: int
 
 
 def read_page(conn: sqlite3.Connection, since: int, limit: int) -> ChangesPage:

@@ -37,10 +37,11 @@ import sqlite3
 from collections.abc import Iterable
 
 from kura.core.errors import Unavailable
+from kura.storage.outbox import DIGEST_DEEPEST, DIGEST_LEVELS
 from kura.storage.schema import write_transaction
 
-LEVELS = (0, 2, 4)
-DEEPEST = LEVELS[-1]
+LEVELS = DIGEST_LEVELS
+DEEPEST = DIGEST_DEEPEST
 BUILT_FLAG = "ae_ranges_built"
 
 SCHEMA = """

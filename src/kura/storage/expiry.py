@@ -153,7 +153,7 @@ class Expiry:
             )
             await self._tell([ExpiredArtifact(v[0], v[1]) for v in victims], cutoff_ms)
             await pace.wait(deleted)
-        oldest = await self._service.in_reader(oldest_access_ms)
+        oldest = await self._service._read_index(oldest_access_ms)
         now_ms = self._clock.now_ms()
         s = self.stats
         s.oldest_access_age_seconds = 0.0 if oldest is None else max(0, now_ms - oldest) / 1000

@@ -14,7 +14,7 @@ The rules (docs/object-storage.md states them for operators):
 * **A full disk never stops the queue** (issue 26 item 5). With the store down, writes over
   ``KURA_MAX_DISK_BYTES`` stay (they cannot be evicted) until the disk reaches
   ``KURA_MIN_FREE_DISK_BYTES`` and writes answer 503. The queue keeps delivering all along
-  (``CacheService.outbox_batch`` ignores free space), and each delivery recorded evicts back to
+  (``ReplicaLog.outbox_batch`` ignores free space), and each delivery recorded evicts back to
   the budget (``outbox_ack``), so once the store answers the node frees its disk and takes
   writes again by itself. While the store fails and the disk is full, ``warnings`` (``/ready``)
   says why writes are refused, and one ERROR line says so when it starts.
@@ -199,7 +199,7 @@ class ObjectTier:
         while True:
             self._wake.clear()
             try:
-                batch = await self.service.outbox_batch(OUTBOX_TARGET, BATCH)
+                batch = await self.service.replica_log.outbox_batch(OUTBOX_TARGET, BATCH)
                 await self._refresh_gauges()
                 if not batch:
                     with contextlib.suppress(TimeoutError):
@@ -207,7 +207,7 @@ class ObjectTier:
                             await self._wake.wait()
                     continue
                 done = await self._deliver(batch)
-                acked = await self.service.outbox_ack(done)
+                acked = await self.service.replica_log.outbox_ack(done)
                 complete = len(done) == len(batch) and acked == len(done)
             except Exception:  # an index or local-file problem: keep the queue, try again later
                 log.exception("object store upload queue: a pass failed; retrying with backoff")
@@ -261,7 +261,7 @@ class ObjectTier:
         return found
 
     async def _refresh_gauges(self) -> None:
-        depths = await self.service.outbox_depths()
+        depths = await self.service.replica_log.outbox_depths()
         count, oldest_ms = depths.get(OUTBOX_TARGET, (0, 0))
         stats = self.store.stats
         stats.upload_queue_depth = count

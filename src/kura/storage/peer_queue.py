@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from kura.core.errors import ResourceExhausted
 from kura.core.object_layout import OUTBOX_TARGET
-from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
+from kura.storage.outbox import DELETE_NAMESPACE, UPSERT, CatchUpMark
 from kura.storage.schema import write_transaction
 
 SCHEMA = """
@@ -57,18 +56,6 @@ SINCE_MARGIN_MS = 1000
 
 class DepthGauge(Protocol):
     outbox_depth: int
-
-
-@dataclass(frozen=True)
-class CatchUpMark:
-    """One peer marked to be caught up. Times are Unix milliseconds."""
-
-    peer: str
-    reason: str
-    marked_at_ms: int
-    since_ms: int
-    forgotten_at_ms: int | None
-    dropped_messages: int
 
 
 class PeerQueues:

@@ -43,8 +43,9 @@ The mesh is reached only through ``hooks`` (``storage.hooks.StorageHooks``), giv
 construction: replication targets, the shipper's wake-up, read-through of a local miss and the
 bootstrap's eviction floor; the default ``NoHooks`` is a node on its own.
 
-This module owns construction, lifecycle, namespace cleans, peer paging and the outbox calls;
-the rest is split by job into classes over one shared state (``storage.state``) that
+This module owns construction, lifecycle, namespace cleans and peer paging. The outbox, the
+change feed, the cursors into peers' feeds and the range digests are reached only through
+``replica_log`` (the ``storage.ports.ReplicaLog`` port, ``storage.replica_log``); the rest is split by job into classes over one shared state (``storage.state``) that
 ``CacheService`` combines: ``storage.reads`` (reads, verification, quarantine),
 ``storage.write_path`` (checks, staging, commit), ``storage.eviction`` and
 ``storage.replica`` (copies from peers). Bytes live behind ``storage.blobstore.BlobStore``
@@ -61,7 +62,6 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
 
 from kit.background import background_pool
 from kit.backoff import every
@@ -69,21 +69,20 @@ from kit.clock import Clock
 from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
 from kura.core.version import ahead_of_skew_ms
-from kura.storage import change_feed
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
 from kura.storage.blobs import BlobFiles
 from kura.storage.budget import TmpBudget
-from kura.storage.change_feed import ChangesPage
 from kura.storage.group_commit import GroupCommitWriter, GroupStats
 from kura.storage.hooks import NoHooks, StorageHooks
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
-from kura.storage.outbox import OutboxMessage
 from kura.storage.peer_queue import PeerQueues
+from kura.storage.ports import ReplicaLog
 from kura.storage.quarantine import Quarantine
 from kura.storage.reads import ReadPath
 from kura.storage.recovery import StartReport, open_storage
 from kura.storage.replica import ReplicaApply
+from kura.storage.replica_log import IndexReplicaLog
 from kura.storage.state import SMALL_BLOB_BYTES
 from kura.storage.stats import StorageStats
 from kura.storage.verify import ReadVerifier
@@ -92,8 +91,6 @@ from kura.storage.version_clock import VersionClock
 __all__ = ["ArtifactRef", "CacheService", "PutResult", "StorageStats", "StoredBody"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 TOUCH_FLUSH_SECONDS = 5.0
 
@@ -147,6 +144,15 @@ class CacheService(ReadPath, ReplicaApply):
         self._background = background_pool(2, "kura-background")
         self._writer = GroupCommitWriter("kura-write")
         self.files.group = self._writer  # blob renames are made durable with their group
+        # What the mesh reads and changes of the outbox, the feed, cursors and digests.
+        self.replica_log: ReplicaLog = IndexReplicaLog(
+            index=self._require_index,
+            reader=self._reader,
+            writer=self._writer,
+            queues=self.queues,
+            clock=clock,
+            evict_to_budget=lambda: self._evict_sync(0, ""),
+        )
         self.max_clock_skew_ms = max_clock_skew_ms
         # Inline bodies are read into memory and stored in SQLite, outside the tmp budget: a
         # peer's copy that claims to be inline may be no larger than a local inline write
@@ -306,60 +312,3 @@ class CacheService(ReadPath, ReplicaApply):
     async def tombstones_page(self, after: str | None, limit: int) -> list[tuple[str, int]]:
         """Tombstones in namespace_id order strictly after ``after`` (None: from the first)."""
         return await self._in(self._reader, self._require_index().tombstones_after, after, limit)
-
-    async def changes_page(self, since: int, limit: int) -> ChangesPage:
-        """This node's change feed after ``since`` (``storage.change_feed.read_page``).
-        Unavailable (503) on an index without the change sequence (read-only, pre-version 3)."""
-        index = self._require_index()
-        try:
-            return await self._in(
-                self._reader, lambda: change_feed.read_page(index.connection(), since, limit)
-            )
-        except change_feed.FeedUnavailable as exc:
-            raise Unavailable(str(exc)) from exc
-
-    # -- outbox ------------------------------------------------------------------------------
-
-    async def outbox_batch(self, peer: str, limit: int) -> list[OutboxMessage]:
-        """The oldest pending messages for ``peer``; none while the index is read-only.
-
-        Never held back by a full disk (issue 26 item 5): a delivery is what makes an artifact
-        pending upload evictable, so waiting for free space here waited for itself (the store
-        down, the disk filled with pending uploads, and nothing uploaded once it returned).
-        Recording a delivery deletes rows, which needs at most a few pages; if even that fails
-        (SQLITE_FULL) ``outbox_ack`` says so and the message is delivered again later."""
-        if self._require_index().read_only:
-            return []
-        return await self._in(self._reader, self._require_index().outbox_batch, peer, limit)
-
-    async def outbox_ack(self, ids: Sequence[int]) -> int:
-        """Delete delivered messages (only after the peer acknowledged them); the number
-        deleted, fewer than ``len(ids)`` when the disk is too full to record it (the caller
-        backs off; they are delivered again, idempotently). Uploads to the object-storage tier
-        make their artifacts evictable, so when the store is over ``max_disk_bytes`` (writes
-        kept while the store was down) eviction runs at once, not at the next write: a full
-        disk refuses that write before it could evict."""
-        if not ids:
-            return 0
-        return await self._in(self._writer, self._outbox_ack_sync, ids)
-
-    def _outbox_ack_sync(self, ids: Sequence[int]) -> int:
-        # Writer thread, like every other change of ``stats.outbox_depth`` (_commit_sync,
-        # _delete_namespace_sync): ``+=``/``-=`` from two threads could lose an update.
-        removed = self.queues.acked(self._require_index().connection(), ids)
-        if removed and self.stats.used_bytes > self.max_disk_bytes:
-            self._evict_sync(0, "")
-        return removed
-
-    async def outbox_depths(self) -> dict[str, tuple[int, int]]:
-        return await self._in(self._reader, self._require_index().outbox_depths)
-
-    async def in_reader(self, fn: Callable[..., T], *args: object) -> T:
-        """Run ``fn(connection, *args)`` on a reader thread with its index connection (the
-        read-only queries of ``storage.digests``, for anti-entropy)."""
-        return await self._in(self._reader, lambda: fn(self._require_index().connection(), *args))
-
-    async def in_writer(self, fn: Callable[..., T], *args: object) -> T:
-        """Run ``fn(connection, *args)`` on the writer thread with its index connection (the
-        ``PeerQueues`` operations: forget a peer, re-offer pages, clear a mark)."""
-        return await self._in(self._writer, lambda: fn(self._require_index().connection(), *args))

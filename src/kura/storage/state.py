@@ -14,10 +14,11 @@ import asyncio
 import logging
 import os
 import shutil
+import sqlite3
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import cached_property
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 from kit.clock import Clock
 from kura.core.errors import ResourceExhausted
@@ -45,6 +46,7 @@ from kura.storage.version_clock import VersionClock
 
 log = logging.getLogger(__name__)
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -216,6 +218,16 @@ class StorageState:
 
     async def _in(self, pool: Executor, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    async def _read_index(
+        self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        """``fn(connection, *args)`` on a reader thread with its index connection: the
+        read-only queries of storage's own modules (expiry, the bucket's). Never lent outside
+        ``kura.storage``: the mesh reaches the index through ``storage.ports.ReplicaLog``."""
+        return await self._in(
+            self._reader, lambda: fn(self._require_index().connection(), *args, **kw)
+        )
 
 
 def decide(index: MetadataIndex, incoming: Manifest, stored: Manifest | None) -> ApplyOutcome:
