@@ -5,8 +5,9 @@ same peer authentication as every internal route; ``mesh.anti_entropy`` is the c
   ``{"prefix", "depth", "ranges": [[prefix, rows, digest], ...], "tombstones": [count, digest]}``.
   ``prefix`` is 0, 2 or 4 lowercase hex digits, ``depth`` 0 (the range itself) or 2 (its 256
   children), ``len(prefix) + depth`` at most 4. ``ranges`` lists only non-empty ranges, in
-  prefix order (one left out is empty); ``digest`` is 16 hex digits (``ReplicaLog.range_digests``).
-  ``tombstones`` summarises every namespace tombstone. Anything else: 400 with a message.
+  prefix order (one left out is empty); ``digest`` is 16 hex digits
+  (``ReplicaLog.range_digests``). ``tombstones`` summarises every namespace tombstone. Anything
+  else: 400 with a message.
 * ``GET /_internal/anti_entropy/range?prefix=<hex>&after=<artifact_id>&limit=<n>`` →
   ``{"manifests": [...], "next_after"}``: the manifests whose artifact_id starts with
   ``prefix`` (0 to 64 hex digits), strictly after ``after`` (a hex artifact_id; absent: from the

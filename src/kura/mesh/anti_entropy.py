@@ -5,8 +5,8 @@ Pull model. Every ``interval_seconds`` (``KURA_ANTI_ENTROPY_INTERVAL``; 0 disabl
 this node is ready, one *round* visits each healthy peer in turn (never one that is down):
 
 1. ``GET /_internal/anti_entropy/digests?prefix=&depth=0``: the peer's whole-keyspace digest
-   and its tombstones digest (``ReplicaLog.range_digests``, ``storage.digests``). Equal to ours: done with this peer, one
-   request of about 150 bytes whatever the dataset's size.
+   and its tombstones digest, compared with ours (``ReplicaLog.range_digests``). Equal: done
+   with this peer, one request of about 150 bytes whatever the dataset's size.
 2. Tombstones differ: page the peer's tombstones (``/_internal/bootstrap/namespace_tombstones``)
    and apply each one newer than ours *first*, so nothing a clean covered is fetched back.
 3. Artifacts differ: descend. ``depth=2`` under a mismatched range returns its 256 child
@@ -242,7 +242,7 @@ class AntiEntropy:
         mine, found = await self._local("", 0)
         if their_tombstones != found.tombstones:
             await self._sync_tombstones(peer, rnd)
-            mine, _ = await self._local("", 0)  # the tombstones applied deleted rows
+            mine, _ = await self._local("", 0)  # applying them may have deleted rows
         self.stats.ranges_compared_total += 1
         if theirs == mine:
             return

@@ -45,11 +45,12 @@ bootstrap's eviction floor; the default ``NoHooks`` is a node on its own.
 
 This module owns construction, lifecycle, namespace cleans and peer paging. The outbox, the
 change feed, the cursors into peers' feeds and the range digests are reached only through
-``replica_log`` (the ``storage.ports.ReplicaLog`` port, ``storage.replica_log``); the rest is split by job into classes over one shared state (``storage.state``) that
-``CacheService`` combines: ``storage.reads`` (reads, verification, quarantine),
-``storage.write_path`` (checks, staging, commit), ``storage.eviction`` and
-``storage.replica`` (copies from peers). Bytes live behind ``storage.blobstore.BlobStore``
-(``storage.blobs.BlobFiles`` on disk), metadata in ``storage.index``.
+``replica_log`` (the ``storage.ports.ReplicaLog`` port, ``storage.replica_log``). The rest
+is split by job into classes over one shared state (``storage.state``) that ``CacheService``
+combines: ``storage.reads`` (reads, verification, quarantine), ``storage.write_path``
+(checks, staging, commit), ``storage.eviction`` and ``storage.replica`` (copies from peers).
+Bytes live behind ``storage.blobstore.BlobStore`` (``storage.blobs.BlobFiles`` on disk),
+metadata in ``storage.index``.
 
 Blocking work runs off the event loop: SQLite reads and file opens in a small reader pool,
 fsync and hashing in a sync pool, and every index write plus the rename that publishes a blob in
