@@ -12,7 +12,7 @@ Peers are labelled by ``mesh.wire.peer_label``, never by raw URL.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -25,7 +25,7 @@ from kura.mesh.membership import Membership
 from kura.mesh.read_through import ReadThrough
 from kura.mesh.shipper import Shipper
 from kura.mesh.wire import peer_label
-from kura.storage.peer_queue import PeerQueues
+from kura.storage.ports import PeerQueueView
 
 
 class MeshCollector(Collector):
@@ -169,7 +169,7 @@ class MeshCollector(Collector):
         yield from (nbytes, arts, phase, abandoned, stopped, limit, held, passes, results)
 
 
-def catch_up_collector(stats: CatchUpStats, queues: PeerQueues) -> Scraped:
+def catch_up_collector(stats: CatchUpStats, queues: PeerQueueView) -> Scraped:
     """Per peer: queues and messages dropped, messages skipped at the cap and re-offered,
     catch-up passes; and the peers marked to be caught up (``mesh.catch_up``)."""
     return Scraped(
@@ -231,5 +231,5 @@ def peer_metadata_collector(client: PeerClient) -> Scraped:
     )
 
 
-def _by_peer_label(values: Callable[[], dict[str, int]]) -> Callable[[], dict[str, int]]:
+def _by_peer_label(values: Callable[[], Mapping[str, int]]) -> Callable[[], dict[str, int]]:
     return lambda: {peer_label(url): n for url, n in values().items()}
