@@ -2,19 +2,20 @@
 
 * ``CommandReboot`` runs ``--reboot-command`` (default ``/bin/systemctl reboot``). With
   ``host_namespace`` (the agent runs in a container with ``hostPID``) it is entered into the
-  host's mount namespace with ``nsenter -m/proc/1/ns/mnt --``, like kured. A launch failure or a
-  non-zero exit raises ``RebootError``.
+  host's mount namespace with ``nsenter -m/proc/1/ns/mnt --``, like kured. A launch failure, a
+  non-zero exit or the timeout raises ``RebootError``; on a timeout the command and whatever it
+  started have been killed and reaped first (``kit.command``).
 * ``SignalReboot`` sends ``--reboot-signal`` (default 39, SIGRTMIN+5, which systemd takes as a
   reboot request) to PID 1.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Sequence
 from typing import Protocol
 
+from kit import command
 from kured.core.errors import RebootError
 
 NSENTER = ("nsenter", "-m/proc/1/ns/mnt", "--")
@@ -54,20 +55,16 @@ class CommandReboot:
     async def reboot(self) -> None:
         shown = " ".join(self.argv)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-            )
-        except OSError as exc:
-            raise RebootError(f"reboot command {shown!r} could not start: {exc}") from exc
-        try:
-            async with asyncio.timeout(self.timeout_seconds):
-                out, _ = await proc.communicate()
-        except TimeoutError as exc:
-            proc.kill()
-            raise RebootError(f"reboot command {shown!r} timed out") from exc
-        if proc.returncode != 0:
-            tail = out.decode(errors="replace").strip()[-300:]
-            raise RebootError(f"reboot command {shown!r} exited {proc.returncode}: {tail}")
+            done = await command.run(self.argv, self.timeout_seconds, merge_stderr=True)
+        except command.NotStarted as exc:
+            raise RebootError(f"reboot command {shown!r} could not start: {exc.__cause__}") from exc
+        except command.TimedOut as exc:
+            raise RebootError(
+                f"reboot command {shown!r} timed out after {self.timeout_seconds:g}s (killed)"
+            ) from exc
+        if done.returncode != 0:
+            tail = done.stdout.strip()[-300:]
+            raise RebootError(f"reboot command {shown!r} exited {done.returncode}: {tail}")
 
 
 class SignalReboot:

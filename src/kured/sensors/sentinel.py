@@ -15,13 +15,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from kit import command
 from kured.core.errors import SensorError
 
 
@@ -55,22 +55,15 @@ class CommandSentinel:
     async def check(self) -> tuple[bool, str]:
         shown = " ".join(self.argv)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        except OSError as exc:
-            raise SensorError(f"sentinel command {shown!r} could not start: {exc}") from exc
-        try:
-            async with asyncio.timeout(self.timeout_seconds):
-                _out, err = await proc.communicate()
-        except TimeoutError as exc:
-            proc.kill()
-            await proc.wait()
+            done = await command.run(self.argv, self.timeout_seconds, keep_stdout=False)
+        except command.NotStarted as exc:
+            raise SensorError(
+                f"sentinel command {shown!r} could not start: {exc.__cause__}"
+            ) from exc
+        except command.TimedOut as exc:
             raise SensorError(f"sentinel command {shown!r} timed out") from exc
-        rc = self.last_returncode = proc.returncode
-        tail = err.decode(errors="replace").strip()[-200:]
+        rc = self.last_returncode = done.returncode
+        tail = done.stderr.strip()[-200:]
         if rc in (126, 127):
             raise SensorError(f"sentinel command {shown!r} exited {rc} (cannot run): {tail}")
         # What it said on stderr goes with the answer: a negated missing tool (kured #976)

@@ -1,0 +1,110 @@
+"""kured's host commands (the reboot command, the sentinel command) leave no process behind:
+on a timeout, or when the agent is cancelled while one runs, the command and everything it
+started are killed and the command is reaped before the call returns (``kit.command``). Real
+processes: a ``sh`` script that starts a long ``sleep`` and waits for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from kured.actuators.reboot import CommandReboot
+from kured.core.errors import RebootError, SensorError
+from kured.sensors.sentinel import CommandSentinel
+
+HANG = """#!/bin/sh
+sleep 600 &
+echo "$$ $!" > "$1"
+wait
+"""
+
+
+def hanging(tmp_path: Path) -> tuple[list[str], Path]:
+    """argv of a command that never ends, and the file where it writes ``<its pid> <its
+    child's pid>`` once started."""
+    script = tmp_path / "hang.sh"
+    script.write_text(HANG)
+    script.chmod(0o755)
+    pids = tmp_path / "pids"
+    return [str(script), str(pids)], pids
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists, zombies included (a zombie is a child nobody waited for)."""
+    return Path(f"/proc/{pid}").exists()
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` runs: not gone, not a zombie. The command's own children are reaped by
+    whoever inherits them (init, a subreaper), not by kured: that they were killed is the point."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+async def started(pids: Path) -> tuple[int, int]:
+    """Wait until the command has written its pids into the FIFO ``pids`` (made by the caller):
+    opening a FIFO blocks until the command opens it to write."""
+    async with asyncio.timeout(10):
+        text = await asyncio.to_thread(pids.read_text)
+    shell, sleeper = (int(p) for p in text.split())
+    return shell, sleeper
+
+
+def cleanup(*pids: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_timed_out_reboot_command_is_killed_with_its_children_and_reaped(
+    tmp_path: Path,
+) -> None:
+    argv, pids = hanging(tmp_path)
+    with pytest.raises(RebootError, match="timed out"):
+        await CommandReboot(argv, timeout_seconds=0.5).reboot()
+    shell, sleeper = (int(p) for p in pids.read_text().split())
+    try:
+        # No await since the call returned: nothing but the call itself can have reaped them.
+        assert not alive(shell), "the reboot command was left as a zombie or still runs"
+        assert not running(sleeper), "what the reboot command started still runs"
+    finally:
+        cleanup(shell, sleeper)
+
+
+async def test_a_timed_out_sentinel_command_is_killed_with_its_children_and_reaped(
+    tmp_path: Path,
+) -> None:
+    argv, pids = hanging(tmp_path)
+    with pytest.raises(SensorError, match="timed out"):
+        await CommandSentinel(argv, timeout_seconds=0.5).check()
+    shell, sleeper = (int(p) for p in pids.read_text().split())
+    try:
+        assert not alive(shell)
+        assert not running(sleeper)
+    finally:
+        cleanup(shell, sleeper)
+
+
+async def test_an_agent_cancelled_during_the_reboot_command_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    argv, pids = hanging(tmp_path)
+    os.mkfifo(pids)
+    task = asyncio.create_task(CommandReboot(argv, timeout_seconds=300).reboot())
+    shell, sleeper = await started(pids)
+    try:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not alive(shell)
+        assert not running(sleeper)
+    finally:
+        cleanup(shell, sleeper)
