@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from kit.clock import SystemClock
+from kit.clock import Clock, SystemClock
 from kured.actuators.deleted_nodes import DeletedHolders
 from kured.actuators.drain import DrainOptions
 from kured.actuators.node import KubernetesNode, NodeOptions, label_keys_differ
@@ -72,27 +72,30 @@ def build_api(s: Settings) -> ApiServer | None:
     return ApiServer.connect(s.kubeconfig or None, request_timeout_seconds=s.kubernetes_timeout)
 
 
-def build_lock(s: Settings, api: ApiServer | None = None) -> Lock:
+def build_lock(s: Settings, api: ApiServer | None = None, clock: Clock | None = None) -> Lock:
+    clock = clock or SystemClock()
     if s.lock_backend == "etcd":
         from kured.locks.etcd import EtcdLock
 
-        return EtcdLock(list(s.etcd_endpoints), s.lock_key, s.concurrency, SystemClock())
+        return EtcdLock(list(s.etcd_endpoints), s.lock_key, s.concurrency, clock)
     if s.lock_backend == "kubernetes" and api is not None:
         from kured.locks.kubernetes import KubernetesLock
 
         return KubernetesLock(
-            api, s.ds_namespace, s.ds_name, s.lock_annotation, s.concurrency, SystemClock()
+            api, s.ds_namespace, s.ds_name, s.lock_annotation, s.concurrency, clock
         )
     if s.lock_backend == "lease" and api is not None:
         from kured.locks.lease import LeaseLock
 
         return LeaseLock(
-            api, s.lease_namespace, s.lease_name, s.lock_annotation, s.concurrency, SystemClock()
+            api, s.lease_namespace, s.lease_name, s.lock_annotation, s.concurrency, clock
         )
     raise ConfigurationError([f"--lock-backend {s.lock_backend} is not available in this build"])
 
 
-def build_node(s: Settings, api: ApiServer | None) -> KubernetesNode | None:
+def build_node(
+    s: Settings, api: ApiServer | None, clock: Clock | None = None
+) -> KubernetesNode | None:
     if api is None:
         return None
     if label_keys_differ(s.pre_reboot_node_labels, s.post_reboot_node_labels):
@@ -115,6 +118,7 @@ def build_node(s: Settings, api: ApiServer | None) -> KubernetesNode | None:
             annotate=s.annotate_nodes,
             prefer_no_schedule_taint=s.prefer_no_schedule_taint,
         ),
+        clock,
     )
 
 
@@ -141,12 +145,17 @@ def build_rebooter(s: Settings) -> Rebooter:
 
 
 class AgentService:
-    def __init__(self, settings: Settings) -> None:
+    """The agent as ``kured`` runs it: built from its settings, on ``clock`` (the system's
+    unless a test gives a ``kit.clock.ManualClock``: ``build_agent`` then wires the same agent on
+    virtual time)."""
+
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.settings = settings
+        self.clock: Clock = clock or SystemClock()
         self.session: aiohttp.ClientSession | None = None
         self.api = build_api(settings)
-        self.lock = build_lock(settings, self.api)
-        self.node = build_node(settings, self.api)
+        self.lock = build_lock(settings, self.api, self.clock)
+        self.node = build_node(settings, self.api, self.clock)
         self.notifier = build_notifier(settings)
         self.sentinel = build_sentinel(settings)
         self.window = settings.window()
@@ -172,39 +181,43 @@ class AgentService:
         gates += [HttpGate(session, url, s.gate_timeout) for url in s.gate_url]
         return gates
 
-    async def run(self) -> None:
+    def build_agent(self, session: aiohttp.ClientSession) -> Agent:
+        """The agent, wired from the settings (its HTTP gates on ``session``)."""
         s = self.settings
+        return Agent(
+            AgentConfig(
+                node_id=s.node_id,
+                period_seconds=s.period,
+                lock_ttl_seconds=s.lock_ttl,
+                lock_release_delay_seconds=s.lock_release_delay,
+                max_consecutive_reboots=s.max_consecutive_reboots,
+                min_reboot_interval_seconds=s.min_reboot_interval,
+                force_reboot=s.force_reboot,
+                drain_delay_seconds=s.drain_delay,
+                reboot_delay_seconds=s.reboot_delay,
+            ),
+            window=self.window,
+            sentinel=self.sentinel,
+            gates=self.gates(session),
+            lock=self.lock,
+            rebooter=build_rebooter(s),
+            state=StateStore(Path(s.state_dir), s.node_id),
+            clock=self.clock,
+            node=self.node,
+            boot_id=lambda: current_boot_id(s.boot_id_file),
+            notifier=self.notifier,
+            deleted_holders=(
+                DeletedHolders(
+                    self.api, self.lock.release, s.node_id, s.deleted_node_grace, self.clock
+                )
+                if s.release_lock_of_deleted_nodes and self.api is not None
+                else None
+            ),
+        )
+
+    async def run(self) -> None:
         async with aiohttp.ClientSession() as session:
-            self.agent = Agent(
-                AgentConfig(
-                    node_id=s.node_id,
-                    period_seconds=s.period,
-                    lock_ttl_seconds=s.lock_ttl,
-                    lock_release_delay_seconds=s.lock_release_delay,
-                    max_consecutive_reboots=s.max_consecutive_reboots,
-                    min_reboot_interval_seconds=s.min_reboot_interval,
-                    force_reboot=s.force_reboot,
-                    drain_delay_seconds=s.drain_delay,
-                    reboot_delay_seconds=s.reboot_delay,
-                ),
-                window=self.window,
-                sentinel=self.sentinel,
-                gates=self.gates(session),
-                lock=self.lock,
-                rebooter=build_rebooter(s),
-                state=StateStore(Path(s.state_dir), s.node_id),
-                clock=SystemClock(),
-                node=self.node,
-                boot_id=lambda: current_boot_id(s.boot_id_file),
-                notifier=self.notifier,
-                deleted_holders=(
-                    DeletedHolders(
-                        self.api, self.lock.release, s.node_id, s.deleted_node_grace, SystemClock()
-                    )
-                    if s.release_lock_of_deleted_nodes and self.api is not None
-                    else None
-                ),
-            )
+            self.agent = self.build_agent(session)
             self.collector = AgentCollector(self.agent)
             runner = await self._serve_http(self.agent, self.collector)
             try:
@@ -229,7 +242,7 @@ class AgentService:
             except SensorError as exc:
                 log.warning("sentinel check for the metric failed: %s", exc.message)
                 self.collector.reboot_required = None
-            await asyncio.sleep(SENTINEL_METRIC_SECONDS)
+            await self.clock.sleep(SENTINEL_METRIC_SECONDS)
 
     async def _serve_http(self, agent: Agent, collector: AgentCollector) -> web.AppRunner:
         registry = registry_for(collector)

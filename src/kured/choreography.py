@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 
 from kit.backoff import Backoff
@@ -53,6 +52,9 @@ class NodeSteps:
 
     async def _reread_lock(self) -> None:
         raise NotImplementedError  # the agent's
+
+    def _unix(self) -> float:
+        raise NotImplementedError  # the agent's: its clock, in unix seconds
 
     async def _release_deleted_holders(self) -> None:
         """``--release-lock-of-deleted-nodes``: before observing, so a freed slot is seen."""
@@ -200,7 +202,7 @@ class NodeSteps:
             if self.config.force_reboot:
                 log.error("drain failed: %s; rebooting anyway (--force-reboot)", exc.message)
                 self.view.last_drain_failure = DrainFailure(
-                    time.time(), exc.message, exc.pods, "rebooting anyway"
+                    self._unix(), exc.message, exc.pods, "rebooting anyway"
                 )
                 return True
             log.error(
@@ -209,7 +211,7 @@ class NodeSteps:
                 exc.message,
             )
             self.view.last_drain_failure = DrainFailure(
-                time.time(), exc.message, exc.pods, "released"
+                self._unix(), exc.message, exc.pods, "released"
             )
             await self._release(after_reboot=False)
             self.view.decision = Decision(

@@ -6,6 +6,9 @@ nothing for up to 1½ periods (issue 15); the jitter after the first check still
 of a fleet from reaching for the lock in step. A decision is logged when its action or reason
 changes, not every period. One tick:
 
+Every clock read and every sleep (the period, the delays, the backoffs) goes through the injected
+``clock`` (``kit.clock``; ``sleep`` overrides its sleep), so the loop runs on virtual time.
+
 1. **Observe**: the window at now, the sentinel, every gate, the lock's holders.
 2. **Decide**: ``kured.core.policy.decide`` — pure.
 3. **Act**: acquire the lock (and decide again at once, so a granted lock reboots in the same
@@ -66,7 +69,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
@@ -117,7 +119,7 @@ class Agent(NodeSteps):
         rebooter: Rebooter,
         state: StateStore,
         clock: Clock,
-        sleep: Sleep = asyncio.sleep,
+        sleep: Sleep | None = None,
         rng: random.Random | None = None,
         node: NodeActuator | None = None,
         boot_id: Callable[[], str] = current_boot_id,
@@ -132,7 +134,7 @@ class Agent(NodeSteps):
         self.rebooter = rebooter
         self.store = state
         self.clock = clock
-        self.sleep = sleep
+        self.sleep: Sleep = sleep or clock.sleep
         self.rng = rng or random.Random()
         self.state = AgentState()
         self.reboot_triggered = False
@@ -315,7 +317,7 @@ class Agent(NodeSteps):
 
     async def tick(self) -> Decision:
         """One observe → decide → act round. Never raises for expected failures."""
-        self.view.last_tick_at = time.time()
+        self.view.last_tick_at = self._unix()
         await self._release_deleted_holders()
         for _ in range(3):  # an acquired lock is used in the same tick
             obs = await self.observe()
@@ -452,7 +454,7 @@ class Agent(NodeSteps):
         if self.notifier is not None:
             self.notifier.send("reboot")
             await self.notifier.flush()  # bounded: the message must leave before the machine
-        self.state.reboot_triggered_at = time.time()
+        self.state.reboot_triggered_at = self._unix()
         self.state.boot_id = self.boot_id()
         self.store.save(self.state)
         log.warning("rebooting node %s", self.config.node_id)

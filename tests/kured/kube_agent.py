@@ -116,7 +116,7 @@ class KubeHost:
             rebooter=self.rebooter,
             state=StateStore(self.dir / "state", self.node_id),
             clock=self.clock,
-            node=KubernetesNode(api, self.node_id, self.drain, self.node_options),
+            node=KubernetesNode(api, self.node_id, self.drain, self.node_options, self.clock),
             boot_id=lambda: current_boot_id(self.boot_id),
         )
 

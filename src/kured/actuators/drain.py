@@ -39,20 +39,21 @@
 once); a negative one leaves each pod's own ``terminationGracePeriodSeconds``.
 
 Every method raises ``DrainError`` on API failure (translated from ``ApiError``) and is safe to
-call from one task at a time per node.
+call from one task at a time per node. Time (the pauses, the polls, ``--drain-timeout``, the age
+of a terminating pod) is the injected clock's (``kit.clock``), so drains run on virtual time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from kit.backoff import Backoff
+from kit.clock import Clock, SystemClock
 from kured.apiserver import MERGE_PATCH, ApiServer, JsonObject
 from kured.core.errors import ApiError, DrainError
 
@@ -122,10 +123,13 @@ def skip_reason(pod: Mapping[str, Any], skip_wait_seconds: int, now: float) -> s
 class Drainer:
     """Cordon, drain and uncordon node ``node_id`` (see the module docstring)."""
 
-    def __init__(self, api: ApiServer, node_id: str, options: DrainOptions) -> None:
+    def __init__(
+        self, api: ApiServer, node_id: str, options: DrainOptions, clock: Clock | None = None
+    ) -> None:
         self._api = api
         self.node_id = node_id
         self.options = options
+        self.clock: Clock = clock or SystemClock()
 
     # -- the node --------------------------------------------------------------------------------
 
@@ -227,11 +231,11 @@ class Drainer:
         last_word: dict[str, str] = {}
         pending: set[str] = set()
         timeout = self.options.timeout_seconds or None
-        started = time.monotonic()
+        started = self.clock.monotonic()
         try:
-            async with asyncio.timeout(timeout):
+            async with self.clock.timeout(timeout):
                 pods = await self._pods()
-                now = time.time()
+                now = self.clock.now_ms() / 1000
                 targets = []
                 for pod in pods:
                     reason = skip_reason(
@@ -263,7 +267,7 @@ class Drainer:
         log.info(
             "drained node %s in %.1fs: %d pod(s) evicted, %d skipped",
             self.node_id,
-            time.monotonic() - started,
+            self.clock.monotonic() - started,
             len(report.evicted),
             len(report.skipped),
         )
@@ -311,15 +315,15 @@ class Drainer:
                 log.warning(
                     "eviction of pod %s refused, retrying in %.0fs: %s", name, pause, exc.message
                 )
-            await asyncio.sleep(pause)
+            await self.clock.sleep(pause)
             if await self._gone(namespace, pod_name, uid, name, last_word):
                 pending.discard(name)
                 return
         report.evicted.append(name)
         last_word[name] = "evicted; waiting for it to terminate"
         # Polling the API server is the protocol here (kubectl polls every second too).
-        while not await self._gone(namespace, pod_name, uid, name, last_word):  # noqa: ASYNC110
-            await asyncio.sleep(self.options.poll_interval_seconds)
+        while not await self._gone(namespace, pod_name, uid, name, last_word):
+            await self.clock.sleep(self.options.poll_interval_seconds)
         pending.discard(name)
 
     async def _gone(
@@ -337,4 +341,4 @@ class Drainer:
         if (current.get("metadata") or {}).get("uid") != uid:
             return True
         skip = self.options.skip_wait_for_delete_timeout_seconds
-        return skip > 0 and skip_reason(current, skip, time.time()) is not None
+        return skip > 0 and skip_reason(current, skip, self.clock.now_ms() / 1000) is not None

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from kit.clock import Clock
 from kured.actuators.drain import Drainer, DrainOptions, DrainReport
 from kured.apiserver import MERGE_PATCH, ApiServer
 from kured.core.errors import ApiError
@@ -65,12 +66,17 @@ class KubernetesNode:
     """This node's Kubernetes object, as the agent changes it (see the module docstring)."""
 
     def __init__(
-        self, api: ApiServer, node_id: str, drain: DrainOptions, options: NodeOptions
+        self,
+        api: ApiServer,
+        node_id: str,
+        drain: DrainOptions,
+        options: NodeOptions,
+        clock: Clock | None = None,
     ) -> None:
         self._api = api
         self.node_id = node_id
         self.options = options
-        self.drainer = Drainer(api, node_id, drain)
+        self.drainer = Drainer(api, node_id, drain, clock)
 
     # -- cordon and drain (kured.actuators.drain) ------------------------------------------------
 
