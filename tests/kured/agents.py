@@ -1,4 +1,5 @@
-"""Helpers to run real ``kured`` agent processes in tests, with a reboot that restarts them.
+"""Helpers to run real ``kured`` agent processes in tests, with a reboot that restarts them,
+and ``wired_agent``: the same agent built in-process from kured's flags on virtual time.
 
 A "host" is a directory with a sentinel file and a state dir. Its reboot command is
 ``reboot.sh``: it appends ``<unix time> <node> reboot`` to the shared event log, deletes the
@@ -8,6 +9,7 @@ and kills the agent (its parent), as the machine going down would. The ``Host`` 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -15,14 +17,23 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 
+from kit.clock import ManualClock
 from kura.demo.launch.node import spawn_kured
 from kura.demo.rolling.observe import read_events
+from kured.app import AgentService
+from kured.loop import Agent
+from kured.settings import add_arguments, load_settings
+from tests.kured.kube_agent import FakeReboot
 
-__all__ = ["Host", "read_events", "released_at"]
+__all__ = ["Host", "Wired", "read_events", "released_at", "wired_agent"]
 
 
 REBOOT_SCRIPT = """#!/bin/sh
@@ -37,7 +48,11 @@ kill -9 $PPID
 class Host:
     """One machine: a kured agent process, restarted whenever it dies ("boots")."""
 
-    def __init__(self, root: Path, node: str, etcd: str, events: Path, *extra: str) -> None:
+    def __init__(
+        self, root: Path, node: str, etcd: str, events: Path, *extra: str, lock_key: str = ""
+    ) -> None:
+        """``lock_key``: ``--lock-key`` (a test's own in the shared etcd); kured's default if
+        empty."""
         self.node = node
         self.dir = root / node
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -66,6 +81,7 @@ class Host:
             "0",
             "--metrics-host",
             "127.0.0.1",
+            *(["--lock-key", lock_key] if lock_key else []),
             *extra,
         ]
         self.url = ""
@@ -148,3 +164,58 @@ def released_at(log: str) -> list[float]:
                 stamp = dt.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f")
                 times.append(stamp.astimezone().timestamp())
     return times
+
+
+@dataclass
+class Wired:
+    """An in-process agent (``wired_agent``), its sentinel file and its reboot."""
+
+    agent: Agent
+    sentinel: Path
+    rebooter: FakeReboot
+    clock: ManualClock
+
+    async def check(self, times: int = 1) -> list[str]:
+        """``times`` checks one ``--period`` apart on the virtual clock (the first now): each
+        check's decision, as ``action: reason``."""
+        said = []
+        for i in range(times):
+            if i:
+                await self.clock.sleep(self.agent.config.period_seconds)
+            decision = await self.agent.tick()
+            said.append(f"{decision.action.value}: {decision.why.value}")
+        return said
+
+
+@contextlib.asynccontextmanager
+async def wired_agent(
+    root: Path, node: str, *flags: str, clock: ManualClock | None = None
+) -> AsyncIterator[Wired]:
+    """The agent ``kured`` would run with ``flags`` (``kured.app.AgentService.build_agent``:
+    the same lock, gates, sentinel and node wiring), in this event loop, on ``clock`` (a fresh
+    ``ManualClock`` at the real time by default), recovered and not yet checked. Its reboot is
+    a ``FakeReboot`` (records, clears the sentinel, writes a new boot ID); ``--node-id``, the
+    sentinel, the boot ID file and the state dir are set under ``root/node``."""
+    home = root / node
+    home.mkdir(parents=True, exist_ok=True)
+    sentinel, boot_id = home / "reboot-required", home / "boot_id"
+    boot_id.write_text(f"{uuid.uuid4()}\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["--node-id", node, "--reboot-sentinel", str(sentinel), "--boot-id-file", str(boot_id)]
+    argv += ["--state-dir", str(home / "state"), *flags]
+    clock = clock or ManualClock(now_ms=int(time.time() * 1000))
+    service = AgentService(load_settings(parser.parse_args(argv), {}), clock)
+    rebooter = FakeReboot(sentinel, boot_id)
+    async with aiohttp.ClientSession() as session:
+        agent = service.build_agent(session)
+        agent.rebooter = rebooter
+        try:
+            await agent.recover()
+            yield Wired(agent, sentinel, rebooter, clock)
+        finally:
+            close = getattr(service.lock, "close", None)
+            if close is not None:
+                await close()
+            if service.api is not None:
+                await service.api.close()

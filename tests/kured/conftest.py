@@ -1,21 +1,28 @@
 """Fixtures for kured's tests: a real etcd server on 127.0.0.1, and the Kubernetes API double.
 
-``etcd`` (function scope) starts Debian's ``etcd`` (3.4) as a subprocess with a fresh data dir
-under the test's tmp_path and free ports, waits until ``/health`` answers ``{"health":"true"}``,
-yields its client URL (``http://127.0.0.1:<port>``) and stops it when the test ends. It fails
-the test, never skips it, when ``etcd`` is not installed: the lock tests are the proof that the
-compare-and-swap holds, and a skipped proof looks like a passed one.
+One etcd (Debian's ``etcd``, 3.4) serves the whole test run (``etcd_session``, started the
+first time a test asks for it: about a second saved per test). Tests share it through a key
+prefix each: ``etcd_prefix`` (``/test/<n>``, unique in the run), ``lock_key`` (the agents'
+``--lock-key`` under it) and ``fleetlock_prefix`` (``kured fleetlock --prefix``). ``etcd`` (the
+client URL) fails the test if, when it ends, etcd holds a key outside the prefixes handed out:
+a test that writes kured's default ``/kured/lock`` would be seen by the next one.
 
-The process is started by ``kura.demo.launch.etcd`` (ports chosen by the OS, a failed start
-retried with new ones, shortened election so a single member has a leader at once).
+``etcd_server`` (function scope) is a fresh etcd of the test's own, for a test that stops it.
+Both fail the test, never skip it, when ``etcd`` is not installed: the lock tests are the proof
+that the compare-and-swap holds, and a skipped proof looks like a passed one. The process is
+started by ``kura.demo.launch.etcd`` (ports chosen by the OS, a failed start retried with new
+ones, shortened election so a single member has a leader at once).
 """
 
 from __future__ import annotations
 
+import base64
+import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 
 from kura.demo.launch import LaunchError
@@ -27,27 +34,71 @@ if TYPE_CHECKING:
 
 ETCD_START_TIMEOUT_SECONDS = 30.0
 ETCD_START_ATTEMPTS = 3
+# Every key a test may write in the shared etcd starts with this.
+TEST_KEYS = "/test/"
+_numbers = itertools.count(1)
+
+
+def _start_etcd(directory: Path) -> Etcd:
+    try:
+        return Etcd(
+            directory, name="test", attempts=ETCD_START_ATTEMPTS, timeout=ETCD_START_TIMEOUT_SECONDS
+        ).start()
+    except LaunchError as exc:
+        pytest.fail(f"{exc} (the tests need a real etcd: apt-get install etcd-server)")
+
+
+@pytest.fixture(scope="session")
+def etcd_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Etcd]:
+    """The etcd every test of the run shares (through its own key prefix)."""
+    server = _start_etcd(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _keys(url: str) -> list[str]:
+    """Every key in the etcd at ``url`` (its v3 JSON gateway; keys only)."""
+    body = {"key": base64.b64encode(b"\0").decode(), "range_end": "AA==", "keys_only": True}
+    answer = httpx.post(url + "/v3/kv/range", json=body, timeout=10).json()
+    return [base64.b64decode(kv["key"]).decode(errors="replace") for kv in answer.get("kvs", [])]
 
 
 @pytest.fixture
-def etcd(etcd_server: Etcd) -> str:
-    """A running single-member etcd; its client URL. Fails if etcd is missing."""
-    return etcd_server.url
+def etcd_prefix() -> str:
+    """This test's key prefix in the shared etcd, ``/test/<n>`` (no trailing slash)."""
+    return f"{TEST_KEYS}{next(_numbers)}"
+
+
+@pytest.fixture
+def lock_key(etcd_prefix: str) -> str:
+    """This test's ``--lock-key``."""
+    return f"{etcd_prefix}/kured/lock"
+
+
+@pytest.fixture
+def fleetlock_prefix(etcd_prefix: str) -> str:
+    """This test's ``kured fleetlock --prefix``."""
+    return f"{etcd_prefix}/kured/fleetlock"
+
+
+@pytest.fixture
+def etcd(etcd_session: Etcd) -> Iterator[str]:
+    """The shared etcd's client URL. The test fails if it leaves a key outside ``/test/``."""
+    yield etcd_session.url
+    strays = [key for key in _keys(etcd_session.url) if not key.startswith(TEST_KEYS)]
+    for key in strays:  # the next test starts clean either way
+        deleted = {"key": base64.b64encode(key.encode()).decode()}
+        httpx.post(etcd_session.url + "/v3/kv/deleterange", json=deleted, timeout=10)
+    assert not strays, f"keys written outside the test's prefix (use lock_key): {strays}"
 
 
 @pytest.fixture
 def etcd_server(tmp_path: Path) -> Iterator[Etcd]:
-    """A running single-member etcd (``kura.demo.launch.etcd.Etcd``: ``url``, ``stop()``).
-    Fails, never skips, if etcd is missing or does not start."""
-    try:
-        server = Etcd(
-            tmp_path / "etcd",
-            name="test",
-            attempts=ETCD_START_ATTEMPTS,
-            timeout=ETCD_START_TIMEOUT_SECONDS,
-        ).start()
-    except LaunchError as exc:
-        pytest.fail(f"{exc} (the tests need a real etcd: apt-get install etcd-server)")
+    """A fresh single-member etcd of this test's own (``kura.demo.launch.etcd.Etcd``: ``url``,
+    ``stop()``), for a test that stops it. Fails, never skips, if etcd is missing."""
+    server = _start_etcd(tmp_path / "etcd")
     try:
         yield server
     finally:

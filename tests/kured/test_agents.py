@@ -1,18 +1,26 @@
-"""kured agents as real processes sharing a real etcd (the reboot-coordinator issue's e2e)."""
+"""kured agents sharing a real etcd (the reboot-coordinator issue's e2e): as real processes
+where the test is about processes (a rolling reboot, a holder killed mid-reboot, ``kured status``
+and ``/metrics`` of a running agent), and otherwise as the same agent built in-process from the
+same flags (``tests.kured.agents.wired_agent``) on virtual time, where every "it did not reboot"
+is the agent's own decision at each check, not a wait for a reboot that does not come.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
+from kit.clock import ManualClock
 from kit.wait import wait_until
-from tests.kured.agents import Host, read_events, released_at
+from kured.console import render, status_of
+from tests.kured.agents import Host, Wired, read_events, released_at, wired_agent
 from tests.kured.prom import ALWAYS_FIRING, Prometheus
 
 COMMON = ("--period", "1s", "--start-time", "0:00", "--end-time", "23:59:59")
@@ -33,12 +41,21 @@ def kured_status(host: Host) -> subprocess.CompletedProcess[str]:
 
 
 def test_three_agents_reboot_strictly_one_at_a_time_with_the_release_delay(
-    etcd: str, tmp_path: Path
+    etcd: str, lock_key: str, tmp_path: Path
 ) -> None:
     events = tmp_path / "events.log"
     delay = 2.0
     hosts = [
-        Host(tmp_path, f"n{i}", etcd, events, *COMMON, "--lock-release-delay", "2s")
+        Host(
+            tmp_path,
+            f"n{i}",
+            etcd,
+            events,
+            *COMMON,
+            "--lock-release-delay",
+            "2s",
+            lock_key=lock_key,
+        )
         for i in range(3)
     ]
     for h in hosts:
@@ -63,8 +80,9 @@ def test_three_agents_reboot_strictly_one_at_a_time_with_the_release_delay(
             assert t_next > release, (prev, release, t_next)
             # ...and the previous node was back for at least the release delay first.
             assert t_next - boot >= delay, (prev, boot, t_next)
-        time.sleep(2)
-        assert sum(1 for e in read_events(events) if e[2] == "reboot") == 3  # no loop
+        # No loop: every agent's own decision is that no reboot is required any more.
+        assert wait_for(lambda: all(h.status()["reason"] == "not_required" for h in hosts), 30)
+        assert sum(1 for e in read_events(events) if e[2] == "reboot") == 3
     finally:
         for h in hosts:
             h.stop()
@@ -81,15 +99,16 @@ def prometheus(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_a_firing_alert_blocks_and_status_names_it(
-    etcd: str, tmp_path: Path, prometheus: Prometheus
+    etcd: str, lock_key: str, tmp_path: Path, prometheus: Prometheus
 ) -> None:
     events = tmp_path / "events.log"
-    host = Host(tmp_path, "n0", etcd, events, *COMMON, "--prometheus-url", prometheus.url)
+    host = Host(
+        tmp_path, "n0", etcd, events, *COMMON, "--prometheus-url", prometheus.url, lock_key=lock_key
+    )
     host.sentinel.touch()
     try:
         host.start()
         assert wait_for(lambda: host.status()["reason"] == "gate_blocked", 30), host.status()
-        time.sleep(3)
         assert read_events(events) == [e for e in read_events(events) if e[2] == "boot"]
         out = kured_status(host)
         assert out.returncode == 3
@@ -101,6 +120,18 @@ def test_a_firing_alert_blocks_and_status_names_it(
         host.stop()
 
 
+async def test_a_firing_alert_blocks_at_every_check(
+    etcd: str, lock_key: str, tmp_path: Path, prometheus: Prometheus
+) -> None:
+    flags = ("--etcd-endpoints", etcd, "--lock-key", lock_key, "--prometheus-url", prometheus.url)
+    async with wired_agent(tmp_path, "n0", *COMMON, *flags) as host:
+        host.sentinel.touch()
+        said = await host.check(times=5)  # five periods of virtual time
+        assert said == ["nothing: gate_blocked"] * 5
+        assert host.rebooter.calls == 0
+        assert "NodeDiskPressure" in host.agent.view.decision.first  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("match_only", "blocks"),
     [
@@ -108,52 +139,36 @@ def test_a_firing_alert_blocks_and_status_names_it(
         ("true", True),
     ],  # the regexp is a block list: NodeDiskPressure blocks
 )
-def test_both_meanings_of_the_alert_filter_flag(
-    etcd: str, tmp_path: Path, prometheus: Prometheus, match_only: str, blocks: bool
+async def test_both_meanings_of_the_alert_filter_flag(
+    etcd: str, lock_key: str, tmp_path: Path, prometheus: Prometheus, match_only: str, blocks: bool
 ) -> None:
-    events = tmp_path / "events.log"
-    host = Host(
-        tmp_path,
-        "n0",
-        etcd,
-        events,
-        *COMMON,
-        "--prometheus-url",
-        prometheus.url,
-        "--alert-filter-regexp",
-        "^NodeDiskPressure$",
-        f"--alert-filter-match-only={match_only}",
-    )
-    host.sentinel.touch()
-    try:
-        host.start()
-        rebooted = wait_for(
-            lambda: any(e[2] == "reboot" for e in read_events(events)), 15 if blocks else 60
-        )
-        assert rebooted is not blocks, host.log()[-2000:]
+    flags = ("--etcd-endpoints", etcd, "--lock-key", lock_key, "--prometheus-url", prometheus.url)
+    filter_flags = ("--alert-filter-regexp", "^NodeDiskPressure$")
+    match = f"--alert-filter-match-only={match_only}"
+    async with wired_agent(tmp_path, "n0", *COMMON, *flags, *filter_flags, match) as host:
+        host.sentinel.touch()
+        said = await host.check(times=3 if blocks else 1)
         if blocks:
-            assert "NodeDiskPressure" in host.status()["blocked_by"]
-    finally:
-        host.stop()
+            assert said == ["nothing: gate_blocked"] * 3
+            assert "NodeDiskPressure" in host.agent.view.decision.first  # type: ignore[union-attr]
+            assert host.rebooter.calls == 0
+        else:
+            assert said == ["reboot: none"]
+            assert host.rebooter.calls == 1
 
 
-def test_an_unreachable_prometheus_blocks_with_that_reason(etcd: str, tmp_path: Path) -> None:
-    events = tmp_path / "events.log"
+async def test_an_unreachable_prometheus_blocks_with_that_reason(
+    etcd: str, lock_key: str, tmp_path: Path
+) -> None:
     prom = Prometheus(tmp_path / "prom", ALWAYS_FIRING)
     url = prom.url
     prom.stop()  # Prometheus is down for the whole test
-    host = Host(
-        tmp_path, "n0", etcd, events, *COMMON, "--prometheus-url", url, "--prometheus-timeout", "2s"
-    )
-    host.sentinel.touch()
-    try:
-        host.start()
-        assert wait_for(lambda: host.status()["reason"] == "gate_unknown", 30), host.status()
-        assert "unreachable" in str(host.status()["blocked_by"])
-        time.sleep(2)
-        assert not any(e[2] == "reboot" for e in read_events(events))
-    finally:
-        host.stop()
+    flags = ("--etcd-endpoints", etcd, "--lock-key", lock_key, "--prometheus-url", url)
+    async with wired_agent(tmp_path, "n0", *COMMON, *flags, "--prometheus-timeout", "2s") as host:
+        host.sentinel.touch()
+        assert await host.check(times=3) == ["nothing: gate_unknown"] * 3
+        assert "unreachable" in host.agent.view.decision.first  # type: ignore[union-attr]
+        assert host.rebooter.calls == 0
 
 
 def hanging_reboot(tmp_path: Path) -> str:
@@ -164,12 +179,12 @@ def hanging_reboot(tmp_path: Path) -> str:
 
 
 def test_a_killed_holder_of_a_ttl0_lock_blocks_everyone_and_is_shown(
-    etcd: str, tmp_path: Path
+    etcd: str, lock_key: str, tmp_path: Path
 ) -> None:
     events = tmp_path / "events.log"
-    a = Host(tmp_path, "a", etcd, events, *COMMON)
+    a = Host(tmp_path, "a", etcd, events, *COMMON, lock_key=lock_key)
     a.argv[a.argv.index("--reboot-command") + 1] = f"{hanging_reboot(tmp_path)} a {events}"
-    b = Host(tmp_path, "b", etcd, events, *COMMON)
+    b = Host(tmp_path, "b", etcd, events, *COMMON, lock_key=lock_key)
     a.sentinel.touch()
     try:
         a.start()
@@ -180,7 +195,6 @@ def test_a_killed_holder_of_a_ttl0_lock_blocks_everyone_and_is_shown(
         b.sentinel.touch()
         b.start()
         assert wait_for(lambda: b.status()["reason"] == "lock_held_elsewhere", 30), b.status()
-        time.sleep(4)
         assert not any(e[1] == "b" and e[2] == "reboot" for e in read_events(events))
         out = kured_status(b)
         assert "a " in out.stdout
@@ -190,30 +204,41 @@ def test_a_killed_holder_of_a_ttl0_lock_blocks_everyone_and_is_shown(
         b.stop()
 
 
-def test_with_a_ttl_another_node_proceeds_after_the_holder_expires(
-    etcd: str, tmp_path: Path
-) -> None:
-    events = tmp_path / "events.log"
-    a = Host(tmp_path, "a", etcd, events, *COMMON, "--lock-ttl", "4s")
-    a.argv[a.argv.index("--reboot-command") + 1] = f"{hanging_reboot(tmp_path)} a {events}"
-    b = Host(tmp_path, "b", etcd, events, *COMMON, "--lock-ttl", "4s")
-    a.sentinel.touch()
-    try:
-        a.start()
-        assert wait_for(
-            lambda: any(e[1] == "a" and e[2] == "reboot" for e in read_events(events)), 30
-        )
-        killed_at = time.time()
-        a.kill()
+@contextlib.asynccontextmanager
+async def holder_gone_mid_reboot(
+    tmp_path: Path, etcd: str, lock_key: str, *flags: str
+) -> AsyncIterator[tuple[ManualClock, Wired]]:
+    """Agent a (in-process, virtual time) takes the lock and reboots, and never comes back;
+    agent b, on the same clock, needs a reboot and has checked once (the lock is a's)."""
+    clock = ManualClock(now_ms=int(time.time() * 1000))
+    flags = (*COMMON, "--etcd-endpoints", etcd, "--lock-key", lock_key, *flags)
+    async with (
+        wired_agent(tmp_path, "a", *flags, clock=clock) as a,
+        wired_agent(tmp_path, "b", *flags, clock=clock) as b,
+    ):
+        a.sentinel.touch()
+        assert await a.check() == ["reboot: none"]
         b.sentinel.touch()
-        b.start()
-        assert wait_for(
-            lambda: any(e[1] == "b" and e[2] == "reboot" for e in read_events(events)), 60
-        )
-        b_reboot = next(t for t, n, w in read_events(events) if n == "b" and w == "reboot")
-        a_reboot = next(t for t, n, w in read_events(events) if n == "a" and w == "reboot")
-        assert b_reboot - a_reboot >= 4.0  # only after a's record expired
-        assert b_reboot > killed_at
-    finally:
-        a.stop()
-        b.stop()
+        assert await b.check() == ["acquire: lock_held_elsewhere"]
+        yield clock, b
+
+
+async def test_a_ttl0_lock_of_a_node_that_never_comes_back_blocks_for_ever(
+    etcd: str, lock_key: str, tmp_path: Path
+) -> None:
+    async with holder_gone_mid_reboot(tmp_path, etcd, lock_key) as (clock, b):
+        clock.advance(7 * 24 * 3600)
+        assert await b.check(times=3) == ["acquire: lock_held_elsewhere"] * 3
+        assert b.rebooter.calls == 0
+        assert "never expires" in render(status_of(b.agent, ""))
+
+
+async def test_with_a_ttl_another_node_proceeds_after_the_holder_expires(
+    etcd: str, lock_key: str, tmp_path: Path
+) -> None:
+    async with holder_gone_mid_reboot(tmp_path, etcd, lock_key, "--lock-ttl", "4s") as (clock, b):
+        clock.advance(3.9)
+        assert await b.check() == ["acquire: lock_held_elsewhere"]  # not before the TTL
+        clock.advance(0.1)
+        assert await b.check() == ["reboot: none"]  # only after a's record expired
+        assert b.rebooter.calls == 1

@@ -20,7 +20,9 @@ from kured.settings import Settings
 from tests.kured.agents import Host, read_events
 
 
-def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str, tmp_path: Path) -> None:
+def test_kured_fleetlock_serves_zincati_over_real_http(
+    etcd: str, fleetlock_prefix: str, tmp_path: Path
+) -> None:
     port = free_port()
     proc, _ = spawn_kured(
         [
@@ -29,6 +31,8 @@ def test_kured_fleetlock_serves_zincati_over_real_http(etcd: str, tmp_path: Path
             str(port),
             "--etcd-endpoints",
             etcd,
+            "--prefix",
+            fleetlock_prefix,
             "--default-slots",
             "1",
             "--group-slots",
@@ -106,7 +110,7 @@ kill -9 $PPID
 
 
 def test_a_node_that_keeps_needing_a_reboot_trips_the_breaker_instead_of_looping(
-    etcd: str, tmp_path: Path
+    etcd: str, lock_key: str, tmp_path: Path
 ) -> None:
     events = tmp_path / "events.log"
     script = tmp_path / "stuck.sh"
@@ -123,6 +127,7 @@ def test_a_node_that_keeps_needing_a_reboot_trips_the_breaker_instead_of_looping
         "2",
         "--min-reboot-interval",
         "0",  # the breaker alone (the interval would hold the second attempt off for a day)
+        lock_key=lock_key,
     )
     host.argv[host.argv.index("--reboot-command") + 1] = f"{script} n0 {events} {host.boot_id}"
     host.sentinel.touch()

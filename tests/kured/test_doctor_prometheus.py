@@ -41,9 +41,11 @@ def findings(report: dict[str, Any], check: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, etcd: str) -> Iterator[tuple[list[Host], Prometheus]]:
+def fleet(tmp_path: Path, etcd: str, lock_key: str) -> Iterator[tuple[list[Host], Prometheus]]:
     events = tmp_path / "events.log"
-    hosts = [Host(tmp_path / "hosts", name, etcd, events).start() for name in HOSTS]
+    hosts = [
+        Host(tmp_path / "hosts", name, etcd, events, lock_key=lock_key).start() for name in HOSTS
+    ]
     rules = KURED_RULES.read_text() + ALWAYS_FIRING.split("groups:\n", 1)[1]
     targets = [h.url.removeprefix("http://") for h in hosts]
     prom = Prometheus(tmp_path / "prom", rules, scrape_targets=targets)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -25,9 +26,15 @@ from kured.core.errors import LockConflict, LockError
 from kured.locks.base import Lock
 from kured.locks.etcd import EtcdKV, EtcdLock
 
-KEY = "kured/lock"
+# This test's --lock-key in the shared etcd (conftest's lock_key), set for each test below.
+KEY = ""
 FREE = b'{"maxOwners":1,"locks":[]}'
 MakeLock = Callable[..., EtcdLock]
+
+
+@pytest.fixture(autouse=True)
+def _own_key(lock_key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "KEY", lock_key)
 
 
 @pytest.fixture
@@ -42,8 +49,8 @@ async def make_lock(etcd: str) -> AsyncIterator[MakeLock]:
     """``make_lock(max_holders=1, clock=SystemClock(), key=KEY)``; every lock closed at the end."""
     locks: list[EtcdLock] = []
 
-    def make(max_holders: int = 1, clock: object = None, key: str = KEY) -> EtcdLock:
-        lock = EtcdLock([etcd], key, max_holders, clock or SystemClock())  # type: ignore[arg-type]
+    def make(max_holders: int = 1, clock: object = None, key: str = "") -> EtcdLock:
+        lock = EtcdLock([etcd], key or KEY, max_holders, clock or SystemClock())  # type: ignore[arg-type]
         locks.append(lock)
         return lock
 
@@ -52,8 +59,8 @@ async def make_lock(etcd: str) -> AsyncIterator[MakeLock]:
         await lock.close()
 
 
-async def stored(kv: EtcdKV, key: str = KEY) -> bytes | None:
-    current = await kv.get(key.encode())
+async def stored(kv: EtcdKV, key: str = "") -> bytes | None:
+    current = await kv.get((key or KEY).encode())
     return current.value if current is not None else None
 
 

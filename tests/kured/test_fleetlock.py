@@ -21,7 +21,7 @@ from aiohttp import web
 from kured.core import lockrecord
 from kured.core.errors import ConfigurationError
 from kured.locks.etcd import EtcdKV
-from kured.locks.fleetlock import DEFAULT_PREFIX, KINDS, build_app, serve
+from kured.locks.fleetlock import KINDS, build_app, serve
 
 HEADERS = {"fleet-lock-protocol": "true"}
 
@@ -87,14 +87,16 @@ StartServer = Callable[..., Awaitable[Server]]
 
 
 @pytest.fixture
-async def start_server(etcd: str) -> AsyncIterator[StartServer]:
+async def start_server(etcd: str, fleetlock_prefix: str) -> AsyncIterator[StartServer]:
     """``await start_server(default_slots=1, group_slots=None)``: a FleetLock app on an
     OS-chosen port of 127.0.0.1 against the test's etcd. All stopped at the end."""
     servers: list[Server] = []
     session = aiohttp.ClientSession()
 
     async def start(default_slots: int = 1, group_slots: Mapping[str, int] | None = None) -> Server:
-        app = build_app([etcd], default_slots=default_slots, group_slots=group_slots)
+        app = build_app(
+            [etcd], prefix=fleetlock_prefix, default_slots=default_slots, group_slots=group_slots
+        )
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -206,15 +208,15 @@ async def test_changed_slot_config_takes_effect_and_keeps_holders(
 
 
 async def test_semaphores_are_stored_as_kured_lock_records(
-    start_server: StartServer, etcd: str
+    start_server: StartServer, etcd: str, fleetlock_prefix: str
 ) -> None:
     server = await start_server(default_slots=1, group_slots={"pool": 2})
     assert (await server.lock("c1", "default")).status == 200
     assert (await server.lock("p1", "pool")).status == 200
     kv = EtcdKV([etcd])
     try:
-        single = await kv.get(f"{DEFAULT_PREFIX}/default".encode())
-        multi = await kv.get(f"{DEFAULT_PREFIX}/pool".encode())
+        single = await kv.get(f"{fleetlock_prefix}/default".encode())
+        multi = await kv.get(f"{fleetlock_prefix}/pool".encode())
     finally:
         await kv.close()
     assert single is not None
@@ -326,10 +328,12 @@ def test_invalid_slot_config_is_reported_all_at_once() -> None:
     assert len(raised.value.problems) == 3
 
 
-async def test_serve_listens_until_cancelled(etcd: str) -> None:
+async def test_serve_listens_until_cancelled(etcd: str, fleetlock_prefix: str) -> None:
     ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(
-        serve("127.0.0.1", 0, [etcd], DEFAULT_PREFIX, 1, {"cluster": 2}, on_ready=ready.set_result)
+        serve(
+            "127.0.0.1", 0, [etcd], fleetlock_prefix, 1, {"cluster": 2}, on_ready=ready.set_result
+        )
     )
     try:
         url = await asyncio.wait_for(ready, 10)

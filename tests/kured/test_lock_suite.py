@@ -34,7 +34,6 @@ from kured.locks.record import RecordLock
 from tests.kured.conftest import LOCK_ANNOTATION, LOCK_DAEMONSET, LOCK_NAMESPACE
 from tests.kured.k8s_double import KubeDouble
 
-KEY = "kured/lock"
 LEASE = "kured"
 
 
@@ -61,21 +60,21 @@ async def _value(result: Any) -> Any:
     return await result if asyncio.iscoroutine(result) else result
 
 
-def _etcd_store(url: str, kv: EtcdKV) -> Store:
+def _etcd_store(url: str, kv: EtcdKV, key: str) -> Store:
     async def raw() -> str | None:
-        current = await kv.get(KEY.encode())
+        current = await kv.get(key.encode())
         return current.value.decode() if current is not None else None
 
     async def put(text: str) -> None:
-        current = await kv.get(KEY.encode())
+        current = await kv.get(key.encode())
         revision = current.mod_revision if current is not None else 0
-        assert (await kv.put_if(KEY.encode(), text.encode(), revision)).succeeded
+        assert (await kv.put_if(key.encode(), text.encode(), revision)).succeeded
 
     async def writes() -> int:
-        current = await kv.get(KEY.encode())
+        current = await kv.get(key.encode())
         return current.mod_revision if current is not None else 0
 
-    return Store("etcd", lambda n, clock: EtcdLock([url], KEY, n, clock), raw, put, writes)
+    return Store("etcd", lambda n, clock: EtcdLock([url], key, n, clock), raw, put, writes)
 
 
 def _kube_store(name: str, kube: KubeDouble, kubeconfig: Path) -> Store:
@@ -120,7 +119,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     if request.param == "etcd":
         url = request.getfixturevalue("etcd")
         kv = EtcdKV([url])
-        made = _etcd_store(url, kv)
+        made = _etcd_store(url, kv, request.getfixturevalue("lock_key"))
     else:
         kube: KubeDouble = request.getfixturevalue("kube")
         made = _kube_store(request.param, kube, kube.kubeconfig(tmp_path / "kubeconfig"))

@@ -138,7 +138,7 @@ async def test_a_restart_with_the_same_boot_id_does_not_recover_as_if_rebooted(
 
 
 def test_an_agent_killed_during_the_release_delay_still_honours_it(
-    etcd: str, tmp_path: Path
+    etcd: str, lock_key: str, tmp_path: Path
 ) -> None:
     """Real processes on a real etcd: n0 reboots, comes back, and is SIGKILLed while it sleeps
     the release delay; the restarted agent waits only what is left, and n1 does not reboot
@@ -146,7 +146,16 @@ def test_an_agent_killed_during_the_release_delay_still_honours_it(
     events = tmp_path / "events.log"
     delay = 6.0
     hosts = [
-        Host(tmp_path, n, etcd, events, *COMMON, "--lock-release-delay", f"{delay:.0f}s")
+        Host(
+            tmp_path,
+            n,
+            etcd,
+            events,
+            *COMMON,
+            "--lock-release-delay",
+            f"{delay:.0f}s",
+            lock_key=lock_key,
+        )
         for n in ("n0", "n1")
     ]
     hosts[0].sentinel.touch()

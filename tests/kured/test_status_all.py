@@ -31,13 +31,22 @@ def run_status(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_all_reaches_every_agent_by_the_preferred_address_type(
-    etcd: str, tmp_path: Path
+    etcd: str, lock_key: str, tmp_path: Path
 ) -> None:
     port = free_port()
     events = tmp_path / "events.log"
     hosts = [
         Host(
-            tmp_path, name, etcd, events, *COMMON, "--metrics-host", ip, "--metrics-port", str(port)
+            tmp_path,
+            name,
+            etcd,
+            events,
+            *COMMON,
+            "--metrics-host",
+            ip,
+            "--metrics-port",
+            str(port),
+            lock_key=lock_key,
         )
         for name, ip in (("n1", "127.0.0.2"), ("n2", "127.0.0.3"))
     ]

@@ -137,13 +137,14 @@ def test_status_and_metrics_follow_etcd_within_a_second_and_go_stale_without_it(
 
 
 def test_first_check_at_start_reasons_logged_once_per_change_and_gate_errors_in_words(
-    etcd: str, tmp_path: Path
+    etcd: str, lock_key: str, tmp_path: Path
 ) -> None:
     events = tmp_path / "events.log"
     (closed,) = free_ports(1)  # nothing listens there: connection refused
     prometheus = f"http://127.0.0.1:{closed}"
-    slow = Host(tmp_path, "slow", etcd, events, "--period", "1h", "--prometheus-url", prometheus)
-    fast = Host(tmp_path, "fast", etcd, events, "--period", "1s", "--prometheus-url", prometheus)
+    flags = ("--prometheus-url", prometheus)
+    slow = Host(tmp_path, "slow", etcd, events, "--period", "1h", *flags, lock_key=lock_key)
+    fast = Host(tmp_path, "fast", etcd, events, "--period", "1s", *flags, lock_key=lock_key)
     try:
         slow.start()
         fast.start()
