@@ -1,7 +1,8 @@
-"""``--release-lock-of-deleted-nodes`` (kured #137, #847) with real ``kured`` agent processes
-(``--lock-backend=lease`` against the Kubernetes API double, tests/kured/k8s_double.py; the
-reboot command records the reboot and kills the agent, which ``Host`` restarts as a boot
-would).
+"""``--release-lock-of-deleted-nodes`` (kured #137, #847) with the ``--lock-backend=lease``
+against the Kubernetes API double (tests/kured/k8s_double.py): the release as a real ``kured``
+process (its reboot command records the reboot and kills the agent, which ``Host`` restarts as a
+boot would); the locks that must be kept with the agent kured wires from the same flags,
+in-process on virtual time (``wired_agent``), each check's decision asserted.
 
 * a lock held by a node the API answers 404 for is released after the grace period, loudly (an
   ERROR line and ``kured_lock_releases_of_deleted_nodes_total``), and the waiting node reboots;
@@ -19,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from kit.wait import wait_until_async
-from tests.kured.agents import Host, read_events
+from tests.kured.agents import Host, read_events, wired_agent
 from tests.kured.conftest import LOCK_ANNOTATION
 from tests.kured.k8s_double import KubeDouble
 
@@ -64,21 +65,7 @@ async def _until(predicate: Callable[[], object], within: float) -> bool:
 
 
 def _host(tmp_path: Path, kubeconfig: Path, *flags: str) -> Host:
-    host = Host(
-        tmp_path,
-        "n2",
-        NO_ETCD,
-        tmp_path / "events",
-        "--lock-backend",
-        "lease",
-        "--kubeconfig",
-        str(kubeconfig),
-        "--period",
-        "0.5s",
-        "--deleted-node-grace",
-        f"{GRACE:g}s",
-        *flags,
-    )
+    host = Host(tmp_path, "n2", NO_ETCD, tmp_path / "events", *_flags(kubeconfig, *flags))
     host.sentinel.touch()
     return host
 
@@ -116,6 +103,20 @@ async def test_the_lock_of_a_deleted_node_is_released_after_the_grace_period_lou
         host.stop()
 
 
+def _flags(kubeconfig: Path, *more: str) -> tuple[str, ...]:
+    return (
+        "--lock-backend",
+        "lease",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--period",
+        "0.5s",
+        "--deleted-node-grace",
+        f"{GRACE:g}s",
+        *more,
+    )
+
+
 async def test_without_the_flag_a_deleted_nodes_lock_is_kept(
     tmp_path: Path, kube: KubeDouble, kubeconfig: Path
 ) -> None:
@@ -123,19 +124,13 @@ async def test_without_the_flag_a_deleted_nodes_lock_is_kept(
     kube.set_lease(
         NS, LEASE, spec={"holderIdentity": "gone"}, annotations={LOCK_ANNOTATION: _record("gone")}
     )
-    host = _host(tmp_path, kubeconfig)
-    host.start()
-    try:
-        start = time.monotonic()
-        # Checks every 0.5 s: wait for well past the grace period, counted in checks.
-        assert await _until(
-            lambda: time.monotonic() - start > 2 * GRACE and _checks(host.url) >= 6, 60
-        )
+    async with wired_agent(tmp_path, "n2", *_flags(kubeconfig)) as host:
+        host.sentinel.touch()
+        # Checks every 0.5 s of virtual time, well past the grace period: each one waits.
+        assert await host.check(times=12) == ["acquire: lock_held_elsewhere"] * 12
         assert _stored(kube) == _record("gone")
-        assert [w for _, _, w in read_events(tmp_path / "events")] == ["boot"]
-        assert _metric(host.url, "kured_lock_releases_of_deleted_nodes_total") is None
-    finally:
-        host.stop()
+        assert host.rebooter.calls == 0
+        assert host.agent.deleted_holders is None  # no release of deleted nodes to count
 
 
 async def test_the_manual_pause_and_a_live_holder_are_never_released(
@@ -150,20 +145,17 @@ async def test_the_manual_pause_and_a_live_holder_are_never_released(
         "]}"
     )
     kube.set_lease(NS, LEASE, annotations={LOCK_ANNOTATION: multi})
-    host = _host(tmp_path, kubeconfig, "--release-lock-of-deleted-nodes", "--concurrency", "2")
-    host.start()
-    try:
-        start = time.monotonic()
-        assert await _until(
-            lambda: time.monotonic() - start > 3 * GRACE and _checks(host.url) >= 8, 60
-        )
+    flags = _flags(kubeconfig, "--release-lock-of-deleted-nodes", "--concurrency", "2")
+    async with wired_agent(tmp_path, "n2", *flags) as host:
+        host.sentinel.touch()
+        # 3 grace periods of virtual time, a check every 0.5 s: each one waits.
+        assert await host.check(times=13) == ["acquire: lock_held_elsewhere"] * 13
         assert _stored(kube) == multi  # byte for byte: nothing written at all
-        assert [w for _, _, w in read_events(tmp_path / "events")] == ["boot"]
-        assert _metric(host.url, "kured_lock_releases_of_deleted_nodes_total") == 0
+        assert host.rebooter.calls == 0
+        assert host.agent.deleted_holders is not None
+        assert host.agent.deleted_holders.released_total == 0
         assert kube.count("GET", "/api/v1/nodes/manual$") == 0  # the pause is no node
         assert kube.count("GET", "/api/v1/nodes/alive$") >= 4
-    finally:
-        host.stop()
 
 
 async def test_a_node_that_comes_back_resets_its_absence(
