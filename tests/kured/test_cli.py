@@ -147,8 +147,15 @@ def test_a_node_that_keeps_needing_a_reboot_trips_the_breaker_instead_of_looping
         status = host.status()
         assert status["reason"] == "breaker_open", status
         count = reboots()
-        time.sleep(4)
-        assert reboots() == count == 2  # it stopped, and stays stopped
+        # It stays stopped: two more checks (its own decisions, one --period apart) say so.
+        first = float(status["last_tick_at"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and float(host.status()["last_tick_at"]) < first + 1.5:
+            time.sleep(0.2)
+        status = host.status()
+        assert float(status["last_tick_at"]) >= first + 1.5, status
+        assert status["reason"] == "breaker_open", status
+        assert reboots() == count == 2
         metrics = httpx.get(host.url + "/metrics").text
         assert re.search(r'kured_circuit_breaker_open\{node="n0"\} 1\.0', metrics)
         assert "circuit breaker open" in str(status["blocked_by"])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.clock import ManualClock
 from kured.actuators.drain import CORDON_ANNOTATION, Drainer, DrainOptions
 from kured.actuators.node import (
     MOST_RECENT_REBOOT_NEEDED_ANNOTATION,
@@ -122,13 +123,16 @@ async def test_pods_stuck_terminating_are_skipped_after_the_skip_wait_timeout(
     options = DrainOptions(
         timeout_seconds=10, skip_wait_for_delete_timeout_seconds=60, poll_interval_seconds=0.05
     )
-    report = await Drainer(api, "n1", options).drain()
+    report = await Drainer(api, "n1", options).drain()  # real time: the double deletes "fine"
     assert report.evicted == ["default/fine"]
     assert "skip-wait-for-delete-timeout" in report.skipped["default/stuck"]
     # Without it the drain waits for the stuck pod until --drain-timeout, and says so.
     without = DrainOptions(timeout_seconds=1, poll_interval_seconds=0.05)
+    clock = ManualClock(now_ms=int(time.time() * 1000))  # the wait for a non-event: virtual
+    started = clock.monotonic()
     with pytest.raises(DrainError, match=r"default/stuck: evicted; waiting for it to terminate"):
-        await Drainer(api, "n1", without).drain()
+        await Drainer(api, "n1", without, clock).drain()
+    assert 1 <= clock.monotonic() - started < 1.2  # polled until --drain-timeout, no longer
 
 
 async def test_a_zero_disruption_budget_is_retried_with_backoff_until_the_timeout(
@@ -192,8 +196,10 @@ async def test_a_budget_stuck_drain_releases_the_lock_and_uncordons_without_the_
     kube.add_node("n2")
     kube.add_pod("mesh", "mesh-ctrl", "n1", labels={"app": "mesh"}, owner=("ReplicaSet", "m"))
     kube.add_pdb("mesh", "mesh-pdb", {"app": "mesh"}, max_unavailable=0)
+    clock = ManualClock(now_ms=int(time.time() * 1000))
     host = hosts(
         "n1",
+        clock=clock,
         release_delay_seconds=600,
         drain=DrainOptions(timeout_seconds=2),
         node_options=NodeOptions(
@@ -204,11 +210,11 @@ async def test_a_budget_stuck_drain_releases_the_lock_and_uncordons_without_the_
     host.sentinel.touch()
     agent = await host.boot()
 
-    started = time.monotonic()
+    started = clock.monotonic()
     decision = await agent.tick()
-    elapsed = time.monotonic() - started
+    elapsed = clock.monotonic() - started  # virtual: every pause the agent took, summed
 
-    assert elapsed < 6, elapsed  # the drain timeout, not the 600 s release delay
+    assert 2 <= elapsed < 6, elapsed  # the drain timeout, not the 600 s release delay
     assert host.rebooter.calls == 0
     assert kube.annotation(NS, DS, KEY) is None  # lock released
     assert not cordoned(kube, "n1")
@@ -238,7 +244,8 @@ async def test_force_reboot_reboots_after_a_failed_drain(
     kube.add_node("n1")
     kube.add_pod("mesh", "mesh-ctrl", "n1", labels={"app": "mesh"})
     kube.add_pdb("mesh", "mesh-pdb", {"app": "mesh"}, max_unavailable=0)
-    host = hosts("n1", force_reboot=True, drain=DrainOptions(timeout_seconds=1))
+    clock = ManualClock(now_ms=int(time.time() * 1000))
+    host = hosts("n1", clock=clock, force_reboot=True, drain=DrainOptions(timeout_seconds=1))
     host.sentinel.touch()
     agent = await host.boot()
     await agent.tick()
