@@ -67,6 +67,9 @@ class KubeHost:
     sentinel_command: tuple[str, ...] = ()  # --reboot-sentinel-command; () = the file
     min_reboot_interval_seconds: float = 0.0
     clock: Clock = field(default_factory=SystemClock)
+    # The drain's: the real clock unless given (the double deletes evicted pods in real time, so
+    # a drain that waits for one cannot run on virtual time; one that only times out can).
+    drain_clock: Clock | None = None
     apis: list[ApiServer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -116,7 +119,7 @@ class KubeHost:
             rebooter=self.rebooter,
             state=StateStore(self.dir / "state", self.node_id),
             clock=self.clock,
-            node=KubernetesNode(api, self.node_id, self.drain, self.node_options, self.clock),
+            node=KubernetesNode(api, self.node_id, self.drain, self.node_options, self.drain_clock),
             boot_id=lambda: current_boot_id(self.boot_id),
         )
 

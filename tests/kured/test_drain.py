@@ -200,6 +200,7 @@ async def test_a_budget_stuck_drain_releases_the_lock_and_uncordons_without_the_
     host = hosts(
         "n1",
         clock=clock,
+        drain_clock=clock,
         release_delay_seconds=600,
         drain=DrainOptions(timeout_seconds=2),
         node_options=NodeOptions(
@@ -245,7 +246,13 @@ async def test_force_reboot_reboots_after_a_failed_drain(
     kube.add_pod("mesh", "mesh-ctrl", "n1", labels={"app": "mesh"})
     kube.add_pdb("mesh", "mesh-pdb", {"app": "mesh"}, max_unavailable=0)
     clock = ManualClock(now_ms=int(time.time() * 1000))
-    host = hosts("n1", clock=clock, force_reboot=True, drain=DrainOptions(timeout_seconds=1))
+    host = hosts(
+        "n1",
+        clock=clock,
+        drain_clock=clock,
+        force_reboot=True,
+        drain=DrainOptions(timeout_seconds=1),
+    )
     host.sentinel.touch()
     agent = await host.boot()
     await agent.tick()
