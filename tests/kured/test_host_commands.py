@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import signal
 from pathlib import Path
 
@@ -39,14 +40,19 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
-def running(pid: int) -> bool:
-    """True while ``pid`` runs: not gone, not a zombie. The command's own children are reaped by
-    whoever inherits them (init, a subreaper), not by kured: that they were killed is the point."""
+def ended(pid: int, within: float = 10.0) -> bool:
+    """True once ``pid`` has terminated (a zombie included), waiting at most ``within`` seconds
+    on its pidfd: the command's own children are killed by kured but die, and are reaped by
+    whoever inherits them (init, a subreaper), on their own schedule."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], within)
+    finally:
+        os.close(fd)
+    return bool(readable)
 
 
 async def started(pids: Path) -> tuple[int, int]:
@@ -74,7 +80,7 @@ async def test_a_timed_out_reboot_command_is_killed_with_its_children_and_reaped
     try:
         # No await since the call returned: nothing but the call itself can have reaped them.
         assert not alive(shell), "the reboot command was left as a zombie or still runs"
-        assert not running(sleeper), "what the reboot command started still runs"
+        assert ended(sleeper), "what the reboot command started still runs"
     finally:
         cleanup(shell, sleeper)
 
@@ -88,7 +94,7 @@ async def test_a_timed_out_sentinel_command_is_killed_with_its_children_and_reap
     shell, sleeper = (int(p) for p in pids.read_text().split())
     try:
         assert not alive(shell)
-        assert not running(sleeper)
+        assert ended(sleeper)
     finally:
         cleanup(shell, sleeper)
 
@@ -105,6 +111,6 @@ async def test_an_agent_cancelled_during_the_reboot_command_leaves_no_process(
         with pytest.raises(asyncio.CancelledError):
             await task
         assert not alive(shell)
-        assert not running(sleeper)
+        assert ended(sleeper)
     finally:
         cleanup(shell, sleeper)
