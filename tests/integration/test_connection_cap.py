@@ -395,17 +395,29 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
     each time)."""
     node = limited_node(workers=1)
     pid = node.proc.pid
-    with httpx.Client(base_url=node.url, timeout=10) as client:  # one kept-alive connection
+    # Two kept-alive connections, accepted before the shortage: the staged write's 503 closes
+    # its own (to spare a descriptor), and a new one could not be accepted during it.
+    with (
+        httpx.Client(base_url=node.url, timeout=10) as client,
+        httpx.Client(base_url=node.url, timeout=10) as probe,
+    ):
         assert client.put("/cache/before", content=b"b").status_code == 201
+        assert probe.get("/up").status_code == 200
         limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         waiting = None
         try:
             _squeeze(pid, limit[1])
-            refused = client.put("/cache/short", content=b"s")  # inline: the WAL's fsync
-            _squeeze(pid, limit[1])
+            held = _descriptors(pid)
             staged = client.put("/cache/staged", content=b"s" * 64 * 1024)  # a staging file
+            # Squeeze once the node closed that connection: else its descriptor, freed below
+            # the limit after the squeeze, would end the shortage for real.
+            assert rawhttp.wait_until(lambda: _descriptors(pid) < held)
             _squeeze(pid, limit[1])
-            ready = client.get("/ready")
+            # Only the staging open failed: on main the writer knew nothing and /ready said 200.
+            ready_staged = probe.get("/ready")
+            refused = probe.put("/cache/short", content=b"s")  # inline: the WAL's fsync
+            _squeeze(pid, limit[1])
+            ready = probe.get("/ready")
             # A new client waits in the backlog: accepting it fails (once a second, not in a
             # storm of retries).
             waiting = socket.create_connection(("127.0.0.1", node_port(node)), timeout=10)
@@ -419,6 +431,7 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
             "write during": refused.status_code,
             "staged write during": staged.status_code,
             "/ready during": ready.status_code,
+            "/ready after the staged write": ready_staged.status_code,
             "accept failed": accept_failed,
             "/ready 200 again": ready_again,
             "write after": after.status_code,
@@ -427,6 +440,7 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
             "write during": 503,
             "staged write during": 503,
             "/ready during": 503,
+            "/ready after the staged write": 503,
             "accept failed": True,
             "/ready 200 again": True,
             "write after": 201,

@@ -32,6 +32,31 @@ def open_to_sync(path: Path) -> int:
         raise
 
 
+def shortage_reason(exc: OSError) -> str:
+    """The ``/ready`` reason while the process is short of descriptors or memory for a file."""
+    return (
+        f"writes are refused for now: the process is short of descriptors or memory "
+        f"({exc.strerror}); they resume by themselves once it passes"
+    )
+
+
+def descriptor_shortage() -> OSError | None:
+    """Whether the process is short of a descriptor (or memory) for a file right now: opens
+    and closes ``os.devnull`` and returns the OSError for ``SHORTAGE_ERRNOS``, else None. A
+    reading, not a latch. Neither a count of open descriptors (a new one takes the lowest free
+    number and fails with EMFILE at or past the soft ``RLIMIT_NOFILE``, Linux ``alloc_fd``) nor
+    the last sync's outcome can tell: a descriptor freed for a moment lets a sync succeed, and
+    the next connection accepted takes it again. Raises any other OSError."""
+    try:
+        fd = os.open(os.devnull, os.O_RDONLY)
+    except OSError as exc:
+        if exc.errno in SHORTAGE_ERRNOS:
+            return exc
+        raise
+    os.close(fd)
+    return None
+
+
 def fsync_path(path: Path) -> None:
     """fsync a file (its bytes) or a directory (renames, creations and unlinks in it); either
     is opened read-only, which Linux fsyncs (fsync(2): "an explicit fsync() on a file

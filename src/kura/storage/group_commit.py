@@ -62,7 +62,7 @@ from typing import Any
 
 from kit.failpoint import failpoint
 from kura.core.errors import Unavailable
-from kura.storage.fsync import DescriptorShortage, fsync_path
+from kura.storage.fsync import DescriptorShortage, fsync_path, shortage_reason
 
 log = logging.getLogger(__name__)
 
@@ -275,8 +275,5 @@ class GroupCommitWriter(Executor):
                 exc,
                 SHORTAGE_RETRY_SECONDS,
             )
-        self.shortage = (
-            f"writes are refused for now: the process is short of descriptors or memory "
-            f"({exc.strerror}); they resume by themselves once it passes"
-        )
+        self.shortage = shortage_reason(exc)
         return Unavailable(f"the write could not be made durable now ({exc}); retry later")

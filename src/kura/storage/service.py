@@ -73,6 +73,7 @@ from kura.core.version import ahead_of_skew_ms
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
 from kura.storage.blobs import BlobFiles
 from kura.storage.budget import TmpBudget
+from kura.storage.fsync import descriptor_shortage, shortage_reason
 from kura.storage.group_commit import GroupCommitWriter, GroupStats
 from kura.storage.hooks import NoHooks, StorageHooks
 from kura.storage.hotcache import HotCache
@@ -209,9 +210,15 @@ class CacheService(ReadPath, ReplicaApply):
         a failed fsync (until a restart), a descriptor shortage (until a sync succeeds again,
         which the writer retries by itself; ``storage.group_commit``), a full disk (while it
         lasts, ``disk_full_reason``) or an index opened read-only on a full disk at start-up
-        (until a restart, ``storage.recovery``)."""
+        (until a restart, ``storage.recovery``). The shortage is also read live
+        (``fsync.descriptor_shortage``): the writer's retry may succeed on a descriptor freed
+        for a moment that the next accepted connection takes again, and a staged write's
+        open is refused without the writer ever knowing."""
         writer = self._writer
-        found = [self.start_report.read_only_reason, writer.failure, writer.shortage]
+        short = writer.shortage
+        if short is None and (exc := descriptor_shortage()) is not None:
+            short = shortage_reason(exc)
+        found = [self.start_report.read_only_reason, writer.failure, short]
         return [r for r in (*found, self.disk_full_reason()) if r]
 
     def warnings(self) -> list[str]:
