@@ -9,6 +9,8 @@ starts is stopped when the test ends; a node that exited with an error fails the
 from __future__ import annotations
 
 import functools
+import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -18,12 +20,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from kit.wait import wait_until
 from kura.demo.launch.node import KURA_LISTEN, kura_env, spawn_kura
@@ -33,7 +36,7 @@ from kura.settings_rules import parse_workers
 ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = KURA_LISTEN
 START_TIMEOUT_SECONDS = 30.0
-TEST_WORKERS = 2  # processes per test node (node_env)
+TEST_WORKERS = 1  # processes per test node (node_env); worker tests ask for 2
 
 
 @dataclass
@@ -126,7 +129,7 @@ class NodeProcess:
 def node_env(tmp: Path, **settings: object) -> dict[str, str]:
     """The environment of a test node with its dirs under ``tmp`` (``kura.demo.launch.node``).
 
-    Every node runs ``TEST_WORKERS`` (2) processes, whatever the machine's CPU count (kura's
+    Every node runs ``TEST_WORKERS`` (1) process, whatever the machine's CPU count (kura's
     own default is ``auto``), unless the test sets ``workers`` itself. ``KURA_TEST_WORKERS=N``
     in the test run's environment starts them with N instead (``1``: single-process nodes)."""
     workers = os.environ.get("KURA_TEST_WORKERS") or str(TEST_WORKERS)
@@ -236,14 +239,33 @@ def _answers(path: str) -> bool:
 
 
 @pytest.fixture
-def start_node(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
-    """Factory: ``start_node(name="a", prefix=(), **settings)`` starts a node with
-    KURA_<SETTING> values, optionally under a command ``prefix`` (see ``spawn_node``)."""
-    nodes: list[NodeProcess] = []
+def start_node(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., NodeProcess]]:
+    """Factory: ``start_node(name="a", prefix=(), process=None, **settings)`` starts a node with
+    KURA_<SETTING> values, optionally under a command ``prefix`` (see ``spawn_node``).
 
-    def start(name: str = "node", prefix: Sequence[str] = (), **settings: object) -> NodeProcess:
+    In a test marked ``in_process`` the node is a ``kura.app.Node`` in this process
+    (``tests.inprocess``) unless it needs a process: ``process=True``, a ``prefix``, or
+    ``workers`` other than 1. Elsewhere every node is a ``kura serve`` process."""
+    nodes: list[NodeProcess] = []
+    in_process = request.node.get_closest_marker("in_process") is not None
+
+    def start(
+        name: str = "node",
+        prefix: Sequence[str] = (),
+        process: bool | None = None,
+        **settings: object,
+    ) -> NodeProcess:
         directory = tmp_path / name
-        node = spawn_node(directory, node_env(directory, **settings), prefix)
+        if process is None:
+            process = not in_process or bool(prefix) or str(settings.get("workers", 1)) != "1"
+        if process:
+            node = spawn_node(directory, node_env(directory, **settings), prefix)
+        else:
+            from tests.inprocess import start_in_process
+
+            node = start_in_process(directory, node_env(directory, **{"workers": 1, **settings}))
         nodes.append(node)
         return node
 
@@ -278,3 +300,32 @@ def stop_nodes(nodes: Sequence[NodeProcess]) -> list[int]:
 @pytest.fixture
 def node(start_node: Callable[..., NodeProcess]) -> NodeProcess:
     return start_node()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "in_process: start_node and node give in-process nodes (tests.inprocess) unless a "
+        "test asks for a process",
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_tasks(request: pytest.FixtureRequest) -> None:
+    """Fail an async test that leaves asyncio tasks running in its loop (in-process nodes
+    check their own loop when they stop, ``tests.inprocess``)."""
+    if inspect.iscoroutinefunction(getattr(request, "function", None)):
+        request.getfixturevalue("_tasks_left_behind")
+
+
+@pytest_asyncio.fixture
+async def _tasks_left_behind() -> AsyncIterator[None]:
+    """Torn down after the test's other fixtures (``no_leaked_tasks`` asks for it first):
+    whatever task is still running then was left behind. They are cancelled, then reported."""
+    yield
+    leaked = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in leaked:
+        task.cancel()
+    if leaked:
+        await asyncio.wait(leaked, timeout=10)
+    assert not leaked, f"the test left {len(leaked)} asyncio tasks running: {leaked}"

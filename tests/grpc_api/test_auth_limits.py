@@ -145,8 +145,8 @@ def test_a_swapped_certificate_is_served_on_the_grpc_port_without_a_restart(
     live_cert, live_key = pki / "live.pem", pki / "live.key"
     replace(first_cert, live_cert)
     replace(first_key, live_key)
-    node, plain = start_grpc_node(
-        start_node, public_tls_cert_path=live_cert, public_tls_key_path=live_key
+    node, plain = start_grpc_node(  # two processes: each follows the files (below)
+        start_node, public_tls_cert_path=live_cert, public_tls_key_path=live_key, workers=2
     )
     grpc_url = f"https://{plain.target}"
     credentials = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())

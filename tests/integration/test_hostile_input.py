@@ -17,6 +17,8 @@ from kura.api.malformed import LOG_LINES
 from tests.conftest import NodeProcess, node_env, serve_refused, spawn_node
 from tests.integration import rawhttp
 
+pytestmark = pytest.mark.in_process
+
 MiB = 1024 * 1024
 
 JSON_ROUTES = [
@@ -164,10 +166,13 @@ def test_careless_configurations_are_refused(
     assert needle in serve_refused(env)
 
 
-def test_malformed_requests_get_a_400_and_no_traceback_in_the_log(node: NodeProcess) -> None:
+def test_malformed_requests_get_a_400_and_no_traceback_in_the_log(
+    start_node: Callable[..., NodeProcess],
+) -> None:
     """Each malformed request 8 times over its own connection, so both processes of the node
     (the kernel spreads connections) get some: the chance that one got none is 2**-23. The
     worker once lost the quieting filter with an import it dropped."""
+    node = start_node(workers=2)
     for raw in 8 * (
         b"GET /v1/cache/\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /a b HTTP/1.1\r\nHost: x\r\n\r\n",

@@ -27,6 +27,8 @@ import pytest
 
 from tests.conftest import NodeProcess
 
+pytestmark = pytest.mark.in_process
+
 DAV = "{DAV:}"
 # What opendal sends (Depth 0, allprop).
 PROPFIND_BODY = (

@@ -2,7 +2,9 @@
 module's docstring promises and kura-behaviour.md §1.3 records for upstream Kura, plus the
 probes and the metrics an operator reads.
 
-Each test starts its own node (``node`` fixture), so no test depends on another's artifacts.
+Each test starts its own node (``node`` fixture), so no test depends on another's artifacts:
+in this process (``tests.inprocess``); one test per protocol runs against a ``kura serve`` of
+two processes too (a primary and a worker, ``kura.workers``), where a worker serves the route.
 """
 
 from __future__ import annotations
@@ -21,11 +23,21 @@ from tests.conftest import NodeProcess
 from tests.integration import rawhttp
 from tests.reapi import action_result
 
+pytestmark = pytest.mark.in_process
+TWO_PROCESSES = pytest.mark.parametrize("node", [1, 2], indirect=True, ids=["1p", "2p"])
+
 MiB = 1024 * 1024
 SCOPE = "tenant_id=acme&namespace_id=app"
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def node(start_node: Callable[..., NodeProcess], request: pytest.FixtureRequest) -> NodeProcess:
+    """A node of ``request.param`` processes (``TWO_PROCESSES``), else one in this process."""
+    return start_node(workers=getattr(request, "param", 1))
+
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -74,6 +86,7 @@ def media_type(r: httpx.Response) -> str:
 # -- Xcode CAS --------------------------------------------------------------------------------
 
 
+@TWO_PROCESSES
 def test_xcode_cas_post_is_204_and_get_returns_the_bytes(node: NodeProcess) -> None:
     with node.client() as c:
         r = c.post(f"/api/cache/cas/obj1?{SCOPE}", content=b"compiled")
@@ -119,6 +132,7 @@ def test_xcode_cas_without_tenant_is_400(node: NodeProcess) -> None:
 # -- key-value --------------------------------------------------------------------------------
 
 
+@TWO_PROCESSES
 def test_keyvalue_put_is_204_and_get_returns_the_entries_as_json(node: NodeProcess) -> None:
     with node.client() as c:
         doc = {"cas_id": "kv1", "entries": [{"value": "a"}, {"value": "b"}]}
@@ -148,6 +162,7 @@ def test_keyvalue_miss_is_404_with_upstreams_message(node: NodeProcess) -> None:
 # -- Gradle (Kura route) ----------------------------------------------------------------------
 
 
+@TWO_PROCESSES
 def test_gradle_put_is_201_when_new_then_200_and_keeps_the_first_body(node: NodeProcess) -> None:
     with node.client() as c:
         assert c.put(f"/api/cache/gradle/k1?{SCOPE}", content=b"one").status_code == 201
@@ -163,6 +178,7 @@ def test_gradle_put_is_201_when_new_then_200_and_keeps_the_first_body(node: Node
 MODULE = "tenant_id=acme&namespace_id=app&hash=h1&name=Mod.framework"
 
 
+@TWO_PROCESSES
 def test_module_upload_start_parts_complete_then_head_and_get(node: NodeProcess) -> None:
     p1, p2, p1_again = os.urandom(3000), os.urandom(2000), os.urandom(1000)
     with node.client() as c:
@@ -268,6 +284,7 @@ def test_module_total_over_2_gib_is_422_and_a_replaced_part_counts_only_its_new_
 # -- Nx ---------------------------------------------------------------------------------------
 
 
+@TWO_PROCESSES
 def test_nx_put_is_200_also_when_the_hash_exists(node: NodeProcess) -> None:
     with node.client() as c:
         r = c.put("/v1/cache/1234567890", content=b"tarball")
@@ -289,6 +306,7 @@ def test_nx_miss_is_404_in_plain_text(node: NodeProcess) -> None:
 # -- Metro ------------------------------------------------------------------------------------
 
 
+@TWO_PROCESSES
 def test_metro_put_is_200_and_get_returns_the_exact_bytes_without_encoding(
     node: NodeProcess,
 ) -> None:
@@ -311,6 +329,7 @@ def test_turbo_status_says_enabled(node: NodeProcess) -> None:
     assert (r.status_code, r.json()) == (200, {"status": "enabled"})
 
 
+@TWO_PROCESSES
 def test_turbo_put_is_202_and_get_and_head_return_the_stored_artifact_headers(
     node: NodeProcess,
 ) -> None:
@@ -384,6 +403,7 @@ def test_turbo_without_a_team_is_400(node: NodeProcess, method: str, path: str) 
 # -- Bazel HTTP cache -------------------------------------------------------------------------
 
 
+@TWO_PROCESSES
 def test_bazel_ac_and_cas_are_separate_keyspaces(node: NodeProcess) -> None:
     action = b"the action proto"
     digest = hashlib.sha256(action).hexdigest()
@@ -425,6 +445,7 @@ def test_bazel_ac_put_replaces_the_action_result(node: NodeProcess) -> None:
 # -- plain HTTP cache -------------------------------------------------------------------------
 
 
+@TWO_PROCESSES
 def test_http_cache_put_is_201_new_then_200_replaced_and_keeps_the_content_type(
     node: NodeProcess,
 ) -> None:
@@ -460,6 +481,7 @@ def test_http_cache_get_returns_the_stored_content_type(node: NodeProcess) -> No
 # -- WebDAV -----------------------------------------------------------------------------------
 
 
+@TWO_PROCESSES
 def test_webdav_propfind_mkcol_put_get_as_sccache_uses_them(node: NodeProcess) -> None:
     with node.client() as c:
         for path in ("/dav", "/dav/", "/dav/a/b/"):

@@ -82,7 +82,8 @@ def tls_node(start_node: Callable[..., NodeProcess], pki: Path) -> NodeProcess:
     live_cert, live_key = pki / "live.pem", pki / "live.key"
     shutil.copy(cert, live_cert)
     shutil.copy(key, live_key)
-    node = start_node(public_tls_cert_path=live_cert, public_tls_key_path=live_key)
+    # Two processes: each swaps on its own poll (the swap test below).
+    node = start_node(public_tls_cert_path=live_cert, public_tls_key_path=live_key, workers=2)
     node.verify = ssl.create_default_context(cafile=str(pki / "ca.pem"))
     return node
 

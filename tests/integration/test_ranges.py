@@ -229,7 +229,7 @@ def test_a_range_of_a_row_from_before_the_checksum_is_checked_with_sha256(
         assert node.stop() == 0
     to_schema_1(node)
     flip_below(ext4, path, MiB + 5)
-    node = spawn_on(ext4, scrub_interval_seconds=0)
+    node = spawn_on(ext4, scrub_interval_seconds=0, workers=2)  # a worker may find it (below)
     try:
         with node.client() as c:
             r = c.get("/cache/old/damaged", headers={"Range": "bytes=0-99"})

@@ -24,6 +24,8 @@ from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.reapi import action_result, tree
 
+pytestmark = pytest.mark.in_process
+
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>.*)\})?$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 

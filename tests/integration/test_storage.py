@@ -160,7 +160,7 @@ def test_lru_eviction_keeps_disk_under_the_limit_and_the_recently_read_artifact(
     start_node: Callable[..., NodeProcess],
 ) -> None:
     limit = 1 * MiB
-    node = start_node(max_disk_bytes=limit)
+    node = start_node(max_disk_bytes=limit, workers=2)  # a worker reports its hits below
     size = 200 * KiB
     bodies = {name: os.urandom(size) for name in "abcdefgh"}
 

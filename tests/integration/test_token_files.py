@@ -48,7 +48,7 @@ def test_a_rotated_token_file_takes_effect_without_a_restart(
 ) -> None:
     rw = tmp_path / "rw-tokens"
     rw.write_text("# CI tokens\n\nold-token\n   \n")
-    node = start_node(read_write_tokens_file=rw)
+    node = start_node(read_write_tokens_file=rw, workers=2)  # every process follows the file
     pid = node.proc.pid
     assert status_with(node, "old-token", "PUT") == 201
     assert status_with(node, "# CI tokens") == 401  # a comment is not a token
