@@ -246,8 +246,9 @@ def start_node(
     KURA_<SETTING> values, optionally under a command ``prefix`` (see ``spawn_node``).
 
     In a test marked ``in_process`` the node is a ``kura.app.Node`` in this process
-    (``tests.inprocess``) unless it needs a process: ``process=True``, a ``prefix``, or
-    ``workers`` other than 1. Elsewhere every node is a ``kura serve`` process."""
+    (``tests.inprocess``) unless it needs a process: ``process=True``, a ``prefix``,
+    ``workers`` other than 1 or ``failpoints``. Elsewhere every node is a ``kura serve``
+    process."""
     nodes: list[NodeProcess] = []
     in_process = request.node.get_closest_marker("in_process") is not None
 
@@ -259,7 +260,12 @@ def start_node(
     ) -> NodeProcess:
         directory = tmp_path / name
         if process is None:
-            process = not in_process or bool(prefix) or str(settings.get("workers", 1)) != "1"
+            process = (
+                not in_process
+                or bool(prefix)
+                or str(settings.get("workers", 1)) != "1"
+                or "failpoints" in settings
+            )
         if process:
             node = spawn_node(directory, node_env(directory, **settings), prefix)
         else:

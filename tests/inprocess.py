@@ -8,7 +8,9 @@ own, so sync tests keep talking to it with httpx and async tests with aiohttp; a
 tens of milliseconds instead of a process's ~0.8 s.
 
 What it cannot do, it refuses loudly: more than one process (``KURA_WORKERS > 1``), a stop by
-any signal but SIGTERM/SIGINT, a command prefix (faketime). Such tests start a process
+any signal but SIGTERM/SIGINT, a command prefix (faketime), and what a node reads from its
+process environment rather than from its settings (``NEEDS_A_PROCESS``: failpoints are read
+once at import, the object store's credentials from ``os.environ``). Such tests start a process
 (``start_node(process=True)``). ``proc`` is None: a test that reaches for the process fails.
 
 Its log: the records of the node's threads (its loop thread, the loop's default executor), at
@@ -37,6 +39,9 @@ from kura.settings import Settings, environment, load_settings
 from tests.conftest import START_TIMEOUT_SECONDS, NodeProcess
 
 THREAD_PREFIX = "kura-node-"
+# Variables a node reads from its process environment, not from Settings (kit.failpoint,
+# kura.app's ObjectStoreConfig.from_env): honoured only by a process of its own.
+NEEDS_A_PROCESS = ("KURA_FAILPOINTS", "KURA_OBJECT_STORE_URL")
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s %(threadName)s %(message)s"
 _numbers = itertools.count(1)
 LEAK_GRACE_SECONDS = 2.0
@@ -90,6 +95,9 @@ def start_in_process(directory: Path, env: dict[str, str]) -> InProcessNode:
     settings = load_settings(build_parser().parse_args(["serve"]), env)
     if settings.workers != 1:
         raise TypeError(f"KURA_WORKERS={settings.workers} needs a process: use a process")
+    for name in NEEDS_A_PROCESS:
+        if env.get(name):
+            raise TypeError(f"{name} is read from the process environment: use a process")
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / f"node-{len(list(directory.glob('node-*.log')))}.log"
     name = f"{THREAD_PREFIX}{next(_numbers)}"

@@ -12,8 +12,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
+import pytest
+
 from tests.conftest import NodeProcess
 from tests.integration.test_ranges import read_syscall_bytes
+
+pytestmark = pytest.mark.in_process
 
 MiB = 1024 * 1024
 
@@ -33,7 +37,7 @@ def test_aborted_gets_of_a_large_blob_do_not_hash_it_for_nobody(
     """40 GETs of a 256 MiB blob that hang up after 4 KiB, then a GET of an 8 MiB blob. Before:
     each aborted GET hashed all 256 MiB in the verify pool (9.9 GiB read) and the small GET
     waited behind them; now the hashes stop with their clients (0.5 GiB read)."""
-    node = start_node()
+    node = start_node(process=True)  # its own /proc/PID/io (read_syscall_bytes)
     big = bytes(range(256)) * (MiB // 256) * 256
     small = b"s" * (8 * MiB)
     with node.client() as c:

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from tests.conftest import NodeProcess
+
+pytestmark = pytest.mark.in_process
 
 PAGE = b"<script>fetch('/status')</script>"
 

@@ -19,6 +19,8 @@ from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.integration import rawhttp
 from tests.reapi import action_result
 
+pytestmark = pytest.mark.in_process
+
 RW, RO = "rw-token-1", "ro-token-1"
 SCOPE = "tenant_id=acme&namespace_id=app"
 DIGEST = hashlib.sha256(b"payload").hexdigest()

@@ -11,7 +11,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+import pytest
+
 from tests.conftest import NodeProcess
+
+pytestmark = pytest.mark.in_process
 
 
 def run_into_closed_pipe(*argv: str) -> subprocess.CompletedProcess[bytes]:

@@ -11,9 +11,13 @@ import struct
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+import pytest
+
 from kura.core.keys import artifact_id
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
+
+pytestmark = pytest.mark.in_process
 
 TOKEN = "gone-peer-token"
 

@@ -9,6 +9,8 @@ import pytest
 from tests.conftest import NodeProcess
 from tests.integration.test_ranges import ROUTES, _stored
 
+pytestmark = pytest.mark.in_process
+
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
 def test_a_matching_tag_gets_304_and_any_other_the_bytes(node: NodeProcess, route: str) -> None:

@@ -16,6 +16,8 @@ from tests.e2e.mesh import wait_for
 from tests.grpc_api.test_hostile_clients import recent_errors
 from tests.integration import rawhttp
 
+pytestmark = pytest.mark.in_process
+
 MiB = 1024 * 1024
 RW = {"Authorization": "Bearer rw"}
 RO = {"Authorization": "Bearer ro"}

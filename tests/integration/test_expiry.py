@@ -16,10 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from kit.wait import wait_until
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import Mesh, manifests, wait_for
+
+pytestmark = pytest.mark.in_process
 
 AGE_SECONDS = 4
 

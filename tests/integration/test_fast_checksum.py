@@ -13,6 +13,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import xxhash
 
 from tests.conftest import NodeProcess
@@ -26,6 +27,8 @@ from tests.integration.test_integrity import (
     spawn_on,
     stat_sig,
 )
+
+pytestmark = pytest.mark.in_process
 
 MiB = 1024 * 1024
 

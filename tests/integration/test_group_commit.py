@@ -14,8 +14,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from tests.conftest import NodeProcess
+
+pytestmark = pytest.mark.in_process
 
 PUTS = 24
 HOLD_MS = 400

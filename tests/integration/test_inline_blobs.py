@@ -24,6 +24,8 @@ from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.inline_index import stored_as
 from tests.integration import rawhttp
 
+pytestmark = pytest.mark.in_process
+
 KiB = 1024
 THRESHOLD = 16 * KiB
 SMALL = 3 * KiB

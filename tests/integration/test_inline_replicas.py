@@ -12,9 +12,12 @@ import json
 import time
 
 import httpx
+import pytest
 
 from kura.core.keys import artifact_id
 from tests.conftest import NodeProcess
+
+pytestmark = pytest.mark.in_process
 
 KiB = 1024
 

@@ -28,6 +28,8 @@ from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
 from tests.integration.ext4 import Ext4Image
 
+pytestmark = pytest.mark.in_process
+
 KiB = 1024
 MiB = 1024 * KiB
 SCOPE = "tenant_id=acme&namespace_id=app"

@@ -23,6 +23,8 @@ from kura.demo.launch.process import free_port
 from tests.conftest import START_TIMEOUT_SECONDS, NodeProcess, node_env, serve_refused
 from tests.integration import rawhttp
 
+pytestmark = pytest.mark.in_process
+
 MiB = 1024 * 1024
 DEFAULT_PORT = 4000
 
@@ -141,7 +143,7 @@ def test_flag_and_cross_field_problems_also_exit_2(tmp_path: Path) -> None:
 def test_sigterm_lets_an_in_flight_upload_finish_and_then_exits_0(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node(shutdown_timeout_seconds=60)
+    node = start_node(shutdown_timeout_seconds=60, process=True)  # signalled below
     body = os.urandom(2 * MiB)
     piece = len(body) // 16
     sock = rawhttp.connect(node.url, timeout=30)
@@ -170,7 +172,7 @@ def test_sigterm_lets_an_in_flight_upload_finish_and_then_exits_0(
 def test_an_upload_outliving_the_shutdown_timeout_is_abandoned_and_leaves_nothing(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node(shutdown_timeout_seconds=1)
+    node = start_node(shutdown_timeout_seconds=1, process=True)  # signalled below
     sock = rawhttp.connect(node.url, timeout=30)
     with sock:
         rawhttp.send_head(sock, "PUT", "/cache/stalled", {"Content-Length": str(MiB)})

@@ -8,6 +8,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,8 @@ from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
 from kura.storage import digests
 from kura.storage.index import MetadataIndex
+
+pytestmark = pytest.mark.in_process
 
 KEYS = [f"k{i}" for i in range(8)]
 NAMESPACES = ("a", "b")

@@ -17,6 +17,8 @@ import pytest
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 
+pytestmark = pytest.mark.in_process
+
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 CHUNK_BYTES = 4 * MiB

@@ -28,6 +28,8 @@ from tests.integration.test_integrity import (
 )
 from tests.integration.test_workers import worker_pids
 
+pytestmark = pytest.mark.in_process
+
 KiB = 1024
 MiB = 1024 * KiB
 SCOPE = "tenant_id=acme&namespace_id=app"
@@ -279,7 +281,7 @@ def test_repeated_one_byte_ranges_of_a_large_blob_hash_only_their_block(
     """20 one-byte ranges of a 128 MiB blob: the first hashes the whole file, the others only
     the 1 MiB block they touch, and every byte served is the stored one. Before (issue 26):
     every range hashed the whole blob, 20 x 128 MiB read."""
-    node = start_node(workers=1)  # one process: its /proc/PID/io is the whole node's
+    node = start_node(workers=1, process=True)  # one process: its /proc/PID/io is the node's
     body = os.urandom(8 * MiB) * 16
     path = _stored(node, "http_cache", body)
     offsets = [(n * 7_340_033) % len(body) for n in range(20)]

@@ -8,8 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import NodeProcess, node_env, serve_refused
+
+pytestmark = pytest.mark.in_process
 
 # What the kubelet injects into every pod of a namespace with a Service ``kura`` (port 4000) and
 # a Service ``kura-internal`` (port 4100), as setting names for node_env / start_node.

@@ -12,9 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 from kura.core.keys import artifact_id
 from tests.conftest import NodeProcess
 from tests.integration import rawhttp
+
+pytestmark = pytest.mark.in_process
 
 MiB = 1024 * 1024
 GRACE_SECONDS = 3

@@ -15,6 +15,8 @@ import pytest
 from kura.demo.launch.process import free_port
 from tests.conftest import NodeProcess
 
+pytestmark = pytest.mark.in_process
+
 
 def run_status(program: str, *args: str, env: dict[str, str] | None = None) -> str:
     """Run ``PROGRAM status *args`` (in ``env``, default this process's), which must fail with

@@ -15,10 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import NodeProcess, serve_refused, spawn_node
 from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
+
+pytestmark = pytest.mark.in_process
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -236,7 +239,7 @@ def test_data_survives_a_sigterm_restart(start_node: Callable[..., NodeProcess])
 def test_restart_after_sigkill_sweeps_staging_leftovers_and_orphans(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    first = start_node()
+    first = start_node(process=True)  # killed below
     keep, lose = os.urandom(100 * KiB), os.urandom(100 * KiB)
     with first.client() as c:
         assert c.put("/cache/crash/keep", content=keep).status_code == 201
@@ -304,7 +307,10 @@ def test_a_second_process_on_the_same_data_dir_exits_1_and_touches_nothing(
         assert c.get("/cache/owner/inflight").content == b"o" * 2000
 
 
-def test_the_data_dir_is_free_again_once_its_owner_exits(node: NodeProcess, tmp_path: Path) -> None:
+def test_the_data_dir_is_free_again_once_its_owner_exits(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    node = start_node(process=True)
     assert node.stop(signal.SIGKILL) == -signal.SIGKILL  # even after a crash: flock dies too
     again = spawn_node(tmp_path / "again", dict(node.env))
     try:

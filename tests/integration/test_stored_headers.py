@@ -12,11 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from kura.core.keys import artifact_id
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
+
+pytestmark = pytest.mark.in_process
 
 BAD_VALUES = [b"a\x01b", b"a\rb", b"a\x00b", b"a\x7fb", b"caf\xc3\xa9"]
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import pytest
+
 from tests.conftest import NodeProcess
 from tests.integration import rawhttp
+
+pytestmark = pytest.mark.in_process
 
 KiB = 1024
 

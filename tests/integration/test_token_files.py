@@ -19,6 +19,8 @@ import pytest
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 
+pytestmark = pytest.mark.in_process
+
 ROTATION_TIMEOUT_SECONDS = 20.0  # the node stats once a second; generous when loaded
 PATH = "/cache/plain/rotated"
 
