@@ -131,7 +131,7 @@ def node_env(tmp: Path, **settings: object) -> dict[str, str]:
 
     Every node runs ``TEST_WORKERS`` (1) process, whatever the machine's CPU count (kura's
     own default is ``auto``), unless the test sets ``workers`` itself. ``KURA_TEST_WORKERS=N``
-    in the test run's environment starts them with N instead (``1``: single-process nodes)."""
+    in the test run's environment starts them with N instead (``2``: a primary and a worker)."""
     workers = os.environ.get("KURA_TEST_WORKERS") or str(TEST_WORKERS)
     if "workers" not in settings:
         settings = {**settings, "workers": workers}
@@ -250,7 +250,7 @@ def start_node(
     ``workers`` other than 1 or ``failpoints``. Elsewhere every node is a ``kura serve``
     process."""
     nodes: list[NodeProcess] = []
-    in_process = request.node.get_closest_marker("in_process") is not None
+    in_process = wants_in_process(request)
 
     def start(
         name: str = "node",
@@ -314,6 +314,15 @@ def pytest_configure(config: pytest.Config) -> None:
         "in_process: start_node and node give in-process nodes (tests.inprocess) unless a "
         "test asks for a process",
     )
+    config.addinivalue_line(
+        "markers", "process: in an in_process module, this test's nodes are processes"
+    )
+
+
+def wants_in_process(request: pytest.FixtureRequest) -> bool:
+    """Whether the test's nodes run in this process: marked ``in_process``, not ``process``."""
+    node = request.node
+    return bool(node.get_closest_marker("in_process")) and not node.get_closest_marker("process")
 
 
 @pytest.fixture(autouse=True)

@@ -21,8 +21,10 @@ class Mesh:
     """N kura nodes on 127.0.0.1, each seeded with every node's internal URL.
 
     ``prefixes`` maps a node index to a command it runs under (``faketime_prefix("+60s")``);
-    ``node_settings`` maps a node index to settings that override ``settings`` for it. When a
-    node fails to start, the ones already started are stopped and the error propagates."""
+    ``node_settings`` maps a node index to settings that override ``settings`` for it. With
+    ``in_process`` the nodes run in this process (``tests.inprocess``), except those with a
+    prefix or more than one process. When a node fails to start, the ones already started are
+    stopped and the error propagates."""
 
     def __init__(
         self,
@@ -31,9 +33,11 @@ class Mesh:
         scheme: str = "http",
         prefixes: Mapping[int, Sequence[str]] | None = None,
         node_settings: Mapping[int, Mapping[str, object]] | None = None,
+        in_process: bool = False,
         **settings: object,
     ) -> None:
         self.root = root
+        self.in_process = in_process
         self.prefixes = dict(prefixes or {})
         self.node_settings = dict(node_settings or {})
         self.internal_ports = [free_port() for _ in range(n)]
@@ -56,7 +60,12 @@ class Mesh:
         return env
 
     def _spawn(self, i: int) -> NodeProcess:
-        return spawn_node(self.root / f"n{i}", self._env(i), self.prefixes.get(i, ()))
+        env, prefix = self._env(i), self.prefixes.get(i, ())
+        if self.in_process and not prefix and env["KURA_WORKERS"] == "1":
+            from tests.inprocess import start_in_process
+
+            return start_in_process(self.root / f"n{i}", env)
+        return spawn_node(self.root / f"n{i}", env, prefix)
 
     def restart(self, i: int) -> NodeProcess:
         """Start node ``i`` again on its data dir (after it was stopped or killed)."""

@@ -16,11 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.fakepeer import FakePeer, honest, lying
 from tests.e2e.mesh import manifests, status, wait_for
 from tests.e2e.tmpwatch import TmpWatcher, dir_bytes
+
+pytestmark = pytest.mark.in_process
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -289,7 +292,7 @@ def test_peers_holding_the_same_artifacts_each_download_it_once(tmp_path: Path) 
     per artifact means each body is fetched once, and no pass fails over the shared work."""
     from tests.e2e.mesh import Mesh
 
-    mesh = Mesh(tmp_path / "mesh", 3, discovery_settle_ms=0)
+    mesh = Mesh(tmp_path / "mesh", 3, in_process=True, discovery_settle_ms=0)
     try:
         mesh.wait_ready()
         bodies = fill(mesh.nodes[0], "shared", 60, 32 * KiB)

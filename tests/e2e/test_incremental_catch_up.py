@@ -27,6 +27,8 @@ import pytest
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
 
+pytestmark = pytest.mark.in_process
+
 COMMON: dict[str, object] = {
     "discovery_settle_ms": 200,
     "discovery_interval_ms": 500,
@@ -94,7 +96,7 @@ def test_a_restarted_node_pulls_only_what_changed_at_a_cost_proportional_to_the_
     tmp_path: Path,
 ) -> None:
     n, changes = 2000, 100
-    mesh = Mesh(tmp_path, 2, **COMMON)
+    mesh = Mesh(tmp_path, 2, in_process=True, **COMMON)
     c: NodeProcess | None = None
     try:
         mesh.wait_ready()
@@ -189,7 +191,7 @@ def test_a_node_killed_mid_catch_up_resumes_from_its_durable_cursor(tmp_path: Pa
 
 
 def test_a_peer_with_a_rebuilt_index_is_bootstrapped_fully_again(tmp_path: Path) -> None:
-    mesh = Mesh(tmp_path, 2, **{**COMMON, "peer_forget_after": "6h"})
+    mesh = Mesh(tmp_path, 2, in_process=True, **{**COMMON, "peer_forget_after": "6h"})
     try:
         mesh.wait_ready()
         a, b = mesh.nodes
@@ -226,7 +228,7 @@ def turbo_put(node: NodeProcess, key: str, body: bytes) -> None:
 
 
 def test_a_pages_tombstones_are_applied_before_its_manifests(tmp_path: Path) -> None:
-    mesh = Mesh(tmp_path, 2, **COMMON)
+    mesh = Mesh(tmp_path, 2, in_process=True, **COMMON)
     try:
         mesh.wait_ready()
         a, b = mesh.nodes
@@ -320,7 +322,7 @@ def test_the_change_feed_refuses_bad_input_and_unauthenticated_peers(
 def test_a_forgotten_peer_that_returns_empty_is_caught_up_by_its_full_bootstrap(
     tmp_path: Path,
 ) -> None:
-    mesh = Mesh(tmp_path, 2, **COMMON)
+    mesh = Mesh(tmp_path, 2, in_process=True, **COMMON)
     try:
         mesh.wait_ready()
         a, b = mesh.nodes

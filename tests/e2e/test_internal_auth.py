@@ -28,6 +28,8 @@ from tests.e2e.mesh import Mesh, manifests, wait_for
 from tests.e2e.test_mesh import make_ca, make_leaf, tls_client
 from tests.integration.rawhttp import connect, read_response, send_head
 
+pytestmark = pytest.mark.in_process
+
 TOKEN = "peer-" + secrets.token_hex(16)
 DAY_MS = 86_400_000
 NAMESPACE = "team"
@@ -209,6 +211,7 @@ def test_a_mesh_with_the_peer_token_replicates_and_rotates(tmp_path: Path) -> No
     mesh = Mesh(
         tmp_path,
         2,
+        in_process=True,
         node_settings={
             0: {"internal_tokens": f"old-{TOKEN},new-{TOKEN}"},
             1: {"internal_tokens": f"new-{TOKEN},old-{TOKEN}"},
@@ -240,6 +243,7 @@ def test_a_peer_that_refuses_this_nodes_token_is_named_in_ready_warnings(tmp_pat
     mesh = Mesh(
         tmp_path,
         2,
+        in_process=True,
         discovery_settle_ms=0,
         replication_backoff_max_ms=300,
         node_settings={0: {"internal_tokens": f"wrong-{TOKEN}"}, 1: {"internal_tokens": TOKEN}},
@@ -403,7 +407,7 @@ def test_with_mutual_tls_and_a_peer_token_both_are_required(
     with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
         httpx.get(url, verify=tls_client(pki, None), headers=bearer(TOKEN))
     # Both configured: a mesh replicates with both, and a certificate without the token is 401.
-    mesh = Mesh(tmp_path / "mesh", 2, scheme="https", internal_tokens=TOKEN, **tls)
+    mesh = Mesh(tmp_path / "mesh", 2, in_process=True, scheme="https", internal_tokens=TOKEN, **tls)
     try:
         mesh.wait_ready()
         write_keys(mesh.nodes[0])

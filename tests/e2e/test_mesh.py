@@ -15,14 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import NodeProcess, spawn_node
+from tests.conftest import NodeProcess, spawn_node, wants_in_process
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
 from tests.reapi import action_result
 
+pytestmark = pytest.mark.in_process
+
 
 @pytest.fixture
-def mesh3(tmp_path: Path) -> Iterator[Mesh]:
-    mesh = Mesh(tmp_path, 3, discovery_settle_ms=200)
+def mesh3(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Mesh]:
+    mesh = Mesh(tmp_path, 3, in_process=wants_in_process(request), discovery_settle_ms=200)
     try:
         mesh.wait_ready()
         yield mesh
@@ -80,6 +82,7 @@ def test_a_write_through_each_protocol_family_is_readable_byte_identical_on_ever
     assert views[0] == views[1] == views[2]
 
 
+@pytest.mark.process  # node b is killed
 def test_a_node_killed_during_500_writes_has_all_of_them_after_restart(mesh3: Mesh) -> None:
     a, b, _c = mesh3.nodes
     b.stop(signal.SIGKILL)
@@ -175,7 +178,9 @@ def test_up_lists_the_members_and_metrics_count_replication(mesh3: Mesh) -> None
 
 
 def test_a_joining_node_reads_through_to_its_peers(tmp_path: Path) -> None:
-    mesh = Mesh(tmp_path, 2, discovery_settle_ms=60000)  # stays "settling", i.e. not ready
+    mesh = Mesh(
+        tmp_path, 2, in_process=True, discovery_settle_ms=60000
+    )  # stays "settling", i.e. not ready
     try:
         a, b = mesh.nodes
         with a.client() as w:
@@ -241,7 +246,7 @@ def test_a_peer_at_its_outbox_cap_is_marked_for_catch_up_and_writes_go_on(
 
 
 def test_peers_of_another_tenant_are_not_admitted(tmp_path: Path) -> None:
-    mesh = Mesh(tmp_path, 2, discovery_settle_ms=0)
+    mesh = Mesh(tmp_path, 2, in_process=True, discovery_settle_ms=0)
     try:
         mesh.wait_ready()
         a, b = mesh.nodes
@@ -351,7 +356,7 @@ def test_mutual_tls_refuses_peers_without_a_ca_signed_certificate(tmp_path: Path
         "internal_tls_cert_path": pki / "node.pem",
         "internal_tls_key_path": pki / "node.key",
     }
-    mesh = Mesh(tmp_path / "mesh", 2, scheme="https", discovery_settle_ms=0, **tls)
+    mesh = Mesh(tmp_path / "mesh", 2, in_process=True, scheme="https", discovery_settle_ms=0, **tls)
     try:
         mesh.wait_ready()
         a, b = mesh.nodes
