@@ -27,6 +27,8 @@ from tests.integration.test_public_tls import (
     served_serial,
 )
 
+pytestmark = pytest.mark.in_process
+
 RW, RO = "tok-rw", "tok-ro"
 
 

@@ -25,6 +25,8 @@ from tests.grpc_api.client import (
     write_requests,
 )
 
+pytestmark = pytest.mark.in_process
+
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 BLOB = os.urandom(300_000)
 UUID = "0b7a4c1e-3f0e-4a8e-9f5d-2b7c9d1e0a11"

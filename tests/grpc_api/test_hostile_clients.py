@@ -29,6 +29,8 @@ from tests.grpc_api.client import (
     write_requests,
 )
 
+pytestmark = pytest.mark.in_process
+
 MiB = 1024 * 1024
 GRACE_SECONDS = 2
 CAS = "/build.bazel.remote.execution.v2.ContentAddressableStorage/"
@@ -235,7 +237,9 @@ def test_stalled_reads_are_cut_at_the_idle_timeout_and_their_memory_returned(
     for as long as the client lived), and once the client was gone the node kept most of that
     memory. Now each is cut at the idle timeout (DEADLINE_EXCEEDED, no ERROR), and the memory
     is back once the client is gone."""
-    node, client = start_grpc_node(start_node, workers=1, body_idle_timeout_seconds=2)
+    node, client = start_grpc_node(  # a process: its RSS (rss_bytes)
+        start_node, workers=1, body_idle_timeout_seconds=2, process=True
+    )
     data = os.urandom(64 * MiB)
     client.write(blob_name(data), data, chunk=MiB)
     baseline = rss_bytes(node)

@@ -18,6 +18,8 @@ from tests.conftest import NodeProcess
 from tests.grpc_api.client import blob_name, digest, new_upload, start_grpc_node
 from tests.inline_index import stored_as
 
+pytestmark = pytest.mark.in_process
+
 KiB = 1024
 THRESHOLD = 16 * KiB
 

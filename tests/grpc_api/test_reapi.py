@@ -26,6 +26,8 @@ from tests.grpc_api.client import (
 )
 from tests.reapi import action_result, tree
 
+pytestmark = pytest.mark.in_process
+
 EMPTY = digest(b"")
 
 

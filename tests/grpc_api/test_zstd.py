@@ -28,6 +28,8 @@ from tests.grpc_api.client import (
 from tests.grpc_api.test_bad_input import assert_nothing_stored
 from tests.grpc_api.test_reapi import committed
 
+pytestmark = pytest.mark.in_process
+
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -155,6 +157,7 @@ BOMB_DECLARED = 1024
 BOMB_TARGET = digest(os.urandom(BOMB_DECLARED)).hash
 
 
+@pytest.mark.process  # its peak RSS
 def test_zstd_bomb_is_refused_at_once(grpc_node: tuple[NodeProcess, Reapi]) -> None:
     """Declared 1 KiB, the stream decompresses to 100 MiB: INVALID_ARGUMENT, nothing kept."""
     node, c = grpc_node
@@ -172,6 +175,7 @@ def test_zstd_bomb_is_refused_at_once(grpc_node: tuple[NodeProcess, Reapi]) -> N
     assert grown < 40 * 1024 * 1024, grown
 
 
+@pytest.mark.process  # its peak RSS
 def test_a_highly_compressed_blob_is_stored_with_bounded_memory(
     grpc_node: tuple[NodeProcess, Reapi],
 ) -> None:
