@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from tests.conftest import NodeProcess
+
+pytestmark = pytest.mark.in_process
 
 TOKEN = "range-peer-token"
 

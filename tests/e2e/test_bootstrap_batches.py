@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from kura.core.keys import artifact_id
 from kura.mesh.wire import BATCH_MAX_IDS, decode_frames
@@ -24,6 +25,8 @@ from tests.e2e.test_bootstrap import (
     start_joiner,
 )
 from tests.e2e.tmpwatch import TmpWatcher
+
+pytestmark = pytest.mark.in_process
 
 KiB = 1024
 

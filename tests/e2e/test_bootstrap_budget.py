@@ -44,7 +44,7 @@ def newest_first(node: NodeProcess) -> list[str]:
 def test_a_joiner_with_half_the_peers_data_in_budget_holds_the_newest_half_and_says_so(
     tmp_path: Path,
 ) -> None:
-    mesh = Mesh(tmp_path / "mesh", 2, discovery_settle_ms=0)
+    mesh = Mesh(tmp_path / "mesh", 2, in_process=True, discovery_settle_ms=0)
     joiner: NodeProcess | None = None
     try:
         mesh.wait_ready()
@@ -133,7 +133,7 @@ def test_a_joiner_with_half_the_peers_data_in_budget_holds_the_newest_half_and_s
 def test_a_joiner_with_room_for_everything_fetches_everything_and_reports_no_stop(
     tmp_path: Path,
 ) -> None:
-    mesh = Mesh(tmp_path / "mesh", 2, discovery_settle_ms=0)
+    mesh = Mesh(tmp_path / "mesh", 2, in_process=True, discovery_settle_ms=0)
     joiner: NodeProcess | None = None
     try:
         mesh.wait_ready()

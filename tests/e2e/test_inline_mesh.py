@@ -58,7 +58,7 @@ def _assert_served_and_stored(node: NodeProcess, written: dict[str, bytes]) -> N
 
 
 def test_inline_and_file_rows_replicate_bootstrap_and_are_repaired(tmp_path: Path) -> None:
-    mesh = Mesh(tmp_path, 2, inline_max_bytes=THRESHOLD, **FAST)
+    mesh = Mesh(tmp_path, 2, in_process=True, inline_max_bytes=THRESHOLD, **FAST)
     a, b = mesh.nodes
     joiner: NodeProcess | None = None
     try:

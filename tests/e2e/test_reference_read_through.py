@@ -7,9 +7,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
+import pytest
+
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import manifests, status, wait_for
 from tests.reapi import action_result
+
+pytestmark = pytest.mark.in_process
 
 
 def test_a_read_through_action_result_fetches_its_outputs_from_the_peer(

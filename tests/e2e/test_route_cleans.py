@@ -30,6 +30,7 @@ def mesh2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     m = Mesh(
         tmp_path_factory.mktemp("cleans"),
         2,
+        in_process=True,
         read_write_tokens=RW,
         read_only_tokens=RO,
         read_through="never",  # a miss on the peer must be its own, not a fetch from node 0

@@ -78,6 +78,7 @@ def test_page_shows_a_mesh_node_bootstrapping_then_ready_without_console_errors(
     mesh = Mesh(
         tmp_path / "mesh",
         3,
+        in_process=True,
         discovery_settle_ms=0,
         replication_bandwidth_limit_bytes_per_second=128 * KiB,
     )
