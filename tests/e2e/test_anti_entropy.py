@@ -104,7 +104,7 @@ def test_anti_entropy_repairs_writes_and_a_clean_that_no_outbox_holds(tmp_path: 
 
 
 def test_a_round_between_equal_nodes_costs_one_small_digest_request(tmp_path: Path) -> None:
-    mesh = Mesh(tmp_path, 2, **FAST)
+    mesh = Mesh(tmp_path, 2, in_process=True, **FAST)
     a, b = mesh.nodes
     try:
         mesh.wait_ready()
@@ -145,7 +145,9 @@ def test_a_key_evicted_here_is_not_fetched_back_at_the_cost_of_an_eviction(
     """The eviction rule: A (disk budget 10 KiB) evicts while B keeps everything; anti-entropy
     on A sees B's keys it lacks but repairs one only into free space, never evicting for it."""
     size = 1024
-    mesh = Mesh(tmp_path, 2, node_settings={0: {"max_disk_bytes": 10 * size}}, **FAST)
+    mesh = Mesh(
+        tmp_path, 2, in_process=True, node_settings={0: {"max_disk_bytes": 10 * size}}, **FAST
+    )
     a, b = mesh.nodes
     try:
         mesh.wait_ready()
@@ -173,7 +175,7 @@ def test_a_key_evicted_here_is_not_fetched_back_at_the_cost_of_an_eviction(
 
 
 def test_bad_anti_entropy_requests_answer_400_with_a_message(tmp_path: Path) -> None:
-    mesh = Mesh(tmp_path, 1, discovery_settle_ms=0)
+    mesh = Mesh(tmp_path, 1, in_process=True, discovery_settle_ms=0)
     (node,) = mesh.nodes
     try:
         base = node.internal_url + "/_internal/anti_entropy"

@@ -15,11 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import NodeProcess
 from tests.e2e.fakepeer import FakePeer, honest, lying
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
 from tests.e2e.test_bootstrap import fill, is_ready, start_joiner, threads_of
+
+pytestmark = pytest.mark.in_process
 
 # The peer's internal listener counts every bootstrap/artifacts lookup it answered 404.
 MiB = 1024 * 1024
@@ -29,7 +32,13 @@ PEER_MISSES = 'kura_http_requests_total{method="GET",protocol="internal",status=
 def test_a_key_evicted_on_a_is_a_hit_on_a_by_default_when_b_holds_it(tmp_path: Path) -> None:
     body_bytes = 1000
     # A keeps about 4 bodies; B keeps all 12.
-    mesh = Mesh(tmp_path, 2, discovery_settle_ms=200, node_settings={0: {"max_disk_bytes": 4500}})
+    mesh = Mesh(
+        tmp_path,
+        2,
+        in_process=True,
+        discovery_settle_ms=200,
+        node_settings={0: {"max_disk_bytes": 4500}},
+    )
     try:
         mesh.wait_ready()
         a, b = mesh.nodes

@@ -17,10 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.mesh import manifests, status, wait_for
 from tests.e2e.test_bootstrap import start_joiner
+
+pytestmark = pytest.mark.in_process
 
 MiB = 1024 * 1024
 LATER_WRITES = 300

@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import NodeProcess, node_env, serve_refused
 
+pytestmark = pytest.mark.in_process
+
 MiB = 1024 * 1024
 
 
