@@ -19,7 +19,7 @@ MiB = 1024 * 1024
 
 def test_a_peer_copy_repairs_damage_found_by_a_read_and_by_the_scrub(tmp_path: Path) -> None:
     ext4 = Ext4Image(tmp_path / "fs.img", tmp_path / "n0")  # node 0 lives on the image
-    mesh = Mesh(tmp_path, 2, discovery_settle_ms=200, scrub_interval_seconds=6)
+    mesh = Mesh(tmp_path, 2, in_process=True, discovery_settle_ms=200, scrub_interval_seconds=6)
     try:
         mesh.wait_ready()
         a, b = mesh.nodes
