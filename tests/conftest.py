@@ -10,8 +10,8 @@ module marked ``in_process`` the same call starts the node in this process inste
 
 from __future__ import annotations
 
-import functools
 import asyncio
+import functools
 import inspect
 import os
 import signal
