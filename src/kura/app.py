@@ -306,7 +306,13 @@ class Node:
         # The REAPI v2 services over gRPC (kura.grpc), when KURA_GRPC_PORT is set.
         self.grpc = (
             GrpcServer(
-                settings, self.service, self.auth, self.metrics, self.connections, self.public_tls
+                settings,
+                self.service,  # the reader and the writer: one store
+                self.service,
+                self.auth,
+                self.metrics,
+                self.connections,
+                self.public_tls,
             )
             if settings.grpc_port is not None
             else None
@@ -400,7 +406,9 @@ class Node:
     def _context(self) -> ApiContext:
         return ApiContext(
             settings=self.settings,
-            service=self.service,
+            reader=self.service,  # the ports of one store (kura.storage.ports)
+            writer=self.service,
+            peers=self.service,
             uploads=self.uploads,
             auth=self.auth,
             metrics=self.metrics,

@@ -36,7 +36,8 @@ from kura.api.action_cache import (
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.manifest import Manifest
 from kura.settings import Settings
-from kura.storage.service import ArtifactRef, CacheService, StoredBody
+from kura.storage.artifact import ArtifactRef, StoredBody
+from kura.storage.ports import ArtifactReader
 
 PRODUCER = "bazel"
 MISSING_BATCH = 8192  # CAS references looked up in one index query
@@ -72,7 +73,7 @@ def ac_ref(namespace: str, sha256: str) -> ArtifactRef:
 
 
 async def find_action_result(
-    service: CacheService, ref: ArtifactRef, bounds: TreeBounds
+    service: ArtifactReader, ref: ArtifactRef, bounds: TreeBounds
 ) -> tuple[Manifest, bytes, reapi.ActionResult]:
     """The stored entry ``ref`` as (manifest, serialized bytes, parsed result).
 
@@ -97,7 +98,7 @@ async def find_action_result(
 
 
 async def missing_blobs(
-    service: CacheService, namespace: str, result: reapi.ActionResult, bounds: TreeBounds
+    service: ArtifactReader, namespace: str, result: reapi.ActionResult, bounds: TreeBounds
 ) -> list[str]:
     """Hashes of the CAS blobs ``result`` references that are not stored with the size their
     digest names (empty: a hit; a miss may list only the first few it found).

@@ -63,7 +63,7 @@ async def range_digests(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("prefix must have 0, 2 or 4 hex digits and depth must be 0 or 2")
     if len(prefix) + depth > DIGEST_DEEPEST:
         raise InvalidRequest(f"prefix length + depth must be at most {DIGEST_DEEPEST}")
-    replica_log: ReplicaLog = ctx(request).service.replica_log
+    replica_log: ReplicaLog = ctx(request).peer_pages().replica_log
     found = await replica_log.range_digests(prefix, depth)
     return web.json_response(
         {
@@ -83,7 +83,7 @@ async def range_manifests(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("after must be a lowercase hex artifact_id")
     limit = query_int(request, "limit", default=PAGE_LIMIT_DEFAULT, low=1, high=PAGE_LIMIT_MAX)
     start = after if after is not None and after >= _just_before(prefix) else _just_before(prefix)
-    page = await ctx(request).service.manifests_page(start or None, limit + 1)
+    page = await ctx(request).peer_pages().manifests_page(start or None, limit + 1)
     page = [m for m in page if m.artifact_id.startswith(prefix)]
     more = len(page) > limit
     page = page[:limit]

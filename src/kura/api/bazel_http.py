@@ -51,7 +51,7 @@ async def get_ac(request: web.Request) -> web.StreamResponse:
         return await serve(request, ref, PROTOCOL)
     try:
         manifest, data, _result = await find_action_result(
-            ctx(request).service, ref, tree_bounds(ctx(request).settings)
+            ctx(request).reader, ref, tree_bounds(ctx(request).settings)
         )
     except NotFound:
         count_lookup(request, PROTOCOL, False)
@@ -75,7 +75,7 @@ async def put_ac(request: web.Request) -> web.StreamResponse:
     limit = min(MAX_ACTION_RESULT_BYTES, c.settings.max_artifact_bytes)
     data = await read_small_body(request, limit, PROTOCOL)
     parse_action_result(data)
-    await c.service.put_stream(
+    await c.writer.put_stream(
         ref,
         _once(data),
         declared_length=len(data),
@@ -89,7 +89,7 @@ async def put_ac(request: web.Request) -> web.StreamResponse:
 async def put_cas(request: web.Request) -> web.StreamResponse:
     ref = _ref(request, "cas")
     c = ctx(request)
-    if not await c.service.intact(ref):
+    if not await c.writer.intact(ref):
         await store(
             request,
             ref,

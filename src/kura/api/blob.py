@@ -21,7 +21,7 @@ async def serve(
     """200 with the artifact (GET or HEAD), 206 or 416 for a ``Range`` request
     (``kura.api.partial_content``), or raise NotFound. Counts a hit or a miss."""
     try:
-        body = await ctx(request).service.read(ref)
+        body = await ctx(request).reader.read(ref)
     except NotFound:
         count_lookup(request, protocol, False)
         raise
@@ -49,7 +49,7 @@ async def store(
 ) -> PutResult:
     """Stream the request body into storage as a new version of ``ref``."""
     c = ctx(request)
-    return await c.service.put_stream(
+    return await c.writer.put_stream(
         ref,
         request_body(request, protocol),
         declared_length=declared_length(request),

@@ -37,7 +37,7 @@ async def changes(request: web.Request) -> web.StreamResponse:
     requester = request.headers.get(NODE_HEADER, "")
     feed_read = request.app.get(FEED_READ_KEY)
     done = feed_read(requester) if requester and feed_read is not None else None
-    page = await ctx(request).service.replica_log.changes_page(since, limit)
+    page = await ctx(request).peer_pages().replica_log.changes_page(since, limit)
     if done is not None:
         await done(since, page)
     return web.json_response(

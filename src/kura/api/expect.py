@@ -106,7 +106,7 @@ def _check(request: web.Request, spec: EndpointSpec) -> None:
     if spec.body_limit is None:
         return
     length = declared_length(request)
-    # The checks CacheService.put_stream makes before it stages a byte, in the same order.
-    c.service.check_size(length, spec.body_limit(c.settings))
-    if c.service.stages(length):  # an inline body takes nothing from the tmp budget
-        c.service.budget.check_room(max(1, length or 0))
+    # The checks ArtifactWriter.put_stream makes before it stages a byte, in the same order.
+    c.writer.check_size(length, spec.body_limit(c.settings))
+    if c.writer.stages(length):  # an inline body takes nothing from the tmp budget
+        c.writer.budget.check_room(max(1, length or 0))

@@ -40,8 +40,9 @@ from typing import BinaryIO, NoReturn
 import aiohttp
 from aiohttp import web
 
+from kura.storage.artifact import StoredBody
 from kura.storage.checksum import SHA256, XXH3_128, new_hasher
-from kura.storage.service import CacheService, StoredBody
+from kura.storage.ports import ArtifactReader
 from kura.storage.verify import DigestShare, FileDigest, digest_fd
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class DamagedBlob(ConnectionResetError):
 class OpenFileResponse(web.StreamResponse):
     """200 with an already-open blob file, sent with sendfile and verified as it goes."""
 
-    def __init__(self, body: StoredBody, headers: dict[str, str], service: CacheService) -> None:
+    def __init__(self, body: StoredBody, headers: dict[str, str], service: ArtifactReader) -> None:
         super().__init__(status=200, headers=headers)
         self._stored = body
         self._service = service
@@ -178,14 +179,14 @@ class OpenFileResponse(web.StreamResponse):
         raise DamagedBlob(found)
 
 
-async def report(service: CacheService, body: StoredBody, found: str) -> None:
+async def report(service: ArtifactReader, body: StoredBody, found: str) -> None:
     """Log a damaged send and let storage re-check and quarantine the entry."""
     log.warning("aborted sending artifact %s: %s", body.manifest.artifact_id, found)
     await service.report_corrupt(body.manifest, "read")
 
 
 async def verified_chunks(
-    service: CacheService, body: StoredBody, chunk_bytes: int = READ_CHUNK_BYTES
+    service: ArtifactReader, body: StoredBody, chunk_bytes: int = READ_CHUNK_BYTES
 ) -> AsyncIterator[bytes]:
     """The blob's bytes in chunks, for senders that write every byte themselves (the throttled
     peer download). Raises ``DamagedBlob`` (after reporting the entry) instead of yielding the

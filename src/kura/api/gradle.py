@@ -35,7 +35,7 @@ async def get(request: web.Request) -> web.StreamResponse:
 async def put(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
     c = ctx(request)
-    if await c.service.intact(ref):  # a damaged copy is quarantined and replaced
+    if await c.writer.intact(ref):  # a damaged copy is quarantined and replaced
         return web.Response(status=200)
     await store(request, ref, PROTOCOL, limit_bytes=c.settings.max_gradle_bytes)
     return web.Response(status=201)

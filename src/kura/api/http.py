@@ -45,7 +45,8 @@ from kura.core.errors import (
 )
 from kura.mesh.peer_pace import PeerPace
 from kura.settings import Settings
-from kura.storage.service import CacheService, StoredBody
+from kura.storage.artifact import StoredBody
+from kura.storage.ports import ArtifactReader, ArtifactWriter, PeerPages
 
 if TYPE_CHECKING:
     from kura.storage.multipart import MultipartUploads
@@ -62,7 +63,8 @@ class ApiContext:
     """What the protocol handlers need, built once by the app."""
 
     settings: Settings
-    service: CacheService
+    reader: ArtifactReader
+    writer: ArtifactWriter
     uploads: MultipartUploads
     auth: TokenAuth
     metrics: KuraMetrics
@@ -70,6 +72,19 @@ class ApiContext:
     handlers: set[asyncio.Task[Any]] = field(default_factory=set)
     # Paces peer bodies by public load (kura.mesh.peer_pace); None: unpaced.
     peer_pace: PeerPace | None = None
+    # What the internal routes serve to peers and take from them; None where they are not
+    # mounted (a worker process).
+    peers: PeerPages | None = None
+    # A worker's routing (kura.workers.worker): a miss (an answer of 404 not yet sent) is the
+    # primary's to answer, which may read it through from a peer; it is handed over
+    # (``ForwardToPrimary``) and neither sent nor counted here.
+    forward_misses: bool = False
+
+    def peer_pages(self) -> PeerPages:
+        """``peers``, or ``Unavailable`` (503) where the internal routes have none."""
+        if self.peers is None:
+            raise Unavailable("this process does not serve peers")
+        return self.peers
 
 
 def ctx(request: web.Request) -> ApiContext:
@@ -115,6 +130,10 @@ CLIENT_CLOSED_REQUEST = 499
 FORWARDED = -1  # not a status: a worker process forwarded the request (kura.workers)
 
 
+def _a_miss_to_forward(c: ApiContext, response: web.StreamResponse) -> bool:
+    return c.forward_misses and response.status == 404 and not response.prepared
+
+
 def endpoint(
     protocol: str,
     access: Access | None,
@@ -145,9 +164,14 @@ def endpoint(
                     )
                 response = await handler(request)
                 status = response.status
+                if _a_miss_to_forward(c, response):
+                    raise ForwardToPrimary("a miss here")
                 return response
             except KuraError as exc:
                 response = error_response(exc, style)
+                if _a_miss_to_forward(c, response):
+                    status = FORWARDED  # a worker hands it on; the primary counts it
+                    raise ForwardToPrimary("a miss here") from exc
                 if request.body_exists and not request.content.is_eof():
                     # Unread body bytes cannot be skipped cheaply: close the connection.
                     response.force_close()
@@ -370,7 +394,7 @@ def artifact_response(
     if body.data is not None:
         # aiohttp sends Content-Length and omits the body itself for HEAD.
         return web.Response(status=200, body=body.data, headers=headers)
-    return OpenFileResponse(body, headers, ctx(request).service)
+    return OpenFileResponse(body, headers, ctx(request).reader)
 
 
 def count_bytes_out(request: web.Request, protocol: str, size_bytes: int) -> None:
@@ -380,7 +404,11 @@ def count_bytes_out(request: web.Request, protocol: str, size_bytes: int) -> Non
 
 
 def count_lookup(request: web.Request, protocol: str, hit: bool) -> None:
-    ctx(request).metrics.count_lookup(protocol, hit)
+    """Count a lookup; a miss a worker forwards is the primary's to count
+    (``ApiContext.forward_misses``)."""
+    c = ctx(request)
+    if hit or not c.forward_misses:
+        c.metrics.count_lookup(protocol, hit)
 
 
 def parse_json(raw: bytes) -> Any:

@@ -94,7 +94,7 @@ async def replicate_artifact(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("manifest version_ms must be > 0 and size >= 0")
     validate(manifest.artifact_id, HEX_SHA256, "artifact_id")
     validate(manifest.sha256, HEX_SHA256, "sha256")
-    service = ctx(request).service
+    service = ctx(request).peer_pages()
     if service.artifact_id_of(manifest) != manifest.artifact_id:
         raise InvalidRequest("artifact_id does not match producer, namespace and key")
     outcome = await service.apply_replica(
@@ -111,7 +111,7 @@ async def replicate_namespace(request: web.Request) -> web.StreamResponse:
     _check_tenant(request)
     namespace = validate(request.query.get("namespace_id", ""), NAMESPACE, "namespace_id")
     version_ms = query_int(request, "version_ms", default=None, low=1, high=2**63 - 1)
-    await ctx(request).service.delete_namespace(namespace, version_ms, source="replication")
+    await ctx(request).peer_pages().delete_namespace(namespace, version_ms, source="replication")
     return web.Response(status=204)
 
 
@@ -123,7 +123,7 @@ async def manifests(request: web.Request) -> web.StreamResponse:
         return await _manifests_newest(request, after, limit)
     if order != "artifact_id":
         raise InvalidRequest(f"order must be artifact_id or {ORDER_NEWEST}, not {order!r}")
-    page = await ctx(request).service.manifests_page(after, limit + 1)
+    page = await ctx(request).peer_pages().manifests_page(after, limit + 1)
     more = len(page) > limit
     page = page[:limit]
     return web.json_response(
@@ -141,7 +141,7 @@ async def _manifests_newest(
         cursor = None if after is None else decode_version_cursor(after)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-    page = await ctx(request).service.manifests_newest_page(cursor, limit + 1)
+    page = await ctx(request).peer_pages().manifests_newest_page(cursor, limit + 1)
     more = len(page) > limit
     page = page[:limit]
     last = page[-1] if more else None
@@ -159,7 +159,7 @@ async def _manifests_newest(
 @endpoint(PROTOCOL, None)
 async def tombstones(request: web.Request) -> web.StreamResponse:
     after, limit = _page_args(request)
-    page = await ctx(request).service.tombstones_page(after, limit + 1)
+    page = await ctx(request).peer_pages().tombstones_page(after, limit + 1)
     more = len(page) > limit
     page = page[:limit]
     return web.json_response(
@@ -174,7 +174,7 @@ async def tombstones(request: web.Request) -> web.StreamResponse:
 async def artifact(request: web.Request) -> web.StreamResponse:
     aid = validate(request.match_info["artifact_id"], HEX_SHA256, "artifact_id")
     c = ctx(request)
-    body = await c.service.read_by_id(aid)
+    body = await c.reader.read_by_id(aid)
     headers = {MANIFEST_HEADER: encode_manifest(body.manifest)}
     # A read-through fetch is not bootstrap traffic: a client of the asking node waits on it,
     # so neither the bootstrap limit nor the peer pace applies.
@@ -226,7 +226,7 @@ async def _throttled(
     c = ctx(request)
     try:
         await response.prepare(request)
-        chunks = verified_chunks(c.service, body, THROTTLE_CHUNK_BYTES)
+        chunks = verified_chunks(c.reader, body, THROTTLE_CHUNK_BYTES)
         await paced_write(response, chunks, rate, pace)
         await response.write_eof()
     except DamagedBlob:

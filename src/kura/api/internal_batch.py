@@ -39,7 +39,7 @@ async def bodies(request: web.Request) -> web.StreamResponse:
     ids = [validate(str(a), HEX_SHA256, "artifact_id") for a in ids]
     c = ctx(request)
     frames: list[bytes] = []
-    for aid, body in zip(ids, await c.service.read_many(ids), strict=True):
+    for aid, body in zip(ids, await c.reader.read_many(ids), strict=True):
         if body is None:
             frames.append(encode_absent(aid, "missing"))
         elif body.data is None or body.manifest.size > BATCH_MAX_BODY_BYTES:

@@ -14,7 +14,7 @@ result; the CAS objects it points at appear in it as a 65-byte length-delimited 
 (``0x0A 0x41``) holding ``0x00`` and the object's 64-hex-digit id, which is the id the client
 saved the object under (``POST /api/cache/cas/{id}``, stored as ``blob/{id}`` in the same
 namespace; ``kura.api.xcode``). So a GET is a hit only while every such id is stored, its file
-in place (``CacheService.missing``, the Bazel action cache's check: an object evicted, or whose
+in place (``ArtifactReader.missing``, the Bazel action cache's check: an object evicted, or whose
 file was removed behind the node's back, field report B29), else it is the same 404 as a missing
 entry (counted as a miss). A value that is not base64, or holds no
 such field, references nothing and is served as stored.
@@ -77,14 +77,14 @@ async def put(request: web.Request) -> web.StreamResponse:
     ):
         raise InvalidRequest('"entries" must be a list of {"value": string}')
     payload = json.dumps({"entries": entries}, separators=(",", ":")).encode()
-    await c.service.put_inline(_ref(request, doc["cas_id"]), payload, "application/json")
+    await c.writer.put_inline(_ref(request, doc["cas_id"]), payload, "application/json")
     return web.Response(status=204)
 
 
 @endpoint(PROTOCOL, Access.READ)
 async def get(request: web.Request) -> web.StreamResponse:
     ref = _ref(request, request.match_info["cas_id"])
-    service = ctx(request).service
+    service = ctx(request).reader
     try:
         body = await service.read(ref)
         assert body.data is not None

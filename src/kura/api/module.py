@@ -96,7 +96,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
 
 @endpoint(PROTOCOL, Access.READ)
 async def head(request: web.Request) -> web.StreamResponse:
-    exists = await ctx(request).service.exists(_ref(request))
+    exists = await ctx(request).reader.exists(_ref(request))
     count_lookup(request, PROTOCOL, exists)
     if not exists:
         raise NotFound("Artifact not found")

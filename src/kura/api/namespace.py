@@ -1,6 +1,6 @@
 """Namespace clean: a tombstone that deletes every artifact of a namespace, on every node.
 
-Two ways in, one effect (``CacheService.delete_namespace``), each answering 204 and needing a
+Two ways in, one effect (``ArtifactWriter.delete_namespace``), each answering 204 and needing a
 write grant (a read-only token gets 403):
 
 * ``DELETE /api/cache/clean?tenant_id=&namespace_id=`` (Kura's route; no ``namespace_id``
@@ -31,14 +31,14 @@ PROTOCOL = "namespace"
 
 @endpoint(PROTOCOL, Access.WRITE)
 async def clean(request: web.Request) -> web.StreamResponse:
-    await ctx(request).service.delete_namespace(namespace_of(request))
+    await ctx(request).writer.delete_namespace(namespace_of(request))
     return web.Response(status=204)
 
 
 @endpoint(PROTOCOL, Access.WRITE)
 async def clean_route_root(request: web.Request) -> web.StreamResponse:
     """``DELETE`` on a route root: clean the namespace its path names (``""`` without one)."""
-    await ctx(request).service.delete_namespace(path_namespace(request))
+    await ctx(request).writer.delete_namespace(path_namespace(request))
     return web.Response(status=204)
 
 

@@ -31,7 +31,7 @@ async def get(request: web.Request) -> web.StreamResponse:
 @endpoint(PROTOCOL, Access.WRITE, style="text", body_limit=lambda s: s.max_artifact_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
-    if not await ctx(request).service.intact(ref):  # a damaged copy is replaced
+    if not await ctx(request).writer.intact(ref):  # a damaged copy is replaced
         await store(request, ref, PROTOCOL, limit_bytes=ctx(request).settings.max_artifact_bytes)
     return web.Response(status=200, text="ok", content_type="text/plain")
 

@@ -63,8 +63,9 @@ from kura.core.byte_range import (
 )
 from kura.core.conditional import none_match
 from kura.core.errors import NotFound
+from kura.storage.artifact import StoredBody
 from kura.storage.checksum import SHA256, XXH3_128
-from kura.storage.service import CacheService, StoredBody
+from kura.storage.ports import ArtifactReader
 from kura.storage.verify import problem_with_blocks
 
 
@@ -78,7 +79,7 @@ async def ranged_response(
     """The 200, 206 or 416 for a GET or HEAD of ``body`` (module docstring). Takes ownership of
     ``body`` (closes its file). Raises ``NotFound`` when the whole-file check before a 206
     finds the blob damaged (the entry is then reported and quarantined)."""
-    service = ctx(request).service
+    service = ctx(request).reader
     size = body.manifest.size
     etag = strong_etag(body.manifest.sha256)
     headers = {"Accept-Ranges": "bytes", "ETag": etag, **(extra_headers or {})}
@@ -114,7 +115,7 @@ async def ranged_response(
     return RangeFileResponse(body, answer, headers, service)
 
 
-async def _verify_range(service: CacheService, body: StoredBody, byte_range: ByteRange) -> None:
+async def _verify_range(service: ArtifactReader, body: StoredBody, byte_range: ByteRange) -> None:
     """Check the bytes of ``byte_range`` of ``body``'s file unless storage already verified it:
     only the blocks it touches when the content's block digests are known, else the whole file
     (keeping its block digests). Raise ``NotFound`` (after reporting the entry) when the file is
@@ -143,7 +144,7 @@ async def _verify_range(service: CacheService, body: StoredBody, byte_range: Byt
     raise NotFound("Artifact not found")
 
 
-async def _verify_whole_file(service: CacheService, body: StoredBody) -> str | None:
+async def _verify_whole_file(service: ArtifactReader, body: StoredBody) -> str | None:
     """What is wrong with ``body``'s whole file (None: intact, and ``body.verified`` is set and
     its block digests kept)."""
     assert body.file is not None
@@ -180,7 +181,7 @@ class RangeFileResponse(OpenFileResponse):
         body: StoredBody,
         byte_range: ByteRange,
         headers: dict[str, str],
-        service: CacheService,
+        service: ArtifactReader,
     ) -> None:
         super().__init__(body, headers, service)
         self.set_status(206)

@@ -88,7 +88,7 @@ async def query(request: web.Request) -> web.StreamResponse:
     hashes = doc.get("hashes") if isinstance(doc, dict) else None
     if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
         raise InvalidRequest('body must be {"hashes": [string, ...]}')
-    service = ctx(request).service
+    service = ctx(request).reader
     answer: dict[str, object] = {}
     for h in hashes[:1000]:
         aid = service.artifact_id(_ref(request, h))

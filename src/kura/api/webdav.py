@@ -87,7 +87,7 @@ async def propfind(request: web.Request) -> web.StreamResponse:
         if key:
             validate(key.rstrip("/"), PATH_KEY, "WebDAV path")
         return _collection(request.path)
-    service = ctx(request).service
+    service = ctx(request).reader
     manifest = await service.read_manifest(service.artifact_id(_ref(request)))
     if manifest is None:
         raise NotFound("Not found")

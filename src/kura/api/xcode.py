@@ -33,7 +33,7 @@ async def get(request: web.Request) -> web.StreamResponse:
 async def post(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)
     c = ctx(request)
-    if not await c.service.intact(ref):
+    if not await c.writer.intact(ref):
         await store(request, ref, PROTOCOL, limit_bytes=c.settings.max_xcode_bytes)
     return web.Response(status=204)
 

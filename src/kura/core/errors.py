@@ -17,9 +17,9 @@ class KuraError(Exception):
 
 
 class ForwardToPrimary(Exception):
-    """Raised in a worker process (``kura.workers``) when it cannot answer a request itself (a
-    miss, a row it may not trust, anything but a GET or HEAD hit): the request goes to the
-    primary process unchanged. Deliberately not a ``KuraError``: it never becomes a status."""
+    """Raised in a worker process (``kura.workers``) when it does not answer a request itself (a
+    miss, a token it cannot check, anything but a GET or HEAD): the request goes to the primary
+    process unchanged. Deliberately not a ``KuraError``: it never becomes a status."""
 
 
 class InvalidRequest(KuraError):

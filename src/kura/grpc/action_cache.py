@@ -42,7 +42,7 @@ class ActionCache(reapi_grpc.ActionCacheServicer):
         ns = self.gc.authorize(context, Access.READ, request.instance_name)
         ref = ac_ref(ns, check_digest(request.action_digest))
         _manifest, _data, result = await self.gc.looked_up(
-            find_action_result(self.gc.service, ref, tree_bounds(self.gc.settings))
+            find_action_result(self.gc.reader, ref, tree_bounds(self.gc.settings))
         )
         return result
 
@@ -57,7 +57,7 @@ class ActionCache(reapi_grpc.ActionCacheServicer):
         if len(data) > limit:
             raise PayloadTooLarge(f"the ActionResult is larger than {limit} bytes", limit)
         parse_action_result(data)
-        await self.gc.service.put_stream(
+        await self.gc.writer.put_stream(
             ref,
             _once(data),
             declared_length=len(data),

@@ -86,7 +86,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                 yield bs.ReadResponse(data=zstd_stream.EMPTY_FRAME)
             return
         try:
-            body = await self.gc.service.read(cas_ref(name.namespace, name.sha256))
+            body = await self.gc.reader.read(cas_ref(name.namespace, name.sha256))
         except NotFound:
             self.gc.metrics.count_lookup("grpc", False)
             raise
@@ -188,7 +188,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
     async def _stored(self, name: BlobName) -> bool:
         if name.size_bytes == 0 and name.sha256 == EMPTY_SHA256:
             return True
-        return await self.gc.service.intact(cas_ref(name.namespace, name.sha256), name.size_bytes)
+        return await self.gc.writer.intact(cas_ref(name.namespace, name.sha256), name.size_bytes)
 
     def _open(self, name: BlobName, offset: int) -> Upload:
         """The upload this stream writes: a parked one to resume, or a new one at offset 0."""
@@ -209,7 +209,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
         if name.compressor != IDENTITY:
             chunks = zstd_stream.decompressed(chunks, name.size_bytes)
         return asyncio.ensure_future(
-            self.gc.service.put_stream(
+            self.gc.writer.put_stream(
                 cas_ref(name.namespace, name.sha256),
                 chunks,
                 declared_length=name.size_bytes,
@@ -268,7 +268,7 @@ async def _verified_range(gc: GrpcContext, body: Any, start: int, end: int) -> A
     try:
         # A message must fit KURA_GRPC_MAX_MESSAGE_BYTES with its framing.
         chunk_bytes = min(READ_CHUNK_BYTES, gc.max_batch_bytes)
-        async for chunk in verified_chunks(gc.service, body, chunk_bytes):
+        async for chunk in verified_chunks(gc.reader, body, chunk_bytes):
             lo, hi = max(start, pos), min(end, pos + len(chunk))
             pos += len(chunk)
             if held is not None:

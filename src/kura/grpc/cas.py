@@ -114,7 +114,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             first = wanted.setdefault(d.hash, d)
             if first.size_bytes != d.size_bytes:
                 again.setdefault((d.hash, d.size_bytes), d)
-        missing = await self.gc.service.missing(
+        missing = await self.gc.reader.missing(
             [cas_ref(ns, h) for h in wanted], [d.size_bytes for d in wanted.values()]
         )
         return reapi.FindMissingBlobsResponse(
@@ -155,7 +155,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             )
         if is_empty(digest):
             return
-        service = self.gc.service
+        service = self.gc.writer
         ref = cas_ref(ns, sha256)
         if await service.intact(ref, digest.size_bytes):
             return
@@ -281,7 +281,7 @@ async def read_blob(gc: GrpcContext, ns: str, digest: reapi.Digest, limit_bytes:
     quarantines it), ``InvalidRequest`` when it is larger than ``limit_bytes``."""
     if is_empty(digest):
         return b""
-    body = await gc.service.read(cas_ref(ns, digest.hash))
+    body = await gc.reader.read(cas_ref(ns, digest.hash))
     try:
         if body.manifest.size != digest.size_bytes:
             raise NotFound(
@@ -293,7 +293,7 @@ async def read_blob(gc: GrpcContext, ns: str, digest: reapi.Digest, limit_bytes:
                 f"blob {digest.hash} is larger than {limit_bytes} bytes: use ByteStream.Read"
             )
         try:
-            return b"".join([c async for c in verified_chunks(gc.service, body)])
+            return b"".join([c async for c in verified_chunks(gc.reader, body)])
         except DamagedBlob:
             raise NotFound(f"blob {digest.hash} failed verification; treated as a miss") from None
     finally:

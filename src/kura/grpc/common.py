@@ -46,7 +46,7 @@ from kura.api.metrics import KuraMetrics
 from kura.core import errors as e
 from kura.core.keys import HEX_SHA256, NAMESPACE, validate
 from kura.settings import Settings
-from kura.storage.service import CacheService
+from kura.storage.ports import ArtifactReader, ArtifactWriter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -103,7 +103,8 @@ class GrpcContext:
     """What the servicers need, built once by ``kura.grpc.server``."""
 
     settings: Settings
-    service: CacheService
+    reader: ArtifactReader
+    writer: ArtifactWriter
     auth: TokenAuth
     metrics: KuraMetrics
     requests: Counter = field(init=False)

@@ -29,7 +29,7 @@ from kura.grpc.bytestream import ByteStream
 from kura.grpc.cas import Capabilities, ContentAddressableStorage
 from kura.grpc.common import GrpcContext, TolerantDecoding
 from kura.settings import Settings
-from kura.storage.service import CacheService
+from kura.storage.ports import ArtifactReader, ArtifactWriter
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class GrpcServer:
     def __init__(
         self,
         settings: Settings,
-        service: CacheService,
+        reader: ArtifactReader,
+        writer: ArtifactWriter,
         auth: TokenAuth,
         metrics: KuraMetrics,
         connections: ConnectionGuard,
@@ -52,7 +53,7 @@ class GrpcServer:
         # grpcio's message buffers go back to the system when freed: what a stalled Read held is
         # returned once its call is cut (kura.grpc.common) and its connection closed.
         return_large_blocks()
-        self.gc = GrpcContext(settings, service, auth, metrics)
+        self.gc = GrpcContext(settings, reader, writer, auth, metrics)
         self.bytestream = ByteStream(self.gc)
         self.gc.metrics.register(
             Scraped(

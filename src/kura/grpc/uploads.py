@@ -1,6 +1,6 @@
 """Resumable ByteStream writes: one ``Upload`` per ``uploads/{uuid}/blobs/{hash}/{size}`` name.
 
-An upload is a ``CacheService.put_stream`` running in its own task, fed the chunks of one or
+An upload is an ``ArtifactWriter.put_stream`` running in its own task, fed the chunks of one or
 more ``Write`` streams through a small queue. So it follows the write path's rules unchanged:
 the whole declared size is reserved from the tmp budget before the first byte is staged
 ("reserve before writing"; ResourceExhausted if it does not fit now), the size and the SHA-256

@@ -1,14 +1,217 @@
-"""The ports the layers above storage depend on: small ``typing.Protocol``s that the mesh, the
-API and the gRPC services type against instead of the concrete ``CacheService``. Each is
-implemented inside ``kura.storage``; this module holds no SQL and no state.
+"""The ports of storage: the narrow interfaces the layers above it (``kura.api``, ``kura.grpc``,
+``kura.workers``, ``kura.mesh``) depend on instead of a concrete store.
+
+Each is a ``typing.Protocol`` of about ten members at most (``tests/unit/test_ports.py`` counts
+them), satisfied structurally:
+
+* ``ArtifactReader``: look-ups and verified reads. Implemented by the primary's store
+  (``storage.service.CacheService``) and by a worker's read-only reader
+  (``storage.worker_reads.WorkerReads``); one contract suite runs over both
+  (``tests/integration/test_reader_contract.py``). A reader answers a miss as a miss (``read``
+  raises ``NotFound``, ``exists`` is False, ``read_manifest`` None): whether someone else may
+  have it (a peer, the primary) is decided above storage, by read-through or by the worker
+  app's routing (``kura.workers.worker``).
+* ``ArtifactWriter``: new local versions and namespace cleans (the primary's store only).
+* ``PeerPages``: what the internal (peer) routes serve and apply: pages of manifests and
+  tombstones, a peer's copy of an artifact, and the node's ``ReplicaLog``.
+* ``ReplicaLog`` (with ``PeerQueueView``): what the mesh reads and changes of replication: each
+  peer's outbox queue and catch-up mark, the change feed, the cursors into peers' feeds and the
+  range digests. Implemented by ``storage.replica_log.IndexReplicaLog``; storage never lends a
+  SQLite connection.
+* ``WorkerSupport``: what the primary does with its workers' reports (their hits for the LRU,
+  entries that failed a check there, checksums computed there) and shares with them.
+
+A handler that needs two of them takes both (``api.http.ApiContext``); the primary passes the
+same store for each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Protocol
 
+from kura.core.manifest import Manifest
+from kura.core.version import ApplyOutcome
+from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
+from kura.storage.budget import Reservation, TmpBudget
+from kura.storage.hotcache import HotCache
 from kura.storage.outbox import CatchUpMark, ChangesPage, OutboxMessage, PeerCursor, RangeDigests
+from kura.storage.verify import ReadVerifier
+
+
+
+class ArtifactReader(Protocol):
+    """Look-ups and verified reads of stored artifacts. A damaged entry reads as a miss."""
+
+    @property
+    def verifier(self) -> ReadVerifier:
+        """Hashes large bodies while they are sent (``api.file_response``)."""
+        ...
+
+    def artifact_id(self, ref: ArtifactRef) -> str:
+        """``ref``'s identity on this node's tenant (``core.keys.artifact_id``)."""
+        ...
+
+    async def exists(self, ref: ArtifactRef) -> bool:
+        """Whether a version of ``ref`` is stored (an index look-up; no body read)."""
+        ...
+
+    async def missing(
+        self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
+    ) -> list[ArtifactRef]:
+        """The refs with no stored version (or, with ``sizes``, none of that size in bytes)."""
+        ...
+
+    async def read(self, ref: ArtifactRef) -> StoredBody:
+        """The artifact, verified or to be hashed while sent; ``NotFound`` on a miss."""
+        ...
+
+    async def read_manifest(self, aid: str) -> Manifest | None:
+        """The stored manifest of artifact id ``aid``, or None."""
+        ...
+
+    async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
+        """``read`` by artifact id (``hashed``: a large body hashed first); ``NotFound``."""
+        ...
+
+    async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
+        """``read_by_id`` for many ids, None for each absent or damaged one."""
+        ...
+
+    async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
+        """A sender found ``manifest``'s bytes damaged; True if the entry now reads as a miss."""
+        ...
+
+    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
+        """Checksums (XXH3-128 hex) computed while verifying rows that had none; best effort."""
+        ...
+
+
+class ArtifactWriter(Protocol):
+    """New local versions of artifacts and namespace cleans. Each raises (leaving nothing
+    behind) what ``storage.write_path`` documents: PayloadTooLarge, InsufficientStorage,
+    ResourceExhausted, IncompleteBody, DigestMismatch, InvalidRequest, Unavailable."""
+
+    @property
+    def budget(self) -> TmpBudget:
+        """The tmp budget uploads are staged under (checked before ``100 Continue``)."""
+        ...
+
+    def check_size(self, declared_length: int | None, limit_bytes: int) -> None:
+        """Refuse a declared body (bytes) before reading it."""
+        ...
+
+    def stages(self, declared_length: int | None) -> bool:
+        """Whether a body of ``declared_length`` bytes is staged (vs stored inline)."""
+        ...
+
+    async def put_stream(
+        self,
+        ref: ArtifactRef,
+        body: AsyncIterator[bytes],
+        *,
+        declared_length: int | None,
+        limit_bytes: int,
+        content_type: str,
+        headers: dict[str, str] | None = None,
+        expected_sha256: str | None = None,
+    ) -> PutResult:
+        """Store a streamed body as a new local version of ``ref``."""
+        ...
+
+    async def put_inline(self, ref: ArtifactRef, data: bytes, content_type: str) -> PutResult:
+        """Store a small body inside its index row."""
+        ...
+
+    async def put_concatenated(
+        self, ref: ArtifactRef, parts: Sequence[Path], content_type: str
+    ) -> PutResult:
+        """Store the concatenation of the files ``parts`` (multipart completion)."""
+        ...
+
+    async def intact(self, ref: ArtifactRef, size_bytes: int | None = None) -> bool:
+        """Stored and intact (a damaged copy is quarantined and reads False): what a PUT
+        route that skips existing keys asks."""
+        ...
+
+    async def delete_namespace(
+        self, namespace_id: str, version_ms: int | None = None, *, source: str = "local"
+    ) -> int:
+        """Tombstone a namespace and delete its artifacts; the tombstone's version (ms)."""
+        ...
+
+
+class PeerPages(Protocol):
+    """What the internal routes serve to peers and take from them."""
+
+    def artifact_id_of(self, manifest: Manifest) -> str:
+        """The identity ``manifest`` has on this node's tenant."""
+        ...
+
+    async def manifests_page(self, after: str | None, limit: int) -> list[Manifest]:
+        """Manifests in artifact id order strictly after ``after``."""
+        ...
+
+    async def manifests_newest_page(
+        self, after: tuple[int, str] | None, limit: int
+    ) -> list[Manifest]:
+        """Manifests newest first, strictly after the cursor (version_ms, artifact id)."""
+        ...
+
+    async def tombstones_page(self, after: str | None, limit: int) -> list[tuple[str, int]]:
+        """(namespace id, version ms) in namespace order strictly after ``after``."""
+        ...
+
+    async def apply_replica(
+        self,
+        manifest: Manifest,
+        body: AsyncIterator[bytes],
+        *,
+        declared_length: int | None,
+        source: str,
+        reservation: Reservation | None = None,
+        background: bool = False,
+    ) -> ApplyOutcome:
+        """Apply a peer's copy at the peer's version (last writer wins)."""
+        ...
+
+    async def delete_namespace(
+        self, namespace_id: str, version_ms: int | None = None, *, source: str = "local"
+    ) -> int:
+        """A peer's tombstone (``source`` names it), as ``ArtifactWriter.delete_namespace``."""
+        ...
+
+    @property
+    def replica_log(self) -> ReplicaLog:
+        """The node's replication state (the change feed the ``changes`` route pages)."""
+        ...
+
+
+class WorkerSupport(Protocol):
+    """What the primary shares with its worker processes and does with their reports."""
+
+    @property
+    def hot(self) -> HotCache:
+        """The hot cache, whose generation the workers follow."""
+        ...
+
+    @property
+    def index_read_only(self) -> bool:
+        """Whether the index was opened read-only at start-up (a full disk)."""
+        ...
+
+    def note_access(self, accesses: dict[str, int]) -> None:
+        """Hits made by a worker: artifact id -> unix ms, for the LRU."""
+        ...
+
+    async def verify_stored(self, artifact_id: str, *, detected_by: str) -> bool:
+        """Re-check an entry a worker found damaged (quarantined if it is)."""
+        ...
+
+    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
+        """Checksums a worker computed, recorded if each row is still that version."""
+        ...
 
 
 class PeerQueueView(Protocol):

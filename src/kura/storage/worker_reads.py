@@ -1,16 +1,18 @@
-"""The read path of a worker process (``kura.workers``): the primary's ``CacheService`` read code
-over a read-only connection to the same SQLite file, never writing anything.
+"""The ``ArtifactReader`` of a worker process (``kura.workers``): the primary's read path
+(``storage.reads``) over a read-only connection to the same SQLite file, never writing
+anything. It has no write path at all: ``WorkerReads`` is a ``ReadPath``, not a store.
 
 A worker serves GET and HEAD hits itself and hands everything else to the primary, the one
-process that owns the data dir. ``WorkerReads`` raises ``ForwardToPrimary`` wherever the
-primary would do more than read: a local miss (the primary may read it through from a peer),
-an absent ``exists``/manifest, an entry whose bytes fail their check (the primary re-checks and
-quarantines it; the id is queued in ``suspects`` for it), and every write. The XXH3-128 a worker
-computes while it verifies a row from before the checksum with SHA-256 is queued in
+process that owns the data dir. This reader answers a miss as any reader does (``read`` raises
+``NotFound``, ``exists`` is False, ``read_manifest`` None, ``missing`` lists it): an absent
+entry, and an entry whose bytes fail their check (the primary re-checks and quarantines it; the
+id is queued in ``suspects`` for it). Handing a miss to the primary, which may read it through
+from a peer, is the worker app's routing decision (``kura.workers.worker``). The XXH3-128 a
+worker computes while it verifies a row from before the checksum with SHA-256 is queued in
 ``checksums`` for the primary to record (``CacheService.record_xxh3_128``), so such a row gets
-its fast checksum whichever process reads it first. The checks a worker
-makes before it sends a byte are the primary's own (``storage.reads``: size on open, hash of
-small bodies, large ones hashed while sent).
+its fast checksum whichever process reads it first. The checks a worker makes before it sends
+a byte are the primary's own (``storage.reads``: size on open, hash of small bodies, large ones
+hashed while sent).
 
 Coherence: a row is read from SQLite on every request the worker's hot cache cannot answer. That
 cache follows the node's shared change counter (``storage.hot_generation``): the primary bumps
@@ -19,7 +21,7 @@ a hit is never older than the last change the primary finished. The connection r
 in WAL mode includes the primary's commits from another process
 (https://www.sqlite.org/wal.html#concurrency): a read that starts after a write's
 acknowledgement sees that write. A row whose file was unlinked between the query and the open
-(an overwrite, an eviction, a clean) reads as a miss and is forwarded, never a 500.
+(an overwrite, an eviction, a clean) reads as a miss, never a 500.
 
 ``tests/integration/test_workers.py`` reads one key from 6 threads while it is overwritten 150
 times and counts reads older than the last acknowledged version: 0.
@@ -30,18 +32,23 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from kura.core.errors import ForwardToPrimary
+from kit.clock import Clock
 from kura.core.manifest import Manifest
 from kura.storage.artifact import ArtifactRef
+from kura.storage.blobs import BlobFiles
+from kura.storage.group_commit import GroupCommitWriter
 from kura.storage.hooks import NoHooks
 from kura.storage.hot_generation import SharedGeneration
+from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
+from kura.storage.reads import ReadPath
 from kura.storage.recovery import INDEX_NAME
 from kura.storage.schema import READABLE_SCHEMA_VERSIONS
-from kura.storage.service import CacheService
+from kura.storage.state import SMALL_BLOB_BYTES
+from kura.storage.verify import ReadVerifier
 
 
 class SharedReadIndex(MetadataIndex):
@@ -87,20 +94,37 @@ class SharedReadIndex(MetadataIndex):
         return None
 
 
-class ForwardMisses(NoHooks):
-    """Storage hooks of a worker: a local miss is the primary's to answer (read-through)."""
+class WorkerReads(ReadPath):
+    """The ``ArtifactReader`` of a worker process (module docstring): the primary's read path
+    over the shared index and blob files, and nothing of its write path. Create, ``attach()``,
+    use, ``close()``."""
 
-    async def fetch_missing(self, artifact_id: str, namespace_id: str) -> bool:
-        raise ForwardToPrimary(f"miss on {artifact_id}")
-
-
-class WorkerReads(CacheService):
-    """``CacheService`` that only reads (module docstring). Construct like ``CacheService``,
-    then ``attach()`` instead of ``start()``."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs["hooks"] = ForwardMisses()
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        tmp_dir: Path,
+        tenant_id: str,
+        clock: Clock,
+        verify_reads: str = "always",
+        hot_cache_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.files = BlobFiles(data_dir, tmp_dir)
+        self.verify_reads = verify_reads
+        self.verifier = ReadVerifier()
+        self.hot = HotCache(hot_cache_bytes, SMALL_BLOB_BYTES)
+        # A miss is a miss here: whether the primary (or, through it, a peer) has it is the
+        # worker app's routing decision (kura.workers.worker), not this reader's.
+        self.hooks = NoHooks()
+        self.tenant_id = tenant_id
+        self.clock = clock
+        self._index = None
+        self._reader = ThreadPoolExecutor(4, thread_name_prefix="kura-read")
+        # Where the primary's read path asks the writer thread for a verdict on damage
+        # (``_confirm_corrupt_sync``) and for the stat signatures it would record (dropped by
+        # ``SharedReadIndex``): one thread, as the primary's, so the verdicts are serialised.
+        self._writer = GroupCommitWriter("kura-write")
+        self._touches = {}
         self.suspects: list[str] = []  # ids whose bytes failed a check here, for the primary
         self.checksums: list[tuple[Manifest, str]] = []  # verified here, for the primary
 
@@ -109,6 +133,12 @@ class WorkerReads(CacheService):
         data-dir lock). ``immutable``: the primary's index is read-only (``SharedReadIndex``)."""
         self._index = SharedReadIndex(self.files.data_dir / INDEX_NAME, immutable=immutable)
         self.hot.share(SharedGeneration.open(self.files.data_dir), follow=True)
+
+    async def close(self) -> None:
+        """Release the threads and this thread's connection. Safe to call once."""
+        self.verifier.close()
+        for pool in (self._reader, self._writer):
+            pool.shutdown(wait=True)
 
     @property
     def pending_accesses(self) -> Mapping[str, int]:
@@ -148,26 +178,12 @@ class WorkerReads(CacheService):
         """Queue them for the primary, which records each if the row is still that version."""
         self.checksums.extend(found)
 
-    async def flush_touches(self) -> None:
-        return None  # the primary records them (take_accesses)
-
     async def exists(self, ref: ArtifactRef) -> bool:
-        if not await super().exists(ref):
-            raise ForwardToPrimary("not stored here")
-        self._touches[self.artifact_id(ref)] = self.clock.now_ms()
-        return True
-
-    async def read_manifest(self, aid: str) -> Manifest | None:
-        found = await super().read_manifest(aid)
-        if found is None:
-            raise ForwardToPrimary("not stored here")
+        """As the primary's, and a hit is noted for the primary's LRU (``take_accesses``)."""
+        found = await super().exists(ref)
+        if found:
+            self._touches[self.artifact_id(ref)] = self.clock.now_ms()
         return found
-
-    async def intact(self, ref: ArtifactRef, size_bytes: int | None = None) -> bool:
-        raise ForwardToPrimary("write path")
-
-    def _check_writable(self) -> None:
-        raise ForwardToPrimary("write path")
 
     def _confirm_corrupt_sync(self, manifest: Manifest, detected_by: str) -> bool:
         """Never drop an entry here: read it as a miss (forwarded). If its row is still the one

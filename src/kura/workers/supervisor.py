@@ -56,7 +56,7 @@ from kura.mesh.load_report import LoadReport
 from kura.mesh.peer_pace import PublicLoad
 from kura.settings import Settings
 from kura.storage.hot_generation import SharedGeneration
-from kura.storage.service import CacheService
+from kura.storage.ports import WorkerSupport
 from kura.workers.metrics_merge import merge_workers
 from kura.workers.worker import ALIVE_PATH, READY, WorkerPlan
 
@@ -76,7 +76,7 @@ class Workers:
     def __init__(
         self,
         settings: Settings,
-        service: CacheService,
+        service: WorkerSupport,
         metrics: KuraMetrics,
         public_app: Callable[[], web.Application],
         auth: TokenAuth,

@@ -8,9 +8,12 @@ it) and drains on SIGTERM: stops accepting, lets running requests finish within
 ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, sends its last hits to the primary, exits 0.
 
 Routes: the GET/HEAD routes of the artifact protocols, with their own handlers, auth and
-checks, over ``WorkerReads``; a catch-all forwards the rest (other methods, probes, /metrics,
-/status, the status page). A handler that raises ``ForwardToPrimary`` (a miss, a write path)
-is forwarded too; it has sent nothing yet. The worker's own ``/metrics`` is served only on its
+checks, over ``WorkerReads`` (an ``ArtifactReader``, ``kura.storage.ports``); a catch-all
+forwards the rest (other methods, probes, /metrics, /status, the status page). Routing decides
+the rest: a miss (a 404 a read route would answer: absent here, or its bytes failed a check)
+is the primary's to answer, which may read it through from a peer, so it is forwarded
+unsent and uncounted (``ApiContext.forward_misses``); so is a request whose handler raises
+``ForwardToPrimary`` (a token kid this worker does not know). Neither has sent anything yet. The worker's own ``/metrics`` is served only on its
 control socket, for the primary to merge, beside ``/alive``, the primary's liveness probe.
 
 Hits go to the primary every ``FLUSH_SECONDS`` (sooner at ``FLUSH_MAX_IDS`` ids), which records
@@ -66,9 +69,9 @@ from kura.api.storage_metrics import HotCacheCollector
 from kura.core.errors import ForwardToPrimary
 from kura.mesh.load_report import LoadTally
 from kura.settings import Settings
-from kura.storage.budget import TmpBudget
 from kura.storage.hot_generation import SharedGeneration
 from kura.storage.multipart import MultipartUploads
+from kura.storage.ports import ArtifactWriter
 from kura.storage.worker_reads import WorkerReads
 from kura.workers.forward import Forwarder
 
@@ -95,11 +98,15 @@ class WorkerPlan:
     index_immutable: bool = False  # the primary opened the index read-only (a full disk)
 
 
-class _NoUploads:
-    """Multipart uploads are the primary's: any use forwards the request."""
+class _ThePrimarys:
+    """What only the primary does (writes, multipart uploads): any use forwards the request.
+    The worker's routes are GETs and HEADs, which use neither; this is the net under them."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
 
     def __getattr__(self, name: str) -> Any:
-        raise ForwardToPrimary("multipart uploads")
+        raise ForwardToPrimary(self._what)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -156,14 +163,9 @@ class Worker:
             data_dir=Path(s.data_dir),
             tmp_dir=Path(s.tmp_dir),
             tenant_id=s.tenant_id,
-            budget=TmpBudget(s.tmp_dir_max_bytes, tmp_dir=Path(s.tmp_dir)),
             clock=clock,
-            max_disk_bytes=s.max_disk_bytes,
-            min_free_disk_bytes=s.min_free_disk_bytes,
             verify_reads=s.verify_reads,
             hot_cache_bytes=s.hot_cache_bytes // s.workers,  # a share each, as the primary's
-            max_inline_bytes=s.max_keyvalue_bytes,
-            inline_max_bytes=s.inline_max_bytes,
         )
         self.metrics = KuraMetrics(s.region, s.tenant_id)
         self.auth = token_auth_from(s)
@@ -171,8 +173,10 @@ class Worker:
         self.public_tls = PublicTls(cert, key) if cert and key else None
         self.context = ApiContext(
             settings=s,
-            service=self.service,
-            uploads=cast(MultipartUploads, _NoUploads()),
+            reader=self.service,
+            writer=cast(ArtifactWriter, _ThePrimarys("writes")),
+            uploads=cast(MultipartUploads, _ThePrimarys("multipart uploads")),
+            forward_misses=True,  # the primary may read them through (module docstring)
             auth=self.auth,
             metrics=self.metrics,
         )
