@@ -61,7 +61,7 @@ CATEGORIES = (
     ),
     ("SQLite lookup (index.get, row to Manifest)", r"MetadataIndex\.|_row_to_manifest|json/"),
     ("open() + pathlib", r"Path\.open|pathlib\.py|BlobFiles\.blob_path"),
-    ("rest of _read_sync (fstat, read, sha256)", r"CacheService\._read_sync"),
+    ("rest of _read_sync (fstat, read, sha256)", r"ArtifactReads\._read_sync"),
     ("sendfile", r"sendfile"),
     (
         "aiohttp response (headers, write)",
@@ -77,7 +77,7 @@ CATEGORIES = (
     ("middleware (_track_handler)", r"_fix_request_current_app|_track_handler"),
     (
         "kura handler code (endpoint wrapper, keys, serve)",
-        r"kura/api/|CacheService\.read|CacheService\._in|kura/core/",
+        r"kura/api/|(CacheService|ArtifactReads)\.read|ArtifactReads\._in|kura/core/",
     ),
     ("socket recv", r"_read_ready"),
     (

@@ -13,13 +13,14 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol
 
 import pytest
 
@@ -158,4 +159,34 @@ def test_the_layers_above_name_no_concrete_store(package: str) -> None:
         for concrete in re.findall(r"\b(?:CacheService|WorkerReads)\b", text):
             if relative not in roots:
                 found.append(f"{relative}: {concrete}")
+    assert found == []
+
+
+def test_the_worker_reader_inherits_nothing() -> None:
+    """It composes the read path (``storage.reads.ArtifactReads``); it is in no class chain."""
+    assert WorkerReads.__mro__ == (WorkerReads, object)
+
+
+# Still two query mixins over the SQLite connection (``storage.paging``, ``storage.outbox_queries``),
+# which the replica log (issue 27) replaces by typed methods.
+STILL_COMBINED = {"kura.storage.index.MetadataIndex"}
+
+
+def test_no_storage_class_combines_parts_by_inheritance() -> None:
+    """Issue 27: no class in ``kura.storage`` has more than one base besides ``Protocol``,
+    ``Generic`` or an exception (``CacheService`` combined six mixins over shared state)."""
+    found = []
+    for path in sorted(Path(ports.__file__).parent.glob("*.py")):
+        module = importlib.import_module(f"kura.storage.{path.stem}")
+        for cls in vars(module).values():
+            if not isinstance(cls, type) or cls.__module__ != module.__name__:
+                continue
+            bases = [
+                b
+                for b in cls.__bases__
+                if b not in (object, Protocol, Generic) and not issubclass(b, BaseException)
+            ]
+            name = f"{cls.__module__}.{cls.__qualname__}"
+            if len(bases) > 1 and name not in STILL_COMBINED:
+                found.append(f"{name}{tuple(b.__name__ for b in bases)}")
     assert found == []

@@ -6,18 +6,26 @@ before it; a write that finds nothing it may evict is still stored, over the bud
 nothing at all is evictable. Equal access stamps are evicted oldest version first (the index
 order ``artifacts_by_access_version``). Runs on the writer thread only. Other policies that
 drop artifacts (age expiry) live in their own modules beside this one.
+
+It is also the one place an entry is dropped for damage (``_confirm_corrupt_sync``, the
+verdict the read path asks of the writer thread, ``storage.reads``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from kura.core.eviction import bytes_to_free
+from kura.core.manifest import Manifest
 from kura.storage.state import StorageState
+from kura.storage.verify import problem_with_bytes, problem_with_file
+
+log = logging.getLogger(__name__)
 
 
 class Eviction(StorageState):
-    """Least-recently-used eviction (module docstring)."""
+    """Least-recently-used eviction, and quarantine of damaged entries (module docstring)."""
 
     async def evict_to_budget(self) -> None:
         """Evict least-recently-used artifacts until the store is within ``max_disk_bytes``
@@ -74,10 +82,69 @@ class Eviction(StorageState):
             index.touch(touches)
         floor = self.hooks.eviction_floor_ms()
         before = cutoff_ms if floor is None else min(cutoff_ms, floor)
-        pending = self._touches  # read only: the event loop may add to it meanwhile
+        pending = self.accesses.pending  # read only: the event loop may add to it meanwhile
         victims = [
             v for v in index.least_recently_used(limit, "", before) if pending.get(v[0], 0) < before
         ]
         if victims:
             self._drop_sync(victims)
         return victims
+
+    def _confirm_corrupt_sync(self, manifest: Manifest, detected_by: str) -> bool:
+        """Writer thread (no commit runs concurrently): if ``manifest`` is still the stored
+        version and its bytes still do not match it, quarantine the entry and return True.
+        False means the caller raced a write and should look again.
+
+        This is the one place an entry is dropped for damage: the file (or inline body) moves to
+        the quarantine, the row goes, the hot cache and disk accounting follow, a WARNING names
+        what was expected and what was found, and ``on_quarantine`` is told.
+        """
+        index = self._require_index()
+        current = index.get(manifest.artifact_id)
+        if current is None or current[0] != manifest:
+            return False
+        path = None if manifest.inline else self.files.blob_path(manifest)
+        if path is None:
+            problem = problem_with_bytes(current[1], manifest)
+        else:
+            problem = problem_with_file(path, manifest)
+        if problem is None:
+            return False
+        if index.read_only:  # cannot drop it now: a miss, until a restart reconciles
+            return True
+        log.warning(
+            "quarantined artifact %s (producer %s, namespace %r, key %r): expected %d bytes "
+            "with sha256 %s, but %s (detected by %s)",
+            manifest.artifact_id,
+            manifest.producer,
+            manifest.namespace_id,
+            manifest.key,
+            manifest.size,
+            manifest.sha256,
+            problem,
+            detected_by,
+        )
+        index.delete([manifest.artifact_id])
+        self.hot.invalidate([manifest.artifact_id])
+        try:
+            self.quarantine.admit(
+                manifest,
+                blob=path,
+                inline_body=current[1] if path is None else None,
+                found=problem,
+                detected_by=detected_by,
+                now_ms=self.clock.now_ms(),
+            )
+        except OSError:
+            log.exception("could not quarantine %s; removing it", manifest.artifact_id)
+            if path is not None:
+                path.unlink(missing_ok=True)
+        by = self.stats.corrupt_total
+        by[detected_by] = by.get(detected_by, 0) + 1
+        self.stats.used_bytes -= manifest.size
+        self.stats.artifacts -= 1
+        try:
+            self._on_quarantine(manifest.artifact_id)
+        except Exception:
+            log.exception("on_quarantine hook failed for %s", manifest.artifact_id)
+        return True

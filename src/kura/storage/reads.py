@@ -1,42 +1,92 @@
-"""The read path of ``CacheService``: look-ups, verified reads (hot cache, inline bodies, blob
-files), the "stored and intact" check, and the one place a damaged entry is quarantined.
+"""The read path, ``ArtifactReads``: look-ups, verified reads (hot cache, inline bodies, blob
+files) and the "stored and intact" check. One object, composed by the primary's store
+(``CacheService``) and by a worker's reader (``storage.worker_reads``) over the pieces each
+shares with it (index, files, hot cache, executors); neither inherits it.
 
 Stored bytes are checked against the recorded size and SHA-256 before they are served: the
 size on every open, small blobs (up to ``SMALL_BLOB_BYTES``) by hash on every read, large ones
 by a hash computed while they are sent (``verify_reads="always"``) or, with
 ``verify_reads="changed"``, only when the file's stat signature changed. A mismatch seen on a
 reader thread may be a race with a write of the same key, so the verdict is the writer
-thread's (``_confirm_corrupt_sync``). A local miss is offered to the mesh once
+thread's (``damaged``: the store's ``Eviction._confirm_corrupt_sync`` is the one place an
+entry is dropped for damage). A local miss is offered to the mesh once
 (``StorageHooks.fetch_missing``, read-through).
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import hashlib
 import logging
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
+from kit.clock import Clock
 from kura.core.errors import NotFound
+from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
 from kura.storage.artifact import ArtifactRef, StoredBody
-from kura.storage.blobs import blob_name, stat_signature
+from kura.storage.blobs import BlobFiles, blob_name, stat_signature
 from kura.storage.checksum import SHA256, XXH3_128
-from kura.storage.state import SMALL_BLOB_BYTES, StorageState
+from kura.storage.hooks import StorageHooks
+from kura.storage.hotcache import HotCache
+from kura.storage.index import MetadataIndex
+from kura.storage.state import SMALL_BLOB_BYTES, AccessTimes
 from kura.storage.verify import digest_fd, problem_with_bytes, problem_with_file
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-class ReadPath(StorageState):
-    """Reads, verification and quarantine (module docstring)."""
+
+class ArtifactReads:
+    """Reads and verification (module docstring): an ``ArtifactReader`` over the pieces it
+    shares with the rest of a store. ``index`` returns the opened index (a ``RuntimeError``
+    before it is); ``reader`` is the pool of SQLite reads and file opens; ``writer`` is the one
+    thread that gives verdicts on damage, ``damaged(manifest, detected_by)``: True if the
+    entry now reads as a miss (the primary quarantines it, ``Eviction._confirm_corrupt_sync``;
+    a worker queues it for the primary), False if the caller raced a write and should look
+    again. ``accesses`` takes the hits (LRU); ``hooks`` hears of misses (read-through) and of
+    bodies sent again."""
+
+    def __init__(
+        self,
+        *,
+        index: Callable[[], MetadataIndex],
+        files: BlobFiles,
+        hot: HotCache,
+        verify_reads: str,
+        tenant_id: str,
+        clock: Clock,
+        reader: Executor,
+        writer: Executor,
+        damaged: Callable[[Manifest, str], bool],
+        accesses: AccessTimes,
+        hooks: StorageHooks,
+    ) -> None:
+        self._index = index
+        self.files = files
+        self.hot = hot
+        self.verify_reads = verify_reads
+        self.tenant_id = tenant_id
+        self.clock = clock
+        self._reader = reader
+        self._writer = writer
+        self._damaged = damaged
+        self.accesses = accesses
+        self.hooks = hooks
+
+    def artifact_id(self, ref: ArtifactRef) -> str:
+        return artifact_id(ref.producer, self.tenant_id, ref.namespace_id, ref.key)
+
+    async def _in(self, pool: Executor, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def exists(self, ref: ArtifactRef) -> bool:
-        return await self._in(self._reader, self._require_index().exists, self.artifact_id(ref))
+        return await self._in(self._reader, self._index().exists, self.artifact_id(ref))
 
     async def missing(
         self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
@@ -62,7 +112,7 @@ class ReadPath(StorageState):
         now = self.clock.now_ms()
         for i, aid in enumerate(ids):
             if aid in stored and i not in wrong_size:
-                self._touches[aid] = now
+                self.accesses.note(aid, now)
         absent = [i for i, aid in enumerate(ids) if aid not in stored]
         for n, i in enumerate(absent):
             if await self.hooks.fetch_missing(ids[i], refs[i].namespace_id) is False:
@@ -76,7 +126,7 @@ class ReadPath(StorageState):
         back) is not present: it is quarantined like any damaged entry, so an entry naming it
         reads as a miss (field report B29) until it is stored again. One ``stat`` per file;
         no body is read."""
-        index = self._require_index()
+        index = self._index()
         present: dict[str, int] = {}
         for aid, (size, version_ms, sha256, inline) in index.stored_bodies(ids).items():
             if not inline:
@@ -88,7 +138,7 @@ class ReadPath(StorageState):
                 if on_disk != size:
                     row = index.get(aid)
                     if row is not None and row[0].version_ms == version_ms:
-                        self._writer.submit(self._confirm_corrupt_sync, row[0], "read").result()
+                        self._writer.submit(self._damaged, row[0], "read").result()
                     continue
             present[aid] = size
         return present
@@ -96,9 +146,7 @@ class ReadPath(StorageState):
     def note_access(self, accesses: dict[str, int]) -> None:
         """Record reads made elsewhere (a worker process's hits, ``kura.workers``): artifact id
         -> unix ms, kept if later than what is noted; flushed with this node's own reads."""
-        for aid, at_ms in accesses.items():
-            if at_ms > self._touches.get(aid, 0):
-                self._touches[aid] = at_ms
+        self.accesses.merge(accesses)
 
     async def intact(self, ref: ArtifactRef, size_bytes: int | None = None) -> bool:
         """Stored and intact: what a PUT route that skips existing keys must ask instead of
@@ -125,7 +173,7 @@ class ReadPath(StorageState):
                 body = await self._read_cached(aid)
         if body is None:
             raise NotFound("Artifact not found")
-        self._touches[aid] = self.clock.now_ms()
+        self.accesses.note(aid, self.clock.now_ms())
         return body
 
     async def _read_cached(self, aid: str) -> StoredBody | None:
@@ -158,11 +206,11 @@ class ReadPath(StorageState):
             body.verified = True
             return body
         body.close()
-        self._writer.submit(self._confirm_corrupt_sync, body.manifest, "read").result()
+        self._writer.submit(self._damaged, body.manifest, "read").result()
         return None
 
     async def read_manifest(self, aid: str) -> Manifest | None:
-        row = await self._in(self._reader, self._require_index().get, aid)
+        row = await self._in(self._reader, self._index().get, aid)
         return None if row is None else row[0]
 
     def _read_sync(self, aid: str) -> StoredBody | None:
@@ -173,7 +221,7 @@ class ReadPath(StorageState):
         file and row are consistent: it re-checks, and drops the entry only if it is really
         corrupt. A race just means "look again".
         """
-        index = self._require_index()
+        index = self._index()
         for _attempt in range(5):
             row = index.get(aid)
             if row is None:
@@ -186,7 +234,7 @@ class ReadPath(StorageState):
                 body = self._open_verified(manifest, sig, xxh3)
                 if body is not None:
                     return body
-            if self._writer.submit(self._confirm_corrupt_sync, manifest, "read").result():
+            if self._writer.submit(self._damaged, manifest, "read").result():
                 return None
         return None
 
@@ -221,7 +269,7 @@ class ReadPath(StorageState):
         if _sha256_fileobj(f) == manifest.sha256:
             f.seek(0)
             self._writer.submit(
-                self._require_index().set_stat_sig, manifest.artifact_id, stat_signature(st)
+                self._index().set_stat_sig, manifest.artifact_id, stat_signature(st)
             ).result()
             return StoredBody(manifest, file=f)
         f.close()
@@ -231,19 +279,10 @@ class ReadPath(StorageState):
         """The one place the integrity checks map a manifest to its blob file."""
         return self.files.blob_path(manifest)
 
-    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
-        """Senders verified rows without a checksum with SHA-256 and computed each one's
-        XXH3-128 in the same pass: record ``(manifest, xxh3_128)`` pairs (one writer-thread
-        task, not waited for; best effort) so the next read of that version checks the fast
-        one (``MetadataIndex.set_xxh3_128``)."""
-        index = self._require_index()
-        with contextlib.suppress(RuntimeError):  # the writer pool is shutting down
-            self._writer.submit(index.set_xxh3_128, list(found))
-
     async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
         """A sender found ``manifest``'s bytes damaged: re-check them on the writer thread and
         quarantine the entry if they really are. True if it was quarantined."""
-        return await self._in(self._writer, self._confirm_corrupt_sync, manifest, detected_by)
+        return await self._in(self._writer, self._damaged, manifest, detected_by)
 
     async def verify_stored(
         self,
@@ -277,7 +316,7 @@ class ReadPath(StorageState):
         pace: Callable[[int], None] | None,
         size_bytes: int | None = None,
     ) -> bool:
-        index = self._require_index()
+        index = self._index()
         for _attempt in range(5):
             row = index.get(aid)
             if row is None:
@@ -293,68 +332,9 @@ class ReadPath(StorageState):
                 problem = problem_with_file(self._blob_path(manifest), manifest, pace)
             if problem is None:
                 return True
-            if self._writer.submit(self._confirm_corrupt_sync, manifest, detected_by).result():
+            if self._writer.submit(self._damaged, manifest, detected_by).result():
                 return False
         return False
-
-    def _confirm_corrupt_sync(self, manifest: Manifest, detected_by: str) -> bool:
-        """Writer thread (no commit runs concurrently): if ``manifest`` is still the stored
-        version and its bytes still do not match it, quarantine the entry and return True.
-        False means the caller raced a write and should look again.
-
-        This is the one place an entry is dropped for damage: the file (or inline body) moves to
-        the quarantine, the row goes, the hot cache and disk accounting follow, a WARNING names
-        what was expected and what was found, and ``on_quarantine`` is told.
-        """
-        index = self._require_index()
-        current = index.get(manifest.artifact_id)
-        if current is None or current[0] != manifest:
-            return False
-        path = None if manifest.inline else self._blob_path(manifest)
-        if path is None:
-            problem = problem_with_bytes(current[1], manifest)
-        else:
-            problem = problem_with_file(path, manifest)
-        if problem is None:
-            return False
-        if index.read_only:  # cannot drop it now: a miss, until a restart reconciles
-            return True
-        log.warning(
-            "quarantined artifact %s (producer %s, namespace %r, key %r): expected %d bytes "
-            "with sha256 %s, but %s (detected by %s)",
-            manifest.artifact_id,
-            manifest.producer,
-            manifest.namespace_id,
-            manifest.key,
-            manifest.size,
-            manifest.sha256,
-            problem,
-            detected_by,
-        )
-        index.delete([manifest.artifact_id])
-        self.hot.invalidate([manifest.artifact_id])
-        try:
-            self.quarantine.admit(
-                manifest,
-                blob=path,
-                inline_body=current[1] if path is None else None,
-                found=problem,
-                detected_by=detected_by,
-                now_ms=self.clock.now_ms(),
-            )
-        except OSError:
-            log.exception("could not quarantine %s; removing it", manifest.artifact_id)
-            if path is not None:
-                path.unlink(missing_ok=True)
-        by = self.stats.corrupt_total
-        by[detected_by] = by.get(detected_by, 0) + 1
-        self.stats.used_bytes -= manifest.size
-        self.stats.artifacts -= 1
-        try:
-            self._on_quarantine(manifest.artifact_id)
-        except Exception:
-            log.exception("on_quarantine hook failed for %s", manifest.artifact_id)
-        return True
 
     async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
         """``read_by_id`` for many ids in one reader-thread call, without the hot cache: each

@@ -43,14 +43,17 @@ The mesh is reached only through ``hooks`` (``storage.hooks.StorageHooks``), giv
 construction: replication targets, the shipper's wake-up, read-through of a local miss and the
 bootstrap's eviction floor; the default ``NoHooks`` is a node on its own.
 
-This module owns construction, lifecycle, namespace cleans and peer paging. The outbox, the
-change feed, the cursors into peers' feeds and the range digests are reached only through
-``replica_log`` (the ``storage.ports.ReplicaLog`` port, ``storage.replica_log``). The rest
-is split by job into classes over one shared state (``storage.state``) that ``CacheService``
-combines: ``storage.reads`` (reads, verification, quarantine), ``storage.write_path``
-(checks, staging, commit), ``storage.eviction`` and ``storage.replica`` (copies from peers).
-Bytes live behind ``storage.blobstore.BlobStore`` (``storage.blobs.BlobFiles`` on disk),
-metadata in ``storage.index``.
+This module owns construction, lifecycle and peer paging. The outbox, the change feed, the
+cursors into peers' feeds and the range digests are reached only through ``replica_log`` (the
+``storage.ports.ReplicaLog`` port, ``storage.replica_log``). The read path is
+one object, ``storage.reads.ArtifactReads``, over the index, files, hot cache and executors it
+shares with the store (a worker's reader composes the same one, ``storage.worker_reads``);
+``CacheService`` hands its reads to it. The writing side is still one line of classes over
+one shared state (``storage.state``): ``storage.replica`` (copies from peers) over
+``storage.write_path`` (checks, staging, commit, namespace cleans) over ``storage.eviction``
+(LRU, and the quarantine of damaged entries). The layers above use the ports
+(``storage.ports``), not this class. Bytes live behind ``storage.blobstore.BlobStore``
+(``storage.blobs.BlobFiles`` on disk), metadata in ``storage.index``.
 
 Blocking work runs off the event loop: SQLite reads and file opens in a small reader pool,
 fsync and hashing in a sync pool, and every index write plus the rename that publishes a blob in
@@ -59,6 +62,7 @@ one single-threaded writer, which serialises commits of the same key.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -67,7 +71,6 @@ from pathlib import Path
 from kit.background import background_pool
 from kit.backoff import every
 from kit.clock import Clock
-from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
 from kura.core.version import ahead_of_skew_ms
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
@@ -81,11 +84,11 @@ from kura.storage.index import MetadataIndex
 from kura.storage.peer_queue import PeerQueues
 from kura.storage.ports import ReplicaLog
 from kura.storage.quarantine import Quarantine
-from kura.storage.reads import ReadPath
+from kura.storage.reads import ArtifactReads
 from kura.storage.recovery import StartReport, open_storage
 from kura.storage.replica import ReplicaApply
 from kura.storage.replica_log import IndexReplicaLog
-from kura.storage.state import SMALL_BLOB_BYTES
+from kura.storage.state import SMALL_BLOB_BYTES, AccessTimes
 from kura.storage.stats import StorageStats
 from kura.storage.verify import ReadVerifier
 from kura.storage.version_clock import VersionClock
@@ -97,7 +100,7 @@ log = logging.getLogger(__name__)
 TOUCH_FLUSH_SECONDS = 5.0
 
 
-class CacheService(ReadPath, ReplicaApply):
+class CacheService(ReplicaApply):
     """See module docstring. Create, ``await start()``, use, ``await close()``."""
 
     def __init__(
@@ -121,7 +124,6 @@ class CacheService(ReadPath, ReplicaApply):
         hooks: StorageHooks | None = None,
     ) -> None:
         self.files = BlobFiles(data_dir, tmp_dir)
-        self.verify_reads = verify_reads
         self.quarantine = Quarantine(data_dir / "quarantine", quarantine_max_bytes)
         self.verifier = ReadVerifier()
         self._on_quarantine = on_quarantine
@@ -164,8 +166,22 @@ class CacheService(ReadPath, ReplicaApply):
         # Local writes of at most this many bytes are stored inline (KURA_INLINE_MAX_BYTES).
         self.inline_max_bytes = inline_max_bytes
         self.versions = VersionClock()
-        self._touches: dict[str, int] = {}
+        self.accesses = AccessTimes()
         self.start_report = StartReport()
+        # The read path, one object over the pieces it shares with the rest (storage.reads).
+        self.reads = ArtifactReads(
+            index=self._require_index,
+            files=self.files,
+            hot=self.hot,
+            verify_reads=verify_reads,
+            tenant_id=tenant_id,
+            clock=clock,
+            reader=self._reader,
+            writer=self._writer,
+            damaged=self._confirm_corrupt_sync,
+            accesses=self.accesses,
+            hooks=self.hooks,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -256,53 +272,63 @@ class CacheService(ReadPath, ReplicaApply):
         if touches and not index.read_only and not full:
             await self._in(self._writer, index.touch, touches)
 
-    # -- namespaces --------------------------------------------------------------------------
+    # -- reads (storage.reads.ArtifactReads: this store's ArtifactReader) --------------------
 
-    async def delete_namespace(
-        self, namespace_id: str, version_ms: int | None = None, *, source: str = "local"
-    ) -> int:
-        """Tombstone ``namespace_id`` at ``version_ms`` (default: a new local version) and delete
-        every artifact of it at or below that version. A local clean is enqueued for every
-        replication target; a tombstone from a peer is not. Returns the tombstone version.
+    async def exists(self, ref: ArtifactRef) -> bool:
+        return await self.reads.exists(ref)
 
-        A local clean's version is issued in the writer thread above every version of the
-        namespace held here; a peer's tombstone too far ahead raises ``FutureVersion``."""
-        self._check_writable()
-        if source != "local" and version_ms is not None:
-            self._admit(version_ms, source, f"tombstone of namespace {namespace_id!r}")
-        peers: Sequence[str] = self.hooks.replication_targets() if source == "local" else ()
-        applied, version = await self._in(
-            self._writer, self._delete_namespace_sync, namespace_id, version_ms, peers
+    async def missing(
+        self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
+    ) -> list[ArtifactRef]:
+        return await self.reads.missing(refs, sizes)
+
+    async def read(self, ref: ArtifactRef) -> StoredBody:
+        return await self.reads.read(ref)
+
+    async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
+        return await self.reads.read_by_id(aid, hashed=hashed)
+
+    async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
+        return await self.reads.read_many(aids)
+
+    async def read_manifest(self, aid: str) -> Manifest | None:
+        return await self.reads.read_manifest(aid)
+
+    async def intact(self, ref: ArtifactRef, size_bytes: int | None = None) -> bool:
+        return await self.reads.intact(ref, size_bytes)
+
+    async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
+        return await self.reads.report_corrupt(manifest, detected_by)
+
+    async def verify_stored(
+        self,
+        artifact_id: str,
+        *,
+        detected_by: str,
+        pace: Callable[[int], None] | None = None,
+        executor: ThreadPoolExecutor | None = None,
+        size_bytes: int | None = None,
+    ) -> bool:
+        return await self.reads.verify_stored(
+            artifact_id,
+            detected_by=detected_by,
+            pace=pace,
+            executor=executor,
+            size_bytes=size_bytes,
         )
-        self._count(source + "_tombstone", "applied" if applied else "ignored_older")
-        if applied and peers:
-            self.hooks.on_outbox_write()
-        if source == "local" and not applied:
-            raise Unavailable("the clean was not applied (an equal tombstone exists); retry it")
-        return version
 
-    def _delete_namespace_sync(
-        self, namespace_id: str, version_ms: int | None, peers: Sequence[str]
-    ) -> tuple[bool, int]:
+    def note_access(self, accesses: dict[str, int]) -> None:
+        """Reads made elsewhere (a worker's hits): artifact id -> unix ms, kept if later."""
+        self.accesses.merge(accesses)
+
+    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
+        """Senders verified rows without a checksum with SHA-256 and computed each one's
+        XXH3-128 in the same pass: record ``(manifest, xxh3_128)`` pairs (one writer-thread
+        task, not waited for; best effort) so the next read of that version checks the fast
+        one (``MetadataIndex.set_xxh3_128``)."""
         index = self._require_index()
-        if version_ms is None:
-            version_ms = self.versions.issue(
-                self.clock.now_ms(),
-                index.max_version_ms(namespace_id),
-                index.tombstone(namespace_id),
-            )
-        peers = self.queues.admit(index.connection(), peers, self.clock.now_ms())
-        victims = index.apply_tombstone(namespace_id, version_ms, self.clock.now_ms(), peers)
-        if victims is None:
-            return False, version_ms
-        self.hot.invalidate([v[0] for v in victims])
-        self.queues.enqueued(peers)
-        for aid, size, inline in victims:
-            if not inline:
-                self._unlink_artifact_later(aid)
-            self.stats.used_bytes -= size
-            self.stats.artifacts -= 1
-        return True, version_ms
+        with contextlib.suppress(RuntimeError):  # the writer pool is shutting down
+            self._writer.submit(index.set_xxh3_128, list(found))
 
     # -- paging for peers ----------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""The state and helpers shared by the parts of ``CacheService`` (``storage.service``): the
-read path (``storage.reads``), eviction (``storage.eviction``), the write path and budget
-(``storage.write_path``) and copies from peers (``storage.replica``). Each part is a class
-over ``StorageState``; ``CacheService`` combines them and owns construction and lifecycle.
+"""The state and helpers shared by the writing parts of ``CacheService`` (``storage.service``):
+eviction (``storage.eviction``), the write path and budget (``storage.write_path``) and copies
+from peers (``storage.replica``), each a class over the one before, ``StorageState`` last;
+``CacheService`` owns construction and lifecycle. The read path is not one of them: it is an
+object (``storage.reads.ArtifactReads``) given the pieces it needs, among them the
+``AccessTimes`` defined here.
 
 The threading rules are ``storage.service``'s: SQLite reads and file opens in the reader pool,
 fsync and hashing in the sync pool, every index write (and the rename that publishes a blob)
@@ -15,7 +17,7 @@ import logging
 import os
 import shutil
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import cached_property
 from typing import Concatenate, ParamSpec, TypeVar
@@ -54,13 +56,36 @@ T = TypeVar("T")
 SMALL_BLOB_BYTES = 64 * 1024
 
 
+class AccessTimes:
+    """Reads not yet recorded in the index (its LRU): artifact id -> unix ms. Written on the
+    event loop; the writer thread may look up ``pending`` (the dict of the moment) to spare an
+    artifact read since the times it was handed."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, int] = {}
+
+    def note(self, artifact_id: str, at_ms: int) -> None:
+        """A read now (``at_ms``, unix ms)."""
+        self.pending[artifact_id] = at_ms
+
+    def merge(self, accesses: Mapping[str, int]) -> None:
+        """Reads made elsewhere (a worker's), each kept if later than the one noted."""
+        for aid, at_ms in accesses.items():
+            if at_ms > self.pending.get(aid, 0):
+                self.pending[aid] = at_ms
+
+    def take(self) -> dict[str, int]:
+        """The reads noted since the last call."""
+        taken, self.pending = self.pending, {}
+        return taken
+
+
 class StorageState:
     """The state every part of ``CacheService`` shares (set in ``CacheService.__init__``), and
     the small helpers they all use: identity, the skew gate, disk-space checks, counters, the
     executors. Not used on its own."""
 
     files: BlobFiles
-    verify_reads: str
     quarantine: Quarantine
     verifier: ReadVerifier
     _on_quarantine: Callable[[str], None]
@@ -83,7 +108,7 @@ class StorageState:
     max_inline_bytes: int
     inline_max_bytes: int
     versions: VersionClock
-    _touches: dict[str, int]
+    accesses: AccessTimes
     start_report: StartReport
     # Whether the last free-space check refused a write (``_check_free_disk``): the disk is
     # full for writes even while a little more than the floor is free.
@@ -194,7 +219,7 @@ class StorageState:
     def _take_touches(self) -> dict[str, int]:
         """The access times read since the last call (the index records them next); the
         hooks are told too (``StorageHooks.touched``: the bucket's touch markers)."""
-        touches, self._touches = self._touches, {}
+        touches = self.accesses.take()
         if touches:
             self.hooks.touched(touches)
         return touches

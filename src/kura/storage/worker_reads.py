@@ -1,6 +1,7 @@
 """The ``ArtifactReader`` of a worker process (``kura.workers``): the primary's read path
 (``storage.reads``) over a read-only connection to the same SQLite file, never writing
-anything. It has no write path at all: ``WorkerReads`` is a ``ReadPath``, not a store.
+anything. It has no write path at all: ``WorkerReads`` composes the read path
+(``storage.reads.ArtifactReads``) and is no store.
 
 A worker serves GET and HEAD hits itself and hands everything else to the primary, the one
 process that owns the data dir. This reader answers a miss as any reader does (``read`` raises
@@ -37,17 +38,16 @@ from pathlib import Path
 
 from kit.clock import Clock
 from kura.core.manifest import Manifest
-from kura.storage.artifact import ArtifactRef
+from kura.storage.artifact import ArtifactRef, StoredBody
 from kura.storage.blobs import BlobFiles
-from kura.storage.group_commit import GroupCommitWriter
 from kura.storage.hooks import NoHooks
 from kura.storage.hot_generation import SharedGeneration
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
-from kura.storage.reads import ReadPath
+from kura.storage.reads import ArtifactReads
 from kura.storage.recovery import INDEX_NAME
 from kura.storage.schema import READABLE_SCHEMA_VERSIONS
-from kura.storage.state import SMALL_BLOB_BYTES
+from kura.storage.state import SMALL_BLOB_BYTES, AccessTimes
 from kura.storage.verify import ReadVerifier
 
 
@@ -94,10 +94,10 @@ class SharedReadIndex(MetadataIndex):
         return None
 
 
-class WorkerReads(ReadPath):
+class WorkerReads:
     """The ``ArtifactReader`` of a worker process (module docstring): the primary's read path
-    over the shared index and blob files, and nothing of its write path. Create, ``attach()``,
-    use, ``close()``."""
+    (``storage.reads.ArtifactReads``) over the shared index and blob files, and nothing of its
+    write path. Create, ``attach()``, use, ``close()``."""
 
     def __init__(
         self,
@@ -110,23 +110,32 @@ class WorkerReads(ReadPath):
         hot_cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.files = BlobFiles(data_dir, tmp_dir)
-        self.verify_reads = verify_reads
         self.verifier = ReadVerifier()
         self.hot = HotCache(hot_cache_bytes, SMALL_BLOB_BYTES)
-        # A miss is a miss here: whether the primary (or, through it, a peer) has it is the
-        # worker app's routing decision (kura.workers.worker), not this reader's.
-        self.hooks = NoHooks()
-        self.tenant_id = tenant_id
         self.clock = clock
-        self._index = None
+        self._index: SharedReadIndex | None = None
         self._reader = ThreadPoolExecutor(4, thread_name_prefix="kura-read")
-        # Where the primary's read path asks the writer thread for a verdict on damage
-        # (``_confirm_corrupt_sync``) and for the stat signatures it would record (dropped by
-        # ``SharedReadIndex``): one thread, as the primary's, so the verdicts are serialised.
-        self._writer = GroupCommitWriter("kura-write")
-        self._touches = {}
+        # Where the read path asks for a verdict on damage (``_suspect_sync``) and records the
+        # stat signatures (dropped by ``SharedReadIndex``): one thread, as the primary's writer.
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="kura-write")
+        self.accesses = AccessTimes()
         self.suspects: list[str] = []  # ids whose bytes failed a check here, for the primary
         self.checksums: list[tuple[Manifest, str]] = []  # verified here, for the primary
+        self.reads = ArtifactReads(
+            index=self._require_index,
+            files=self.files,
+            hot=self.hot,
+            verify_reads=verify_reads,
+            tenant_id=tenant_id,
+            clock=clock,
+            reader=self._reader,
+            writer=self._writer,
+            damaged=self._suspect_sync,
+            accesses=self.accesses,
+            # A miss is a miss here: whether the primary (or, through it, a peer) has it is
+            # the worker app's routing decision (kura.workers.worker), not this reader's.
+            hooks=NoHooks(),
+        )
 
     def attach(self, *, immutable: bool = False) -> None:
         """Open the shared index and change counter (the primary created both; it holds the
@@ -134,21 +143,63 @@ class WorkerReads(ReadPath):
         self._index = SharedReadIndex(self.files.data_dir / INDEX_NAME, immutable=immutable)
         self.hot.share(SharedGeneration.open(self.files.data_dir), follow=True)
 
+    def _require_index(self) -> MetadataIndex:
+        if self._index is None:
+            raise RuntimeError("WorkerReads.attach() has not been called")
+        return self._index
+
     async def close(self) -> None:
-        """Release the threads and this thread's connection. Safe to call once."""
+        """Release the threads. Safe to call once."""
         self.verifier.close()
         for pool in (self._reader, self._writer):
             pool.shutdown(wait=True)
 
+    # -- ArtifactReader (kura.storage.ports) ---------------------------------------------------
+
+    def artifact_id(self, ref: ArtifactRef) -> str:
+        return self.reads.artifact_id(ref)
+
+    async def exists(self, ref: ArtifactRef) -> bool:
+        """As the primary's, and a hit is noted for the primary's LRU (``take_accesses``)."""
+        found = await self.reads.exists(ref)
+        if found:
+            self.accesses.note(self.artifact_id(ref), self.clock.now_ms())
+        return found
+
+    async def missing(
+        self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
+    ) -> list[ArtifactRef]:
+        return await self.reads.missing(refs, sizes)
+
+    async def read(self, ref: ArtifactRef) -> StoredBody:
+        return await self.reads.read(ref)
+
+    async def read_manifest(self, aid: str) -> Manifest | None:
+        return await self.reads.read_manifest(aid)
+
+    async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
+        return await self.reads.read_by_id(aid, hashed=hashed)
+
+    async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
+        return await self.reads.read_many(aids)
+
+    async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
+        return await self.reads.report_corrupt(manifest, detected_by)
+
+    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
+        """Queue them for the primary, which records each if the row is still that version."""
+        self.checksums.extend(found)
+
+    # -- what goes to the primary (kura.workers.worker) ----------------------------------------
+
     @property
     def pending_accesses(self) -> Mapping[str, int]:
         """The hits ``take_accesses`` would return now (read only)."""
-        return self._touches
+        return self.accesses.pending
 
     def take_accesses(self) -> dict[str, int]:
         """The hits since the last call, artifact id -> unix ms (for the primary's LRU)."""
-        touches, self._touches = self._touches, {}
-        return touches
+        return self.accesses.take()
 
     def take_suspects(self) -> list[str]:
         found, self.suspects = self.suspects, []
@@ -168,27 +219,15 @@ class WorkerReads(ReadPath):
         """Queue again what a post to the primary that failed carried. Sending twice is
         harmless (a post that timed out may have been recorded): an access time is kept as the
         later one, a suspect is only re-verified, a checksum fills only an empty one."""
-        for aid, at_ms in accesses.items():
-            if self._touches.get(aid, 0) < at_ms:
-                self._touches[aid] = at_ms
+        self.accesses.merge(accesses)
         self.suspects = list(dict.fromkeys([*suspects, *self.suspects]))
         self.checksums = [*checksums, *self.checksums]
 
-    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
-        """Queue them for the primary, which records each if the row is still that version."""
-        self.checksums.extend(found)
-
-    async def exists(self, ref: ArtifactRef) -> bool:
-        """As the primary's, and a hit is noted for the primary's LRU (``take_accesses``)."""
-        found = await super().exists(ref)
-        if found:
-            self._touches[self.artifact_id(ref)] = self.clock.now_ms()
-        return found
-
-    def _confirm_corrupt_sync(self, manifest: Manifest, detected_by: str) -> bool:
-        """Never drop an entry here: read it as a miss (forwarded). If its row is still the one
-        read, the bytes really fail their check (the primary unlinks a file only after its row
-        changed), so the id goes to the primary to verify; a changed row was a race."""
+    def _suspect_sync(self, manifest: Manifest, detected_by: str) -> bool:
+        """The verdict on damage (``ArtifactReads``' ``damaged``): never drop an entry here;
+        read it as a miss. If its row is still the one read, the bytes really fail their check
+        (the primary unlinks a file only after its row changed), so the id goes to the primary
+        to verify; a changed row was a race."""
         current = self._require_index().get(manifest.artifact_id)
         if current is not None and current[0] == manifest:
             self.suspects.append(manifest.artifact_id)

@@ -10,6 +10,8 @@ reservation, and its group's WAL fsync (``storage.group_commit``) is its only fs
 write's version is issued on the writer thread above the stored copy's and the namespace
 tombstone's, so an acknowledged local write always wins. A failed or rejected write leaves no
 blob, no index row and no reserved bytes. Eviction makes room first (``storage.eviction``).
+A namespace clean (``delete_namespace``) is a write too: a tombstone and the deletion of every
+artifact under it, in one transaction with its outbox messages.
 """
 
 from __future__ import annotations
@@ -144,6 +146,54 @@ class WritePath(Eviction):
         nothing) PayloadTooLarge above it, InsufficientStorage above the disk budget,
         ResourceExhausted without the free disk space."""
         return await self._put_small(ref, data, self.max_inline_bytes, content_type, {}, None)
+
+    # -- namespace cleans --------------------------------------------------------------------------
+
+    async def delete_namespace(
+        self, namespace_id: str, version_ms: int | None = None, *, source: str = "local"
+    ) -> int:
+        """Tombstone ``namespace_id`` at ``version_ms`` (default: a new local version) and delete
+        every artifact of it at or below that version. A local clean is enqueued for every
+        replication target; a tombstone from a peer is not. Returns the tombstone version.
+
+        A local clean's version is issued in the writer thread above every version of the
+        namespace held here; a peer's tombstone too far ahead raises ``FutureVersion``."""
+        self._check_writable()
+        if source != "local" and version_ms is not None:
+            self._admit(version_ms, source, f"tombstone of namespace {namespace_id!r}")
+        peers: Sequence[str] = self.hooks.replication_targets() if source == "local" else ()
+        applied, version = await self._in(
+            self._writer, self._delete_namespace_sync, namespace_id, version_ms, peers
+        )
+        self._count(source + "_tombstone", "applied" if applied else "ignored_older")
+        if applied and peers:
+            self.hooks.on_outbox_write()
+        if source == "local" and not applied:
+            raise Unavailable("the clean was not applied (an equal tombstone exists); retry it")
+        return version
+
+    def _delete_namespace_sync(
+        self, namespace_id: str, version_ms: int | None, peers: Sequence[str]
+    ) -> tuple[bool, int]:
+        index = self._require_index()
+        if version_ms is None:
+            version_ms = self.versions.issue(
+                self.clock.now_ms(),
+                index.max_version_ms(namespace_id),
+                index.tombstone(namespace_id),
+            )
+        peers = self.queues.admit(index.connection(), peers, self.clock.now_ms())
+        victims = index.apply_tombstone(namespace_id, version_ms, self.clock.now_ms(), peers)
+        if victims is None:
+            return False, version_ms
+        self.hot.invalidate([v[0] for v in victims])
+        self.queues.enqueued(peers)
+        for aid, size, inline in victims:
+            if not inline:
+                self._unlink_artifact_later(aid)
+            self.stats.used_bytes -= size
+            self.stats.artifacts -= 1
+        return True, version_ms
 
     async def _commit_staged(
         self,
