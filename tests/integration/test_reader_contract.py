@@ -1,6 +1,6 @@
 """One contract for every ``ArtifactReader`` (``kura.storage.ports``): the same assertions run
 against the primary's store (``CacheService``) and a worker's read-only reader
-(``WorkerReads``, attached to the primary's data dir as a worker process attaches), in-process:
+(``WorkerReads.reads``, attached to the primary's data dir as a worker process attaches), in-process:
 a real SQLite index and blob files, written by the primary's writer.
 
 The contract: a stored artifact reads back byte for byte (inline, small and large bodies, the
@@ -61,7 +61,7 @@ async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
         worker = WorkerReads(data_dir=data, tmp_dir=tmp, tenant_id="t", clock=SystemClock())
         worker.attach()
     try:
-        yield Pair(store, worker if worker is not None else store)
+        yield Pair(store, worker.reads if worker is not None else store)
     finally:
         if worker is not None:
             await worker.close()

@@ -26,6 +26,7 @@ import pytest
 
 from kura.storage import ports
 from kura.storage.ports import ArtifactReader, ArtifactWriter, PeerPages, WorkerSupport
+from kura.storage.reads import ArtifactReads
 from kura.storage.service import CacheService
 from kura.storage.worker_reads import WorkerReads
 
@@ -33,7 +34,7 @@ MAX_MEMBERS = 10
 ROOT = Path(__file__).resolve().parents[2]
 
 IMPLEMENTATIONS: dict[type[Any], list[type[Any]]] = {
-    ArtifactReader: [CacheService, WorkerReads],
+    ArtifactReader: [CacheService, ArtifactReads],
     ArtifactWriter: [CacheService],
     PeerPages: [CacheService],
     WorkerSupport: [CacheService],
@@ -44,7 +45,7 @@ def _conformance(
     store: CacheService, worker: WorkerReads
 ) -> tuple[ArtifactReader, ArtifactReader, ArtifactWriter, PeerPages, WorkerSupport]:
     """Never called: mypy checks that each assignment to a port type is accepted."""
-    return store, worker, store, store, store
+    return store, worker.reads, store, store, store
 
 
 def port_classes() -> list[type[Any]]:
@@ -130,10 +131,11 @@ def test_each_implementation_has_every_member_of_its_port(port: type[Any], impl:
 def test_the_worker_reader_is_not_a_writer() -> None:
     """The worker's reader shares the read path, not the store: nothing of the write path to
     disable (issue 27: it subclassed ``CacheService`` and raised on writes)."""
-    assert not issubclass(WorkerReads, CacheService)
-    for name in members(ArtifactWriter) - members(ArtifactReader):
-        if name != "intact":  # the "stored and intact" check is the read path's own
-            assert not hasattr(WorkerReads, name), name
+    for reader in (WorkerReads, ArtifactReads):
+        assert not issubclass(reader, CacheService)
+        for name in members(ArtifactWriter) - members(ArtifactReader):
+            if name != "intact":  # the "stored and intact" check is the read path's own
+                assert not hasattr(reader, name), name
 
 
 def test_mypy_accepts_the_implementations() -> None:
@@ -163,8 +165,9 @@ def test_the_layers_above_name_no_concrete_store(package: str) -> None:
 
 
 def test_the_worker_reader_inherits_nothing() -> None:
-    """It composes the read path (``storage.reads.ArtifactReads``); it is in no class chain."""
+    """It composes the read path (``storage.reads.ArtifactReads``); neither is in a chain."""
     assert WorkerReads.__mro__ == (WorkerReads, object)
+    assert ArtifactReads.__mro__ == (ArtifactReads, object)
 
 
 # Still two query mixins over the SQLite connection (``storage.paging``, ``storage.outbox_queries``),

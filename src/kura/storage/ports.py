@@ -5,8 +5,9 @@ Each is a ``typing.Protocol`` of about ten members at most (``tests/unit/test_po
 them), satisfied structurally:
 
 * ``ArtifactReader``: look-ups and verified reads. Implemented by the primary's store
-  (``storage.service.CacheService``) and by a worker's read-only reader
-  (``storage.worker_reads.WorkerReads``); one contract suite runs over both
+  (``storage.service.CacheService``) and by the read path itself
+  (``storage.reads.ArtifactReads``), a worker's read-only reader as
+  ``storage.worker_reads.WorkerReads`` composes it; one contract suite runs over both
   (``tests/integration/test_reader_contract.py``). A reader answers a miss as a miss (``read``
   raises ``NotFound``, ``exists`` is False, ``read_manifest`` None): whether someone else may
   have it (a peer, the primary) is decided above storage, by read-through or by the worker

@@ -35,7 +35,7 @@ from kura.storage.hooks import StorageHooks
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
 from kura.storage.state import SMALL_BLOB_BYTES, AccessTimes
-from kura.storage.verify import digest_fd, problem_with_bytes, problem_with_file
+from kura.storage.verify import ReadVerifier, digest_fd, problem_with_bytes, problem_with_file
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,9 @@ class ArtifactReads:
     thread that gives verdicts on damage, ``damaged(manifest, detected_by)``: True if the
     entry now reads as a miss (the primary quarantines it, ``Eviction._confirm_corrupt_sync``;
     a worker queues it for the primary), False if the caller raced a write and should look
-    again. ``accesses`` takes the hits (LRU); ``hooks`` hears of misses (read-through) and of
-    bodies sent again."""
+    again. ``accesses`` takes the hits (LRU), those of ``exists`` too when ``note_exists``;
+    ``record_checksums`` takes the XXH3-128 senders computed (``record_xxh3_128``); ``hooks``
+    hears of misses (read-through) and of bodies sent again."""
 
     def __init__(
         self,
@@ -58,6 +59,7 @@ class ArtifactReads:
         index: Callable[[], MetadataIndex],
         files: BlobFiles,
         hot: HotCache,
+        verifier: ReadVerifier,
         verify_reads: str,
         tenant_id: str,
         clock: Clock,
@@ -65,11 +67,14 @@ class ArtifactReads:
         writer: Executor,
         damaged: Callable[[Manifest, str], bool],
         accesses: AccessTimes,
+        record_checksums: Callable[[list[tuple[Manifest, str]]], None],
         hooks: StorageHooks,
+        note_exists: bool = False,
     ) -> None:
         self._index = index
         self.files = files
         self.hot = hot
+        self.verifier = verifier
         self.verify_reads = verify_reads
         self.tenant_id = tenant_id
         self.clock = clock
@@ -77,7 +82,9 @@ class ArtifactReads:
         self._writer = writer
         self._damaged = damaged
         self.accesses = accesses
+        self._record_checksums = record_checksums
         self.hooks = hooks
+        self._note_exists = note_exists
 
     def artifact_id(self, ref: ArtifactRef) -> str:
         return artifact_id(ref.producer, self.tenant_id, ref.namespace_id, ref.key)
@@ -86,7 +93,16 @@ class ArtifactReads:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def exists(self, ref: ArtifactRef) -> bool:
-        return await self._in(self._reader, self._index().exists, self.artifact_id(ref))
+        aid = self.artifact_id(ref)
+        found = await self._in(self._reader, self._index().exists, aid)
+        if found and self._note_exists:
+            self.accesses.note(aid, self.clock.now_ms())
+        return found
+
+    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
+        """Checksums senders computed while verifying rows that had none: ``record_checksums``
+        (best effort)."""
+        self._record_checksums(list(found))
 
     async def missing(
         self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None

@@ -173,6 +173,7 @@ class CacheService(ReplicaApply):
             index=self._require_index,
             files=self.files,
             hot=self.hot,
+            verifier=self.verifier,
             verify_reads=verify_reads,
             tenant_id=tenant_id,
             clock=clock,
@@ -180,6 +181,7 @@ class CacheService(ReplicaApply):
             writer=self._writer,
             damaged=self._confirm_corrupt_sync,
             accesses=self.accesses,
+            record_checksums=self.record_xxh3_128,
             hooks=self.hooks,
         )
 

@@ -38,7 +38,6 @@ from pathlib import Path
 
 from kit.clock import Clock
 from kura.core.manifest import Manifest
-from kura.storage.artifact import ArtifactRef, StoredBody
 from kura.storage.blobs import BlobFiles
 from kura.storage.hooks import NoHooks
 from kura.storage.hot_generation import SharedGeneration
@@ -95,9 +94,10 @@ class SharedReadIndex(MetadataIndex):
 
 
 class WorkerReads:
-    """The ``ArtifactReader`` of a worker process (module docstring): the primary's read path
-    (``storage.reads.ArtifactReads``) over the shared index and blob files, and nothing of its
-    write path. Create, ``attach()``, use, ``close()``."""
+    """What a worker process reads with (module docstring): ``reads``, its ``ArtifactReader``,
+    is the primary's read path (``storage.reads.ArtifactReads``) over the shared index and blob
+    files, with nothing of the write path; beside it, what goes to the primary. Create,
+    ``attach()``, use, ``close()``."""
 
     def __init__(
         self,
@@ -125,6 +125,7 @@ class WorkerReads:
             index=self._require_index,
             files=self.files,
             hot=self.hot,
+            verifier=self.verifier,
             verify_reads=verify_reads,
             tenant_id=tenant_id,
             clock=clock,
@@ -132,9 +133,11 @@ class WorkerReads:
             writer=self._writer,
             damaged=self._suspect_sync,
             accesses=self.accesses,
+            record_checksums=self._queue_checksums,
             # A miss is a miss here: whether the primary (or, through it, a peer) has it is
             # the worker app's routing decision (kura.workers.worker), not this reader's.
             hooks=NoHooks(),
+            note_exists=True,  # a HEAD hit here is a read for the primary's LRU
         )
 
     def attach(self, *, immutable: bool = False) -> None:
@@ -153,42 +156,6 @@ class WorkerReads:
         self.verifier.close()
         for pool in (self._reader, self._writer):
             pool.shutdown(wait=True)
-
-    # -- ArtifactReader (kura.storage.ports) ---------------------------------------------------
-
-    def artifact_id(self, ref: ArtifactRef) -> str:
-        return self.reads.artifact_id(ref)
-
-    async def exists(self, ref: ArtifactRef) -> bool:
-        """As the primary's, and a hit is noted for the primary's LRU (``take_accesses``)."""
-        found = await self.reads.exists(ref)
-        if found:
-            self.accesses.note(self.artifact_id(ref), self.clock.now_ms())
-        return found
-
-    async def missing(
-        self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
-    ) -> list[ArtifactRef]:
-        return await self.reads.missing(refs, sizes)
-
-    async def read(self, ref: ArtifactRef) -> StoredBody:
-        return await self.reads.read(ref)
-
-    async def read_manifest(self, aid: str) -> Manifest | None:
-        return await self.reads.read_manifest(aid)
-
-    async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
-        return await self.reads.read_by_id(aid, hashed=hashed)
-
-    async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
-        return await self.reads.read_many(aids)
-
-    async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
-        return await self.reads.report_corrupt(manifest, detected_by)
-
-    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
-        """Queue them for the primary, which records each if the row is still that version."""
-        self.checksums.extend(found)
 
     # -- what goes to the primary (kura.workers.worker) ----------------------------------------
 
@@ -222,6 +189,10 @@ class WorkerReads:
         self.accesses.merge(accesses)
         self.suspects = list(dict.fromkeys([*suspects, *self.suspects]))
         self.checksums = [*checksums, *self.checksums]
+
+    def _queue_checksums(self, found: list[tuple[Manifest, str]]) -> None:
+        """For the primary, which records each if the row is still that version."""
+        self.checksums.extend(found)
 
     def _suspect_sync(self, manifest: Manifest, detected_by: str) -> bool:
         """The verdict on damage (``ArtifactReads``' ``damaged``): never drop an entry here;

@@ -8,7 +8,7 @@ it) and drains on SIGTERM: stops accepting, lets running requests finish within
 ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, sends its last hits to the primary, exits 0.
 
 Routes: the GET/HEAD routes of the artifact protocols, with their own handlers, auth and
-checks, over ``WorkerReads`` (an ``ArtifactReader``, ``kura.storage.ports``); a catch-all
+checks, over ``WorkerReads.reads`` (an ``ArtifactReader``, ``kura.storage.ports``); a catch-all
 forwards the rest (other methods, probes, /metrics, /status, the status page). Routing decides
 the rest: a miss (a 404 a read route would answer: absent here, or its bytes failed a check)
 is the primary's to answer, which may read it through from a peer, so it is forwarded
@@ -173,7 +173,7 @@ class Worker:
         self.public_tls = PublicTls(cert, key) if cert and key else None
         self.context = ApiContext(
             settings=s,
-            reader=self.service,
+            reader=self.service.reads,
             writer=cast(ArtifactWriter, _ThePrimarys("writes")),
             uploads=cast(MultipartUploads, _ThePrimarys("multipart uploads")),
             forward_misses=True,  # the primary may read them through (module docstring)
