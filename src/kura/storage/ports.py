@@ -1,7 +1,7 @@
 """The ports of storage: the narrow interfaces the layers above it (``kura.api``, ``kura.grpc``,
 ``kura.workers``, ``kura.mesh``) depend on instead of a concrete store.
 
-Each is a ``typing.Protocol`` of about ten members at most (``tests/unit/test_ports.py`` counts
+Each is a ``typing.Protocol`` of at most twelve members (``tests/unit/test_ports.py`` counts
 them), satisfied structurally:
 
 * ``ArtifactReader``: look-ups and verified reads. Implemented by the primary's store
@@ -39,7 +39,6 @@ from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.hotcache import HotCache
 from kura.storage.outbox import CatchUpMark, ChangesPage, OutboxMessage, PeerCursor, RangeDigests
 from kura.storage.verify import ReadVerifier
-
 
 
 class ArtifactReader(Protocol):
