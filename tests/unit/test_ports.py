@@ -172,11 +172,6 @@ def test_the_worker_reader_inherits_nothing() -> None:
     assert ArtifactReads.__mro__ == (ArtifactReads, object)
 
 
-# Still two query mixins over the SQLite connection (``storage.paging``, ``storage.outbox_queries``),
-# which the replica log (issue 27) replaces by typed methods.
-STILL_COMBINED = {"kura.storage.index.MetadataIndex"}
-
-
 def test_no_storage_class_combines_parts_by_inheritance() -> None:
     """Issue 27: no class in ``kura.storage`` has more than one base besides ``Protocol``,
     ``Generic`` or an exception (``CacheService`` combined six mixins over shared state)."""
@@ -192,6 +187,6 @@ def test_no_storage_class_combines_parts_by_inheritance() -> None:
                 if b not in (object, Protocol, Generic) and not issubclass(b, BaseException)
             ]
             name = f"{cls.__module__}.{cls.__qualname__}"
-            if len(bases) > 1 and name not in STILL_COMBINED:
+            if len(bases) > 1:
                 found.append(f"{name}{tuple(b.__name__ for b in bases)}")
     assert found == []

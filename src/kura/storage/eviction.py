@@ -36,7 +36,7 @@ class Eviction(StorageState):
         index = self._require_index()
         need = bytes_to_free(self.stats.used_bytes, incoming_bytes, self.max_disk_bytes)
         while need > 0:
-            batch = index.least_recently_used(256, exclude, self.hooks.eviction_floor_ms())
+            batch = index.paging.least_recently_used(256, exclude, self.hooks.eviction_floor_ms())
             if not batch:
                 return
             victims: list[tuple[str, int, bool]] = []
@@ -84,7 +84,7 @@ class Eviction(StorageState):
         before = cutoff_ms if floor is None else min(cutoff_ms, floor)
         pending = self.accesses.pending  # read only: the event loop may add to it meanwhile
         victims = [
-            v for v in index.least_recently_used(limit, "", before) if pending.get(v[0], 0) < before
+            v for v in index.paging.least_recently_used(limit, "", before) if pending.get(v[0], 0) < before
         ]
         if victims:
             self._drop_sync(victims)

@@ -54,13 +54,16 @@ from kura.storage.schema import (
 )
 
 
-class MetadataIndex(PagingQueries, OutboxQueries):
-    """SQLite access. Thread-safe: each thread gets its own connection."""
+class MetadataIndex:
+    """SQLite access. Thread-safe: each thread gets its own connection. Its paging and outbox
+    queries are ``paging`` and ``outbox`` (``storage.paging``, ``storage.outbox_queries``)."""
 
     def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self._path = path
         self.read_only = read_only
         self._local = threading.local()
+        self.paging = PagingQueries(self._conn)
+        self.outbox = OutboxQueries(self._conn)
         # The expression ``get`` selects for the fast checksum (NULL on a version-1 file).
         self._xxh3_column = "xxh3_128"
         conn = self._conn()

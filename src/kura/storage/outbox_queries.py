@@ -1,11 +1,12 @@
 """Outbox queries of the metadata index: the pending messages of one peer and the depth of
-every peer's queue (deliveries are deleted by ``storage.peer_queue.PeerQueues.acked``). A mixin
-of ``storage.index.MetadataIndex``, with the same rules: blocking, one connection per thread.
+every peer's queue (deliveries are deleted by ``storage.peer_queue.PeerQueues.acked``). A part
+of ``storage.index.MetadataIndex`` (``MetadataIndex.outbox``), with the same rules: blocking, one connection per thread.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from kura.storage.outbox import OutboxMessage
 
@@ -13,8 +14,8 @@ from kura.storage.outbox import OutboxMessage
 class OutboxQueries:
     """The outbox part of ``MetadataIndex`` (``_conn`` is the index's per-thread connection)."""
 
-    def _conn(self) -> sqlite3.Connection:
-        raise NotImplementedError
+    def __init__(self, conn: Callable[[], sqlite3.Connection]) -> None:
+        self._conn = conn  # the index's connection of the calling thread
 
     def outbox_batch(self, peer: str, limit: int) -> list[OutboxMessage]:
         """The oldest ``limit`` messages for ``peer``, oldest first."""

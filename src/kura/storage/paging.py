@@ -1,12 +1,13 @@
 """Paging queries of the metadata index: manifests and tombstones in cursor order, for peers
 (bootstrap, catch-up) and the scrub, and artifacts in eviction order (``storage.eviction``).
-A mixin of ``storage.index.MetadataIndex``, with the same rules: read-only, blocking, one
+A part of ``storage.index.MetadataIndex`` (``MetadataIndex.paging``), with the same rules: read-only, blocking, one
 connection per thread.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from kura.core.manifest import Manifest
 from kura.core.object_layout import OUTBOX_TARGET
@@ -24,8 +25,8 @@ def _cursor(column: str, after: str | None) -> tuple[str, tuple[str, ...]]:
 class PagingQueries:
     """The paging part of ``MetadataIndex`` (``_conn`` is the index's per-thread connection)."""
 
-    def _conn(self) -> sqlite3.Connection:
-        raise NotImplementedError
+    def __init__(self, conn: Callable[[], sqlite3.Connection]) -> None:
+        self._conn = conn  # the index's connection of the calling thread
 
     def manifests_after(self, after: str | None, limit: int) -> list[Manifest]:
         """Manifests with artifact_id > ``after`` (every one when ``after`` is None), in

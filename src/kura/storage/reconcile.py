@@ -51,7 +51,7 @@ class ReconcileReport:
 
 def _manifests(index: MetadataIndex) -> Iterator[Manifest]:
     after = ""
-    while page := index.manifests_after(after, PAGE_ROWS):
+    while page := index.paging.manifests_after(after, PAGE_ROWS):
         yield from page
         after = page[-1].artifact_id
 

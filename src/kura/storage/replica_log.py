@@ -74,7 +74,7 @@ class IndexReplicaLog:
         index = self._index()
         if index.read_only:
             return []
-        return await self._run(self._reader, index.outbox_batch, peer, limit)
+        return await self._run(self._reader, index.outbox.outbox_batch, peer, limit)
 
     async def outbox_ack(self, ids: Sequence[int]) -> int:
         if not ids:
@@ -92,7 +92,7 @@ class IndexReplicaLog:
         return removed
 
     async def outbox_depths(self) -> dict[str, tuple[int, int]]:
-        return await self._run(self._reader, self._index().outbox_depths)
+        return await self._run(self._reader, self._index().outbox.outbox_depths)
 
     # -- the change feed and cursors -----------------------------------------------------------
 
