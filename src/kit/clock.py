@@ -90,6 +90,8 @@ class ManualClock:
                 yield
                 return
             entry = (self._monotonic + seconds, scope)
+            if seconds <= 0:  # already due, as asyncio.timeout(0) is
+                scope.reschedule(asyncio.get_running_loop().time())
             self._deadlines.append(entry)
             try:
                 yield

@@ -56,17 +56,21 @@ async def wait_until_async(
 ) -> bool:
     """``wait_until`` for a coroutine: ``condition`` may be a plain function or return an
     awaitable (an HTTP probe); the pauses are ``asyncio.sleep`` and the clock the running
-    loop's. True as soon as the condition holds, False once ``timeout_seconds`` passed.
-    Cancelling the awaiting task cancels the wait (CancelledError propagates)."""
+    loop's. True as soon as the condition holds, False once ``timeout_seconds`` passed, even
+    while an awaited condition hangs (it is cancelled at the deadline). Cancelling the awaiting
+    task cancels the wait (CancelledError propagates)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_seconds
     while True:
         try:
-            held = condition()
-            if inspect.isawaitable(held):
-                held = await held
+            async with asyncio.timeout_at(deadline):
+                held = condition()
+                if inspect.isawaitable(held):
+                    held = await held
             if held:
                 return True
+        except TimeoutError:
+            return False
         except ignoring:
             pass
         left = deadline - loop.time()

@@ -49,3 +49,17 @@ async def test_the_async_form_awaits_an_awaitable_condition() -> None:
 
     assert await wait_until_async(probe, 10, interval=0.005)
     assert not await wait_until_async(lambda: False, 0.02, interval=0.005)
+
+
+async def test_the_async_wait_keeps_its_deadline_while_the_condition_hangs() -> None:
+    """A probe that never answers (a node stopped with SIGSTOP) is cancelled at the deadline;
+    before, a 0.2 s wait returned after the probe's own 3 s."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def hangs() -> bool:
+        await asyncio.sleep(3)
+        return True
+
+    assert await wait_until_async(hangs, 0.2) is False
+    assert loop.time() - started < 1.0

@@ -84,7 +84,9 @@ class Eviction(StorageState):
         before = cutoff_ms if floor is None else min(cutoff_ms, floor)
         pending = self.accesses.pending  # read only: the event loop may add to it meanwhile
         victims = [
-            v for v in index.paging.least_recently_used(limit, "", before) if pending.get(v[0], 0) < before
+            v
+            for v in index.paging.least_recently_used(limit, "", before)
+            if pending.get(v[0], 0) < before
         ]
         if victims:
             self._drop_sync(victims)

@@ -46,13 +46,14 @@ def descriptor_shortage() -> OSError | None:
     reading, not a latch. Neither a count of open descriptors (a new one takes the lowest free
     number and fails with EMFILE at or past the soft ``RLIMIT_NOFILE``, Linux ``alloc_fd``) nor
     the last sync's outcome can tell: a descriptor freed for a moment lets a sync succeed, and
-    the next connection accepted takes it again. Raises any other OSError."""
+    the next connection accepted takes it again. Any other OSError (no ``/dev/null`` in a
+    sandbox, EACCES) is not a shortage: None, so that /ready and a miss never turn into a 500.
+    The probe holds the lowest free descriptor for the instant of the open: a file opened at
+    that very instant with exactly one free may fail as it would have a moment later."""
     try:
         fd = os.open(os.devnull, os.O_RDONLY)
     except OSError as exc:
-        if exc.errno in SHORTAGE_ERRNOS:
-            return exc
-        raise
+        return exc if exc.errno in SHORTAGE_ERRNOS else None
     os.close(fd)
     return None
 

@@ -336,15 +336,21 @@ class CacheService(ReplicaApply):
 
     async def manifests_page(self, after: str | None, limit: int) -> list[Manifest]:
         """Manifests in artifact_id order strictly after ``after`` (None: from the first)."""
-        return await self._in(self._reader, self._require_index().paging.manifests_after, after, limit)
+        return await self._in(
+            self._reader, self._require_index().paging.manifests_after, after, limit
+        )
 
     async def manifests_newest_page(
         self, after: tuple[int, str] | None, limit: int
     ) -> list[Manifest]:
         """Manifests by (version_ms descending, artifact_id) strictly after the cursor ``after``
         (None: from the newest); ``MetadataIndex.manifests_newest``."""
-        return await self._in(self._reader, self._require_index().paging.manifests_newest, after, limit)
+        return await self._in(
+            self._reader, self._require_index().paging.manifests_newest, after, limit
+        )
 
     async def tombstones_page(self, after: str | None, limit: int) -> list[tuple[str, int]]:
         """Tombstones in namespace_id order strictly after ``after`` (None: from the first)."""
-        return await self._in(self._reader, self._require_index().paging.tombstones_after, after, limit)
+        return await self._in(
+            self._reader, self._require_index().paging.tombstones_after, after, limit
+        )
