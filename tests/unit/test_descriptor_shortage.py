@@ -29,5 +29,6 @@ def test_no_descriptor_left_is_a_shortage_and_the_reading_clears_with_it() -> No
         found = fsync.descriptor_shortage()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert found is not None and found.errno == errno.EMFILE
+    assert found is not None
+    assert found.errno == errno.EMFILE
     assert fsync.descriptor_shortage() is None
