@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import itertools
 import logging
 import signal
@@ -143,11 +142,7 @@ def _run(
         logging.getLogger(__name__).error("in-process node failed", exc_info=exc)
         rc = 1
     finally:
-        # What a process's exit does: free the node, so that what Node.stop leaves open (the
-        # SQLite connection the index opened on this thread, kept by a reference cycle) is
-        # closed, the WAL checkpointed and the data dir's files released.
         handle.node = None
-        gc.collect()
         root.removeHandler(handler)
         handler.close()
         if not started.done():

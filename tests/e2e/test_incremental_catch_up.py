@@ -317,6 +317,24 @@ def test_the_change_feed_refuses_bad_input_and_unauthenticated_peers(
     rest = httpx.get(url, params={"since": 2}, headers=auth).json()
     assert (len(rest["manifests"]), rest["next_since"], rest["more"]) == (1, 3, False)
     assert rest["epoch"] == page["epoch"]
+    # The bootstrap's newest-first cursor takes the same care: a version past SQLite's
+    # INTEGER was a 500 with two tracebacks (OverflowError), other digits than ASCII passed.
+    newest = node.internal_url + "/_internal/bootstrap/manifests"
+    for after in (
+        "99999999999999999999999:a",
+        "9223372036854775808:a",
+        "\u0661\u0661:a",
+        ":a",
+        "1:",
+    ):
+        r = httpx.get(newest, params={"order": "newest", "after": after}, headers=auth)
+        assert r.status_code == 400, (after, r.status_code, r.text)
+        assert "is not <version_ms>:<artifact_id>" in r.text, (after, r.text)
+    r = httpx.get(
+        newest, params={"order": "newest", "after": "9223372036854775807:a"}, headers=auth
+    )
+    assert r.status_code == 200, r.text
+    assert "Traceback" not in node.log()
 
 
 def test_a_forgotten_peer_that_returns_empty_is_caught_up_by_its_full_bootstrap(

@@ -101,9 +101,14 @@ def encode_version_cursor(version_ms: int, artifact_id: str) -> str:
     return f"{version_ms}:{artifact_id}"
 
 
+MAX_VERSION_MS = 2**63 - 1  # an SQLite INTEGER; a larger one raised OverflowError (a 500)
+
+
 def decode_version_cursor(text: str) -> tuple[int, str]:
-    """``(version_ms, artifact_id)`` of a newest-first cursor; ValueError when malformed."""
+    """``(version_ms, artifact_id)`` of a newest-first cursor: ASCII digits up to
+    ``MAX_VERSION_MS``, a colon, a non-empty id. ValueError when malformed."""
     version, sep, artifact_id = text.partition(":")
-    if not sep or not version.isdigit() or not artifact_id:
-        raise ValueError(f"cursor {text!r} is not <version_ms>:<artifact_id>")
+    ok = sep and version.isascii() and version.isdigit() and len(version) <= 19 and artifact_id
+    if not ok or int(version) > MAX_VERSION_MS:
+        raise ValueError(f"cursor {text[:80]!r} is not <version_ms>:<artifact_id>")
     return int(version), artifact_id

@@ -62,6 +62,11 @@ class MetadataIndex:
         self._path = path
         self.read_only = read_only
         self._local = threading.local()
+        # Every thread's connection, so that close_all closes those of threads that are gone
+        # (the reader pool's, the constructing thread's): a process exit would, a node
+        # stopped in a longer-lived process must.
+        self._opened: list[sqlite3.Connection] = []
+        self._opened_lock = threading.Lock()
         self.paging = PagingQueries(self._conn)
         self.outbox = OutboxQueries(self._conn)
         # The expression ``get`` selects for the fast checksum (NULL on a version-1 file).
@@ -95,10 +100,12 @@ class MetadataIndex:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None and self.read_only:
             uri = f"file:{self._path}?immutable=1"
-            conn = sqlite3.connect(uri, isolation_level=None, check_same_thread=True, uri=True)
+            conn = sqlite3.connect(uri, isolation_level=None, check_same_thread=False, uri=True)
             self._local.conn = conn
+            self._keep(conn)
         elif conn is None:
-            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=True)
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            self._keep(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA busy_timeout=5000")
@@ -115,6 +122,18 @@ class MetadataIndex:
         """This thread's connection, for storage modules owning tables of their own
         (``storage.peer_queue``). Same rules: writes on the writer thread only."""
         return self._conn()
+
+    def _keep(self, conn: sqlite3.Connection) -> None:
+        with self._opened_lock:
+            self._opened.append(conn)
+
+    def close_all(self) -> None:
+        """Close every thread's connection (``check_same_thread=False`` allows it; each is
+        still used by its own thread only). Call once no thread uses the index any more."""
+        with self._opened_lock:
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            conn.close()
 
     def close_thread_connection(self) -> None:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)

@@ -256,6 +256,8 @@ class CacheService(ReplicaApply):
         self.verifier.close()
         for pool in (self._reader, self._syncer, self._background, self._writer):
             pool.shutdown(wait=True)
+        if self._index is not None:
+            self._index.close_all()  # the reader threads' and the constructing thread's too
 
     def _close_sync(self) -> None:
         if self._index is not None:
