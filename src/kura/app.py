@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -648,14 +648,17 @@ class Node:
         if not task.cancelled() and task.exception() is not None:
             log.error("background task failed", exc_info=task.exception())
 
-    async def serve_forever(self) -> None:
+    async def serve_forever(self, stop_requested: Callable[[], bool] | None = None) -> None:
         """Run until SIGTERM or SIGINT (handled from before the port is announced: exit 0, not
-        death by the signal), then stop gracefully. A failed background task stops the node
-        too, so its supervisor can restart it."""
+        death by the signal), then stop gracefully. ``stop_requested`` says whether one came
+        before this loop took the signals over (``kura serve``'s own handler). A failed
+        background task stops the node too, so its supervisor can restart it."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if stop_requested is not None and stop_requested():
+            stop.set()
         try:
             await self.start()
         except BaseException:

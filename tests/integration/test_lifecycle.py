@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kit.wait import wait_until
 from kura.demo.launch.node import spawn_kura
 from kura.demo.launch.process import free_port
 from tests.conftest import START_TIMEOUT_SECONDS, NodeProcess, node_env, serve_refused
@@ -106,6 +109,33 @@ def test_sigterm_right_after_the_listening_line_is_a_graceful_stop_exit_0(
             assert node.proc.wait(30) == 0, (directory / "stderr.log").read_text()[-3000:]
         finally:
             node.stop(signal.SIGKILL)
+
+
+def test_sigterm_while_the_node_is_being_built_is_a_graceful_stop_exit_0(tmp_path: Path) -> None:
+    """``kura serve`` logs its auth line, then builds the node (about 0.5 s: storage, the
+    index, the listeners' app) before its loop takes the signals over. A SIGTERM sent at that
+    line met the signal's default action (exit 143, a fresh clone's attack found it); now
+    ``kura serve`` takes it from the start and the node stops gracefully: exit 0."""
+    for i in range(3):
+        directory = tmp_path / f"b{i}"
+        log_path = directory / "stderr.log"
+        directory.mkdir()
+        with log_path.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kura.cli", "serve"],
+                env=node_env(directory),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+            )
+        try:
+            assert wait_until(lambda p=log_path: "auth o" in p.read_text(), 30)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0, log_path.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def test_configuration_problems_exit_2_and_are_all_listed(tmp_path: Path) -> None:
