@@ -7,7 +7,7 @@ of a fleet from reaching for the lock in step. A decision is logged when its act
 changes, not every period. One tick:
 
 Every clock read and every sleep (the period, the delays, the backoffs) goes through the injected
-``clock`` (``kit.clock``; ``sleep`` overrides its sleep), so the loop runs on virtual time.
+``clock`` (``kit.clock``), so the loop runs on virtual time.
 
 1. **Observe**: the window at now, the sentinel, every gate, the lock's holders.
 2. **Decide**: ``kured.core.policy.decide`` — pure.
@@ -83,7 +83,6 @@ from kured.contract import (
     Gate,
     NodeActuator,
     Notify,
-    Sleep,
     Window,
 )
 from kured.core.errors import KuredError, LockError, RebootError, SensorError
@@ -119,7 +118,6 @@ class Agent(NodeSteps):
         rebooter: Rebooter,
         state: StateStore,
         clock: Clock,
-        sleep: Sleep | None = None,
         rng: random.Random | None = None,
         node: NodeActuator | None = None,
         boot_id: Callable[[], str] = current_boot_id,
@@ -134,7 +132,7 @@ class Agent(NodeSteps):
         self.rebooter = rebooter
         self.store = state
         self.clock = clock
-        self.sleep: Sleep = sleep or clock.sleep
+        self.sleep = clock.sleep
         self.rng = rng or random.Random()
         self.state = AgentState()
         self.reboot_triggered = False
