@@ -1,7 +1,7 @@
-"""The replica log port (``storage.ports.ReplicaLog``, issue 27 item 1): the mesh reads and
-changes the outbox, the change feed, the cursors, the range digests and the catch-up marks
-through a few typed methods of a real store in-process, never through a SQLite connection
-lent by storage."""
+"""The replica log ports (``storage.ports.OutboxLog`` and ``ChangeLog``, issue 27 item 1): the
+mesh reads and changes the outbox, the change feed, the cursors, the range digests and the
+catch-up marks through a few typed methods of a real store in-process, never through a SQLite
+connection lent by storage."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from kit.clock import SystemClock
 from kura.storage.budget import TmpBudget
-from kura.storage.ports import ReplicaLog
+from kura.storage.ports import ChangeLog, OutboxLog
 from kura.storage.replica_log import IndexReplicaLog
 from kura.storage.service import ArtifactRef, CacheService
 from tests.integration.test_shutdown import Targets
@@ -27,11 +27,11 @@ def members(cls: type) -> set[str]:
 
 
 def test_the_replica_log_is_a_narrow_async_port_and_storage_lends_no_connection() -> None:
-    port = members(ReplicaLog)
-    assert len(port) <= 12, sorted(port)
-    assert port <= members(IndexReplicaLog), sorted(port - members(IndexReplicaLog))
-    methods = port - {"queues"}
-    assert all(inspect.iscoroutinefunction(getattr(IndexReplicaLog, m)) for m in methods)
+    for port in (members(OutboxLog), members(ChangeLog)):
+        assert len(port) <= 10, sorted(port)
+        assert port <= members(IndexReplicaLog), sorted(port - members(IndexReplicaLog))
+        methods = port - {"queues"}
+        assert all(inspect.iscoroutinefunction(getattr(IndexReplicaLog, m)) for m in methods)
     lenders = {n for n in dir(CacheService) if n in ("in_reader", "in_writer")}
     assert not lenders, lenders
 
@@ -58,7 +58,8 @@ async def service(tmp_path: Path) -> AsyncIterator[CacheService]:
 async def test_the_mesh_ships_pulls_compares_and_catches_up_through_the_replica_log(
     service: CacheService,
 ) -> None:
-    log: ReplicaLog = service.replica_log
+    log: OutboxLog = service.replica_log
+    feed: ChangeLog = service.replica_log  # the same object, typed as each consumer sees it
     for i in range(3):
         await service.put_inline(ArtifactRef("xcode", "ns", f"k{i}"), b"%d" % i, "text/plain")
     first, second = PEERS
@@ -72,20 +73,20 @@ async def test_the_mesh_ships_pulls_compares_and_catches_up_through_the_replica_
     assert (await log.outbox_depths())[first][0] == 1 == log.queues.depth(first)
 
     # The change feed, and a cursor into a peer's feed that survives as written.
-    page = await log.changes_page(0, 10)
+    page = await feed.changes_page(0, 10)
     assert (len(page.manifests), page.head_seq, page.more) == (3, 3, False)
-    assert await log.load_cursor(first) is None
-    await log.store_cursor(first, page.epoch, 2)
-    cursor = await log.load_cursor(first)
+    assert await feed.load_cursor(first) is None
+    await feed.store_cursor(first, page.epoch, 2)
+    cursor = await feed.load_cursor(first)
     assert cursor is not None
     assert (cursor.epoch, cursor.seq) == (page.epoch, 2)
 
     # The range digests, in the wire's shape: three rows at the root, no tombstone.
-    digests = await log.range_digests("", 0)
+    digests = await feed.range_digests("", 0)
     assert [(p, n) for p, n, _ in digests.ranges] == [("", 3)]
     assert digests.tombstones == (0, "0" * 16)
     with pytest.raises(ValueError, match="prefix length"):
-        await log.range_digests("a", 0)
+        await feed.range_digests("a", 0)
 
     # A peer absent too long loses its queue and is marked; re-offered, then cleared.
     assert await log.forget_peer(second) == (3, 3)

@@ -6,7 +6,7 @@ same peer authentication as every internal route; ``mesh.anti_entropy`` is the c
   ``prefix`` is 0, 2 or 4 lowercase hex digits, ``depth`` 0 (the range itself) or 2 (its 256
   children), ``len(prefix) + depth`` at most 4. ``ranges`` lists only non-empty ranges, in
   prefix order (one left out is empty); ``digest`` is 16 hex digits
-  (``ReplicaLog.range_digests``). ``tombstones`` summarises every namespace tombstone. Anything
+  (``ChangeLog.range_digests``). ``tombstones`` summarises every namespace tombstone. Anything
   else: 400 with a message.
 * ``GET /_internal/anti_entropy/range?prefix=<hex>&after=<artifact_id>&limit=<n>`` →
   ``{"manifests": [...], "next_after"}``: the manifests whose artifact_id starts with
@@ -26,7 +26,7 @@ from kura.api.query import query_int
 from kura.core.errors import InvalidRequest
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
 from kura.storage.outbox import DIGEST_DEEPEST, DIGEST_LEVELS
-from kura.storage.ports import ReplicaLog
+from kura.storage.ports import ChangeLog
 
 PROTOCOL = "internal"
 _HEX = re.compile(r"[0-9a-f]{0,64}")
@@ -63,7 +63,7 @@ async def range_digests(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("prefix must have 0, 2 or 4 hex digits and depth must be 0 or 2")
     if len(prefix) + depth > DIGEST_DEEPEST:
         raise InvalidRequest(f"prefix length + depth must be at most {DIGEST_DEEPEST}")
-    replica_log: ReplicaLog = ctx(request).peer_pages().replica_log
+    replica_log: ChangeLog = ctx(request).peer_pages().replica_log
     found = await replica_log.range_digests(prefix, depth)
     return web.json_response(
         {

@@ -5,7 +5,7 @@ Pull model. Every ``interval_seconds`` (``KURA_ANTI_ENTROPY_INTERVAL``; 0 disabl
 this node is ready, one *round* visits each healthy peer in turn (never one that is down):
 
 1. ``GET /_internal/anti_entropy/digests?prefix=&depth=0``: the peer's whole-keyspace digest
-   and its tombstones digest, compared with ours (``ReplicaLog.range_digests``). Equal: done
+   and its tombstones digest, compared with ours (``ChangeLog.range_digests``). Equal: done
    with this peer, one request of about 150 bytes whatever the dataset's size.
 2. Tombstones differ: page the peer's tombstones (``/_internal/bootstrap/namespace_tombstones``)
    and apply each one newer than ours *first*, so nothing a clean covered is fetched back.
@@ -57,7 +57,7 @@ from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, FutureVersion
 from kura.mesh.client import PeerClient, PeerError
 from kura.storage.outbox import DIGEST_DEEPEST, RangeDigests
-from kura.storage.ports import ReplicaLog
+from kura.storage.ports import ChangeLog
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class AntiEntropy:
         self,
         *,
         service: CacheService,
-        replica_log: ReplicaLog,
+        replica_log: ChangeLog,
         client: PeerClient,
         clock: Clock,
         peers: Callable[[], list[str]],

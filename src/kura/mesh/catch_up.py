@@ -33,7 +33,7 @@ Rules, checked every ``interval_seconds``:
   mark is durable; re-offers are idempotent on the peer, last writer wins).
 
 Event-loop confined; every read and change of the queues and marks goes through the
-``ReplicaLog`` port (``storage.ports``), which runs it on the storage writer thread.
+``OutboxLog`` port (``storage.ports``), which runs it on the storage writer thread.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from kit.clock import Clock
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.membership import Membership
 from kura.storage.outbox import ChangesPage
-from kura.storage.ports import PeerQueueView, ReplicaLog
+from kura.storage.ports import OutboxLog, PeerQueueView
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class CatchUp:
 
     def __init__(
         self,
-        replica_log: ReplicaLog,
+        replica_log: OutboxLog,
         membership: Membership,
         clock: Clock,
         forget_after_seconds: float,

@@ -22,7 +22,7 @@ A cursor is advanced only after the page is applied, so "cursor = s" means: this
 applied every change of that peer numbered up to ``s`` (or a newer version of it). The peer
 relies on that to clear its catch-up mark for this node (``mesh.catch_up``).
 
-Event-loop confined; cursor reads and writes go through the ``ReplicaLog`` port
+Event-loop confined; cursor reads and writes go through the ``ChangeLog`` port
 (``storage.ports``), on the storage writer thread.
 
 A pass runs at start-up, when a peer joins and when a peer is seen healthy again after a partition
@@ -45,7 +45,7 @@ from kura.core.manifest import Manifest
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT
 from kura.storage.outbox import ChangesPage
-from kura.storage.ports import ReplicaLog
+from kura.storage.ports import ChangeLog
 
 if TYPE_CHECKING:
     from kura.mesh.bootstrap import PeerProgress
@@ -71,7 +71,7 @@ class CursorPass:
 
     def __init__(
         self,
-        replica_log: ReplicaLog,
+        replica_log: ChangeLog,
         client: PeerClient,
         node_url: Callable[[], str],
         page_limit: int = PAGE_LIMIT_DEFAULT,

@@ -35,7 +35,7 @@ from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import FUTURE_VERSION
 from kura.storage.outbox import DELETE_NAMESPACE, OutboxMessage
-from kura.storage.ports import ReplicaLog
+from kura.storage.ports import OutboxLog
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class Shipper:
     def __init__(
         self,
         service: CacheService,
-        replica_log: ReplicaLog,
+        replica_log: OutboxLog,
         client: PeerClient,
         clock: Clock,
         backoff_max_seconds: float,

@@ -14,7 +14,7 @@ The rules (docs/object-storage.md states them for operators):
 * **A full disk never stops the queue** (issue 26 item 5). With the store down, writes over
   ``KURA_MAX_DISK_BYTES`` stay (they cannot be evicted) until the disk reaches
   ``KURA_MIN_FREE_DISK_BYTES`` and writes answer 503. The queue keeps delivering all along
-  (``ReplicaLog.outbox_batch`` ignores free space), and each delivery recorded evicts back to
+  (``OutboxLog.outbox_batch`` ignores free space), and each delivery recorded evicts back to
   the budget (``outbox_ack``), so once the store answers the node frees its disk and takes
   writes again by itself. While the store fails and the disk is full, ``warnings`` (``/ready``)
   says why writes are refused, and one ERROR line says so when it starts.
@@ -56,6 +56,7 @@ from kura.core.version import ApplyOutcome, ahead_of_skew_ms
 from kura.storage.bucket_heal import BucketHeal
 from kura.storage.object_store import CircuitOpen, ObjectStore, ObjectStoreError
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT, OutboxMessage
+from kura.storage.ports import OutboxLog
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class ObjectTier:
         backoff_max_seconds: float = 30.0,
     ) -> None:
         self.service = service
+        self._outbox: OutboxLog = service.replica_log  # its queue of uploads (OUTBOX_TARGET)
         self.store = store
         self.clock = clock
         # The shared jittered backoff (kit.backoff), equal jitter as the shipper's.
@@ -199,7 +201,7 @@ class ObjectTier:
         while True:
             self._wake.clear()
             try:
-                batch = await self.service.replica_log.outbox_batch(OUTBOX_TARGET, BATCH)
+                batch = await self._outbox.outbox_batch(OUTBOX_TARGET, BATCH)
                 await self._refresh_gauges()
                 if not batch:
                     with contextlib.suppress(TimeoutError):
@@ -207,7 +209,7 @@ class ObjectTier:
                             await self._wake.wait()
                     continue
                 done = await self._deliver(batch)
-                acked = await self.service.replica_log.outbox_ack(done)
+                acked = await self._outbox.outbox_ack(done)
                 complete = len(done) == len(batch) and acked == len(done)
             except Exception:  # an index or local-file problem: keep the queue, try again later
                 log.exception("object store upload queue: a pass failed; retrying with backoff")
@@ -261,7 +263,7 @@ class ObjectTier:
         return found
 
     async def _refresh_gauges(self) -> None:
-        depths = await self.service.replica_log.outbox_depths()
+        depths = await self._outbox.outbox_depths()
         count, oldest_ms = depths.get(OUTBOX_TARGET, (0, 0))
         stats = self.store.stats
         stats.upload_queue_depth = count

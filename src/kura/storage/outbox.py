@@ -1,6 +1,6 @@
-"""The replica log's public vocabulary (the types of ``storage.ports.ReplicaLog``): outbox
-message kinds and one pending delivery, a peer's catch-up mark, a page of the change feed, a
-cursor into a peer's feed, and the anti-entropy range digests.
+"""The replica log's public vocabulary (the types of ``storage.ports.OutboxLog`` and
+``ChangeLog``): outbox message kinds and one pending delivery, a peer's catch-up mark, a page of
+the change feed, a cursor into a peer's feed, and the anti-entropy range digests.
 
 The rows live in the metadata index (table ``outbox``, written in the same transaction as the
 data change: ``storage.index``; read by ``storage.outbox_queries``, deleted by

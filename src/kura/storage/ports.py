@@ -1,7 +1,7 @@
 """The ports of storage: the narrow interfaces the layers above it (``kura.api``, ``kura.grpc``,
 ``kura.workers``, ``kura.mesh``) depend on instead of a concrete store.
 
-Each is a ``typing.Protocol`` of at most twelve members (``tests/unit/test_ports.py`` counts
+Each is a ``typing.Protocol`` of at most ten members (``tests/unit/test_ports.py`` counts
 them), satisfied structurally:
 
 * ``ArtifactReader``: look-ups and verified reads. Implemented by the primary's store
@@ -14,11 +14,16 @@ them), satisfied structurally:
   app's routing (``kura.workers.worker``).
 * ``ArtifactWriter``: new local versions and namespace cleans (the primary's store only).
 * ``PeerPages``: what the internal (peer) routes serve and apply: pages of manifests and
-  tombstones, a peer's copy of an artifact, and the node's ``ReplicaLog``.
-* ``ReplicaLog`` (with ``PeerQueueView``): what the mesh reads and changes of replication: each
-  peer's outbox queue and catch-up mark, the change feed, the cursors into peers' feeds and the
-  range digests. Implemented by ``storage.replica_log.IndexReplicaLog``; storage never lends a
-  SQLite connection.
+  tombstones, a peer's copy of an artifact, and the node's ``ChangeLog``.
+* ``OutboxLog`` (with ``PeerQueueView``): what the shipper, catch-up and the object tier do with
+  replication's outbox: each peer's queue (batches, acknowledgements, depths) and catch-up mark
+  (forget, re-offer, clear).
+* ``ChangeLog``: what the change-feed pull, anti-entropy and the internal routes read and
+  record: this node's change feed, the cursors into peers' feeds and the range digests.
+
+  Both are implemented by one object, ``storage.replica_log.IndexReplicaLog``
+  (``CacheService.replica_log``), over the same index; each consumer types against the one
+  it uses (none uses both). Storage never lends a SQLite connection.
 * ``WorkerSupport``: what the primary does with its workers' reports (their hits for the LRU,
   entries that failed a check there, checksums computed there) and shares with them.
 
@@ -183,8 +188,9 @@ class PeerPages(Protocol):
         ...
 
     @property
-    def replica_log(self) -> ReplicaLog:
-        """The node's replication state (the change feed the ``changes`` route pages)."""
+    def replica_log(self) -> ChangeLog:
+        """The node's change feed and range digests (what the ``changes`` and anti-entropy
+        routes serve)."""
         ...
 
 
@@ -244,10 +250,9 @@ class PeerQueueView(Protocol):
         ...
 
 
-class ReplicaLog(Protocol):
-    """This node's replication state as the mesh reads and changes it: each peer's outbox
-    queue, its catch-up mark, this node's change feed, the cursors into peers' feeds and the
-    anti-entropy range digests. Implemented over the metadata index by
+class OutboxLog(Protocol):
+    """Replication's outbox as the shipper, catch-up and the object tier use it: each peer's
+    queue of messages to deliver and its catch-up mark. Implemented over the metadata index by
     ``storage.replica_log.IndexReplicaLog``.
 
     Every method is safe to call concurrently from the event loop; none blocks it. A method
@@ -276,28 +281,6 @@ class ReplicaLog(Protocol):
         index; peers with an empty queue are absent."""
         ...
 
-    async def changes_page(self, since: int, limit: int) -> ChangesPage:
-        """This node's change feed after change number ``since`` (>= 0), at most ``limit``
-        (>= 1) rows, one snapshot (``storage.change_feed``). ``Unavailable`` (503) on an index
-        without the change sequence (read-only, written before schema version 3)."""
-        ...
-
-    async def load_cursor(self, peer: str) -> PeerCursor | None:
-        """How far this node has applied ``peer``'s feed; None if never (or an index without
-        cursors)."""
-        ...
-
-    async def store_cursor(self, peer: str, epoch: str, seq: int) -> None:
-        """Record that ``peer``'s feed of ``epoch`` is applied up to ``seq``. ``Unavailable``
-        when it cannot be written (a read-only index, a full disk)."""
-        ...
-
-    async def range_digests(self, prefix: str, depth: int) -> RangeDigests:
-        """The digests of the ranges ``depth`` hex digits below the hex ``prefix`` (``depth``
-        0: the range itself) and of the tombstones. ``ValueError`` unless ``len(prefix) +
-        depth`` is one of ``DIGEST_LEVELS``; ``Unavailable`` on an index without digests."""
-        ...
-
     async def forget_peer(self, peer: str) -> tuple[int, int]:
         """Drop ``peer``'s whole queue and mark it absent, in one transaction (it was away for
         ``KURA_PEER_FORGET_AFTER``). Returns (messages dropped, this node's change feed head
@@ -321,4 +304,36 @@ class ReplicaLog(Protocol):
     async def clear_mark(self, peer: str, skipped_at_start: int) -> bool:
         """Remove ``peer``'s catch-up mark, unless messages were skipped for it since
         ``queues.skipped_total[peer]`` was ``skipped_at_start``: then False (catch up again)."""
+        ...
+
+
+class ChangeLog(Protocol):
+    """This node's change feed, the cursors into peers' feeds and the anti-entropy range
+    digests, as the change-feed pull (``mesh.incremental``), anti-entropy and the internal
+    routes use them. Implemented over the metadata index by
+    ``storage.replica_log.IndexReplicaLog``.
+
+    Every method is safe to call concurrently from the event loop; none blocks it. A method
+    that changes something has made it durable when it returns (``docs/durability.md``)."""
+
+    async def changes_page(self, since: int, limit: int) -> ChangesPage:
+        """This node's change feed after change number ``since`` (>= 0), at most ``limit``
+        (>= 1) rows, one snapshot (``storage.change_feed``). ``Unavailable`` (503) on an index
+        without the change sequence (read-only, written before schema version 3)."""
+        ...
+
+    async def load_cursor(self, peer: str) -> PeerCursor | None:
+        """How far this node has applied ``peer``'s feed; None if never (or an index without
+        cursors)."""
+        ...
+
+    async def store_cursor(self, peer: str, epoch: str, seq: int) -> None:
+        """Record that ``peer``'s feed of ``epoch`` is applied up to ``seq``. ``Unavailable``
+        when it cannot be written (a read-only index, a full disk)."""
+        ...
+
+    async def range_digests(self, prefix: str, depth: int) -> RangeDigests:
+        """The digests of the ranges ``depth`` hex digits below the hex ``prefix`` (``depth``
+        0: the range itself) and of the tombstones. ``ValueError`` unless ``len(prefix) +
+        depth`` is one of ``DIGEST_LEVELS``; ``Unavailable`` on an index without digests."""
         ...

@@ -1,5 +1,7 @@
-"""``IndexReplicaLog``: the ``storage.ports.ReplicaLog`` port over the metadata index, so the
-mesh and the API never hold a SQLite connection.
+"""``IndexReplicaLog``: the ``storage.ports.OutboxLog`` and ``ChangeLog`` ports over the metadata
+index, so the mesh and the API never hold a SQLite connection. One object implements both: they
+share the index, its reader pool and its writer thread; each consumer types against the one it
+uses.
 
 It is composed from parts of the storage core that ``CacheService`` builds (the index, the
 reader pool, the group-commit writer, the peer queues, the clock) and adds no state of its own.

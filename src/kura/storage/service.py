@@ -45,7 +45,7 @@ bootstrap's eviction floor; the default ``NoHooks`` is a node on its own.
 
 This module owns construction, lifecycle and peer paging. The outbox, the change feed, the
 cursors into peers' feeds and the range digests are reached only through ``replica_log`` (the
-``storage.ports.ReplicaLog`` port, ``storage.replica_log``). The read path is
+``storage.ports.OutboxLog`` and ``ChangeLog`` ports, ``storage.replica_log``). The read path is
 one object, ``storage.reads.ArtifactReads``, over the index, files, hot cache and executors it
 shares with the store (a worker's reader composes the same one, ``storage.worker_reads``);
 ``CacheService`` hands its reads to it. The writing side is still one line of classes over
@@ -82,7 +82,6 @@ from kura.storage.hooks import NoHooks, StorageHooks
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
 from kura.storage.peer_queue import PeerQueues
-from kura.storage.ports import ReplicaLog
 from kura.storage.quarantine import Quarantine
 from kura.storage.reads import ArtifactReads
 from kura.storage.recovery import StartReport, open_storage
@@ -149,7 +148,7 @@ class CacheService(ReplicaApply):
         self._writer = GroupCommitWriter("kura-write")
         self.files.group = self._writer  # blob renames are made durable with their group
         # What the mesh reads and changes of the outbox, the feed, cursors and digests.
-        self.replica_log: ReplicaLog = IndexReplicaLog(
+        self.replica_log = IndexReplicaLog(
             index=self._require_index,
             reader=self._reader,
             writer=self._writer,

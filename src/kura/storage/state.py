@@ -249,7 +249,8 @@ class StorageState:
     ) -> T:
         """``fn(connection, *args)`` on a reader thread with its index connection: the
         read-only queries of storage's own modules (expiry, the bucket's). Never lent outside
-        ``kura.storage``: the mesh reaches the index through ``storage.ports.ReplicaLog``."""
+        ``kura.storage``: the mesh reaches the index through ``storage.ports.OutboxLog`` and
+        ``ChangeLog``."""
         return await self._in(
             self._reader, lambda: fn(self._require_index().connection(), *args, **kw)
         )
