@@ -38,9 +38,11 @@ def _scrape(url: str) -> str:
 @pytest.fixture(scope="session")
 def kura_exposition(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``/metrics`` of a real ``kura serve`` (one node, no peers: the per-peer families are
-    declared by their ``# TYPE`` lines without samples)."""
+    declared by their ``# TYPE`` lines without samples) with a worker process, as a node
+    deployed on two cores or more runs (``KURA_WORKERS=auto``): it adds the ``kura_worker*``
+    families (test nodes run one process unless told)."""
     directory = tmp_path_factory.mktemp("kura-metrics")
-    node = spawn_node(directory, node_env(directory))
+    node = spawn_node(directory, node_env(directory, workers=2))
     try:
         yield _scrape(node.url + "/metrics")
     finally:
