@@ -62,16 +62,26 @@ async def run(
     ``TimeoutError``: the second is a subclass of the first.)
     """
     pipe = asyncio.subprocess.PIPE
-    try:
-        proc = await asyncio.create_subprocess_exec(
+    spawn = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=pipe if keep_stdout else asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.STDOUT if merge_stderr else pipe,
             start_new_session=True,
         )
+    )
+    try:
+        # Shielded: the child runs (and may have started children of its own) before its pipes
+        # are connected. A caller cancelled meanwhile would let asyncio kill the child alone
+        # and leave its process group running; here the spawn finishes and the group is killed.
+        proc = await asyncio.shield(spawn)
     except OSError as exc:
         raise NotStarted(f"{argv[0]} could not start: {exc.strerror or exc}") from exc
+    except asyncio.CancelledError:
+        with contextlib.suppress(OSError):  # it did not start: nothing to kill
+            await _kill_and_reap(await spawn)
+        raise
     try:
         async with asyncio.timeout(timeout_seconds):
             out, err = await proc.communicate()
