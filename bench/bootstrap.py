@@ -34,8 +34,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.replication import Cluster, free_port, ready_200
 from kit.wait import wait_until_async
-from kura.demo.launch.node import spawn_kura
-from kura.demo.rolling.sampler import dir_bytes
+from kura_harness.launch.node import spawn_kura
+from kura_harness.rolling.sampler import dir_bytes
 
 KiB = 1024
 MiB = 1024 * KiB

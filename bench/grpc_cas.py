@@ -57,8 +57,8 @@ from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
 from bench.cachebench import loadavg
 from bench.cas_client import Client, GrpcClient, HttpClient
 from bench.peers import machine_info
-from kura.demo.launch.node import kura_env, spawn_kura
-from kura.demo.launch.process import free_port, stop
+from kura_harness.launch.node import kura_env, spawn_kura
+from kura_harness.launch.process import free_port, stop
 
 KiB, MiB = 1024, 1024 * 1024
 SIZES = {"1K": KiB, "1M": MiB, "64M": 64 * MiB}

@@ -35,7 +35,7 @@ import tempfile
 import time
 import urllib.request
 
-from kura.demo.launch.process import free_port
+from kura_harness.launch.process import free_port
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cachebench as cb

@@ -1,8 +1,8 @@
 """GET and PUT throughput of kura with the object-storage tier against kura on disk only.
 
-Starts a real SeaweedFS (``weed server -filer -s3`` on loopback, ``kura.demo.launch.seaweedfs``) and
+Starts a real SeaweedFS (``weed server -filer -s3`` on loopback, ``kura_harness.launch.seaweedfs``) and
 four lone ``kura serve`` processes in the same run (``bench.replication.start_node``, i.e. the
-shared launchers in ``kura.demo.launch``):
+shared launchers in ``kura_harness.launch``):
 
 * ``disk``: disk only, the reference;
 * ``tier``: backed by bucket ``kura`` (``KURA_OBJECT_STORE_URL`` and the ``AWS_*`` variables as
@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.cachebench import fmt_size, parse_size
 from bench.replication import free_port, percentile, ready_200, start_node, stop_node
 from kit.wait import wait_until_async
-from kura.demo.launch.seaweedfs import SeaweedFS, weed_binary
+from kura_harness.launch.seaweedfs import SeaweedFS, weed_binary
 
 MB = 1_000_000
 # Requests per case and per size (full, --quick), and workers per size.

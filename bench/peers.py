@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import IO, Any, ClassVar
 
 from kit.wait import wait_until
-from kura.demo.launch.node import spawn_kura
-from kura.demo.launch.process import free_port
+from kura_harness.launch.node import spawn_kura
+from kura_harness.launch.process import free_port
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cachebench as cb

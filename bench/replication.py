@@ -35,8 +35,8 @@ from pathlib import Path
 import aiohttp
 
 from kit.wait import wait_until_async
-from kura.demo.launch.node import kura_env, spawn_kura
-from kura.demo.launch.process import free_port, stop
+from kura_harness.launch.node import kura_env, spawn_kura
+from kura_harness.launch.process import free_port, stop
 
 __all__ = ["Cluster", "free_port", "percentile", "start_node", "stop_node"]
 

@@ -31,9 +31,9 @@ import pytest
 import pytest_asyncio
 
 from kit.wait import wait_until
-from kura.demo.launch.node import KURA_LISTEN, kura_env, spawn_kura
-from kura.demo.launch.process import stop
 from kura.settings_rules import parse_workers
+from kura_harness.launch.node import KURA_LISTEN, kura_env, spawn_kura
+from kura_harness.launch.process import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = KURA_LISTEN
@@ -129,7 +129,7 @@ class NodeProcess:
 
 
 def node_env(tmp: Path, **settings: object) -> dict[str, str]:
-    """The environment of a test node with its dirs under ``tmp`` (``kura.demo.launch.node``).
+    """The environment of a test node with its dirs under ``tmp`` (``kura_harness.launch.node``).
 
     Every node runs ``TEST_WORKERS`` (1) process, whatever the machine's CPU count (kura's
     own default is ``auto``), unless the test sets ``workers`` itself. ``KURA_TEST_WORKERS=N``

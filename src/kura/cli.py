@@ -148,7 +148,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         return status(args)
     if args.command == "dev":
-        from kura.devmesh import restart_node, run_dev_mesh
+        from kura_harness.devmesh import restart_node, run_dev_mesh
 
         if not args.request:
             return run_dev_mesh(args.nodes, args.base_port, args.dir)
@@ -207,7 +207,7 @@ def log_start_up(settings: Settings, env: Environment) -> None:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from kura.demo import rolling  # imported late: only this command needs it
+    from kura_harness import rolling  # imported late: only this command needs it
 
     if args.hosts < 2 or args.data_mb <= 0 or args.tmp_mb < 1 or args.downloads_per_peer < 1:
         print(

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kura.demo.launch import LaunchError
-from kura.demo.launch.node import spawn_kured
-from kura.demo.launch.process import free_port, stop
+from kura_harness.launch import LaunchError
+from kura_harness.launch.node import spawn_kured
+from kura_harness.launch.process import free_port, stop
 from tests.conftest import node_env, spawn_node
 from tests.deploy.kustomize import Manifest, render
 from tests.deploy.promql import exposition_names

@@ -27,7 +27,7 @@ import pytest
 
 from kit.wait import wait_until
 from kura import __version__
-from kura.demo.launch.process import free_ports
+from kura_harness.launch.process import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN = ROOT / "scripts" / "podman"

@@ -1,6 +1,6 @@
 """Helpers for multi-node tests: start a mesh of real node processes that know each other.
 
-``free_port`` is re-exported from ``kura.demo.launch.process`` for the tests that import it here."""
+``free_port`` is re-exported from ``kura_harness.launch.process`` for the tests that import it here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from kit.wait import wait_until
-from kura.demo.launch.process import free_port
+from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess, node_env, spawn_node
 
 __all__ = ["Mesh", "forget_behind_the_cursor", "free_port", "manifests", "status", "wait_for"]

@@ -2,7 +2,7 @@
 a load generator and real Nx, Turborepo and ccache builds use the cache (issue "a rolling reboot
 of a live cache mesh loses nothing and never leaves clients without a cache").
 
-The scenario is ``kura.demo.rolling`` (the same code as ``kura demo rolling-reboot``) at CI size:
+The scenario is ``kura_harness.rolling`` (the same code as ``kura demo rolling-reboot``) at CI size:
 about 40 MB of artifacts, a 16 MiB tmp budget per node, host0 SIGKILLed, hosts 1 and 2 SIGTERMed
 with their data dirs wiped. Real processes throughout: 3 ``kura serve``, 3 ``kured`` agents, one
 etcd (the lock), one Prometheus loading deploy/alerts/*.rules.yml.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kura.demo import rolling
+from kura_harness import rolling
 from tests.kured.agents import read_events, released_at
 
 HOSTS = ("host0", "host1", "host2")

@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from kura.demo.rolling.sampler import dir_bytes
+from kura_harness.rolling.sampler import dir_bytes
 
 __all__ = ["TmpWatcher", "dir_bytes"]
 

@@ -23,7 +23,7 @@ from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
 from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
 
-from kura.demo.launch.process import free_port
+from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess
 
 

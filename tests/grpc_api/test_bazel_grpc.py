@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kura.demo.launch.process import free_port
+from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess
 from tests.integration.test_clients import Client, run_client
 

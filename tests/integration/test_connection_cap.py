@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from kura.api.connections import GRPC_IDLE_TIMEOUT_SECONDS
-from kura.demo.launch.process import free_port
+from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.grpc_api.client import Reapi, new_upload
 from tests.grpc_api.client import blob_name as client_blob_name

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kura.demo.launch.process import LaunchError
+from kura_harness.launch.process import LaunchError
 from tests.conftest import NodeProcess, node_env, spawn_node
 
 KILLS = 50

@@ -1,4 +1,4 @@
-"""kura.demo.launch, the process launchers the demo, the tests and bench/ share: a process that
+"""kura_harness.launch, the process launchers the demo, the tests and bench/ share: a process that
 exits or never gets ready is a LaunchError carrying its log and leaves no process behind; stop()
 escalates to SIGKILL and, for a process group, takes the children down too."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from kit.wait import wait_until
-from kura.demo.launch import LaunchError
-from kura.demo.launch.etcd import Etcd
-from kura.demo.launch.process import spawn_until_line, stop
+from kura_harness.launch import LaunchError
+from kura_harness.launch.etcd import Etcd
+from kura_harness.launch.process import spawn_until_line, stop
 from tests.conftest import NodeProcess, stop_nodes
 
 READY = re.compile(r"^ready (\d+)$")

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from kit.wait import wait_until
-from kura.demo.launch.node import spawn_kura
-from kura.demo.launch.process import free_port
+from kura_harness.launch.node import spawn_kura
+from kura_harness.launch.process import free_port
 from tests.conftest import START_TIMEOUT_SECONDS, NodeProcess, node_env, serve_refused
 from tests.integration import rawhttp
 

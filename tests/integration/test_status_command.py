@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kura.demo.launch.process import free_port
+from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess
 
 pytestmark = pytest.mark.in_process

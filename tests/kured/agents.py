@@ -26,8 +26,8 @@ import aiohttp
 import httpx
 
 from kit.clock import ManualClock
-from kura.demo.launch.node import spawn_kured
-from kura.demo.rolling.observe import read_events
+from kura_harness.launch.node import spawn_kured
+from kura_harness.rolling.observe import read_events
 from kured.app import AgentService
 from kured.loop import Agent
 from kured.settings import add_arguments, load_settings

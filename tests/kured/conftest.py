@@ -10,7 +10,7 @@ a test that writes kured's default ``/kured/lock`` would be seen by the next one
 ``etcd_server`` (function scope) is a fresh etcd of the test's own, for a test that stops it.
 Both fail the test, never skip it, when ``etcd`` is not installed: the lock tests are the proof
 that the compare-and-swap holds, and a skipped proof looks like a passed one. The process is
-started by ``kura.demo.launch.etcd`` (ports chosen by the OS, a failed start retried with new
+started by ``kura_harness.launch.etcd`` (ports chosen by the OS, a failed start retried with new
 ones, shortened election so a single member has a leader at once).
 """
 
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from kura.demo.launch import LaunchError
-from kura.demo.launch.etcd import Etcd
+from kura_harness.launch import LaunchError
+from kura_harness.launch.etcd import Etcd
 from tests.kured.k8s_double import KubeDouble
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def etcd(etcd_session: Etcd) -> Iterator[str]:
 
 @pytest.fixture
 def etcd_server(tmp_path: Path) -> Iterator[Etcd]:
-    """A fresh single-member etcd of this test's own (``kura.demo.launch.etcd.Etcd``: ``url``,
+    """A fresh single-member etcd of this test's own (``kura_harness.launch.etcd.Etcd``: ``url``,
     ``stop()``), for a test that stops it. Fails, never skips, if etcd is missing."""
     server = _start_etcd(tmp_path / "etcd")
     try:

@@ -1,15 +1,15 @@
 """A real Prometheus (Debian ``prometheus``) for tests: started on a free 127.0.0.1 port with
 rule files the test gives, evaluating every second; ``extra_args`` are further command-line
 flags (e.g. ``--storage.tsdb.retention.time=7d``). The process is run by
-``kura.demo.launch.prometheus``, the launcher ``kura demo rolling-reboot`` uses too."""
+``kura_harness.launch.prometheus``, the launcher ``kura demo rolling-reboot`` uses too."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
-from kura.demo.launch import prometheus
-from kura.demo.launch.process import free_port
+from kura_harness.launch import prometheus
+from kura_harness.launch.process import free_port
 
 __all__ = ["ALWAYS_FIRING", "Prometheus", "free_port"]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 
 from kit.wait import wait_until
-from kura.demo.launch.node import spawn_kured
-from kura.demo.launch.process import free_port, stop
+from kura_harness.launch.node import spawn_kured
+from kura_harness.launch.process import free_port, stop
 from kured.settings import Settings
 from tests.kured.agents import Host, read_events
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 
-from kura.demo.launch.etcd import Etcd
-from kura.demo.launch.node import spawn_kured
-from kura.demo.launch.process import free_port, stop
+from kura_harness.launch.etcd import Etcd
+from kura_harness.launch.node import spawn_kured
+from kura_harness.launch.process import free_port, stop
 from kured.cli import fleetlock_parser
 
 HEADERS = {"fleet-lock-protocol": "true"}

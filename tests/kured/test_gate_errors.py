@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kura.demo.launch.process import free_ports
+from kura_harness.launch.process import free_ports
 from kured.sensors.alerts import PrometheusAlertGate
 from kured.sensors.http_gate import HttpGate
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from kura.demo.launch.node import KURA_LISTEN, KURED_LISTEN, kura_env, kured_env
-from kura.demo.launch.process import spawn_until_line, stop
+from kura_harness.launch.node import KURA_LISTEN, KURED_LISTEN, kura_env, kured_env
+from kura_harness.launch.process import spawn_until_line, stop
 
 WITHOUT_KUBERNETES = """
 import runpy, sys

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from kura.demo.launch.node import kured_env, spawn_kured
-from kura.demo.launch.process import stop
+from kura_harness.launch.node import kured_env, spawn_kured
+from kura_harness.launch.process import stop
 
 
 def agent_flags(tmp_path: Path) -> list[str]:

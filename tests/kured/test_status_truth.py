@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from kura.demo.launch.etcd import Etcd
-from kura.demo.launch.process import free_ports
+from kura_harness.launch.etcd import Etcd
+from kura_harness.launch.process import free_ports
 from tests.kured.agents import Host, released_at
 from tests.kured.test_agents import wait_for
 

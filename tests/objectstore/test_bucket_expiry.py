@@ -14,7 +14,7 @@ import sqlite3
 import time
 
 from kura.core.object_layout import object_key, touch_key
-from kura.demo.launch.seaweedfs import SeaweedFS
+from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.objectstore.conftest import TierNode, get, put, tier_metric

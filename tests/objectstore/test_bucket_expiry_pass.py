@@ -15,13 +15,13 @@ import pytest
 
 from kit.clock import ManualClock
 from kura.core.object_layout import OUTBOX_TARGET, object_key, touch_key
-from kura.demo.launch.seaweedfs import SeaweedFS
 from kura.storage.bucket_expiry import BucketExpiry
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.budget import TmpBudget
 from kura.storage.hooks import NoHooks
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig, ObjectStoreError
 from kura.storage.service import ArtifactRef, CacheService
+from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.objectstore.faultproxy import FaultProxy
 
 DAY_MS = 86_400_000

@@ -19,9 +19,9 @@ import time
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
 from kura.core.object_layout import object_key
-from kura.demo.launch.seaweedfs import SeaweedFS
 from kura.storage.object_header import encode_header
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
+from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.e2e.mesh import wait_for
 from tests.objectstore.conftest import TierNode, get, put, tier_metric
 from tests.objectstore.test_tier import overwrite_raw

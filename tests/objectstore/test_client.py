@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kura.core.manifest import Manifest
-from kura.demo.launch.seaweedfs import SeaweedFS
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig, ObjectStoreError
+from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.objectstore.faultproxy import FaultProxy
 
 

@@ -18,7 +18,7 @@ import threading
 import httpx
 import pytest
 
-from kura.demo.launch.seaweedfs import SeaweedFS
+from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.objectstore.conftest import TierNode, get, put, tier_metric

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kura.demo.launch.seaweedfs import SeaweedFS
+from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess, node_env, spawn_node, stop_nodes
 from tests.e2e.mesh import free_port, status, wait_for
 from tests.integration.ext4 import Ext4Image

@@ -24,8 +24,8 @@ from obstore.store import S3Store
 
 from kura.core.keys import artifact_id
 from kura.core.object_layout import namespace_prefix
-from kura.demo.launch.seaweedfs import SeaweedFS
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
+from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import free_port, wait_for
 from tests.objectstore.conftest import TierNode, get, put, start_failure, tier_metric

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kura.demo.launch.process import free_port, free_ports, reserved_port_range
+from kura_harness.launch.process import free_port, free_ports, reserved_port_range
 
 
 def test_the_range_is_the_half_below_the_ephemeral_start(tmp_path: Path) -> None:

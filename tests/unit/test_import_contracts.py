@@ -40,13 +40,32 @@ class Breach:
 
 
 VIOLATIONS: Mapping[str, tuple[Breach, ...]] = {
-    "kura layers: cli -> harnesses -> app -> workers -> grpc -> api -> mesh -> storage -> core": (
+    "kura layers: cli -> app -> workers -> grpc -> api -> mesh -> storage -> core": (
         Breach(
             "kura/storage/violation_up.py",
             "import kura.mesh.wire",
             "kura.storage.violation_up -> kura.mesh.wire",
         ),
         Breach("kura/violation_unlayered.py", '"""In no layer."""', "- kura.violation_unlayered"),
+    ),
+    "kura_harness layers: the dev mesh -> the rolling demo -> the process launchers": (
+        Breach(
+            "kura_harness/launch/violation_up.py",
+            "import kura_harness.rolling.config",
+            "kura_harness.launch.violation_up -> kura_harness.rolling.config",
+        ),
+        Breach(
+            "kura_harness/violation_unlayered.py",
+            '"""In no layer."""',
+            "- kura_harness.violation_unlayered",
+        ),
+    ),
+    "the harness starts kura and kured as processes and imports neither": (
+        Breach(
+            "kura_harness/rolling/violation_node.py",
+            "import kura.app",
+            "kura_harness.rolling.violation_node -> kura.app",
+        ),
     ),
     "kured layers": (
         Breach(
@@ -115,12 +134,17 @@ VIOLATIONS: Mapping[str, tuple[Breach, ...]] = {
             "kura.storage.blobstore -> kura.storage.schema",
         ),
     ),
-    "the serving process (kura.app, kura.workers) never loads the demo or the dev-mesh harness": (
-        Breach("kura/app.py", "import kura.demo.rolling", "kura.app -> kura.demo.rolling"),
+    "the serving process (every module of kura but its cli) never loads the demo or the dev-mesh harness": (
+        Breach("kura/app.py", "import kura_harness.rolling", "kura.app -> kura_harness.rolling"),
+        Breach(
+            "kura/storage/violation_demo.py",
+            "import kura_harness.launch",
+            "kura.storage.violation_demo -> kura_harness.launch",
+        ),
         Breach(
             "kura/workers/violation_dev.py",
-            "import kura.devmesh",
-            "kura.workers.violation_dev -> kura.devmesh",
+            "import kura_harness.devmesh",
+            "kura.workers.violation_dev -> kura_harness.devmesh",
         ),
     ),
     "a worker process loads neither the primary's composition root, nor gRPC, nor the object store (each process's RSS counts toward the node's)": (
@@ -128,9 +152,9 @@ VIOLATIONS: Mapping[str, tuple[Breach, ...]] = {
     ),
     "the process launchers (shared by the demo, the tests and bench/) are standard library only": (
         Breach(
-            "kura/demo/launch/violation_http.py",
+            "kura_harness/launch/violation_http.py",
             "import aiohttp",
-            "kura.demo.launch.violation_http -> aiohttp",
+            "kura_harness.launch.violation_http -> aiohttp",
         ),
     ),
     "only kured.apiserver imports the Kubernetes client": (
@@ -240,7 +264,7 @@ def test_the_serve_path_loads_neither_the_demo_nor_the_dev_mesh() -> None:
             sys.executable,
             "-c",
             "import sys, kura.cli, kura.app, kura.workers.worker; "
-            "print(sorted(m for m in sys.modules if m.startswith(('kura.demo', 'kura.devmesh'))))",
+            "print(sorted(m for m in sys.modules if m.startswith('kura_harness')))",
         ],
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         capture_output=True,

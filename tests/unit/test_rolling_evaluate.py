@@ -1,4 +1,4 @@
-"""``kura.demo.rolling.evaluate``: the invariant checker of the rolling-reboot scenario flags each
+"""``kura_harness.rolling.evaluate``: the invariant checker of the rolling-reboot scenario flags each
 kind of violation in recorded data (the e2e test only shows it passes a good run)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from kura.demo.rolling import (
+from kura_harness.rolling import (
     ClientRun,
     HostReport,
     RollingResult,

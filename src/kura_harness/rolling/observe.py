@@ -11,8 +11,8 @@ import signal
 import socket
 from pathlib import Path
 
-from kura.demo.launch.process import http_get
-from kura.demo.rolling.config import ALERT_LINE, LOG_LINE, DemoError
+from kura_harness.launch.process import http_get
+from kura_harness.rolling.config import ALERT_LINE, LOG_LINE, DemoError
 
 
 def _ephemeral_low() -> int:

@@ -47,11 +47,11 @@ Modules
 ``clients`` (the real build tools), ``sampler`` (the external tmp-dir sampler), ``observe``
 (log and event readers), ``collect`` (the result after the run), ``invariants``
 (``evaluate``), ``summary`` (the terminal summary), ``command`` (``kura demo rolling-reboot``).
-The processes (kura, kured, etcd, Prometheus) are started by ``kura.demo.launch``.
+The processes (kura, kured, etcd, Prometheus) are started by ``kura_harness.launch``.
 """
 
-from kura.demo.rolling.command import main, run
-from kura.demo.rolling.config import (
+from kura_harness.rolling.command import main, run
+from kura_harness.rolling.config import (
     ClientRun,
     DemoError,
     HostReport,
@@ -60,9 +60,9 @@ from kura.demo.rolling.config import (
     RollingConfig,
     RollingResult,
 )
-from kura.demo.rolling.invariants import evaluate
-from kura.demo.rolling.observe import kura_alert_names, log_times, percentile, read_events
-from kura.demo.rolling.summary import render_summary
+from kura_harness.rolling.invariants import evaluate
+from kura_harness.rolling.observe import kura_alert_names, log_times, percentile, read_events
+from kura_harness.rolling.summary import render_summary
 
 __all__ = [
     "ClientRun",

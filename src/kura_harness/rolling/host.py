@@ -15,14 +15,14 @@ import time
 from typing import TYPE_CHECKING
 
 from kit.wait import wait_until
-from kura.demo.launch import LaunchError
-from kura.demo.launch.node import kura_env, spawn_kura, spawn_kured
-from kura.demo.launch.process import get_json, http_get, stop
-from kura.demo.rolling.config import BOOTSTRAP_PCT, HostReport, MiB
-from kura.demo.rolling.observe import signal_name
+from kura_harness.launch import LaunchError
+from kura_harness.launch.node import kura_env, spawn_kura, spawn_kured
+from kura_harness.launch.process import get_json, http_get, stop
+from kura_harness.rolling.config import BOOTSTRAP_PCT, HostReport, MiB
+from kura_harness.rolling.observe import signal_name
 
 if TYPE_CHECKING:
-    from kura.demo.rolling.scenario import Rolling
+    from kura_harness.rolling.scenario import Rolling
 
 
 class Host:

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from kit.wait import wait_until
-from kura.demo.launch.process import (
+from kura_harness.launch.process import (
     START_TIMEOUT_SECONDS,
     LaunchError,
     free_ports,

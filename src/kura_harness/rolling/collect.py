@@ -11,11 +11,11 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from kura.demo.rolling.invariants import evaluate
-from kura.demo.rolling.observe import log_times, read_events
+from kura_harness.rolling.invariants import evaluate
+from kura_harness.rolling.observe import log_times, read_events
 
 if TYPE_CHECKING:
-    from kura.demo.rolling.scenario import Rolling
+    from kura_harness.rolling.scenario import Rolling
 
 
 def collect(demo: Rolling) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from kura.demo.rolling.config import CLIENT_NAMES, RollingResult
+from kura_harness.rolling.config import CLIENT_NAMES, RollingResult
 
 
 def evaluate(res: RollingResult) -> list[str]:

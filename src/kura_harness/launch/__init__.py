@@ -2,7 +2,7 @@
 SeaweedFS (the object-storage tier's S3 store, ``seaweedfs``).
 
 One place for starting, waiting until ready and stopping these processes, shared by
-``kura demo rolling-reboot`` (``kura.demo.rolling``), the tests (``tests/conftest.py``,
+``kura demo rolling-reboot`` (``kura_harness.rolling``), the tests (``tests/conftest.py``,
 ``tests/e2e/mesh.py``, ``tests/kured``) and the benchmarks (``bench/``). Standard library only
 (no aiohttp, no httpx), so every caller can use it whatever its own HTTP client.
 
@@ -10,6 +10,6 @@ Every launcher raises ``LaunchError`` (with the tail of the process's log) when 
 exits or times out before it is ready, and leaves no process behind in that case.
 """
 
-from kura.demo.launch.process import LaunchError
+from kura_harness.launch.process import LaunchError
 
 __all__ = ["LaunchError"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kura.demo.launch import LaunchError
+from kura_harness.launch import LaunchError
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -19,17 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from kit.wait import wait_until, wait_until_async
-from kura.demo.launch.etcd import Etcd
-from kura.demo.launch.process import get_json, stop, which
-from kura.demo.launch.prometheus import Prometheus
-from kura.demo.rolling.clients import Clients
-from kura.demo.rolling.collect import collect
-from kura.demo.rolling.config import REBOOT_SCRIPT, DemoError, MiB, RollingConfig, RollingResult
-from kura.demo.rolling.host import Host
-from kura.demo.rolling.load import Load
-from kura.demo.rolling.observe import find_repo, kura_alert_names, log_times, pick_ports, ready
-from kura.demo.rolling.sampler import TmpSampler
-from kura.demo.rolling.summary import progress_line
+from kura_harness.launch.etcd import Etcd
+from kura_harness.launch.process import get_json, stop, which
+from kura_harness.launch.prometheus import Prometheus
+from kura_harness.rolling.clients import Clients
+from kura_harness.rolling.collect import collect
+from kura_harness.rolling.config import REBOOT_SCRIPT, DemoError, MiB, RollingConfig, RollingResult
+from kura_harness.rolling.host import Host
+from kura_harness.rolling.load import Load
+from kura_harness.rolling.observe import find_repo, kura_alert_names, log_times, pick_ports, ready
+from kura_harness.rolling.sampler import TmpSampler
+from kura_harness.rolling.summary import progress_line
 
 INSTALL_HINT = (
     "the demo runs a real one (Debian: apt-get install etcd-server prometheus; "

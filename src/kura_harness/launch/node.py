@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kura.demo.launch.process import START_TIMEOUT_SECONDS, spawn_until_line, stop
+from kura_harness.launch.process import START_TIMEOUT_SECONDS, spawn_until_line, stop
 
 KURA_LISTEN = re.compile(r"kura listening public=(https?://\S+) internal=(https?://\S+)")
 KURED_LISTEN = re.compile(r"kured listening metrics=(http://\S+)")

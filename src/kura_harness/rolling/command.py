@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from kura.demo.launch import LaunchError
-from kura.demo.rolling.config import MiB, RollingConfig, RollingResult
-from kura.demo.rolling.scenario import Rolling
-from kura.demo.rolling.summary import render_summary
+from kura_harness.launch import LaunchError
+from kura_harness.rolling.config import MiB, RollingConfig, RollingResult
+from kura_harness.rolling.scenario import Rolling
+from kura_harness.rolling.summary import render_summary
 
 
 def run(config: RollingConfig) -> RollingResult:

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kura.demo.rolling.config import CLIENT_NAMES, CLIENT_TIMEOUT_SECONDS, HIT_LINE, ClientRun
+from kura_harness.rolling.config import CLIENT_NAMES, CLIENT_TIMEOUT_SECONDS, HIT_LINE, ClientRun
 
 if TYPE_CHECKING:
-    from kura.demo.rolling.scenario import Rolling
+    from kura_harness.rolling.scenario import Rolling
 
 
 class Clients:

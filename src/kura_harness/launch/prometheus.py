@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.wait import wait_until
-from kura.demo.launch.process import (
+from kura_harness.launch.process import (
     START_TIMEOUT_SECONDS,
     LaunchError,
     free_port,

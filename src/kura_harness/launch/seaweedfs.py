@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.wait import wait_until
-from kura.demo.launch.process import LaunchError, free_ports, log_tail, stop
+from kura_harness.launch.process import LaunchError, free_ports, log_tail, stop
 
 PORT_NAMES = (
     "master",

@@ -4,7 +4,7 @@ Starts N ``kura serve`` subprocesses with consecutive public ports (BASE, BASE+1
 internal ports (BASE+100, ...), each with its own data and tmp dirs under ``--dir``, every node
 seeded with every other node, then supervises them until Ctrl-C (or SIGTERM) stops them all
 gracefully (exit 0). Nodes start through the launcher the tests, bench/ and the demo use
-(``kura.demo.launch.node.spawn_kura``): each is listening when its URL is printed; one that
+(``kura_harness.launch.node.spawn_kura``): each is listening when its URL is printed; one that
 exits before it listens is named with the end of its log and left down.
 
 A node that exits or is killed does not stop the mesh: the supervisor names it on stderr
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from kit.wait import wait_until
-from kura.demo.launch import LaunchError
-from kura.demo.launch.node import spawn_kura
-from kura.demo.launch.process import stop
+from kura_harness.launch import LaunchError
+from kura_harness.launch.node import spawn_kura
+from kura_harness.launch.process import stop
 
 POLL_SECONDS = 0.2
 STOP_TIMEOUT_SECONDS = 30.0

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from kura.demo.rolling.config import MiB, RollingResult
+from kura_harness.rolling.config import MiB, RollingResult
 
 if TYPE_CHECKING:
-    from kura.demo.rolling.scenario import Rolling
+    from kura_harness.rolling.scenario import Rolling
 
 
 def _ms(v: float | None) -> str:

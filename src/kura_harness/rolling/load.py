@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from kura.demo.rolling.config import (
+from kura_harness.rolling.config import (
     KEYVALUE_QUERY,
     PROTOCOL_WEIGHTS,
     PROTOCOLS,
@@ -28,11 +28,11 @@ from kura.demo.rolling.config import (
     LoadReport,
     MiB,
 )
-from kura.demo.rolling.observe import percentile
+from kura_harness.rolling.observe import percentile
 
 if TYPE_CHECKING:
-    from kura.demo.rolling.host import Host
-    from kura.demo.rolling.scenario import Rolling
+    from kura_harness.rolling.host import Host
+    from kura_harness.rolling.scenario import Rolling
 
 
 @dataclass
