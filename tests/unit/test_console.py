@@ -103,7 +103,7 @@ def test_warnings_are_printed_under_ready_and_wrap() -> None:
 def test_the_printed_kura_command_is_the_one_that_is_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kura import devmesh
+    from kura_harness import devmesh
 
     script = tmp_path / ".venv" / "bin" / "kura"
     script.parent.mkdir(parents=True)
