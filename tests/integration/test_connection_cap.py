@@ -476,26 +476,34 @@ def test_a_descriptor_shortage_on_the_grpc_port_is_unavailable_like_http_not_int
 ) -> None:
     """The shortage policy on every listener: a ByteStream Write that cannot open its staging
     file for want of a descriptor is UNAVAILABLE (retry), as the same write over HTTP is 503,
-    and logs no traceback. Before, gRPC answered INTERNAL with a traceback per call. Once
-    the descriptors are back, the same Write is stored."""
+    and logs no traceback, and ``/ready`` is 503 meanwhile. Before, gRPC answered INTERNAL with a
+    traceback per call. Once the descriptors are back, the node is ready again by itself and the
+    same Write is stored."""
     port = free_port()
     node = limited_node(workers=1, grpc_port=port)
     pid = node.proc.pid
     client = Reapi(f"127.0.0.1:{port}")
+    probe = httpx.Client(base_url=node.url, timeout=10)  # kept alive: accepted before the squeeze
     blob = os.urandom(64 * 1024)  # staged in a file, not inline
     try:
         assert client.find_missing([blob]) == [client_digest(blob).hash]  # the channel is up
+        assert probe.get("/ready").status_code == 200
         limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         try:
             _squeeze(pid, limit[1])
             with pytest.raises(grpc.RpcError) as refused:
                 client.write(client_blob_name(blob, upload=new_upload()), blob)
+            _squeeze(pid, limit[1])
+            ready_during = probe.get("/ready")  # writes are refused: not ready
         finally:
             resource.prlimit(pid, resource.RLIMIT_NOFILE, limit)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
         assert "short of descriptors" in (refused.value.details() or "")
+        assert ready_during.status_code == 503, ready_during.text
         assert "Traceback" not in node.log()
+        assert rawhttp.wait_until(lambda: probe.get("/ready").status_code == 200, 10)
         written = client.write(client_blob_name(blob, upload=new_upload()), blob)
         assert written.committed_size == len(blob)
     finally:
+        probe.close()
         client.close()
