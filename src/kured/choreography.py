@@ -1,9 +1,32 @@
 """The node choreography of the Kubernetes backend, as steps of the agent (``kured.loop``):
-pre-reboot labels, ``--drain-delay``, the drain notification, cordon and drain before the reboot; restoring the node
-(uncordon retried until it succeeds, post labels, the in-progress annotation) before every
-release; the orphaned-cordon check; the ``--prefer-no-schedule-taint`` taint; and the
-``--release-lock-of-deleted-nodes`` check (``kured.actuators.deleted_nodes``) before each tick. The rules and
-their sources are in the ``kured.loop`` module docstring.
+pre-reboot labels, ``--drain-delay``, the drain notification, cordon and drain before the reboot;
+restoring the node (uncordon retried until it succeeds, post labels, the in-progress annotation)
+before every release; the orphaned-cordon check; the ``--prefer-no-schedule-taint`` taint; and
+the ``--release-lock-of-deleted-nodes`` check (``kured.actuators.deleted_nodes``) before each
+tick.
+
+The agent (with a ``NodeActuator``, ``node``) follows kured's node choreography:
+
+* before taking the lock it reads whether the node is already cordoned, and the lock record
+  keeps that (``unschedulable``);
+* before the reboot: pre-reboot labels → cordon → drain. If the cordon or drain fails and
+  ``--force-reboot`` is off, the node is uncordoned (when the record says it was schedulable)
+  and the lock is released **at once**, without ``--lock-release-delay`` - kured sleeps the
+  delay first and so keeps a healthy node cordoned for it (#1129). The failure is the tick's
+  decision (``drain_failed``), counted (``kured_failures_total{kind="drain"}``) and kept in
+  ``kured status`` as the last drain failure. The next eligible tick tries again;
+* whenever it gives the lock back (after the reboot, after a failure, or because it is now
+  blocked) it first restores the node: uncordon only if the record says the node was
+  schedulable when the lock was taken and the cordon carries our mark (a node an operator
+  cordoned, before the lock or after it, stays cordoned: field report B41), then the
+  post-reboot labels, and after a reboot the in-progress annotation once the sentinel is gone.
+  A failed uncordon is retried with jittered exponential backoff (``uncordon_backoff_*``) and
+  the lock is kept until it succeeds: releasing it with the node still cordoned would let the
+  next node cordon while this one is still out of service (issue 15). The tick's decision
+  says so meanwhile (``uncordon_failed``). The release delay is slept only after a reboot;
+* on start, and on later ticks until it succeeds, a cordon marked as ours on a node that holds
+  no lock (an orphan: a lock force-released by an operator, an uncordon that failed) is undone;
+* with ``--annotate-nodes`` the two kured annotations are written before the gates run.
 
 ``NodeSteps`` is a base class of ``Agent``: it declares the agent attributes it uses, and
 ``_release`` is the agent's.

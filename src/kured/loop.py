@@ -31,28 +31,7 @@ towards the breaker and holds further attempts off for ``--min-reboot-interval``
 counted and the tick ends; they never escape the loop.
 
 With the Kubernetes backend the agent also has a ``NodeActuator`` (``node``) and follows
-kured's node choreography (kured-behaviour.md §2.2-2.4):
-
-* before taking the lock it reads whether the node is already cordoned, and the lock record
-  keeps that (``unschedulable``);
-* before the reboot: pre-reboot labels → cordon → drain. If the cordon or drain fails and
-  ``--force-reboot`` is off, the node is uncordoned (when the record says it was schedulable)
-  and the lock is released **at once**, without ``--lock-release-delay`` - kured sleeps the
-  delay first and so keeps a healthy node cordoned for it (#1129). The failure is the tick's
-  decision (``drain_failed``), counted (``kured_failures_total{kind="drain"}``) and kept in
-  ``kured status`` as the last drain failure. The next eligible tick tries again;
-* whenever it gives the lock back (after the reboot, after a failure, or because it is now
-  blocked) it first restores the node: uncordon only if the record says the node was
-  schedulable when the lock was taken and the cordon carries our mark (a node an operator
-  cordoned, before the lock or after it, stays cordoned: field report B41), then the
-  post-reboot labels, and after a reboot the in-progress annotation once the sentinel is gone.
-  A failed uncordon is retried with jittered exponential backoff (``uncordon_backoff_*``) and
-  the lock is kept until it succeeds: releasing it with the node still cordoned would let the
-  next node cordon while this one is still out of service (issue 15). The tick's decision
-  says so meanwhile (``uncordon_failed``). The release delay is slept only after a reboot;
-* on start, and on later ticks until it succeeds, a cordon marked as ours on a node that holds
-  no lock (an orphan: a lock force-released by an operator, an uncordon that failed) is undone;
-* with ``--annotate-nodes`` the two kured annotations are written before the gates run.
+kured's node choreography: its rules and their sources are in ``kured.choreography``.
 
 With ``--notify-url`` (``notifier``) kured's three messages go out: drain (before the cordon),
 reboot (right before the reboot; the agent waits for it at most the delivery timeout) and
