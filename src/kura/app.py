@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,6 @@ from kura.mesh.peer_pace import PeerPace, PublicLoad
 from kura.mesh.read_through import ReadThrough
 from kura.mesh.repair import Repairer
 from kura.mesh.shipper import Shipper
-from kura.mesh.storage_hooks import MeshHooks
 from kura.mesh.wire import peer_label
 from kura.node_status import node_status
 from kura.settings import Settings
@@ -86,12 +85,13 @@ from kura.storage.bucket_expiry import BucketExpiry, bucket_aging
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.budget import TmpBudget
 from kura.storage.expiry import Expiry
+from kura.storage.fill import FillingReader
 from kura.storage.multipart import MultipartUploads
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura.storage.object_tier import ObjectTier
+from kura.storage.ports import ArtifactReader
 from kura.storage.scrub import Scrubber
 from kura.storage.service import CacheService
-from kura.storage.tier_hooks import TierHooks
 from kura.workers.supervisor import Workers
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,6 @@ class Node:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.budget = TmpBudget(settings.tmp_dir_max_bytes, tmp_dir=Path(settings.tmp_dir))
-        self.storage_hooks = MeshHooks()  # connected below, once the mesh components exist
-        # With the object-storage tier, its hooks wrap the mesh's (storage.tier_hooks).
-        tier_hooks = TierHooks(self.storage_hooks) if settings.object_store_url else None
         self.service = CacheService(
             data_dir=Path(settings.data_dir),
             tmp_dir=Path(settings.tmp_dir),
@@ -127,7 +124,14 @@ class Node:
             max_clock_skew_ms=settings.max_clock_skew_ms,
             max_inline_bytes=settings.max_keyvalue_bytes,
             inline_max_bytes=settings.inline_max_bytes,
-            hooks=tier_hooks or self.storage_hooks,
+            # What replication needs of a local write (storage.service): the parts answering
+            # take the store, so they are built below; storage calls these only once started.
+            targets=lambda: self.catch_up.targets(),
+            bucket=bool(settings.object_store_url),
+            outbox_written=self._outbox_written,
+            eviction_floor_ms=lambda: self.bootstrapper.eviction_floor_ms,
+            touched=self._touched,
+            sent_again=self._sent_again,
         )
         self.scrubber = Scrubber(
             self.service,
@@ -248,19 +252,13 @@ class Node:
             max_requests_per_second=settings.anti_entropy_max_requests_per_second,
             max_requests_per_round=settings.anti_entropy_max_requests_per_round,
         )
-        self.storage_hooks.connect(
-            targets=self.catch_up.targets,
-            wake=self.shipper.wake,
-            fetch=None if settings.read_through == "never" else self.read_through.fetch,
-            floor_ms=lambda: self.bootstrapper.eviction_floor_ms,
-        )
         self.membership.listeners.append(self._on_membership_change)
         self.metrics = KuraMetrics(settings.region, settings.tenant_id)
         # The object-storage tier (docs/object-storage.md), off without KURA_OBJECT_STORE_URL.
         self.object_tier: ObjectTier | None = None
         self.bucket_expiry: BucketExpiry | None = None  # with the tier and KURA_MAX_AGE
         self.bucket_toucher: BucketToucher | None = None
-        if tier_hooks is not None:
+        if settings.object_store_url:
             config = ObjectStoreConfig.from_env(
                 settings.object_store_url,
                 os.environ,
@@ -284,7 +282,13 @@ class Node:
                     max_deletes_per_second=settings.expiry_max_deletes_per_second,
                     batch_size=settings.expiry_batch_size,
                 )
-            tier_hooks.connect(self.object_tier, self.bucket_toucher)
+        # What every listener reads through (storage.fill): the local store, then the bucket,
+        # then the peers (mesh.read_through), each wrapping the one before.
+        self.reader: ArtifactReader = self.service
+        if self.object_tier is not None:
+            self.reader = FillingReader(self.reader, self.object_tier)
+        if settings.read_through != "never":
+            self.reader = FillingReader(self.reader, self.read_through)
         # The last WARNING/ERROR records, for /status and the status page (attached in start).
         self.log_ring = LogRing()
         self.workers: Workers | None = None  # KURA_WORKERS > 1 (kura.workers)
@@ -307,7 +311,7 @@ class Node:
         self.grpc = (
             GrpcServer(
                 settings,
-                self.service,  # the reader and the writer: one store
+                self.reader,  # the store read through, and the store
                 self.service,
                 self.auth,
                 self.metrics,
@@ -351,6 +355,22 @@ class Node:
     def _read_through_enabled(self) -> bool:
         mode = self.settings.read_through
         return mode == "always" or (mode == "joining" and bool(self.readiness_reasons()))
+
+    def _outbox_written(self) -> None:
+        """Storage committed outbox messages: the shipper and the bucket's uploader look now."""
+        self.shipper.wake()
+        if self.object_tier is not None:
+            self.object_tier.wake()
+
+    def _touched(self, accesses: Mapping[str, int]) -> None:
+        """Access times storage just took for its index: the bucket's touch markers."""
+        if self.bucket_toucher is not None:
+            self.bucket_toucher.touched(accesses)
+
+    def _sent_again(self, artifact_id: str) -> None:
+        """A client sent an intact artifact again: the bucket's copy is checked."""
+        if self.object_tier is not None:
+            self.object_tier.sent_again(artifact_id)
 
     def _repair_quarantined(self, artifact_id: str) -> None:
         """Storage's writer thread quarantined an entry: fetch a good copy from a peer."""
@@ -406,7 +426,7 @@ class Node:
     def _context(self) -> ApiContext:
         return ApiContext(
             settings=self.settings,
-            reader=self.service,  # the ports of one store (kura.storage.ports)
+            reader=self.reader,  # the ports of one store (kura.storage.ports), read through
             writer=self.service,
             peers=self.service,
             uploads=self.uploads,

@@ -1,8 +1,8 @@
 """Eviction while a bootstrap runs (issue 11, deliverable 4), on a real CacheService in-process
 (real SQLite index and blob dir; the clock is a ManualClock so "used before" is exact).
 
-While the hooks report an eviction floor (``StorageHooks.eviction_floor_ms``, which the
-bootstrap sets through ``mesh.storage_hooks``), eviction only picks artifacts last used before it: what the
+While an eviction floor is set (``CacheService``'s ``eviction_floor_ms``, the bootstrap's
+floor as ``kura.app`` gives it), eviction only picks artifacts last used before it: what the
 bootstrap fetched (and anything written or read since) is never evicted, while older data still
 makes room for live writes. Once the floor is cleared, eviction is plain LRU again.
 """
@@ -13,15 +13,14 @@ from pathlib import Path
 
 from kit.clock import ManualClock
 from kura.storage.budget import TmpBudget
-from kura.storage.hooks import NoHooks
 from kura.storage.service import ArtifactRef, CacheService
 
 SIZE = 1000
 LIMIT = 10 * SIZE
 
 
-class Floor(NoHooks):
-    """The storage hooks with the one thing this test drives: the bootstrap's eviction floor."""
+class Floor:
+    """The one thing this test drives: the bootstrap's eviction floor."""
 
     floor_ms: int | None = None
 
@@ -50,7 +49,7 @@ async def test_a_live_write_during_bootstrap_evicts_only_data_older_than_the_boo
         clock=clock,
         max_disk_bytes=LIMIT,
         min_free_disk_bytes=0,
-        hooks=hooks,
+        eviction_floor_ms=hooks.eviction_floor_ms,
     )
     await service.start()
     try:

@@ -12,7 +12,6 @@ import pytest
 from kit.clock import ManualClock
 from kura.storage.budget import TmpBudget
 from kura.storage.expiry import ExpiredArtifact, Expiry
-from kura.storage.hooks import NoHooks
 from kura.storage.service import ArtifactRef, CacheService
 
 
@@ -34,7 +33,7 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-class FloorHooks(NoHooks):
+class FloorHooks:
     """No mesh, but a bootstrap's eviction floor the test can set."""
 
     floor_ms: int | None = None
@@ -60,7 +59,7 @@ async def service(
         clock=clock,
         max_disk_bytes=10 * 1024 * 1024,
         min_free_disk_bytes=0,
-        hooks=hooks,
+        eviction_floor_ms=hooks.eviction_floor_ms,
     )
     await s.start()
     yield s

@@ -16,7 +16,6 @@ from kura.storage.budget import TmpBudget
 from kura.storage.ports import ChangeLog, OutboxLog
 from kura.storage.replica_log import IndexReplicaLog
 from kura.storage.service import ArtifactRef, CacheService
-from tests.integration.test_shutdown import Targets
 
 MiB = 1024 * 1024
 PEERS = ("http://127.0.0.1:1", "http://127.0.0.1:2")
@@ -46,7 +45,7 @@ async def service(tmp_path: Path) -> AsyncIterator[CacheService]:
         clock=SystemClock(),
         max_disk_bytes=1024 * MiB,
         min_free_disk_bytes=0,
-        hooks=Targets(PEERS),
+        targets=lambda: PEERS,
     )
     await s.start()
     try:

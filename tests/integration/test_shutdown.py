@@ -15,7 +15,7 @@ import hashlib
 import logging
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,6 @@ from kura.app import Node
 from kura.cli import build_parser
 from kura.settings import Settings, validate_settings
 from kura.storage.budget import TmpBudget
-from kura.storage.hooks import NoHooks
 from kura.storage.service import ArtifactRef, CacheService, StorageStats
 
 MiB = 1024 * 1024
@@ -94,19 +93,6 @@ async def test_a_failed_background_task_stops_the_node_and_still_closes_storage(
         await again.stop()
 
 
-class Targets(NoHooks):
-    """The storage hooks of a node whose local writes are enqueued for ``peers``."""
-
-    def __init__(self, peers: Sequence[str]) -> None:
-        self.peers = peers
-
-    def replication_targets(self) -> Sequence[str]:
-        return self.peers
-
-    def artifact_targets(self) -> Sequence[str]:
-        return self.peers
-
-
 class ThreadRecordingStats(StorageStats):
     """StorageStats that records which thread changes ``outbox_depth`` (an observer, not a
     double: the service uses it exactly like the real one)."""
@@ -143,7 +129,7 @@ async def test_outbox_depth_is_changed_on_the_writer_thread_and_matches_the_rows
         clock=SystemClock(),
         max_disk_bytes=1024 * MiB,
         min_free_disk_bytes=0,
-        hooks=Targets(peers),
+        targets=lambda: peers,  # local writes are enqueued for them
     )
     stats = service.stats = ThreadRecordingStats()
     await service.start()

@@ -8,30 +8,22 @@ the bucket is past the age), and a sleep that advances it, so the pace is exact.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from kit.clock import ManualClock
-from kura.core.object_layout import OUTBOX_TARGET, object_key, touch_key
+from kura.core.object_layout import object_key, touch_key
 from kura.storage.bucket_expiry import BucketExpiry
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.budget import TmpBudget
-from kura.storage.hooks import NoHooks
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig, ObjectStoreError
 from kura.storage.service import ArtifactRef, CacheService
 from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.objectstore.faultproxy import FaultProxy
 
 DAY_MS = 86_400_000
-
-
-class UploadingHooks(NoHooks):
-    """A node with the tier but no uploader running: every local write stays pending."""
-
-    def artifact_targets(self) -> Sequence[str]:
-        return (OUTBOX_TARGET,)
 
 
 @pytest.fixture
@@ -49,7 +41,7 @@ async def service(tmp_path: Path, clock: ManualClock) -> AsyncIterator[CacheServ
         clock=clock,
         max_disk_bytes=10 * 1024 * 1024,
         min_free_disk_bytes=0,
-        hooks=UploadingHooks(),
+        bucket=True,  # a node with the tier but no uploader running: writes stay pending
     )
     await s.start()
     yield s

@@ -19,8 +19,8 @@ nodes behind one Service (issue 11, "A hit anywhere is a hit everywhere").
 * Concurrent misses of one artifact share one fetch.
 * **Served before it is durable.** A body of at most ``IN_MEMORY_MAX_BYTES`` that storing would
   apply (``replica_outcome``: not covered by a local clean, newer than what is stored, within the
-  skew gate) is read into memory, verified, and returned to be served at once (``fetch`` gives a ``StoredBody`` with ``data``);
-  storing it (staging, fsync, commit) goes on in the background. The client does not wait for
+  skew gate) is read into memory, verified, and returned to be served at once (``fill`` gives a
+  ``Filled`` with the body's ``data``); storing it (staging, fsync, commit) goes on in the background. The client does not wait for
   an fsync. A bootstrap's writes can keep the disk busy for hundreds of milliseconds, and this
   copy needs no durability: the peer holds the durable one, and nobody was promised it. A
   crash before the commit leaves no row, so the next read fetches the body again. At most
@@ -47,11 +47,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from kura.core.errors import KuraError
-from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
 from kura.mesh.client import FetchedArtifact, PeerClient, PeerError
 from kura.storage.artifact import StoredBody
 from kura.storage.body_count import check_sha256
+from kura.storage.fill import Filled
 from kura.storage.service import CacheService
 from kura.storage.small_body import buffer_small
 
@@ -64,8 +64,6 @@ MiB = 1024 * 1024
 IN_MEMORY_MAX_BYTES = 4 * MiB
 # ... as long as the ones being stored hold no more than this in all (bounded memory).
 IN_MEMORY_TOTAL_MAX_BYTES = 16 * MiB
-# A fetched body in memory: verified against its manifest, not yet stored.
-InMemory = tuple[Manifest, bytes]
 
 
 @dataclass
@@ -77,8 +75,8 @@ class ReadThroughStats:
 
 
 class ReadThrough:
-    """Fetches a missing artifact from peers: the ``fetch_missing`` hook of storage (``kura.app``
-    connects it through ``mesh.storage_hooks.MeshHooks``)."""
+    """Fetches a missing artifact from peers: the ``storage.fill.FillSource`` of the reader
+    ``kura.app`` composes (``FillingReader(..., read_through)``), and ``repair``'s fetch."""
 
     def __init__(
         self,
@@ -99,33 +97,34 @@ class ReadThrough:
         self._monotonic = monotonic or time.monotonic
         # artifact id -> monotonic seconds until which a miss everywhere is remembered
         self._negative: OrderedDict[str, float] = OrderedDict()
-        self._inflight: dict[str, asyncio.Future[bool | InMemory]] = {}
+        self._inflight: dict[str, asyncio.Future[Filled | None]] = {}
         self._storing: set[asyncio.Task[None]] = set()
         self._held_bytes = 0  # of in-memory bodies still being stored
         self.stats = ReadThroughStats()
 
-    async def fetch(self, artifact_id: str) -> bool | StoredBody:
-        """The artifact fetched by this or a concurrent call: a verified ``StoredBody`` in
-        memory, being stored meanwhile (module docstring), or True once it is stored locally.
+    async def fill(self, artifact_id: str, namespace_id: str) -> Filled | None:
+        """The artifact fetched by this or a concurrent call: ``Filled`` with a verified body in
+        memory, being stored meanwhile (module docstring), or without one once it is stored
+        locally. ``namespace_id`` is not needed: peers address artifacts by id.
 
-        False when no peer had it, and at once while read-through is off or while
+        None when no peer had it, and at once while read-through is off or while
         ``artifact_id`` is in the negative cache (counted as result ``negative_cached``)."""
         if not self._enabled():
-            return False
+            return None
         until = self._negative.get(artifact_id)
         if until is not None:
             if until > self._monotonic():
                 self.stats.count("negative_cached")
-                return False
+                return None
             del self._negative[artifact_id]
         found = await self._single_flight(artifact_id, in_memory=True)
-        if not found and self._negative_ttl > 0:
+        if found is None and self._negative_ttl > 0:
             self._negative[artifact_id] = self._monotonic() + self._negative_ttl
             self._negative.move_to_end(artifact_id)
             while len(self._negative) > NEGATIVE_CACHE_ENTRIES:
                 self._negative.popitem(last=False)
-        if isinstance(found, tuple):
-            return StoredBody(found[0], data=found[1])  # one per caller: the bytes are shared
+        if found is not None and found.body is not None:  # one per caller: the bytes are shared
+            return Filled(StoredBody(found.body.manifest, data=found.body.data))
         return found
 
     async def repair(self, artifact_id: str) -> bool:
@@ -133,7 +132,7 @@ class ReadThrough:
         returns: a quarantined (damaged) entry is fetched again from a peer that has it
         (``mesh.repair``). (Joining a concurrent ``fetch`` that serves from memory, it returns
         while that copy is still being stored.)"""
-        return bool(await self._single_flight(artifact_id, in_memory=False))
+        return await self._single_flight(artifact_id, in_memory=False) is not None
 
     async def close(self) -> None:
         """Let the copies being stored finish (a few seconds at most), then cancel the rest:
@@ -144,14 +143,14 @@ class ReadThrough:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
 
-    async def _single_flight(self, artifact_id: str, *, in_memory: bool) -> bool | InMemory:
+    async def _single_flight(self, artifact_id: str, *, in_memory: bool) -> Filled | None:
         peers = self._peers()
         if not peers:
-            return False
+            return None
         pending = self._inflight.get(artifact_id)
         if pending is not None:
             return await asyncio.shield(pending)
-        fut: asyncio.Future[bool | InMemory] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Filled | None] = asyncio.get_running_loop().create_future()
         self._inflight[artifact_id] = fut
         try:
             ok = await self._fetch_from_any(artifact_id, peers, in_memory)
@@ -169,7 +168,7 @@ class ReadThrough:
 
     async def _fetch_from_any(
         self, artifact_id: str, peers: list[str], in_memory: bool
-    ) -> bool | InMemory:
+    ) -> Filled | None:
         deadline = self._monotonic() + self._timeout
         for peer in peers:
             remaining = deadline - self._monotonic()
@@ -188,7 +187,7 @@ class ReadThrough:
                     if body is not None:
                         self._store_later(body)
                         self.stats.count("hit")
-                        return body
+                        return Filled(body)
                     try:
                         # Wait (within the timeout) for room in the tmp budget rather than
                         # failing at once: a bootstrap may be holding it right now.
@@ -206,14 +205,14 @@ class ReadThrough:
                     finally:
                         await fetched.close()
                 self.stats.count("hit")
-                return True
+                return Filled()
             except (PeerError, KuraError, TimeoutError) as exc:
                 self.stats.count("error")
                 log.info("read-through of %s from %s failed: %s", artifact_id, peer, exc)
         self.stats.count("miss")
-        return False
+        return None
 
-    async def _from_memory(self, fetched: FetchedArtifact) -> InMemory | None:
+    async def _from_memory(self, fetched: FetchedArtifact) -> StoredBody | None:
         """The body read and verified in memory, its bytes counted as held; or None (nothing
         read) when it is too large, the bound is reached, or storing it would not apply it:
         only what storing would apply is served, never a version that a local clean covers,
@@ -232,7 +231,7 @@ class ReadThrough:
         self._held_bytes -= size
         return None
 
-    async def _read_verified(self, fetched: FetchedArtifact) -> InMemory:
+    async def _read_verified(self, fetched: FetchedArtifact) -> StoredBody:
         """The whole body, checked against its manifest by the checks a small upload gets
         (``storage.small_body``: ``InvalidRequest``, ``IncompleteBody``; ``DigestMismatch``).
         Hashed chunk by chunk as it arrives, so the loop never blocks on hashing 4 MiB at once
@@ -252,16 +251,17 @@ class ReadThrough:
             await fetched.close()
         assert isinstance(data, bytes)  # a declared length never spills
         check_sha256(digest.hexdigest(), manifest.sha256)
-        return manifest, data
+        return StoredBody(manifest, data=data)
 
-    def _store_later(self, body: InMemory) -> None:
+    def _store_later(self, body: StoredBody) -> None:
         """Store ``body`` in the background; its bytes stay counted as held until then."""
         task = asyncio.create_task(self._store(body), name="kura-read-through-store")
         self._storing.add(task)
         task.add_done_callback(self._storing.discard)
 
-    async def _store(self, body: InMemory) -> None:
-        manifest, data = body
+    async def _store(self, body: StoredBody) -> None:
+        manifest, data = body.manifest, body.data
+        assert data is not None  # read whole into memory (_read_verified)
         try:
             reservation = await self._service.budget.reserve(max(1, manifest.size))
             with reservation:

@@ -1,7 +1,7 @@
 """Touch markers: each node records in the shared bucket which artifacts it uses.
 
 Bucket expiry (``core.bucket_expiry``) must see every node's use, but reads touch only the
-node that served them. So when ``CacheService`` records access times (``StorageHooks.touched``,
+node that served them. So when ``CacheService`` records access times (its ``touched``,
 on the event loop, off the request path: every few seconds and before each local expiry pass),
 ``touched`` queues each artifact whose marker this node has not rewritten within
 ``marker_refresh_ms`` (a quarter of ``KURA_MAX_AGE``), and ``run`` writes the zero-byte markers

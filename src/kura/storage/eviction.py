@@ -1,7 +1,7 @@
 """Eviction: keep stored bytes within ``max_disk_bytes`` by least-recently-used order.
 
-Evictions are local: they are never replicated. While the hooks report an eviction floor (a
-bootstrap runs: ``StorageHooks.eviction_floor_ms``), eviction only picks artifacts last used
+Evictions are local: they are never replicated. While an eviction floor is set (a
+bootstrap runs: ``CacheService``'s ``eviction_floor_ms``), eviction only picks artifacts last used
 before it; a write that finds nothing it may evict is still stored, over the budget, as when
 nothing at all is evictable. Equal access stamps are evicted oldest version first (the index
 order ``artifacts_by_access_version``). Runs on the writer thread only. Other policies that
@@ -29,14 +29,14 @@ class Eviction(StorageState):
 
     async def evict_to_budget(self) -> None:
         """Evict least-recently-used artifacts until the store is within ``max_disk_bytes``
-        (after an eviction floor held them back: ``StorageHooks.eviction_floor_ms``)."""
+        (after an eviction floor held them back)."""
         await self._in(self._writer, self._evict_sync, 0, "")
 
     def _evict_sync(self, incoming_bytes: int, exclude: str) -> None:
         index = self._require_index()
         need = bytes_to_free(self.stats.used_bytes, incoming_bytes, self.max_disk_bytes)
         while need > 0:
-            batch = index.paging.least_recently_used(256, exclude, self.hooks.eviction_floor_ms())
+            batch = index.paging.least_recently_used(256, exclude, self._eviction_floor_ms())
             if not batch:
                 return
             victims: list[tuple[str, int, bool]] = []
@@ -67,7 +67,7 @@ class Eviction(StorageState):
         ``cutoff_ms`` (wall-clock ms), oldest first, through eviction's path; return them as
         ``(artifact_id, size, inline)``, empty when none is that old. Access times still in
         memory are recorded first, and one touched meanwhile is kept, so a read since the last
-        flush always counts. Under a bootstrap's eviction floor (``StorageHooks``) nothing used
+        flush always counts. Under a bootstrap's eviction floor nothing used
         at or after the floor goes. Raises ``ResourceExhausted`` while the index is read-only."""
         self._check_writable()
         return await self._in(
@@ -80,7 +80,7 @@ class Eviction(StorageState):
         index = self._require_index()
         if touches:
             index.touch(touches)
-        floor = self.hooks.eviction_floor_ms()
+        floor = self._eviction_floor_ms()
         before = cutoff_ms if floor is None else min(cutoff_ms, floor)
         pending = self.accesses.pending  # read only: the event loop may add to it meanwhile
         victims = [

@@ -4,7 +4,8 @@ The rules (docs/object-storage.md states them for operators):
 
 * **Durability.** A local write is acknowledged once it is durable on local disk AND its upload
   is queued in the node's durable outbox, in the same SQLite transaction (the existing outbox,
-  with ``OUTBOX_TARGET`` as one more target; ``tier_hooks.TierHooks.artifact_targets``).
+  with ``OUTBOX_TARGET`` as one more target, the only one of an artifact write: nodes sharing
+  the bucket copy no bodies; ``CacheService``'s ``bucket``).
   ``run`` drains that queue in order: an upsert uploads the artifact as stored now, a
   namespace clean deletes the namespace's objects; a message is deleted only after the store answered 2xx. Failures (store
   down, timeouts, 5xx, 503 SlowDown, refused credentials) are logged, counted by result in
@@ -31,7 +32,8 @@ The rules (docs/object-storage.md states them for operators):
   compare-and-swap on our versions, so two nodes uploading the same key at the same moment may
   leave the older one (until it is written again); build-cache keys name their content, so
   the two bodies are normally the same.
-* **Fills.** A local miss (``fill``) reads the object, and stores it through
+* **Fills.** A local miss (``fill``: the tier is the ``storage.fill.FillSource`` of the reader
+  ``kura.app`` composes, asked before any peer) reads the object, and stores it through
   ``CacheService.apply_replica`` at the writer's version: the object's size reserved in the tmp
   budget before a byte is written, streamed to staging, verified against the manifest's SHA-256,
   committed without any outbox message (a fill never replicates). The local namespace tombstone
@@ -46,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
 
 from kit.backoff import Backoff, every
 from kit.clock import Clock
@@ -54,6 +55,7 @@ from kura.core.errors import KuraError, NotFound
 from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
 from kura.core.version import ApplyOutcome, ahead_of_skew_ms
 from kura.storage.bucket_heal import BucketHeal
+from kura.storage.fill import Filled
 from kura.storage.object_store import CircuitOpen, ObjectStore, ObjectStoreError
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT, OutboxMessage
 from kura.storage.ports import OutboxLog
@@ -65,14 +67,6 @@ BATCH = 32
 PIPELINE = 4
 BACKOFF_START_SECONDS = 0.5
 IDLE_POLL_SECONDS = 2.0
-
-
-@dataclass
-class FillResult:
-    """What one fill did (for tests and logs)."""
-
-    filled: bool
-    reason: str
 
 
 class ObjectTier:
@@ -129,23 +123,20 @@ class ObjectTier:
 
     # -- fills -------------------------------------------------------------------------------
 
-    async def fill(self, artifact_id: str, namespace_id: str) -> bool:
-        """On a local miss: fetch the artifact from the bucket into the local tier. True when it
-        is stored locally now. Store errors are logged and read as a miss."""
-        result = await self.fill_result(artifact_id, namespace_id)
-        return result.filled
-
-    async def fill_result(self, artifact_id: str, namespace_id: str) -> FillResult:
+    async def fill(self, artifact_id: str, namespace_id: str) -> Filled | None:
+        """On a local miss: fetch the artifact from the bucket into the local tier. ``Filled``
+        when it is stored locally now, None when not (absent, refused, or a clean covers it).
+        Store errors are logged and read as a miss."""
         key = object_key(self.service.tenant_id, namespace_id, artifact_id)
         try:
             got = await self.store.get(key)
         except CircuitOpen:  # the breaker logged the outage once; a miss per line would flood
-            return FillResult(False, "circuit_open")
+            return None
         except ObjectStoreError as exc:
             log.warning("object store fill of %s failed: %s", artifact_id, exc.message)
-            return FillResult(False, exc.result)
+            return None
         if got is None:
-            return FillResult(False, "absent")
+            return None
         manifest, chunks = got
         try:
             if self.service.artifact_id_of(manifest) != artifact_id:
@@ -155,19 +146,19 @@ class ObjectTier:
             )
         except KuraError as exc:
             log.warning("object store fill of %s refused: %s", artifact_id, exc.message)
-            return FillResult(False, type(exc).__name__)
+            return None
         except (OSError, ValueError) as exc:  # a local staging problem: a miss, never a 500
             log.warning("object store fill of %s failed locally: %s", artifact_id, exc)
-            return FillResult(False, type(exc).__name__)
+            return None
         finally:
             with contextlib.suppress(Exception):
                 await chunks.aclose()  # type: ignore[attr-defined]
         if outcome is ApplyOutcome.APPLIED:
             self.store.stats.filled_bytes_total += manifest.size
-            return FillResult(True, "filled")
+            return Filled()
         # Ignored: the same or a newer version is here already, or a clean covers it.
         present = await self.service.read_manifest(artifact_id)
-        return FillResult(present is not None, outcome.value)
+        return None if present is None else Filled()
 
     # -- the uploader ------------------------------------------------------------------------
 

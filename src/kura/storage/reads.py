@@ -9,8 +9,8 @@ by a hash computed while they are sent (``verify_reads="always"``) or, with
 ``verify_reads="changed"``, only when the file's stat signature changed. A mismatch seen on a
 reader thread may be a race with a write of the same key, so the verdict is the writer
 thread's (``damaged``: the store's ``Eviction._confirm_corrupt_sync`` is the one place an
-entry is dropped for damage). A local miss is offered to the mesh once
-(``StorageHooks.fetch_missing``, read-through).
+entry is dropped for damage). A miss is a miss: whether the bucket or a peer has it is asked
+by the wrappers the composition root stacks on this reader (``storage.fill.FillingReader``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from kura.core.manifest import Manifest
 from kura.storage.artifact import ArtifactRef, StoredBody
 from kura.storage.blobs import BlobFiles, blob_name, stat_signature
 from kura.storage.checksum import SHA256, XXH3_128
-from kura.storage.hooks import StorageHooks
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
 from kura.storage.state import SMALL_BLOB_BYTES, AccessTimes
@@ -50,8 +49,8 @@ class ArtifactReads:
     entry now reads as a miss (the primary quarantines it, ``Eviction._confirm_corrupt_sync``;
     a worker queues it for the primary), False if the caller raced a write and should look
     again. ``accesses`` takes the hits (LRU), those of ``exists`` too when ``note_exists``;
-    ``record_checksums`` takes the XXH3-128 senders computed (``record_xxh3_128``); ``hooks``
-    hears of misses (read-through) and of bodies sent again."""
+    ``record_checksums`` takes the XXH3-128 senders computed (``record_xxh3_128``);
+    ``sent_again(artifact_id)`` hears of bodies sent again (``intact``)."""
 
     def __init__(
         self,
@@ -68,7 +67,7 @@ class ArtifactReads:
         damaged: Callable[[Manifest, str], bool],
         accesses: AccessTimes,
         record_checksums: Callable[[list[tuple[Manifest, str]]], None],
-        hooks: StorageHooks,
+        sent_again: Callable[[str], None] = lambda artifact_id: None,
         note_exists: bool = False,
     ) -> None:
         self._index = index
@@ -83,7 +82,7 @@ class ArtifactReads:
         self._damaged = damaged
         self.accesses = accesses
         self._record_checksums = record_checksums
-        self.hooks = hooks
+        self._sent_again = sent_again
         self._note_exists = note_exists
 
     def artifact_id(self, ref: ArtifactRef) -> str:
@@ -109,11 +108,9 @@ class ArtifactReads:
     ) -> list[ArtifactRef]:
         """The refs of ``refs`` with no stored version, in order: one index look-up and a
         ``stat`` of each blob file (no body read; a row whose file is gone or cut short is
-        quarantined and missing, ``_present_sync``), then, like ``read``, a fetch from peers (``StorageHooks.fetch_missing``,
-        read-through) of each absent one, stopping at the first that cannot be had (so a miss
-        may list only one).
+        quarantined and missing, ``_present_sync``).
         ``sizes`` (bytes, one per ref) asks for the ref stored with that size: one stored with
-        another size is missing too, and not asked of peers (a content digest names one size:
+        another size is missing too (a content digest names one size:
         REAPI's ``Digest`` is hash and size, so a blob of size N is not the digest's blob of
         size M).
         The stored ones are touched like a read (LRU), so the blobs a hit references age with
@@ -129,12 +126,7 @@ class ArtifactReads:
         for i, aid in enumerate(ids):
             if aid in stored and i not in wrong_size:
                 self.accesses.note(aid, now)
-        absent = [i for i, aid in enumerate(ids) if aid not in stored]
-        for n, i in enumerate(absent):
-            if await self.hooks.fetch_missing(ids[i], refs[i].namespace_id) is False:
-                wrong_size.update(absent[n:])
-                break
-        return [refs[i] for i in sorted(wrong_size)]
+        return [r for i, r in enumerate(refs) if i in wrong_size or ids[i] not in stored]
 
     def _present_sync(self, ids: Sequence[str]) -> dict[str, int]:
         """Reader thread: ``artifact_id -> size`` of the ids stored with their body in place.
@@ -168,12 +160,12 @@ class ArtifactReads:
         """Stored and intact: what a PUT route that skips existing keys must ask instead of
         ``exists``, so a PUT over a damaged copy (quarantined here) stores the new body.
         ``size_bytes``: and stored with that size (a content digest's size, as in ``missing``);
-        one stored with another size reads False and is left alone. When intact, the hooks hear
-        that it was sent again (``StorageHooks.sent_again``: the bucket's copy is checked)."""
+        one stored with another size reads False and is left alone. When intact, ``sent_again``
+        hears of it (the object-storage tier checks the bucket's copy, ``storage.bucket_heal``)."""
         aid = self.artifact_id(ref)
         found = await self.verify_stored(aid, detected_by="put", size_bytes=size_bytes)
         if found:
-            self.hooks.sent_again(aid)
+            self._sent_again(aid)
         return found
 
     async def read(self, ref: ArtifactRef) -> StoredBody:
@@ -181,12 +173,6 @@ class ArtifactReads:
         are verified; a large one may carry ``verified=False``, to be hashed while sent."""
         aid = self.artifact_id(ref)
         body = await self._read_cached(aid)
-        if body is None:
-            fetched = await self.hooks.fetch_missing(aid, ref.namespace_id)
-            if isinstance(fetched, StoredBody):
-                body = fetched  # verified, in memory, being stored (mesh.read_through)
-            elif fetched:
-                body = await self._read_cached(aid)
         if body is None:
             raise NotFound("Artifact not found")
         self.accesses.note(aid, self.clock.now_ms())

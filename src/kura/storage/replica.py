@@ -222,7 +222,7 @@ class ReplicaApply(WritePath):
                 replaced.append(stored)
         if not rows:
             return outcomes
-        floor = self.hooks.eviction_floor_ms()  # a bootstrap copy counts as used when it began
+        floor = self._eviction_floor_ms()  # a bootstrap copy counts as used when it began
         stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
         index.upsert_many(rows, stamp_ms)
         ids = [m.artifact_id for m, _d, _s, _x in rows]

@@ -28,20 +28,26 @@ Guarantees:
   which are already stored ("exists and intact"); ``on_quarantine(artifact_id)`` is called (on
   the writer thread) for every entry quarantined, so the mesh can fetch a good copy.
 * Stored bytes stay within ``max_disk_bytes`` by least-recently-used eviction. Evictions are
-  local: they are never replicated. While ``hooks.eviction_floor_ms()`` is set (a bootstrap
+  local: they are never replicated. While ``eviction_floor_ms()`` is set (a bootstrap
   runs), eviction only picks artifacts last used before it; a write that finds nothing it may
   evict is still stored, over the budget, as when nothing at all is evictable. A bootstrap copy
   is stamped as last used at the floor, and equal stamps are evicted oldest version first.
 * Every local write (and namespace clean) enqueues one outbox message per replication target
-  (``hooks.replication_targets()``) in the same SQLite transaction as the data. Copies
+  (``targets()``; with ``bucket``, the bucket's uploader too, and for an artifact write the
+  bucket alone: nodes sharing it copy no bodies) in the same SQLite transaction as the data,
+  and then ``outbox_written()`` is called (it wakes the shipper). Copies
   received from peers (``apply_replica``) are applied by last-writer-wins and are not
   re-enqueued: every node ships its own writes to all.
   A peer whose queue holds ``outbox_max_depth`` messages gets no more and is marked to be
   caught up (``storage.peer_queue``); a write is never refused because of a peer.
 
-The mesh is reached only through ``hooks`` (``storage.hooks.StorageHooks``), given at
-construction: replication targets, the shipper's wake-up, read-through of a local miss and the
-bootstrap's eviction floor; the default ``NoHooks`` is a node on its own.
+Storage never asks the mesh or the bucket for a miss: the readers above it wrap this one
+(``storage.fill.FillingReader``, composed in ``kura.app``). What replication needs of a write is
+given at construction, as callables that must be cheap and must not raise: ``targets`` and
+``eviction_floor_ms`` run on the writer thread, ``outbox_written``, ``touched`` (access times
+just taken for the index, for the bucket's touch markers) and ``sent_again`` (an intact
+artifact a client sent again: the bucket's copy is checked) on the event loop. The defaults are
+a node on its own: no targets, no floor.
 
 This module owns construction, lifecycle and peer paging. The outbox, the change feed, the
 cursors into peers' feeds and the range digests are reached only through ``replica_log`` (the
@@ -64,7 +70,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -72,13 +78,13 @@ from kit.background import background_pool
 from kit.backoff import every
 from kit.clock import Clock
 from kura.core.manifest import Manifest
+from kura.core.object_layout import OUTBOX_TARGET
 from kura.core.version import ahead_of_skew_ms
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
 from kura.storage.blobs import BlobFiles
 from kura.storage.budget import TmpBudget
 from kura.storage.fsync import descriptor_shortage, shortage_reason
 from kura.storage.group_commit import GroupCommitWriter, GroupStats
-from kura.storage.hooks import NoHooks, StorageHooks
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
 from kura.storage.peer_queue import PeerQueues
@@ -120,7 +126,12 @@ class CacheService(ReplicaApply):
         max_clock_skew_ms: int = 300_000,
         max_inline_bytes: int = 1024 * 1024,
         inline_max_bytes: int = 0,
-        hooks: StorageHooks | None = None,
+        targets: Callable[[], Sequence[str]] = tuple,
+        bucket: bool = False,
+        outbox_written: Callable[[], None] = lambda: None,
+        eviction_floor_ms: Callable[[], int | None] = lambda: None,
+        touched: Callable[[Mapping[str, int]], None] = lambda accesses: None,
+        sent_again: Callable[[str], None] = lambda artifact_id: None,
     ) -> None:
         self.files = BlobFiles(data_dir, tmp_dir)
         self.quarantine = Quarantine(data_dir / "quarantine", quarantine_max_bytes)
@@ -128,9 +139,13 @@ class CacheService(ReplicaApply):
         self._on_quarantine = on_quarantine
         self.hot = HotCache(hot_cache_bytes, SMALL_BLOB_BYTES)
         self.outbox_max_depth = outbox_max_depth
-        # The mesh, as storage sees it: replication targets, shipper wake-up, read-through and
-        # the bootstrap's eviction floor (storage.hooks).
-        self.hooks: StorageHooks = NoHooks() if hooks is None else hooks
+        # What replication needs of a write (module docstring); with the bucket, every clean
+        # goes to it too, and an artifact write to it alone.
+        self._replication_targets = (lambda: [*targets(), OUTBOX_TARGET]) if bucket else targets
+        self._artifact_targets = (lambda: (OUTBOX_TARGET,)) if bucket else targets
+        self._outbox_written = outbox_written
+        self._eviction_floor_ms = eviction_floor_ms
+        self._touched = touched
         self.tenant_id = tenant_id
         self.budget = budget
         self.clock = clock
@@ -181,7 +196,7 @@ class CacheService(ReplicaApply):
             damaged=self._confirm_corrupt_sync,
             accesses=self.accesses,
             record_checksums=self.record_xxh3_128,
-            hooks=self.hooks,
+            sent_again=sent_again,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------

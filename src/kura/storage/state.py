@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import cached_property
 from typing import Concatenate, ParamSpec, TypeVar
@@ -36,7 +36,6 @@ from kura.storage.artifact import ArtifactRef
 from kura.storage.blobs import BlobFiles
 from kura.storage.budget import TmpBudget
 from kura.storage.group_commit import GroupCommitWriter
-from kura.storage.hooks import StorageHooks
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
 from kura.storage.peer_queue import PeerQueues
@@ -90,7 +89,12 @@ class StorageState:
     verifier: ReadVerifier
     _on_quarantine: Callable[[str], None]
     hot: HotCache
-    hooks: StorageHooks
+    # What replication asks of a local write, given at construction (``CacheService``).
+    _replication_targets: Callable[[], Sequence[str]]
+    _artifact_targets: Callable[[], Sequence[str]]
+    _outbox_written: Callable[[], None]
+    _eviction_floor_ms: Callable[[], int | None]
+    _touched: Callable[[Mapping[str, int]], None]
     outbox_max_depth: int
     tenant_id: str
     budget: TmpBudget
@@ -217,11 +221,11 @@ class StorageState:
             )
 
     def _take_touches(self) -> dict[str, int]:
-        """The access times read since the last call (the index records them next); the
-        hooks are told too (``StorageHooks.touched``: the bucket's touch markers)."""
+        """The access times read since the last call (the index records them next);
+        ``touched`` hears of them too (the bucket's touch markers, ``storage.bucket_touch``)."""
         touches = self.accesses.take()
         if touches:
-            self.hooks.touched(touches)
+            self._touched(touches)
         return touches
 
     def _count(self, source: str, outcome: str) -> None:

@@ -39,7 +39,6 @@ from pathlib import Path
 from kit.clock import Clock
 from kura.core.manifest import Manifest
 from kura.storage.blobs import BlobFiles
-from kura.storage.hooks import NoHooks
 from kura.storage.hot_generation import SharedGeneration
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
@@ -136,7 +135,6 @@ class WorkerReads:
             record_checksums=self._queue_checksums,
             # A miss is a miss here: whether the primary (or, through it, a peer) has it is
             # the worker app's routing decision (kura.workers.worker), not this reader's.
-            hooks=NoHooks(),
             note_exists=True,  # a HEAD hit here is a read for the primary's LRU
         )
 

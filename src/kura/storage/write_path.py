@@ -161,13 +161,13 @@ class WritePath(Eviction):
         self._check_writable()
         if source != "local" and version_ms is not None:
             self._admit(version_ms, source, f"tombstone of namespace {namespace_id!r}")
-        peers: Sequence[str] = self.hooks.replication_targets() if source == "local" else ()
+        peers: Sequence[str] = self._replication_targets() if source == "local" else ()
         applied, version = await self._in(
             self._writer, self._delete_namespace_sync, namespace_id, version_ms, peers
         )
         self._count(source + "_tombstone", "applied" if applied else "ignored_older")
         if applied and peers:
-            self.hooks.on_outbox_write()
+            self._outbox_written()
         if source == "local" and not applied:
             raise Unavailable("the clean was not applied (an equal tombstone exists); retry it")
         return version
@@ -227,7 +227,7 @@ class WritePath(Eviction):
         source: str,
         xxh3_128: str | None = None,
     ) -> PutResult:
-        peers: Sequence[str] = self.hooks.artifact_targets() if source == "local" else ()
+        peers: Sequence[str] = self._artifact_targets() if source == "local" else ()
         self.queues.check_room(peers)  # a full object-tier upload queue refuses the write
         result = await self._in(
             self._writer,
@@ -241,7 +241,7 @@ class WritePath(Eviction):
             xxh3_128,
         )
         if peers and result.outcome is ApplyOutcome.APPLIED:
-            self.hooks.on_outbox_write()
+            self._outbox_written()
         if source == "local" and result.outcome is not ApplyOutcome.APPLIED:
             # The version rule makes this unreachable; a 2xx must never report a lost write.
             raise Unavailable(f"the write was not applied ({result.outcome.value}); retry it")
@@ -312,7 +312,7 @@ class WritePath(Eviction):
         outbox_peers = self.queues.admit(index.connection(), outbox_peers, self.clock.now_ms())
         # A bootstrap copy counts as last used when the bootstrap began: never used here, and
         # equal stamps leave LRU to evict the oldest versions first once the bootstrap is over.
-        floor = self.hooks.eviction_floor_ms()
+        floor = self._eviction_floor_ms()
         stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
         try:
             index.upsert(manifest, inline_body, sig, stamp_ms, outbox_peers, xxh3_128=xxh3_128)

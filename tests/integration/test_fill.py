@@ -1,0 +1,196 @@
+"""The bucket and the peers as wrappers of the reader (``storage.fill.FillingReader``), and what
+replication is given at construction (``CacheService``'s ``targets``, ``bucket``,
+``outbox_written``, ``touched``, ``sent_again``), on real stores in-process: a miss is asked of
+the bucket before the peers, a miss everywhere stays a miss, ``missing`` stops at the first ref
+nobody has and never asks for a ref stored with another size; with the bucket, artifact writes
+are queued for it alone and cleans for the peers and it.
+
+Each source is another real store standing in for the bucket or a peer (``StoreSource``: what
+it holds is applied here as ``apply_replica``, as the tier and read-through do); the real tier
+and read-through are covered on real processes (``tests/objectstore``, ``tests/e2e``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kit.clock import SystemClock
+from kura.core.errors import NotFound
+from kura.core.object_layout import OUTBOX_TARGET
+from kura.storage.artifact import ArtifactRef
+from kura.storage.budget import TmpBudget
+from kura.storage.fill import Filled, FillingReader
+from kura.storage.service import CacheService
+
+PEER = "http://127.0.0.1:1"
+
+
+def make_store(root: Path, **replication: Any) -> CacheService:
+    return CacheService(
+        data_dir=root / "data",
+        tmp_dir=root / "tmp",
+        tenant_id="t",
+        budget=TmpBudget(4 * 1024 * 1024, tmp_dir=root / "tmp"),
+        clock=SystemClock(),
+        max_disk_bytes=64 * 1024 * 1024,
+        min_free_disk_bytes=0,
+        **replication,
+    )
+
+
+class StoreSource:
+    """A ``FillSource`` over another real store: a fill copies its artifact into ``into``."""
+
+    def __init__(self, holder: CacheService, into: CacheService) -> None:
+        self.holder, self.into = holder, into
+        self.asked: list[str] = []
+
+    async def fill(self, artifact_id: str, namespace_id: str) -> Filled | None:
+        self.asked.append(artifact_id)
+        try:
+            body = await self.holder.read_by_id(artifact_id, hashed=True)
+        except NotFound:
+            return None
+        assert body.data is not None
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield body.data or b""
+
+        await self.into.apply_replica(
+            body.manifest, chunks(), declared_length=body.manifest.size, source="object_store"
+        )
+        return Filled()
+
+
+@dataclass
+class Stack:
+    """This node's store, a bucket's and a peer's, and the reader composed as ``kura.app``
+    does: the local store, then the bucket, then the peers."""
+
+    local: CacheService
+    bucket_store: CacheService
+    peer_store: CacheService
+    bucket: StoreSource
+    peers: StoreSource
+    reader: FillingReader
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    local, bucket_store, peer_store = made = [
+        make_store(tmp_path / name) for name in ("local", "bucket", "peer")
+    ]
+    for store in made:
+        await store.start()
+    bucket, peers = StoreSource(bucket_store, local), StoreSource(peer_store, local)
+    try:
+        yield Stack(
+            local,
+            bucket_store,
+            peer_store,
+            bucket,
+            peers,
+            FillingReader(FillingReader(local, bucket), peers),
+        )
+    finally:
+        for store in made:
+            await store.close()
+
+
+def ref(key: str) -> ArtifactRef:
+    return ArtifactRef("http", "ns", key)
+
+
+async def put(store: CacheService, key: str, data: bytes) -> None:
+    await store.put_inline(ref(key), data, "application/octet-stream")
+
+
+async def test_a_miss_asks_the_bucket_before_the_peers_and_stays_a_miss_when_nobody_has_it(
+    stack: Stack,
+) -> None:
+    local, bucket, peers, reader = stack.local, stack.bucket, stack.peers, stack.reader
+    bucket_store, peer_store = stack.bucket_store, stack.peer_store
+    await put(bucket_store, "in-bucket", b"b" * 100)
+    await put(peer_store, "on-a-peer", b"p" * 100)
+
+    assert (await reader.read(ref("in-bucket"))).data == b"b" * 100
+    assert (await reader.read(ref("on-a-peer"))).data == b"p" * 100
+    with pytest.raises(NotFound):
+        await reader.read(ref("nowhere"))
+    ids = [local.artifact_id(ref(k)) for k in ("in-bucket", "on-a-peer", "nowhere")]
+    assert bucket.asked == ids
+    assert peers.asked == ids[1:]
+    # Stored here now: read again without asking anyone.
+    assert (await local.read(ref("on-a-peer"))).data == b"p" * 100
+    assert (await reader.read(ref("in-bucket"))).data == b"b" * 100
+    assert len(bucket.asked) == 3
+
+
+async def test_missing_fills_in_order_stops_at_the_first_nobody_has_and_skips_another_size(
+    stack: Stack,
+) -> None:
+    local, bucket, peers, reader = stack.local, stack.bucket, stack.peers, stack.reader
+    bucket_store, peer_store = stack.bucket_store, stack.peer_store
+    await put(local, "other-size", b"o" * 10)
+    await put(local, "here", b"h" * 10)
+    await put(peer_store, "on-a-peer", b"p" * 10)
+    await put(bucket_store, "in-bucket", b"b" * 10)
+    await put(bucket_store, "after-the-miss", b"a" * 10)
+    keys = ["other-size", "here", "on-a-peer", "in-bucket", "nowhere", "after-the-miss"]
+    refs = [ref(k) for k in keys]
+
+    got = await reader.missing(refs, [99, 10, 10, 10, 10, 10])
+
+    assert got == [ref("other-size"), ref("nowhere"), ref("after-the-miss")]
+    aid = {k: local.artifact_id(ref(k)) for k in keys}
+    # The bucket is asked for each absent ref in turn (after a peer's fill too), the peers
+    # only for what the bucket lacks; nothing past the first ref nobody has; never a ref
+    # stored here with another size.
+    assert bucket.asked == [aid["on-a-peer"], aid["in-bucket"], aid["nowhere"]]
+    assert peers.asked == [aid["on-a-peer"], aid["nowhere"]]
+    assert await local.exists(ref("in-bucket"))
+
+
+async def test_with_the_bucket_artifact_writes_queue_for_it_alone_and_cleans_for_all(
+    tmp_path: Path,
+) -> None:
+    woken: list[None] = []
+    store = make_store(
+        tmp_path, targets=lambda: (PEER,), bucket=True, outbox_written=lambda: woken.append(None)
+    )
+    await store.start()
+    try:
+        await put(store, "a", b"a")
+        depths = await store.replica_log.outbox_depths()
+        assert {peer: n for peer, (n, _at) in depths.items()} == {OUTBOX_TARGET: 1}
+        await store.delete_namespace("ns")
+        depths = await store.replica_log.outbox_depths()
+        assert {peer: n for peer, (n, _at) in depths.items()} == {OUTBOX_TARGET: 2, PEER: 1}
+        assert len(woken) == 2
+    finally:
+        await store.close()
+
+
+async def test_a_store_on_its_own_queues_nothing_and_hears_of_touches_and_repeats(
+    tmp_path: Path,
+) -> None:
+    touches: list[Mapping[str, int]] = []
+    again: list[str] = []
+    store = make_store(tmp_path, touched=touches.append, sent_again=again.append)
+    await store.start()
+    try:
+        await put(store, "a", b"a")
+        await store.delete_namespace("other")
+        assert await store.replica_log.outbox_depths() == {}
+        await store.read(ref("a"))
+        await store.flush_touches()
+        assert [set(t) for t in touches] == [{store.artifact_id(ref("a"))}]
+        assert await store.intact(ref("a"))
+        assert again == [store.artifact_id(ref("a"))]
+    finally:
+        await store.close()
