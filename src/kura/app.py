@@ -284,7 +284,7 @@ class Node:
                 )
         # What every listener reads through (storage.fill): the local store, then the bucket,
         # then the peers (mesh.read_through), each wrapping the one before.
-        self.reader: ArtifactReader = self.service
+        self.reader: ArtifactReader = self.service.reads
         if self.object_tier is not None:
             self.reader = FillingReader(self.reader, self.object_tier)
         if settings.read_through != "never":

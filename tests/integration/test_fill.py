@@ -53,7 +53,7 @@ class StoreSource:
     async def fill(self, artifact_id: str, namespace_id: str) -> Filled | None:
         self.asked.append(artifact_id)
         try:
-            body = await self.holder.read_by_id(artifact_id, hashed=True)
+            body = await self.holder.reads.read_by_id(artifact_id, hashed=True)
         except NotFound:
             return None
         assert body.data is not None
@@ -95,7 +95,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
             peer_store,
             bucket,
             peers,
-            FillingReader(FillingReader(local, bucket), peers),
+            FillingReader(FillingReader(local.reads, bucket), peers),
         )
     finally:
         for store in made:
@@ -122,11 +122,11 @@ async def test_a_miss_asks_the_bucket_before_the_peers_and_stays_a_miss_when_nob
     assert (await reader.read(ref("on-a-peer"))).data == b"p" * 100
     with pytest.raises(NotFound):
         await reader.read(ref("nowhere"))
-    ids = [local.artifact_id(ref(k)) for k in ("in-bucket", "on-a-peer", "nowhere")]
+    ids = [local.reads.artifact_id(ref(k)) for k in ("in-bucket", "on-a-peer", "nowhere")]
     assert bucket.asked == ids
     assert peers.asked == ids[1:]
     # Stored here now: read again without asking anyone.
-    assert (await local.read(ref("on-a-peer"))).data == b"p" * 100
+    assert (await local.reads.read(ref("on-a-peer"))).data == b"p" * 100
     assert (await reader.read(ref("in-bucket"))).data == b"b" * 100
     assert len(bucket.asked) == 3
 
@@ -147,13 +147,13 @@ async def test_missing_fills_in_order_stops_at_the_first_nobody_has_and_skips_an
     got = await reader.missing(refs, [99, 10, 10, 10, 10, 10])
 
     assert got == [ref("other-size"), ref("nowhere"), ref("after-the-miss")]
-    aid = {k: local.artifact_id(ref(k)) for k in keys}
+    aid = {k: local.reads.artifact_id(ref(k)) for k in keys}
     # The bucket is asked for each absent ref in turn (after a peer's fill too), the peers
     # only for what the bucket lacks; nothing past the first ref nobody has; never a ref
     # stored here with another size.
     assert bucket.asked == [aid["on-a-peer"], aid["in-bucket"], aid["nowhere"]]
     assert peers.asked == [aid["on-a-peer"], aid["nowhere"]]
-    assert await local.exists(ref("in-bucket"))
+    assert await local.reads.exists(ref("in-bucket"))
 
 
 async def test_with_the_bucket_artifact_writes_queue_for_it_alone_and_cleans_for_all(
@@ -187,10 +187,10 @@ async def test_a_store_on_its_own_queues_nothing_and_hears_of_touches_and_repeat
         await put(store, "a", b"a")
         await store.delete_namespace("other")
         assert await store.replica_log.outbox_depths() == {}
-        await store.read(ref("a"))
+        await store.reads.read(ref("a"))
         await store.flush_touches()
-        assert [set(t) for t in touches] == [{store.artifact_id(ref("a"))}]
+        assert [set(t) for t in touches] == [{store.reads.artifact_id(ref("a"))}]
         assert await store.intact(ref("a"))
-        assert again == [store.artifact_id(ref("a"))]
+        assert again == [store.reads.artifact_id(ref("a"))]
     finally:
         await store.close()
