@@ -356,19 +356,16 @@ class Node:
         mode = self.settings.read_through
         return mode == "always" or (mode == "joining" and bool(self.readiness_reasons()))
 
-    def _outbox_written(self) -> None:
-        """Storage committed outbox messages: the shipper and the bucket's uploader look now."""
+    def _outbox_written(self) -> None:  # the shipper and the bucket's uploader look now
         self.shipper.wake()
         if self.object_tier is not None:
             self.object_tier.wake()
 
-    def _touched(self, accesses: Mapping[str, int]) -> None:
-        """Access times storage just took for its index: the bucket's touch markers."""
+    def _touched(self, accesses: Mapping[str, int]) -> None:  # the bucket's touch markers
         if self.bucket_toucher is not None:
             self.bucket_toucher.touched(accesses)
 
-    def _sent_again(self, artifact_id: str) -> None:
-        """A client sent an intact artifact again: the bucket's copy is checked."""
+    def _sent_again(self, artifact_id: str) -> None:  # the bucket's copy is checked
         if self.object_tier is not None:
             self.object_tier.sent_again(artifact_id)
 

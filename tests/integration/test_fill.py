@@ -7,7 +7,9 @@ are queued for it alone and cleans for the peers and it.
 
 Each source is another real store standing in for the bucket or a peer (``StoreSource``: what
 it holds is applied here as ``apply_replica``, as the tier and read-through do); the real tier
-and read-through are covered on real processes (``tests/objectstore``, ``tests/e2e``).
+and read-through are covered on real processes (``tests/objectstore``, ``tests/e2e``). The
+composed reader also passes the reader contract every ``ArtifactReader`` passes (the tests of
+``test_reader_contract``, run here over it).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from kura.storage.artifact import ArtifactRef
 from kura.storage.budget import TmpBudget
 from kura.storage.fill import Filled, FillingReader
 from kura.storage.service import CacheService
+from tests.integration.test_reader_contract import (  # noqa: F401 (run here over the wrappers)
+    INLINE_MAX,
+    Pair,
+    test_a_miss_is_a_miss,
+    test_a_newer_version_is_seen_once_written,
+    test_a_stored_artifact_reads_back_whole,
+    test_damaged_bytes_read_as_a_miss,
+)
 
 PEER = "http://127.0.0.1:1"
 
@@ -65,6 +75,25 @@ class StoreSource:
             body.manifest, chunks(), declared_length=body.manifest.size, source="object_store"
         )
         return Filled()
+
+
+class FakeEmptySource:
+    """A bucket or peers that have nothing."""
+
+    async def fill(self, artifact_id: str, namespace_id: str) -> Filled | None:
+        return None
+
+
+@pytest.fixture
+async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+    """The reader contract's pair, its reader composed as ``kura.app`` does."""
+    store = make_store(tmp_path, inline_max_bytes=INLINE_MAX)
+    await store.start()
+    try:
+        empty = FakeEmptySource()
+        yield Pair(store, FillingReader(FillingReader(store.reads, empty), empty))
+    finally:
+        await store.close()
 
 
 @dataclass

@@ -156,9 +156,9 @@ class ReadThrough:
         return found
 
     async def repair(self, artifact_id: str) -> bool:
-        """Like ``fetch`` but whatever ``KURA_READ_THROUGH`` says, and stored before it
+        """Like ``fill`` but whatever ``KURA_READ_THROUGH`` says, and stored before it
         returns: a quarantined (damaged) entry is fetched again from a peer that has it
-        (``mesh.repair``). (Joining a concurrent ``fetch`` that serves from memory, it returns
+        (``mesh.repair``). (Joining a concurrent ``fill`` that serves from memory, it returns
         while that copy is still being stored.)"""
         return await self._single_flight(artifact_id, in_memory=False) is not None
 
