@@ -1,9 +1,9 @@
 """``FillingReader``: an ``ArtifactReader`` that fills a local miss from a source (bazel-remote's
 proxy shape: the disk cache wraps a small ``Get``/``Contains`` backend at construction).
 
-The composition root (``kura.app``) stacks them once: ``FillingReader(FillingReader(store,
-tier), read_through)`` asks the local store, then the bucket (``storage.object_tier``), then
-the peers (``mesh.read_through``). Storage never calls up: it answers a miss as a miss, and the
+The composition root (``kura.app``) stacks them once: ``FillingReader(FillingReader(
+store.reads, tier), read_through)`` asks the local store, then the bucket
+(``storage.object_tier``), then the peers (``mesh.read_through``). Storage never calls up: it answers a miss as a miss, and the
 wrapper asks its ``FillSource``, which stores what it got (``apply_replica``, never
 replicated) and says so with a ``Filled``, or answers None (a miss there too).
 
