@@ -242,6 +242,7 @@ class Node:
         )
         self.anti_entropy = AntiEntropy(
             service=self.service,
+            reader=self.service,
             replica_log=replica_log,
             client=self.peer_client,
             clock=self.clock,

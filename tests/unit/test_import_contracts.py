@@ -108,6 +108,14 @@ VIOLATIONS: Mapping[str, tuple[Breach, ...]] = {
             "kura.api.violation_sql -> kura.storage.index",
         ),
     ),
+    "the layers above storage (api, grpc, mesh, workers) type against its ports, never the concrete store": tuple(
+        Breach(
+            f"kura/{layer}/violation_store.py",
+            "from kura.storage.service import CacheService",
+            f"kura.{layer}.violation_store -> kura.storage.service",
+        )
+        for layer in ("api", "grpc", "mesh", "workers")
+    ),
     "only storage touches SQLite": (
         Breach(
             "kura/api/violation_sqlite.py", "import sqlite3", "kura.api.violation_sqlite -> sqlite3"

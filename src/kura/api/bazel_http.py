@@ -34,7 +34,7 @@ from kura.api.partial_content import ranged_response
 from kura.api.scope import path_namespace
 from kura.core.errors import NotFound
 from kura.core.keys import HEX_SHA256, validate
-from kura.storage.service import ArtifactRef, StoredBody
+from kura.storage.artifact import ArtifactRef, StoredBody
 
 PROTOCOL = "bazel"
 

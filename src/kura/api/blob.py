@@ -8,7 +8,7 @@ from kura.api.http import count_lookup, ctx, declared_length, request_body
 from kura.api.partial_content import ranged_response
 from kura.core.errors import NotFound
 from kura.core.manifest import stored_header_problem
-from kura.storage.service import ArtifactRef, PutResult
+from kura.storage.artifact import ArtifactRef, PutResult
 
 
 async def serve(

@@ -18,7 +18,7 @@ from kura.api.blob import serve, store
 from kura.api.http import ctx, endpoint
 from kura.api.scope import path_namespace
 from kura.core.keys import PATH_KEY, validate
-from kura.storage.service import ArtifactRef
+from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "http_cache"
 

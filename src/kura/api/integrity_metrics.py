@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 from kura.mesh.repair import RepairStats
 from kura.storage.quarantine import Quarantine
 from kura.storage.scrub import ScrubStats
-from kura.storage.service import StorageStats
+from kura.storage.stats import StorageStats
 
 DETECTED_BY = ("read", "scrub", "put")
 REPAIR_RESULTS = ("repaired", "not_found", "error", "dropped")

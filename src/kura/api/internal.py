@@ -54,7 +54,7 @@ from kura.mesh.wire import (
     encode_manifest,
     encode_version_cursor,
 )
-from kura.storage.service import StoredBody
+from kura.storage.artifact import StoredBody
 
 PROTOCOL = "internal"
 NODE_URL_KEY: web.AppKey[Callable[[], str]] = web.AppKey("kura_node_url")

@@ -34,7 +34,7 @@ from kura.api.http import count_bytes_out, count_lookup, ctx, endpoint, parse_js
 from kura.api.scope import namespace_of
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import SAFE_NAME, validate
-from kura.storage.service import ArtifactRef
+from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "keyvalue"
 # 0x0A 0x41 0x00 then the 64 hex digits of a CAS id (module docstring).

@@ -13,7 +13,7 @@ from kura.api.auth import Access
 from kura.api.blob import serve, store
 from kura.api.http import ctx, endpoint
 from kura.core.keys import SAFE_NAME, validate
-from kura.storage.service import ArtifactRef
+from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "metro"
 

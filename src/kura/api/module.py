@@ -28,8 +28,8 @@ from kura.api.query import query_int
 from kura.api.scope import namespace_of
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import SAFE_NAME, validate
+from kura.storage.artifact import ArtifactRef
 from kura.storage.multipart import MAX_PART_BYTES
-from kura.storage.service import ArtifactRef
 
 PROTOCOL = "module"
 COMPLETE_BODY_LIMIT_BYTES = 1024 * 1024

@@ -14,7 +14,7 @@ from kura.api.auth import Access
 from kura.api.blob import serve, store
 from kura.api.http import ctx, endpoint
 from kura.core.keys import ALNUM_HASH, validate
-from kura.storage.service import ArtifactRef
+from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "nx"
 

@@ -23,7 +23,7 @@ from kura.storage.group_commit import GroupStats
 from kura.storage.hotcache import HotCache
 from kura.storage.multipart import MultipartUploads
 from kura.storage.recovery import StartReport
-from kura.storage.service import StorageStats
+from kura.storage.stats import StorageStats
 
 
 class HotCacheCollector(Collector):

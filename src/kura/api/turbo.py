@@ -20,7 +20,7 @@ from kura.api.http import ctx, endpoint, parse_json, query_param, read_small_bod
 from kura.core.errors import InvalidRequest
 from kura.core.keys import ALNUM_HASH, NAMESPACE, validate
 from kura.core.manifest import stored_header_problem
-from kura.storage.service import ArtifactRef
+from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "turbo"
 STORED_HEADERS = ("x-artifact-tag", "x-artifact-duration")

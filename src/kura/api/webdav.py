@@ -28,7 +28,7 @@ from kura.api.http import ctx, endpoint, read_small_body
 from kura.api.scope import path_namespace
 from kura.core.errors import NotFound
 from kura.core.keys import PATH_KEY, validate
-from kura.storage.service import ArtifactRef
+from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "webdav"
 PROPFIND_BODY_LIMIT_BYTES = 64 * 1024

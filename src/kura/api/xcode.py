@@ -14,7 +14,7 @@ from kura.api.blob import serve, store
 from kura.api.http import ctx, endpoint
 from kura.api.scope import namespace_of
 from kura.core.keys import SAFE_NAME, validate
-from kura.storage.service import ArtifactRef
+from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "xcode"
 

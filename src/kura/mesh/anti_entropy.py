@@ -15,7 +15,7 @@ this node is ready, one *round* visits each healthy peer in turn (never one that
    (``/_internal/anti_entropy/range?prefix=``: manifests, paged). At 1 M keys a 4-digit range
    holds about 15 rows.
 4. Each listed manifest that would replace ours (newer, or we lack it, and no tombstone of ours
-   covers it: ``CacheService.apply_outcome_for``) is fetched and applied through the bootstrap
+   covers it: ``ReplicaSink.apply_outcome_for``) is fetched and applied through the bootstrap
    download path (``Bootstrapper.fetch_artifact``: single flight, tmp-budget reservation, last
    writer wins). A peer's copy older than ours is left alone: the peer pulls ours in its round.
 
@@ -57,8 +57,7 @@ from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, FutureVersion
 from kura.mesh.client import PeerClient, PeerError
 from kura.storage.outbox import DIGEST_DEEPEST, RangeDigests
-from kura.storage.ports import ChangeLog
-from kura.storage.service import CacheService
+from kura.storage.ports import ArtifactReader, ChangeLog, ReplicaSink
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +107,8 @@ class AntiEntropy:
     def __init__(
         self,
         *,
-        service: CacheService,
+        service: ReplicaSink,
+        reader: ArtifactReader,
         replica_log: ChangeLog,
         client: PeerClient,
         clock: Clock,
@@ -120,6 +120,7 @@ class AntiEntropy:
         max_requests_per_round: int,
     ) -> None:
         self._service = service
+        self._reader = reader
         self._log = replica_log
         self._client = client
         self._clock = clock
@@ -319,7 +320,7 @@ class AntiEntropy:
         try:
             if await service.apply_outcome_for(manifest) is not ApplyOutcome.APPLIED:
                 return  # ours is newer or equal, or a tombstone of ours covers it
-            held = await service.read_manifest(manifest.artifact_id)
+            held = await self._reader.read_manifest(manifest.artifact_id)
             if held is None and service.stats.used_bytes + manifest.size > service.max_disk_bytes:
                 self.stats.skipped_total["disk_budget"] += 1
                 return  # the eviction rule: never evict to repair a missing artifact

@@ -73,7 +73,7 @@ from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.incremental import INCREMENTAL, CursorPass, EpochChanged
 from kura.mesh.wire import PAGE_LIMIT_DEFAULT
 from kura.storage.budget import TmpBudget
-from kura.storage.service import CacheService
+from kura.storage.ports import ReplicaSink
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class Bootstrapper:
     def __init__(
         self,
         *,
-        service: CacheService,
+        service: ReplicaSink,
         client: PeerClient,
         budget: TmpBudget,
         clock: Clock,

@@ -6,7 +6,7 @@ machine, so 1 M artifacts would take more than an hour and a half (upstream Kura
 1.4 M artifacts never finished). Here a pass collects the artifacts it needs whose manifests are
 at most ``BATCH_MAX_BODY_BYTES``, and fetches up to ``BATCH_MAX_IDS`` of them in one
 ``POST /_internal/bootstrap/bodies``; the receiver checks each body against its manifest and
-stores the batch inline in the index in one transaction (``CacheService.apply_small_replicas``).
+stores the batch inline in the index in one transaction (``ReplicaSink.apply_small_replicas``).
 
 The bootstrap rules hold unchanged:
 
@@ -37,7 +37,7 @@ from kura.core.version import ApplyOutcome, FutureVersion
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import BATCH_MAX_BODY_BYTES, BATCH_MAX_IDS
 from kura.storage.budget import TmpBudget
-from kura.storage.service import CacheService
+from kura.storage.ports import ReplicaSink
 
 BATCH_TARGET_BYTES = 1024 * 1024
 
@@ -53,7 +53,7 @@ class BatchFetcher:
     def __init__(
         self,
         *,
-        service: CacheService,
+        service: ReplicaSink,
         client: PeerClient,
         budget: TmpBudget,
         inflight: dict[str, asyncio.Future[None]],

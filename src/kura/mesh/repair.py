@@ -1,7 +1,7 @@
 """Repair: a quarantined (damaged) artifact is fetched again from a peer, in the background.
 
 Storage calls ``request_threadsafe(artifact_id)`` from its writer thread whenever it quarantines
-an entry (``CacheService(on_quarantine=...)``). The id is queued (at most ``max_pending``; more
+an entry (the store's ``on_quarantine`` callback). The id is queued (at most ``max_pending``; more
 are dropped and counted, the next read or scrub finds them again) and ``run()`` hands each to
 the read-through fetch (``ReadThrough.repair``), which verifies the peer's copy and stores it
 within the tmp and disk budgets. Without peers, or when no peer has it, the artifact stays a

@@ -35,8 +35,7 @@ from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import FUTURE_VERSION
 from kura.storage.outbox import DELETE_NAMESPACE, OutboxMessage
-from kura.storage.ports import OutboxLog
-from kura.storage.service import CacheService
+from kura.storage.ports import ArtifactReader, OutboxLog
 
 log = logging.getLogger(__name__)
 
@@ -115,13 +114,13 @@ class Shipper:
 
     def __init__(
         self,
-        service: CacheService,
+        reader: ArtifactReader,
         replica_log: OutboxLog,
         client: PeerClient,
         clock: Clock,
         backoff_max_seconds: float,
     ) -> None:
-        self._service = service
+        self._reader = reader
         self._log = replica_log
         self._client = client
         self._clock = clock
@@ -279,7 +278,7 @@ class Shipper:
             return
         try:
             # Hashed first: a damaged copy is quarantined here, not refused by every peer.
-            body = await self._service.read_by_id(msg.artifact_id, hashed=True)
+            body = await self._reader.read_by_id(msg.artifact_id, hashed=True)
         except NotFound:
             state.count("upsert_artifact", "gone")
             return  # evicted or cleaned since: nothing to ship

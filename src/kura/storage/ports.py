@@ -24,6 +24,9 @@ them), satisfied structurally:
   Both are implemented by one object, ``storage.replica_log.IndexReplicaLog``
   (``CacheService.replica_log``), over the same index; each consumer types against the one
   it uses (none uses both). Storage never lends a SQLite connection.
+* ``ReplicaSink``: where peers' copies and tombstones land when this node pulls them (the
+  bootstrap, its small-body batches, anti-entropy): what applying each would do, applying
+  them, the disk budget they are fetched within (the primary's store only).
 * ``WorkerSupport``: what the primary does with its workers' reports (their hits for the LRU,
   entries that failed a check there, checksums computed there) and shares with them.
 
@@ -37,12 +40,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
 from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.hotcache import HotCache
 from kura.storage.outbox import CatchUpMark, ChangesPage, OutboxMessage, PeerCursor, RangeDigests
+from kura.storage.stats import StorageStats
 from kura.storage.verify import ReadVerifier
 
 
@@ -191,6 +196,74 @@ class PeerPages(Protocol):
     def replica_log(self) -> ChangeLog:
         """The node's change feed and range digests (what the ``changes`` and anti-entropy
         routes serve)."""
+        ...
+
+
+class ReplicaSink(Protocol):
+    """Where the copies and tombstones this node pulls from peers land (``mesh.bootstrap``,
+    ``mesh.bootstrap_batch``, ``mesh.anti_entropy``): each at the peer's version, by last
+    writer wins (``core.version``), never enqueued for other peers. A version more than
+    ``KURA_MAX_CLOCK_SKEW_MS`` ahead raises ``FutureVersion`` (logged and counted here)."""
+
+    @property
+    def stats(self) -> StorageStats:
+        """The store's counters; ``used_bytes`` is what the disk budget is measured against."""
+        ...
+
+    @property
+    def max_disk_bytes(self) -> int:
+        """``KURA_MAX_DISK_BYTES``: what the stored bytes are evicted down to."""
+        ...
+
+    @property
+    def max_inline_bytes(self) -> int:
+        """The largest copy (bytes) stored inside its index row (``apply_small_replicas``)."""
+        ...
+
+    async def apply_outcome_for(
+        self, manifest: Manifest, source: str | None = None
+    ) -> ApplyOutcome:
+        """What applying ``manifest`` would do now (before its body is fetched); with
+        ``source``, ``FutureVersion`` first for a version too far ahead."""
+        ...
+
+    async def apply_outcomes_for(self, manifests: Sequence[Manifest]) -> list[ApplyOutcome]:
+        """``apply_outcome_for`` (without the skew gate) for many, in one index read."""
+        ...
+
+    async def apply_replica(
+        self,
+        manifest: Manifest,
+        body: AsyncIterator[bytes],
+        *,
+        declared_length: int | None,
+        source: str,
+        reservation: Reservation | None = None,
+        background: bool = False,
+    ) -> ApplyOutcome:
+        """Apply one streamed copy, staged under ``reservation`` (else a fail-fast one)."""
+        ...
+
+    async def apply_small_replicas(
+        self, items: Sequence[tuple[Manifest, bytes]], *, source: str
+    ) -> list[ApplyOutcome | KuraError]:
+        """Apply many small copies inline in one transaction: per item its outcome or the
+        error that refused it; ``ResourceExhausted``/``Unavailable`` when none could be."""
+        ...
+
+    async def delete_namespace(
+        self, namespace_id: str, version_ms: int | None = None, *, source: str = "local"
+    ) -> int:
+        """A peer's tombstone (``source`` names who brought it); the tombstone's version."""
+        ...
+
+    async def tombstones_page(self, after: str | None, limit: int) -> list[tuple[str, int]]:
+        """This node's tombstones, (namespace id, version ms) in namespace order strictly
+        after ``after``."""
+        ...
+
+    async def evict_to_budget(self) -> None:
+        """Evict down to ``max_disk_bytes`` (after a bootstrap's eviction floor held it back)."""
         ...
 
 
