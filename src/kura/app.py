@@ -196,7 +196,7 @@ class Node:
         )
         replica_log = self.service.replica_log
         self.shipper = Shipper(
-            self.service,
+            self.service.reads,
             replica_log,
             self.peer_client,
             self.clock,
@@ -242,7 +242,7 @@ class Node:
         )
         self.anti_entropy = AntiEntropy(
             service=self.service,
-            reader=self.service,
+            reader=self.service.reads,
             replica_log=replica_log,
             client=self.peer_client,
             clock=self.clock,

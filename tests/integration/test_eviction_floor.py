@@ -33,7 +33,7 @@ def ref(key: str) -> ArtifactRef:
 
 
 async def held(service: CacheService, keys: list[str]) -> set[str]:
-    return {k for k in keys if await service.exists(ref(k))}
+    return {k for k in keys if await service.reads.exists(ref(k))}
 
 
 async def test_a_live_write_during_bootstrap_evicts_only_data_older_than_the_bootstrap(
@@ -78,7 +78,7 @@ async def test_a_live_write_during_bootstrap_evicts_only_data_older_than_the_boo
 
         # Nothing old left to evict: a live write is still stored, the bootstrap's data kept.
         for key in old:
-            if await service.exists(ref(key)):
+            if await service.reads.exists(ref(key)):
                 await service.put_inline(ref(f"more-{key}"), b"m" * SIZE, "text/plain")
                 clock.advance(0.001)
         extra = [f"extra{i}" for i in range(2)]

@@ -125,8 +125,8 @@ async def test_a_pass_deletes_oldest_first_in_batches_at_its_rate_and_tells_its_
     assert told == [service.artifact_id(ref(k)) for k in keys]  # oldest use first
     assert {c for _, c in listener.calls} == {cutoff}
     assert all(a.size_bytes == 100 for batch, _ in listener.calls for a in batch)
-    assert [await service.exists(ref(k)) for k in keys] == [False] * 25
-    assert await service.exists(ref("fresh"))
+    assert [await service.reads.exists(ref(k)) for k in keys] == [False] * 25
+    assert await service.reads.exists(ref("fresh"))
     blobs = [p for p in (service.files.data_dir / "blobs").rglob("*") if p.is_file()]
     assert len(blobs) == 1  # the expired artifacts' files are gone
     assert (service.stats.artifacts, service.stats.used_bytes) == (1, 100)
@@ -149,12 +149,12 @@ async def test_a_read_still_buffered_in_memory_keeps_its_artifact(
     await put(service, "idle")
     await put(service, "read")
     clock.advance(120)
-    (await service.read(ref("read"))).close()  # a touch in memory, not flushed to the index
+    (await service.reads.read(ref("read"))).close()  # a touch in memory, not flushed to the index
     slept: list[float] = []
     assert await expiry(service, clock, slept).expiry_pass() == 1
-    assert not await service.exists(ref("idle"))
-    assert await service.exists(ref("read"))
-    body = await service.read(ref("read"))
+    assert not await service.reads.exists(ref("idle"))
+    assert await service.reads.exists(ref("read"))
+    body = await service.reads.read(ref("read"))
     assert body.data == b"read".ljust(100, b".")
 
 
@@ -168,8 +168,8 @@ async def test_nothing_used_at_or_after_the_bootstrap_floor_expires(
     clock.advance(600)
     slept: list[float] = []
     assert await expiry(service, clock, slept).expiry_pass() == 1
-    assert not await service.exists(ref("before"))
-    assert await service.exists(ref("during"))
+    assert not await service.reads.exists(ref("before"))
+    assert await service.reads.exists(ref("during"))
 
 
 async def test_a_failing_listener_is_counted_and_the_pass_goes_on(

@@ -1,5 +1,5 @@
 """One contract for every ``ArtifactReader`` (``kura.storage.ports``): the same assertions run
-against the primary's store (``CacheService``) and a worker's read-only reader
+against the primary's store's (``CacheService.reads``) and a worker's read-only reader
 (``WorkerReads.reads``, attached to the primary's data dir as a worker process attaches), in-process:
 a real SQLite index and blob files, written by the primary's writer.
 
@@ -61,7 +61,7 @@ async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
         worker = WorkerReads(data_dir=data, tmp_dir=tmp, tenant_id="t", clock=SystemClock())
         worker.attach()
     try:
-        yield Pair(store, worker.reads if worker is not None else store)
+        yield Pair(store, (worker or store).reads)
     finally:
         if worker is not None:
             await worker.close()
@@ -141,7 +141,7 @@ async def test_a_miss_is_a_miss(pair: Pair) -> None:
 @pytest.mark.parametrize(("kind", "damage"), [("small", "flip"), ("large", "truncate")])
 async def test_damaged_bytes_read_as_a_miss(pair: Pair, kind: str, damage: str) -> None:
     await put(pair.writer, kind, BODIES[kind])
-    manifest = await pair.writer.read_manifest(pair.writer.artifact_id(ref(kind)))
+    manifest = await pair.writer.reads.read_manifest(pair.writer.artifact_id(ref(kind)))
     assert manifest is not None
     assert not manifest.inline
     path = pair.writer.files.blob_path(manifest)

@@ -87,7 +87,7 @@ async def test_a_failed_background_task_stops_the_node_and_still_closes_storage(
     try:
         assert again.service.stats.artifacts == len(bodies)
         for key, body in bodies.items():
-            stored = await again.service.read(ArtifactRef("nx", "nx", key))
+            stored = await again.service.reads.read(ArtifactRef("nx", "nx", key))
             assert stored.data == body, key
     finally:
         await again.stop()

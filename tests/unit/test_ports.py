@@ -46,7 +46,7 @@ MAX_MEMBERS = 10
 ROOT = Path(__file__).resolve().parents[2]
 
 IMPLEMENTATIONS: dict[type[Any], list[type[Any]]] = {
-    ArtifactReader: [CacheService, ArtifactReads],
+    ArtifactReader: [ArtifactReads],
     ArtifactWriter: [CacheService],
     PeerPages: [CacheService],
     WorkerSupport: [CacheService],
@@ -71,7 +71,7 @@ def _conformance(
     PeerQueueView,
 ]:
     """Never called: mypy checks that each assignment to a port type is accepted."""
-    return store, worker.reads, store, store, store, store, log, log, queues
+    return store.reads, worker.reads, store, store, store, store, log, log, queues
 
 
 def port_classes() -> list[type[Any]]:

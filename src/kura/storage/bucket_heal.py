@@ -78,7 +78,7 @@ class BucketHeal:
         ``read_by_id(hashed=True)``). True when it was replaced; False when it was whole, or
         this node no longer holds the artifact. Raises ObjectStoreError (nothing changed)."""
         try:
-            body = await self.service.read_by_id(artifact_id, hashed=True)
+            body = await self.service.reads.read_by_id(artifact_id, hashed=True)
         except NotFound:
             return False
         try:

@@ -7,7 +7,7 @@ body is staged or assembled, and is what a large GET checks while sending
 (``kura.api.file_response``). It guards against accidental damage (a flipped bit below the
 filesystem, a torn write), not against an adversary who can write the data dir; an adversary
 who can do that can rewrite the index too. A mismatch on either digest is confirmed with
-SHA-256 before an entry is quarantined (``CacheService.report_corrupt``).
+SHA-256 before an entry is quarantined (``ArtifactReader.report_corrupt``).
 
 Digests are lowercase hex: 64 digits for SHA-256, 32 for XXH3-128 (xxhash's ``hexdigest``,
 the canonical big-endian form of the 128-bit value).

@@ -101,7 +101,7 @@ class MultipartUploads:
         """A new upload id, or None if the artifact already exists (nothing to upload).
         ``ResourceExhausted`` (503 + Retry-After) when the node's or the namespace's cap is
         reached and no upload is reclaimable (module docstring)."""
-        if await self._service.exists(ref):
+        if await self._service.reads.exists(ref):
             return None
         self.reap_expired()
         namespace = ref.namespace_id

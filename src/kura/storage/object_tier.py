@@ -157,7 +157,7 @@ class ObjectTier:
             self.store.stats.filled_bytes_total += manifest.size
             return Filled()
         # Ignored: the same or a newer version is here already, or a clean covers it.
-        present = await self.service.read_manifest(artifact_id)
+        present = await self.service.reads.read_manifest(artifact_id)
         return None if present is None else Filled()
 
     # -- the uploader ------------------------------------------------------------------------
@@ -315,7 +315,7 @@ class ObjectTier:
         """Upload the artifact as stored now (gone: nothing to do; a clean or a newer write
         covers it)."""
         try:
-            body = await self.service.read_by_id(artifact_id, hashed=True)
+            body = await self.service.reads.read_by_id(artifact_id, hashed=True)
         except NotFound:
             return
         try:

@@ -4,11 +4,10 @@
 Each is a ``typing.Protocol`` of at most ten members (``tests/unit/test_ports.py`` counts
 them), satisfied structurally:
 
-* ``ArtifactReader``: look-ups and verified reads. Implemented by the primary's store
-  (``storage.service.CacheService``) and by the read path itself
-  (``storage.reads.ArtifactReads``), a worker's read-only reader as
-  ``storage.worker_reads.WorkerReads`` composes it; one contract suite runs over both
-  (``tests/integration/test_reader_contract.py``). A reader answers a miss as a miss (``read``
+* ``ArtifactReader``: look-ups and verified reads. Implemented by the read path
+  (``storage.reads.ArtifactReads``), which the primary's store (``CacheService.reads``) and a
+  worker's read-only reader (``WorkerReads.reads``) each compose over their own index; one
+  contract suite runs over both (``tests/integration/test_reader_contract.py``). A reader answers a miss as a miss (``read``
   raises ``NotFound``, ``exists`` is False, ``read_manifest`` None): whether someone else may
   have it (a peer, the primary) is decided above storage, by read-through or by the worker
   app's routing (``kura.workers.worker``).

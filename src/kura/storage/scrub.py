@@ -3,7 +3,7 @@
 Reads verify what they send, but an artifact nobody reads can rot unseen until the day it is
 needed, and its replicas with it. The scrub walks the index in ``artifact_id`` order (cursor
 paging, one page of manifests at a time) and checks every entry, file-backed and inline, with
-``CacheService.verify_stored`` (size and SHA-256). A damaged entry is quarantined there,
+``ArtifactReads.verify_stored`` (size and SHA-256). A damaged entry is quarantined there,
 counted under ``detected_by="scrub"``, and (with peers) fetched again.
 
 Pace: a pass starts every ``interval_seconds`` (``KURA_SCRUB_INTERVAL_SECONDS``; the first one
@@ -115,7 +115,7 @@ class Scrubber:
         while True:
             page = await self._service.manifests_page(after, PAGE_SIZE)
             for manifest in page:
-                await self._service.verify_stored(
+                await self._service.reads.verify_stored(
                     manifest.artifact_id, detected_by="scrub", pace=pace, executor=pool
                 )
                 self.stats.scrubbed_artifacts_total += 1

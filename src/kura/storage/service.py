@@ -290,50 +290,14 @@ class CacheService(ReplicaApply):
         if touches and not index.read_only and not full:
             await self._in(self._writer, index.touch, touches)
 
-    # -- reads (storage.reads.ArtifactReads: this store's ArtifactReader) --------------------
-
-    async def exists(self, ref: ArtifactRef) -> bool:
-        return await self.reads.exists(ref)
-
-    async def missing(
-        self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
-    ) -> list[ArtifactRef]:
-        return await self.reads.missing(refs, sizes)
-
-    async def read(self, ref: ArtifactRef) -> StoredBody:
-        return await self.reads.read(ref)
-
-    async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
-        return await self.reads.read_by_id(aid, hashed=hashed)
-
-    async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
-        return await self.reads.read_many(aids)
-
-    async def read_manifest(self, aid: str) -> Manifest | None:
-        return await self.reads.read_manifest(aid)
+    # -- reads: this store's ArtifactReader is ``reads`` (storage.reads.ArtifactReads) --------
+    # What the store's other ports (ArtifactWriter, WorkerSupport) ask of it is answered there.
 
     async def intact(self, ref: ArtifactRef, size_bytes: int | None = None) -> bool:
         return await self.reads.intact(ref, size_bytes)
 
-    async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
-        return await self.reads.report_corrupt(manifest, detected_by)
-
-    async def verify_stored(
-        self,
-        artifact_id: str,
-        *,
-        detected_by: str,
-        pace: Callable[[int], None] | None = None,
-        executor: ThreadPoolExecutor | None = None,
-        size_bytes: int | None = None,
-    ) -> bool:
-        return await self.reads.verify_stored(
-            artifact_id,
-            detected_by=detected_by,
-            pace=pace,
-            executor=executor,
-            size_bytes=size_bytes,
-        )
+    async def verify_stored(self, artifact_id: str, *, detected_by: str) -> bool:
+        return await self.reads.verify_stored(artifact_id, detected_by=detected_by)
 
     def note_access(self, accesses: dict[str, int]) -> None:
         """Reads made elsewhere (a worker's hits): artifact id -> unix ms, kept if later."""
