@@ -81,21 +81,17 @@ from kura.core.manifest import Manifest
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.core.version import ahead_of_skew_ms
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
-from kura.storage.blobs import BlobFiles
 from kura.storage.budget import TmpBudget
 from kura.storage.fsync import descriptor_shortage, shortage_reason
 from kura.storage.group_commit import GroupCommitWriter, GroupStats
-from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
 from kura.storage.peer_queue import PeerQueues
 from kura.storage.quarantine import Quarantine
-from kura.storage.reads import ArtifactReads
+from kura.storage.read_side import open_reads
 from kura.storage.recovery import StartReport, open_storage
 from kura.storage.replica import ReplicaApply
 from kura.storage.replica_log import IndexReplicaLog
-from kura.storage.state import SMALL_BLOB_BYTES, AccessTimes
 from kura.storage.stats import StorageStats
-from kura.storage.verify import ReadVerifier
 from kura.storage.version_clock import VersionClock
 
 __all__ = ["ArtifactRef", "CacheService", "PutResult", "StorageStats", "StoredBody"]
@@ -133,11 +129,8 @@ class CacheService(ReplicaApply):
         touched: Callable[[Mapping[str, int]], None] = lambda accesses: None,
         sent_again: Callable[[str], None] = lambda artifact_id: None,
     ) -> None:
-        self.files = BlobFiles(data_dir, tmp_dir)
         self.quarantine = Quarantine(data_dir / "quarantine", quarantine_max_bytes)
-        self.verifier = ReadVerifier()
         self._on_quarantine = on_quarantine
-        self.hot = HotCache(hot_cache_bytes, SMALL_BLOB_BYTES)
         self.outbox_max_depth = outbox_max_depth
         # What replication needs of a write (module docstring); with the bucket, every clean
         # goes to it too, and an artifact write to it alone.
@@ -161,7 +154,6 @@ class CacheService(ReplicaApply):
         # maintenance must not take the cores clients wait on, nor block the event loop.
         self._background = background_pool(2, "kura-background")
         self._writer = GroupCommitWriter("kura-write")
-        self.files.group = self._writer  # blob renames are made durable with their group
         # What the mesh reads and changes of the outbox, the feed, cursors and digests.
         self.replica_log = IndexReplicaLog(
             index=self._require_index,
@@ -180,24 +172,25 @@ class CacheService(ReplicaApply):
         # Local writes of at most this many bytes are stored inline (KURA_INLINE_MAX_BYTES).
         self.inline_max_bytes = inline_max_bytes
         self.versions = VersionClock()
-        self.accesses = AccessTimes()
         self.start_report = StartReport()
         # The read path, one object over the pieces it shares with the rest (storage.reads).
-        self.reads = ArtifactReads(
-            index=self._require_index,
-            files=self.files,
-            hot=self.hot,
-            verifier=self.verifier,
-            verify_reads=verify_reads,
+        self.reads = open_reads(
+            data_dir=data_dir,
+            tmp_dir=tmp_dir,
             tenant_id=tenant_id,
             clock=clock,
+            verify_reads=verify_reads,
+            hot_cache_bytes=hot_cache_bytes,
+            index=self._require_index,
             reader=self._reader,
             writer=self._writer,
             damaged=self._confirm_corrupt_sync,
-            accesses=self.accesses,
             record_checksums=self.record_xxh3_128,
             sent_again=sent_again,
         )
+        self.files, self.hot, self.verifier = self.reads.files, self.reads.hot, self.reads.verifier
+        self.accesses = self.reads.accesses
+        self.files.group = self._writer  # blob renames are made durable with their group
 
     # -- lifecycle ---------------------------------------------------------------------------
 

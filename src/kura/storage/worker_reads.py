@@ -38,15 +38,11 @@ from pathlib import Path
 
 from kit.clock import Clock
 from kura.core.manifest import Manifest
-from kura.storage.blobs import BlobFiles
 from kura.storage.hot_generation import SharedGeneration
-from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
-from kura.storage.reads import ArtifactReads
+from kura.storage.read_side import open_reads
 from kura.storage.recovery import INDEX_NAME
 from kura.storage.schema import READABLE_SCHEMA_VERSIONS
-from kura.storage.state import SMALL_BLOB_BYTES, AccessTimes
-from kura.storage.verify import ReadVerifier
 
 
 class SharedReadIndex(MetadataIndex):
@@ -108,35 +104,32 @@ class WorkerReads:
         verify_reads: str = "always",
         hot_cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
-        self.files = BlobFiles(data_dir, tmp_dir)
-        self.verifier = ReadVerifier()
-        self.hot = HotCache(hot_cache_bytes, SMALL_BLOB_BYTES)
         self.clock = clock
         self._index: SharedReadIndex | None = None
         self._reader = ThreadPoolExecutor(4, thread_name_prefix="kura-read")
         # Where the read path asks for a verdict on damage (``_suspect_sync``) and records the
         # stat signatures (dropped by ``SharedReadIndex``): one thread, as the primary's writer.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kura-write")
-        self.accesses = AccessTimes()
         self.suspects: list[str] = []  # ids whose bytes failed a check here, for the primary
         self.checksums: list[tuple[Manifest, str]] = []  # verified here, for the primary
-        self.reads = ArtifactReads(
-            index=self._require_index,
-            files=self.files,
-            hot=self.hot,
-            verifier=self.verifier,
-            verify_reads=verify_reads,
+        self.reads = open_reads(
+            data_dir=data_dir,
+            tmp_dir=tmp_dir,
             tenant_id=tenant_id,
             clock=clock,
+            verify_reads=verify_reads,
+            hot_cache_bytes=hot_cache_bytes,
+            index=self._require_index,
             reader=self._reader,
             writer=self._writer,
             damaged=self._suspect_sync,
-            accesses=self.accesses,
             record_checksums=self._queue_checksums,
             # A miss is a miss here: whether the primary (or, through it, a peer) has it is
             # the worker app's routing decision (kura.workers.worker), not this reader's.
             note_exists=True,  # a HEAD hit here is a read for the primary's LRU
         )
+        self.files, self.hot, self.verifier = self.reads.files, self.reads.hot, self.reads.verifier
+        self.accesses = self.reads.accesses
 
     def attach(self, *, immutable: bool = False) -> None:
         """Open the shared index and change counter (the primary created both; it holds the
