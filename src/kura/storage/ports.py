@@ -29,8 +29,8 @@ them), satisfied structurally:
 * ``WorkerSupport``: what the primary does with its workers' reports (their hits for the LRU,
   entries that failed a check there, checksums computed there) and shares with them.
 
-A handler that needs two of them takes both (``api.http.ApiContext``); the primary passes the
-same store for each.
+A consumer that needs two of them takes both (``api.http.ApiContext``, ``mesh.anti_entropy``);
+the primary passes its store for each, and the store's ``reads`` for the reader.
 """
 
 from __future__ import annotations
