@@ -53,8 +53,9 @@ This module owns construction, lifecycle and peer paging. The outbox, the change
 cursors into peers' feeds and the range digests are reached only through ``replica_log`` (the
 ``storage.ports.OutboxLog`` and ``ChangeLog`` ports, ``storage.replica_log``). The read path is
 one object, ``storage.reads.ArtifactReads``, over the index, files, hot cache and executors it
-shares with the store (a worker's reader composes the same one, ``storage.worker_reads``);
-``CacheService`` hands its reads to it. The writing side is still one line of classes over
+shares with the store (a worker's reader composes the same one, ``storage.worker_reads``;
+both are built by ``storage.read_side.open_reads``); it is the store's ``ArtifactReader``,
+``reads``. The writing side is still one line of classes over
 one shared state (``storage.state``): ``storage.replica`` (copies from peers) over
 ``storage.write_path`` (checks, staging, commit, namespace cleans) over ``storage.eviction``
 (LRU, and the quarantine of damaged entries). The layers above use the ports
