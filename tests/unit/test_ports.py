@@ -181,9 +181,6 @@ def test_mypy_accepts_the_implementations() -> None:
 def test_the_layers_above_name_no_concrete_store(package: str) -> None:
     roots = {
         "workers/worker.py",  # the worker process's composition root builds its reader
-        # Until read-through is a wrapper of the reader (issue 27 item 2) and the hooks go.
-        "mesh/read_through.py",
-        "mesh/storage_hooks.py",
     }
     found = []
     for path in sorted((ROOT / "src" / "kura" / package).rglob("*.py")):

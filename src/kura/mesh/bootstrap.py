@@ -185,7 +185,7 @@ class Bootstrapper:
             else DiskAllowance(disk_limit_bytes, lambda: service.stats.used_bytes)
         )
         self._evictions: set[asyncio.Task[None]] = set()
-        # Read by storage (CacheService's eviction_floor_ms, kura.app): what eviction must keep.
+        # Read by storage (the store's eviction_floor_ms, given in kura.app): what eviction must keep.
         self.eviction_floor_ms: int | None = None
         self._guard = EvictionGuard(lambda ms: setattr(self, "eviction_floor_ms", ms), clock.now_ms)
         self._rest_served_by = rest_served_by

@@ -24,8 +24,8 @@ full pass of ``mesh.bootstrap`` therefore follows three rules, owned here:
   it walks the rest of its peer's list only to count what it skipped (result ``skipped_budget``),
   then completes, so the node becomes ready and the rest is served by read-through.
 * **Never evict what it fetched.** While bootstrap is active (a pass runs, or a peer still gates
-  readiness), ``Bootstrapper.eviction_floor_ms`` (which storage reads, ``CacheService``'s
-  ``eviction_floor_ms``) is the wall-clock ms at which it became active:
+  readiness), ``Bootstrapper.eviction_floor_ms`` (which storage reads: the store's
+  ``eviction_floor_ms`` argument) is the wall-clock ms at which it became active:
   eviction then only picks artifacts last used before it. Everything fetched, written or read
   since is kept; a live write may still evict older data that nobody used since.
 
@@ -101,7 +101,7 @@ class DiskAllowance:
 class EvictionGuard:
     """Holds the eviction floor while bootstrap is active (module docstring).
 
-    ``set_floor(ms | None)`` writes the floor storage reads (``CacheService.eviction_floor_ms``);
+    ``set_floor(ms | None)`` writes the floor storage reads (the store's ``eviction_floor_ms``);
     ``now_ms()`` is the wall clock the index stamps ``last_access_ms`` with, so every row
     bootstrap commits is at or after the floor."""
 

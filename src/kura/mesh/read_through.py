@@ -77,7 +77,7 @@ class ReadThroughStats:
 
 
 class ReplicaStore(Protocol):
-    """Where read-through stores a peer's copy: the primary's store (``CacheService``)."""
+    """Where read-through stores a peer's copy: the primary's store (``storage.service``)."""
 
     @property
     def budget(self) -> TmpBudget:
