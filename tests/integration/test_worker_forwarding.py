@@ -5,6 +5,7 @@ socket's inode among the process's descriptors), so nothing rests on ``SO_REUSEP
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -14,7 +15,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import NodeProcess
+import aiohttp
+from aiohttp import web
+
+from kura.api.connections import ConnectionGuard, unix_listening_socket
+from kura.cli import build_parser
+from kura.settings import load_settings
+from kura.workers.forward import Forwarder
+from tests.conftest import NodeProcess, node_env
 from tests.integration import rawhttp
 from tests.integration.test_workers import start_with_workers, worker_pids
 
@@ -48,7 +56,13 @@ def _holds(pid: int, inode: int) -> bool:
 def worker_connection(node: NodeProcess) -> socket.socket:
     """A connection to the public port that the worker (not the primary) accepted."""
     (worker,) = worker_pids(node)
+    return _accepted_by(node, worker)
+
+
+def _accepted_by(node: NodeProcess, pid: int) -> socket.socket:
+    """A connection to the public port that process ``pid`` of ``node`` accepted."""
     port = int(node.url.rsplit(":", 1)[1])
+    others = [p for p in [node.proc.pid, *worker_pids(node)] if p != pid]
     for _ in range(200):
         s = rawhttp.connect(node.url, timeout=30)
         client_port = s.getsockname()[1]
@@ -56,13 +70,13 @@ def worker_connection(node: NodeProcess) -> socket.socket:
         while time.monotonic() < deadline:
             inode = _server_inode(port, client_port)
             if inode:
-                if _holds(worker, inode):
+                if _holds(pid, inode):
                     return s
-                if _holds(node.proc.pid, inode):
+                if any(_holds(other, inode) for other in others):
                     break
             time.sleep(0.01)
         s.close()
-    raise AssertionError("the worker accepted none of 200 connections")
+    raise AssertionError(f"process {pid} accepted none of 200 connections")
 
 
 def closed(s: socket.socket) -> bool:
@@ -213,3 +227,63 @@ def test_forwarded_requests_end_cleanly_when_the_primary_is_killed(
     log = node.log()
     assert "Traceback" not in log, log[-3000:]
     assert "never retrieved" not in log, log[-3000:]
+
+
+async def test_a_forward_the_primary_refuses_at_its_cap_is_relayed_as_its_cap_refusal(
+    tmp_path: Path,
+) -> None:
+    """A worker's ``Forwarder`` against the primary's guarded unix listener
+    (``unix_listening_socket``) at its cap (1, held by a connection it counts), in this
+    process. The primary refuses a forward as it accepts it (``GuardedSocket.accept``: 503,
+    then close), and here it does so in the one slot that made it race on main: after the
+    worker's connection looked for something to read and before it wrote its head. The head's
+    write fails (EPIPE) and the 503 is never read; the client must still get the cap's answer,
+    as from the primary itself. On main it got 503 "the node's primary process is
+    unavailable" (a real node: 1 to 4 in 60 refusals, test_connection_cap)."""
+    settings = load_settings(build_parser().parse_args(["serve"]), node_env(tmp_path))
+    loop = asyncio.get_running_loop()
+    guard = ConnectionGuard(1)
+    held, peer = socket.socketpair()
+    guard.track(held)  # the cap's one connection, busy (no handler waits for its head)
+    listener = unix_listening_socket(guard, str(tmp_path / "primary.sock"))
+    listener.listen(8)
+    listener.setblocking(False)
+    refused = asyncio.Event()
+
+    def accept() -> None:  # asyncio's accept loop does this on readiness; here one turn later
+        with contextlib.suppress(BlockingIOError):  # refused: nothing to return
+            listener.accept()
+        refused.set()
+
+    def ready() -> None:
+        loop.remove_reader(listener.fileno())
+        loop.call_soon(accept)
+
+    forward = Forwarder(str(tmp_path / "primary.sock"), os.getppid(), settings)
+    await forward.start()
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        return await forward(request)
+
+    worker_app = web.Application()
+    worker_app.router.add_route("*", "/{tail:.*}", relay)
+    worker = web.AppRunner(worker_app, handle_signals=False)
+    await worker.setup()
+    await web.TCPSite(worker, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{worker.addresses[0][1]}"
+    try:
+        async with aiohttp.ClientSession(url) as http:
+            for _ in range(3):
+                refused.clear()
+                loop.add_reader(listener.fileno(), ready)
+                async with http.post("/v8/artifacts/events", data=b"{}") as r:
+                    assert refused.is_set()
+                    assert guard.refused_total >= 1
+                    assert (r.status, r.headers.get("Retry-After")) == (503, "1")
+                    assert await r.text() == "connection limit reached; retry later\n"
+    finally:
+        await worker.cleanup()
+        await forward.close()
+        listener.close()
+        held.close()
+        peer.close()

@@ -96,6 +96,17 @@ REFUSAL = (
 )
 
 
+def cap_refusal() -> web.Response:
+    """The cap's 503 (``REFUSAL``) as a response, for a worker relaying the primary's refusal
+    of the connection it forwards over (``kura.workers.forward``); the connection is closed
+    after it, as the cap closes its own."""
+    response = web.Response(
+        status=503, body=_REFUSAL_BODY, content_type="text/plain", headers={"Retry-After": "1"}
+    )
+    response.force_close()
+    return response
+
+
 def descriptor_cap(configured: int) -> tuple[int, int]:
     """Raise the soft descriptor limit to the hard one; return ``(effective cap, limit)``.
 

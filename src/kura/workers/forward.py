@@ -19,6 +19,14 @@ the answer is under way) is told apart from a primary that failed: the first is 
 quiet INFO line within its budget (``kura.api.malformed.log_client_gone``), never a WARNING
 blaming the primary (issue 26: 400 cancelled uploads logged 124 such warnings).
 
+A forward the primary refuses at its connection cap (``kura.api.connections``: the workers'
+connections count against it) is answered with the cap's own 503, as the primary answers a
+client it refuses. The primary sends that 503 and closes as it accepts, so writing the head
+may fail (EPIPE) before the 503 is read; a connection the primary closed before answering and
+before a byte of the body went to it, while the primary lives, is that refusal (only the
+cap closes a connection it accepted without a word; its idle timeout closes one only after
+an answer, and a pooled connection closed so is retried by aiohttp for idempotent methods).
+
 When the primary vanishes mid-request, the client's connection is cut (or, if the primary is
 alive but unreachable, answered 503) and the body writer's failure is logged on one line: it
 never surfaces as an unretrieved task exception.
@@ -37,6 +45,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from kura.api.connections import cap_refusal
 from kura.api.malformed import client_gone, log_client_gone
 from kura.api.upload_rate import UploadMeter, UploadRule
 from kura.settings import Settings
@@ -165,6 +174,11 @@ class Forwarder:
                 if request.transport is not None:
                     request.transport.abort()
                 return web.Response(status=499)
+            if _closed_unanswered(exc) and not client.sent:
+                log.info(
+                    "the primary refused %s %s at its connection cap", request.method, request.path
+                )
+                return cap_refusal()  # the primary's refusal (module docstring)
             log.warning(
                 "could not forward %s %s to the primary: %s", request.method, request.path, exc
             )
@@ -213,6 +227,15 @@ class _ClientSide:
     """What ``_body`` saw of the client: ``gone``, the exception that said it went away."""
 
     gone: BaseException | None = None
+    sent = False  # whether a byte of the body went to the primary
+
+
+def _closed_unanswered(exc: BaseException) -> bool:
+    """Whether ``exc`` says the primary closed a connection it had accepted (not one it never
+    accepted: a connector error), before its answer."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
 
 
 def _client_went_away(request: web.Request, exc: BaseException) -> web.StreamResponse:
@@ -236,6 +259,7 @@ async def _body(
         loop = asyncio.get_running_loop()
         async for chunk in request.content.iter_chunked(CHUNK_BYTES):
             meter.add(len(chunk), loop.time())
+            client.sent = True
             yield chunk
     except Exception as exc:
         if client_gone(exc) or isinstance(exc, aiohttp.ClientError):
