@@ -609,8 +609,8 @@ class Node:
             for site in list(self._public_runner.sites):
                 await site.stop()
 
-    async def _drain(self) -> None:
-        """Stop accepting, then let running handlers finish within the shutdown timeout.
+    async def _drain(self, deadline: float) -> None:
+        """Stop accepting, then let running handlers finish until ``deadline`` (loop time).
 
         Every listening socket is closed first (new connections are refused) but open
         connections are left alone: aiohttp's ``AppRunner.cleanup`` stops reading from them at
@@ -621,7 +621,8 @@ class Node:
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()
-        late = await wait_for_handlers(self._handlers, self.settings.shutdown_timeout_seconds)
+        left = deadline - asyncio.get_running_loop().time()
+        late = await wait_for_handlers(self._handlers, left)
         for task in late:
             task.cancel()
         if late:
@@ -636,14 +637,17 @@ class Node:
         task's failure is logged here, once, with its traceback.
         """
         self.draining = True
+        # One deadline for the whole stop, workers included (docs/operations.md).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_timeout_seconds
         try:
             if self.workers is not None:  # they forward to this process while they drain, so
                 # it stops accepting on the public port, stops them, and then drains itself
                 await self._close_public_listener()
-                await self.workers.stop()
+                await self.workers.stop(deadline)
             if self.grpc is not None:
-                await self.grpc.stop(float(self.settings.shutdown_timeout_seconds))
-            await self._drain()
+                await self.grpc.stop(max(0.0, deadline - loop.time()))
+            await self._drain(deadline)
             for runner in reversed(self._runners):
                 await runner.cleanup()
             await self._stop_background()

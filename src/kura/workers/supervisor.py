@@ -66,6 +66,9 @@ START_TIMEOUT_SECONDS = 30.0
 STABLE_SECONDS = 60.0
 MAX_SUN_PATH = 107  # sun_path is 108 bytes on Linux, NUL included (unix(7))
 PROBE_MISSES_TO_KILL = 3  # liveness probes missed in a row (module docstring)
+# A stopping worker exits by itself at the shutdown timeout (cancelling what still runs); this
+# covers its last steps (the last hits, closing its index) and the lag of its SIGTERM.
+STOP_MARGIN_SECONDS = 1.0
 # A probe that fails with these is this process's shortage, not the worker's fault.
 _OWN_SHORTAGES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -320,9 +323,15 @@ class Workers:
                 return None
             return f"its socket: {exc}"
 
-    async def stop(self) -> None:
+    async def stop(self, deadline: float | None = None) -> None:
         """SIGTERM every worker and wait for it to drain (the primary still serves what they
-        forward), within the shutdown timeout plus a margin; then SIGKILL what is left."""
+        forward) and exit, which it does by itself within the shutdown timeout
+        (``kura.workers.worker``); SIGKILL one still running ``STOP_MARGIN_SECONDS`` past
+        ``deadline`` (loop time; by default the shutdown timeout from now), the node's one
+        deadline for its whole stop, which the primary's own drain shares."""
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self.settings.shutdown_timeout_seconds
         self._stopping = True
         for task in self._slots:
             task.cancel()
@@ -332,9 +341,8 @@ class Workers:
                     proc.send_signal(signal.SIGTERM)
         waits = [asyncio.create_task(p.wait()) for p in self.procs.values()]
         if waits:
-            _done, late = await asyncio.wait(
-                waits, timeout=self.settings.shutdown_timeout_seconds + 5
-            )
+            left = deadline + STOP_MARGIN_SECONDS - loop.time()
+            _done, late = await asyncio.wait(waits, timeout=max(0.0, left))
             for proc in self.procs.values():
                 if proc.returncode is None:
                     log.error("worker pid %d did not stop; killing it", proc.pid)

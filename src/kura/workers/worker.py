@@ -82,6 +82,7 @@ ALIVE_PATH = "/alive"  # on the worker's own socket: 204 while its event loop ru
 FLUSH_SECONDS = 1.0  # how often hits go to the primary's LRU
 FLUSH_MAX_IDS = 4096  # ... or sooner, at this many ids
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+CANCELLED_WAIT_SECONDS = 0.5  # for handlers cancelled at the shutdown timeout to end
 _READ_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -277,10 +278,18 @@ class Worker:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain")
 
     async def _drain(self) -> None:
-        """As ``Node._drain``: stop accepting, let running handlers finish within the timeout."""
+        """As ``Node._drain``: stop accepting, let running handlers finish within the timeout,
+        then cancel what still runs, so the worker exits by itself within the node's one stop
+        deadline (``Workers.stop``) rather than wait in aiohttp's cleanup for as long again."""
         for site in list(self._runners[0].sites):
             await site.stop()
-        await wait_for_handlers(self.context.handlers, self.settings.shutdown_timeout_seconds)
+        timeout = self.settings.shutdown_timeout_seconds
+        late = await wait_for_handlers(self.context.handlers, timeout)
+        for task in late:
+            task.cancel()
+        if late:
+            log.warning("cancelled %d requests still running at the shutdown timeout", len(late))
+            await asyncio.wait(late, timeout=CANCELLED_WAIT_SECONDS)
 
     async def _flush_loop(self) -> None:
         while True:
