@@ -24,6 +24,7 @@ import pytest
 from kura.api.connections import GRPC_IDLE_TIMEOUT_SECONDS
 from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess, node_env, spawn_node
+from tests.descriptors import descriptors, squeeze
 from tests.grpc_api.client import Reapi, new_upload
 from tests.grpc_api.client import blob_name as client_blob_name
 from tests.grpc_api.client import digest as client_digest
@@ -222,20 +223,6 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 §3.4, and nothing 
 LIMIT = 256  # the hard descriptor limit of limited_node, which each process raises its soft to
 
 
-def _descriptors(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _squeeze(pid: int, hard: int) -> None:
-    """Lower ``pid``'s soft descriptor limit to its lowest free descriptor number: it can open
-    none (a new descriptor takes the lowest free number, EMFILE at or past the soft limit,
-    Linux ``alloc_fd``) until one below it closes. Its count would not do: a transient
-    descriptor numbered above the others closing (a request's file) frees a number below it."""
-    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
-    lowest_free = next(n for n in range(len(used) + 1) if n not in used)
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, hard))
-
-
 def _writes_refused(url: str, prefix: str, n: int) -> int:
     """PUT ``n`` small bodies, each on a new connection; how many were not stored (201)."""
     refused = 0
@@ -296,7 +283,7 @@ def test_idle_and_slow_connections_on_every_listener_stay_within_the_descriptor_
                 _send(attack[-1], b"GET /_internal/ HTTP/1.1\r\nHost: x\r\n")
         for i in range(20):  # while the connections are held
             for pid in pids:
-                peak[pid] = max(peak[pid], _descriptors(pid))
+                peak[pid] = max(peak[pid], descriptors(pid))
             write(f"held-{i}")
         # The preface-only connections past gRPC's share were closed as they came, and the
         # rest once the handshake timeout passed.
@@ -420,17 +407,17 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
         limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         waiting = None
         try:
-            _squeeze(pid, limit[1])
-            held = _descriptors(pid)
+            squeeze(pid, limit[1])
+            held = descriptors(pid)
             staged = client.put("/cache/staged", content=b"s" * 64 * 1024)  # a staging file
             # Squeeze once the node closed that connection: else its descriptor, freed below
             # the limit after the squeeze, would end the shortage for real.
-            assert rawhttp.wait_until(lambda: _descriptors(pid) < held)
-            _squeeze(pid, limit[1])
+            assert rawhttp.wait_until(lambda: descriptors(pid) < held)
+            squeeze(pid, limit[1])
             # Only the staging open failed: on main the writer knew nothing and /ready said 200.
             ready_staged = probe.get("/ready")
             refused = probe.put("/cache/short", content=b"s")  # inline: the WAL's fsync
-            _squeeze(pid, limit[1])
+            squeeze(pid, limit[1])
             ready = probe.get("/ready")
             # A new client waits in the backlog: accepting it fails (once a second, not in a
             # storm of retries).
@@ -502,7 +489,7 @@ def test_a_descriptor_shortage_on_the_grpc_port_is_unavailable_like_http_not_int
         assert probe.get("/ready").status_code == 200
         limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         try:
-            _squeeze(pid, limit[1])
+            squeeze(pid, limit[1])
             with pytest.raises(grpc.RpcError) as refused:
                 client.write(client_blob_name(blob, upload=new_upload()), blob)
             _squeeze(pid, limit[1])

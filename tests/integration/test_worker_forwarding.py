@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import socket
 import threading
@@ -23,6 +24,7 @@ from kura.cli import build_parser
 from kura.settings import load_settings
 from kura.workers.forward import Forwarder
 from tests.conftest import NodeProcess, node_env
+from tests.descriptors import squeeze
 from tests.integration import rawhttp
 from tests.integration.test_workers import start_with_workers, worker_pids
 
@@ -271,6 +273,38 @@ def test_sigterm_to_exit_is_one_shutdown_timeout_for_the_whole_process_group(
     assert "did not stop; killing it" not in node.log()  # the worker exited by itself
     assert node.index_rows() == 1
     assert node.staging_files() == []
+
+
+def test_a_worker_short_of_descriptors_answers_ready_503_itself(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A worker forwards ``/ready`` to the primary, which cannot see the worker's descriptors:
+    on main a worker that could open none (its soft limit lowered under it) relayed the
+    primary's 200 over the connection it had kept to it, while its share of the port could
+    serve nothing. Now it answers 503 with the reason, and 200 again once the shortage passes."""
+    node = start_with_workers(start_node, "g", workers=2)
+    (worker,) = worker_pids(node)
+    limit = resource.prlimit(worker, resource.RLIMIT_NOFILE)
+    with worker_connection(node) as s:
+        rawhttp.send_head(s, "GET", "/ready", {})
+        assert rawhttp.read_response(s)[0] == 200  # forwarded: a kept-alive forward connection
+        answers: list[tuple[int, bytes]] = []
+
+        def ready(status: int) -> bool:
+            rawhttp.send_head(s, "GET", "/ready", {})
+            got, _headers, body = rawhttp.read_response(s)
+            answers.append((got, body))
+            return got == status
+
+        try:
+            squeeze(worker, limit[1])
+            # The reading is at most SHORTAGE_READING_SECONDS old (storage.fsync).
+            short = rawhttp.wait_until(lambda: ready(503), 5)
+        finally:
+            resource.prlimit(worker, resource.RLIMIT_NOFILE, limit)
+        assert short, answers[-1]
+        assert b"short of descriptors" in answers[-1][1], answers[-1]
+        assert rawhttp.wait_until(lambda: ready(200), 10)
 
 
 async def test_a_forward_the_primary_refuses_at_its_cap_is_relayed_as_its_cap_refusal(

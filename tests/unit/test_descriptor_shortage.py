@@ -6,10 +6,16 @@ import errno
 import os
 import resource
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kit.clock import ManualClock, SystemClock
 from kura.storage import fsync
+from kura.storage.budget import TmpBudget
+from kura.storage.service import CacheService
+
+MiB = 1024 * 1024
 
 
 def test_a_missing_dev_null_is_not_a_shortage_and_raises_nothing(
@@ -32,3 +38,63 @@ def test_no_descriptor_left_is_a_shortage_and_the_reading_clears_with_it() -> No
     assert found is not None
     assert found.errno == errno.EMFILE
     assert fsync.descriptor_shortage() is None
+
+
+def _no_descriptor_left() -> tuple[int, int]:
+    """Lower this process's soft limit to its lowest free descriptor; the old limits."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    return soft, hard
+
+
+def test_a_reading_is_kept_for_a_tenth_of_a_second_on_its_clock_and_then_taken_again() -> None:
+    clock = ManualClock()
+    reading = fsync.ShortageReading(clock.monotonic)
+    soft, hard = _no_descriptor_left()
+    try:
+        found = reading()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert found is not None
+    assert found.errno == errno.EMFILE
+    clock.advance(fsync.SHORTAGE_READING_SECONDS / 2)
+    assert reading() is found  # the last reading, not a new one
+    clock.advance(fsync.SHORTAGE_READING_SECONDS)
+    assert reading() is None  # taken again: the shortage passed
+    assert reading.probes == 2
+
+
+async def test_write_refusals_asked_a_thousand_times_opens_dev_null_at_most_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/ready``, ``/status`` and the read-through decision at every local miss while joining
+    ask storage why writes are refused; on main each call opened and closed ``/dev/null``
+    (1,000 opens here). ``os.open`` is observed, not replaced: every call still opens."""
+    service = CacheService(
+        data_dir=tmp_path / "data",
+        tmp_dir=tmp_path / "tmp",
+        tenant_id="t",
+        budget=TmpBudget(MiB, tmp_dir=tmp_path / "tmp"),
+        clock=SystemClock(),
+        max_disk_bytes=64 * MiB,
+        min_free_disk_bytes=0,
+    )
+    await service.start()
+    opened: list[str] = []
+    real_open = os.open
+
+    def observed_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path) == os.devnull:
+            opened.append(str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    try:
+        monkeypatch.setattr(fsync.os, "open", observed_open)
+        for _ in range(1000):
+            assert service.write_refusals() == []
+        monkeypatch.undo()
+    finally:
+        await service.close()
+    assert len(opened) <= 2, len(opened)

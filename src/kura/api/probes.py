@@ -11,7 +11,9 @@ Prometheus scrape then sends ``authorization.credentials_file``, deploy/kura/ser
 The reasons (``kura.app``): draining; discovery has not yet heard from every seed (nor timed out)
 or has not settled; a known peer is not yet bootstrapped (one whose passes failed too often stops
 gating and is a warning instead, ``mesh.bootstrap``); writes are refused (a failed fsync, a
-descriptor shortage, a full disk: docs/durability.md). The same reasons and warnings are in
+descriptor shortage, a full disk: docs/durability.md). A worker (``kura.workers``) forwards
+``/ready`` to the primary, but answers 503 itself while it is short of descriptors
+(``worker_ready``): its share of the public port serves nothing then. The same reasons and warnings are in
 ``/status``, ``kura status``, the status page (``/ui``) and the metrics.
 """
 
@@ -25,9 +27,11 @@ from aiohttp import web
 from kura.api.auth import Access
 from kura.api.grant_scope import request_namespace
 from kura.api.http import ctx, endpoint
+from kura.storage.fsync import process_shortage, shortage_reason
 
 PROTOCOL = "probe"
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ReadinessSource = Callable[[], list[str]]
 READINESS_KEY: web.AppKey[ReadinessSource] = web.AppKey("kura_readiness")
 MEMBERS_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("kura_members")
@@ -53,15 +57,37 @@ async def up(request: web.Request) -> web.StreamResponse:
 
 @endpoint(PROTOCOL, None)
 async def ready(request: web.Request) -> web.StreamResponse:
-    reasons = request.app[READINESS_KEY]()
+    return _readiness(request.app[READINESS_KEY](), request.app[WARNINGS_KEY]())
+
+
+def _readiness(reasons: list[str], warnings: list[str]) -> web.Response:
     body = {
         "status": "ok" if not reasons else "not_ready",
         "ready": not reasons,
         "reasons": reasons,
         # Problems that no longer block readiness but need an operator (an abandoned peer).
-        "warnings": request.app[WARNINGS_KEY](),
+        "warnings": warnings,
     }
     return web.json_response(body, status=200 if not reasons else 503)
+
+
+def worker_ready(forward: Handler) -> Handler:
+    """A worker's ``/ready``: 503 with the reason while this process is short of descriptors
+    (``storage.fsync.process_shortage``), else the primary's answer, ``forward``-ed (and
+    counted there, not here)."""
+
+    async def ready(request: web.Request) -> web.StreamResponse:
+        if process_shortage() is None:
+            return await forward(request)
+        return await _short_here(request)
+
+    return ready
+
+
+@endpoint(PROTOCOL, None)
+async def _short_here(_request: web.Request) -> web.StreamResponse:
+    short = process_shortage()
+    return _readiness([shortage_reason(short)] if short is not None else [], [])
 
 
 @endpoint(PROTOCOL, Access.READ)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 # open(2) fails with these when the process (EMFILE) or the system (ENFILE) has no descriptor
@@ -56,6 +58,34 @@ def descriptor_shortage() -> OSError | None:
         return exc if exc.errno in SHORTAGE_ERRNOS else None
     os.close(fd)
     return None
+
+
+SHORTAGE_READING_SECONDS = 0.1  # how long a ``ShortageReading`` keeps its last reading
+
+
+class ShortageReading:
+    """``descriptor_shortage()`` read at most once per ``SHORTAGE_READING_SECONDS`` of
+    ``now`` (seconds, monotonic), the last reading answered in between: ``/ready``, ``/status``
+    and the read-through decision made at each local miss ask for it many times a second, and
+    each reading opens and closes ``os.devnull``. Still a reading, not a latch: a shortage that
+    passed is reported at most that long after. ``probes`` counts the readings taken."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._at: float | None = None
+        self._last: OSError | None = None
+        self.probes = 0
+
+    def __call__(self) -> OSError | None:
+        now = self._now()
+        if self._at is None or now - self._at >= SHORTAGE_READING_SECONDS or now < self._at:
+            self._last, self._at = descriptor_shortage(), now
+            self.probes += 1
+        return self._last
+
+
+# This process's reading: descriptors are the process's, whichever component asks.
+process_shortage = ShortageReading()
 
 
 def fsync_path(path: Path) -> None:

@@ -83,7 +83,7 @@ from kura.core.object_layout import OUTBOX_TARGET
 from kura.core.version import ahead_of_skew_ms
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
 from kura.storage.budget import TmpBudget
-from kura.storage.fsync import descriptor_shortage, shortage_reason
+from kura.storage.fsync import process_shortage, shortage_reason
 from kura.storage.group_commit import GroupCommitWriter, GroupStats
 from kura.storage.index import MetadataIndex
 from kura.storage.peer_queue import PeerQueues
@@ -237,12 +237,12 @@ class CacheService(ReplicaApply):
         which the writer retries by itself; ``storage.group_commit``), a full disk (while it
         lasts, ``disk_full_reason``) or an index opened read-only on a full disk at start-up
         (until a restart, ``storage.recovery``). The shortage is also read live
-        (``fsync.descriptor_shortage``): the writer's retry may succeed on a descriptor freed
+        (``fsync.process_shortage``): the writer's retry may succeed on a descriptor freed
         for a moment that the next accepted connection takes again, and a staged write's
         open is refused without the writer ever knowing."""
         writer = self._writer
         short = writer.shortage
-        if short is None and (exc := descriptor_shortage()) is not None:
+        if short is None and (exc := process_shortage()) is not None:
             short = shortage_reason(exc)
         found = [self.start_report.read_only_reason, writer.failure, short]
         return [r for r in (*found, self.disk_full_reason()) if r]

@@ -9,8 +9,9 @@ it) and drains on SIGTERM: stops accepting, lets running requests finish within
 
 Routes: the GET/HEAD routes of the artifact protocols, with their own handlers, auth and
 checks, over ``WorkerReads.reads`` (an ``ArtifactReader``, ``kura.storage.ports``); a catch-all
-forwards the rest (other methods, probes, /metrics, /status, the status page). Routing decides
-the rest: a miss (a 404 a read route would answer: absent here, or its bytes failed a check)
+forwards the rest (other methods, probes, /metrics, /status, the status page); ``/ready`` is
+answered 503 here while this process is short of descriptors (``api.probes.worker_ready``).
+Routing decides the rest: a miss (a 404 a read route would answer: absent here, or its bytes failed a check)
 is the primary's to answer, which may read it through from a peer, so it is forwarded
 unsent and uncounted (``ApiContext.forward_misses``); so is a request whose handler raises
 ``ForwardToPrimary`` (a token kid this worker does not know). Neither has sent anything yet. The worker's own ``/metrics`` is served only on its
@@ -54,6 +55,7 @@ from kura.api import (
     metro,
     module,
     nx,
+    probes,
     public_load,
     scope,
     turbo,
@@ -148,6 +150,7 @@ def build_worker_app(
     for base in ("", scope.NAMESPACED_PREFIX):
         cache, dav = base + s.http_cache_prefix, base + s.webdav_prefix
         route_lists += [bazel_http.routes(cache), http_cache.routes(cache), webdav.routes(dav)]
+    app.router.add_get("/ready", probes.worker_ready(forward))  # its own shortage first
     for routes in route_lists:
         app.add_routes([r for r in routes if isinstance(r, web.RouteDef) and r.method == "GET"])
         app.add_routes([r for r in routes if isinstance(r, web.RouteDef) and r.method == "HEAD"])
