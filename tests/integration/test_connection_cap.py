@@ -24,7 +24,8 @@ import pytest
 from kura.api.connections import GRPC_IDLE_TIMEOUT_SECONDS
 from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess, node_env, spawn_node
-from tests.descriptors import descriptors, squeeze
+from tests.descriptors import descriptors as _descriptors
+from tests.descriptors import squeeze as _squeeze
 from tests.grpc_api.client import Reapi, new_upload
 from tests.grpc_api.client import blob_name as client_blob_name
 from tests.grpc_api.client import digest as client_digest
@@ -283,7 +284,7 @@ def test_idle_and_slow_connections_on_every_listener_stay_within_the_descriptor_
                 _send(attack[-1], b"GET /_internal/ HTTP/1.1\r\nHost: x\r\n")
         for i in range(20):  # while the connections are held
             for pid in pids:
-                peak[pid] = max(peak[pid], descriptors(pid))
+                peak[pid] = max(peak[pid], _descriptors(pid))
             write(f"held-{i}")
         # The preface-only connections past gRPC's share were closed as they came, and the
         # rest once the handshake timeout passed.
@@ -407,17 +408,17 @@ def test_a_descriptor_shortage_refuses_writes_only_while_it_lasts_and_ready_says
         limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         waiting = None
         try:
-            squeeze(pid, limit[1])
-            held = descriptors(pid)
+            _squeeze(pid, limit[1])
+            held = _descriptors(pid)
             staged = client.put("/cache/staged", content=b"s" * 64 * 1024)  # a staging file
             # Squeeze once the node closed that connection: else its descriptor, freed below
             # the limit after the squeeze, would end the shortage for real.
-            assert rawhttp.wait_until(lambda: descriptors(pid) < held)
-            squeeze(pid, limit[1])
+            assert rawhttp.wait_until(lambda: _descriptors(pid) < held)
+            _squeeze(pid, limit[1])
             # Only the staging open failed: on main the writer knew nothing and /ready said 200.
             ready_staged = probe.get("/ready")
             refused = probe.put("/cache/short", content=b"s")  # inline: the WAL's fsync
-            squeeze(pid, limit[1])
+            _squeeze(pid, limit[1])
             ready = probe.get("/ready")
             # A new client waits in the backlog: accepting it fails (once a second, not in a
             # storm of retries).
@@ -489,7 +490,7 @@ def test_a_descriptor_shortage_on_the_grpc_port_is_unavailable_like_http_not_int
         assert probe.get("/ready").status_code == 200
         limit = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         try:
-            squeeze(pid, limit[1])
+            _squeeze(pid, limit[1])
             with pytest.raises(grpc.RpcError) as refused:
                 client.write(client_blob_name(blob, upload=new_upload()), blob)
             _squeeze(pid, limit[1])
