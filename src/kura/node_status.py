@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kura import __version__
+from kura.storage.fsync import process_shortage
 
 if TYPE_CHECKING:
     from kura.app import Node
@@ -23,6 +24,7 @@ def node_status(node: Node, lookups: dict[str, dict[str, int]]) -> dict[str, Any
     peer), with ``lookups`` (``KuraMetrics.lookups_by_protocol``) as its hits and misses. Event
     loop thread only: it reads state the loop mutates."""
     peers = _peers(node)
+    process_shortage.refresh()  # this moment's descriptor reading (storage.fsync)
     reasons = node.readiness_reasons()
     bootstrap = _bootstrap(node)
     return {

@@ -298,8 +298,7 @@ def test_a_worker_short_of_descriptors_answers_ready_503_itself(
 
         try:
             squeeze(worker, limit[1])
-            # The reading is at most SHORTAGE_READING_SECONDS old (storage.fsync).
-            short = rawhttp.wait_until(lambda: ready(503), 5)
+            short = ready(503)
         finally:
             resource.prlimit(worker, resource.RLIMIT_NOFILE, limit)
         assert short, answers[-1]

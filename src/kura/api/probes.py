@@ -57,6 +57,7 @@ async def up(request: web.Request) -> web.StreamResponse:
 
 @endpoint(PROTOCOL, None)
 async def ready(request: web.Request) -> web.StreamResponse:
+    process_shortage.refresh()  # this moment's, not the last 100 ms's (storage.fsync)
     return _readiness(request.app[READINESS_KEY](), request.app[WARNINGS_KEY]())
 
 
@@ -77,7 +78,7 @@ def worker_ready(forward: Handler) -> Handler:
     counted there, not here)."""
 
     async def ready(request: web.Request) -> web.StreamResponse:
-        if process_shortage() is None:
+        if process_shortage.refresh() is None:
             return await forward(request)
         return await _short_here(request)
 

@@ -68,7 +68,9 @@ class ShortageReading:
     ``now`` (seconds, monotonic), the last reading answered in between: ``/ready``, ``/status``
     and the read-through decision made at each local miss ask for it many times a second, and
     each reading opens and closes ``os.devnull``. Still a reading, not a latch: a shortage that
-    passed is reported at most that long after. ``probes`` counts the readings taken."""
+    passed is reported at most that long after, except by ``refresh``, which takes one now
+    (``/ready`` and ``/status`` do: a probe must see the shortage of this very moment).
+    ``probes`` counts the readings taken."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self._now = now
@@ -79,8 +81,13 @@ class ShortageReading:
     def __call__(self) -> OSError | None:
         now = self._now()
         if self._at is None or now - self._at >= SHORTAGE_READING_SECONDS or now < self._at:
-            self._last, self._at = descriptor_shortage(), now
-            self.probes += 1
+            return self.refresh()
+        return self._last
+
+    def refresh(self) -> OSError | None:
+        """Take a reading now, kept for the calls that follow."""
+        self._last, self._at = descriptor_shortage(), self._now()
+        self.probes += 1
         return self._last
 
 
