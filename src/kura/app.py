@@ -238,7 +238,7 @@ class Node:
             self.membership,
             self.clock,
             settings.peer_forget_after_seconds,
-            self.shipper.wake,
+            lambda peer: self.peer_client.ask_to_pull(peer, self.node_url),
         )
         self.anti_entropy = AntiEntropy(
             service=self.service,
@@ -478,6 +478,7 @@ class Node:
         )
         app[internal.NODE_URL_KEY] = lambda: self.node_url
         app[changes.FEED_READ_KEY] = self.catch_up.feed_read
+        app[changes.PULL_KEY] = self.bootstrapper.pull_now
         app.add_routes(
             expect.guarded(
                 internal.routes() + internal_batch.routes() + anti_entropy_routes.routes(),

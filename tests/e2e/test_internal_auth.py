@@ -137,6 +137,7 @@ def internal_requests(forged_version_ms: int) -> list[tuple[str, str, dict[str, 
         ),
         ("GET", "/_internal/anti_entropy/digests?prefix=&depth=2", {}, b""),
         ("GET", f"/_internal/anti_entropy/range?prefix={aid[:2]}", {}, b""),
+        ("POST", "/_internal/changes/pull", {"Kura-Node": "http://127.0.0.1:1"}, b""),
     ]
     return requests
 

@@ -11,6 +11,11 @@ from another history (a restored backup), which the puller treats like another e
 ``since`` is required, an integer >= 0; ``limit`` 1..``PAGE_LIMIT_MAX`` (default
 ``PAGE_LIMIT_DEFAULT``): anything else is 400 with a message. A requester naming itself in
 ``Kura-Node`` is reported to ``FEED_READ_KEY``'s callback (the catch-up marks, ``mesh.catch_up``).
+
+``POST /_internal/changes/pull`` with ``Kura-Node: <peer URL>``: that peer marked this node to be
+caught up and asks it to pull the peer's feed now (``PULL_KEY``'s callback starts the pass,
+``mesh.bootstrap``). 204; 404 when the named node is not one of this node's peers; 400 without
+``Kura-Node``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from aiohttp import web
 
 from kura.api.http import ctx, endpoint
 from kura.api.query import query_int
+from kura.core.errors import InvalidRequest, NotFound
 from kura.mesh.wire import NODE_HEADER, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX
 from kura.storage.outbox import ChangesPage
 
@@ -28,6 +34,8 @@ PROTOCOL = "internal"
 # Called with the requester's URL before the page is read; what it returns, after.
 FeedRead = Callable[[str], Callable[[int, ChangesPage], Awaitable[None]]]
 FEED_READ_KEY: web.AppKey[FeedRead] = web.AppKey("kura_feed_read")
+# Called with the asking peer's URL; False when it is not a peer this node pulls from.
+PULL_KEY: web.AppKey[Callable[[str], bool]] = web.AppKey("kura_pull")
 
 
 @endpoint(PROTOCOL, None)
@@ -52,5 +60,16 @@ async def changes(request: web.Request) -> web.StreamResponse:
     )
 
 
+@endpoint(PROTOCOL, None)
+async def pull(request: web.Request) -> web.StreamResponse:
+    peer = request.headers.get(NODE_HEADER, "")
+    if not peer:
+        raise InvalidRequest(f"{NODE_HEADER} must name the node whose feed to pull")
+    pull_now = request.app.get(PULL_KEY)
+    if pull_now is None or not pull_now(peer):
+        raise NotFound(f"{peer} is not a peer this node pulls from")
+    return web.Response(status=204)
+
+
 def routes() -> list[web.RouteDef]:
-    return [web.get("/_internal/changes", changes)]
+    return [web.get("/_internal/changes", changes), web.post("/_internal/changes/pull", pull)]

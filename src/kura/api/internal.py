@@ -23,7 +23,8 @@ now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason
   when unknown or evicted. Paced by ``KURA_REPLICATION_BANDWIDTH_LIMIT_BYTES_PER_SECOND`` and
   the node's peer pace (``kura.mesh.peer_pace``), except with ``Kura-Read-Through: 1`` (a
   read-through fetch: a client waits on it).
-* ``GET /_internal/changes?since=&limit=`` — the change feed (``kura.api.changes``).
+* ``GET /_internal/changes?since=&limit=`` — the change feed, and ``POST /_internal/changes/pull``
+  — a peer asks this node to pull its feed now (``kura.api.changes``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 outbox and delivery families of the shipper (``kura_outbox_messages``,
 ``..._oldest_message_age_seconds``, ``kura_replication_requests_total``,
 ``..._dropped_total``), ``kura_read_through_total`` and ``kura_bootstrap_*``.
-``catch_up_collector``: what catch-up dropped and re-offered per peer (``kura_outbox_*``);
+``catch_up_collector``: what catch-up dropped and caught up per peer (``kura_outbox_*``);
 ``peer_metadata_collector``: the pulling side's metadata cost (``kura_peer_metadata_*``).
 Peers are labelled by ``mesh.wire.peer_label``, never by raw URL.
 """
@@ -170,18 +170,19 @@ class MeshCollector(Collector):
 
 
 def catch_up_collector(stats: CatchUpStats, queues: PeerQueueView) -> Scraped:
-    """Per peer: queues and messages dropped, messages skipped at the cap and re-offered,
-    catch-up passes; and the peers marked to be caught up (``mesh.catch_up``)."""
+    """Per peer: queues and messages dropped, messages skipped at the cap, catch-ups (the
+    peer pulled our feed); and the peers marked to be caught up (``mesh.catch_up``)."""
     return Scraped(
         counts(
             "kura_outbox_dropped_queues",
-            "Peer queues dropped because the peer was absent past KURA_PEER_FORGET_AFTER.",
+            "Peer queues dropped: the peer was absent past KURA_PEER_FORGET_AFTER or its queue "
+            "reached KURA_OUTBOX_MAX_DEPTH.",
             "peer",
             _by_peer_label(lambda: stats.dropped_queues_total),
         ),
         counts(
             "kura_outbox_dropped_messages",
-            "Outbox messages dropped with a forgotten peer's queue.",
+            "Outbox messages dropped with a peer's queue.",
             "peer",
             _by_peer_label(lambda: stats.dropped_messages_total),
         ),
@@ -190,12 +191,6 @@ def catch_up_collector(stats: CatchUpStats, queues: PeerQueueView) -> Scraped:
             "Messages not enqueued because the peer's queue was at KURA_OUTBOX_MAX_DEPTH.",
             "peer",
             _by_peer_label(lambda: queues.skipped_total),
-        ),
-        counts(
-            "kura_outbox_catch_up_messages",
-            "Messages re-offered to a returning peer that was marked to be caught up.",
-            "peer",
-            _by_peer_label(lambda: stats.reoffered_total),
         ),
         counts(
             "kura_outbox_catch_ups",

@@ -78,6 +78,7 @@ from kura.storage.ports import ReplicaSink
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.5
+POLLING = float("inf")  # next_poll_at while a changes poll runs
 # Artifact results that finish an artifact for good (the rest are retried by the next pass).
 DONE_RESULTS = frozenset(
     {"applied", "ignored_stale", "ignored_tombstone", "gone", "rejected_future"}
@@ -259,6 +260,15 @@ class Bootstrapper:
             state.phase = PeerPhase.PENDING
             state.backoff.reset()
 
+    def pull_now(self, peer: str) -> bool:
+        """``peer`` asks this node to pull its change feed (``mesh.catch_up``): a peer whose
+        pass is done is polled at the next tick (a pending pass pulls anyway). False when
+        ``peer`` is not a known peer or there is no feed pull."""
+        if self._cursors is None or peer not in self._peers():
+            return False
+        self._progress(peer).next_poll_at = 0.0
+        return True
+
     # -- loop ----------------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -277,6 +287,7 @@ class Bootstrapper:
                         continue
                     if state.phase is PeerPhase.DONE:
                         if self._cursors is not None and state.next_poll_at <= now:
+                            state.next_poll_at = POLLING  # until it ends (or pull_now)
                             self._running[peer] = asyncio.create_task(
                                 self._background_pass(state), name=f"changes poll {peer}"
                             )
@@ -377,7 +388,8 @@ class Bootstrapper:
             except Exception:
                 log.exception("changes poll of %s crashed", state.peer)
             finally:
-                state.next_poll_at = self._clock.monotonic() + self._poll_interval
+                if state.next_poll_at == POLLING:  # else pull_now asked for another one
+                    state.next_poll_at = self._clock.monotonic() + self._poll_interval
 
     def _failed(self, state: PeerProgress, error: str) -> None:
         state.phase = PeerPhase.FAILED

@@ -1,36 +1,33 @@
-"""The end of a peer's outbox queue, and the catch-up when the peer returns (issue 11,
-deliverable 1).
+"""The end of a peer's outbox queue, and the peer's catch-up by pulling this node's change feed
+(issue 11, deliverable 1; issue 27: one way to catch up).
 
 Rules, checked every ``interval_seconds``:
 
-* A peer (a replication target, a peer with queued messages or one marked) that membership has
-  not seen healthy for ``forget_after_seconds`` (``KURA_PEER_FORGET_AFTER``) loses its whole
-  queue in one writer-thread transaction and is marked, durably, to be caught up
-  (``PeerQueues.forget``): logged at WARNING, counted (``dropped_queues_total``,
-  ``dropped_messages_total``) and shown in ``/status``. While it stays absent, local writes are
-  not enqueued for it (``targets``): the mark covers them.
-* A peer whose queue reached ``KURA_OUTBOX_MAX_DEPTH`` is marked by the write path itself
-  (``PeerQueues.admit``); writes go on.
-* A marked peer seen healthy normally catches up by itself: it pulls this node's change feed
-  from its durable cursor (``mesh.incremental``, issue 11 deliverable 2). ``feed_read`` sees
-  those pulls (``GET /_internal/changes`` with ``Kura-Node``) and clears the mark once the
-  peer has pulled from a ``since`` at or below our head at the time we marked it (or, after a
-  full bootstrap, from the head it read when that began, or from the head of an earlier such
-  pull) through consecutive pages to our head: by the puller's cursor rule it then holds every
-  change up to that head. Every later write must reach it through the outbox, so a forgotten
-  peer must also be seen healthy by membership before and after the last page (until then
-  ``targets`` leaves it out), and no message may have been skipped at its cap during the pull.
-  Logged and counted (``catch_ups_total``), nothing re-offered.
-* Fallback, for a peer that does not pull within ``pull_grace_seconds`` (it does not list this
-  node as a peer, or is an older kura; or its queue only reached the cap, so it never went
-  away and has no reason to pull): this node re-offers, for that peer,
-  every tombstone and artifact it holds at or above the mark's ``since_ms``, in pages of at most
-  ``PAGE`` rows, each one short writer-thread transaction, and only while that peer's queue is
-  below half its cap, so a local write waits for one page at most and the peer's queue never
-  reaches the cap because of the catch-up. Then the mark is cleared (unless messages were
-  skipped meanwhile: then the pass runs again). Started and finished passes are logged and
-  counted (``reoffered_total``, ``catch_ups_total``). A restart mid-pass starts it again (the
-  mark is durable; re-offers are idempotent on the peer, last writer wins).
+* A peer (a replication target, a peer with queued messages or one marked) whose queue reached
+  ``KURA_OUTBOX_MAX_DEPTH`` (the write path then skips it and marks it ``overflow``:
+  ``PeerQueues.admit``), or that membership has not seen healthy for ``forget_after_seconds``
+  (``KURA_PEER_FORGET_AFTER``), loses its whole queue in one writer-thread transaction and is
+  marked, durably, to be caught up (``OutboxLog.forget_peer``): logged at WARNING, counted
+  (``dropped_queues_total``, ``dropped_messages_total``) and shown in ``/status``. While it is
+  not seen healthy, local writes are not enqueued for it (``targets``): the mark covers them.
+* A marked peer seen healthy is told to pull: ``POST /_internal/changes/pull`` naming this node
+  (``ask_to_pull``, ``kura.api.changes``) makes it pull our change feed from its durable cursor
+  now (``mesh.incremental``). A failed request is retried at the next check. A peer that was
+  down pulls when it returns anyway (its start-up pass, or the pass ``kura.app`` starts when it
+  sees this node healthy again), and every kura polls its peers' feeds
+  (``KURA_CHANGES_POLL_INTERVAL``).
+* ``feed_read`` sees those pulls (``GET /_internal/changes`` with ``Kura-Node``) and clears the
+  mark once the peer has pulled from a ``since`` at or below our head at the time we marked it
+  (or, after a full bootstrap, from the head it read when that began, or from the head of an
+  earlier such pull) through consecutive pages to our head: by the puller's cursor rule it then
+  holds every change up to that head. Every later write must reach it through the outbox, so a
+  forgotten peer must also be seen healthy by membership before and after the last page (until
+  then ``targets`` leaves it out), and no message may have been skipped at its cap during the
+  pull. Logged and counted (``catch_ups_total``).
+* A marked peer that has not pulled within ``pull_grace_seconds`` of being seen healthy (an
+  older kura without the pull route, or one that does not list this node as a peer) is logged
+  once at WARNING and left to anti-entropy (``mesh.anti_entropy``), the low-rate safety net,
+  and to read-through for misses. Nothing is re-offered through the outbox.
 
 Event-loop confined; every read and change of the queues and marks goes through the
 ``OutboxLog`` port (``storage.ports``), which runs it on the storage writer thread.
@@ -39,7 +36,6 @@ Event-loop confined; every read and change of the queues and marks goes through 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,17 +43,17 @@ from dataclasses import dataclass, field
 from kit.backoff import every
 from kit.clock import Clock
 from kura.core.object_layout import OUTBOX_TARGET
+from kura.mesh.client import PeerError
 from kura.mesh.membership import Membership
 from kura.storage.outbox import ChangesPage
 from kura.storage.ports import OutboxLog, PeerQueueView
 
 log = logging.getLogger(__name__)
 
-PAGE = 256
-DRAIN_POLL_SECONDS = 0.2
-# How long a returning marked peer has to pull our change feed before we re-offer instead. A
-# returning kura pulls at once (restart, or membership sees us healthy again).
+# How long a marked peer seen healthy has to pull our change feed before the WARNING that
+# leaves it to anti-entropy. A kura told to pull (or returning) pulls at once.
 PULL_GRACE_SECONDS = 30.0
+ASK_TIMEOUT_SECONDS = 2.0
 
 
 @dataclass
@@ -76,7 +72,6 @@ class CatchUpStats:
 
     dropped_queues_total: dict[str, int] = field(default_factory=dict)
     dropped_messages_total: dict[str, int] = field(default_factory=dict)
-    reoffered_total: dict[str, int] = field(default_factory=dict)
     catch_ups_total: dict[str, int] = field(default_factory=dict)
 
     @staticmethod
@@ -85,7 +80,8 @@ class CatchUpStats:
 
 
 class CatchUp:
-    """See module docstring. Run ``run()`` in the node's TaskGroup."""
+    """See module docstring. Run ``run()`` in the node's TaskGroup. ``ask_to_pull(peer)`` tells
+    ``peer`` to pull our change feed now (raises ``PeerError`` or ``TimeoutError``)."""
 
     def __init__(
         self,
@@ -93,7 +89,7 @@ class CatchUp:
         membership: Membership,
         clock: Clock,
         forget_after_seconds: float,
-        wake_shipper: Callable[[], None],
+        ask_to_pull: Callable[[str], Awaitable[None]],
         interval_seconds: float | None = None,
         pull_grace_seconds: float = PULL_GRACE_SECONDS,
     ) -> None:
@@ -102,15 +98,16 @@ class CatchUp:
         self._membership = membership
         self._clock = clock
         self.forget_after_seconds = forget_after_seconds
-        self._wake_shipper = wake_shipper
+        self._ask_to_pull = ask_to_pull
         self._interval = interval_seconds or max(0.5, min(5.0, forget_after_seconds / 4))
         # peer -> monotonic seconds since when it has not been seen healthy
         self._absent_since: dict[str, float] = {}
-        self._passes: dict[str, asyncio.Task[None]] = {}
         self.stats = CatchUpStats()
         self._pull_grace = pull_grace_seconds
         # peer -> monotonic seconds when this check first saw it healthy while marked
         self._returned_at: dict[str, float] = {}
+        self._asked: set[str] = set()  # told to pull since it was last seen healthy
+        self._warned: set[str] = set()  # left to anti-entropy (logged once per mark)
         # peer -> our head seq when we marked it (or first saw its mark), the full-walk head it
         # read, and its pull in progress (feed_read)
         self._seq_at_mark: dict[str, int] = {}
@@ -129,62 +126,80 @@ class CatchUp:
         ]
 
     def catching_up(self, peer: str) -> bool:
-        task = self._passes.get(peer)
-        return task is not None and not task.done()
+        """``peer`` is pulling our change feed (a page read, more to come)."""
+        return peer in self._pulls
 
     async def run(self) -> None:
-        """Forever: forget peers absent too long, catch up marked peers that are back."""
-        try:
-            await every(self.check_once, self._interval, what="outbox end-of-life check", log=log)
-        finally:
-            for task in self._passes.values():
-                task.cancel()
-            for task in self._passes.values():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        """Forever: drop the queues of peers at their cap or absent too long, tell marked
+        peers that are back to pull."""
+        await every(self.check_once, self._interval, what="outbox end-of-life check", log=log)
 
     async def check_once(self) -> None:
         healthy = set(self._membership.healthy_peers())
         now = self._clock.monotonic()
+        cap = self._queues.max_depth_per_peer
         marks = self._queues.marks
         for peer in sorted(set(self._membership.targets()) | set(self._queues.depths) | set(marks)):
             if peer == OUTBOX_TARGET:
                 continue  # the object tier's upload queue is never forgotten
+            depth = self._queues.depth(peer)
             if peer in healthy:
                 self._absent_since.pop(peer, None)
-                if peer not in marks:
+                if depth >= cap:
+                    await self._forget(peer, f"reached KURA_OUTBOX_MAX_DEPTH={cap}")
+                if peer in self._queues.marks:
+                    await self._ask(peer, now)
+                else:
                     self._returned_at.pop(peer, None)
-                    continue
-                returned = self._returned_at.setdefault(peer, now)
-                if now - returned < self._pull_grace:
-                    continue  # it pulls our change feed by itself (feed_read clears the mark)
-                if not self.catching_up(peer):
-                    self._passes[peer] = asyncio.create_task(
-                        self._catch_up(peer), name=f"catch up {peer}"
-                    )
                 continue
             self._returned_at.pop(peer, None)
-            since = self._absent_since.setdefault(peer, now)
+            self._asked.discard(peer)  # told again when it returns
+            absent = now - self._absent_since.setdefault(peer, now)
             mark = marks.get(peer)
             forgotten = mark is not None and mark.forgotten_at_ms is not None
-            if now - since < self.forget_after_seconds:
-                continue
-            if forgotten and self._queues.depth(peer) == 0:
-                continue
-            await self._forget(peer, now - since)
+            if depth >= cap:
+                await self._forget(peer, f"reached KURA_OUTBOX_MAX_DEPTH={cap}")
+            elif absent >= self.forget_after_seconds and not (forgotten and depth == 0):
+                why = f"absent for {absent:.0f}s (KURA_PEER_FORGET_AFTER={self.forget_after_seconds:.0f}s)"
+                await self._forget(peer, why)
 
-    async def _forget(self, peer: str, absent_seconds: float) -> None:
+    async def _forget(self, peer: str, why: str) -> None:
         dropped, self._seq_at_mark[peer] = await self._log.forget_peer(peer)
         self.stats.add(self.stats.dropped_queues_total, peer)
         self.stats.add(self.stats.dropped_messages_total, peer, dropped)
         log.warning(
-            "outbox: peer %s absent for %.0fs (KURA_PEER_FORGET_AFTER=%.0fs): dropped its queue "
-            "of %d messages; it is marked to be caught up when it returns",
+            "outbox: peer %s %s: dropped its queue of %d messages; it is marked to be caught up "
+            "by pulling our change feed",
             peer,
-            absent_seconds,
-            self.forget_after_seconds,
+            why,
             dropped,
         )
+
+    async def _ask(self, peer: str, now: float) -> None:
+        """``peer`` is marked and healthy: tell it to pull, or leave it to anti-entropy."""
+        returned = self._returned_at.setdefault(peer, now)
+        if peer in self._warned:
+            return
+        if now - returned >= self._pull_grace:
+            self._warned.add(peer)
+            log.warning(
+                "outbox: %s is marked to be caught up but has not pulled our change feed "
+                "%.0fs after it was seen healthy (an older kura, or one that does not list this "
+                "node as a peer): it is left to anti-entropy",
+                peer,
+                now - returned,
+            )
+            return
+        if peer in self._asked:
+            return
+        try:
+            async with asyncio.timeout(ASK_TIMEOUT_SECONDS):
+                await self._ask_to_pull(peer)
+        except (PeerError, TimeoutError) as exc:
+            log.info("outbox: could not tell %s to pull (retried next check): %s", peer, exc)
+            return
+        self._asked.add(peer)
+        log.info("outbox: told %s to pull our change feed", peer)
 
     def feed_read(self, peer: str) -> Callable[[int, ChangesPage], Awaitable[None]]:
         """``peer`` is about to read a page of our change feed (``kura.api.changes``); await
@@ -231,6 +246,8 @@ class CatchUp:
         if await self._log.clear_mark(peer, pull.skipped_at_start):
             self._seq_at_mark.pop(peer, None)
             self._full_walk_head.pop(peer, None)
+            self._warned.discard(peer)
+            self._asked.discard(peer)
             self.stats.add(self.stats.catch_ups_total, peer)
             log.info(
                 "outbox: %s caught up by pulling our change feed from %d to %d; mark cleared",
@@ -238,43 +255,3 @@ class CatchUp:
                 pull.first_since,
                 page.head_seq,
             )
-
-    async def _catch_up(self, peer: str) -> None:
-        try:
-            while (mark := self._queues.marks.get(peer)) is not None:
-                skipped = self._queues.skipped_total.get(peer, 0)
-                log.info(
-                    "outbox: catching up %s (marked %s): re-offering everything at or above "
-                    "version %d",
-                    peer,
-                    mark.reason,
-                    mark.since_ms,
-                )
-                sent = await self._reoffer(peer, mark.since_ms)
-                if sent is None:
-                    return  # the peer went away again; the next check starts over
-                if await self._log.clear_mark(peer, skipped):
-                    self.stats.add(self.stats.catch_ups_total, peer)
-                    log.info("outbox: caught up %s: %d messages re-offered", peer, sent)
-                    return
-        except Exception:
-            log.exception("outbox: catch-up of %s failed; the next check retries", peer)
-
-    async def _reoffer(self, peer: str, since_ms: int) -> int | None:
-        """One pass; the messages enqueued, or None if the peer stopped being healthy."""
-        sent = await self._log.reoffer_tombstones(peer, since_ms)
-        self.stats.add(self.stats.reoffered_total, peer, sent)
-        after = ""
-        half = max(1, self._queues.max_depth_per_peer // 2)
-        while True:
-            while self._queues.depth(peer) >= half:
-                if peer not in self._membership.healthy_peers():
-                    return None
-                await asyncio.sleep(DRAIN_POLL_SECONDS)
-            limit = min(PAGE, half - self._queues.depth(peer))
-            n, after = await self._log.reoffer_artifacts(peer, since_ms, after, limit)
-            sent += n
-            self.stats.add(self.stats.reoffered_total, peer, n)
-            self._wake_shipper()
-            if n < limit:
-                return sent

@@ -155,20 +155,40 @@ class PeerClient:
 
     async def push_tombstone(self, url: str, namespace_id: str, version_ms: int) -> None:
         params = {"namespace_id": namespace_id, "version_ms": str(version_ms)}
+        await self._send("DELETE", url, "/_internal/replicate/namespace", "delete", params=params)
+
+    async def ask_to_pull(self, url: str, node_url: str) -> None:
+        """Tell the peer to pull this node's change feed now (``POST /_internal/changes/pull``
+        naming this node in ``Kura-Node``; ``mesh.catch_up``). PeerError unless it answered
+        2xx: 404 from an older kura, or from one that does not list this node as a peer."""
+        headers = {NODE_HEADER: node_url}
+        await self._send("POST", url, "/_internal/changes/pull", "pull request", headers=headers)
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        path: str,
+        what: str,
+        *,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """A request without a body whose answer is only its status: PeerError unless 2xx."""
         try:
             async with asyncio.timeout(self._timeout):
-                async with self.session.delete(
-                    url + "/_internal/replicate/namespace", params=params
+                async with self.session.request(
+                    method, url + path, params=params, headers=headers
                 ) as resp:
                     text = await resp.text()
                     if resp.status // 100 != 2:
                         raise PeerError(
-                            f"{url}: delete answered {resp.status}: {text[:200]}",
+                            f"{url}: {what} answered {resp.status}: {text[:200]}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise PeerError(f"{url}: delete failed: {exc!r}") from exc
+            raise PeerError(f"{url}: {what} failed: {exc!r}") from exc
 
     async def manifests_page(
         self, url: str, after: str | None, limit: int, timeout_seconds: float = 30.0

@@ -41,7 +41,7 @@ class OutboxMessage:
 class CatchUpMark:
     """One peer marked to be caught up (``storage.peer_queue``). Times are Unix milliseconds;
     ``reason`` is ``"overflow"`` or ``"absent"``; ``forgotten_at_ms`` is None unless its queue
-    was dropped for absence."""
+    was dropped (absent too long, or at its cap: ``mesh.catch_up``)."""
 
     peer: str
     reason: str

@@ -10,13 +10,11 @@ restart:
 * ``since_ms``: every artifact and tombstone at or above this version may be missing on the
   peer (the oldest message dropped or never enqueued; a version is never below the wall-clock
   time of its write, ``core.version``).
-* ``forgotten_at_ms``: when its queue was dropped for absence (None: only the cap was reached).
+* ``forgotten_at_ms``: when its queue was dropped (``forget``; None: not dropped yet).
 
-The interim catch-up rule (until incremental catch-up and anti-entropy replace it) re-offers,
-for the marked peer, every artifact and tombstone this node holds at or above ``since_ms``, in
-pages (``enqueue_artifacts``), and clears the mark only if nothing was skipped for that peer
-while it ran (``clear``). Re-offered copies the peer already has cost a request each and are
-ignored there (last writer wins).
+A marked peer is caught up by pulling this node's change feed, which clears the mark
+(``clear``, refused if anything was skipped for that peer while it pulled); ``kura.mesh.catch_up``
+holds the rules. A peer whose queue reached the cap also loses it (``forget``), from there.
 
 Every method that changes rows or counters runs on the storage writer thread (the caller passes
 that thread's connection), like every other change of ``StorageStats.outbox_depth``, which stays
@@ -32,7 +30,7 @@ from typing import Protocol
 
 from kura.core.errors import ResourceExhausted
 from kura.core.object_layout import OUTBOX_TARGET
-from kura.storage.outbox import DELETE_NAMESPACE, UPSERT, CatchUpMark
+from kura.storage.outbox import CatchUpMark
 from kura.storage.schema import write_transaction
 
 SCHEMA = """
@@ -50,7 +48,7 @@ CREATE TABLE IF NOT EXISTS catch_up (
 OVERFLOW = "overflow"
 ABSENT = "absent"
 # A message skipped at the cap was for a write whose version was issued a moment before the
-# check; re-offering from a second earlier covers it (and costs a few duplicate offers).
+# check; ``since_ms`` a second earlier covers it.
 SINCE_MARGIN_MS = 1000
 
 
@@ -168,8 +166,9 @@ class PeerQueues:
     # -- end of life and catch-up --------------------------------------------------------------
 
     def forget(self, conn: sqlite3.Connection, peer: str, now_ms: int) -> int:
-        """Writer thread: drop ``peer``'s whole queue and mark it ``absent``, in one
-        transaction. Returns the messages dropped (0 if its queue was empty)."""
+        """Writer thread: drop ``peer``'s whole queue and mark it forgotten, in one transaction
+        (reason: the one it was first marked for, else ``overflow`` for a queue at the cap,
+        else ``absent``). Returns the messages dropped (0 if its queue was empty)."""
         with write_transaction(conn):
             n, lowest = conn.execute(
                 "SELECT COUNT(*), MIN(version_ms) FROM outbox WHERE peer = ?", (peer,)
@@ -183,7 +182,7 @@ class PeerQueues:
             )
             mark = CatchUpMark(
                 peer,
-                ABSENT,
+                old.reason if old else OVERFLOW if n >= self.max_depth_per_peer else ABSENT,
                 now_ms if old is None else old.marked_at_ms,
                 since,
                 now_ms,
@@ -193,42 +192,6 @@ class PeerQueues:
         self.depths = {**self.depths, peer: 0}
         self._gauge().outbox_depth -= int(n)
         return int(n)
-
-    def enqueue_tombstones(
-        self, conn: sqlite3.Connection, peer: str, since_ms: int, now_ms: int
-    ) -> int:
-        """Writer thread: enqueue for ``peer`` every namespace tombstone at or above
-        ``since_ms`` (few: one per cleaned namespace), in one transaction. Returns how many."""
-        rows = conn.execute(
-            "SELECT namespace_id, version_ms FROM tombstones WHERE version_ms >= ?", (since_ms,)
-        ).fetchall()
-        self._insert(
-            conn, [(peer, DELETE_NAMESPACE, "", str(r[0]), int(r[1]), now_ms) for r in rows]
-        )
-        self.enqueued([peer], len(rows))
-        return len(rows)
-
-    def enqueue_artifacts(
-        self,
-        conn: sqlite3.Connection,
-        peer: str,
-        since_ms: int,
-        after: str,
-        limit: int,
-        now_ms: int,
-    ) -> tuple[int, str]:
-        """Writer thread: enqueue for ``peer`` the next ``limit`` artifacts (artifact_id order,
-        strictly after ``after``; ``""`` starts at the first) whose version is at or above
-        ``since_ms``, in one transaction. Returns (how many, the last artifact_id or ``after``).
-        Fewer than ``limit`` means the pass is complete."""
-        rows = conn.execute(
-            "SELECT artifact_id, version_ms FROM artifacts WHERE artifact_id > ? "
-            "AND version_ms >= ? ORDER BY artifact_id LIMIT ?",
-            (after, since_ms, limit),
-        ).fetchall()
-        self._insert(conn, [(peer, UPSERT, str(r[0]), "", int(r[1]), now_ms) for r in rows])
-        self.enqueued([peer], len(rows))
-        return len(rows), (str(rows[-1][0]) if rows else after)
 
     def clear(self, conn: sqlite3.Connection, peer: str, skipped_at_start: int) -> bool:
         """Writer thread: remove ``peer``'s mark, unless messages were skipped for it since the
@@ -255,15 +218,3 @@ class PeerQueues:
             ),
         )
         self.marks = {**self.marks, mark.peer: mark}
-
-    def _insert(
-        self, conn: sqlite3.Connection, rows: list[tuple[str, str, str, str, int, int]]
-    ) -> None:
-        if not rows:
-            return
-        with write_transaction(conn):
-            conn.executemany(
-                "INSERT INTO outbox (peer, kind, artifact_id, namespace_id, version_ms, "
-                "enqueued_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
-                rows,
-            )

@@ -16,7 +16,7 @@ them), satisfied structurally:
   tombstones, a peer's copy of an artifact, and the node's ``ChangeLog``.
 * ``OutboxLog`` (with ``PeerQueueView``): what the shipper, catch-up and the object tier do with
   replication's outbox: each peer's queue (batches, acknowledgements, depths) and catch-up mark
-  (forget, re-offer, clear).
+  (forget, clear).
 * ``ChangeLog``: what the change-feed pull, anti-entropy and the internal routes read and
   record: this node's change feed, the cursors into peers' feeds and the range digests.
 
@@ -354,23 +354,9 @@ class OutboxLog(Protocol):
         ...
 
     async def forget_peer(self, peer: str) -> tuple[int, int]:
-        """Drop ``peer``'s whole queue and mark it absent, in one transaction (it was away for
-        ``KURA_PEER_FORGET_AFTER``). Returns (messages dropped, this node's change feed head
-        right after)."""
-        ...
-
-    async def reoffer_tombstones(self, peer: str, since_ms: int) -> int:
-        """Enqueue for ``peer`` every namespace tombstone at or above version ``since_ms``, in
-        one transaction; how many."""
-        ...
-
-    async def reoffer_artifacts(
-        self, peer: str, since_ms: int, after: str, limit: int
-    ) -> tuple[int, str]:
-        """Enqueue for ``peer`` the next ``limit`` artifacts (artifact_id order, strictly
-        after ``after``; ``""``: from the first) at or above version ``since_ms``, in one
-        transaction. Returns (how many, the last artifact_id or ``after``); fewer than
-        ``limit``: the pass is complete."""
+        """Drop ``peer``'s whole queue and mark it forgotten, in one transaction (it was away
+        for ``KURA_PEER_FORGET_AFTER``, or its queue reached ``KURA_OUTBOX_MAX_DEPTH``).
+        Returns (messages dropped, this node's change feed head right after)."""
         ...
 
     async def clear_mark(self, peer: str, skipped_at_start: int) -> bool:
