@@ -35,10 +35,11 @@ This is the fix for the stall in docs/reference/kura-behaviour.md §0, built rig
   readiness that could wait forever); it is named in ``/ready``, in
   ``kura_bootstrap_peer_abandoned`` and in the log, and it is still retried in the background.
   A peer that joins later re-opens bootstrap for that peer.
-* **Incremental passes.** With a ``CursorPass`` (``mesh.incremental``), a pass against a peer
-  this node holds a durable cursor for pulls only the peer's changes since it
-  (``apply_changes``, the same download path); without a cursor it runs the full walk above
-  and then stores the peer's head as the cursor. Readiness is gated the same way in both modes.
+* **One pass, a start cursor.** Every pass is a ``CursorPass`` (``mesh.incremental``): against
+  a peer this node holds a durable cursor for, it pulls only the peer's changes since it
+  (``apply_changes``, the same download path); without one it runs the full walk above, then
+  pulls the feed from the head it read first. Readiness is gated the same way in both modes.
+  Why the full walk is not a pull of the feed from 0: ``docs/architecture.md``.
   Once a peer's pass is done, a background pass every ``poll_interval_seconds``
   (``KURA_CHANGES_POLL_INTERVAL``) moves the cursor past what arrived through the outbox
   meanwhile, so a restart pulls what changed since the last poll, not since the last restart.
@@ -162,7 +163,7 @@ class Bootstrapper:
         stall_timeout_seconds: float,
         disk_limit_bytes: int | None = None,
         rest_served_by: str = "the rest is served by read-through",
-        cursors: CursorPass | None = None,
+        cursors: CursorPass,
         poll_interval_seconds: float = 30.0,
     ) -> None:
         self._service = service
@@ -263,8 +264,8 @@ class Bootstrapper:
     def pull_now(self, peer: str) -> bool:
         """``peer`` asks this node to pull its change feed (``mesh.catch_up``): a peer whose
         pass is done is polled at the next tick (a pending pass pulls anyway). False when
-        ``peer`` is not a known peer or there is no feed pull."""
-        if self._cursors is None or peer not in self._peers():
+        ``peer`` is not a known peer."""
+        if peer not in self._peers():
             return False
         self._progress(peer).next_poll_at = 0.0
         return True
@@ -286,7 +287,7 @@ class Bootstrapper:
                     if task is not None and not task.done():
                         continue
                     if state.phase is PeerPhase.DONE:
-                        if self._cursors is not None and state.next_poll_at <= now:
+                        if state.next_poll_at <= now:
                             state.next_poll_at = POLLING  # until it ends (or pull_now)
                             self._running[peer] = asyncio.create_task(
                                 self._background_pass(state), name=f"changes poll {peer}"
@@ -423,12 +424,9 @@ class Bootstrapper:
         self._gate.join(state.peer)
         try:
             async with watchdog:
-                if self._cursors is None:
-                    await self.full_pass(state, progressed)
-                else:
-                    await self._cursors.run(
-                        state, progressed, self.full_pass, self.apply_changes, background=background
-                    )
+                await self._cursors.run(
+                    state, progressed, self.full_pass, self.apply_changes, background=background
+                )
         finally:
             self._gate.leave(state.peer)
 
