@@ -478,7 +478,8 @@ class Node:
         )
         app[internal.NODE_URL_KEY] = lambda: self.node_url
         app[changes.FEED_READ_KEY] = self.catch_up.feed_read
-        app[changes.PULL_KEY] = self.bootstrapper.pull_now
+        if self.object_tier is None:  # with the tier no pass runs: a pull request is a 404
+            app[changes.PULL_KEY] = self.bootstrapper.pull_now
         app.add_routes(
             expect.guarded(
                 internal.routes() + internal_batch.routes() + anti_entropy_routes.routes(),

@@ -25,7 +25,8 @@ Rules, checked every ``interval_seconds``:
   then ``targets`` leaves it out), and no message may have been skipped at its cap during the
   pull. Logged and counted (``catch_ups_total``).
 * A marked peer that has not pulled within ``pull_grace_seconds`` of being seen healthy (an
-  older kura without the pull route, or one that does not list this node as a peer) is logged
+  older kura without the pull route, one that does not list this node as a peer, or one with
+  the object-storage tier, where no pass runs and the route answers 404) is logged
   once at WARNING and left to anti-entropy (``mesh.anti_entropy``), the low-rate safety net,
   and to read-through for misses. Nothing is re-offered through the outbox.
 
