@@ -6,16 +6,21 @@ connection lent by storage."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from kit.clock import SystemClock
+from kit.clock import ManualClock, SystemClock
+from kura.mesh.catch_up import CatchUp
+from kura.mesh.client import PeerClient
+from kura.mesh.membership import Membership, Peer
 from kura.storage.budget import TmpBudget
 from kura.storage.ports import ChangeLog, OutboxLog
 from kura.storage.replica_log import IndexReplicaLog
 from kura.storage.service import ArtifactRef, CacheService
+from tests.conftest import NodeProcess
 
 MiB = 1024 * 1024
 PEERS = ("http://127.0.0.1:1", "http://127.0.0.1:2")
@@ -101,3 +106,53 @@ async def test_the_mesh_ships_pulls_compares_and_catches_up_through_the_replica_
     assert not await log.clear_mark(second, skipped - 1)  # skipped meanwhile: not cleared
     assert await log.clear_mark(second, skipped)
     assert second not in log.queues.marks
+
+
+@pytest.mark.in_process
+async def test_a_marked_peer_that_will_not_pull_is_told_then_warned_about_once(
+    service: CacheService, start_node: Callable[..., NodeProcess], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27 item 3, on virtual time: a marked peer seen healthy is told to pull; a real
+    node that does not list this one answers 404, and after the grace this node logs one
+    WARNING and leaves it to anti-entropy (nothing is re-offered)."""
+    peer = start_node("peer").internal_url
+    client = PeerClient("t", None)
+    await client.start()
+    try:
+        membership = Membership(
+            self_url=lambda: "http://127.0.0.1:9",
+            tenant_id="t",
+            seeds=(),
+            dns_name=None,
+            client=client,
+            clock=ManualClock(),
+            interval_seconds=1,
+            settle_seconds=0,
+            initial_timeout_seconds=0,
+            tls=False,
+        )
+        membership.peers[peer] = Peer(peer, healthy=True)
+        clock = ManualClock()
+        catch_up = CatchUp(
+            service.replica_log,
+            membership,
+            clock,
+            forget_after_seconds=3600,
+            ask_to_pull=lambda p: client.ask_to_pull(p, "http://127.0.0.1:9"),
+            pull_grace_seconds=30,
+        )
+        await service.replica_log.forget_peer(peer)  # marked
+        with caplog.at_level(logging.INFO, logger="kura.mesh.catch_up"):
+            await catch_up.check_once()
+            assert f"could not tell {peer} to pull" in caplog.text
+            assert "is not a peer this node pulls from" in caplog.text  # the peer's 404
+            clock.advance(31)
+            for _ in range(3):
+                await catch_up.check_once()
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert "left to anti-entropy" in warnings[0].getMessage()
+        assert peer in service.replica_log.queues.marks  # still marked: nothing re-offered
+        assert service.replica_log.queues.depth(peer) == 0
+    finally:
+        await client.close()
