@@ -234,6 +234,9 @@ class CatchUp:
             pull.next_since = page.next_since
             self._pulls[peer] = pull
             return
+        # It pulls: if the mark stays, it is told again and its grace starts over.
+        self._asked.discard(peer)
+        self._returned_at.pop(peer, None)
         if mark.forgotten_at_ms is not None and not (
             healthy_before and peer in self._membership.healthy_peers()
         ):
@@ -248,7 +251,6 @@ class CatchUp:
             self._seq_at_mark.pop(peer, None)
             self._full_walk_head.pop(peer, None)
             self._warned.discard(peer)
-            self._asked.discard(peer)
             self.stats.add(self.stats.catch_ups_total, peer)
             log.info(
                 "outbox: %s caught up by pulling our change feed from %d to %d; mark cleared",
