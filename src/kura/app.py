@@ -239,6 +239,8 @@ class Node:
             self.clock,
             settings.peer_forget_after_seconds,
             lambda peer: self.peer_client.ask_to_pull(peer, self.node_url),
+            object_tier=bool(settings.object_store_url),
+            wake_shipper=self.shipper.wake,
         )
         self.anti_entropy = AntiEntropy(
             service=self.service,

@@ -27,7 +27,7 @@ from kura.core.object_layout import namespace_prefix
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess
-from tests.e2e.mesh import free_port, wait_for
+from tests.e2e.mesh import free_port, status, wait_for
 from tests.objectstore.conftest import TierNode, get, put, start_failure, tier_metric
 from tests.objectstore.faultproxy import FaultProxy
 
@@ -139,6 +139,49 @@ def test_peers_sharing_a_bucket_copy_no_bodies_and_carry_cleans(tier_node: TierN
     assert bucket_keys_of(a) == []
     assert replicated == 0
     assert tier_metric(b, applied, source="replication_tombstone", outcome="applied") == 1
+
+
+def test_a_peer_forgotten_while_a_namespace_was_cleaned_gets_the_clean_when_it_returns(
+    tier_node: TierNode,
+) -> None:
+    """B holds an artifact on its disk and is down while A forgets it
+    (``KURA_PEER_FORGET_AFTER=1s``) and cleans the namespace: nothing is queued or in flight
+    for B. No pull and no anti-entropy run with the tier, so once B is back A re-offers it the
+    tombstones since its mark: B answers 404 within seconds and A's mark is cleared. Without
+    the re-offer B serves the cleaned artifact from its disk forever."""
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    common = {
+        "prefix": "forget",
+        "peers": ",".join(urls),
+        "peer_forget_after": "1s",
+        "discovery_settle_ms": 0,
+        "discovery_interval_ms": 500,
+        "read_through": "never",  # B answers from its disk and the bucket only
+    }
+    a = tier_node("a", internal_port=ports[0], node_url=urls[0], **common)
+    b = tier_node("b", internal_port=ports[1], node_url=urls[1], **common)
+    assert wait_for(lambda: httpx.get(b.url + "/ready").status_code == 200, 60)
+    assert put(a, "cleaned", b"held by b " * 100) in (200, 201)
+    assert wait_for(lambda: drained(a), 30)
+    assert get(b, "cleaned").status_code == 200  # filled from the bucket onto B's disk
+    assert b.stop() == 0
+    assert wait_for(lambda: peer_of(a, urls[1])["forgotten_at"] is not None, 30), a.log()
+    r = httpx.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
+    assert r.status_code == 204
+    assert bucket_keys_of(a) == []
+    assert peer_of(a, urls[1])["outbox_messages"] == 0  # the clean was not queued for B
+    b = tier_node("b", internal_port=ports[1], node_url=urls[1], **common)  # same disk
+    assert wait_for(lambda: get(b, "cleaned").status_code == 404, 20), b.log()[-2000:]
+    assert wait_for(lambda: peer_of(a, urls[1])["needs_catch_up"] is False, 20), a.log()
+    assert f"{urls[1]} caught up by re-offering 1 namespace tombstones" in a.log()
+
+
+def peer_of(node: NodeProcess, url: str) -> dict[str, object]:
+    """``node``'s ``/status`` row for its peer ``url``."""
+    peers = status(node)["peers"]
+    assert isinstance(peers, list)
+    return next(p for p in peers if p["node_url"] == url)
 
 
 def bucket_keys_of(node: NodeProcess) -> list[str]:

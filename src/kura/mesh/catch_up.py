@@ -25,10 +25,17 @@ Rules, checked every ``interval_seconds``:
   then ``targets`` leaves it out), and no message may have been skipped at its cap during the
   pull. Logged and counted (``catch_ups_total``).
 * A marked peer that has not pulled within ``pull_grace_seconds`` of being seen healthy (an
-  older kura without the pull route, one that does not list this node as a peer, or one with
-  the object-storage tier, where no pass runs and the route answers 404) is logged
+  older kura without the pull route, or one that does not list this node as a peer) is logged
   once at WARNING and left to anti-entropy (``mesh.anti_entropy``), the low-rate safety net,
-  and to read-through for misses. Nothing is re-offered through the outbox.
+  and to read-through for misses.
+* With the object-storage tier (``object_tier``) the one case that stays a push: no feed pass
+  and no anti-entropy run there (the pull route answers 404) and the outbox carries only
+  cleans (bodies are in the bucket), so a marked peer seen healthy is not told to pull but
+  re-offered, through its queue, every namespace tombstone at or above its mark's ``since_ms``
+  (``OutboxLog.reoffer_tombstones``; few, one per cleaned namespace, applied idempotently),
+  and its mark is cleared if it is still healthy and nothing was skipped for it meanwhile
+  (else the next check re-offers again). Without it, a clean it missed would never reach it
+  and it would keep serving the cleaned namespace from its disk.
 
 Event-loop confined; every read and change of the queues and marks goes through the
 ``OutboxLog`` port (``storage.ports``), which runs it on the storage writer thread.
@@ -82,7 +89,9 @@ class CatchUpStats:
 
 class CatchUp:
     """See module docstring. Run ``run()`` in the node's TaskGroup. ``ask_to_pull(peer)`` tells
-    ``peer`` to pull our change feed now (raises ``PeerError`` or ``TimeoutError``)."""
+    ``peer`` to pull our change feed now (raises ``PeerError`` or ``TimeoutError``).
+    ``object_tier``: this node shares a bucket, so marked peers are re-offered tombstones
+    instead, and ``wake_shipper()`` is called after each re-offer."""
 
     def __init__(
         self,
@@ -93,7 +102,12 @@ class CatchUp:
         ask_to_pull: Callable[[str], Awaitable[None]],
         interval_seconds: float | None = None,
         pull_grace_seconds: float = PULL_GRACE_SECONDS,
+        *,
+        object_tier: bool = False,
+        wake_shipper: Callable[[], None] = lambda: None,
     ) -> None:
+        self._object_tier = object_tier
+        self._wake_shipper = wake_shipper
         self._log = replica_log
         self._queues: PeerQueueView = replica_log.queues
         self._membership = membership
@@ -148,7 +162,9 @@ class CatchUp:
                 self._absent_since.pop(peer, None)
                 if depth >= cap:
                     await self._forget(peer, f"reached KURA_OUTBOX_MAX_DEPTH={cap}")
-                if peer in self._queues.marks:
+                if peer in self._queues.marks and self._object_tier:
+                    await self._reoffer_tombstones(peer)
+                elif peer in self._queues.marks:
                     await self._ask(peer, now)
                 else:
                     self._returned_at.pop(peer, None)
@@ -175,6 +191,27 @@ class CatchUp:
             why,
             dropped,
         )
+
+    async def _reoffer_tombstones(self, peer: str) -> None:
+        """Object-storage tier: ``peer`` is marked and healthy; re-offer it the tombstones
+        since its mark, then clear the mark (module docstring)."""
+        since_ms = self._queues.marks[peer].since_ms
+        skipped = self._queues.skipped_total.get(peer, 0)
+        sent = await self._log.reoffer_tombstones(peer, since_ms)
+        self._wake_shipper()
+        if peer not in self._membership.healthy_peers():
+            return  # a clean in between may have left it out: re-offered when it returns
+        if await self._log.clear_mark(peer, skipped):
+            self._seq_at_mark.pop(peer, None)
+            self._full_walk_head.pop(peer, None)
+            self.stats.add(self.stats.catch_ups_total, peer)
+            log.info(
+                "outbox: %s caught up by re-offering %d namespace tombstones at or above "
+                "version %d (object-storage tier); mark cleared",
+                peer,
+                sent,
+                since_ms,
+            )
 
     async def _ask(self, peer: str, now: float) -> None:
         """``peer`` is marked and healthy: tell it to pull, or leave it to anti-entropy."""

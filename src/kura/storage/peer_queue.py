@@ -14,7 +14,9 @@ restart:
 
 A marked peer is caught up by pulling this node's change feed, which clears the mark
 (``clear``, refused if anything was skipped for that peer while it pulled); ``kura.mesh.catch_up``
-holds the rules. A peer whose queue reached the cap also loses it (``forget``), from there.
+holds the rules. A peer whose queue reached the cap also loses it (``forget``), from there. With
+the object-storage tier, where no pull runs, the tombstones at or above ``since_ms`` are
+re-offered through its queue instead (``enqueue_tombstones``).
 
 Every method that changes rows or counters runs on the storage writer thread (the caller passes
 that thread's connection), like every other change of ``StorageStats.outbox_depth``, which stays
@@ -30,7 +32,7 @@ from typing import Protocol
 
 from kura.core.errors import ResourceExhausted
 from kura.core.object_layout import OUTBOX_TARGET
-from kura.storage.outbox import CatchUpMark
+from kura.storage.outbox import DELETE_NAMESPACE, CatchUpMark
 from kura.storage.schema import write_transaction
 
 SCHEMA = """
@@ -192,6 +194,24 @@ class PeerQueues:
         self.depths = {**self.depths, peer: 0}
         self._gauge().outbox_depth -= int(n)
         return int(n)
+
+    def enqueue_tombstones(
+        self, conn: sqlite3.Connection, peer: str, since_ms: int, now_ms: int
+    ) -> int:
+        """Writer thread: enqueue for ``peer`` every namespace tombstone at or above
+        ``since_ms`` (few: one per cleaned namespace), in one transaction. Returns how many."""
+        with write_transaction(conn):
+            rows = conn.execute(
+                "SELECT namespace_id, version_ms FROM tombstones WHERE version_ms >= ?",
+                (since_ms,),
+            ).fetchall()
+            conn.executemany(
+                "INSERT INTO outbox (peer, kind, namespace_id, version_ms, enqueued_at_ms) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(peer, DELETE_NAMESPACE, str(r[0]), int(r[1]), now_ms) for r in rows],
+            )
+        self.enqueued([peer], len(rows))
+        return len(rows)
 
     def clear(self, conn: sqlite3.Connection, peer: str, skipped_at_start: int) -> bool:
         """Writer thread: remove ``peer``'s mark, unless messages were skipped for it since the

@@ -16,7 +16,7 @@ them), satisfied structurally:
   tombstones, a peer's copy of an artifact, and the node's ``ChangeLog``.
 * ``OutboxLog`` (with ``PeerQueueView``): what the shipper, catch-up and the object tier do with
   replication's outbox: each peer's queue (batches, acknowledgements, depths) and catch-up mark
-  (forget, clear).
+  (forget, re-offer tombstones, clear).
 * ``ChangeLog``: what the change-feed pull, anti-entropy and the internal routes read and
   record: this node's change feed, the cursors into peers' feeds and the range digests.
 
@@ -357,6 +357,11 @@ class OutboxLog(Protocol):
         """Drop ``peer``'s whole queue and mark it forgotten, in one transaction (it was away
         for ``KURA_PEER_FORGET_AFTER``, or its queue reached ``KURA_OUTBOX_MAX_DEPTH``).
         Returns (messages dropped, this node's change feed head right after)."""
+        ...
+
+    async def reoffer_tombstones(self, peer: str, since_ms: int) -> int:
+        """Enqueue for ``peer`` every namespace tombstone at or above version ``since_ms``, in
+        one transaction; how many (the object-storage tier's catch-up, ``mesh.catch_up``)."""
         ...
 
     async def clear_mark(self, peer: str, skipped_at_start: int) -> bool:

@@ -125,6 +125,10 @@ class IndexReplicaLog:
         dropped = self._queues.forget(conn, peer, now_ms)
         return dropped, change_feed.head(conn)[1]
 
+    async def reoffer_tombstones(self, peer: str, since_ms: int) -> int:
+        now_ms = self._clock.now_ms()
+        return await self._on(self._writer, self._queues.enqueue_tombstones, peer, since_ms, now_ms)
+
     async def clear_mark(self, peer: str, skipped_at_start: int) -> bool:
         return await self._on(self._writer, self._queues.clear, peer, skipped_at_start)
 
