@@ -186,10 +186,13 @@ class CatchUp:
         self.stats.add(self.stats.dropped_messages_total, peer, dropped)
         log.warning(
             "outbox: peer %s %s: dropped its queue of %d messages; it is marked to be caught up "
-            "by pulling our change feed",
+            "by %s",
             peer,
             why,
             dropped,
+            "our re-offer of its missed tombstones"
+            if self._object_tier
+            else "pulling our change feed",
         )
 
     async def _reoffer_tombstones(self, peer: str) -> None:
