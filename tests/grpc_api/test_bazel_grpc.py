@@ -24,7 +24,7 @@ from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess
 from tests.integration.test_clients import Client, run_client
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.clients, pytest.mark.in_process]
 
 BAZEL = Client("bazel-grpc", "bazel.sh", "", "grpc", 2)
 BAZEL_CC = Client("bazel-grpc-cc", "bazel.sh", "", "grpc", 4, {"TARGET": "cc"})

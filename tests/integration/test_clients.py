@@ -1,6 +1,7 @@
 """Real build tools against a real kura node: every client must get a remote hit served by kura.
 
-Each test starts its own node (``start_node``: a ``kura serve`` subprocess on an OS-chosen port)
+Each test starts its own node (``start_node``: the real node in this process, ``tests.inprocess``,
+on an OS-chosen port; the clients are processes of their own)
 and runs one driver script from ``tests/clients/`` against it (contract in
 ``tests/clients/README.md``: exit 0 and a ``REMOTE HIT`` line when the second build, with all
 local cache state wiped, was served by the remote cache; 1 = no hit; 2 = setup error).
@@ -30,7 +31,7 @@ import pytest
 
 from tests.conftest import ROOT, NodeProcess
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.clients, pytest.mark.in_process]
 
 CLIENTS_DIR = ROOT / "tests" / "clients"
 # The scripts bound each build themselves (bazel and gradle runs at 60 s each); this only stops a

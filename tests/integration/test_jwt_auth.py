@@ -1,4 +1,4 @@
-"""JWT bearer tokens against real ``kura serve`` processes (kura.api.jwt_auth, kura.api.auth).
+"""JWT bearer tokens against real kura nodes, in this process (kura.api.jwt_auth, kura.api.auth).
 
 A node with ``KURA_AUTH_JWT_PUBLIC_KEY`` (a PEM file), issuer and audience, plus one plain
 read-write token: a ``cache:read`` token reads and is refused a write (403, nothing stored); a
@@ -18,8 +18,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from tests.conftest import NodeProcess, node_env, spawn_node
+from tests.inprocess import start_in_process
 from tests.integration import jwt_keys
 from tests.integration.jwt_keys import AUDIENCE, ISSUER, rsa_key, token
+
+pytestmark = pytest.mark.in_process
 
 PLAIN = "plain-rw-token"
 KEY = rsa_key()
@@ -40,7 +43,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     directory = tmp_path_factory.mktemp("jwt")
     key_file = jwt_keys.write_public_key(KEY, directory / "signer.pem")
     env = node_env(directory, read_write_tokens=PLAIN, **jwt_settings(key_file))
-    node = spawn_node(directory, env)
+    node = start_in_process(directory, env)
     yield node
     assert node.stop() == 0, node.log()[-3000:]
 

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import NodeProcess
 from tests.integration.test_clients import CCACHE, Client, assert_remote_hit, run_client
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.clients, pytest.mark.in_process]
 TOKEN = "ns-rw"
 
 CLIENTS = (

@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import ROOT, NodeProcess
 from tests.integration.test_clients import BY_NAME, assert_remote_hit, run_client
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.clients, pytest.mark.in_process]
 
 README = ROOT / "README.md"
 EXAMPLE_URL = "http://127.0.0.1:4000"
