@@ -321,6 +321,24 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+MODULE_SECONDS = ROOT / "tests" / "module_seconds.txt"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Heaviest modules first (``tests/module_seconds.txt``), each module's tests in their order.
+
+    ``--dist loadfile`` hands whole modules to the workers in collection order (pyproject gives
+    ``--no-loadscope-reorder``: xdist's own order, most tests first, puts the long modules of one
+    or two tests last, where one of them leaves the other core idle). Modules not listed follow
+    in collection order; every worker sorts the same collection the same way."""
+    seconds: dict[str, float] = {}
+    for line in MODULE_SECONDS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            value, path = line.split()
+            seconds[path] = float(value)
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], 0.0))
+
+
 def wants_in_process(request: pytest.FixtureRequest) -> bool:
     """Whether the test's nodes run in this process: marked ``in_process``, not ``process``."""
     node = request.node
