@@ -319,6 +319,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "process: in an in_process module, this test's nodes are processes"
     )
+    config.addinivalue_line(
+        "markers", "own_seaweedfs: the module kills or stops its SeaweedFS: not the shared one"
+    )
 
 
 MODULE_SECONDS = ROOT / "tests" / "module_seconds.txt"

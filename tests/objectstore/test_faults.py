@@ -24,6 +24,8 @@ from tests.e2e.mesh import wait_for
 from tests.objectstore.conftest import TierNode, get, put, tier_metric
 from tests.objectstore.faultproxy import FaultProxy
 
+pytestmark = pytest.mark.own_seaweedfs  # SeaweedFS is killed or stopped here
+
 QUEUE = "kura_object_store_upload_queue_messages"
 REQUESTS = "kura_object_store_requests_total"
 

@@ -34,6 +34,8 @@ from tests.integration.ext4 import Ext4Image
 from tests.objectstore.conftest import TierNode, get, put, tier_env, tier_metric
 from tests.objectstore.faultproxy import FaultProxy
 
+pytestmark = pytest.mark.own_seaweedfs  # SeaweedFS is killed or stopped here
+
 QUEUE = "kura_object_store_upload_queue_messages"
 STALLED = "kura_object_store_upload_queue_stalled"
 MiB = 1024 * 1024

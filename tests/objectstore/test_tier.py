@@ -23,7 +23,7 @@ import obstore
 from obstore.store import S3Store
 
 from kura.core.keys import artifact_id
-from kura.core.object_layout import namespace_prefix
+from kura.core.object_layout import namespace_prefix, parse_url
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess
@@ -228,7 +228,7 @@ def overwrite_raw(server: SeaweedFS, prefix: str, key: str, data: bytes) -> None
     env = server.env("kura", prefix)
     store = S3Store(
         "kura",
-        prefix=prefix,
+        prefix=parse_url(env["KURA_OBJECT_STORE_URL"])[1],  # the module's own, under it
         endpoint=env["AWS_ENDPOINT_URL"],
         region=env["AWS_REGION"],
         access_key_id=env["AWS_ACCESS_KEY_ID"],
@@ -274,14 +274,16 @@ def a_id_of(key: str) -> str:
     return artifact_id("http", "default", "", key)
 
 
-def test_status_shows_the_store_and_no_bootstrap_on_a_tier_node(tier_node: TierNode) -> None:
+def test_status_shows_the_store_and_no_bootstrap_on_a_tier_node(
+    seaweedfs: SeaweedFS, tier_node: TierNode
+) -> None:
     a = tier_node("a", prefix="status")
     assert put(a, "s1", b"status bytes") in (200, 201)
     assert wait_for(lambda: drained(a), 30), a.log()[-2000:]
     status = httpx.get(a.url + "/status", timeout=10).json()
     assert status["bootstrap"] is None  # a tier node never bootstraps
     store = status["object_store"]
-    assert store["store"].startswith("s3://kura/status")
+    assert store["store"].startswith(seaweedfs.env("kura", "status")["KURA_OBJECT_STORE_URL"])
     assert store["upload_queue_messages"] == 0
     shown = subprocess.run(
         [sys.executable, "-m", "kura.cli", "status", "--url", a.url],
