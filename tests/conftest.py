@@ -40,6 +40,14 @@ LISTEN_LINE = KURA_LISTEN
 START_TIMEOUT_SECONDS = 30.0
 TEST_WORKERS = 1  # processes per test node (node_env); worker tests ask for 2
 
+# The suite starts hundreds of Python processes (nodes, CLIs, kured agents, scripts). Where
+# PYTHONDONTWRITEBYTECODE is set (some shells and sandboxes set it) each one compiled kura from
+# source again (about 0.25 s of CPU a node start) and pytest rewrote every test module again in
+# every xdist worker (about 7 s of CPU each): the run and the processes it starts (they inherit
+# this environment) write and reuse bytecode caches (__pycache__, ignored by git).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 @dataclass
 class NodeProcess:
