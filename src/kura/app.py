@@ -291,7 +291,12 @@ class Node:
         if self.object_tier is not None:
             self.reader = FillingReader(self.reader, self.object_tier)
         if settings.read_through != "never":
-            self.reader = FillingReader(self.reader, self.read_through)
+            self.reader = FillingReader(
+                self.reader,
+                self.read_through,
+                # a body served from memory (mesh.read_through) is a use like any other read
+                note_read=lambda aid: self.service.note_access({aid: self.clock.now_ms()}),
+            )
         # The last WARNING/ERROR records, for /status and the status page (attached in start).
         self.log_ring = LogRing()
         self.workers: Workers | None = None  # KURA_WORKERS > 1 (kura.workers)

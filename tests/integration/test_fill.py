@@ -24,7 +24,7 @@ import pytest
 from kit.clock import SystemClock
 from kura.core.errors import NotFound
 from kura.core.object_layout import OUTBOX_TARGET
-from kura.storage.artifact import ArtifactRef
+from kura.storage.artifact import ArtifactRef, StoredBody
 from kura.storage.budget import TmpBudget
 from kura.storage.fill import Filled, FillingReader
 from kura.storage.service import CacheService
@@ -223,3 +223,41 @@ async def test_a_store_on_its_own_queues_nothing_and_hears_of_touches_and_repeat
         assert again == [store.reads.artifact_id(ref("a"))]
     finally:
         await store.close()
+
+
+class MemorySource:
+    """Peers whose copy is served from memory while it is stored (``mesh.read_through``)."""
+
+    def __init__(self, holder: CacheService) -> None:
+        self.holder = holder
+
+    async def fill(self, artifact_id: str, namespace_id: str) -> Filled | None:
+        body = await self.holder.reads.read_by_id(artifact_id, hashed=True)
+        return Filled(StoredBody(body.manifest, data=body.data))
+
+
+async def test_a_read_served_by_a_fill_is_noted_as_a_use_like_a_local_hit(tmp_path: Path) -> None:
+    """A read that the bucket or a peer answered counts as a use (the LRU, ``KURA_MAX_AGE``,
+    the bucket's touch markers, which bucket expiry reads): the review found a filled read
+    noted nowhere, so an object read only through fills could expire from the bucket."""
+    touches: list[Mapping[str, int]] = []
+    local = make_store(tmp_path / "local", touched=touches.append)
+    bucket_store, peer_store = make_store(tmp_path / "bucket"), make_store(tmp_path / "peer")
+    for store in (local, bucket_store, peer_store):
+        await store.start()
+    try:
+        await put(bucket_store, "in-bucket", b"b" * 100)
+        await put(peer_store, "on-a-peer", b"p" * 100)
+        reader = FillingReader(
+            FillingReader(local.reads, StoreSource(bucket_store, local)),
+            MemorySource(peer_store),
+            note_read=lambda aid: local.note_access({aid: local.clock.now_ms()}),
+        )
+        assert (await reader.read(ref("in-bucket"))).data == b"b" * 100  # stored, read back
+        assert (await reader.read(ref("on-a-peer"))).data == b"p" * 100  # from memory
+        await local.flush_touches()
+        noted = set().union(*(set(t) for t in touches))
+        assert noted == {local.reads.artifact_id(ref(k)) for k in ("in-bucket", "on-a-peer")}
+    finally:
+        for store in (local, bucket_store, peer_store):
+            await store.close()

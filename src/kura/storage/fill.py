@@ -15,7 +15,7 @@ reader and the source are (a source shares one fetch among concurrent misses of 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,9 +48,19 @@ class FillSource(Protocol):
 class FillingReader:
     """``inner`` with its misses asked of ``source`` (module docstring)."""
 
-    def __init__(self, inner: ArtifactReader, source: FillSource) -> None:
+    def __init__(
+        self,
+        inner: ArtifactReader,
+        source: FillSource,
+        *,
+        note_read: Callable[[str], None] = lambda artifact_id: None,
+    ) -> None:
+        """``note_read(artifact_id)``: a read served from a body in memory, to be noted as a
+        use like any other read (the LRU, ``KURA_MAX_AGE`` and the bucket's touch markers);
+        a stored fill is read back from ``inner``, which notes it."""
         self._inner = inner
         self._source = source
+        self._note_read = note_read
 
     @property
     def verifier(self) -> ReadVerifier:
@@ -64,8 +74,8 @@ class FillingReader:
 
     async def read(self, ref: ArtifactRef) -> StoredBody:
         """The inner reader's body; on its ``NotFound``, the source's (a body in memory, or
-        the one it stored, read back by id: no source is asked twice); ``NotFound`` when
-        neither has it. A stored fill counts as used when it was stored (LRU)."""
+        the one it stored, read back from ``inner``); ``NotFound`` when neither has it. Either
+        way the read is noted as a use, as a local hit is."""
         try:
             return await self._inner.read(ref)
         except NotFound:
@@ -73,7 +83,10 @@ class FillingReader:
             filled = await self._source.fill(aid, ref.namespace_id)
             if filled is None:
                 raise
-        return filled.body or await self._inner.read_by_id(aid)
+        if filled.body is None:
+            return await self._inner.read(ref)  # stored now: a hit there, noted there
+        self._note_read(aid)
+        return filled.body
 
     async def missing(
         self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
