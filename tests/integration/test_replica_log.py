@@ -109,12 +109,13 @@ async def test_the_mesh_ships_pulls_compares_and_catches_up_through_the_replica_
 
 
 @pytest.mark.in_process
-async def test_a_marked_peer_that_will_not_pull_is_told_then_warned_about_once(
+async def test_a_marked_peer_that_will_not_pull_is_told_then_warned_and_re_offered_its_cleans(
     service: CacheService, start_node: Callable[..., NodeProcess], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 27 item 3, on virtual time: a marked peer seen healthy is told to pull; a real
-    node that does not list this one answers 404, and after the grace this node logs one
-    WARNING and leaves it to anti-entropy (nothing is re-offered)."""
+    node that does not list this one answers 404 (so it never pulls, nor runs anti-entropy
+    against this node), and after the grace this node logs one WARNING and re-offers it the
+    clean it missed, which clears the mark: no clean is lost to a peer that never pulls."""
     peer = start_node("peer").internal_url
     client = PeerClient("t", None)
     await client.start()
@@ -142,6 +143,8 @@ async def test_a_marked_peer_that_will_not_pull_is_told_then_warned_about_once(
             pull_grace_seconds=30,
         )
         await service.replica_log.forget_peer(peer)  # marked
+        await service.delete_namespace("cleaned")  # a clean it missed (not queued for it)
+        assert service.replica_log.queues.depth(peer) == 0
         with caplog.at_level(logging.INFO, logger="kura.mesh.catch_up"):
             await catch_up.check_once()
             assert f"could not tell {peer} to pull" in caplog.text
@@ -151,8 +154,9 @@ async def test_a_marked_peer_that_will_not_pull_is_told_then_warned_about_once(
                 await catch_up.check_once()
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1, [r.getMessage() for r in warnings]
-        assert "left to anti-entropy" in warnings[0].getMessage()
-        assert peer in service.replica_log.queues.marks  # still marked: nothing re-offered
-        assert service.replica_log.queues.depth(peer) == 0
+        assert "re-offering it the namespace tombstones" in warnings[0].getMessage()
+        assert f"{peer} caught up by re-offering 1 namespace tombstones" in caplog.text
+        assert peer not in service.replica_log.queues.marks  # cleared by the re-offer
+        assert service.replica_log.queues.depth(peer) == 1  # the clean, queued for it
     finally:
         await client.close()

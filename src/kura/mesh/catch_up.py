@@ -24,18 +24,20 @@ Rules, checked every ``interval_seconds``:
   forgotten peer must also be seen healthy by membership before and after the last page (until
   then ``targets`` leaves it out), and no message may have been skipped at its cap during the
   pull. Logged and counted (``catch_ups_total``).
-* A marked peer that has not pulled within ``pull_grace_seconds`` of being seen healthy (an
-  older kura without the pull route, or one that does not list this node as a peer) is logged
-  once at WARNING and left to anti-entropy (``mesh.anti_entropy``), the low-rate safety net,
-  and to read-through for misses.
-* With the object-storage tier (``object_tier``) the one case that stays a push: no feed pass
-  and no anti-entropy run there (the pull route answers 404) and the outbox carries only
-  cleans (bodies are in the bucket), so a marked peer seen healthy is not told to pull but
+* The one case that stays a push: a marked peer seen healthy that no pull will catch up is
   re-offered, through its queue, every namespace tombstone at or above its mark's ``since_ms``
   (``OutboxLog.reoffer_tombstones``; few, one per cleaned namespace, applied idempotently),
   and its mark is cleared if it is still healthy and nothing was skipped for it meanwhile
   (else the next check re-offers again). Without it, a clean it missed would never reach it
-  and it would keep serving the cleaned namespace from its disk.
+  and it would keep serving the cleaned namespace from its disk: anti-entropy cannot help, a
+  node runs it only against the peers it pulls from. Two such peers:
+
+  * with the object-storage tier (``object_tier``) every marked peer, at once: no feed pass
+    and no anti-entropy run there (the pull route answers 404) and the outbox carries only
+    cleans (bodies are in the bucket);
+  * otherwise, a peer that has not pulled within ``pull_grace_seconds`` of being seen healthy
+    (one that does not list this node as a peer, so it answers the pull request 404 and never
+    polls our feed), after one WARNING. The artifacts it missed are left to read-through.
 
 Event-loop confined; every read and change of the queues and marks goes through the
 ``OutboxLog`` port (``storage.ports``), which runs it on the storage writer thread.
@@ -171,6 +173,7 @@ class CatchUp:
                 continue
             self._returned_at.pop(peer, None)
             self._asked.discard(peer)  # told again when it returns
+            self._warned.discard(peer)  # and given its grace again
             absent = now - self._absent_since.setdefault(peer, now)
             mark = marks.get(peer)
             forgotten = mark is not None and mark.forgotten_at_ms is not None
@@ -196,8 +199,9 @@ class CatchUp:
         )
 
     async def _reoffer_tombstones(self, peer: str) -> None:
-        """Object-storage tier: ``peer`` is marked and healthy; re-offer it the tombstones
-        since its mark, then clear the mark (module docstring)."""
+        """``peer`` is marked and healthy, and no pull will catch it up (the object-storage
+        tier, or a peer past its grace): re-offer it the tombstones since its mark, then clear
+        the mark (module docstring)."""
         since_ms = self._queues.marks[peer].since_ms
         skipped = self._queues.skipped_total.get(peer, 0)
         sent = await self._log.reoffer_tombstones(peer, since_ms)
@@ -207,29 +211,32 @@ class CatchUp:
         if await self._log.clear_mark(peer, skipped):
             self._seq_at_mark.pop(peer, None)
             self._full_walk_head.pop(peer, None)
+            self._warned.discard(peer)
             self.stats.add(self.stats.catch_ups_total, peer)
             log.info(
                 "outbox: %s caught up by re-offering %d namespace tombstones at or above "
-                "version %d (object-storage tier); mark cleared",
+                "version %d; mark cleared",
                 peer,
                 sent,
                 since_ms,
             )
 
     async def _ask(self, peer: str, now: float) -> None:
-        """``peer`` is marked and healthy: tell it to pull, or leave it to anti-entropy."""
+        """``peer`` is marked and healthy: tell it to pull; past the grace, re-offer it the
+        tombstones since its mark (module docstring)."""
         returned = self._returned_at.setdefault(peer, now)
-        if peer in self._warned:
-            return
         if now - returned >= self._pull_grace:
-            self._warned.add(peer)
-            log.warning(
-                "outbox: %s is marked to be caught up but has not pulled our change feed "
-                "%.0fs after it was seen healthy (an older kura, or one that does not list this "
-                "node as a peer): it is left to anti-entropy",
-                peer,
-                now - returned,
-            )
+            if peer not in self._warned:
+                self._warned.add(peer)
+                log.warning(
+                    "outbox: %s is marked to be caught up but has not pulled our change feed "
+                    "%.0fs after it was seen healthy (it does not list this node as a peer, or "
+                    "answered no pull request): re-offering it the namespace tombstones since "
+                    "its mark; the artifacts it missed are left to read-through",
+                    peer,
+                    now - returned,
+                )
+            await self._reoffer_tombstones(peer)
             return
         if peer in self._asked:
             return
