@@ -11,8 +11,8 @@ A node that exits or is killed does not stop the mesh: the supervisor names it o
 (``kura dev: node-2 (pid 4242) exited (killed by SIGKILL); ...``) and leaves it down, so the
 other nodes queue what it misses. ``kura dev restart N`` (same ``--dir``) asks the supervisor to
 start node N again (stopping it first with SIGTERM if it still runs); it then catches up from its
-peers' outboxes. The request is a file ``<dir>/control/restart-N`` that the supervisor consumes
-(polled every 0.2 s); ``<dir>/mesh.json`` names the supervisor's pid and each node's URLs, pid
+peers (their outboxes, or its pull of their change feeds). The request is a file
+``<dir>/control/restart-N`` that the supervisor consumes (polled every 0.2 s); ``<dir>/mesh.json`` names the supervisor's pid and each node's URLs, pid
 and log, rewritten whenever a node starts or exits.
 """
 

@@ -5,7 +5,8 @@ before every release; the orphaned-cordon check; the ``--prefer-no-schedule-tain
 the ``--release-lock-of-deleted-nodes`` check (``kured.actuators.deleted_nodes``) before each
 tick.
 
-The agent (with a ``NodeActuator``, ``node``) follows kured's node choreography:
+The agent (with a ``NodeActuator``, ``node``) follows kured's node choreography
+(docs/reference/kured-behaviour.md §2.2-2.4):
 
 * before taking the lock it reads whether the node is already cordoned, and the lock record
   keeps that (``unschedulable``);

@@ -9,7 +9,8 @@
 * The layers above storage name no concrete store: ``kura.api``, ``kura.grpc``, ``kura.mesh``
   and ``kura.workers`` type against the ports (the composition roots, ``kura.app`` and the
   worker process's ``kura.workers.worker``, construct them). The import-linter contract "the
-  layers above storage never import the concrete store" keeps them off ``storage.service``.
+  layers above storage (api, grpc, mesh, workers) type against its ports, never the concrete
+  store" keeps them off ``storage.service``.
 """
 
 from __future__ import annotations
