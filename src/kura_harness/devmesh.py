@@ -12,8 +12,9 @@ A node that exits or is killed does not stop the mesh: the supervisor names it o
 other nodes queue what it misses. ``kura dev restart N`` (same ``--dir``) asks the supervisor to
 start node N again (stopping it first with SIGTERM if it still runs); it then catches up from its
 peers (their outboxes, or its pull of their change feeds). The request is a file
-``<dir>/control/restart-N`` that the supervisor consumes (polled every 0.2 s); ``<dir>/mesh.json`` names the supervisor's pid and each node's URLs, pid
-and log, rewritten whenever a node starts or exits.
+``<dir>/control/restart-N`` that the supervisor consumes (polled every 0.2 s);
+``<dir>/mesh.json`` names the supervisor's pid and each node's URLs, pid and log, rewritten
+whenever a node starts or exits.
 """
 
 from __future__ import annotations
