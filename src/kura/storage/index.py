@@ -39,7 +39,7 @@ from pathlib import Path
 
 from kura.core.manifest import Manifest
 from kura.storage import change_seq, digests
-from kura.storage.fsync import WalSync
+from kura.storage.fsync import WalSync, descriptor_shortage
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
 from kura.storage.outbox_queries import OutboxQueries
 from kura.storage.paging import PagingQueries
@@ -98,12 +98,27 @@ class MetadataIndex:
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None and self.read_only:
+        if conn is not None:
+            return conn
+        try:
+            return self._open_conn()
+        except sqlite3.OperationalError as exc:
+            # A thread's first connection opened while the process is short of descriptors
+            # fails as "unable to open database file": raise the shortage itself (EMFILE), so
+            # every listener answers it as the passing condition it is (503, UNAVAILABLE).
+            shortage = descriptor_shortage()
+            if shortage is None:
+                raise
+            raise shortage from exc
+
+    def _open_conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = None
+        if self.read_only:
             uri = f"file:{self._path}?immutable=1"
             conn = sqlite3.connect(uri, isolation_level=None, check_same_thread=False, uri=True)
             self._local.conn = conn
             self._keep(conn)
-        elif conn is None:
+        else:
             conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
             self._keep(conn)
             conn.execute("PRAGMA journal_mode=WAL")
