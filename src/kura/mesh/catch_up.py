@@ -60,8 +60,8 @@ from kura.storage.ports import OutboxLog, PeerQueueView
 
 log = logging.getLogger(__name__)
 
-# How long a marked peer seen healthy has to pull our change feed before the WARNING that
-# leaves it to anti-entropy. A kura told to pull (or returning) pulls at once.
+# How long a marked peer seen healthy has to pull our change feed before the WARNING and the
+# re-offer of its missed tombstones. A kura told to pull (or returning) pulls at once.
 PULL_GRACE_SECONDS = 30.0
 ASK_TIMEOUT_SECONDS = 2.0
 
@@ -124,7 +124,7 @@ class CatchUp:
         # peer -> monotonic seconds when this check first saw it healthy while marked
         self._returned_at: dict[str, float] = {}
         self._asked: set[str] = set()  # told to pull since it was last seen healthy
-        self._warned: set[str] = set()  # left to anti-entropy (logged once per mark)
+        self._warned: set[str] = set()  # past its grace (the WARNING, once while it stays)
         # peer -> our head seq when we marked it (or first saw its mark), the full-walk head it
         # read, and its pull in progress (feed_read)
         self._seq_at_mark: dict[str, int] = {}
