@@ -35,7 +35,9 @@ from kura.storage.ports import (
     OutboxLog,
     PeerPages,
     PeerQueueView,
+    ReplicaApplier,
     ReplicaSink,
+    ReplicaStore,
     WorkerSupport,
 )
 from kura.storage.reads import ArtifactReads
@@ -52,6 +54,8 @@ IMPLEMENTATIONS: dict[type[Any], list[type[Any]]] = {
     PeerPages: [CacheService],
     WorkerSupport: [CacheService],
     ReplicaSink: [CacheService],
+    ReplicaApplier: [CacheService],
+    ReplicaStore: [CacheService],
     OutboxLog: [IndexReplicaLog],
     ChangeLog: [IndexReplicaLog],
     PeerQueueView: [PeerQueues],
@@ -67,12 +71,13 @@ def _conformance(
     PeerPages,
     WorkerSupport,
     ReplicaSink,
+    ReplicaStore,
     OutboxLog,
     ChangeLog,
     PeerQueueView,
 ]:
     """Never called: mypy checks that each assignment to a port type is accepted."""
-    return store.reads, worker.reads, store, store, store, store, log, log, queues
+    return store.reads, worker.reads, store, store, store, store, store, log, log, queues
 
 
 def port_classes() -> list[type[Any]]:
@@ -87,9 +92,15 @@ def port_classes() -> list[type[Any]]:
 
 
 def members(port: type[Any]) -> set[str]:
-    """The public names a port declares: its methods, properties and annotated attributes."""
-    declared = {name for name in vars(port) if not name.startswith("_")}
-    return declared | {n for n in vars(port).get("__annotations__", {}) if not n.startswith("_")}
+    """The public names a port declares: its methods, properties and annotated attributes,
+    its base ports' included (a port's size is all it asks of an implementation)."""
+    found: set[str] = set()
+    for klass in port.__mro__:
+        if klass.__module__ != ports.__name__:
+            continue  # Protocol, Generic, object
+        found |= {name for name in vars(klass) if not name.startswith("_")}
+        found |= {n for n in vars(klass).get("__annotations__", {}) if not n.startswith("_")}
+    return found
 
 
 def instance_attributes(cls: type[Any]) -> set[str]:

@@ -45,16 +45,14 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from kura.core.errors import KuraError
-from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
 from kura.mesh.client import FetchedArtifact, PeerClient, PeerError
 from kura.storage.artifact import StoredBody
 from kura.storage.body_count import check_sha256
-from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.fill import Filled
+from kura.storage.ports import ReplicaStore
 from kura.storage.small_body import buffer_small
 
 log = logging.getLogger(__name__)
@@ -74,32 +72,6 @@ class ReadThroughStats:
 
     def count(self, result: str) -> None:
         self.results_total[result] = self.results_total.get(result, 0) + 1
-
-
-class ReplicaStore(Protocol):
-    """Where read-through stores a peer's copy: the primary's store (``storage.service``)."""
-
-    @property
-    def budget(self) -> TmpBudget:
-        """The tmp budget a copy is staged under (reserved before a byte is staged)."""
-        ...
-
-    async def replica_outcome(self, manifest: Manifest, source: str) -> ApplyOutcome:
-        """What ``apply_replica`` would do with ``manifest`` now, before a byte is read."""
-        ...
-
-    async def apply_replica(
-        self,
-        manifest: Manifest,
-        body: AsyncIterator[bytes],
-        *,
-        declared_length: int | None,
-        source: str,
-        reservation: Reservation | None = None,
-        background: bool = False,
-    ) -> ApplyOutcome:
-        """Apply the copy at the peer's version (last writer wins), never re-enqueued."""
-        ...
 
 
 class ReadThrough:

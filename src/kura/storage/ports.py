@@ -151,7 +151,41 @@ class ArtifactWriter(Protocol):
         ...
 
 
-class PeerPages(Protocol):
+class ReplicaApplier(Protocol):
+    """Where one streamed copy of a peer's lands: the base of every port that takes copies
+    (``PeerPages``, ``ReplicaSink``, ``ReplicaStore``)."""
+
+    async def apply_replica(
+        self,
+        manifest: Manifest,
+        body: AsyncIterator[bytes],
+        *,
+        declared_length: int | None,
+        source: str,
+        reservation: Reservation | None = None,
+        background: bool = False,
+    ) -> ApplyOutcome:
+        """Apply a peer's copy at the peer's version (last writer wins, ``core.version``), never
+        enqueued for other peers; staged under ``reservation`` (else a fail-fast one) and, with
+        ``background``, on the low-priority background threads. ``FutureVersion`` for a version
+        more than ``KURA_MAX_CLOCK_SKEW_MS`` ahead."""
+        ...
+
+
+class ReplicaStore(ReplicaApplier, Protocol):
+    """Where read-through stores a peer's copy (``mesh.read_through``): the primary's store."""
+
+    @property
+    def budget(self) -> TmpBudget:
+        """The tmp budget a copy is staged under (reserved before a byte is staged)."""
+        ...
+
+    async def replica_outcome(self, manifest: Manifest, source: str) -> ApplyOutcome:
+        """What ``apply_replica`` would do with ``manifest`` now, before a byte is read."""
+        ...
+
+
+class PeerPages(ReplicaApplier, Protocol):
     """What the internal routes serve to peers and take from them."""
 
     def artifact_id_of(self, manifest: Manifest) -> str:
@@ -172,19 +206,6 @@ class PeerPages(Protocol):
         """(namespace id, version ms) in namespace order strictly after ``after``."""
         ...
 
-    async def apply_replica(
-        self,
-        manifest: Manifest,
-        body: AsyncIterator[bytes],
-        *,
-        declared_length: int | None,
-        source: str,
-        reservation: Reservation | None = None,
-        background: bool = False,
-    ) -> ApplyOutcome:
-        """Apply a peer's copy at the peer's version (last writer wins)."""
-        ...
-
     async def delete_namespace(
         self, namespace_id: str, version_ms: int | None = None, *, source: str = "local"
     ) -> int:
@@ -198,7 +219,7 @@ class PeerPages(Protocol):
         ...
 
 
-class ReplicaSink(Protocol):
+class ReplicaSink(ReplicaApplier, Protocol):
     """Where the copies and tombstones this node pulls from peers land (``mesh.bootstrap``,
     ``mesh.bootstrap_batch``, ``mesh.anti_entropy``): each at the peer's version, by last
     writer wins (``core.version``), never enqueued for other peers. A version more than
@@ -228,19 +249,6 @@ class ReplicaSink(Protocol):
 
     async def apply_outcomes_for(self, manifests: Sequence[Manifest]) -> list[ApplyOutcome]:
         """``apply_outcome_for`` (without the skew gate) for many, in one index read."""
-        ...
-
-    async def apply_replica(
-        self,
-        manifest: Manifest,
-        body: AsyncIterator[bytes],
-        *,
-        declared_length: int | None,
-        source: str,
-        reservation: Reservation | None = None,
-        background: bool = False,
-    ) -> ApplyOutcome:
-        """Apply one streamed copy, staged under ``reservation`` (else a fail-fast one)."""
         ...
 
     async def apply_small_replicas(
