@@ -1,9 +1,10 @@
-"""The project stands on its own: nothing a user's clone ships cites a ``shared/`` path.
+"""The project stands on its own: nothing a user's clone ships cites a path into the steering
+directory that sits beside the maintainers' checkout (``STEERING``), which a clone does not have.
 
-The same search as ``grep -rn "shared/" src docs README.md deploy`` (every file, nothing
-excluded but ``.git`` and ``__pycache__``, whose bytecode may lag behind the sources it copies
-until the next import): facts live in the project's own docs (``docs/reference/``) or cite their
-public source. A hit names the file and line.
+The search reads every file of ``SEARCHED`` (nothing excluded but ``.git`` and
+``__pycache__``, whose bytecode may lag behind the sources it copies until the next import) for
+that directory's name followed by a slash: facts live in the project's own docs
+(``docs/reference/``) or cite their public source. A hit names the file and line.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 SEARCHED = ("src", "docs", "README.md", "deploy")
-NEEDLE = b"shared/"
+STEERING = "shared"  # the directory's name; with a slash after it, a path into it
+NEEDLE = f"{STEERING}/".encode()
 
 
 def hits(root: Path) -> list[str]:
@@ -37,9 +39,9 @@ def test_no_file_the_project_ships_cites_a_shared_path() -> None:
 
 def test_the_search_finds_a_citation_where_there_is_one(tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "a.md").write_text("fine\nsee shared/reference/x.md\n")
+    (tmp_path / "docs" / "a.md").write_text(f"fine\nsee {STEERING}/reference/x.md\n")
     (tmp_path / "README.md").write_text("nothing\n")
-    assert hits(tmp_path) == ["docs/a.md:2: see shared/reference/x.md"]
+    assert hits(tmp_path) == [f"docs/a.md:2: see {STEERING}/reference/x.md"]
 
 
 def test_cited_reference_pages_exist() -> None:
