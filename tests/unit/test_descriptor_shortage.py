@@ -26,20 +26,6 @@ def test_a_missing_dev_null_is_not_a_shortage_and_raises_nothing(
     assert fsync.descriptor_shortage() is None
 
 
-def test_no_descriptor_left_is_a_shortage_and_the_reading_clears_with_it() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    lowest_free = os.dup(0)
-    os.close(lowest_free)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
-    try:
-        found = fsync.descriptor_shortage()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert found is not None
-    assert found.errno == errno.EMFILE
-    assert fsync.descriptor_shortage() is None
-
-
 def _no_descriptor_left() -> tuple[int, int]:
     """Lower this process's soft limit to its lowest free descriptor; the old limits."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -47,6 +33,17 @@ def _no_descriptor_left() -> tuple[int, int]:
     os.close(lowest_free)
     resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
     return soft, hard
+
+
+def test_no_descriptor_left_is_a_shortage_and_the_reading_clears_with_it() -> None:
+    soft, hard = _no_descriptor_left()
+    try:
+        found = fsync.descriptor_shortage()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert found is not None
+    assert found.errno == errno.EMFILE
+    assert fsync.descriptor_shortage() is None
 
 
 def test_a_reading_is_kept_for_a_tenth_of_a_second_on_its_clock_and_then_taken_again() -> None:
