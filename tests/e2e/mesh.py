@@ -91,6 +91,13 @@ def status(node: NodeProcess) -> dict[str, object]:
     return httpx.get(node.url + "/status", timeout=10).json()  # type: ignore[no-any-return]
 
 
+def peer_row(node: NodeProcess, url: str) -> dict[str, object]:
+    """``node``'s ``/status`` row for its peer ``url`` (``peers[]``)."""
+    peers = status(node)["peers"]
+    assert isinstance(peers, list)
+    return next(p for p in peers if p["node_url"] == url)
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
     """``kit.wait.wait_until``, a node that does not answer (``httpx.HTTPError``) counting as
     "not yet"."""

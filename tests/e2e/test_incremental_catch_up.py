@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.conftest import NodeProcess, node_env, spawn_node
-from tests.e2e.mesh import Mesh, manifests, status, wait_for
+from tests.e2e.mesh import Mesh, manifests, peer_row, status, wait_for
 
 pytestmark = pytest.mark.in_process
 
@@ -63,12 +63,6 @@ def bootstrap_peer(node: NodeProcess, peer_url: str) -> dict[str, object]:
     return next(p for p in peers if p["peer"] == peer_url)
 
 
-def outbox_peer(node: NodeProcess, url: str) -> dict[str, object]:
-    peers = status(node)["peers"]
-    assert isinstance(peers, list)
-    return next(p for p in peers if p["node_url"] == url)
-
-
 def cursor_at_head(node: NodeProcess, peer: NodeProcess) -> bool:
     return bootstrap_peer(node, peer.internal_url)["cursor"] == feed_head(peer)[1]
 
@@ -88,7 +82,7 @@ def stop_and_get_forgotten(a: NodeProcess, b: NodeProcess) -> None:
     """Stop ``b`` once its cursor with ``a`` is at ``a``'s head; wait until ``a`` forgot it."""
     assert wait_for(lambda: cursor_at_head(b, a), 30), bootstrap_peer(b, a.internal_url)
     assert b.stop() == 0
-    assert wait_for(lambda: outbox_peer(a, b.internal_url)["forgotten_at"] is not None, 30)
+    assert wait_for(lambda: peer_row(a, b.internal_url)["forgotten_at"] is not None, 30)
 
 
 @pytest.mark.slow
@@ -117,7 +111,7 @@ def test_a_restarted_node_pulls_only_what_changed_at_a_cost_proportional_to_the_
         assert metadata(b, "requests", "bootstrap") == 0  # no full walk on restart
         assert metadata(b, "bytes", "bootstrap") == 0
         # The pull cleared A's mark for B.
-        assert wait_for(lambda: outbox_peer(a, b.internal_url)["needs_catch_up"] is False, 30)
+        assert wait_for(lambda: peer_row(a, b.internal_url)["needs_catch_up"] is False, 30)
         assert "caught up by pulling our change feed" in a.log()
         # The full walk of the same data, measured: a fresh node bootstraps from A.
         env = node_env(tmp_path / "fresh", **COMMON)
@@ -166,7 +160,7 @@ def test_a_node_killed_mid_catch_up_resumes_from_its_durable_cursor(tmp_path: Pa
         b.stop(signal.SIGKILL)
         assert cursor_before < at_kill < head
         # A pull that never reached A's head does not clear A's mark for B.
-        assert outbox_peer(a, b.internal_url)["needs_catch_up"] is True
+        assert peer_row(a, b.internal_url)["needs_catch_up"] is True
         b = mesh.restart(1)
         assert wait_for(lambda: len(manifests(b)) == changes, 60), len(manifests(b))
         assert_serves(b, bodies)
@@ -179,7 +173,7 @@ def test_a_node_killed_mid_catch_up_resumes_from_its_durable_cursor(tmp_path: Pa
         )
         assert applied <= changes - 256, applied  # the first page was not fetched again
         assert metadata(b, "requests", "bootstrap") == 0
-        assert wait_for(lambda: outbox_peer(a, b.internal_url)["needs_catch_up"] is False, 30)
+        assert wait_for(lambda: peer_row(a, b.internal_url)["needs_catch_up"] is False, 30)
         print(
             f"\nkilled at cursor {at_kill} of {head}; resumed from {resumed[0]}, "
             f"fetched {applied:.0f} of {changes} after the restart"
@@ -360,7 +354,7 @@ def test_a_forgotten_peer_that_returns_empty_is_caught_up_by_its_full_bootstrap(
         assert_serves(b, {**first, **missed})
         assert metadata(b, "requests", "bootstrap") > 0
         # Its full bootstrap (the head read, the walk, the pull from that head) cleared A's mark.
-        assert wait_for(lambda: outbox_peer(a, b.internal_url)["needs_catch_up"] is False, 30)
+        assert wait_for(lambda: peer_row(a, b.internal_url)["needs_catch_up"] is False, 30)
         assert "caught up by pulling our change feed" in a.log()
     finally:
         rcs = mesh.stop_all()

@@ -17,16 +17,10 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import NodeProcess, node_env, spawn_node
-from tests.e2e.mesh import Mesh, free_port, manifests, status, wait_for
+from tests.e2e.mesh import Mesh, free_port, manifests, peer_row, status, wait_for
 
 CAP = 20
 WRITES = 10 * CAP
-
-
-def _peer(node: NodeProcess, url: str) -> dict[str, object]:
-    peers = status(node)["peers"]
-    assert isinstance(peers, list)
-    return next(p for p in peers if p["node_url"] == url)
 
 
 def test_a_peer_that_never_answers_costs_no_write_and_catches_up_when_it_returns(
@@ -59,8 +53,8 @@ def test_a_peer_that_never_answers_costs_no_write_and_catches_up_when_it_returns
         # The live peer holds every write (delivered, or pulled after its queue was dropped).
         assert wait_for(lambda: len(manifests(b)) == WRITES, 60), len(manifests(b))
         # The dead peer's queue is dropped once it reached the cap, and it is marked.
-        assert wait_for(lambda: _peer(a, dead_url)["forgotten_at"] is not None, 30)
-        dead = _peer(a, dead_url)
+        assert wait_for(lambda: peer_row(a, dead_url)["forgotten_at"] is not None, 30)
+        dead = peer_row(a, dead_url)
         assert dead["needs_catch_up"] is True
         assert dead["outbox_messages"] == 0
         assert dead["outbox_dropped_messages"] == CAP  # it had reached its cap
@@ -85,7 +79,7 @@ def test_a_peer_that_never_answers_costs_no_write_and_catches_up_when_it_returns
             for path, body in bodies.items():
                 got = r.get(path)
                 assert (got.status_code, got.content) == (200, body), path
-        assert wait_for(lambda: _peer(a, dead_url)["needs_catch_up"] is False, 30)
+        assert wait_for(lambda: peer_row(a, dead_url)["needs_catch_up"] is False, 30)
         assert a.metric(f'kura_outbox_catch_ups_total{{peer="{label}"}}') == 1
         assert f"{dead_url} caught up by pulling our change feed" in a.log()
         print(
@@ -124,8 +118,8 @@ def test_a_live_peer_whose_queue_reached_the_cap_loses_it_and_is_told_to_pull(
         with a.client() as w:
             for path, body in bodies.items():
                 assert w.put(path, content=body).status_code == 201, path
-        assert wait_for(lambda: _peer(a, b.internal_url)["forgotten_at"] is not None, 30)
-        peer = _peer(a, b.internal_url)
+        assert wait_for(lambda: peer_row(a, b.internal_url)["forgotten_at"] is not None, 30)
+        peer = peer_row(a, b.internal_url)
         assert peer["catch_up_reason"] == "overflow"
         assert peer["outbox_dropped_messages"] >= 5  # the queue it held at its cap
         b.proc.send_signal(signal.SIGCONT)
@@ -134,7 +128,7 @@ def test_a_live_peer_whose_queue_reached_the_cap_loses_it_and_is_told_to_pull(
             for path, body in bodies.items():
                 got = r.get(path)
                 assert (got.status_code, got.content) == (200, body), path
-        assert wait_for(lambda: _peer(a, b.internal_url)["needs_catch_up"] is False, 20)
+        assert wait_for(lambda: peer_row(a, b.internal_url)["needs_catch_up"] is False, 20)
         assert f"told {b.internal_url} to pull our change feed" in a.log()
         assert f"{b.internal_url} caught up by pulling our change feed" in a.log()
     finally:

@@ -27,7 +27,7 @@ from kura.core.object_layout import namespace_prefix, parse_url
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess
-from tests.e2e.mesh import free_port, status, wait_for
+from tests.e2e.mesh import free_port, peer_row, wait_for
 from tests.objectstore.conftest import TierNode, get, put, start_failure, tier_metric
 from tests.objectstore.faultproxy import FaultProxy
 
@@ -171,23 +171,16 @@ def test_a_peer_forgotten_while_a_namespace_was_cleaned_gets_the_clean_when_it_r
     before = a.log().count(forgets)
     assert b.stop() == 0
     assert wait_for(lambda: a.log().count(forgets) > before, 30), a.log()
-    row = peer_of(a, urls[1])
+    row = peer_row(a, urls[1])
     assert (row["forgotten_at"] is not None, row["healthy"]) == (True, False), row
     r = httpx.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
     assert r.status_code == 204
     assert bucket_keys_of(a) == []
-    assert peer_of(a, urls[1])["outbox_messages"] == 0, a.log()  # the clean was not queued for B
+    assert peer_row(a, urls[1])["outbox_messages"] == 0, a.log()  # the clean was not queued for B
     b = tier_node("b", internal_port=ports[1], node_url=urls[1], **common)  # same disk
     assert wait_for(lambda: get(b, "cleaned").status_code == 404, 20), b.log()[-2000:]
-    assert wait_for(lambda: peer_of(a, urls[1])["needs_catch_up"] is False, 20), a.log()
+    assert wait_for(lambda: peer_row(a, urls[1])["needs_catch_up"] is False, 20), a.log()
     assert f"{urls[1]} caught up by re-offering 1 namespace tombstones" in a.log()
-
-
-def peer_of(node: NodeProcess, url: str) -> dict[str, object]:
-    """``node``'s ``/status`` row for its peer ``url``."""
-    peers = status(node)["peers"]
-    assert isinstance(peers, list)
-    return next(p for p in peers if p["node_url"] == url)
 
 
 def bucket_keys_of(node: NodeProcess) -> list[str]:
