@@ -11,6 +11,7 @@ module marked ``in_process`` the same call starts the node in this process inste
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import os
@@ -34,6 +35,7 @@ from kit.wait import wait_until
 from kura.settings_rules import parse_workers
 from kura_harness.launch.node import KURA_LISTEN, kura_env, spawn_kura
 from kura_harness.launch.process import stop
+from tests import oneshot
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = KURA_LISTEN
@@ -62,7 +64,7 @@ class NodeProcess:
     reader: threading.Thread | None = field(default=None, repr=False)
     internal_url: str = ""
     # What the helpers below send: a context trusting an https:// node's CA, a /metrics token.
-    verify: ssl.SSLContext | bool = True
+    verify: ssl.SSLContext | bool = oneshot.TLS
     metrics_headers: dict[str, str] = field(default_factory=dict)
     # Signals the test sent on purpose (``kill``, ``stop``): ``stop_nodes`` accepts death by one
     # of them, besides exit 0. SIGTERM and SIGINT are never among them: a node handles both.
@@ -74,7 +76,7 @@ class NodeProcess:
 
     def metrics(self) -> dict[str, float]:
         """Every sample on /metrics as ``{"name{labels}": value}`` (labels as printed)."""
-        text = httpx.get(
+        text = oneshot.get(
             self.url + "/metrics", timeout=10, verify=self.verify, headers=self.metrics_headers
         ).text
         return parse_samples(text)
@@ -375,3 +377,40 @@ async def _tasks_left_behind() -> AsyncIterator[None]:
     if leaked:
         await asyncio.wait(leaked, timeout=10)
     assert not leaked, f"the test left {len(leaked)} asyncio tasks running: {leaked}"
+
+
+def processes_naming(path: Path) -> dict[int, str]:
+    """Live processes (zombies excluded) whose command line or working directory is inside
+    ``path``: ``{pid: command line}``."""
+    found: dict[int, str] = {}
+    prefix = str(path)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if argv and (prefix in argv or cwd == prefix or cwd.startswith(prefix + "/")):
+            found[int(entry.name)] = argv.strip()
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a process behind: after its other fixtures are torn down (its
+    nodes stopped), no live process may still run in, or name, the test's ``tmp_path``. Found
+    ones are killed (SIGKILL), then reported. A process a test kills on purpose may take a
+    moment to go: up to 2 s are allowed."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    yield
+    wait_until(lambda: not processes_naming(tmp_path), 2.0, interval=0.05)
+    left = processes_naming(tmp_path)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"the test left {len(left)} processes running: {left}"

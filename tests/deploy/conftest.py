@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kura_harness.launch import LaunchError
 from kura_harness.launch.node import spawn_kured
 from kura_harness.launch.process import free_port, stop
+from tests import oneshot
 from tests.conftest import node_env, spawn_node
 from tests.deploy.kustomize import Manifest, render
 from tests.deploy.promql import exposition_names
@@ -29,8 +29,8 @@ def manifests() -> list[Manifest]:
 
 def _scrape(url: str) -> str:
     # Twice: the first scrape is itself counted by the request metrics of the second.
-    httpx.get(url, timeout=10)
-    response = httpx.get(url, timeout=10)
+    oneshot.get(url, timeout=10)
+    response = oneshot.get(url, timeout=10)
     response.raise_for_status()
     return response.text
 

@@ -28,6 +28,7 @@ import pytest
 from kit.wait import wait_until
 from kura import __version__
 from kura_harness.launch.process import free_ports
+from tests import oneshot
 
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN = ROOT / "scripts" / "podman"
@@ -140,7 +141,7 @@ def _samples(text: str) -> dict[str, float]:
 
 
 def _ready(url: str) -> bool:
-    return httpx.get(url + "/ready", timeout=5).status_code == 200
+    return oneshot.get(url + "/ready", timeout=5).status_code == 200
 
 
 def _wait_ready(url: str, name: str) -> None:
@@ -192,7 +193,7 @@ def test_ccache_on_the_host_gets_a_remote_hit_from_a_container(
 
     # The hit was this container's: it stored ccache's two objects (manifest and result) and
     # answered both reads of the second compile, and what it wrote on its volume is uid 10001's.
-    metrics = _samples(httpx.get(url + "/metrics", timeout=10).text)
+    metrics = _samples(oneshot.get(url + "/metrics", timeout=10).text)
     assert metrics["kura_storage_artifacts"] == 2
     assert metrics['kura_cache_lookups_total{protocol="http_cache",result="hit"}'] >= 2
     owners = podman("exec", container_name, "find", "/var/lib/kura", "-printf", "%u\n")

@@ -12,6 +12,7 @@ import httpx
 
 from kit.wait import wait_until
 from kura_harness.launch.process import free_port
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 
 __all__ = ["Mesh", "forget_behind_the_cursor", "free_port", "manifests", "status", "wait_for"]
@@ -78,8 +79,8 @@ class Mesh:
     def wait_ready(self, timeout: float = 60.0) -> None:
         for node in self.nodes:
             assert wait_for(
-                lambda n=node: httpx.get(n.url + "/ready").status_code == 200, timeout
-            ), f"{node.url} not ready: {httpx.get(node.url + '/ready').text}"
+                lambda n=node: oneshot.get(n.url + "/ready").status_code == 200, timeout
+            ), f"{node.url} not ready: {oneshot.get(node.url + '/ready').text}"
 
     def wait_drained(self, timeout: float = 60.0) -> None:
         """Every node's outbox is empty."""
@@ -88,7 +89,7 @@ class Mesh:
 
 
 def status(node: NodeProcess) -> dict[str, object]:
-    return httpx.get(node.url + "/status", timeout=10).json()  # type: ignore[no-any-return]
+    return oneshot.get(node.url + "/status", timeout=10).json()  # type: ignore[no-any-return]
 
 
 def peer_row(node: NodeProcess, url: str) -> dict[str, object]:
@@ -111,7 +112,7 @@ def manifests(node: NodeProcess, peer_token: str = "") -> dict[str, dict[str, ob
     after = ""
     headers = {"Authorization": f"Bearer {peer_token}"} if peer_token else {}
     while True:
-        r = httpx.get(
+        r = oneshot.get(
             node.internal_url + "/_internal/bootstrap/manifests",
             params={"after": after, "limit": 500},
             headers=headers,

@@ -9,8 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import Mesh, forget_behind_the_cursor, manifests, status, wait_for
 
@@ -20,7 +19,7 @@ FAST = {"discovery_settle_ms": 0, "anti_entropy_interval": "0.5", "replication_b
 
 def _put_kv(node: NodeProcess, ns: str, key: str, body: bytes) -> None:
     entry = {"cas_id": key, "entries": [{"value": body.hex()}]}
-    r = httpx.put(f"{node.url}/api/cache/keyvalue?{SCOPE}{ns}", json=entry, timeout=30)
+    r = oneshot.put(f"{node.url}/api/cache/keyvalue?{SCOPE}{ns}", json=entry, timeout=30)
     assert r.status_code == 204, r.text
 
 
@@ -61,7 +60,7 @@ def test_anti_entropy_repairs_writes_and_a_clean_that_no_outbox_holds(tmp_path: 
         written = {f"new{i}": f"written on B {i}".encode() * (i + 1) for i in range(30)}
         for key, body in written.items():
             _put_kv(b, "keep", key, body)
-        assert httpx.delete(f"{b.url}/api/cache/clean?{SCOPE}gone", timeout=30).status_code == 204
+        assert oneshot.delete(f"{b.url}/api/cache/clean?{SCOPE}gone", timeout=30).status_code == 204
         mesh.wait_drained()
         assert wait_for(lambda: manifests(a) == manifests(b), 60)
         assert a.stop() == 0
@@ -82,11 +81,11 @@ def test_anti_entropy_repairs_writes_and_a_clean_that_no_outbox_holds(tmp_path: 
         assert len(want) == 40
         assert wait_for(lambda: manifests(a) == want, 60), _ae(a)
         for key, body in written.items():
-            r = httpx.get(f"{a.url}/api/cache/keyvalue/{key}?{SCOPE}keep", timeout=30)
+            r = oneshot.get(f"{a.url}/api/cache/keyvalue/{key}?{SCOPE}keep", timeout=30)
             assert r.status_code == 200, key
             assert r.json()["entries"][0]["value"] == body.hex(), key
         for i in range(10):
-            r = httpx.get(f"{a.url}/api/cache/keyvalue/base{i}?{SCOPE}gone", timeout=30)
+            r = oneshot.get(f"{a.url}/api/cache/keyvalue/base{i}?{SCOPE}gone", timeout=30)
             assert r.status_code == 404  # the clean reached A by anti-entropy too
         assert a.metric('kura_anti_entropy_repaired_total{kind="artifact"}') == 30
         assert a.metric('kura_anti_entropy_repaired_total{kind="tombstone"}') == 1
@@ -189,10 +188,10 @@ def test_bad_anti_entropy_requests_answer_400_with_a_message(tmp_path: Path) -> 
             ("/range", {"prefix": "ab", "limit": "0"}),
             ("/range", {"prefix": "ab", "after": "not-hex"}),
         ):
-            r = httpx.get(base + path, params=params, timeout=10)
+            r = oneshot.get(base + path, params=params, timeout=10)
             assert r.status_code == 400, (path, params, r.text)
             assert r.json().get("error") or r.text, (path, params)
-        ok = httpx.get(base + "/digests", params={"prefix": "", "depth": "2"}, timeout=10)
+        ok = oneshot.get(base + "/digests", params={"prefix": "", "depth": "2"}, timeout=10)
         assert ok.status_code == 200
         assert ok.json()["ranges"] == []
     finally:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 
 pytestmark = pytest.mark.in_process
@@ -26,7 +26,7 @@ def ids_in_range(node: NodeProcess, prefix: str, limit: int = 1000) -> list[str]
         params = {"prefix": prefix, "limit": str(limit)}
         if after is not None:
             params["after"] = after
-        r = httpx.get(
+        r = oneshot.get(
             node.internal_url + "/_internal/anti_entropy/range",
             params=params,
             headers={"Authorization": f"Bearer {TOKEN}"},

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.fakepeer import FakePeer, honest, lying
 from tests.e2e.mesh import manifests, status, wait_for
@@ -49,7 +49,7 @@ def fill(node: NodeProcess, prefix: str, count: int, size: int) -> dict[str, byt
 
 
 def is_ready(node: NodeProcess) -> bool:
-    return httpx.get(node.url + "/ready", timeout=10).status_code == 200
+    return oneshot.get(node.url + "/ready", timeout=10).status_code == 200
 
 
 def assert_holds(node: NodeProcess, bodies: dict[str, bytes]) -> None:
@@ -119,7 +119,7 @@ def test_a_body_longer_than_its_manifest_is_rejected_and_the_others_apply(
             assert wait_for(lambda: is_ready(joiner), 60), status(joiner)
             held = {m["key"] for m in manifests(joiner).values()}
             assert held == {"good/one"}
-            ready = httpx.get(joiner.url + "/ready").json()
+            ready = oneshot.get(joiner.url + "/ready").json()
             assert any(peer.url in w and "abandoned" in w for w in ready["warnings"]), ready
             label = peer.url.split("://")[1]
             assert joiner.metric(f'kura_bootstrap_peer_abandoned{{peer="{label}"}}') == 1

@@ -9,11 +9,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kura.core.keys import artifact_id
 from kura.mesh.wire import BATCH_MAX_IDS, decode_frames
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.fakepeer import FakePeer, honest, lying
 from tests.e2e.mesh import manifests, status, wait_for
@@ -115,12 +115,12 @@ def test_the_batch_route_refuses_bad_input_and_reports_absent_ids(
         b"[" * 20_000,  # nested deep enough to exhaust the parser's recursion
     ]
     for raw in bad_requests:
-        r = httpx.post(url, content=raw, timeout=10)
+        r = oneshot.post(url, content=raw, timeout=10)
         assert r.status_code == 400, (raw[:40], r.status_code, r.text)
         assert r.json()["message"]
     ids = [artifact_id("http", "default", "", k) for k in [*bodies, *big]]
     unknown = "0" * 64
-    r = httpx.post(url, json={"artifact_ids": [*ids, unknown]}, timeout=10)
+    r = oneshot.post(url, json={"artifact_ids": [*ids, unknown]}, timeout=10)
     assert r.status_code == 200
     frames = decode_frames(r.content)
     assert [f[0] for f in frames] == [*ids, unknown]
@@ -133,7 +133,7 @@ def test_a_manifest_header_nested_too_deep_is_400_not_500(
     start_node: Callable[..., NodeProcess],
 ) -> None:
     node = start_node("node")
-    r = httpx.put(
+    r = oneshot.put(
         node.internal_url + "/_internal/replicate/artifact",
         headers={"Kura-Manifest": "[" * 4000},
         content=b"x",

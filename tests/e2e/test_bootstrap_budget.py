@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
 from kura.mesh.wire import encode_manifest
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.fakepeer import FakePeer, honest
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
@@ -67,7 +66,7 @@ def test_a_joiner_with_half_the_peers_data_in_budget_holds_the_newest_half_and_s
         assert joiner.metric_sum("kura_storage_evictions_total") == 0
         assert joiner.metric("kura_disk_used_bytes") <= LIMIT_BYTES
 
-        ready = httpx.get(joiner.url + "/ready", timeout=10).json()
+        ready = oneshot.get(joiner.url + "/ready", timeout=10).json()
         stopped = [w for w in ready["warnings"] if "stopped at the disk budget" in w]
         assert len(stopped) == 1, ready
         print(f"/ready: {stopped[0]}")
@@ -149,7 +148,7 @@ def test_a_joiner_with_room_for_everything_fetches_everything_and_reports_no_sto
         assert boot["budget_stopped"] is False
         assert (boot["held_artifacts"], boot["skipped_artifacts"]) == (60, 0)
         assert boot["held_percent"] == 100
-        ready = httpx.get(joiner.url + "/ready", timeout=10).json()
+        ready = oneshot.get(joiner.url + "/ready", timeout=10).json()
         assert not [w for w in ready["warnings"] if "disk budget" in w], ready
         assert joiner.metric_sum("kura_bootstrap_budget_stopped") == 0
         assert joiner.metric_sum("kura_storage_evictions_total") == 0
@@ -172,7 +171,7 @@ def push(node: NodeProcess, key: str, data: bytes, version_ms: int) -> str:
         version_ms=version_ms,
         created_at_ms=version_ms,
     )
-    r = httpx.put(
+    r = oneshot.put(
         node.internal_url + "/_internal/replicate/artifact",
         content=data,
         headers={"Kura-Manifest": encode_manifest(m)},
@@ -187,7 +186,7 @@ def pages(node: NodeProcess, **params: object) -> list[list[dict[str, object]]]:
     after: str | None = None
     while True:
         query = {**params, "limit": 3, **({} if after is None else {"after": after})}
-        r = httpx.get(node.internal_url + "/_internal/bootstrap/manifests", params=query)
+        r = oneshot.get(node.internal_url + "/_internal/bootstrap/manifests", params=query)
         r.raise_for_status()
         body = r.json()
         out.append(body["manifests"])
@@ -212,10 +211,10 @@ def test_manifests_page_newest_first_with_a_compound_cursor_and_the_old_paging_s
     assert [len(p) for p in newest] == [3, 3, 3, 1]
     old = pages(node)
     assert [m["artifact_id"] for page in old for m in page] == sorted(ids)
-    r = httpx.get(node.internal_url + "/_internal/bootstrap/manifests", params={"limit": 3})
+    r = oneshot.get(node.internal_url + "/_internal/bootstrap/manifests", params={"limit": 3})
     assert "order" not in r.json()  # the old answer is unchanged
     for bad in ({"order": "sideways"}, {"order": "newest", "after": expected[0]}):
-        r = httpx.get(node.internal_url + "/_internal/bootstrap/manifests", params=bad)
+        r = oneshot.get(node.internal_url + "/_internal/bootstrap/manifests", params=bad)
         assert r.status_code == 400, (bad, r.text)
 
 

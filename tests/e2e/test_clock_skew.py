@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, faketime_prefix
 from tests.e2e.mesh import Mesh, manifests, wait_for
 
@@ -90,7 +91,7 @@ def wait_served_everywhere(mesh: Mesh, protocol: Protocol, key: str, value: byte
 
 def server_clock_offset_seconds(node: NodeProcess) -> float:
     """The node's wall clock minus ours, from its HTTP ``Date`` header (1 s resolution)."""
-    r = httpx.get(node.url + "/up")
+    r = oneshot.get(node.url + "/up")
     served = email.utils.parsedate_to_datetime(r.headers["Date"]).timestamp()
     return served - time.time()
 

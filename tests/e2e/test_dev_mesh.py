@@ -20,9 +20,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.e2e.mesh import wait_for
 
 NODES = 3
@@ -97,12 +97,12 @@ class DevMesh:
         return pid
 
     def status(self, number: int) -> dict[str, object]:
-        resp = httpx.get(self.urls[number - 1] + "/status", timeout=5)
+        resp = oneshot.get(self.urls[number - 1] + "/status", timeout=5)
         data: dict[str, object] = resp.json()
         return data
 
     def ready(self, number: int) -> bool:
-        return httpx.get(self.urls[number - 1] + "/ready", timeout=5).status_code == 200
+        return oneshot.get(self.urls[number - 1] + "/ready", timeout=5).status_code == 200
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -126,7 +126,7 @@ def dev_mesh(tmp_path: Path) -> Iterator[DevMesh]:
 
 
 def put(url: str, key: int, body: bytes) -> int:
-    return httpx.put(f"{url}/v1/cache/{key}", content=body, timeout=10).status_code
+    return oneshot.put(f"{url}/v1/cache/{key}", content=body, timeout=10).status_code
 
 
 def test_a_killed_dev_node_is_named_restarted_and_catches_up(dev_mesh: DevMesh) -> None:
@@ -148,7 +148,7 @@ def test_a_killed_dev_node_is_named_restarted_and_catches_up(dev_mesh: DevMesh) 
     for key in range(WRITES, 2 * WRITES):
         assert put(mesh.urls[0], key, b"during %d" % key) == 200
     for key in range(2 * WRITES):
-        assert httpx.get(f"{mesh.urls[2]}/v1/cache/{key}", timeout=10).status_code == 200
+        assert oneshot.get(f"{mesh.urls[2]}/v1/cache/{key}", timeout=10).status_code == 200
     assert wait_for(lambda: mesh.status(3)["artifacts"] == 2 * WRITES, TIMEOUT)
 
     restarted = kura("dev", "restart", "2", "--dir", str(mesh.directory), timeout=120)

@@ -21,9 +21,9 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.mesh import Mesh, manifests, peer_row, status, wait_for
 
@@ -52,7 +52,7 @@ def write(node: NodeProcess, prefix: str, count: int) -> dict[str, bytes]:
 
 
 def feed_head(node: NodeProcess) -> tuple[str, int]:
-    page = httpx.get(
+    page = oneshot.get(
         node.internal_url + "/_internal/changes", params={"since": 0, "limit": 1}, timeout=10
     ).json()
     return str(page["epoch"]), int(page["head_seq"])
@@ -117,7 +117,7 @@ def test_a_restarted_node_pulls_only_what_changed_at_a_cost_proportional_to_the_
         env = node_env(tmp_path / "fresh", **COMMON)
         env["KURA_PEERS"] = a.internal_url
         c = spawn_node(tmp_path / "fresh", env)
-        assert wait_for(lambda: httpx.get(c.url + "/ready").status_code == 200, 120), status(c)
+        assert wait_for(lambda: oneshot.get(c.url + "/ready").status_code == 200, 120), status(c)
         assert len(manifests(c)) == n + changes
         full_requests = metadata(c, "requests", "bootstrap")
         full_bytes = metadata(c, "bytes", "bootstrap")
@@ -236,7 +236,7 @@ def test_a_pages_tombstones_are_applied_before_its_manifests(tmp_path: Path) -> 
             assert c.delete("/api/cache/clean", params=params).status_code == 204
         for key in after:
             turbo_put(a, key, b"new " + key.encode())
-        page = httpx.get(
+        page = oneshot.get(
             a.internal_url + "/_internal/changes", params={"since": feed_head(a)[1] - 4}
         ).json()
         assert [t["namespace_id"] for t in page["tombstones"]] == [NAMESPACE]
@@ -277,9 +277,9 @@ def test_the_change_feed_refuses_bad_input_and_unauthenticated_peers(
     node = start_node("feed", internal_tokens=TOKEN)
     url = node.internal_url + "/_internal/changes"
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    assert httpx.get(url, params={"since": 0}).status_code == 401
+    assert oneshot.get(url, params={"since": 0}).status_code == 401
     assert (
-        httpx.get(url, params={"since": 0}, headers={"Authorization": "Bearer x"}).status_code
+        oneshot.get(url, params={"since": 0}, headers={"Authorization": "Bearer x"}).status_code
         == 401
     )
     for params, message in (
@@ -295,11 +295,11 @@ def test_the_change_feed_refuses_bad_input_and_unauthenticated_peers(
         ({"since": "0", "limit": "1001"}, "limit must be between 1 and 1000"),
         ({"since": "0", "limit": "x"}, "limit must be a decimal integer"),
     ):
-        r = httpx.get(url, params=params, headers=auth)
+        r = oneshot.get(url, params=params, headers=auth)
         assert r.status_code == 400, (params, r.status_code)
         assert message in r.text, (params, r.text)
     write(node, "k", 3)
-    page = httpx.get(url, params={"since": 0, "limit": 2}, headers=auth).json()
+    page = oneshot.get(url, params={"since": 0, "limit": 2}, headers=auth).json()
     assert set(page) == {"epoch", "tombstones", "manifests", "next_since", "head_seq", "more"}
     assert (len(page["manifests"]), page["next_since"], page["head_seq"], page["more"]) == (
         2,
@@ -307,7 +307,7 @@ def test_the_change_feed_refuses_bad_input_and_unauthenticated_peers(
         3,
         True,
     )
-    rest = httpx.get(url, params={"since": 2}, headers=auth).json()
+    rest = oneshot.get(url, params={"since": 2}, headers=auth).json()
     assert (len(rest["manifests"]), rest["next_since"], rest["more"]) == (1, 3, False)
     assert rest["epoch"] == page["epoch"]
     # The bootstrap's newest-first cursor takes the same care: a version past SQLite's
@@ -320,19 +320,19 @@ def test_the_change_feed_refuses_bad_input_and_unauthenticated_peers(
         ":a",
         "1:",
     ):
-        r = httpx.get(newest, params={"order": "newest", "after": after}, headers=auth)
+        r = oneshot.get(newest, params={"order": "newest", "after": after}, headers=auth)
         assert r.status_code == 400, (after, r.status_code, r.text)
         assert "is not <version_ms>:<artifact_id>" in r.text, (after, r.text)
-    r = httpx.get(
+    r = oneshot.get(
         newest, params={"order": "newest", "after": "9223372036854775807:a"}, headers=auth
     )
     assert r.status_code == 200, r.text
     # A peer asking this node to pull its feed (mesh.catch_up) must name itself, and be a peer.
     pull = url + "/pull"
-    assert httpx.post(pull, headers={"Kura-Node": "http://127.0.0.1:1"}).status_code == 401
-    r = httpx.post(pull, headers=auth)
+    assert oneshot.post(pull, headers={"Kura-Node": "http://127.0.0.1:1"}).status_code == 401
+    r = oneshot.post(pull, headers=auth)
     assert (r.status_code, "Kura-Node must name" in r.text) == (400, True), r.text
-    r = httpx.post(pull, headers={**auth, "Kura-Node": "http://127.0.0.1:1"})
+    r = oneshot.post(pull, headers={**auth, "Kura-Node": "http://127.0.0.1:1"})
     assert (r.status_code, "is not a peer" in r.text) == (404, True), r.text
     assert "Traceback" not in node.log()
 

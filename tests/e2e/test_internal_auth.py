@@ -22,6 +22,7 @@ import pytest
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
 from kura.mesh.wire import encode_manifest
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, serve_refused
 from tests.e2e.fakepeer import FakePeer, honest
 from tests.e2e.mesh import Mesh, manifests, wait_for
@@ -255,10 +256,10 @@ def test_a_peer_that_refuses_this_nodes_token_is_named_in_ready_warnings(tmp_pat
             assert c.put("/cache/waits", content=b"queued bytes").status_code == 201
 
         def warning() -> list[str]:
-            ready = httpx.get(writer.url + "/ready", timeout=10)
+            ready = oneshot.get(writer.url + "/ready", timeout=10)
             return [w for w in ready.json()["warnings"] if peer.internal_url in w]
 
-        assert wait_for(lambda: bool(warning()), 60), httpx.get(writer.url + "/ready").text
+        assert wait_for(lambda: bool(warning()), 60), oneshot.get(writer.url + "/ready").text
         text = warning()[0]
         assert "replication to" in text, text
         assert "KURA_INTERNAL_TOKENS" in text, text
@@ -343,11 +344,11 @@ def test_bootstrap_from_a_peer_holding_far_future_versions_skips_them_and_comple
     source = start_node("source", internal_tokens=TOKEN)
     assert "ahead of this node's clock: local writes" in source.log()  # told at start-up
     fresh = start_node("fresh", internal_tokens=TOKEN, peers=source.internal_url)
-    assert wait_for(lambda: httpx.get(fresh.url + "/ready").status_code == 200, 60), httpx.get(
+    assert wait_for(lambda: oneshot.get(fresh.url + "/ready").status_code == 200, 60), oneshot.get(
         fresh.url + "/ready"
     ).text
     assert_keys_served(fresh)  # the far-future tombstone was not applied
-    assert httpx.get(fresh.url + "/cache/far-future").status_code == 404
+    assert oneshot.get(fresh.url + "/cache/far-future").status_code == 404
     metrics = fresh.metrics()
     assert (
         metrics['kura_replication_rejected_total{reason="future_version",source="bootstrap"}'] == 2
@@ -378,14 +379,14 @@ def test_a_node_on_a_non_loopback_host_with_a_peer_token_starts_and_requires_it(
 ) -> None:
     node = start_node(host="0.0.0.0", internal_tokens=TOKEN)
     internal = node.internal_url.replace("0.0.0.0", "127.0.0.1")
-    assert httpx.get(node.url.replace("0.0.0.0", "127.0.0.1") + "/up").status_code == 200
-    assert httpx.get(internal + "/_internal/status").status_code == 401
-    assert httpx.get(internal + "/_internal/status", headers=bearer(TOKEN)).status_code == 200
+    assert oneshot.get(node.url.replace("0.0.0.0", "127.0.0.1") + "/up").status_code == 200
+    assert oneshot.get(internal + "/_internal/status").status_code == 401
+    assert oneshot.get(internal + "/_internal/status", headers=bearer(TOKEN)).status_code == 200
     # No public token on a non-loopback host: an open cache on the network, said loudly.
     assert "has no tokens" in node.log()
     assert "anyone who can reach" in node.log()
     guarded = start_node("guarded", host="0.0.0.0", internal_tokens=TOKEN, read_write_tokens="rw")
-    assert httpx.get(guarded.url.replace("0.0.0.0", "127.0.0.1") + "/up").status_code == 200
+    assert oneshot.get(guarded.url.replace("0.0.0.0", "127.0.0.1") + "/up").status_code == 200
     assert "has no tokens" not in guarded.log()
 
 
@@ -404,9 +405,9 @@ def test_with_mutual_tls_and_a_peer_token_both_are_required(
     # mTLS alone is a credential: a non-loopback host may use it without a token.
     alone = start_node("alone", host="0.0.0.0", **tls)
     url = alone.internal_url.replace("0.0.0.0", "127.0.0.1") + "/_internal/status"
-    assert httpx.get(url, verify=tls_client(pki, "node")).status_code == 200
+    assert oneshot.get(url, verify=tls_client(pki, "node")).status_code == 200
     with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
-        httpx.get(url, verify=tls_client(pki, None), headers=bearer(TOKEN))
+        oneshot.get(url, verify=tls_client(pki, None), headers=bearer(TOKEN))
     # Both configured: a mesh replicates with both, and a certificate without the token is 401.
     mesh = Mesh(tmp_path / "mesh", 2, in_process=True, scheme="https", internal_tokens=TOKEN, **tls)
     try:
@@ -415,11 +416,11 @@ def test_with_mutual_tls_and_a_peer_token_both_are_required(
         mesh.wait_drained()
         assert_keys_served(mesh.nodes[1])
         url = mesh.nodes[0].internal_url + "/_internal/status"
-        assert httpx.get(url, verify=tls_client(pki, "node")).status_code == 401
-        ok = httpx.get(url, verify=tls_client(pki, "node"), headers=bearer(TOKEN))
+        assert oneshot.get(url, verify=tls_client(pki, "node")).status_code == 401
+        ok = oneshot.get(url, verify=tls_client(pki, "node"), headers=bearer(TOKEN))
         assert ok.status_code == 200
         with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
-            httpx.get(url, verify=tls_client(pki, None), headers=bearer(TOKEN))
+            oneshot.get(url, verify=tls_client(pki, None), headers=bearer(TOKEN))
     finally:
         mesh.stop_all()
 

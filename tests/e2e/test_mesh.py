@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, spawn_node, wants_in_process
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
 from tests.reapi import action_result
@@ -34,7 +35,7 @@ def mesh3(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Mesh]:
 
 
 def fetch(node: NodeProcess, path: str) -> httpx.Response:
-    return httpx.get(node.url + path, timeout=30)
+    return oneshot.get(node.url + path, timeout=30)
 
 
 def test_a_write_through_each_protocol_family_is_readable_byte_identical_on_every_node(
@@ -113,13 +114,13 @@ def test_a_clean_beats_a_delayed_replica_of_an_older_write(mesh3: Mesh) -> None:
     mesh3.wait_drained()
     # Capture the write as a peer would ship it (manifest + body): the "delayed replica".
     aid = next(iter(manifests(a)))
-    stale = httpx.get(f"{a.internal_url}/_internal/bootstrap/artifacts/{aid}")
+    stale = oneshot.get(f"{a.internal_url}/_internal/bootstrap/artifacts/{aid}")
     assert stale.status_code == 200
     with a.client() as w:
         assert w.delete(f"/api/cache/clean?{q}").status_code == 204
     mesh3.wait_drained()
     for node in (b, c):
-        r = httpx.put(
+        r = oneshot.put(
             f"{node.internal_url}/_internal/replicate/artifact",
             content=stale.content,
             headers={"Kura-Manifest": stale.headers["Kura-Manifest"]},
@@ -147,7 +148,7 @@ def test_public_port_never_serves_internal_routes(mesh3: Mesh) -> None:
         "/_internal/bootstrap/artifacts/" + "0" * 64,
     ):
         assert fetch(a, path).status_code == 404
-    assert httpx.get(a.internal_url + "/_internal/status").json()["node_url"] == a.internal_url
+    assert oneshot.get(a.internal_url + "/_internal/status").json()["node_url"] == a.internal_url
 
 
 def test_up_lists_the_members_and_metrics_count_replication(mesh3: Mesh) -> None:
@@ -187,7 +188,7 @@ def test_a_joining_node_reads_through_to_its_peers(tmp_path: Path) -> None:
             assert w.put("/v1/cache/555", content=b"from a").status_code == 200
         # Stop replication to B from being the reason B has it: read on B right away, and
         # check the read-through counter moved.
-        assert httpx.get(b.url + "/ready").status_code == 503
+        assert oneshot.get(b.url + "/ready").status_code == 503
         assert wait_for(lambda: fetch(b, "/v1/cache/555").status_code == 200, 15)
         assert fetch(b, "/v1/cache/555").content == b"from a"
     finally:
@@ -370,15 +371,15 @@ def test_mutual_tls_refuses_peers_without_a_ca_signed_certificate(tmp_path: Path
         assert wait_for(lambda: fetch(b, "/v1/cache/9").status_code == 200, 15)
         url = a.internal_url + "/_internal/status"
         # With the right certificate a peer is served...
-        ok = httpx.get(url, verify=tls_client(pki, "node"))
+        ok = oneshot.get(url, verify=tls_client(pki, "node"))
         assert ok.status_code == 200
         # ...without one, or with one from another CA, the handshake is refused.
         for ctx in (tls_client(pki, None), tls_client(pki, "rogue")):
             with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
-                httpx.get(url, verify=ctx)
+                oneshot.get(url, verify=ctx)
         # And the public port never serves /_internal/.
         assert fetch(a, "/_internal/status").status_code == 404
-        assert json.loads(httpx.get(a.url + "/up").text)["ring_members"] == 2
+        assert json.loads(oneshot.get(a.url + "/up").text)["ring_members"] == 2
     finally:
         mesh.stop_all()
 

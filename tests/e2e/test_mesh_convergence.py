@@ -19,11 +19,11 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-import httpx
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
 
@@ -68,9 +68,9 @@ class MeshConvergence(RuleBasedStateMachine):
         q = f"tenant_id=t&namespace_id={ns}"
         # CAS POST does not overwrite an existing id; use the key-value route for overwrites.
         entry = {"cas_id": key, "entries": [{"value": body.hex()}]}
-        r = httpx.put(f"{node.url}/api/cache/keyvalue?{q}", json=entry, timeout=30)
+        r = oneshot.put(f"{node.url}/api/cache/keyvalue?{q}", json=entry, timeout=30)
         assert r.status_code == 204, r.text
-        stored = httpx.get(f"{node.url}/api/cache/keyvalue/{key}?{q}", timeout=30)
+        stored = oneshot.get(f"{node.url}/api/cache/keyvalue/{key}?{q}", timeout=30)
         assert stored.status_code == 200
         view = manifests(node)
         mine = [
@@ -90,9 +90,9 @@ class MeshConvergence(RuleBasedStateMachine):
     def clean(self, pick: int, ns: str) -> None:
         up = self._up()
         node = self.mesh.nodes[up[pick % len(up)]]
-        r = httpx.delete(f"{node.url}/api/cache/clean?tenant_id=t&namespace_id={ns}", timeout=30)
+        r = oneshot.delete(f"{node.url}/api/cache/clean?tenant_id=t&namespace_id={ns}", timeout=30)
         assert r.status_code == 204
-        page = httpx.get(
+        page = oneshot.get(
             f"{node.internal_url}/_internal/bootstrap/namespace_tombstones", timeout=30
         ).json()
         version = {t["namespace_id"]: t["version_ms"] for t in page["tombstones"]}[ns]

@@ -14,8 +14,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import httpx
-
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.mesh import Mesh, free_port, manifests, peer_row, status, wait_for
 
@@ -68,7 +67,7 @@ def test_a_peer_that_never_answers_costs_no_write_and_catches_up_when_it_returns
         # count as well (185 in one full run). Each peer skips at most the writes past its cap.
         assert 0 < a.metric_sum("kura_outbox_skipped_messages_total") <= 2 * (WRITES - CAP)
         assert "dropped its queue of 20 messages" in a.log()
-        assert label in httpx.get(a.url + "/metrics").text
+        assert label in oneshot.get(a.url + "/metrics").text
         # The outbox gauge stays exact: nothing is pending for anyone once B is drained.
         assert wait_for(lambda: status(a)["outbox_messages"] == 0, 60), status(a)
         # The peer returns: a real node at that URL, which lists A, so it pulls A's feed.

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import free_port, manifests, status, wait_for
 from tests.e2e.test_bootstrap import assert_full_budget_reservable, fill, start_joiner
@@ -144,7 +145,7 @@ def test_a_read_through_fetch_is_slowed_neither_by_load_nor_by_the_bootstrap_lim
         assert wait_for(lambda: server.metric("kura_public_requests_in_flight") == 3, 30)
         assert server.metric("kura_replication_peer_slowdown_factor") >= 4.0
         started = time.perf_counter()
-        r = httpx.get(
+        r = oneshot.get(
             f"{server.internal_url}/_internal/bootstrap/artifacts/{aid}",
             headers={"Kura-Read-Through": "1"},
             timeout=60,

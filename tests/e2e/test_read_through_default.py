@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.fakepeer import FakePeer, honest, lying
 from tests.e2e.mesh import Mesh, manifests, status, wait_for
@@ -82,11 +82,11 @@ def test_a_miss_everywhere_is_bounded_and_not_asked_again_inside_the_negative_tt
         a, b, c = mesh.nodes
         before = b.metric(PEER_MISSES)
         t0 = time.monotonic()
-        assert httpx.get(a.url + "/cache/nowhere/1", timeout=30).status_code == 404
+        assert oneshot.get(a.url + "/cache/nowhere/1", timeout=30).status_code == 404
         first_s = time.monotonic() - t0
         assert wait_for(lambda: b.metric(PEER_MISSES) == before + 1, 10)
         t0 = time.monotonic()
-        assert httpx.get(a.url + "/cache/nowhere/1", timeout=30).status_code == 404
+        assert oneshot.get(a.url + "/cache/nowhere/1", timeout=30).status_code == 404
         second_s = time.monotonic() - t0
         assert b.metric(PEER_MISSES) == before + 1  # B was not asked again
         assert a.metric('kura_read_through_total{result="negative_cached"}') == 1
@@ -94,7 +94,7 @@ def test_a_miss_everywhere_is_bounded_and_not_asked_again_inside_the_negative_tt
         c.proc.send_signal(signal.SIGSTOP)
         try:
             t0 = time.monotonic()
-            assert httpx.get(a.url + "/cache/nowhere/2", timeout=30).status_code == 404
+            assert oneshot.get(a.url + "/cache/nowhere/2", timeout=30).status_code == 404
             hung_s = time.monotonic() - t0
         finally:
             c.proc.send_signal(signal.SIGCONT)
@@ -127,7 +127,7 @@ def test_a_read_through_is_answered_before_its_copy_is_durable_and_a_crash_then_
         try:
             assert wait_for(lambda: is_ready(slow), 60), status(slow)
             started = time.monotonic()
-            got = httpx.get(slow.url + "/cache/late/artifact", timeout=30)
+            got = oneshot.get(slow.url + "/cache/late/artifact", timeout=30)
             elapsed = time.monotonic() - started
             assert got.status_code == 200, got.text
             assert got.content == data
@@ -139,13 +139,13 @@ def test_a_read_through_is_answered_before_its_copy_is_durable_and_a_crash_then_
         try:
             assert wait_for(lambda: is_ready(again), 60), status(again)
             assert again.staging_files() == []
-            got = httpx.get(again.url + "/cache/late/artifact", timeout=30)
+            got = oneshot.get(again.url + "/cache/late/artifact", timeout=30)
             assert got.status_code == 200, got.text
             assert got.content == data
             # Stored this time (no failpoint): the next read is a local hit, no peer asked.
             assert wait_for(lambda: art.manifest.artifact_id in manifests(again), 10)
             asked = again.metric('kura_read_through_total{result="hit"}')
-            assert httpx.get(again.url + "/cache/late/artifact", timeout=30).content == data
+            assert oneshot.get(again.url + "/cache/late/artifact", timeout=30).content == data
             assert again.metric('kura_read_through_total{result="hit"}') == asked
         finally:
             again.stop()
@@ -211,7 +211,7 @@ def test_read_throughs_hold_at_most_16_mib_in_memory_and_the_rest_are_stored_fir
 
             def get(key: str) -> None:
                 started = time.monotonic()
-                got = httpx.get(f"{node.url}/cache/{key}", timeout=60)
+                got = oneshot.get(f"{node.url}/cache/{key}", timeout=60)
                 assert got.status_code == 200, got.text
                 assert got.content == bodies[key], key
                 timings[key] = time.monotonic() - started
@@ -271,7 +271,7 @@ def test_a_lying_peers_copy_is_refused_before_it_is_served_and_leaves_nothing(
         try:
             assert wait_for(lambda: is_ready(node), 60), status(node)
             for key in bad:
-                got = httpx.get(f"{node.url}/cache/{key}", timeout=30)
+                got = oneshot.get(f"{node.url}/cache/{key}", timeout=30)
                 assert got.status_code == 404, (key, got.status_code)
             assert manifests(node) == {}
             assert node.staging_files() == []

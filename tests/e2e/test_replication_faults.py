@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.mesh import manifests, status, wait_for
 from tests.e2e.test_bootstrap import start_joiner
@@ -80,7 +80,7 @@ def test_a_fresh_node_learns_the_tenant_wide_tombstone_when_it_bootstraps(
     # The write as a peer would ship it: an old copy that may still arrive later.
     ((aid, manifest),) = manifests(a).items()
     assert manifest["namespace_id"] == ""
-    stale = httpx.get(f"{a.internal_url}/_internal/bootstrap/artifacts/{aid}")
+    stale = oneshot.get(f"{a.internal_url}/_internal/bootstrap/artifacts/{aid}")
     assert stale.status_code == 200
     with a.client() as c:
         assert c.delete("/api/cache/clean?tenant_id=t").status_code == 204  # namespace ""
@@ -89,7 +89,7 @@ def test_a_fresh_node_learns_the_tenant_wide_tombstone_when_it_bootstraps(
     seen, after = [], None
     while True:
         params = {"limit": "1"} if after is None else {"limit": "1", "after": after}
-        page = httpx.get(
+        page = oneshot.get(
             f"{a.internal_url}/_internal/bootstrap/namespace_tombstones", params=params
         )
         seen += [t["namespace_id"] for t in page.json()["tombstones"]]
@@ -101,7 +101,7 @@ def test_a_fresh_node_learns_the_tenant_wide_tombstone_when_it_bootstraps(
     fresh = start_joiner(tmp_path / "fresh", [a.internal_url])
     try:
         assert wait_for(lambda: status(fresh)["ready"] is True, 30), status(fresh)
-        r = httpx.put(
+        r = oneshot.put(
             f"{fresh.internal_url}/_internal/replicate/artifact",
             content=stale.content,
             headers={"Kura-Manifest": stale.headers["Kura-Manifest"]},

@@ -13,12 +13,12 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
 from kura import __version__
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import Mesh, wait_for
 
@@ -133,7 +133,7 @@ def test_page_shows_a_mesh_node_bootstrapping_then_ready_without_console_errors(
         assert page.locator("#readiness").inner_text() == "ready"
         assert page.locator("#reasons li").count() == 0
         assert page.locator("#bootstrap-progress").get_attribute("data-fraction") == "1.0000"
-        assert httpx.get(fresh.url + "/ready").status_code == 200
+        assert oneshot.get(fresh.url + "/ready").status_code == 200
         assert problems == []
     finally:
         mesh.stop_all()
@@ -148,7 +148,7 @@ def test_page_needs_a_read_token_when_tokens_are_set(
     url = node.url + "/ui"
     # A real fault for the "recent errors" section: a peer request without credentials, on a
     # path with markup in it (logged at WARNING; the page must show it escaped).
-    refused_peer = httpx.get(node.internal_url + "/_internal/%3Cb%3Eprobe%3C/b%3E")
+    refused_peer = oneshot.get(node.internal_url + "/_internal/%3Cb%3Eprobe%3C/b%3E")
     assert refused_peer.status_code == 401
 
     # Without credentials Chromium gets the 401 with both challenges and, having no password
@@ -197,9 +197,9 @@ def test_page_needs_a_read_token_when_tokens_are_set(
     assert with_header.status == 200
 
     # The same rule as /status, and no token in the URL (RFC 6750 §5.3).
-    assert httpx.get(node.url + "/status").status_code == 401
-    assert httpx.get(url, params={"token": "ro-secret"}).status_code == 401
-    assert httpx.get(url, headers={"Authorization": "Bearer ro-secret"}).status_code == 200
-    redirect = httpx.get(node.url + "/")
+    assert oneshot.get(node.url + "/status").status_code == 401
+    assert oneshot.get(url, params={"token": "ro-secret"}).status_code == 401
+    assert oneshot.get(url, headers={"Authorization": "Bearer ro-secret"}).status_code == 200
+    redirect = oneshot.get(node.url + "/")
     assert redirect.status_code == 302
     assert redirect.headers["location"] == "/ui"

@@ -16,11 +16,11 @@ import threading
 from collections.abc import Callable, Iterator
 
 import grpc
-import httpx
 import pytest
 from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 
 from kura.api.malformed import LOG_LINES
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.grpc_api.client import (
@@ -49,7 +49,7 @@ GARBAGE_METHODS = (
 def recent_errors(node: NodeProcess, token: str | None = None) -> list[object]:
     """The status page's list of recent warnings and errors (``GET /status``)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    body = httpx.get(node.url + "/status", headers=headers, timeout=10).json()
+    body = oneshot.get(node.url + "/status", headers=headers, timeout=10).json()
     return list(body["recent_errors"])
 
 

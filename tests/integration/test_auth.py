@@ -12,9 +12,9 @@ import base64
 import hashlib
 from collections.abc import Callable, Iterator
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.integration import rawhttp
 from tests.reapi import action_result
@@ -209,7 +209,7 @@ def test_basic_auth_with_the_token_as_password_works_for_any_user(guarded: NodeP
 
 def test_probes_and_metrics_need_no_token(shared_guarded: NodeProcess) -> None:
     for path in ("/up", "/ready", "/metrics"):
-        assert httpx.get(shared_guarded.url + path, timeout=10).status_code == 200, path
+        assert oneshot.get(shared_guarded.url + path, timeout=10).status_code == 200, path
     with shared_guarded.client() as c:
         assert c.options("/dav/x").status_code == 200
 

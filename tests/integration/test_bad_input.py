@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, serve_refused
 from tests.integration import rawhttp
 from tests.integration.test_workers import worker_pids
@@ -419,7 +420,7 @@ def test_concurrent_puts_of_one_key_leave_exactly_one_complete_value(
     def put(body: bytes) -> None:
         try:
             start.wait()
-            r = httpx.put(seeded.url + "/cache/contended/key", content=body, timeout=60)
+            r = oneshot.put(seeded.url + "/cache/contended/key", content=body, timeout=60)
             assert r.status_code in (200, 201), r.text
         except BaseException as exc:
             errors.append(exc)
@@ -429,7 +430,7 @@ def test_concurrent_puts_of_one_key_leave_exactly_one_complete_value(
 
     def read() -> None:
         while not stop.is_set():
-            r = httpx.get(seeded.url + "/cache/contended/key", timeout=60)
+            r = oneshot.get(seeded.url + "/cache/contended/key", timeout=60)
             if r.status_code == 200:
                 readers_saw.append(hashlib.sha256(r.content).hexdigest())
             time.sleep(0.005)
@@ -444,7 +445,7 @@ def test_concurrent_puts_of_one_key_leave_exactly_one_complete_value(
     stop.set()
     reader.join()
     assert not errors, errors
-    final = httpx.get(seeded.url + "/cache/contended/key", timeout=60)
+    final = oneshot.get(seeded.url + "/cache/contended/key", timeout=60)
     assert final.status_code == 200
     assert hashlib.sha256(final.content).hexdigest() in digests
     assert set(readers_saw) <= digests  # no reader ever saw a torn or mixed value

@@ -23,6 +23,7 @@ import pytest
 
 from kura.api.connections import GRPC_IDLE_TIMEOUT_SECONDS
 from kura_harness.launch.process import free_port
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.descriptors import descriptors as _descriptors
 from tests.descriptors import squeeze as _squeeze
@@ -83,7 +84,7 @@ def _refused(url: str) -> tuple[int, str | None, bytes]:
 
 def _timed_up(url: str) -> float:
     started = time.monotonic()
-    r = httpx.get(url + "/up", timeout=10)
+    r = oneshot.get(url + "/up", timeout=10)
     assert r.status_code == 200
     return time.monotonic() - started
 
@@ -229,7 +230,7 @@ def _writes_refused(url: str, prefix: str, n: int) -> int:
     refused = 0
     for i in range(n):
         try:
-            r = httpx.put(f"{url}/cache/{prefix}-{i}", content=b"w%d" % i, timeout=10)
+            r = oneshot.put(f"{url}/cache/{prefix}-{i}", content=b"w%d" % i, timeout=10)
             refused += r.status_code != 201
         except httpx.HTTPError:
             refused += 1
@@ -297,7 +298,7 @@ def test_idle_and_slow_connections_on_every_listener_stay_within_the_descriptor_
     # Writes resume by themselves once the connections are gone, and the node says ready.
     resumed = rawhttp.wait_until(lambda: _writes_refused(node.url, "probe", 1) == 0, 15)
     refused_after = _writes_refused(node.url, "after", 20)
-    ready = httpx.get(node.url + "/ready", timeout=10)
+    ready = oneshot.get(node.url + "/ready", timeout=10)
     figures = {
         f"every process below its {LIMIT} descriptors": max(peak.values()) < LIMIT,
         "prefaces closed by the server": closed,
@@ -312,7 +313,7 @@ def test_idle_and_slow_connections_on_every_listener_stay_within_the_descriptor_
         "writes refused after": 0,
         "/ready": 200,
     }, (figures, peak, f"{refused_during} of 33 writes refused during the attack", ready.text)
-    assert httpx.get(node.url + "/up", timeout=10).status_code == 200
+    assert oneshot.get(node.url + "/up", timeout=10).status_code == 200
     reapi = Reapi(f"127.0.0.1:{grpc_port}")
     try:
         assert reapi.find_missing([b"x"], timeout=10) != []  # gRPC takes calls again

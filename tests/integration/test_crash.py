@@ -35,6 +35,7 @@ import httpx
 import pytest
 
 from kura_harness.launch.process import LaunchError
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 
 KILLS = 50
@@ -259,7 +260,7 @@ def test_readers_racing_overwrites_always_get_one_whole_version(
     for key, size in sizes.items():
         body = os.urandom(size)
         digests[key].add(hashlib.sha256(body).digest())
-        assert httpx.put(f"{node.url}/cache/race/{key}", content=body).status_code == 201
+        assert oneshot.put(f"{node.url}/cache/race/{key}", content=body).status_code == 201
     done = threading.Event()
     bad: list[str] = []
     reads = [0]

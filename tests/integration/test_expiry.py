@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from kit.wait import wait_until
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import Mesh, manifests, wait_for
 
@@ -28,11 +29,11 @@ AGE_SECONDS = 4
 
 
 def _get(node: NodeProcess, path: str) -> httpx.Response:
-    return httpx.get(node.url + path, timeout=30)
+    return oneshot.get(node.url + path, timeout=30)
 
 
 def _put(node: NodeProcess, path: str, body: bytes) -> None:
-    r = httpx.put(node.url + path, content=body, timeout=30)
+    r = oneshot.put(node.url + path, content=body, timeout=30)
     assert r.status_code in (200, 201), r.text
 
 

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 
 pytestmark = pytest.mark.in_process
@@ -27,7 +27,7 @@ HOLD_MS = 400
 def put(node: NodeProcess, i: int) -> tuple[int, float]:
     body = hashlib.sha256(str(i).encode()).digest() * 32  # 1 KiB
     started = time.monotonic()
-    r = httpx.put(f"{node.url}/cache/group-{i}", content=body, timeout=60)
+    r = oneshot.put(f"{node.url}/cache/group-{i}", content=body, timeout=60)
     return r.status_code, time.monotonic() - started
 
 
@@ -52,7 +52,7 @@ def test_concurrent_puts_share_a_group_and_are_answered_only_after_its_fsync(
     assert after["kura_storage_commit_group_max_jobs"] >= 4
     assert after["kura_storage_commit_sync_failures_total"] == 0
     for i in range(PUTS):
-        got = httpx.get(f"{node.url}/cache/group-{i}", timeout=30)
+        got = oneshot.get(f"{node.url}/cache/group-{i}", timeout=30)
         assert got.status_code == 200
         assert got.content == hashlib.sha256(str(i).encode()).digest() * 32
     assert node.index_rows() == PUTS
@@ -70,7 +70,7 @@ def test_a_failed_fsync_refuses_every_later_write_until_a_restart(
     failed = None
     for i in range(300):
         body = hashlib.sha256(str(i).encode()).digest() * 32
-        r = httpx.put(f"{node.url}/cache/eio-{i}", content=body, timeout=30)
+        r = oneshot.put(f"{node.url}/cache/eio-{i}", content=body, timeout=30)
         if r.status_code != 201:
             failed = r
             break
@@ -78,21 +78,21 @@ def test_a_failed_fsync_refuses_every_later_write_until_a_restart(
     assert failed is not None, "the injected fsync error never fired"
     assert failed.status_code == 503, failed.text
     assert "could not be made durable" in failed.text
-    later = httpx.put(f"{node.url}/cache/after", content=b"refused", timeout=30)
+    later = oneshot.put(f"{node.url}/cache/after", content=b"refused", timeout=30)
     assert later.status_code == 503, later.text
     assert "refuses every write until it is restarted" in later.text
-    ready = httpx.get(f"{node.url}/ready", timeout=10)
+    ready = oneshot.get(f"{node.url}/ready", timeout=10)
     assert ready.status_code == 503  # writes are refused: not ready
     assert any("fsync" in w and "restarted" in w for w in ready.json()["reasons"]), ready.text
     assert any("fsync" in w and "restarted" in w for w in ready.json()["warnings"]), ready.text
     assert node.metric("kura_storage_commit_sync_failures_total") == 1
     assert acked
     for i, body in acked.items():
-        assert httpx.get(f"{node.url}/cache/eio-{i}", timeout=30).content == body
+        assert oneshot.get(f"{node.url}/cache/eio-{i}", timeout=30).content == body
     assert node.stop() == 0
     node = start_node("eio")
     for i, body in acked.items():
-        got = httpx.get(f"{node.url}/cache/eio-{i}", timeout=30)
+        got = oneshot.get(f"{node.url}/cache/eio-{i}", timeout=30)
         assert got.status_code == 200
         assert got.content == body
-    assert httpx.put(f"{node.url}/cache/after", content=b"ok", timeout=30).status_code == 201
+    assert oneshot.put(f"{node.url}/cache/after", content=b"ok", timeout=30).status_code == 201

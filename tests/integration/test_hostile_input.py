@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kura.api.malformed import LOG_LINES
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, serve_refused, spawn_node
 from tests.integration import rawhttp
 
@@ -184,7 +184,7 @@ def test_malformed_requests_get_a_400_and_no_traceback_in_the_log(
             sock.sendall(raw)
             status, _h, _b = rawhttp.read_response(sock)
         assert status == 400
-    assert httpx.get(node.url + "/up").status_code == 200
+    assert oneshot.get(node.url + "/up").status_code == 200
     assert "Traceback" not in node.log()
     # The quiet policy's budget of lines per process (kura.api.malformed), the rest left out.
     assert 1 <= node.log().count("rejected a malformed HTTP request") <= 2 * LOG_LINES

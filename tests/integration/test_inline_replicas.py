@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from kura.core.keys import artifact_id
+from tests import oneshot
 from tests.conftest import NodeProcess
 
 pytestmark = pytest.mark.in_process
@@ -36,7 +37,7 @@ def _put_replica(node: NodeProcess, key: str, body: bytes, *, inline: bool) -> h
         "created_at_ms": now,
         "inline": inline,
     }
-    return httpx.put(
+    return oneshot.put(
         node.internal_url + "/_internal/replicate/artifact",
         content=body,
         headers={"Kura-Manifest": json.dumps(manifest, separators=(",", ":"))},

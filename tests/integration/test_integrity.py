@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
@@ -52,7 +53,7 @@ def outcome(url: str, body: bytes, timeout: float = 30.0) -> str:
     """One GET: "ok" (200, right bytes), "wrong" (a complete 200 with other bytes), "miss"
     (404), "aborted" (the transfer failed), "hung" (no progress for ``timeout``)."""
     try:
-        r = httpx.get(url, timeout=timeout)
+        r = oneshot.get(url, timeout=timeout)
     except httpx.TimeoutException:
         return "hung"
     except httpx.TransportError:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.inprocess import start_in_process
 from tests.integration import jwt_keys
@@ -195,12 +195,12 @@ def test_eddsa_and_es256_keys_verify_their_own_tokens_only(
 
 def test_metrics_can_require_a_token(start_node: Callable[..., NodeProcess]) -> None:
     node = start_node(read_only_tokens="scraper", metrics_require_token="true")
-    assert httpx.get(node.url + "/metrics", timeout=10).status_code == 401
-    r = httpx.get(node.url + "/metrics", headers=bearer("scraper"), timeout=10)
+    assert oneshot.get(node.url + "/metrics", timeout=10).status_code == 401
+    r = oneshot.get(node.url + "/metrics", headers=bearer("scraper"), timeout=10)
     assert r.status_code == 200
     assert "kura_http_requests_total" in r.text
-    assert httpx.get(node.url + "/ready", timeout=10).status_code == 200
-    assert httpx.get(node.url + "/up", timeout=10).status_code == 200
+    assert oneshot.get(node.url + "/ready", timeout=10).status_code == 200
+    assert oneshot.get(node.url + "/up", timeout=10).status_code == 200
 
 
 def test_jwt_settings_without_issuer_or_audience_refuse_to_start(tmp_path: Path) -> None:
@@ -308,7 +308,7 @@ def test_jwks_keys_verify_by_kid_and_a_rotation_is_picked_up(
         jwks.publish(second, "k2")  # the signer rotates: both keys published
         assert wait_for(
             lambda: (
-                httpx.get(node.url + "/cache/plain/jwks", headers=bearer(by_second)).status_code
+                oneshot.get(node.url + "/cache/plain/jwks", headers=bearer(by_second)).status_code
                 == 200
             ),
             20,
@@ -318,7 +318,8 @@ def test_jwks_keys_verify_by_kid_and_a_rotation_is_picked_up(
         assert wait_for(lambda: "cannot fetch the JWKS" in node.log(), 20), node.log()[-2000:]
         for value in (by_first, by_second):
             assert (
-                httpx.get(node.url + "/cache/plain/jwks", headers=bearer(value)).status_code == 200
+                oneshot.get(node.url + "/cache/plain/jwks", headers=bearer(value)).status_code
+                == 200
             )
     finally:
         if jwks.thread.is_alive():

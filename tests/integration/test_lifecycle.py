@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kit.wait import wait_until
 from kura_harness.launch.node import spawn_kura
 from kura_harness.launch.process import free_port
+from tests import oneshot
 from tests.conftest import START_TIMEOUT_SECONDS, NodeProcess, node_env, serve_refused
 from tests.integration import rawhttp
 
@@ -69,9 +69,9 @@ def test_serve_with_no_configuration_listens_on_localhost_4000_with_data_under_d
     try:
         url = node.url
         assert url == f"http://127.0.0.1:{DEFAULT_PORT}"
-        assert httpx.get(url + "/up", timeout=10).status_code == 200
-        assert httpx.put(url + "/cache/zero/config", content=b"z", timeout=10).status_code == 201
-        assert httpx.get(url + "/cache/zero/config", timeout=10).content == b"z"
+        assert oneshot.get(url + "/up", timeout=10).status_code == 200
+        assert oneshot.put(url + "/cache/zero/config", content=b"z", timeout=10).status_code == 201
+        assert oneshot.get(url + "/cache/zero/config", timeout=10).content == b"z"
         kura = tmp_path / ".kura"
         assert (kura / "data" / "index.sqlite3").is_file()
         # The 1-byte body is inline in its index row (KURA_INLINE_MAX_BYTES): no blob file.

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.integration.test_clients import CCACHE, Client, assert_remote_hit, run_client
 
@@ -42,7 +42,7 @@ def test_a_real_client_on_a_namespaced_url_hits_and_a_root_delete_cleans_only_th
 ) -> None:
     node = start_node(read_write_tokens=TOKEN)
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    other = httpx.put(node.url + "/cache/ab/outside", content=b"namespace ''", headers=auth)
+    other = oneshot.put(node.url + "/cache/ab/outside", content=b"namespace ''", headers=auth)
     assert other.status_code == 201
     run = run_client(client, node, token=TOKEN)
     assert_remote_hit(client, node, run)
@@ -52,10 +52,10 @@ def test_a_real_client_on_a_namespaced_url_hits_and_a_root_delete_cleans_only_th
     assert held.get("team1", 0) >= 1, held
     assert held[""] == 1, held
 
-    r = httpx.delete(node.url + ROOTS[client.name], headers=auth)
+    r = oneshot.delete(node.url + ROOTS[client.name], headers=auth)
     assert r.status_code == 204, r.text
     assert _namespaces(node) == {"": 1}
-    assert httpx.get(node.url + "/cache/ab/outside", headers=auth).content == b"namespace ''"
+    assert oneshot.get(node.url + "/cache/ab/outside", headers=auth).content == b"namespace ''"
     # The same client stores into the cleaned namespace again and hits.
     again = run_client(client, node, token=TOKEN)
     assert again.returncode == 0, again.describe()

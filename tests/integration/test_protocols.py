@@ -19,6 +19,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.integration import rawhttp
 from tests.reapi import action_result
@@ -59,7 +60,7 @@ def sample(samples: dict[str, float], name: str, **labels: str) -> float:
 
 def families(node: NodeProcess) -> dict[str, str]:
     """``{family: type}`` from the ``# TYPE`` lines of /metrics."""
-    text = httpx.get(node.url + "/metrics", timeout=10).text
+    text = oneshot.get(node.url + "/metrics", timeout=10).text
     found = {}
     for line in text.splitlines():
         if line.startswith("# TYPE "):
@@ -575,7 +576,7 @@ def test_namespace_clean_without_tenant_is_400_and_removes_nothing(node: NodePro
 
 
 def test_up_is_200_json(node: NodeProcess) -> None:
-    r = httpx.get(node.url + "/up", timeout=10)
+    r = oneshot.get(node.url + "/up", timeout=10)
     assert r.status_code == 200
     body = r.json()
     assert body["status"] == "ok"
@@ -585,7 +586,7 @@ def test_up_is_200_json(node: NodeProcess) -> None:
 
 
 def test_ready_is_200_with_empty_reasons(node: NodeProcess) -> None:
-    r = httpx.get(node.url + "/ready", timeout=10)
+    r = oneshot.get(node.url + "/ready", timeout=10)
     assert r.status_code == 200
     body = r.json()
     assert body["ready"] is True
@@ -600,13 +601,13 @@ def test_ready_is_503_with_its_reasons_while_a_configured_peer_never_answered(
         s.bind(("127.0.0.1", 0))
         dead_peer = f"http://127.0.0.1:{s.getsockname()[1]}"
     node = start_node(peers=dead_peer, discovery_initial_timeout_ms=600_000)
-    r = httpx.get(node.url + "/ready", timeout=10)
+    r = oneshot.get(node.url + "/ready", timeout=10)
     assert r.status_code == 503
     body = r.json()
     assert body["ready"] is False
     assert body["status"] == "not_ready"
     assert "initial discovery incomplete" in body["reasons"]
-    assert httpx.get(node.url + "/up", timeout=10).status_code == 200  # liveness is unaffected
+    assert oneshot.get(node.url + "/up", timeout=10).status_code == 200  # liveness is unaffected
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -651,7 +652,7 @@ def _normalise(found: dict[str, str]) -> dict[str, str]:
 
 def test_metrics_expose_every_documented_family(start_node: Callable[..., NodeProcess]) -> None:
     node = start_node(max_disk_bytes=3 * MiB, tmp_dir_max_bytes=2 * MiB)
-    r = httpx.get(node.url + "/metrics", timeout=10)
+    r = oneshot.get(node.url + "/metrics", timeout=10)
     assert r.status_code == 200
     assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     found = _normalise(families(node))

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 
@@ -141,7 +142,7 @@ def test_plain_http_to_the_https_port_gets_no_answer(tls_node: NodeProcess) -> N
     import httpx
 
     with pytest.raises(httpx.HTTPError):
-        httpx.get(tls_node.url.replace("https://", "http://") + "/up", timeout=5)
+        oneshot.get(tls_node.url.replace("https://", "http://") + "/up", timeout=5)
     assert tls_node.proc.poll() is None
 
 

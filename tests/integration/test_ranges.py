@@ -15,6 +15,7 @@ import httpx
 import pytest
 import xxhash
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.integration.ext4 import Ext4Image
@@ -186,7 +187,7 @@ def test_a_damaged_blob_is_never_served_inside_a_206(ext4: Ext4Image) -> None:  
 
         def status(value: str) -> int | str:
             try:
-                return httpx.get(url, headers={"Range": value}, timeout=30).status_code
+                return oneshot.get(url, headers={"Range": value}, timeout=30).status_code
             except httpx.TransportError:
                 return "aborted"
 
@@ -257,7 +258,9 @@ def test_verify_reads_changed_trusts_an_unchanged_signature_for_a_range(
     store_and_corrupt_below(ext4, body, MiB + 123, verify_reads="changed")
     node = spawn_on(ext4, scrub_interval_seconds=0, verify_reads="changed")
     try:
-        r = httpx.get(node.url + "/cache/flip/blob", headers={"Range": f"bytes={MiB}-{MiB + 999}"})
+        r = oneshot.get(
+            node.url + "/cache/flip/blob", headers={"Range": f"bytes={MiB}-{MiB + 999}"}
+        )
         assert r.status_code == 206
         assert r.content != body[MiB : MiB + 1000]
         assert node.metric(corrupt("read")) == 0

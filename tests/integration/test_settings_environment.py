@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, serve_refused
 
 pytestmark = pytest.mark.in_process
@@ -51,7 +51,7 @@ def test_kubernetes_service_links_are_ignored_even_where_they_share_a_settings_n
     start_node: Callable[..., NodeProcess],
 ) -> None:
     node = start_node(workers=1, **SERVICE_LINKS)
-    assert httpx.get(node.url + "/up", timeout=10).status_code == 200
+    assert oneshot.get(node.url + "/up", timeout=10).status_code == 200
     # The link's tcp://10.96.0.11:4100 was not read as the internal port: the default, 0 (the
     # OS chooses), was used.
     assert not node.internal_url.endswith(":4100"), node.internal_url
@@ -65,7 +65,7 @@ def test_unknown_settings_may_be_allowed_and_are_warned_once(
     start_node: Callable[..., NodeProcess],
 ) -> None:
     node = start_node(workers=1, allow_unknown_settings="true", read_write_token="tok1")
-    assert httpx.get(node.url + "/up", timeout=10).status_code == 200
+    assert oneshot.get(node.url + "/up", timeout=10).status_code == 200
     log = node.log()
     warnings = [line for line in log.splitlines() if "unknown variables" in line]
     assert len(warnings) == 1, log

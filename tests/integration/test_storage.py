@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess, serve_refused, spawn_node
 from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
@@ -314,7 +315,7 @@ def test_the_data_dir_is_free_again_once_its_owner_exits(
     assert node.stop(signal.SIGKILL) == -signal.SIGKILL  # even after a crash: flock dies too
     again = spawn_node(tmp_path / "again", dict(node.env))
     try:
-        assert httpx.get(again.url + "/up", timeout=10).status_code == 200
+        assert oneshot.get(again.url + "/up", timeout=10).status_code == 200
     finally:
         assert again.stop() == 0
 

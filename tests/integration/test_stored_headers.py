@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kura.core.keys import artifact_id
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.e2e.mesh import wait_for
 from tests.integration import rawhttp
@@ -42,7 +42,7 @@ def test_a_replica_whose_stored_header_has_cr_lf_is_refused_and_nothing_stored(
             "created_at_ms": now,
             "headers": {"x-artifact-tag": value},
         }
-        r = httpx.put(
+        r = oneshot.put(
             node.internal_url + "/_internal/replicate/artifact",
             content=body,
             headers={"Kura-Manifest": json.dumps(manifest, separators=(",", ":"))},
@@ -115,7 +115,7 @@ def test_a_stored_bad_header_is_never_sent_or_spread_to_peers(
         env = node_env(b_dir, peers=a.internal_url, read_through="always")
         b = spawn_node(b_dir, env)
         try:
-            assert wait_for(lambda: httpx.get(b.url + "/ready").status_code == 200, 60)
+            assert wait_for(lambda: oneshot.get(b.url + "/ready").status_code == 200, 60)
             assert b.index_rows() == 1
             with b.client() as c:
                 assert c.get("/v8/artifacts/good?teamId=t").status_code == 200

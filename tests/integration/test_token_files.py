@@ -13,9 +13,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 
@@ -35,7 +35,7 @@ def write_atomically(path: Path, text: str) -> None:
 def status_with(node: NodeProcess, token: str, method: str = "GET") -> int:
     headers = {"Authorization": f"Bearer {token}"}
     body = b"v" if method == "PUT" else None
-    return httpx.request(
+    return oneshot.request(
         method, node.url + PATH, headers=headers, content=body, timeout=10
     ).status_code
 

@@ -23,6 +23,7 @@ import pytest
 import xxhash
 
 from kura.workers.supervisor import PROBE_MISSES_TO_KILL
+from tests import oneshot
 from tests.conftest import (
     NodeProcess,
     _answers,
@@ -45,7 +46,7 @@ def fresh(node: NodeProcess, method: str, path: str, **kwargs: object) -> httpx.
     timeout = kwargs.pop("timeout", 30)
     for attempt in range(5):
         try:
-            return httpx.request(
+            return oneshot.request(
                 method, node.url + path, headers=headers, timeout=timeout, **kwargs
             )  # type: ignore[arg-type]
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
@@ -490,7 +491,7 @@ def test_sigterm_lets_downloads_in_flight_on_every_process_finish(
     def download() -> None:
         h, first = hashlib.sha256(), True
         try:
-            with httpx.stream("GET", node.url + "/cache/big", headers=FRESH, timeout=60) as r:
+            with oneshot.stream("GET", node.url + "/cache/big", headers=FRESH, timeout=60) as r:
                 for chunk in r.iter_bytes(256 * 1024):
                     h.update(chunk)
                     if first:

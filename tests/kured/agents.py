@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import httpx
 
 from kit.clock import ManualClock
 from kura_harness.launch.node import spawn_kured
@@ -31,6 +30,7 @@ from kura_harness.rolling.observe import read_events
 from kured.app import AgentService
 from kured.loop import Agent
 from kured.settings import add_arguments, load_settings
+from tests import oneshot
 from tests.kured.kube_agent import FakeReboot
 
 __all__ = ["Host", "Wired", "read_events", "released_at", "wired_agent"]
@@ -143,7 +143,7 @@ class Host:
         self.proc.wait()
 
     def status(self) -> dict[str, object]:
-        return httpx.get(self.url + "/status", timeout=10).json()  # type: ignore[no-any-return]
+        return oneshot.get(self.url + "/status", timeout=10).json()  # type: ignore[no-any-return]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -22,11 +22,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 
 from kura_harness.launch import LaunchError
 from kura_harness.launch.etcd import Etcd
+from tests import oneshot
 from tests.kured.k8s_double import KubeDouble
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def etcd_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Etcd]:
 def _keys(url: str) -> list[str]:
     """Every key in the etcd at ``url`` (its v3 JSON gateway; keys only)."""
     body = {"key": base64.b64encode(b"\0").decode(), "range_end": "AA==", "keys_only": True}
-    answer = httpx.post(url + "/v3/kv/range", json=body, timeout=10).json()
+    answer = oneshot.post(url + "/v3/kv/range", json=body, timeout=10).json()
     return [base64.b64decode(kv["key"]).decode(errors="replace") for kv in answer.get("kvs", [])]
 
 
@@ -90,7 +90,7 @@ def etcd(etcd_session: Etcd) -> Iterator[str]:
     strays = [key for key in _keys(etcd_session.url) if not key.startswith(TEST_KEYS)]
     for key in strays:  # the next test starts clean either way
         deleted = {"key": base64.b64encode(key.encode()).decode()}
-        httpx.post(etcd_session.url + "/v3/kv/deleterange", json=deleted, timeout=10)
+        oneshot.post(etcd_session.url + "/v3/kv/deleterange", json=deleted, timeout=10)
     assert not strays, f"keys written outside the test's prefix (use lock_key): {strays}"
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -172,10 +174,24 @@ async def test_an_unreachable_prometheus_blocks_with_that_reason(
 
 
 def hanging_reboot(tmp_path: Path) -> str:
+    """A reboot command that logs its reboot and never ends. kured runs it in a session of its
+    own (``kit.command.run``), so killing the agent leaves it running: it writes its pid to
+    ``hang.pid`` for ``end_hung_reboot``."""
     script = tmp_path / "hang.sh"
-    script.write_text('#!/bin/sh\necho "$(date +%s.%N) $1 reboot" >> "$2"\nsleep 600\n')
+    script.write_text(
+        '#!/bin/sh\necho $$ > "$(dirname "$0")/hang.pid"\n'
+        'echo "$(date +%s.%N) $1 reboot" >> "$2"\nexec sleep 600\n'
+    )
     script.chmod(0o755)
     return str(script)
+
+
+def end_hung_reboot(tmp_path: Path) -> None:
+    """Kill the command ``hanging_reboot`` started, if it did (a real reboot would have)."""
+    pid_file = tmp_path / "hang.pid"
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def test_a_killed_holder_of_a_ttl0_lock_blocks_everyone_and_is_shown(
@@ -202,6 +218,7 @@ def test_a_killed_holder_of_a_ttl0_lock_blocks_everyone_and_is_shown(
     finally:
         a.stop()
         b.stop()
+        end_hung_reboot(tmp_path)
 
 
 @contextlib.asynccontextmanager

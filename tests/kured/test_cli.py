@@ -17,6 +17,7 @@ from kit.wait import wait_until
 from kura_harness.launch.node import spawn_kured
 from kura_harness.launch.process import free_port, stop
 from kured.settings import Settings
+from tests import oneshot
 from tests.kured.agents import Host, read_events
 
 
@@ -46,7 +47,7 @@ def test_kured_fleetlock_serves_zincati_over_real_http(
 
         def lock(client_id: str, group: str, path: str = "pre-reboot") -> httpx.Response:
             body = {"client_params": {"id": client_id, "group": group}}
-            return httpx.post(f"{url}/v1/{path}", json=body, headers=hdr, timeout=10)
+            return oneshot.post(f"{url}/v1/{path}", json=body, headers=hdr, timeout=10)
 
         assert lock("c1", "default").status_code == 200
         assert lock("c1", "default").status_code == 200  # idempotent
@@ -58,7 +59,7 @@ def test_kured_fleetlock_serves_zincati_over_real_http(
         assert lock("w2", "workers").status_code == 200
         assert lock("c1", "default", "steady-state").status_code == 200
         assert lock("c2", "default").status_code == 200
-        missing = httpx.post(
+        missing = oneshot.post(
             f"{url}/v1/pre-reboot", json={"client_params": {"id": "c3", "group": "default"}}
         )
         assert missing.status_code == 400
@@ -156,7 +157,7 @@ def test_a_node_that_keeps_needing_a_reboot_trips_the_breaker_instead_of_looping
         assert float(status["last_tick_at"]) >= first + 1.5, status
         assert status["reason"] == "breaker_open", status
         assert reboots() == count == 2
-        metrics = httpx.get(host.url + "/metrics").text
+        metrics = oneshot.get(host.url + "/metrics").text
         assert re.search(r'kured_circuit_breaker_open\{node="n0"\} 1\.0', metrics)
         assert "circuit breaker open" in str(status["blocked_by"])
     finally:

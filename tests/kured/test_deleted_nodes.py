@@ -17,9 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
 from kit.wait import wait_until_async
+from tests import oneshot
 from tests.kured.agents import Host, read_events, wired_agent
 from tests.kured.conftest import LOCK_ANNOTATION
 from tests.kured.k8s_double import KubeDouble
@@ -45,7 +44,7 @@ def _stored(kube: KubeDouble) -> str | None:
 
 
 def _metric(url: str, name: str) -> float | None:
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in oneshot.get(url + "/metrics", timeout=10).text.splitlines():
         if line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return None
@@ -54,7 +53,7 @@ def _metric(url: str, name: str) -> float | None:
 def _checks(url: str) -> float:
     """How many decisions the agent has made (one per check, more when it acts)."""
     total = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in oneshot.get(url + "/metrics", timeout=10).text.splitlines():
         if line.startswith("kured_decisions_total{"):
             total += float(line.rsplit(" ", 1)[1])
     return total

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from kit.wait import wait_until
+from tests import oneshot
 from tests.kured.agents import Host
 from tests.kured.doctor_host import good_apt, in_process, release
 from tests.kured.k8s_double import KubeDouble
@@ -30,7 +30,7 @@ def wait_for(predicate: Any, timeout: float) -> bool:
 
 
 def scraped(prom: Prometheus) -> int:
-    answer = httpx.get(
+    answer = oneshot.get(
         prom.url + "/api/v1/query", params={"query": "kured_reboot_required"}, timeout=5
     ).json()
     return len(answer["data"]["result"])

@@ -9,18 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-
 from kura_harness.launch.etcd import Etcd
 from kura_harness.launch.node import spawn_kured
 from kura_harness.launch.process import free_port, stop
 from kured.cli import fleetlock_parser
+from tests import oneshot
 
 HEADERS = {"fleet-lock-protocol": "true"}
 
 
 def _samples(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = oneshot.get(url + "/metrics", timeout=10).text
     out = {}
     for line in text.splitlines():
         if line.startswith("kured_fleetlock_"):
@@ -48,7 +47,7 @@ def test_fleetlock_metrics_follow_the_semaphores_in_etcd(etcd_server: Etcd, tmp_
 
         def call(path: str, client: str, group: str) -> int:
             body = {"client_params": {"id": client, "group": group}}
-            return httpx.post(
+            return oneshot.post(
                 f"{url}/v1/{path}", json=body, headers=HEADERS, timeout=10
             ).status_code
 
@@ -72,7 +71,9 @@ def test_fleetlock_metrics_follow_the_semaphores_in_etcd(etcd_server: Etcd, tmp_
         after = _samples(url)
         assert after['kured_fleetlock_slots_in_use{group="workers"}'] == 1
         assert not any('holder="w1"' in name for name in after)
-        status = httpx.get(url + "/v1/status", timeout=10).json()  # the same read, the same answer
+        status = oneshot.get(
+            url + "/v1/status", timeout=10
+        ).json()  # the same read, the same answer
         assert [h["id"] for h in status["groups"]["workers"]["holders"]] == ["w2"]
         etcd_server.stop()
         down = _samples(url)

@@ -14,10 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-
 from kura_harness.launch.node import KURA_LISTEN, KURED_LISTEN, kura_env, kured_env
 from kura_harness.launch.process import spawn_until_line, stop
+from tests import oneshot
 
 WITHOUT_KUBERNETES = """
 import runpy, sys
@@ -84,7 +83,7 @@ def test_kured_on_etcd_starts_and_serves_metrics_without_kubernetes(
         "kured without kubernetes",
     )
     try:
-        metrics = httpx.get(started.match.group(1) + "/metrics", timeout=10)
+        metrics = oneshot.get(started.match.group(1) + "/metrics", timeout=10)
         assert metrics.status_code == 200
         assert "kured_reboot_required" in metrics.text
         assert started.proc.poll() is None, (tmp_path / "kured.log").read_text()
@@ -102,8 +101,8 @@ def test_kura_serve_starts_and_stores_without_kubernetes(tmp_path: Path) -> None
     )
     try:
         url = started.match.group(1)
-        assert httpx.put(url + "/cache/k", content=b"body", timeout=10).status_code in (200, 201)
-        got = httpx.get(url + "/cache/k", timeout=10)
+        assert oneshot.put(url + "/cache/k", content=b"body", timeout=10).status_code in (200, 201)
+        got = oneshot.get(url + "/cache/k", timeout=10)
         assert (got.status_code, got.content) == (200, b"body")
     finally:
         assert stop(started.proc, timeout=30) == 0, (tmp_path / "kura.log").read_text()

@@ -22,12 +22,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from aiohttp import web
 from aiosmtpd.controller import Controller
 
 from kit.wait import wait_until_async
+from tests import oneshot
 from tests.kured.agents import Host, read_events
 from tests.kured.k8s_double import KubeDouble
 
@@ -94,7 +94,7 @@ def _lease_holder(kube: KubeDouble) -> str | None:
 
 
 def _metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = oneshot.get(url + "/metrics", timeout=10).text
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
     for line in text.splitlines():
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):

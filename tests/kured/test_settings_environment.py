@@ -9,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-
 from kura_harness.launch.node import kured_env, spawn_kured
 from kura_harness.launch.process import stop
+from tests import oneshot
 
 
 def agent_flags(tmp_path: Path) -> list[str]:
@@ -60,7 +59,7 @@ def test_kured_ignores_the_service_links_of_its_namespace(tmp_path: Path) -> Non
     log = tmp_path / "kured.log"
     proc, url = spawn_kured(agent_flags(tmp_path), log, env={**kured_env(), **links})
     try:
-        assert httpx.get(url + "/status", timeout=10).status_code == 200
+        assert oneshot.get(url + "/status", timeout=10).status_code == 200
         assert not url.endswith(":9100"), url  # --metrics-port 0, not the link's port
     finally:
         stop(proc, timeout=30)

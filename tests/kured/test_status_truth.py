@@ -14,10 +14,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
-
 from kura_harness.launch.etcd import Etcd
 from kura_harness.launch.process import free_ports
+from tests import oneshot
 from tests.kured.agents import Host, released_at
 from tests.kured.test_agents import wait_for
 
@@ -29,17 +28,17 @@ def _b64(text: str) -> str:
 
 
 def etcd_value(url: str) -> str | None:
-    answer = httpx.post(f"{url}/v3/kv/range", json={"key": _b64(KEY)}, timeout=5).json()
+    answer = oneshot.post(f"{url}/v3/kv/range", json={"key": _b64(KEY)}, timeout=5).json()
     kvs = answer.get("kvs") or []
     return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
 
 
 def etcd_put(url: str, value: str) -> None:
-    httpx.post(f"{url}/v3/kv/put", json={"key": _b64(KEY), "value": _b64(value)}, timeout=5)
+    oneshot.post(f"{url}/v3/kv/put", json={"key": _b64(KEY), "value": _b64(value)}, timeout=5)
 
 
 def etcd_delete(url: str) -> None:
-    httpx.post(f"{url}/v3/kv/deleterange", json={"key": _b64(KEY)}, timeout=5)
+    oneshot.post(f"{url}/v3/kv/deleterange", json={"key": _b64(KEY)}, timeout=5)
 
 
 def foreign_record(node: str) -> str:
@@ -54,7 +53,7 @@ def holders(host: Host) -> list[str]:
 
 
 def metric(host: Host, name: str, labels: str = "") -> float | None:
-    text = httpx.get(host.url + "/metrics", timeout=10).text
+    text = oneshot.get(host.url + "/metrics", timeout=10).text
     labels = labels or f'node="{host.node}"'
     pattern = "^" + re.escape(name + "{" + labels + "}") + r" (\S+)$"
     m = re.search(pattern, text, re.MULTILINE)

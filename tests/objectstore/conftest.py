@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from kura_harness.launch.seaweedfs import SeaweedFS
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node, stop_nodes
 from tests.objectstore.faultproxy import FaultProxy
 
@@ -143,8 +144,8 @@ def tier_metric(node: NodeProcess, name: str, **labels: str) -> float:
 
 
 def put(node: NodeProcess, key: str, body: bytes) -> int:
-    return httpx.put(f"{node.url}/cache/{key}", content=body, timeout=60).status_code
+    return oneshot.put(f"{node.url}/cache/{key}", content=body, timeout=60).status_code
 
 
 def get(node: NodeProcess, key: str) -> httpx.Response:
-    return httpx.get(f"{node.url}/cache/{key}", timeout=60)
+    return oneshot.get(f"{node.url}/cache/{key}", timeout=60)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sqlite3
 
-import httpx
 import pytest
 
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.integration.test_clients import BY_NAME, assert_remote_hit, run_client
@@ -55,11 +55,11 @@ def test_real_client_hits_through_the_bucket_and_a_fresh_node_serves_its_artifac
     assert tier_metric(a, "kura_object_store_uploaded_bytes_total") > 0
 
     b = tier_node("b", prefix=f"clients-{name}")
-    assert httpx.get(b.url + "/ready", timeout=10).status_code == 200
+    assert oneshot.get(b.url + "/ready", timeout=10).status_code == 200
     for producer, namespace, key in artifacts:
         path = ROUTES[producer](namespace, key)
-        want = httpx.get(a.url + path, headers=HEADERS, timeout=30)
-        got = httpx.get(b.url + path, headers=HEADERS, timeout=30)
+        want = oneshot.get(a.url + path, headers=HEADERS, timeout=30)
+        got = oneshot.get(b.url + path, headers=HEADERS, timeout=30)
         assert want.status_code == 200, (path, want.text)
         assert got.status_code == 200, (path, got.text, b.log()[-2000:])
         assert got.content == want.content, path

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from kura_harness.launch.seaweedfs import SeaweedFS
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.objectstore.conftest import TierNode, get, put, tier_metric
@@ -129,7 +130,7 @@ def test_throttling_errors_and_hangs_are_retried_and_never_evict_a_pending_uploa
         r = get(b, key)
         assert r.status_code == 200, key
         assert hashlib.sha256(r.content).digest() == hashlib.sha256(body).digest()
-    assert httpx.get(a.url + "/ready", timeout=10).status_code == 200
+    assert oneshot.get(a.url + "/ready", timeout=10).status_code == 200
 
 
 def test_a_full_upload_queue_refuses_writes_and_leaves_nothing_behind(
@@ -146,7 +147,7 @@ def test_a_full_upload_queue_refuses_writes_and_leaves_nothing_behind(
     for i in range(3):
         assert put(a, f"q{i}", f"queued {i}".encode()) in (200, 201)
     assert wait_for(lambda: tier_metric(a, QUEUE) == 3, 30)
-    r = httpx.put(f"{a.url}/cache/q3", content=b"one too many", timeout=30)
+    r = oneshot.put(f"{a.url}/cache/q3", content=b"one too many", timeout=30)
     assert r.status_code == 503, r.text
     assert "object-store upload queue holds 3 messages" in r.text
     assert "Retry-After" in r.headers
@@ -154,13 +155,13 @@ def test_a_full_upload_queue_refuses_writes_and_leaves_nothing_behind(
     assert a.staging_files() == []
     assert tier_metric(a, "kura_tmp_reserved_bytes") == 0
     # The refusal is loud in /ready, which stays 200: reads go on.
-    ready = httpx.get(a.url + "/ready", timeout=10)
+    ready = oneshot.get(a.url + "/ready", timeout=10)
     assert ready.status_code == 200
     assert any("upload queue is full (3 messages" in w for w in ready.json()["warnings"]), ready
     fault_proxy.set_mode("pass")
     assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 60)
     assert put(a, "q3", b"one too many") in (200, 201)  # room again
-    ready = httpx.get(a.url + "/ready", timeout=10).json()
+    ready = oneshot.get(a.url + "/ready", timeout=10).json()
     assert not any("upload queue is full" in w for w in ready["warnings"]), ready
 
 

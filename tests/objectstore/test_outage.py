@@ -24,10 +24,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from kura_harness.launch.seaweedfs import SeaweedFS
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node, stop_nodes
 from tests.e2e.mesh import free_port, status, wait_for
 from tests.integration.ext4 import Ext4Image
@@ -42,12 +42,12 @@ MiB = 1024 * 1024
 
 
 def ready_warnings(node: NodeProcess) -> list[str]:
-    return list(httpx.get(f"{node.url}/ready", timeout=10).json()["warnings"])
+    return list(oneshot.get(f"{node.url}/ready", timeout=10).json()["warnings"])
 
 
 def not_ready_for_disk(node: NodeProcess) -> bool:
     """``/ready`` is 503 naming the full disk (its writes are refused)."""
-    r = httpx.get(f"{node.url}/ready", timeout=10)
+    r = oneshot.get(f"{node.url}/ready", timeout=10)
     return r.status_code == 503 and any("disk full" in x for x in r.json()["reasons"])
 
 
@@ -100,7 +100,7 @@ def test_store_down_with_the_disk_full_drains_by_itself_once_the_store_returns(
         # The uploads made the artifacts evictable and eviction freed the disk: writes resume.
         assert wait_for(lambda: put(a, "full/after", b"x" * 300_000) in (200, 201), 30)
         assert wait_for(lambda: ready_warnings(a) == [], 30), ready_warnings(a)
-        assert wait_for(lambda: httpx.get(f"{a.url}/ready", timeout=10).status_code == 200, 30)
+        assert wait_for(lambda: oneshot.get(f"{a.url}/ready", timeout=10).status_code == 200, 30)
     finally:
         stop_nodes([a])
 
@@ -198,7 +198,7 @@ def test_a_hung_store_costs_a_miss_under_a_second_after_the_first_timeouts(
         assert max(later) < 1.0, later
         assert any("unreachable" in w for w in ready_warnings(a)), ready_warnings(a)
         assert tier_metric(a, "kura_object_store_circuit_open") == 1
-        assert httpx.get(f"{a.url}/status", timeout=10).json()["object_store"]["unreachable"]
+        assert oneshot.get(f"{a.url}/status", timeout=10).json()["object_store"]["unreachable"]
     finally:
         os.killpg(seaweedfs.proc.pid, signal.SIGCONT)
     # Transient: once the store answers, a probe after the cool-down closes the breaker.

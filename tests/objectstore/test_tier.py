@@ -18,7 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import obstore
 from obstore.store import S3Store
 
@@ -26,6 +25,7 @@ from kura.core.keys import artifact_id
 from kura.core.object_layout import namespace_prefix, parse_url
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura_harness.launch.seaweedfs import SeaweedFS
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import free_port, peer_row, wait_for
 from tests.objectstore.conftest import TierNode, get, put, start_failure, tier_metric
@@ -67,7 +67,7 @@ def test_a_write_reaches_the_bucket_once_and_a_fresh_node_serves_it_at_once(
     )
 
     b = tier_node("b", prefix="fresh")  # empty disk, same bucket, not a peer of a
-    assert httpx.get(b.url + "/ready", timeout=10).status_code == 200
+    assert oneshot.get(b.url + "/ready", timeout=10).status_code == 200
     assert b.index_rows() == 0
     for key, body in bodies.items():
         r = get(b, key)
@@ -88,7 +88,7 @@ def test_a_clean_deletes_the_namespace_in_the_bucket(
         assert put(a, f"c{i}", f"clean me {i}".encode()) in (200, 201)
     assert wait_for(lambda: drained(a), 30)
     assert len(bucket_keys(seaweedfs, "clean")) == 4
-    r = httpx.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
+    r = oneshot.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
     assert r.status_code == 204
     assert wait_for(lambda: tier_metric(a, QUEUE) == 0, 30)
     assert wait_for(lambda: tier_metric(a, REQUESTS, op="delete", result="ok") > 0, 30)
@@ -124,7 +124,7 @@ def test_peers_sharing_a_bucket_copy_no_bodies_and_carry_cleans(tier_node: TierN
         tier_node(name, prefix="mesh", internal_port=port, node_url=url, peers=",".join(urls))
         for name, port, url in zip(("a", "b"), ports, urls, strict=True)
     )
-    assert wait_for(lambda: httpx.get(b.url + "/ready").status_code == 200, 60)
+    assert wait_for(lambda: oneshot.get(b.url + "/ready").status_code == 200, 60)
     body = os.urandom(50_000)
     assert put(a, "shared", body) in (200, 201)
     assert wait_for(lambda: drained(a), 30)
@@ -132,7 +132,7 @@ def test_peers_sharing_a_bucket_copy_no_bodies_and_carry_cleans(tier_node: TierN
     applied = "kura_replication_apply_results_total"
     replicated = tier_metric(b, applied, source="replication")  # bodies a sent b: none
     assert tier_metric(b, "kura_object_store_filled_bytes_total") == len(body)
-    r = httpx.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
+    r = oneshot.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
     assert r.status_code == 204
     # The tombstone travels the mesh: b drops its local copy; the bucket's is deleted too.
     assert wait_for(lambda: get(b, "shared").status_code == 404, 30), b.log()[-2000:]
@@ -161,7 +161,7 @@ def test_a_peer_forgotten_while_a_namespace_was_cleaned_gets_the_clean_when_it_r
     }
     a = tier_node("a", internal_port=ports[0], node_url=urls[0], **common)
     b = tier_node("b", internal_port=ports[1], node_url=urls[1], **common)
-    assert wait_for(lambda: httpx.get(b.url + "/ready").status_code == 200, 60)
+    assert wait_for(lambda: oneshot.get(b.url + "/ready").status_code == 200, 60)
     assert put(a, "cleaned", b"held by b " * 100) in (200, 201)
     assert wait_for(lambda: drained(a), 30)
     assert get(b, "cleaned").status_code == 200  # filled from the bucket onto B's disk
@@ -173,7 +173,7 @@ def test_a_peer_forgotten_while_a_namespace_was_cleaned_gets_the_clean_when_it_r
     assert wait_for(lambda: a.log().count(forgets) > before, 30), a.log()
     row = peer_row(a, urls[1])
     assert (row["forgotten_at"] is not None, row["healthy"]) == (True, False), row
-    r = httpx.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
+    r = oneshot.delete(a.url + "/api/cache/clean", params={"tenant_id": "default"}, timeout=30)
     assert r.status_code == 204
     assert bucket_keys_of(a) == []
     assert peer_row(a, urls[1])["outbox_messages"] == 0, a.log()  # the clean was not queued for B
@@ -204,7 +204,7 @@ def test_a_store_unreachable_at_start_is_a_warning_and_writes_queue(
     assert re.search(
         r"not usable at start \(object store \w+ failed \(unreachable\): .+\)", a.log()
     )
-    assert httpx.get(a.url + "/ready", timeout=10).status_code == 200
+    assert oneshot.get(a.url + "/ready", timeout=10).status_code == 200
     assert put(a, "early", b"written while the store was unreachable") in (200, 201)
     assert get(a, "early").status_code == 200
     assert wait_for(lambda: tier_metric(a, QUEUE) == 1, 30)
@@ -263,7 +263,7 @@ def test_a_malformed_object_is_a_miss_and_the_next_write_or_clean_replaces_it(
     # A clean deletes a malformed object of its namespace too.
     [obj] = [k for k in bucket_keys(seaweedfs, "poison") if k.endswith(a_id_of("p0"))]
     overwrite_raw(seaweedfs, "poison", obj, b"kura-object 1 4\nnull")
-    assert httpx.delete(a.url + "/cache", timeout=10).status_code == 204
+    assert oneshot.delete(a.url + "/cache", timeout=10).status_code == 204
     assert wait_for(
         lambda: not bucket_keys(seaweedfs, "poison", namespace_prefix("default", "")), 30
     )
@@ -279,7 +279,7 @@ def test_status_shows_the_store_and_no_bootstrap_on_a_tier_node(
     a = tier_node("a", prefix="status")
     assert put(a, "s1", b"status bytes") in (200, 201)
     assert wait_for(lambda: drained(a), 30), a.log()[-2000:]
-    status = httpx.get(a.url + "/status", timeout=10).json()
+    status = oneshot.get(a.url + "/status", timeout=10).json()
     assert status["bootstrap"] is None  # a tier node never bootstraps
     store = status["object_store"]
     assert store["store"].startswith(seaweedfs.env("kura", "status")["KURA_OBJECT_STORE_URL"])
