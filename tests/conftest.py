@@ -75,11 +75,12 @@ class NodeProcess:
         return httpx.Client(base_url=self.url, timeout=30.0, **kwargs)  # type: ignore[arg-type]
 
     def metrics(self) -> dict[str, float]:
-        """Every sample on /metrics as ``{"name{labels}": value}`` (labels as printed)."""
-        text = oneshot.get(
+        """Every sample on /metrics as ``{"name{labels}": value}`` (labels as printed). Raises
+        ``httpx.HTTPStatusError`` when the scrape is refused (at the connection cap, say)."""
+        resp = oneshot.get(
             self.url + "/metrics", timeout=10, verify=self.verify, headers=self.metrics_headers
-        ).text
-        return parse_samples(text)
+        )
+        return parse_samples(resp.raise_for_status().text)
 
     def metric(self, name: str) -> float:
         return self.metrics().get(name, 0.0)

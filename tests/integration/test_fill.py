@@ -27,6 +27,8 @@ from kura.core.object_layout import OUTBOX_TARGET
 from kura.storage.artifact import ArtifactRef, StoredBody
 from kura.storage.budget import TmpBudget
 from kura.storage.fill import Filled, FillingReader
+from kura.storage.object_store import ObjectStore, ObjectStoreConfig
+from kura.storage.object_tier import ObjectTier
 from kura.storage.service import CacheService
 from tests.integration.test_reader_contract import (  # noqa: F401 (run here over the wrappers)
     INLINE_MAX,
@@ -201,6 +203,25 @@ async def test_with_the_bucket_artifact_writes_queue_for_it_alone_and_cleans_for
         depths = await store.replica_log.outbox_depths()
         assert {peer: n for peer, (n, _at) in depths.items()} == {OUTBOX_TARGET: 2, PEER: 1}
         assert len(woken) == 2
+    finally:
+        await store.close()
+
+
+async def test_the_bucket_queue_gauge_counts_a_write_before_its_answer_not_at_the_next_pass(
+    tmp_path: Path,
+) -> None:
+    """The uploader sets the gauge on its passes: on main a client (or a script waiting for
+    ``kura_object_store_upload_queue_messages == 0``) saw 0 between its write's answer and the
+    uploader's next pass. The uploader does not run here, so only the write's wake counts it."""
+    tiers: list[ObjectTier] = []
+    store = make_store(tmp_path, bucket=True, outbox_written=lambda: tiers[0].wake())
+    config = ObjectStoreConfig.from_env("s3://never-asked", {}, 1)
+    tiers.append(ObjectTier(store, ObjectStore(config, clock=SystemClock()), SystemClock()))
+    await store.start()
+    try:
+        assert tiers[0].store.stats.upload_queue_depth == 0
+        await put(store, "a", b"a")
+        assert tiers[0].store.stats.upload_queue_depth == 1
     finally:
         await store.close()
 

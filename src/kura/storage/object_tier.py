@@ -87,6 +87,7 @@ class ObjectTier:
         # The shared jittered backoff (kit.backoff), equal jitter as the shipper's.
         self._backoff = Backoff(BACKOFF_START_SECONDS, backoff_max_seconds, jitter=0.5)
         self._wake = asyncio.Event()
+        self._written = 0  # local writes acknowledged (``wake``), for the queue's gauge
         self._failing = False  # the last pass left messages undelivered
         self.heal = BucketHeal(service, store, clock)  # checks of copies sent again
         self._stalled = False  # failing with the disk full: writes refused until it drains
@@ -94,6 +95,12 @@ class ObjectTier:
     # -- wiring ------------------------------------------------------------------------------
 
     def wake(self) -> None:
+        """A local write or clean was committed with its upload queued (with a bucket, every one
+        is): the queue's gauge counts it at once, not at the uploader's next pass, so that a
+        reader who saw the write acknowledged never sees the queue empty before it is sent."""
+        self._written += 1
+        stats = self.store.stats
+        stats.upload_queue_depth = max(1, stats.upload_queue_depth)
         self._wake.set()
 
     async def check_start(self) -> None:
@@ -254,12 +261,15 @@ class ObjectTier:
         return found
 
     async def _refresh_gauges(self) -> None:
+        written = self._written
         depths = await self._outbox.outbox_depths()
         count, oldest_ms = depths.get(OUTBOX_TARGET, (0, 0))
+        if self._written != written:  # a write was acknowledged while the count was read
+            count = max(1, count)
         stats = self.store.stats
         stats.upload_queue_depth = count
         now = self.clock.now_ms()
-        stats.upload_oldest_age_seconds = max(0.0, (now - oldest_ms) / 1000) if count else 0.0
+        stats.upload_oldest_age_seconds = (now - oldest_ms) / 1000 if count and oldest_ms else 0.0
 
     async def _deliver(self, batch: list[OutboxMessage]) -> list[int]:
         """Deliver ``batch`` in order; the ids of the leading messages delivered (a failure
