@@ -59,12 +59,14 @@ def feed_head(node: NodeProcess) -> tuple[str, int]:
 
 
 def bootstrap_peer(node: NodeProcess, peer_url: str) -> dict[str, object]:
+    """``node``'s ``/status`` bootstrap row for ``peer_url``; ``{}`` until it lists the peer (a
+    node learns its peers just after it starts)."""
     peers = status(node)["bootstrap"]["peers"]  # type: ignore[index]
-    return next(p for p in peers if p["peer"] == peer_url)
+    return next((p for p in peers if p["peer"] == peer_url), {})
 
 
 def cursor_at_head(node: NodeProcess, peer: NodeProcess) -> bool:
-    return bootstrap_peer(node, peer.internal_url)["cursor"] == feed_head(peer)[1]
+    return bootstrap_peer(node, peer.internal_url).get("cursor") == feed_head(peer)[1]
 
 
 def metadata(node: NodeProcess, what: str, kind: str) -> float:
@@ -152,7 +154,7 @@ def test_a_node_killed_mid_catch_up_resumes_from_its_durable_cursor(tmp_path: Pa
         b = mesh.nodes[1] = spawn_node(tmp_path / "n1", env)
 
         def cursor() -> int:
-            value = bootstrap_peer(b, a.internal_url)["cursor"]
+            value = bootstrap_peer(b, a.internal_url).get("cursor")
             return int(value) if isinstance(value, int) else -1
 
         assert wait_for(lambda: cursor() > cursor_before, 60), bootstrap_peer(b, a.internal_url)

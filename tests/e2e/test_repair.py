@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.e2e.mesh import Mesh, wait_for
+from tests.e2e.test_incremental_catch_up import bootstrap_peer, cursor_at_head
 from tests.integration.ext4 import Ext4Image
 from tests.integration.test_integrity import corrupt, outcome, quarantined
 
@@ -19,7 +20,14 @@ MiB = 1024 * 1024
 
 def test_a_peer_copy_repairs_damage_found_by_a_read_and_by_the_scrub(tmp_path: Path) -> None:
     ext4 = Ext4Image(tmp_path / "fs.img", tmp_path / "n0")  # node 0 lives on the image
-    mesh = Mesh(tmp_path, 2, in_process=True, discovery_settle_ms=200, scrub_interval_seconds=6)
+    mesh = Mesh(
+        tmp_path,
+        2,
+        in_process=True,
+        discovery_settle_ms=200,
+        scrub_interval_seconds=6,
+        changes_poll_interval=1,
+    )
     try:
         mesh.wait_ready()
         a, b = mesh.nodes
@@ -33,6 +41,9 @@ def test_a_peer_copy_repairs_damage_found_by_a_read_and_by_the_scrub(tmp_path: P
             assert wait_for(
                 lambda n=name, v=body: outcome(b.url + f"/cache/repair/{n}", v) == "ok", 30
             )
+        # A's cursor into B's change feed is past both writes (B holds them as replicas):
+        # restarted, A pulls nothing, so no catch-up reads the second one before the scrub.
+        assert wait_for(lambda: cursor_at_head(a, b), 30), bootstrap_peer(a, b.internal_url)
         assert a.stop() == 0
         for path in paths.values():
             ext4.flip_byte_below(path, MiB + 7)
