@@ -19,6 +19,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import httpx
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -193,7 +194,9 @@ class MeshConvergence(RuleBasedStateMachine):
                 self.mesh.restart(i)
             self.down.clear()
             for node in self.mesh.nodes:
-                assert wait_for(lambda n=node: status(n)["outbox_messages"] == 0, 90), status(node)
+                assert wait_for(lambda n=node: status(n)["outbox_messages"] == 0, 90), described(
+                    node
+                )
             want = self.expected()
             for node in self.mesh.nodes:
                 # What no outbox holds any more arrives by anti-entropy, a round or two later.
@@ -201,7 +204,7 @@ class MeshConvergence(RuleBasedStateMachine):
                     node.url,
                     self.view(node),
                     want,
-                    status(node)["anti_entropy"],
+                    described(node),
                 )
         finally:
             for node in self.mesh.nodes:
@@ -209,6 +212,14 @@ class MeshConvergence(RuleBasedStateMachine):
                     node.proc.send_signal(signal.SIGCONT)
             self.mesh.stop_all()
             self.tmp.cleanup()
+
+
+def described(node: NodeProcess) -> object:
+    """``node``'s ``/status``, or, when it does not answer, why, its exit code and its log."""
+    try:
+        return status(node)
+    except httpx.HTTPError as exc:
+        return f"{exc!r}; exit code {node.proc.poll()}; log:\n{node.log()[-3000:]}"
 
 
 MeshConvergence.TestCase.settings = settings(
