@@ -15,6 +15,7 @@ import contextlib
 import functools
 import inspect
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -381,10 +382,13 @@ async def _tasks_left_behind() -> AsyncIterator[None]:
 
 
 def processes_naming(path: Path) -> dict[int, str]:
-    """Live processes (zombies excluded) whose command line or working directory is inside
-    ``path``: ``{pid: command line}``."""
+    """Live processes (zombies excluded) whose command line names ``path`` or a file under it,
+    or whose working directory is inside it: ``{pid: command line}``. (A process that names
+    neither, such as the orphaned child of a killed agent that ``exec``-ed into a plain command,
+    is not found.)"""
     found: dict[int, str] = {}
     prefix = str(path)
+    named = re.compile(re.escape(prefix) + r"(/|\s|$)")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -393,7 +397,7 @@ def processes_naming(path: Path) -> dict[int, str]:
             cwd = os.readlink(entry / "cwd")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if argv and (prefix in argv or cwd == prefix or cwd.startswith(prefix + "/")):
+        if argv and (named.search(argv) or cwd == prefix or cwd.startswith(prefix + "/")):
             found[int(entry.name)] = argv.strip()
     return found
 

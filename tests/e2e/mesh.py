@@ -15,7 +15,15 @@ from kura_harness.launch.process import free_port
 from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
 
-__all__ = ["Mesh", "forget_behind_the_cursor", "free_port", "manifests", "status", "wait_for"]
+__all__ = [
+    "Mesh",
+    "forget_behind_the_cursor",
+    "free_port",
+    "manifests",
+    "peer_row",
+    "status",
+    "wait_for",
+]
 
 
 class Mesh:

@@ -443,3 +443,7 @@ def test_read_through_refuses_a_far_future_copy_and_answers_a_miss(
         # A read-through is answered before its copy is stored (test_read_through_default):
         # the copy lands.
         assert wait_for(lambda: node.index_rows() == 1 and node.staging_files() == [], 10)
+        with node.client() as c:  # the one row is the on-time copy: the refused one never lands
+            assert c.get("/cache/rt-future").status_code == 404
+            assert c.get("/cache/rt-present").content == b"from a peer on time"
+        assert node.index_rows() == 1

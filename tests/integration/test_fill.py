@@ -210,9 +210,10 @@ async def test_with_the_bucket_artifact_writes_queue_for_it_alone_and_cleans_for
 async def test_the_bucket_queue_gauge_counts_a_write_before_its_answer_not_at_the_next_pass(
     tmp_path: Path,
 ) -> None:
-    """The uploader sets the gauge on its passes: on main a client (or a script waiting for
-    ``kura_object_store_upload_queue_messages == 0``) saw 0 between its write's answer and the
-    uploader's next pass. The uploader does not run here, so only the write's wake counts it."""
+    """The uploader sets the gauge on its passes; were it alone, a client (or a script waiting
+    for ``kura_object_store_upload_queue_messages == 0``) would see 0 between its write's
+    answer and the uploader's next pass. The uploader does not run here: the write's wake
+    alone must count it."""
     tiers: list[ObjectTier] = []
     store = make_store(tmp_path, bucket=True, outbox_written=lambda: tiers[0].wake())
     config = ObjectStoreConfig.from_env("s3://never-asked", {}, 1)

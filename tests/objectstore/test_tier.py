@@ -40,9 +40,9 @@ def uploads(node: NodeProcess) -> float:
 
 
 def drained(node: NodeProcess, after: float = 0) -> bool:
-    """The upload queue is empty and more than ``after`` uploads succeeded. The queue's gauge is
-    set by the uploader on its passes, so it reads 0 for a moment after a write is acknowledged:
-    a node that uploaded before counts that write only with the count taken before it."""
+    """The upload queue is empty and more than ``after`` uploads succeeded: for a node that
+    uploaded before, ``after`` is the count taken before the write waited for, so an upload
+    of that write (not only an empty queue) is what ends the wait."""
     return tier_metric(node, QUEUE) == 0 and uploads(node) > after
 
 

@@ -38,7 +38,7 @@ class ObjectStoreStats:
     requests_total: dict[tuple[str, str], int] = field(default_factory=dict)
     # op -> (counts per LATENCY_BUCKETS bucket (not cumulative) + the overflow, sum of seconds).
     latency: dict[str, tuple[list[int], float]] = field(default_factory=dict)
-    upload_queue_depth: int = 0  # set by the uploader
+    upload_queue_depth: int = 0  # set by the uploader's passes; at least 1 after a write
     upload_oldest_age_seconds: float = 0.0  # set by the uploader
     upload_stalled: bool = False  # set by the uploader: failing while the disk is full
     uploaded_bytes_total: int = 0

@@ -96,8 +96,9 @@ class ObjectTier:
 
     def wake(self) -> None:
         """A local write or clean was committed with its upload queued (with a bucket, every one
-        is): the queue's gauge counts it at once, not at the uploader's next pass, so that a
-        reader who saw the write acknowledged never sees the queue empty before it is sent."""
+        is): the queue's gauge reads at least 1 at once, before the write is answered, so that
+        nobody who saw the write acknowledged sees the queue empty before it is sent. The exact
+        count follows at the uploader's next pass."""
         self._written += 1
         stats = self.store.stats
         stats.upload_queue_depth = max(1, stats.upload_queue_depth)
@@ -269,7 +270,8 @@ class ObjectTier:
         stats = self.store.stats
         stats.upload_queue_depth = count
         now = self.clock.now_ms()
-        stats.upload_oldest_age_seconds = (now - oldest_ms) / 1000 if count and oldest_ms else 0.0
+        age = max(0.0, (now - oldest_ms) / 1000)  # the enqueue time is wall-clock time
+        stats.upload_oldest_age_seconds = age if count and oldest_ms else 0.0
 
     async def _deliver(self, batch: list[OutboxMessage]) -> list[int]:
         """Deliver ``batch`` in order; the ids of the leading messages delivered (a failure
