@@ -101,10 +101,11 @@ def status(node: NodeProcess) -> dict[str, object]:
 
 
 def peer_row(node: NodeProcess, url: str) -> dict[str, object]:
-    """``node``'s ``/status`` row for its peer ``url`` (``peers[]``)."""
+    """``node``'s ``/status`` row for its peer ``url`` (``peers[]``); ``{}`` while it lists no
+    such peer (discovery has not seen it yet)."""
     peers = status(node)["peers"]
     assert isinstance(peers, list)
-    return next(p for p in peers if p["node_url"] == url)
+    return next((p for p in peers if p["node_url"] == url), {})
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:

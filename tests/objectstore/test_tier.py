@@ -173,7 +173,15 @@ def test_a_peer_forgotten_while_a_namespace_was_cleaned_gets_the_clean_when_it_r
     assert wait_for(lambda: drained(a), 30)
     assert get(b, "cleaned").status_code == 200  # filled from the bucket onto B's disk
     # Forgotten after this stop: with a 1 s forget time, A may have forgotten B once already,
-    # before discovery first saw it, and that mark is cleared once B is healthy.
+    # before discovery first saw it, and that mark is cleared once A sees B healthy; B may be
+    # ready before A's discovery has seen it at all (it probes every 500 ms).
+    assert wait_for(
+        lambda: (
+            (row := peer_row(a, urls[1])).get("healthy") is True
+            and row.get("needs_catch_up") is False
+        ),
+        30,
+    ), a.log()
     forgets = f"peer {urls[1]} absent for"
     before = a.log().count(forgets)
     assert b.stop() == 0
