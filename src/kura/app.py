@@ -686,9 +686,17 @@ class Node:
         background task stops the node too, so its supervisor can restart it."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        timeout = f"KURA_SHUTDOWN_TIMEOUT_SECONDS={self.settings.shutdown_timeout_seconds}"
+
+        def stop_on(sig: signal.Signals) -> None:  # the log says why the node stopped
+            if not stop.is_set():
+                log.info("%s received: stopping gracefully (%s)", sig.name, timeout)
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stop_on, sig)
         if stop_requested is not None and stop_requested():
+            log.info("a stop was requested while the node was being built: stopping (%s)", timeout)
             stop.set()
         try:
             await self.start()

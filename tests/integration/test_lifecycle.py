@@ -132,6 +132,10 @@ def test_sigterm_while_the_node_is_being_built_is_a_graceful_stop_exit_0(tmp_pat
             assert wait_until(lambda p=log_path: "auth o" in p.read_text(), 30)
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0, log_path.read_text()[-3000:]
+            said = log_path.read_text()  # why it stopped: at this line, the signal came first
+            assert "stop was requested while the node was being built" in said or (
+                "SIGTERM received: stopping gracefully" in said
+            ), said[-3000:]
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -192,6 +196,7 @@ def test_sigterm_lets_an_in_flight_upload_finish_and_then_exits_0(
         status, _headers, answer = rawhttp.read_response(sock)
     assert status == 201, answer
     assert node.proc.wait(30) == 0, node.log()[-3000:]
+    assert "SIGTERM received: stopping gracefully (KURA_SHUTDOWN_TIMEOUT_SECONDS=60)" in node.log()
     assert "kura stopped" in node.log()
     # The upload was committed before the process exited.
     again = start_node()  # same name: same data dir
