@@ -152,8 +152,8 @@ class ArtifactWriter(Protocol):
 
 
 class ReplicaApplier(Protocol):
-    """Where one streamed copy of a peer's lands: the base of every port that takes copies
-    (``PeerPages``, ``ReplicaSink``, ``ReplicaStore``)."""
+    """Where one streamed copy made elsewhere lands (a peer's, or the bucket's on a fill): the
+    base of every port that takes copies (``PeerPages``, ``ReplicaSink``, ``ReplicaStore``)."""
 
     async def apply_replica(
         self,
