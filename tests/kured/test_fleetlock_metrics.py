@@ -71,9 +71,8 @@ def test_fleetlock_metrics_follow_the_semaphores_in_etcd(etcd_server: Etcd, tmp_
         after = _samples(url)
         assert after['kured_fleetlock_slots_in_use{group="workers"}'] == 1
         assert not any('holder="w1"' in name for name in after)
-        status = oneshot.get(
-            url + "/v1/status", timeout=10
-        ).json()  # the same read, the same answer
+        # The same read, the same answer.
+        status = oneshot.get(url + "/v1/status", timeout=10).json()
         assert [h["id"] for h in status["groups"]["workers"]["holders"]] == ["w2"]
         etcd_server.stop()
         down = _samples(url)
