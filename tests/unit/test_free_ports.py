@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kura_harness.launch.process import free_port, free_ports, reserved_port_range
+from kura_harness.launch.process import free_port, free_ports, reserved_port_range, worker_slice
 
 
 def test_the_range_is_the_half_below_the_ephemeral_start(tmp_path: Path) -> None:
@@ -47,3 +47,20 @@ def test_without_a_range_the_os_chooses() -> None:
     ports = free_ports(3, range(0))
     assert len(set(ports)) == 3
     assert all(p > 0 for p in ports)
+
+
+def test_each_test_run_worker_picks_from_a_slice_of_its_own() -> None:
+    pool = range(16384, 32768)
+    slices = [
+        worker_slice(pool, {"PYTEST_XDIST_WORKER": f"gw{i}", "PYTEST_XDIST_WORKER_COUNT": "3"})
+        for i in range(3)
+    ]
+    assert [len(s) for s in slices] == [len(pool) // 3] * 3
+    for i, a in enumerate(slices):
+        for b in slices[i + 1 :]:
+            assert not set(a) & set(b)
+        assert set(a) <= set(pool)
+    assert worker_slice(pool, {}) == pool  # not a test-run worker (kura dev, the demo)
+    assert worker_slice(pool, {"PYTEST_XDIST_WORKER": "gw5", "PYTEST_XDIST_WORKER_COUNT": "3"}) == (
+        pool
+    )

@@ -7,7 +7,10 @@ free right now. The kernel hands out only ephemeral ports to ``bind(port 0)`` an
 connections, so no other server or client of the run can be given such a port between our check
 and the server's bind (a port picked with ``bind(port 0)`` could be: it once was, failing a test
 with "Address already in use"). Within one process a port is handed out once; each process starts
-at its own random place in the range. Where the range cannot be read, they fall back to
+at its own random place in the range. Processes of one test run that pick ports side by side
+(pytest-xdist's workers, ``PYTEST_XDIST_WORKER=gwN`` of ``PYTEST_XDIST_WORKER_COUNT``) each pick
+from their own slice of it (``worker_slice``): two of them once handed the same port to two
+servers, both checked free before either bound it. Where the range cannot be read, they fall back to
 ``bind(port 0)``, and launchers that choose ports retry a failed start with new ports (``etcd``).
 """
 
@@ -25,7 +28,7 @@ import subprocess
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,11 +76,26 @@ def _bindable(port: int) -> bool:
         return True
 
 
+def worker_slice(pool: range, environ: Mapping[str, str] = os.environ) -> range:
+    """The part of ``pool`` this process picks from: the N-th of K equal slices for the N-th of
+    K test-run workers (``PYTEST_XDIST_WORKER=gwN``, ``PYTEST_XDIST_WORKER_COUNT=K``), else all
+    of it. Slices never overlap, so no two workers hand out one port."""
+    worker, count = environ.get("PYTEST_XDIST_WORKER", ""), environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count and count.isdigit()):
+        return pool
+    index, slices = int(worker[2:]), int(count)
+    if not 0 <= index < slices:
+        return pool
+    size = len(pool) // slices
+    return pool[index * size : (index + 1) * size]
+
+
 def free_ports(count: int, candidates: range | None = None) -> list[int]:
     """``count`` distinct ports on 127.0.0.1 that the OS reports free now and that this process has
-    not handed out before, from ``candidates`` (default ``reserved_port_range()``; see the
-    module's docstring for why). Raises OSError when the range has too few free ports."""
-    pool = reserved_port_range() if candidates is None else candidates
+    not handed out before, from ``candidates`` (default: this worker's slice of
+    ``reserved_port_range()``; see the module's docstring for why). Raises OSError when the
+    range has too few free ports."""
+    pool = worker_slice(reserved_port_range()) if candidates is None else candidates
     if not pool:
         return _os_chosen_ports(count)
     chosen: list[int] = []
