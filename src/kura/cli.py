@@ -135,16 +135,18 @@ def _own_token(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; a closed stdout pipe ends it quietly (``kit.pipes``)."""
-    return quiet_broken_pipe(lambda: _main(argv))
+def main(argv: Sequence[str] | None = None, stops: list[int] | None = None) -> int:
+    """The command line; a closed stdout pipe ends it quietly (``kit.pipes``). ``stops``: the
+    signals that already asked ``kura serve`` to stop, noted by the entry point
+    (``kura.entry``) while this module was imported; later ones are added to it."""
+    return quiet_broken_pipe(lambda: _main(argv, stops))
 
 
-def _main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Sequence[str] | None = None, stops: list[int] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return serve(args)
+        return serve(args, [] if stops is None else stops)
     if args.command == "status":
         return status(args)
     if args.command == "dev":
@@ -161,11 +163,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, requested: list[int]) -> int:
     # From here a SIGTERM or SIGINT asks for a graceful stop, also while the node is still being
     # built (about 0.5 s: before, the signal's default action killed it, exit 143); the node's
     # loop takes the signals over and honours one that came first (Node.serve_forever).
-    requested: list[int] = []
+    # ``requested`` holds those the entry point noted before this module was imported.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: requested.append(signum))
     try:

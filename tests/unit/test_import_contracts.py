@@ -40,7 +40,7 @@ class Breach:
 
 
 VIOLATIONS: Mapping[str, tuple[Breach, ...]] = {
-    "kura layers: cli -> app -> workers -> grpc -> api -> mesh -> storage -> core": (
+    "kura layers: entry -> cli -> app -> workers -> grpc -> api -> mesh -> storage -> core": (
         Breach(
             "kura/storage/violation_up.py",
             "import kura.mesh.wire",
