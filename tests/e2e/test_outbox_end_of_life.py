@@ -53,6 +53,8 @@ def test_a_peer_that_never_answers_costs_no_write_and_catches_up_when_it_returns
         assert wait_for(lambda: len(manifests(b)) == WRITES, 60), len(manifests(b))
         # The dead peer's queue is dropped once it reached the cap, and it is marked.
         assert wait_for(lambda: peer_row(a, dead_url)["forgotten_at"] is not None, 30)
+        # The queue gauge follows the drop at the shipper's refresh, which the drop wakes.
+        assert wait_for(lambda: peer_row(a, dead_url)["outbox_messages"] == 0, 10)
         dead = peer_row(a, dead_url)
         assert dead["needs_catch_up"] is True
         assert dead["outbox_messages"] == 0

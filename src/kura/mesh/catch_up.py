@@ -93,7 +93,7 @@ class CatchUp:
     """See module docstring. Run ``run()`` in the node's TaskGroup. ``ask_to_pull(peer)`` tells
     ``peer`` to pull our change feed now (raises ``PeerError`` or ``TimeoutError``).
     ``object_tier``: this node shares a bucket, so marked peers are re-offered tombstones
-    instead, and ``wake_shipper()`` is called after each re-offer."""
+    instead; ``wake_shipper()`` is called after each re-offer and each dropped queue."""
 
     def __init__(
         self,
@@ -185,6 +185,7 @@ class CatchUp:
 
     async def _forget(self, peer: str, why: str) -> None:
         dropped, self._seq_at_mark[peer] = await self._log.forget_peer(peer)
+        self._wake_shipper()  # its queue gauges show the drop now, not at its next refresh
         self.stats.add(self.stats.dropped_queues_total, peer)
         self.stats.add(self.stats.dropped_messages_total, peer, dropped)
         log.warning(
