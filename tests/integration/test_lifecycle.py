@@ -156,9 +156,17 @@ def seconds_to_take_sigterm(command: Sequence[str], directory: Path) -> float:
     graceful: exit 0, and the log says a stop came while the node was being built."""
     directory.mkdir()
     log_path = directory / "stderr.log"
+    # A pytest-xdist worker ignores SIGINT, and its children would inherit that: Python then
+    # installs no SIGINT handler of its own, and "Python is running" could not be seen. The
+    # command gets SIGINT's default back first.
+    default_sigint = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    default_sigint += "os.execv(sys.argv[1], sys.argv[1:])"
     with log_path.open("w") as out:
         proc = subprocess.Popen(
-            [*command, "serve"], env=node_env(directory), stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-c", default_sigint, *command, "serve"],
+            env=node_env(directory),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         assert wait_until(lambda: handles(proc.pid, signal.SIGINT), 30, interval=0.001)
