@@ -413,8 +413,14 @@ def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     tmp_path: Path = request.getfixturevalue("tmp_path")
     yield
-    wait_until(lambda: not processes_naming(tmp_path), 2.0, interval=0.05)
-    left = processes_naming(tmp_path)
+    left: dict[int, str] = {}
+
+    def none_left() -> bool:  # one scan of /proc a look: the last one's finds are reported
+        left.clear()
+        left.update(processes_naming(tmp_path))
+        return not left
+
+    wait_until(none_left, 2.0, interval=0.05)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
