@@ -10,14 +10,15 @@ import uuid
 from collections.abc import Iterator
 
 import grpc
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2_grpc as reapi_grpc,
 )
-from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
-from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
+from kura.protos.google.bytestream import bytestream_pb2 as bs
+from kura.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
 
 MiB = 1024 * 1024
 MAX_MESSAGE_BYTES = 64 * MiB

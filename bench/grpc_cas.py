@@ -50,13 +50,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2 as reapi,
-)
 
 from bench.cachebench import loadavg
 from bench.cas_client import Client, GrpcClient, HttpClient
 from bench.peers import machine_info
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
 from kura_harness.launch.node import kura_env, spawn_kura
 from kura_harness.launch.process import free_port, stop
 

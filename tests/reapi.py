@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
 

@@ -14,15 +14,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2_grpc as reapi_grpc,
 )
-from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
-from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
-
+from kura.protos.google.bytestream import bytestream_pb2 as bs
+from kura.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
 from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2_grpc as reapi_grpc,
 )
-
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.grpc_api.client import Reapi, blob_name, digest, new_upload, start_grpc_node

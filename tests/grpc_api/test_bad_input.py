@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
-from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
-
+from kura.protos.google.bytestream import bytestream_pb2 as bs
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.grpc_api.client import (

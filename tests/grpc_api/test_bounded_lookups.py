@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
-
 from tests.conftest import NodeProcess
 from tests.grpc_api.client import Reapi, blob_name, digest, start_grpc_node
 from tests.grpc_api.test_zstd import peak_rss_bytes

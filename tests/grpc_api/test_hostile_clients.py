@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
-from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 
 from kura.api.malformed import LOG_LINES
+from kura.protos.google.bytestream import bytestream_pb2 as bs
 from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for

@@ -9,10 +9,9 @@ import os
 import signal
 from pathlib import Path
 
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
-
 from tests.e2e.mesh import Mesh, free_port, wait_for
 from tests.grpc_api.client import Reapi, blob_name, digest, new_upload
 from tests.reapi import action_result

@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 import zstandard
-from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
 
+from kura.protos.google.bytestream import bytestream_pb2 as bs
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
 from tests.grpc_api.client import (

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import re
 
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2 as reapi,
-)
 from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError
 
 from kura.core.errors import InvalidRequest
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
 
 # gRPC's default maximum message size; an ActionResult Bazel sends over gRPC cannot be larger,
 # and the HTTP cache's are the same messages. Bounds the in-memory parse.

@@ -21,10 +21,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2 as reapi,
-)
-
 from kura.api.action_cache import (
     EMPTY_SHA256,
     MAX_ACTION_RESULT_BYTES,
@@ -35,6 +31,9 @@ from kura.api.action_cache import (
 )
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.manifest import Manifest
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
 from kura.settings import Settings
 from kura.storage.artifact import ArtifactRef, StoredBody
 from kura.storage.ports import ArtifactReader

@@ -15,18 +15,18 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2 as reapi,
-)
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2_grpc_aio as reapi_grpc,
-)
 
 from kura.api.action_cache import MAX_ACTION_RESULT_BYTES, parse_action_result
 from kura.api.action_lookup import ac_ref, find_action_result, tree_bounds
 from kura.api.auth import Access
 from kura.core.errors import PayloadTooLarge
 from kura.grpc.common import GrpcContext, check_digest, rpc
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2_grpc as reapi_grpc,
+)
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 

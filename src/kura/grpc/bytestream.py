@@ -43,8 +43,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeAlias
 
 import grpc
-from buildgrid.common.protos.google.bytestream import bytestream_pb2 as bs
-from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as bs_grpc
 
 from kura.api.action_cache import EMPTY_SHA256
 from kura.api.action_lookup import cas_ref
@@ -56,6 +54,8 @@ from kura.grpc import zstd_stream
 from kura.grpc.common import PROTOCOL, GrpcContext, OutOfRange, rpc, streaming_rpc
 from kura.grpc.resource_names import IDENTITY, BlobName, parse_read, parse_write
 from kura.grpc.uploads import Upload, Uploads
+from kura.protos.google.bytestream import bytestream_pb2 as bs
+from kura.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
 from kura.storage.artifact import PutResult
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -68,9 +68,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
         self.uploads = Uploads(gc.settings.grpc_upload_resume_seconds, UploadRule.of(gc.settings))
 
     @streaming_rpc("Read")
-    async def Read(  # type: ignore[override]
-        self, request: bs.ReadRequest, context: Ctx
-    ) -> AsyncIterator[bs.ReadResponse]:
+    async def Read(self, request: bs.ReadRequest, context: Ctx) -> AsyncIterator[bs.ReadResponse]:
         name = parse_read(request.resource_name)
         self.gc.check(context, Access.READ, name.namespace)
         if not 0 <= request.read_offset <= name.size_bytes:

@@ -35,15 +35,8 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2 as reapi,
-)
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2_grpc_aio as reapi_grpc,
-)
-from buildgrid.common.protos.build.bazel.semver import semver_pb2
-from buildgrid.common.protos.google.rpc import code_pb2, status_pb2
 from google.protobuf.message import DecodeError
+from google.rpc import code_pb2, status_pb2
 
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
@@ -57,6 +50,13 @@ from kura.grpc.common import (
     rpc,
     streaming_rpc,
 )
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2_grpc as reapi_grpc,
+)
+from kura.protos.build.bazel.semver import semver_pb2
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 MAX_TREE_PAGE = 1000
@@ -82,7 +82,7 @@ class Capabilities(reapi_grpc.CapabilitiesServicer):
         sha256 = reapi.DigestFunction.SHA256
         return reapi.ServerCapabilities(
             cache_capabilities=reapi.CacheCapabilities(
-                digest_function=[sha256],
+                digest_functions=[sha256],
                 action_cache_update_capabilities=reapi.ActionCacheUpdateCapabilities(
                     update_enabled=True
                 ),
@@ -201,8 +201,20 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         self.gc.metrics.bytes_out_child("grpc").inc(len(data))
         return data
 
+    async def SplitBlob(
+        self, request: reapi.SplitBlobRequest, context: Ctx
+    ) -> reapi.SplitBlobResponse:
+        """Not served yet, and not advertised (``split_blob_support`` stays false)."""
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "SplitBlob is not implemented")
+
+    async def SpliceBlob(
+        self, request: reapi.SpliceBlobRequest, context: Ctx
+    ) -> reapi.SpliceBlobResponse:
+        """Not served yet, and not advertised (``splice_blob_support`` stays false)."""
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "SpliceBlob is not implemented")
+
     @streaming_rpc("GetTree")
-    async def GetTree(  # type: ignore[override]
+    async def GetTree(
         self, request: reapi.GetTreeRequest, context: Ctx
     ) -> AsyncIterator[reapi.GetTreeResponse]:
         ns = self.gc.authorize(context, Access.READ, request.instance_name)

@@ -33,9 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2 as reapi,
-)
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
@@ -45,6 +42,9 @@ from kura.api.malformed import log_malformed, log_shortage, short_of_resources
 from kura.api.metrics import KuraMetrics
 from kura.core import errors as e
 from kura.core.keys import HEX_SHA256, NAMESPACE, validate
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
 from kura.settings import Settings
 from kura.storage.ports import ArtifactReader, ArtifactWriter
 

@@ -14,10 +14,6 @@ from __future__ import annotations
 import logging
 
 import grpc
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2_grpc_aio as reapi_grpc,
-)
-from buildgrid.common.protos.google.bytestream import bytestream_pb2_grpc_aio as bs_grpc
 
 from kit.allocator import return_large_blocks
 from kura.api.auth import TokenAuth
@@ -28,6 +24,10 @@ from kura.grpc.action_cache import ActionCache
 from kura.grpc.bytestream import ByteStream
 from kura.grpc.cas import Capabilities, ContentAddressableStorage
 from kura.grpc.common import GrpcContext, TolerantDecoding
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2_grpc as reapi_grpc,
+)
+from kura.protos.google.bytestream import bytestream_pb2_grpc as bs_grpc
 from kura.settings import Settings
 from kura.storage.ports import ArtifactReader, ArtifactWriter
 
