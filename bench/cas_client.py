@@ -1,5 +1,5 @@
 """The two blocking clients ``bench/grpc_cas.py`` drives, one connection each: a REAPI client
-from the published stubs (``buildgrid-common``, as tests/grpc_api) and an ``http.client``
+from the REAPI stubs kura generates (``kura.protos``, as tests/grpc_api) and an ``http.client``
 client of kura's ``/cache/cas/<sha256>``. Every call checks its answer (committed size, byte
 count, status) and raises RuntimeError (or grpc.RpcError) otherwise."""
 

@@ -19,7 +19,7 @@ Cases (sizes 1 KiB, 1 MiB, 64 MiB):
   (seeded with BatchUpdateBlobs); the answer's missing count is checked.
 
 Clients, same class for both protocols: synchronous, blocking, one connection per worker.
-gRPC: grpcio's channel with the published REAPI stubs (``buildgrid-common``, as tests/grpc_api);
+gRPC: grpcio's channel with the REAPI stubs kura generates (``kura.protos``, as tests/grpc_api);
 HTTP: the standard library's ``http.client`` keep-alive connection. Absolute numbers on a shared
 2-core box drift; compare the ratios, taken within one run.
 
@@ -207,7 +207,7 @@ def main() -> None:
         run["versions"] = {
             "kura": kura_rev(),
             "grpcio": grpc.__version__,
-            "buildgrid_common": importlib.metadata.version("buildgrid-common"),
+            "grpcio": importlib.metadata.version("grpcio"),
             "buildgrid": bgd_version(bgd) if bgd else None,
         }
         run["settings"] = {**vars(a), "json_out": str(a.json_out)}

@@ -1,6 +1,6 @@
 """Build REAPI v2 messages the way Bazel does, for tests of the Bazel HTTP cache.
 
-Uses the same generated stubs as the node (``buildgrid-common``); the bytes are real protobuf
+Uses the same generated stubs as the node (``kura.protos``, generated from proto/ at install); the bytes are real protobuf
 encodings, not hand-made fixtures.
 """
 

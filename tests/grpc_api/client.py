@@ -1,4 +1,4 @@
-"""A REAPI v2 client written from the published generated stubs (``buildgrid-common``), over a
+"""A REAPI v2 client written from the generated stubs (``kura.protos``, from proto/), over a
 real gRPC channel to a ``kura serve`` process: the independent client the gRPC tests drive.
 
 ``start_grpc_node`` starts a node with ``KURA_GRPC_PORT`` on a free port and returns it with a

@@ -41,7 +41,7 @@ def grpc_node(start_node: Callable[..., NodeProcess]) -> Iterator[tuple[NodeProc
 def test_capabilities(grpc_node: tuple[NodeProcess, Reapi]) -> None:
     _, c = grpc_node
     caps = c.capabilities.GetCapabilities(reapi.GetCapabilitiesRequest()).cache_capabilities
-    assert list(caps.digest_function) == [reapi.DigestFunction.SHA256]
+    assert list(caps.digest_functions) == [reapi.DigestFunction.SHA256]
     assert caps.action_cache_update_capabilities.update_enabled
     assert caps.max_batch_total_size_bytes == 4 * 1024 * 1024 - 64 * 1024
 
