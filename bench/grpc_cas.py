@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -207,7 +206,6 @@ def main() -> None:
         run["versions"] = {
             "kura": kura_rev(),
             "grpcio": grpc.__version__,
-            "grpcio": importlib.metadata.version("grpcio"),
             "buildgrid": bgd_version(bgd) if bgd else None,
         }
         run["settings"] = {**vars(a), "json_out": str(a.json_out)}

@@ -11,6 +11,7 @@
 #      (default: bazel on PATH), CLIENT_CONFIG (a directory: its `bazelrc` replaces --remote_cache
 #      and the token), KEEP=1. BASE_URL may also be grpc://HOST:PORT (Bazel's gRPC REAPI cache; the
 #      token then goes as gRPC metadata).
+#      INSTANCE (--remote_instance_name, e.g. org/team-1).
 #      TARGET=genrule (default: a genrule, no external repositories) or cc (a C cc_binary, compiled
 #      and linked by the local gcc: this Bazel's @bazel_tools loads its C++ and Java rule names from
 #      @rules_cc and @rules_java, which it would download, so the script writes two tiny repositories
@@ -91,10 +92,13 @@ if [ -z "${CLIENT_CONFIG:-}" ]; then
   FLAGS+=(--remote_cache="$BASE")
   [ -n "${TOKEN:-}" ] && FLAGS+=(--remote_header="Authorization=Bearer ${TOKEN}")
 fi
+[ -n "${INSTANCE:-}" ] && FLAGS+=(--remote_instance_name="$INSTANCE")
 run() {  # $1 = run number
   bz "$1" 120 build "$TGT" "${FLAGS[@]}" > "$W/run$1.log" 2>&1
 }
 summary() { grep -m1 -E '[0-9]+ process(es)?:' "$W/run$1.log"; }
+# Bazel's warnings about the remote cache (a refused upload prints "Writing to Remote Cache").
+cache_warnings() { grep -h -E 'Remote Cache|remote cache.*(not|fail)' "$W"/run*.log | head -5 | sed 's/^/bazel: /'; }
 
 run 1; rc1=$?
 echo "run1 rc=$rc1: $(summary 1)"
@@ -109,6 +113,8 @@ if [ $rc2 = 0 ] && grep -qE '[0-9]+ remote cache hit' "$W/run2.log" && cmp -s "$
   if [ "${TARGET:-genrule}" = cc ]; then
     ran="$("$OUT")" && echo "hello ran: $ran" || { echo "NO REMOTE HIT: the cached binary does not run"; exit 1; }
   fi
+  cache_warnings
   echo "REMOTE HIT (bazel $(dpkg-query -W -f='${Version}' bazel-bootstrap 2>/dev/null), ${TARGET:-genrule})"; exit 0
 fi
+cache_warnings
 echo "NO REMOTE HIT"; grep -v linux-sandbox "$W/run2.log" | tail -15; exit 1

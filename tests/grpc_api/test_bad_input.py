@@ -186,7 +186,8 @@ def test_client_cancelling_mid_stream_leaves_nothing(grpc_node: tuple[NodeProces
 def test_read_bad_names(grpc_node: tuple[NodeProcess, Reapi]) -> None:
     _, c = grpc_node
     assert code_of(lambda: c.read("blobs/abc/3")) is INVALID
-    assert code_of(lambda: c.read(f"x/y/blobs/{digest(b'a').hash}/1")) is INVALID
+    assert code_of(lambda: c.read(f"x/actions/blobs/{digest(b'a').hash}/1")) is INVALID
+    assert code_of(lambda: c.read(f"x~y/blobs/{digest(b'a').hash}/1")) is INVALID
     assert code_of(lambda: c.read(f"compressed-blobs/lz4/{digest(b'a').hash}/1")) is INVALID
     assert code_of(lambda: c.read(blob_name(b"a"), limit=-1)) is INVALID
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import pytest
 
 from kura_harness.launch.process import free_port
+from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.integration.test_clients import Client, run_client
 
@@ -63,3 +64,38 @@ def test_bazel_over_grpc_with_a_token(
     assert run.returncode == 0, run.describe()
     assert_hit_counted(node, run.describe(), run.hit, client.min_hits)
     assert node.metric_sum("kura_auth_refusals_total") == 0
+
+
+def test_bazel_with_an_instance_name_of_two_segments(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """``--remote_instance_name=org/team-1`` gets its hit (refused as "invalid instance name"
+    before issue 28), in the namespace ``org~team-1``, which a DELETE over HTTP cleans."""
+    port = free_port()
+    node = start_node(grpc_port=port)
+    run = run_client(
+        BAZEL, dataclasses.replace(node, url=f"grpc://127.0.0.1:{port}"), INSTANCE="org/team-1"
+    )
+    assert run.returncode == 0, run.describe()
+    assert_hit_counted(node, run.describe(), run.hit, BAZEL.min_hits)
+    assert node.index_rows() >= 3  # the output, the Action, the Command, the ActionResult
+    # The same namespace over HTTP: its clean removes everything the build stored.
+    assert oneshot.delete(f"{node.url}/ns/org~team-1/cache").status_code == 204
+    assert node.index_rows() == 0
+
+
+def test_bazel_4_with_a_read_only_token_still_builds(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A read-only token is told ``update_enabled: false`` (test_contract), except by a Bazel
+    older than 6.0, which turns that answer into a fatal "not authorized to write local results"
+    (bazelbuild/bazel#16624): Debian's Bazel 4.2.3 builds with it (exit 34 without the
+    exception), its uploads are refused and nothing is stored."""
+    port = free_port()
+    node = start_node(grpc_port=port, read_write_tokens="tok-rw", read_only_tokens=TOKEN)
+    run = run_client(BAZEL, dataclasses.replace(node, url=f"grpc://127.0.0.1:{port}"), token=TOKEN)
+    assert "run1 rc=0" in run.output, run.describe()
+    assert "not authorized" not in run.output, run.describe()
+    assert not run.hit, run.describe()  # nothing was written for the second build to hit
+    assert node.metric('kura_grpc_requests_total{code="OK",method="GetCapabilities"}') >= 1
+    assert node.index_rows() == 0

@@ -144,6 +144,22 @@ class TokenAuth:
             self.refusals_total["forbidden"] += 1
             raise
 
+    def allows(
+        self, authorization: str | None, access: Access, namespace: NamespaceOf | None = None
+    ) -> bool:
+        """Whether ``check`` would pass, asked to describe the caller (REAPI capabilities: a
+        read-only token is told ``update_enabled: false``), not to guard a call: a ``False``
+        is not counted in ``refusals_total``."""
+        if not self.enabled:
+            return True
+        if self._follow:
+            self._catch_up()
+        try:
+            self._check(authorization, access, namespace)
+        except (Unauthenticated, Forbidden):
+            return False
+        return True
+
     def _check(
         self, authorization: str | None, access: Access, namespace: NamespaceOf | None
     ) -> None:

@@ -1,16 +1,20 @@
-"""REAPI ``Capabilities`` and ``ContentAddressableStorage`` (remote_execution.proto, v2.0).
+"""REAPI ``Capabilities`` and ``ContentAddressableStorage`` (remote_execution.proto, v2.0-2.3).
 
-* ``GetCapabilities``: SHA-256 only, action-cache updates allowed, ``max_batch_total_size_bytes``
-  = ``KURA_GRPC_MAX_MESSAGE_BYTES`` - 64 KiB, API 2.0 (the version of the published stubs,
-  which predate the ``Compressor`` field: the batch calls carry identity only, and zstd cannot
-  be advertised; ByteStream serves ``compressed-blobs/zstd/…`` all the same,
-  ``kura.grpc.bytestream``).
+* ``GetCapabilities``: SHA-256 only; ``supported_compressors`` and
+  ``supported_batch_update_compressors`` are zstd (ByteStream's ``compressed-blobs/zstd/…``
+  and the batch calls); ``update_enabled`` is the caller's own right to write the instance's
+  namespace (false for a read-only token, so Bazel 6+ does not try to upload and fail), except
+  for a Bazel older than 6.0, which would refuse to build (``fails_on_update_disabled``);
+  ``max_batch_total_size_bytes`` = ``KURA_GRPC_MAX_MESSAGE_BYTES`` - 64 KiB; API 2.0 to 2.3.
 * ``FindMissingBlobs``: one index look-up (peers asked for local misses, read-through). A blob
   is present only with the digest's size: a stored blob of another size does not answer for it.
-* ``BatchUpdateBlobs``: each blob is checked (size, hash) and stored on its own; a bad one gets
+* ``BatchUpdateBlobs``: a blob sent with ``compressor`` ZSTD is decompressed first, refused
+  (INVALID_ARGUMENT, ``zstd_stream.ZstdBomb``) once it passes its digest's size, and counts at
+  that declared size against ``max_batch_total_size_bytes``. Each blob is checked (size, hash); a bad one gets
   its own INVALID_ARGUMENT status and nothing is stored for it. Blobs already stored intact are
   not rewritten. The request's blob bytes must fit ``max_batch_total_size_bytes``.
-* ``BatchReadBlobs``: per-blob NOT_FOUND; INVALID_ARGUMENT for the whole call when the blobs
+* ``BatchReadBlobs``: each blob is answered zstd-compressed when ``acceptable_compressors``
+  lists ZSTD (identity otherwise); per-blob NOT_FOUND; INVALID_ARGUMENT for the whole call when the blobs
   asked for add up to more than ``max_batch_total_size_bytes`` (REAPI: "the server MUST return
   INVALID_ARGUMENT" then).
 * ``GetTree``: the root ``Directory`` and every directory below it, breadth first, each once,
@@ -46,10 +50,12 @@ from kura.grpc.common import (
     GrpcContext,
     check_digest,
     code_for,
+    fails_on_update_disabled,
     is_empty,
     rpc,
     streaming_rpc,
 )
+from kura.grpc.zstd_stream import whole_compressed, whole_decompressed
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
@@ -59,6 +65,10 @@ from kura.protos.build.bazel.remote.execution.v2 import (
 from kura.protos.build.bazel.semver import semver_pb2
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+# REAPI 2.3: the compressors (2.1), digest_function in requests (2.2), output_paths (2.3).
+HIGH_API_MINOR = 3
+IDENTITY = reapi.Compressor.IDENTITY
+ZSTD = reapi.Compressor.ZSTD
 MAX_TREE_PAGE = 1000
 MAX_TREE_PAGE_BYTES = 2 * 1024 * 1024  # directories in one GetTree page (a lone larger one too)
 MAX_INLINE_PARSE_BYTES = 64 * 1024  # a larger Directory is parsed in a worker thread
@@ -78,19 +88,22 @@ class Capabilities(reapi_grpc.CapabilitiesServicer):
     async def GetCapabilities(
         self, request: reapi.GetCapabilitiesRequest, context: Ctx
     ) -> reapi.ServerCapabilities:
-        self.gc.authorize(context, Access.READ, request.instance_name)
+        ns = self.gc.authorize(context, Access.READ, request.instance_name)
         sha256 = reapi.DigestFunction.SHA256
         return reapi.ServerCapabilities(
             cache_capabilities=reapi.CacheCapabilities(
                 digest_functions=[sha256],
                 action_cache_update_capabilities=reapi.ActionCacheUpdateCapabilities(
-                    update_enabled=True
+                    update_enabled=self.gc.allows(context, Access.WRITE, ns)
+                    or fails_on_update_disabled(context)
                 ),
+                supported_compressors=[ZSTD],
+                supported_batch_update_compressors=[ZSTD],
                 max_batch_total_size_bytes=self.gc.max_batch_bytes,
                 symlink_absolute_path_strategy=reapi.SymlinkAbsolutePathStrategy.ALLOWED,
             ),
             low_api_version=semver_pb2.SemVer(major=2, minor=0),
-            high_api_version=semver_pb2.SemVer(major=2, minor=0),
+            high_api_version=semver_pb2.SemVer(major=2, minor=HIGH_API_MINOR),
         )
 
 
@@ -129,16 +142,21 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         self, request: reapi.BatchUpdateBlobsRequest, context: Ctx
     ) -> reapi.BatchUpdateBlobsResponse:
         ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
-        total = sum(len(r.data) for r in request.requests)
+        # A compressed blob counts at its declared size: that is what it grows to in memory.
+        total = sum(
+            len(r.data) if r.compressor == IDENTITY else max(len(r.data), r.digest.size_bytes)
+            for r in request.requests
+        )
         if total > self.gc.max_batch_bytes:
             raise InvalidRequest(
-                f"the batch carries {total} bytes of blobs, more than "
-                f"max_batch_total_size_bytes {self.gc.max_batch_bytes}: use ByteStream.Write"
+                f"the batch carries {total} bytes of blobs (compressed ones at their declared "
+                f"size), more than max_batch_total_size_bytes {self.gc.max_batch_bytes}: "
+                "use ByteStream.Write"
             )
         responses = []
         for r in request.requests:
             try:
-                await self._store(ns, r.digest, r.data)
+                await self._store(ns, r.digest, await inflated(r.compressor, r.data, r.digest))
                 status = _status()
             except KuraError as exc:
                 status = _status(exc)
@@ -182,15 +200,21 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 f"the blobs asked for add up to {total} bytes, more than "
                 f"max_batch_total_size_bytes {self.gc.max_batch_bytes}: use ByteStream.Read"
             )
+        zstd = ZSTD in request.acceptable_compressors
         responses = []
         for d in request.digests:
+            compressor = IDENTITY
             try:
                 data = await self._read(ns, d)
                 status = _status()
+                if zstd:
+                    data, compressor = whole_compressed(data), ZSTD
             except KuraError as exc:
                 data, status = b"", _status(exc)
             responses.append(
-                reapi.BatchReadBlobsResponse.Response(digest=d, data=data, status=status)
+                reapi.BatchReadBlobsResponse.Response(
+                    digest=d, data=data, status=status, compressor=compressor
+                )
             )
         return reapi.BatchReadBlobsResponse(responses=responses)
 
@@ -314,3 +338,17 @@ async def read_blob(gc: GrpcContext, ns: str, digest: reapi.Digest, limit_bytes:
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
+
+
+async def inflated(compressor: int, data: bytes, digest: reapi.Digest) -> bytes:
+    """A batch blob's bytes, uncompressed: ``data`` itself for IDENTITY, ``whole_decompressed``
+    for ZSTD (``ZstdBomb`` once past the digest's size: the batch limit bounds that size);
+    ``InvalidRequest`` for any other compressor."""
+    if compressor == IDENTITY:
+        return data
+    if compressor != ZSTD:
+        raise InvalidRequest(
+            f"blob {digest.hash[:64]} is sent with compressor {compressor}: only identity and "
+            "zstd are supported (GetCapabilities' supported_batch_update_compressors)"
+        )
+    return await whole_decompressed(data, digest.size_bytes)

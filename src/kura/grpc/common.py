@@ -1,9 +1,12 @@
 """What every gRPC service shares: the context, digests and instance names, tokens, errors.
 
-* Instance names are namespaces: ``""`` is the default namespace, any other instance name must
-  be a kura namespace (letters, digits, ``.``, ``_``, ``-``, ``~``; ``kura.core.keys.NAMESPACE``)
-  and is the namespace ``/ns/{namespace}/cache`` names over HTTP. Anything else is
-  INVALID_ARGUMENT.
+* Instance names select namespaces (``namespace_of``): ``""`` is the default namespace; any
+  other is one or more ``/``-separated segments of letters, digits, ``.``, ``_`` and ``-`` (not
+  starting with ``.``), and its namespace is the segments joined by ``~`` (``org/team-1`` is the
+  namespace ``org~team-1``, which ``/ns/org~team-1/cache`` names over HTTP), at most 128
+  characters. ``~`` is the separator, so it is refused inside an instance name, as are an empty
+  segment and a segment the REAPI reserves for resource names (``RESERVED_SEGMENTS``): each
+  would make two instance names one namespace, or a ByteStream name ambiguous.
 * A digest is SHA-256 (64 lowercase hex digits) with ``size_bytes >= 0`` (INVALID_ARGUMENT
   otherwise); the empty blob is always present (REAPI).
 * Tokens: ``authorization: Bearer <token>`` metadata, checked by the HTTP routes'
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -126,11 +130,11 @@ class GrpcContext:
 
     def check(self, context: grpc.aio.ServicerContext[Any, Any], access: Access, ns: str) -> None:
         """Raise ``Unauthenticated``/``Forbidden`` unless the call's token allows ``access``."""
-        authorization = None
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization" and isinstance(value, str):
-                authorization = value
-        self.auth.check(authorization, access, lambda: ns)
+        self.auth.check(_authorization(context), access, lambda: ns)
+
+    def allows(self, context: grpc.aio.ServicerContext[Any, Any], access: Access, ns: str) -> bool:
+        """Whether the call's token allows ``access`` to ``ns`` (``TokenAuth.allows``)."""
+        return self.auth.allows(_authorization(context), access, lambda: ns)
 
     def authorize(
         self, context: grpc.aio.ServicerContext[Any, Any], access: Access, instance_name: str
@@ -153,9 +157,83 @@ class GrpcContext:
         return found
 
 
+# The REAPI's per-call client details (remote_execution.proto, RequestMetadata).
+REQUEST_METADATA_KEY = "build.bazel.remote.execution.v2.requestmetadata-bin"
+# Bazel before 6.0 fails the whole build when --remote_upload_local_results (its default) meets
+# update_enabled: false ("the current account is not authorized to write local results");
+# 6.0 reads it as "do not upload" (bazelbuild/bazel#16624, #16724).
+FIRST_BAZEL_READING_UPDATE_ENABLED = 6
+
+
+def fails_on_update_disabled(context: grpc.aio.ServicerContext[Any, Any]) -> bool:
+    """Whether the caller is a Bazel older than 6.0 by its ``RequestMetadata`` (tool_details,
+    e.g. ``bazel`` ``4.2.3``): such a client must be told ``update_enabled: true`` even when its
+    writes will be refused, or it refuses to build at all. A Bazel that sends no version is
+    taken for an old one (Debian's bazel-bootstrap 4.2.3 sends ``bazel`` and an empty version);
+    any other tool, or none named, is taken to read the capability."""
+    for key, value in context.invocation_metadata() or ():
+        if key != REQUEST_METADATA_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            tool = reapi.RequestMetadata.FromString(value).tool_details
+        except DecodeError:
+            return False
+        major = re.match(r"\d+", tool.tool_version)
+        return tool.tool_name == "bazel" and (
+            major is None or int(major.group()) < FIRST_BAZEL_READING_UPDATE_ENABLED
+        )
+    return False
+
+
+def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str):
+            return value
+    return None
+
+
+# remote_execution.proto (ByteStream API): "a path segment cannot equal any of the following
+# keywords", so that a resource name parses one way.
+RESERVED_SEGMENTS = frozenset(
+    {
+        "blobs",
+        "uploads",
+        "actions",
+        "actionResults",
+        "operations",
+        "capabilities",
+        "compressed-blobs",
+    }
+)
+SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+SEPARATOR = "~"  # joins an instance name's segments into its namespace
+
+
 def namespace_of(instance_name: str) -> str:
-    """The namespace an instance name selects (module rules); ``InvalidRequest`` otherwise."""
-    return validate(instance_name, NAMESPACE, "instance name")
+    """The namespace an instance name selects (module rules), e.g. ``"org/team-1"`` →
+    ``"org~team-1"``; ``InvalidRequest`` saying why otherwise."""
+    if not instance_name:
+        return ""
+    shown = instance_name if len(instance_name) <= 80 else instance_name[:77] + "..."
+    for segment in instance_name.split("/"):
+        if not segment:
+            raise e.InvalidRequest(
+                f"invalid instance name {shown!r}: an empty segment (a leading, trailing or "
+                "doubled '/')"
+            )
+        if segment in RESERVED_SEGMENTS:
+            raise e.InvalidRequest(
+                f"invalid instance name {shown!r}: the segment {segment!r} is reserved by the "
+                "REAPI for resource names (" + ", ".join(sorted(RESERVED_SEGMENTS)) + ")"
+            )
+        if not SEGMENT.fullmatch(segment):
+            why = (
+                f"'{SEPARATOR}' joins segments into the namespace: separate segments with '/'"
+                if SEPARATOR in segment
+                else "a segment is letters, digits, '.', '_' and '-', not starting with '.'"
+            )
+            raise e.InvalidRequest(f"invalid instance name {shown!r}: {why}")
+    return validate(instance_name.replace("/", SEPARATOR), NAMESPACE, "instance name")
 
 
 def check_digest(digest: reapi.Digest) -> str:

@@ -7,8 +7,10 @@
   clients write to ``blobs/...`` directly), and then the write cannot be told apart from another
   client's write of the same blob, so it is not resumable.
 
-``instance_name`` may be empty (the name then starts with ``blobs/`` or ``uploads/``); it is the
-namespace (``kura.grpc.common.namespace_of``), so it is one segment. The compressors are
+``instance_name`` may be empty (the name then starts with ``blobs/`` or ``uploads/``) or span
+several segments (``org/team-1/blobs/...``): it is everything before the first segment that is
+``uploads``, ``blobs`` or ``compressed-blobs``, which no instance name may contain
+(``kura.grpc.common.namespace_of``, which also maps it to its namespace). The compressors are
 ``identity`` and ``zstd`` (``kura.grpc.zstd_stream``); any other is INVALID_ARGUMENT, as is a
 name of any other shape, a hash that is not 64 lowercase hex digits or a size that is not a decimal
 integer >= 0.
@@ -75,9 +77,9 @@ def _split(name: str) -> list[str]:
 
 
 def _find(parts: list[str], words: tuple[str, ...], name: str) -> int:
-    # The instance name is at most one segment (a namespace), so the keyword is first or second.
-    for i in (0, 1):
-        if i < len(parts) and parts[i] in words:
+    # An instance name has no reserved segment, so the first keyword ends it (REAPI grammar).
+    for i, part in enumerate(parts):
+        if part in words:
             return i
     raise InvalidRequest(
         f"resource name {_shown(name)!r} is not [instance/]"

@@ -13,6 +13,8 @@ compress a Read as it streams out. Blobs are stored uncompressed (one store for 
   reserved). A corrupt frame, or bytes after the last frame that are no frame, is
   ``InvalidRequest`` too. Fewer bytes than ``size_bytes`` or a wrong SHA-256 is caught by the
   write path's own checks.
+* ``whole_decompressed`` and ``whole_compressed``: the same for a blob held in memory (the
+  batch calls' ``compressor`` field: BatchUpdateBlobs' requests, BatchReadBlobs' answers).
 * ``compressed(pieces, size_bytes)``: one zstd frame (level ``LEVEL``, content size in the
   header) of ``pieces``; the frame is closed only after the last piece, which the caller yields
   only once the whole blob verified, so a damaged blob never reaches a client as a complete frame.
@@ -129,3 +131,17 @@ async def compressed(pieces: AsyncIterator[bytes], size_bytes: int) -> AsyncIter
     tail = compressor.flush()
     if tail:
         yield tail
+
+
+async def whole_decompressed(data: bytes, size_bytes: int) -> bytes:
+    """``decompressed`` of one in-memory zstd stream, joined (the same bounds and errors)."""
+    return b"".join([piece async for piece in decompressed(_one(data), size_bytes)])
+
+
+def whole_compressed(data: bytes) -> bytes:
+    """One zstd frame of ``data`` (level ``LEVEL``, content size in the header)."""
+    return zstandard.ZstdCompressor(level=LEVEL).compress(data)
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
