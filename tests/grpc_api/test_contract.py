@@ -208,3 +208,35 @@ def test_ambiguous_or_malformed_instance_names_are_refused_with_the_reason(
         assert refused.value.code() is INVALID, instance
     assert node.index_rows() == 0
     assert node.staging_files() == []
+
+
+def test_a_digest_function_other_than_sha256_is_refused(
+    node_and_clients: tuple[NodeProcess, Reapi, Reapi],
+) -> None:
+    """REAPI 2.2 added ``digest_function`` to the requests: kura advertises SHA-256 alone, so a
+    BLAKE3 request is INVALID_ARGUMENT, not a lookup of its hash as SHA-256."""
+    node, rw, _ = node_and_clients
+    blob = os.urandom(100)
+    blake3 = reapi.DigestFunction.BLAKE3
+    calls = [
+        lambda: rw.cas.FindMissingBlobs(
+            reapi.FindMissingBlobsRequest(blob_digests=[digest(blob)], digest_function=blake3),
+            metadata=rw.metadata,
+        ),
+        lambda: rw.cas.BatchUpdateBlobs(
+            reapi.BatchUpdateBlobsRequest(
+                requests=[reapi.BatchUpdateBlobsRequest.Request(digest=digest(blob), data=blob)],
+                digest_function=blake3,
+            ),
+            metadata=rw.metadata,
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as refused:
+            call()
+        assert refused.value.code() is INVALID
+        assert "BLAKE3 is not supported" in (refused.value.details() or "")
+    sha256 = reapi.DigestFunction.SHA256
+    request = reapi.FindMissingBlobsRequest(blob_digests=[digest(blob)], digest_function=sha256)
+    assert len(rw.cas.FindMissingBlobs(request, metadata=rw.metadata).missing_blob_digests) == 1
+    assert node.index_rows() == 0

@@ -308,14 +308,24 @@ def _tolerant(decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 
 def _refuse_undecodable(request: Any) -> Any:
-    """``request``, unless it is ``Undecodable`` (``InvalidRequest``, quietly logged); a stream
-    of requests is checked message by message as the servicer reads it."""
+    """``request``, unless it is ``Undecodable`` (``InvalidRequest``, quietly logged) or names
+    a digest function other than SHA-256 (``InvalidRequest``: REAPI 2.2 added
+    ``digest_function`` to the requests, and kura advertises SHA-256 alone; 0, unset, means the
+    default, SHA-256 here); a stream of requests is checked message by message as the servicer
+    reads it."""
     if isinstance(request, Undecodable):
         log_malformed("gRPC", request.message)
         raise e.InvalidRequest(f"the request message is malformed: {request.message}")
     if hasattr(request, "__aiter__"):
         return _checked_stream(request)
+    function = getattr(request, "digest_function", 0)
+    if function not in (0, reapi.DigestFunction.SHA256):
+        name = _FUNCTIONS.get(function, str(function))
+        raise e.InvalidRequest(f"digest_function {name} is not supported: only SHA256 is")
     return request
+
+
+_FUNCTIONS = {int(number): name for name, number in reapi.DigestFunction.Value.items()}
 
 
 async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
