@@ -67,6 +67,10 @@ METHODS = (
     "Read",
     "Write",
     "QueryWriteStatus",
+    "FetchBlob",
+    "FetchDirectory",
+    "PushBlob",
+    "PushDirectory",
 )
 
 
