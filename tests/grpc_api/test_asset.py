@@ -22,6 +22,7 @@ from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
 from buildgrid.common.protos.google.rpc import code_pb2
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess
 from tests.grpc_api.client import Reapi, digest, start_grpc_node
 from tests.grpc_api.test_bad_input import assert_nothing_stored, code_of
@@ -208,6 +209,22 @@ def test_empty_requests_and_pushes_of_absent_or_mislabelled_content_are_invalid(
     assert fetch(client, URI).status.code == code_pb2.NOT_FOUND
 
 
+def test_a_namespace_clean_removes_its_records(grpc_node: tuple[NodeProcess, Reapi]) -> None:
+    """Records live in the instance name's namespace: ``DELETE /ns/team-1/cache`` drops that
+    namespace's record (and blob), and leaves the default namespace's."""
+    node, client = grpc_node
+    for instance in ("", "team-1"):
+        client.batch_update([ARCHIVE], instance=instance)
+        client.push.PushBlob(
+            ra.PushBlobRequest(instance_name=instance, uris=[URI], blob_digest=digest(ARCHIVE))
+        )
+    with node.client() as http:
+        assert http.delete("/ns/team-1/cache").status_code == 204
+    cleaned = client.fetch.FetchBlob(ra.FetchBlobRequest(instance_name="team-1", uris=[URI]))
+    assert cleaned.status.code == code_pb2.NOT_FOUND
+    assert fetch(client, URI).blob_digest == digest(ARCHIVE)
+
+
 def test_a_read_only_token_fetches_but_cannot_push(start_node: Callable[..., NodeProcess]) -> None:
     _node, client = start_grpc_node(start_node, read_write_tokens="rw", read_only_tokens="ro")
     client.token = "rw"
@@ -249,6 +266,8 @@ def test_fetch_downloads_from_an_allowed_origin_and_answers_once_it_is_gone(
         "localhost by wildcard",
         "redirect to a loopback name",
         "larger than the limit",
+        "not at the origin",
+        "origin down",
     ],
 )
 def test_a_bad_download_gets_its_status_and_stores_nothing(
@@ -257,6 +276,7 @@ def test_a_bad_download_gets_its_status_and_stores_nothing(
     origin.files["/pkg.tar.gz"] = ARCHIVE
     origin.redirects["/moved"] = origin.url("/pkg.tar.gz", host="localhost")
     explicit = f"127.0.0.1:{origin.port}"
+    closed = free_port()  # nothing listens there
     allowed, uri, qualifiers, code, words = {
         "lying checksum.sri": (
             explicit,
@@ -299,6 +319,20 @@ def test_a_bad_download_gets_its_status_and_stores_nothing(
             [],
             code_pb2.RESOURCE_EXHAUSTED,
             "limit",
+        ),
+        "not at the origin": (
+            explicit,
+            origin.url("/gone.tar.gz"),
+            [],
+            code_pb2.NOT_FOUND,
+            "answered 404",
+        ),
+        "origin down": (
+            f"127.0.0.1:{closed}",
+            f"http://127.0.0.1:{closed}/pkg.tar.gz",
+            [],
+            code_pb2.UNAVAILABLE,
+            "could not be reached",
         ),
     }[case]
     settings: dict[str, object] = {"asset_fetch_allowed_hosts": allowed}

@@ -217,9 +217,11 @@ class Fetch(ra_grpc.FetchServicer):
                 manifest = await self.gc.reader.read_manifest(
                     self.gc.reader.artifact_id(cas_ref(ns, sha256))
                 )
-                if manifest is not None or sha256 == EMPTY_SHA256:
+                size = 0 if manifest is None else manifest.size
+                # ``missing`` checks the file is in place, and touches it like a read (LRU).
+                stored = manifest is not None or sha256 == EMPTY_SHA256
+                if stored and not await self.records.missing(ns, ((sha256, size),)):
                     self.gc.metrics.count_lookup("grpc", True)
-                    size = 0 if manifest is None else manifest.size
                     return ra.FetchBlobResponse(
                         status=_status(grpc.StatusCode.OK),
                         uri=query.uris[0],

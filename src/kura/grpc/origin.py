@@ -87,18 +87,27 @@ class OriginDownloads:
     async def download(self, ns: str, uri: str, sri: Sri | None, seconds: float) -> Digest:
         """Download ``uri`` into namespace ``ns``'s CAS within ``seconds``; its (sha256 hex,
         size). Raises ``OriginFailed`` (module docstring), leaving nothing stored."""
+        if origin_of(uri) is None:  # a URN or the like: nothing to download, not counted
+            raise OriginFailed(
+                grpc.StatusCode.NOT_FOUND, f"{uri[:200]} is not an http(s) URL to download"
+            )
         try:
             async with asyncio.timeout(seconds):
                 digest = await self._follow(ns, uri, sri)
-        except OriginFailed as exc:
-            refused = exc.code is grpc.StatusCode.PERMISSION_DENIED
-            self.downloads.labels("refused" if refused else "failed").inc()
-            raise
         except TimeoutError:
             self.downloads.labels("failed").inc()
             raise OriginFailed(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"the download took longer than {seconds:g} s"
             ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            self.downloads.labels("failed").inc()
+            raise OriginFailed(
+                grpc.StatusCode.UNAVAILABLE, f"the origin could not be reached: {exc}"
+            ) from None
+        except OriginFailed as exc:
+            refused = exc.code is grpc.StatusCode.PERMISSION_DENIED
+            self.downloads.labels("refused" if refused else "failed").inc()
+            raise
         self.downloads.labels("stored").inc()
         return digest
 
