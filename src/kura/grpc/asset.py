@@ -56,6 +56,7 @@ from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
 from buildgrid.common.protos.google.rpc import status_pb2
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from kura.api.action_cache import EMPTY_SHA256
 from kura.api.action_lookup import PRODUCER, cas_ref
 from kura.api.auth import Access
 from kura.api.file_response import DamagedBlob, verified_chunks
@@ -67,10 +68,9 @@ from kura.storage.artifact import ArtifactRef
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 BLOB, DIRECTORY = "blob", "directory"
-MAX_RECORD_BYTES = 256 * 1024  # a stored record larger than this is not one of ours: a miss
+MAX_RECORD_BYTES = 256 * 1024  # the largest record stored (a larger stored one reads as a miss)
 DEFAULT_FETCH_SECONDS = 60.0  # a download without a request ``timeout``
 MAX_FETCH_SECONDS = 600.0  # a longer ``timeout`` is clamped (remote_asset.proto allows it)
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 def _now_ms() -> int:
@@ -118,9 +118,15 @@ class AssetRecords:
             body.close()
 
     async def store(self, ns: str, query: AssetQuery, uri: str, record: AssetRecord) -> None:
-        await self.gc.writer.put_inline(
-            _ref(record.kind, ns, uri, query), record.encode(), "application/json"
-        )
+        """Record ``record`` for ``uri`` (a new version of its key: last writer wins).
+        ``InvalidRequest`` for a record over ``MAX_RECORD_BYTES`` (thousands of references)."""
+        data = record.encode()
+        if len(data) > MAX_RECORD_BYTES:
+            raise InvalidRequest(
+                f"the record would take {len(data)} bytes, more than {MAX_RECORD_BYTES}: "
+                "fewer references or shorter qualifiers"
+            )
+        await self.gc.writer.put_inline(_ref(record.kind, ns, uri, query), data, "application/json")
 
     async def missing(self, ns: str, digests: tuple[Digest, ...]) -> bool:
         """Whether any of ``digests`` is not in ``ns``'s CAS (the empty blob always is)."""
@@ -134,8 +140,6 @@ class AssetRecords:
         """Whether the record's blob matches ``sri`` (module docstring)."""
         if record.sri is not None and record.sri == sri.text:
             return True
-        if sri.algorithm == "sha256":
-            return record.digest[0] in sri.sha256_hex()
         return await self.blob_matches(ns, record.digest, sri)
 
     async def blob_matches(self, ns: str, digest: Digest, sri: Sri) -> bool:
