@@ -23,7 +23,9 @@ from buildgrid.common.protos.google.rpc import code_pb2
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from kura_harness.launch.process import free_port
+from tests import oneshot
 from tests.conftest import NodeProcess
+from tests.e2e.mesh import manifests, wait_for
 from tests.grpc_api.client import Reapi, digest, start_grpc_node
 from tests.grpc_api.test_bad_input import assert_nothing_stored, code_of
 
@@ -223,6 +225,22 @@ def test_a_namespace_clean_removes_its_records(grpc_node: tuple[NodeProcess, Rea
     cleaned = client.fetch.FetchBlob(ra.FetchBlobRequest(instance_name="team-1", uris=[URI]))
     assert cleaned.status.code == code_pb2.NOT_FOUND
     assert fetch(client, URI).blob_digest == digest(ARCHIVE)
+
+
+def test_a_joining_node_bootstraps_the_records(start_node: Callable[..., NodeProcess]) -> None:
+    """A node started later with the first as its only peer (which does not know it, so ships
+    it nothing) holds the record once it is ready, and answers the fetch from it."""
+    a, a_client = start_grpc_node(start_node, "a")
+    a_client.batch_update([ARCHIVE])
+    push(a_client, ARCHIVE, URI)
+    a_client.close()
+    b, b_client = start_grpc_node(start_node, "b", peers=a.internal_url, discovery_settle_ms=0)
+    assert wait_for(lambda: oneshot.get(b.url + "/ready").status_code == 200, 30)
+    assert sorted(m["key"] for m in manifests(b).values()) == sorted(
+        m["key"] for m in manifests(a).values()
+    )
+    assert fetch(b_client, URI).blob_digest == digest(ARCHIVE)
+    b_client.close()
 
 
 def test_a_read_only_token_fetches_but_cannot_push(start_node: Callable[..., NodeProcess]) -> None:
