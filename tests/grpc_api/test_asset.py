@@ -259,18 +259,24 @@ def test_fetch_downloads_from_an_allowed_origin_and_answers_once_it_is_gone(
 ) -> None:
     origin.files["/pkg.tar.gz"] = ARCHIVE
     origin.redirects["/latest.tar.gz"] = "/pkg.tar.gz"
-    node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}")
+    origin.files["/by-name.bin"] = b"fetched by a host name"
+    node, client = start_grpc_node(
+        start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port},localhost:{origin.port}"
+    )
+    # A host name named exactly may resolve to loopback; the connection goes to what was checked.
+    by_name = fetch(client, origin.url("/by-name.bin", host="localhost"))
+    assert by_name.blob_digest == digest(b"fetched by a host name"), by_name.status
     checksum = [ra.Qualifier(name="checksum.sri", value=sri(ARCHIVE, "sha384"))]
     got = fetch(client, origin.url("/latest.tar.gz"), qualifiers=checksum)
     assert got.status.code == code_pb2.OK, got.status.message
     assert got.blob_digest == digest(ARCHIVE)
-    assert origin.gets == 2  # the redirect, then the file
+    assert origin.gets == 3  # by name, then the redirect and the file
     origin.stop()
     again = fetch(client, origin.url("/latest.tar.gz"), qualifiers=checksum)
     assert again.blob_digest == digest(ARCHIVE)
     batch = client.cas.BatchReadBlobs(reapi.BatchReadBlobsRequest(digests=[digest(ARCHIVE)]))
     assert batch.responses[0].data == ARCHIVE
-    assert node.metric('kura_asset_origin_downloads_total{result="stored"}') == 1
+    assert node.metric('kura_asset_origin_downloads_total{result="stored"}') == 2
     assert node.metric('kura_cache_lookups_total{protocol="grpc",result="hit"}') >= 1
     client.close()
 
