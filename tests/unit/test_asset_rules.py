@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 
+import grpc
 import pytest
 
 from kura.core.asset import (
     AllowedHosts,
     AssetRecord,
+    Origin,
     origin_of,
     parse_query,
     parse_sri,
     record_key,
 )
 from kura.core.errors import InvalidRequest
+from kura.grpc.origin import OriginFailed, check_addresses
 
 
 def sri(data: bytes, algorithm: str) -> str:
@@ -86,3 +90,35 @@ def test_a_record_survives_its_encoding() -> None:
     assert AssetRecord.decode(record.encode()) == record
     with pytest.raises(ValueError, match="version 1"):
         AssetRecord.decode(b'{"v": 2}')
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "10.1.2.3",
+        "192.168.0.1",
+        "172.16.5.5",
+        "169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
+        "127.0.0.1",
+        "::1",
+        "fe80::1",
+        "fd00::1",
+        "::ffff:10.0.0.1",
+    ],
+)
+def test_a_non_global_address_is_refused_unless_its_host_is_named_exactly(address: str) -> None:
+    """Checked on the resolved address before any connection (an IP literal resolves with no
+    look-up and nothing is sent to it)."""
+    origin = Origin("http", address, 80)
+    with pytest.raises(OriginFailed, match="not a global address") as info:
+        asyncio.run(check_addresses(origin, explicit=False))
+    assert info.value.code is grpc.StatusCode.PERMISSION_DENIED
+    pinned = asyncio.run(check_addresses(origin, explicit=True))
+    assert [r["host"] for r in pinned] == [address]
+
+
+def test_a_global_address_is_allowed_by_a_wildcard() -> None:
+    pinned = asyncio.run(check_addresses(Origin("https", "93.184.215.14", 443), explicit=False))
+    assert [(r["host"], r["port"]) for r in pinned] == [("93.184.215.14", 443)]

@@ -10,7 +10,7 @@ SSRF Prevention Cheat Sheet), so every hop of a download is checked the same way
   ``is_global``: not private, loopback, link-local, shared, reserved or unspecified; an IPv4
   address mapped into IPv6 is judged as IPv4) unless the allow-list names the host without a
   wildcard (else PERMISSION_DENIED), and the connection goes to those checked addresses only
-  (``_Pinned``: aiohttp asks it instead of DNS, so no second look-up can answer differently);
+  (``check_addresses``, then ``_Pinned``: aiohttp asks it instead of DNS, so no second look-up can answer differently);
 * redirects are not followed by aiohttp: each ``Location`` (at most ``MAX_REDIRECTS``) is a new
   hop, checked as above.
 
@@ -124,7 +124,7 @@ class OriginDownloads:
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"origin {origin.host}:{origin.port} is not allowed ({ENV_NAME})",
                 )
-            addresses = await _resolve(origin, explicit)
+            addresses = await check_addresses(origin, explicit)
             connector = aiohttp.TCPConnector(
                 resolver=_Pinned(origin.host, addresses), use_dns_cache=False, limit=1
             )
@@ -194,9 +194,11 @@ async def _checked(chunks: AsyncIterator[bytes], sri: Sri | None) -> AsyncIterat
         )
 
 
-async def _resolve(origin: Origin, explicit: bool) -> list[ResolveResult]:
-    """The addresses ``origin.host`` resolves to, once; ``OriginFailed`` PERMISSION_DENIED when
-    one is not global and the host was not allowed explicitly, UNAVAILABLE when none."""
+async def check_addresses(origin: Origin, explicit: bool) -> list[ResolveResult]:
+    """The addresses ``origin.host`` resolves to (one look-up; an IP literal needs none), as
+    aiohttp's resolver answers them, each with ``origin.port``. ``OriginFailed``:
+    PERMISSION_DENIED when one is not global and the host was not allowed ``explicit``-ly,
+    UNAVAILABLE when it does not resolve."""
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(origin.host, origin.port, type=socket.SOCK_STREAM)
@@ -233,7 +235,7 @@ async def _resolve(origin: Origin, explicit: bool) -> list[ResolveResult]:
 
 
 class _Pinned(AbstractResolver):
-    """aiohttp's resolver for one download: the addresses ``_resolve`` checked, for that host
+    """aiohttp's resolver for one download: the addresses ``check_addresses`` checked, for that host
     only (any other host is an error, never a DNS look-up)."""
 
     def __init__(self, host: str, addresses: list[ResolveResult]) -> None:
