@@ -170,6 +170,11 @@ def _ref(kind: str, ns: str, uri: str, query: AssetQuery) -> ArtifactRef:
 
 
 def _query(request: Any) -> AssetQuery:
+    """The request's URIs and qualifiers; ``InvalidRequest`` for a digest function other than
+    SHA-256 (the field, REAPI 2.3's, is absent from older stubs: read as unset)."""
+    function = getattr(request, "digest_function", 0)
+    if function not in (reapi.DigestFunction.UNKNOWN, reapi.DigestFunction.SHA256):
+        raise InvalidRequest(f"digest function {function} is not served: SHA-256 only")
     return parse_query(list(request.uris), [(q.name, q.value) for q in request.qualifiers])
 
 
