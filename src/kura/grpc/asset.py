@@ -201,6 +201,10 @@ def _digest(d: Digest) -> reapi.Digest:
 
 
 class Fetch(ra_grpc.FetchServicer):
+    """``FetchBlob`` and ``FetchDirectory`` (module docstring): a hit, or a miss answered in the
+    response's status (NOT_FOUND, or the download's failure); INVALID_ARGUMENT and the token
+    errors as gRPC errors."""
+
     def __init__(self, gc: GrpcContext, records: AssetRecords) -> None:
         self.gc = gc
         self.records = records
@@ -302,6 +306,10 @@ def _seconds(request: ra.FetchBlobRequest) -> float:
 
 
 class Push(ra_grpc.PushServicer):
+    """``PushBlob`` and ``PushDirectory`` (module docstring): one record per URI, each a new
+    version of its key; INVALID_ARGUMENT (nothing recorded) for content not in the CAS or not
+    matching its ``checksum.sri``; PERMISSION_DENIED for a read-only token."""
+
     def __init__(self, gc: GrpcContext, records: AssetRecords) -> None:
         self.gc = gc
         self.records = records
