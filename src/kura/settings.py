@@ -38,6 +38,7 @@ from kit.settings import (
 )
 from kura.settings_rules import (
     Age,
+    AssetHosts,
     GiB,
     KiB,
     MiB,
@@ -293,6 +294,12 @@ class Settings:
     )
     grpc_max_message_bytes: PositiveBytes = option(
         4 * MiB, "largest gRPC message received or sent; batch calls are advertised 64 KiB less"
+    )
+    asset_fetch_allowed_hosts: AssetHosts = option(
+        (),
+        "comma-separated origins the Remote Asset FetchBlob may download from on a miss: host, "
+        "host:port, *.domain or *; empty = off. Only a host named without '*' may resolve to a "
+        "private, loopback or link-local address",
     )
     action_cache_tree_max_bytes: PositiveBytes = option(
         64 * MiB,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 from kit.cpus import available_cpus
 from kit.settings import checked, parse_non_empty, parse_positive_int, parse_seconds, split_list
+from kura.core.asset import AllowedHosts
 from kura.core.errors import InvalidRequest
 from kura.core.keys import NAMESPACE, validate
 from kura.core.object_layout import parse_url
@@ -48,6 +49,15 @@ def _tokens(text: str) -> tuple[str, ...]:
 
 
 Tokens: TypeAlias = Annotated[tuple[str, ...], _tokens]
+
+
+def _asset_hosts(text: str) -> tuple[str, ...]:
+    hosts = tuple(split_list(text))
+    AllowedHosts.parse(hosts)  # ValueError names the bad entry
+    return hosts
+
+
+AssetHosts: TypeAlias = Annotated[tuple[str, ...], _asset_hosts]
 
 
 def _duration(text: str) -> float:

@@ -15,7 +15,11 @@
 #      TARGET=genrule (default: a genrule, no external repositories) or cc (a C cc_binary, compiled
 #      and linked by the local gcc: this Bazel's @bazel_tools loads its C++ and Java rule names from
 #      @rules_cc and @rules_java, which it would download, so the script writes two tiny repositories
-#      that give Bazel's own native rules those names, and passes them with --override_repository).
+#      that give Bazel's own native rules those names, and passes them with --override_repository),
+#      or archive (an http_archive the genrule reads, served by `python3 -m http.server` on
+#      127.0.0.1:ORIGIN_PORT and fetched with --experimental_remote_downloader=BASE_URL, the repository
+#      cache off; between the runs the origin is stopped and run 1's output base cleaned with
+#      `bazel clean --expunge`, so run 2 can only get the archive from the downloader).
 # Setup: each run has its own --output_base under a per-script --output_user_root in the temp dir (so no
 #   local action cache, disk cache or outputs survive), home/workspace rc files ignored, no --disk_cache. Both Bazel
 #   servers are shut down at the end (and --max_idle_secs bounds them if this script is killed -9).
@@ -44,6 +48,7 @@ bz() {  # $1 = run number (selects the output_base), then a timeout in seconds, 
   timeout "$t" "$BAZEL_BIN" "${startup[@]}" "$@"
 }
 cleanup() {
+  [ -n "${ORIGIN_PID:-}" ] && kill "$ORIGIN_PID" 2>/dev/null
   for i in 1 2; do
     [ -d "$ROOT/ob$i" ] && (cd "$W/ws" 2>/dev/null && bz "$i" 20 shutdown >/dev/null 2>&1)
   done
@@ -85,7 +90,36 @@ EOF
     printf '#include <stdio.h>\nint main(void){ puts("kura %s"); return 0; }\n' "$(date +%s%N)-$$-$RANDOM" > hello.c
     printf 'cc_binary(name = "hello", srcs = ["hello.c"])\n' > BUILD
     ;;
-  *) echo "SETUP FAILED: TARGET must be genrule or cc"; exit 2 ;;
+  archive)
+    [ -n "${ORIGIN_PORT:-}" ] || { echo "SETUP FAILED: TARGET=archive needs ORIGIN_PORT"; exit 2; }
+    TGT=//:gen OUT=bazel-bin/out.txt
+    mkdir -p "$W/origin/dep" && echo "kura archive $(date +%s%N) $$ $RANDOM" > "$W/origin/dep/data.txt"
+    tar -C "$W/origin" -czf "$W/origin/dep.tar.gz" dep || exit 2
+    sha="$(sha256sum "$W/origin/dep.tar.gz" | cut -d' ' -f1)"
+    (cd "$W/origin" && exec python3 -m http.server --bind 127.0.0.1 "$ORIGIN_PORT") > "$W/origin.log" 2>&1 &
+    ORIGIN_PID=$!
+    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$ORIGIN_PORT") 2>/dev/null && break; sleep 0.1; done
+    cat > WORKSPACE <<EOF
+load("@bazel_tools//tools/build_defs/repo:http.bzl", "http_archive")
+http_archive(
+    name = "dep",
+    urls = ["http://127.0.0.1:$ORIGIN_PORT/dep.tar.gz"],
+    sha256 = "$sha",
+    strip_prefix = "dep",
+    build_file_content = 'exports_files(["data.txt"])',
+)
+EOF
+    cat > BUILD <<'EOF'
+genrule(
+    name = "gen",
+    srcs = ["@dep//:data.txt"],
+    outs = ["out.txt"],
+    cmd = "cat $< > $@",
+)
+EOF
+    FLAGS+=(--experimental_remote_downloader="$BASE" --repository_cache=)
+    ;;
+  *) echo "SETUP FAILED: TARGET must be genrule, cc or archive"; exit 2 ;;
 esac
 # CLIENT_CONFIG: the user's own .bazelrc lines (README.md "Bazel", a --bazelrc) instead of these two.
 if [ -z "${CLIENT_CONFIG:-}" ]; then
@@ -106,7 +140,13 @@ echo "run1 rc=$rc1: $(summary 1)"
   echo "SETUP FAILED: first bazel run failed"; grep -v linux-sandbox "$W/run1.log" | tail -20; exit 2; }
 cp "$OUT" "$W/first.out"
 # Stop run 1's server; run 2 uses a fresh output_base, i.e. no local action cache, outputs or server.
-bz 1 20 shutdown >/dev/null 2>&1
+if [ -n "${ORIGIN_PID:-}" ]; then  # archive: the origin goes away, and run 1's output base with it
+  kill "$ORIGIN_PID" && wait "$ORIGIN_PID" 2>/dev/null; ORIGIN_PID=
+  bz 1 60 clean --expunge >/dev/null 2>&1 || { echo "SETUP FAILED: bazel clean --expunge"; exit 2; }
+  echo "origin stopped, run 1 cleaned (--expunge)"
+else
+  bz 1 20 shutdown >/dev/null 2>&1
+fi
 run 2; rc2=$?
 echo "run2 rc=$rc2: $(summary 2)"
 if [ $rc2 = 0 ] && grep -qE '[0-9]+ remote cache hit' "$W/run2.log" && cmp -s "$OUT" "$W/first.out"; then

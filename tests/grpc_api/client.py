@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from kura.protos.build.bazel.remote.asset.v1 import remote_asset_pb2_grpc as ra_grpc
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
@@ -57,6 +58,8 @@ class Reapi:
         self.ac = reapi_grpc.ActionCacheStub(self.channel)
         self.capabilities = reapi_grpc.CapabilitiesStub(self.channel)
         self.bytestream = bs_grpc.ByteStreamStub(self.channel)
+        self.fetch = ra_grpc.FetchStub(self.channel)  # the Remote Asset API
+        self.push = ra_grpc.PushStub(self.channel)
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.clients, pytest.mark.in_process]
 
 BAZEL = Client("bazel-grpc", "bazel.sh", "", "grpc", 2)
 BAZEL_CC = Client("bazel-grpc-cc", "bazel.sh", "", "grpc", 4, {"TARGET": "cc"})
+BAZEL_ARCHIVE = Client("bazel-grpc-archive", "bazel.sh", "", "grpc", 1, {"TARGET": "archive"})
 TOKEN = "tok-bazel"
 
 
@@ -99,3 +100,23 @@ def test_bazel_4_with_a_read_only_token_still_builds(
     assert not run.hit, run.describe()  # nothing was written for the second build to hit
     assert node.metric('kura_grpc_requests_total{code="OK",method="GetCapabilities"}') >= 1
     assert node.index_rows() == 0
+
+
+def test_bazel_fetches_an_http_archive_through_kura_once_the_origin_is_gone(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """``--experimental_remote_downloader=grpc://…`` (the Remote Asset API, ``kura.grpc.asset``):
+    run 1 fetches an ``http_archive`` through kura, which downloads it from an origin on
+    loopback (allowed explicitly); the origin is then stopped and run 1 cleaned with ``bazel
+    clean --expunge`` (the repository cache off), and run 2 still gets the archive from kura."""
+    port, origin_port = free_port(), free_port()
+    node = start_node(grpc_port=port, asset_fetch_allowed_hosts=f"127.0.0.1:{origin_port}")
+    client = dataclasses.replace(
+        BAZEL_ARCHIVE, env={**BAZEL_ARCHIVE.env, "ORIGIN_PORT": str(origin_port)}
+    )
+    run = run_client(client, dataclasses.replace(node, url=f"grpc://127.0.0.1:{port}"))
+    assert run.returncode == 0, run.describe() + "\n--- node log ---\n" + node.log()[-3000:]
+    assert "origin stopped" in run.output
+    # One download from the origin (run 1); run 2's FetchBlob was answered from kura.
+    assert node.metric('kura_asset_origin_downloads_total{result="stored"}') == 1
+    assert node.metric('kura_grpc_requests_total{code="OK",method="FetchBlob"}') >= 2

@@ -1,6 +1,7 @@
 """A blob written over gRPC on node A of a three-node mesh replicates like every other
 artifact: node C serves it over gRPC (ByteStream, BatchReadBlobs, FindMissingBlobs) and over
-HTTP ``/cache/cas/``, byte-identical; an action result written over gRPC on A is a hit on C."""
+HTTP ``/cache/cas/``, byte-identical; an action result written over gRPC on A is a hit on C, and
+so is a Remote Asset record pushed on A."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 from pathlib import Path
 
+from kura.protos.build.bazel.remote.asset.v1 import remote_asset_pb2 as ra
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
@@ -38,6 +40,9 @@ def test_a_grpc_write_on_a_is_served_over_grpc_and_http_by_c(tmp_path: Path) -> 
         a_client.ac.UpdateActionResult(
             reapi.UpdateActionResultRequest(action_digest=action, action_result=result)
         )
+        # A Remote Asset record is an artifact too (kura.grpc.asset): pushed on A, fetched on C.
+        uri = "urn:fdc:kura.test:2026:mesh"
+        a_client.push.PushBlob(ra.PushBlobRequest(uris=[uri], blob_digest=digest(big)))
         mesh.wait_drained()
         assert wait_for(lambda: c_client.find_missing([big, small]) == [], 30)
         assert c_client.read(blob_name(big)) == big
@@ -45,6 +50,8 @@ def test_a_grpc_write_on_a_is_served_over_grpc_and_http_by_c(tmp_path: Path) -> 
         assert batch.responses[0].data == small
         got = c_client.ac.GetActionResult(reapi.GetActionResultRequest(action_digest=action))
         assert got == result
+        fetched = c_client.fetch.FetchBlob(ra.FetchBlobRequest(uris=[uri]))
+        assert fetched.blob_digest == digest(big), fetched.status
         with c.client() as http:
             served = http.get(f"/cache/cas/{hashlib.sha256(big).hexdigest()}")
             assert served.status_code == 200

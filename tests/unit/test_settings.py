@@ -195,6 +195,7 @@ BAD_VALUE_BY_PARSER = {
     "parse_non_negative_int": "-1",
     "_prefix": "/",
     "_tokens": "has space",
+    "_asset_hosts": "*evil.example",
     "parse_choice.<locals>.parse": "not-a-choice",
     "parse_bool": "maybe",
     "_object_store_url": "https://bucket/prefix",

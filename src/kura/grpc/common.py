@@ -71,6 +71,10 @@ METHODS = (
     "Read",
     "Write",
     "QueryWriteStatus",
+    "FetchBlob",
+    "FetchDirectory",
+    "PushBlob",
+    "PushDirectory",
 )
 
 

@@ -21,9 +21,11 @@ from kura.api.connections import ConnectionGuard
 from kura.api.metrics import KuraMetrics, Scraped, gauge
 from kura.api.public_tls import PublicTls
 from kura.grpc.action_cache import ActionCache
+from kura.grpc.asset import AssetRecords, Fetch, Push
 from kura.grpc.bytestream import ByteStream
 from kura.grpc.cas import Capabilities, ContentAddressableStorage
 from kura.grpc.common import GrpcContext, TolerantDecoding
+from kura.protos.build.bazel.remote.asset.v1 import remote_asset_pb2_grpc as ra_grpc
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2_grpc as reapi_grpc,
 )
@@ -95,6 +97,9 @@ class GrpcServer:
         )
         reapi_grpc.add_ActionCacheServicer_to_server(ActionCache(self.gc), self._server)
         bs_grpc.add_ByteStreamServicer_to_server(self.bytestream, self._server)
+        records = AssetRecords(self.gc)  # the Remote Asset API (kura.grpc.asset)
+        ra_grpc.add_FetchServicer_to_server(Fetch(self.gc, records), self._server)
+        ra_grpc.add_PushServicer_to_server(Push(self.gc, records), self._server)
         address = f"{s.host}:{s.grpc_port}"
         if self.tls is not None:
             self.port = self._server.add_secure_port(address, _certificates(self.tls))

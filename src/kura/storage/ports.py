@@ -35,7 +35,7 @@ the primary passes its store for each, and the store's ``reads`` for the reader.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -117,7 +117,7 @@ class ArtifactWriter(Protocol):
 
     async def put_stream(
         self,
-        ref: ArtifactRef,
+        ref: ArtifactRef | Callable[[str], ArtifactRef],
         body: AsyncIterator[bytes],
         *,
         declared_length: int | None,
@@ -126,7 +126,8 @@ class ArtifactWriter(Protocol):
         headers: dict[str, str] | None = None,
         expected_sha256: str | None = None,
     ) -> PutResult:
-        """Store a streamed body as a new local version of ``ref``."""
+        """Store a streamed body as a new local version of ``ref`` (or of the ref a function
+        gives for the body's SHA-256 hex, once known)."""
         ...
 
     async def put_inline(self, ref: ArtifactRef, data: bytes, content_type: str) -> PutResult:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from kit.failpoint import failpoint
@@ -57,7 +57,7 @@ class WritePath(Eviction):
 
     async def put_stream(
         self,
-        ref: ArtifactRef,
+        ref: ArtifactRef | Callable[[str], ArtifactRef],
         body: AsyncIterator[bytes],
         *,
         declared_length: int | None,
@@ -69,7 +69,9 @@ class WritePath(Eviction):
         """Store a streamed body as a new local version of ``ref``.
 
         Raises (leaving nothing behind): PayloadTooLarge, ResourceExhausted (tmp budget, disk),
-        IncompleteBody, DigestMismatch, InvalidRequest.
+        IncompleteBody, DigestMismatch, InvalidRequest, and whatever ``body`` raises.
+        ``ref`` may be a function of the body's SHA-256 (hex), called once it is known: a
+        content-addressed write whose digest the writer learns only from the bytes.
         A small body (``storage.small_body``) is stored inline in its index row, unstaged.
         """
         self.check_size(declared_length, limit_bytes)
@@ -110,7 +112,7 @@ class WritePath(Eviction):
 
     async def _put_small(
         self,
-        ref: ArtifactRef,
+        ref: ArtifactRef | Callable[[str], ArtifactRef],
         data: bytes,
         limit_bytes: int,
         content_type: str,
@@ -121,6 +123,7 @@ class WritePath(Eviction):
         mismatch), then the size checks on its real length (a chunked body had none)."""
         sha256 = check_digest(data, expected_sha256)
         self.check_size(len(data), limit_bytes)
+        ref = _named(ref, sha256)
         aid = self.artifact_id(ref)
         manifest = self._new_manifest(
             ref, aid, len(data), sha256, content_type, headers or {}, inline=True
@@ -197,7 +200,7 @@ class WritePath(Eviction):
 
     async def _commit_staged(
         self,
-        ref: ArtifactRef,
+        ref: ArtifactRef | Callable[[str], ArtifactRef],
         staged: Staged,
         content_type: str,
         headers: dict[str, str],
@@ -208,6 +211,7 @@ class WritePath(Eviction):
             if not fsynced:
                 await self._in(self._syncer, fsync_path, staged.path)
             self._check_free_disk(0)
+            ref = _named(ref, staged.sha256)
             aid = self.artifact_id(ref)
             manifest = self._new_manifest(
                 ref, aid, staged.size, staged.sha256, content_type, headers
@@ -330,3 +334,7 @@ class WritePath(Eviction):
         if existing is None:
             self.stats.artifacts += 1
         return PutResult(manifest, existing is None, outcome)
+
+
+def _named(ref: ArtifactRef | Callable[[str], ArtifactRef], sha256: str) -> ArtifactRef:
+    return ref if isinstance(ref, ArtifactRef) else ref(sha256)

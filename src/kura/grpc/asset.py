@@ -1,0 +1,352 @@
+"""The Remote Asset API (``build.bazel.remote.asset.v1``): ``Fetch`` (FetchBlob,
+FetchDirectory) and ``Push`` (PushBlob, PushDirectory).
+
+Records. A push (or a download from origin) records, for each URI, (kind, URI, qualifiers) →
+CAS digest, as an ordinary inline artifact ``ArtifactRef("bazel", namespace, "asset/<hex>")``
+(``kura.core.asset.record_key``) beside the CAS's ``cas/<hex>`` and the action cache's
+``ac/<hex>``, so records replicate to peers, bootstrap, are evicted and are cleaned with their
+namespace (``DELETE /ns/<namespace>/cache``) exactly like action-cache entries; no table of
+their own. A later push for the same key replaces the record (last writer wins). Keys and the
+record body are ``kura.core.asset``'s.
+
+A fetch is a hit for the first URI whose record (of the kind asked for)
+
+* has not passed its push's ``expire_at``;
+* was stored (its manifest's ``created_at_ms``, which replicas keep) at or after the request's
+  ``oldest_content_accepted``;
+* matches the request's ``checksum.sri``: the SRI the push or download verified, the digest
+  itself for sha256, else the blob's bytes, hashed (``checksum.sri`` is not part of the key);
+* references digests (the blob or root directory, and the push's ``references_blobs`` and
+  ``references_directories``) that are all in the CAS now (one ``missing`` look-up; the files of
+  a directory below its listed references are not walked).
+
+A ``FetchBlob`` whose sha256 ``checksum.sri`` names a blob in the CAS is a hit without a record
+(content addressing: the bytes are the ones asked for), unless ``oldest_content_accepted`` is
+set. On a miss ``FetchBlob`` downloads from origin when ``KURA_ASSET_FETCH_ALLOWED_HOSTS``
+allows it (``kura.grpc.origin``) and records the URI it got; with the list empty (the
+default) a miss is NOT_FOUND. ``FetchDirectory`` answers records only. Every fetch is counted
+in ``kura_cache_lookups_total{protocol="grpc"}``, a download as a miss.
+
+Errors: a request without a URI, with a qualifier named twice, an unusable ``checksum.sri``,
+a malformed digest or an instance name that is not a namespace is INVALID_ARGUMENT (BuildStream
+probes a server with an empty request and expects exactly that); a push of content the CAS
+does not hold, or whose bytes do not match its ``checksum.sri``, is INVALID_ARGUMENT and records
+nothing. Misses and origin failures are answered in the response's ``status`` with gRPC code OK
+(remote_asset.proto: "errors outside the server's control will be returned inline").
+Tokens: Fetch needs read access, Push write access (the CAS's rules); a download from origin is
+a read (the operator chose which origins).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any, TypeAlias
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import status_pb2
+
+from kura.api.action_cache import EMPTY_SHA256
+from kura.api.action_lookup import PRODUCER, cas_ref
+from kura.api.auth import Access
+from kura.api.file_response import DamagedBlob, verified_chunks
+from kura.core.asset import AssetQuery, AssetRecord, Digest, Sri, parse_query, record_key
+from kura.core.errors import InvalidRequest, NotFound
+from kura.grpc.common import GrpcContext, check_digest, rpc
+from kura.grpc.origin import OriginDownloads, OriginFailed
+from kura.protos.build.bazel.remote.asset.v1 import (
+    remote_asset_pb2 as ra,
+)
+from kura.protos.build.bazel.remote.asset.v1 import (
+    remote_asset_pb2_grpc as ra_grpc,
+)
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
+from kura.storage.artifact import ArtifactRef
+
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+BLOB, DIRECTORY = "blob", "directory"
+MAX_RECORD_BYTES = 256 * 1024  # the largest record stored (a larger stored one reads as a miss)
+DEFAULT_FETCH_SECONDS = 60.0  # a download without a request ``timeout``
+MAX_FETCH_SECONDS = 600.0  # a longer ``timeout`` is clamped (remote_asset.proto allows it)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class AssetRecords:
+    """Reads and writes records (module docstring) through the node's reader and writer."""
+
+    def __init__(self, gc: GrpcContext) -> None:
+        self.gc = gc
+
+    async def find(
+        self, kind: str, ns: str, query: AssetQuery, oldest_ms: int | None
+    ) -> tuple[str, AssetRecord] | None:
+        """The first URI of ``query`` with a record that answers it, and that record."""
+        for uri in query.uris:
+            record, stored_ms = await self._read(_ref(kind, ns, uri, query))
+            if record is None or record.kind != kind:
+                continue
+            if record.expire_at_ms is not None and record.expire_at_ms <= _now_ms():
+                continue
+            if oldest_ms is not None and stored_ms < oldest_ms:
+                continue
+            if query.sri is not None and not await self.matches(ns, record, query.sri):
+                continue
+            if await self.missing(ns, (record.digest, *record.references)):
+                continue
+            return uri, record
+        return None
+
+    async def _read(self, ref: ArtifactRef) -> tuple[AssetRecord | None, int]:
+        try:
+            body = await self.gc.reader.read(ref)
+        except NotFound:
+            return None, 0
+        try:
+            if body.manifest.size > MAX_RECORD_BYTES:
+                return None, 0
+            data = b"".join([c async for c in verified_chunks(self.gc.reader, body)])
+            return AssetRecord.decode(data), body.manifest.created_at_ms
+        except (DamagedBlob, ValueError, KeyError, TypeError):
+            return None, 0
+        finally:
+            body.close()
+
+    async def store(self, ns: str, query: AssetQuery, uri: str, record: AssetRecord) -> None:
+        """Record ``record`` for ``uri`` (a new version of its key: last writer wins).
+        ``InvalidRequest`` for a record over ``MAX_RECORD_BYTES`` (thousands of references)."""
+        data = record.encode()
+        if len(data) > MAX_RECORD_BYTES:
+            raise InvalidRequest(
+                f"the record would take {len(data)} bytes, more than {MAX_RECORD_BYTES}: "
+                "fewer references or shorter qualifiers"
+            )
+        await self.gc.writer.put_inline(_ref(record.kind, ns, uri, query), data, "application/json")
+
+    async def missing(self, ns: str, digests: tuple[Digest, ...]) -> bool:
+        """Whether any of ``digests`` is not in ``ns``'s CAS (the empty blob always is)."""
+        wanted = {h: s for h, s in digests if not (h == EMPTY_SHA256 and s == 0)}
+        if not wanted:
+            return False
+        refs = [cas_ref(ns, h) for h in wanted]
+        return bool(await self.gc.reader.missing(refs, list(wanted.values())))
+
+    async def matches(self, ns: str, record: AssetRecord, sri: Sri) -> bool:
+        """Whether the record's blob matches ``sri`` (module docstring)."""
+        if record.sri is not None and record.sri == sri.text:
+            return True
+        return await self.blob_matches(ns, record.digest, sri)
+
+    async def blob_matches(self, ns: str, digest: Digest, sri: Sri) -> bool:
+        """Whether the stored blob ``digest`` hashes to one of ``sri``'s digests; False when it
+        is absent or damaged."""
+        if sri.algorithm == "sha256":
+            return digest[0] in sri.sha256_hex()
+        h = hashlib.new(sri.algorithm)
+        if digest != (EMPTY_SHA256, 0):
+            try:
+                body = await self.gc.reader.read(cas_ref(ns, digest[0]))
+            except NotFound:
+                return False
+            try:
+                if body.manifest.size != digest[1]:
+                    return False
+                async for chunk in verified_chunks(self.gc.reader, body):
+                    h.update(chunk)
+            except DamagedBlob:
+                return False
+            finally:
+                body.close()
+        return sri.matches(h.digest())
+
+
+def _ref(kind: str, ns: str, uri: str, query: AssetQuery) -> ArtifactRef:
+    return ArtifactRef(PRODUCER, ns, record_key(kind, uri, query.qualifiers))
+
+
+def _query(request: Any) -> AssetQuery:
+    """The request's URIs and qualifiers (a digest function other than SHA-256 was refused
+    with every call's message, ``kura.grpc.common.rpc``)."""
+    return parse_query(list(request.uris), [(q.name, q.value) for q in request.qualifiers])
+
+
+def _oldest_ms(request: Any) -> int | None:
+    if not request.HasField("oldest_content_accepted"):
+        return None
+    return int(request.oldest_content_accepted.ToMilliseconds())
+
+
+def _status(code: grpc.StatusCode, message: str = "") -> status_pb2.Status:
+    return status_pb2.Status(code=code.value[0], message=message)
+
+
+def _expires(record: AssetRecord) -> Timestamp | None:
+    if record.expire_at_ms is None:
+        return None
+    stamp = Timestamp()
+    stamp.FromMilliseconds(record.expire_at_ms)
+    return stamp
+
+
+def _digest(d: Digest) -> reapi.Digest:
+    return reapi.Digest(hash=d[0], size_bytes=d[1])
+
+
+class Fetch(ra_grpc.FetchServicer):
+    """``FetchBlob`` and ``FetchDirectory`` (module docstring): a hit, or a miss answered in the
+    response's status (NOT_FOUND, or the download's failure); INVALID_ARGUMENT and the token
+    errors as gRPC errors."""
+
+    def __init__(self, gc: GrpcContext, records: AssetRecords) -> None:
+        self.gc = gc
+        self.records = records
+        self.origins = OriginDownloads(gc)
+
+    @rpc("FetchBlob")
+    async def FetchBlob(self, request: ra.FetchBlobRequest, context: Ctx) -> ra.FetchBlobResponse:
+        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        query = _query(request)
+        oldest_ms = _oldest_ms(request)
+        found = await self.records.find(BLOB, ns, query, oldest_ms)
+        if found is not None:
+            uri, record = found
+            self.gc.metrics.count_lookup("grpc", True)
+            return ra.FetchBlobResponse(
+                status=_status(grpc.StatusCode.OK),
+                uri=uri,
+                blob_digest=_digest(record.digest),
+                expires_at=_expires(record),
+            )
+        if query.sri is not None and oldest_ms is None:
+            for sha256 in query.sri.sha256_hex():
+                manifest = await self.gc.reader.read_manifest(
+                    self.gc.reader.artifact_id(cas_ref(ns, sha256))
+                )
+                size = 0 if manifest is None else manifest.size
+                # ``missing`` checks the file is in place, and touches it like a read (LRU).
+                stored = manifest is not None or sha256 == EMPTY_SHA256
+                if stored and not await self.records.missing(ns, ((sha256, size),)):
+                    self.gc.metrics.count_lookup("grpc", True)
+                    return ra.FetchBlobResponse(
+                        status=_status(grpc.StatusCode.OK),
+                        uri=query.uris[0],
+                        blob_digest=reapi.Digest(hash=sha256, size_bytes=size),
+                    )
+        self.gc.metrics.count_lookup("grpc", False)
+        if not self.origins.allowed:
+            return ra.FetchBlobResponse(
+                status=_status(
+                    grpc.StatusCode.NOT_FOUND,
+                    "no record for these URIs and qualifiers, and downloads from origin are off "
+                    "(KURA_ASSET_FETCH_ALLOWED_HOSTS)",
+                ),
+                uri=query.uris[0],
+            )
+        return await self._download(ns, query, _seconds(request))
+
+    async def _download(self, ns: str, query: AssetQuery, seconds: float) -> ra.FetchBlobResponse:
+        failed: OriginFailed | None = None
+        for uri in query.uris:
+            try:
+                digest = await self.origins.download(ns, uri, query.sri, seconds)
+            except OriginFailed as exc:
+                failed = exc
+                failed_uri = uri
+                continue
+            sri = None if query.sri is None else query.sri.text
+            await self.records.store(
+                ns, query, uri, AssetRecord(BLOB, uri, query.qualifiers, digest, sri=sri)
+            )
+            return ra.FetchBlobResponse(
+                status=_status(grpc.StatusCode.OK), uri=uri, blob_digest=_digest(digest)
+            )
+        assert failed is not None
+        return ra.FetchBlobResponse(status=_status(failed.code, failed.message), uri=failed_uri)
+
+    @rpc("FetchDirectory")
+    async def FetchDirectory(
+        self, request: ra.FetchDirectoryRequest, context: Ctx
+    ) -> ra.FetchDirectoryResponse:
+        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        query = _query(request)
+        found = await self.records.find(DIRECTORY, ns, query, _oldest_ms(request))
+        self.gc.metrics.count_lookup("grpc", found is not None)
+        if found is None:
+            return ra.FetchDirectoryResponse(
+                status=_status(
+                    grpc.StatusCode.NOT_FOUND,
+                    "no directory is recorded for these URIs and qualifiers",
+                ),
+                uri=query.uris[0],
+            )
+        uri, record = found
+        return ra.FetchDirectoryResponse(
+            status=_status(grpc.StatusCode.OK),
+            uri=uri,
+            root_directory_digest=_digest(record.digest),
+            expires_at=_expires(record),
+        )
+
+
+def _seconds(request: ra.FetchBlobRequest) -> float:
+    if not request.HasField("timeout"):
+        return DEFAULT_FETCH_SECONDS
+    seconds = request.timeout.ToTimedelta().total_seconds()
+    if seconds <= 0:
+        raise InvalidRequest("timeout must be positive")
+    return min(seconds, MAX_FETCH_SECONDS)
+
+
+class Push(ra_grpc.PushServicer):
+    """``PushBlob`` and ``PushDirectory`` (module docstring): one record per URI, each a new
+    version of its key; INVALID_ARGUMENT (nothing recorded) for content not in the CAS or not
+    matching its ``checksum.sri``; PERMISSION_DENIED for a read-only token."""
+
+    def __init__(self, gc: GrpcContext, records: AssetRecords) -> None:
+        self.gc = gc
+        self.records = records
+
+    @rpc("PushBlob")
+    async def PushBlob(self, request: ra.PushBlobRequest, context: Ctx) -> ra.PushBlobResponse:
+        await self._push(BLOB, request, context, request.blob_digest)
+        return ra.PushBlobResponse()
+
+    @rpc("PushDirectory")
+    async def PushDirectory(
+        self, request: ra.PushDirectoryRequest, context: Ctx
+    ) -> ra.PushDirectoryResponse:
+        await self._push(DIRECTORY, request, context, request.root_directory_digest)
+        return ra.PushDirectoryResponse()
+
+    async def _push(self, kind: str, request: Any, context: Ctx, target: reapi.Digest) -> None:
+        ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        query = _query(request)
+        digest = (check_digest(target), target.size_bytes)
+        references = tuple(
+            (check_digest(d), d.size_bytes)
+            for d in (*request.references_blobs, *request.references_directories)
+        )
+        if await self.records.missing(ns, (digest, *references)):
+            raise InvalidRequest(
+                f"the pushed {kind} {digest[0]}/{digest[1]} or a digest it references is "
+                "not in the CAS: upload the content first (remote_asset.proto: clients MUST)"
+            )
+        sri = None
+        if query.sri is not None:
+            if kind != BLOB or not await self.records.blob_matches(ns, digest, query.sri):
+                raise InvalidRequest(
+                    f"checksum.sri ({query.sri.algorithm}) does not match the pushed {kind} "
+                    f"{digest[0]}/{digest[1]}: nothing recorded"
+                )
+            sri = query.sri.text
+        expire_at_ms = (
+            int(request.expire_at.ToMilliseconds()) if request.HasField("expire_at") else None
+        )
+        for uri in query.uris:
+            record = AssetRecord(kind, uri, query.qualifiers, digest, references, expire_at_ms, sri)
+            await self.records.store(ns, query, uri, record)

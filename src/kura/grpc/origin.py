@@ -1,0 +1,253 @@
+"""Downloads from origin for the Remote Asset ``FetchBlob`` (``kura.grpc.asset``) on a miss.
+
+Off unless ``KURA_ASSET_FETCH_ALLOWED_HOSTS`` names origins (``kura.core.asset.AllowedHosts``).
+A server that fetches URLs for its clients is a server-side request forgery risk (OWASP
+SSRF Prevention Cheat Sheet), so every hop of a download is checked the same way:
+
+* the URI must be ``http``/``https`` with a host the allow-list matches (else
+  PERMISSION_DENIED);
+* the host is resolved once, here; every address must be global (``ipaddress``'s
+  ``is_global``: not private, loopback, link-local, shared, reserved or unspecified; an IPv4
+  address mapped into IPv6 is judged as IPv4) unless the allow-list names the host without a
+  wildcard (else PERMISSION_DENIED), and the connection goes to those checked addresses only
+  (``check_addresses``, then ``_Pinned``: aiohttp asks it instead of DNS, so no second look-up can answer differently);
+* redirects are not followed by aiohttp: each ``Location`` (at most ``MAX_REDIRECTS``) is a new
+  hop, checked as above.
+
+The body is streamed into the CAS through ``ArtifactWriter.put_stream``, the write path every
+upload takes: the declared ``Content-Length`` (or, without one, what arrives) is reserved from
+the tmp budget, the route's limit (``KURA_MAX_ARTIFACT_BYTES``) applies, and a ``checksum.sri``
+is checked on the bytes before the commit. On any failure nothing is left behind (no blob, no
+staged file, no reserved byte). Failures are ``OriginFailed`` with the status the response
+carries inline (remote_asset.proto, ``FetchBlobResponse.status``): PERMISSION_DENIED (origin not
+allowed), NOT_FOUND (404/410, or not an http(s) URL), ABORTED (checksum mismatch),
+RESOURCE_EXHAUSTED (too large, no room), DEADLINE_EXCEEDED (``timeout``), UNAVAILABLE (the
+origin unreachable or answering an error). Each download is counted in
+``kura_asset_origin_downloads_total{result}`` (``stored``, ``refused``, ``failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urljoin
+
+import aiohttp
+import grpc
+from aiohttp.abc import AbstractResolver, ResolveResult
+from prometheus_client import Counter
+
+from kura.api.action_lookup import cas_ref
+from kura.core import errors as e
+from kura.core.asset import AllowedHosts, Digest, Origin, Sri, origin_of
+from kura.grpc.common import GrpcContext
+
+log = logging.getLogger(__name__)
+
+MAX_REDIRECTS = 5
+CHUNK_BYTES = 256 * 1024
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+ENV_NAME = "KURA_ASSET_FETCH_ALLOWED_HOSTS"
+
+
+class OriginFailed(Exception):
+    """A download that failed: ``code`` and ``message`` go in the response's inline status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ChecksumMismatch(e.InvalidRequest):
+    """The downloaded bytes do not match the request's ``checksum.sri``."""
+
+
+class OriginDownloads:
+    """Downloads into the CAS (module docstring). Safe to use from many calls at once."""
+
+    def __init__(self, gc: GrpcContext) -> None:
+        self.gc = gc
+        self.allowed = AllowedHosts.parse(gc.settings.asset_fetch_allowed_hosts)
+        self.downloads = Counter(
+            "kura_asset_origin_downloads_total",
+            "Remote Asset FetchBlob downloads from origin, by result (stored, refused: origin "
+            "not allowed or a non-global address, failed: anything else).",
+            ["result"],
+            registry=gc.metrics.registry,
+        )
+        for result in ("stored", "refused", "failed"):
+            self.downloads.labels(result)
+
+    async def download(self, ns: str, uri: str, sri: Sri | None, seconds: float) -> Digest:
+        """Download ``uri`` into namespace ``ns``'s CAS within ``seconds``; its (sha256 hex,
+        size). Raises ``OriginFailed`` (module docstring), leaving nothing stored."""
+        if origin_of(uri) is None:  # a URN or the like: nothing to download, not counted
+            raise OriginFailed(
+                grpc.StatusCode.NOT_FOUND, f"{uri[:200]} is not an http(s) URL to download"
+            )
+        try:
+            async with asyncio.timeout(seconds):
+                digest = await self._follow(ns, uri, sri)
+        except TimeoutError:
+            self.downloads.labels("failed").inc()
+            raise OriginFailed(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"the download took longer than {seconds:g} s"
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            self.downloads.labels("failed").inc()
+            raise OriginFailed(
+                grpc.StatusCode.UNAVAILABLE, f"the origin could not be reached: {exc}"
+            ) from None
+        except OriginFailed as exc:
+            refused = exc.code is grpc.StatusCode.PERMISSION_DENIED
+            self.downloads.labels("refused" if refused else "failed").inc()
+            raise
+        self.downloads.labels("stored").inc()
+        return digest
+
+    async def _follow(self, ns: str, uri: str, sri: Sri | None) -> Digest:
+        for _hop in range(MAX_REDIRECTS + 1):
+            origin = origin_of(uri)
+            if origin is None:
+                raise OriginFailed(
+                    grpc.StatusCode.NOT_FOUND, f"{uri[:200]} is not an http(s) URL to download"
+                )
+            explicit = self.allowed.match(origin)
+            if explicit is None:
+                raise OriginFailed(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"origin {origin.host}:{origin.port} is not allowed ({ENV_NAME})",
+                )
+            addresses = await check_addresses(origin, explicit)
+            connector = aiohttp.TCPConnector(
+                resolver=_Pinned(origin.host, addresses), use_dns_cache=False, limit=1
+            )
+            idle = float(self.gc.settings.body_idle_timeout_seconds)
+            async with (
+                aiohttp.ClientSession(
+                    connector=connector,
+                    auto_decompress=False,  # the origin's bytes, as a client would get them
+                    trust_env=False,  # no proxy from the environment
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=idle, sock_read=idle),
+                ) as session,
+                session.get(uri, allow_redirects=False) as response,
+            ):
+                if response.status in REDIRECTS and "Location" in response.headers:
+                    uri = urljoin(uri, response.headers["Location"])
+                    continue
+                if response.status in (404, 410):
+                    raise OriginFailed(
+                        grpc.StatusCode.NOT_FOUND, f"the origin answered {response.status}"
+                    )
+                if response.status != 200:
+                    raise OriginFailed(
+                        grpc.StatusCode.UNAVAILABLE, f"the origin answered {response.status}"
+                    )
+                return await self._store(ns, response, sri)
+        raise OriginFailed(
+            grpc.StatusCode.UNAVAILABLE, f"more than {MAX_REDIRECTS} redirects from the origin"
+        )
+
+    async def _store(self, ns: str, response: aiohttp.ClientResponse, sri: Sri | None) -> Digest:
+        body = _checked(response.content.iter_chunked(CHUNK_BYTES), sri)
+        try:
+            result = await self.gc.writer.put_stream(
+                lambda sha256: cas_ref(ns, sha256),
+                body,
+                declared_length=response.content_length,
+                limit_bytes=self.gc.settings.max_artifact_bytes,
+                content_type="application/octet-stream",
+            )
+        except ChecksumMismatch as exc:
+            raise OriginFailed(grpc.StatusCode.ABORTED, exc.message) from None
+        except (e.PayloadTooLarge, e.ResourceExhausted, e.InsufficientStorage) as exc:
+            raise OriginFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message) from None
+        except e.KuraError as exc:
+            raise OriginFailed(
+                grpc.StatusCode.UNAVAILABLE, f"the download was not stored: {exc.message}"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise OriginFailed(
+                grpc.StatusCode.UNAVAILABLE, f"the origin's body broke off: {exc}"
+            ) from None
+        self.gc.metrics.bytes_in_child("grpc").inc(result.manifest.size)
+        return result.manifest.sha256, result.manifest.size
+
+
+async def _checked(chunks: AsyncIterator[bytes], sri: Sri | None) -> AsyncIterator[bytes]:
+    """``chunks``; at their end ``ChecksumMismatch`` unless they match ``sri`` (raised inside
+    the write, before its commit, so nothing is stored)."""
+    h = None if sri is None else hashlib.new(sri.algorithm)
+    async for chunk in chunks:
+        if h is not None:
+            h.update(chunk)
+        yield chunk
+    if sri is not None and h is not None and not sri.matches(h.digest()):
+        raise ChecksumMismatch(
+            f"the downloaded bytes do not match checksum.sri ({sri.algorithm}): nothing stored"
+        )
+
+
+async def check_addresses(origin: Origin, explicit: bool) -> list[ResolveResult]:
+    """The addresses ``origin.host`` resolves to (one look-up; an IP literal needs none), as
+    aiohttp's resolver answers them, each with ``origin.port``. ``OriginFailed``:
+    PERMISSION_DENIED when one is not global and the host was not allowed ``explicit``-ly,
+    UNAVAILABLE when it does not resolve."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(origin.host, origin.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise OriginFailed(
+            grpc.StatusCode.UNAVAILABLE, f"origin {origin.host} does not resolve: {exc}"
+        ) from None
+    results: list[ResolveResult] = []
+    for family, _type, proto, _name, sockaddr in infos:
+        text = str(sockaddr[0])
+        address = ipaddress.ip_address(text.split("%", 1)[0])
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if not explicit and not address.is_global:
+            raise OriginFailed(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"origin {origin.host} resolves to {address}, not a global address (private, "
+                f"loopback, link-local or reserved): only a host {ENV_NAME} names without '*' "
+                "may",
+            )
+        results.append(
+            ResolveResult(
+                hostname=origin.host,
+                host=text,
+                port=origin.port,
+                family=family,
+                proto=proto,
+                flags=socket.AI_NUMERICHOST,
+            )
+        )
+    if not results:
+        raise OriginFailed(grpc.StatusCode.UNAVAILABLE, f"origin {origin.host} has no address")
+    return results
+
+
+class _Pinned(AbstractResolver):
+    """aiohttp's resolver for one download: the addresses ``check_addresses`` checked, for that host
+    only (any other host is an error, never a DNS look-up)."""
+
+    def __init__(self, host: str, addresses: list[ResolveResult]) -> None:
+        self.host = host
+        self.addresses = addresses
+
+    async def resolve(
+        self, host: str, port: int = 0, family: Any = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if host.lower().rstrip(".") != self.host:
+            raise OSError(f"{host} was not checked for this download")
+        return self.addresses
+
+    async def close(self) -> None:
+        return None

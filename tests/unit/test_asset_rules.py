@@ -1,0 +1,124 @@
+"""The Remote Asset API's pure rules (``kura.core.asset``): record keys, SRI, the allow-list."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+
+import grpc
+import pytest
+
+from kura.core.asset import (
+    AllowedHosts,
+    AssetRecord,
+    Origin,
+    origin_of,
+    parse_query,
+    parse_sri,
+    record_key,
+)
+from kura.core.errors import InvalidRequest
+from kura.grpc.origin import OriginFailed, check_addresses
+
+
+def sri(data: bytes, algorithm: str) -> str:
+    return f"{algorithm}-{base64.b64encode(hashlib.new(algorithm, data).digest()).decode()}"
+
+
+def test_the_key_ignores_qualifier_order_checksum_and_uri_spelling_but_not_values() -> None:
+    a = parse_query(["HTTPS://Mirror.Example:443/a.tgz"], [("b", "2"), ("a", "1")])
+    b = parse_query(
+        ["https://mirror.example/a.tgz"],
+        [("a", "1"), ("checksum.sri", sri(b"x", "sha256")), ("b", "2")],
+    )
+    c = parse_query(["https://mirror.example/a.tgz"], [("a", "1"), ("b", "3")])
+    keys = [record_key("blob", q.uris[0], q.qualifiers) for q in (a, b, c)]
+    assert keys[0] == keys[1] != keys[2]
+    assert record_key("directory", b.uris[0], b.qualifiers) != keys[1]
+    assert keys[0].startswith("asset/")
+    assert len(keys[0]) == 6 + 64
+
+
+def test_sri_takes_the_strongest_algorithm_and_refuses_what_it_cannot_check() -> None:
+    both = parse_sri(f"{sri(b'x', 'sha256')} {sri(b'x', 'sha512')}?opt md5-AAAA")
+    assert both.algorithm == "sha512"
+    assert both.matches(hashlib.sha512(b"x").digest())
+    assert parse_sri(sri(b"x", "sha256")).sha256_hex() == (hashlib.sha256(b"x").hexdigest(),)
+    for bad in ("md5-AAAA", "sha256-short", "sha256-!!!", ""):
+        with pytest.raises(InvalidRequest):
+            parse_sri(bad)
+
+
+def test_a_query_needs_a_uri_and_unique_qualifier_names() -> None:
+    with pytest.raises(InvalidRequest, match="no URI"):
+        parse_query([], [])
+    with pytest.raises(InvalidRequest, match="twice"):
+        parse_query(["urn:x"], [("a", "1"), ("a", "2")])
+
+
+def test_only_a_host_named_without_a_wildcard_is_allowed_explicitly() -> None:
+    hosts = AllowedHosts.parse(["mirror.internal", "127.0.0.1:8080", "*.example.com", "[::1]:9"])
+    match = [
+        hosts.match(o)
+        for o in (
+            origin_of(u)
+            for u in (
+                "http://mirror.internal:1234/x",
+                "http://127.0.0.1:8080/x",
+                "http://127.0.0.1:8081/x",
+                "https://cdn.example.com/x",
+                "https://example.com/x",
+                "http://[::1]:9/x",
+            )
+        )
+        if o is not None
+    ]
+    assert match == [True, True, None, False, None, True]
+    assert origin_of("urn:uuid:1") is None
+    assert origin_of("ftp://h/x") is None
+    assert not AllowedHosts.parse([])
+    for bad in ("*evil.com", "host:0", "[::1"):
+        with pytest.raises(ValueError, match=r"expected host|port must be|closing"):
+            AllowedHosts.parse([bad])
+
+
+def test_a_record_survives_its_encoding() -> None:
+    record = AssetRecord(
+        "blob", "urn:x", (("a", "1"),), ("ab" * 32, 5), (("cd" * 32, 7),), 1234, "sha256-x"
+    )
+    assert AssetRecord.decode(record.encode()) == record
+    with pytest.raises(ValueError, match="version 1"):
+        AssetRecord.decode(b'{"v": 2}')
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "10.1.2.3",
+        "192.168.0.1",
+        "172.16.5.5",
+        "169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
+        "127.0.0.1",
+        "::1",
+        "fe80::1",
+        "fd00::1",
+        "::ffff:10.0.0.1",
+    ],
+)
+def test_a_non_global_address_is_refused_unless_its_host_is_named_exactly(address: str) -> None:
+    """Checked on the resolved address before any connection (an IP literal resolves with no
+    look-up and nothing is sent to it)."""
+    origin = Origin("http", address, 80)
+    with pytest.raises(OriginFailed, match="not a global address") as info:
+        asyncio.run(check_addresses(origin, explicit=False))
+    assert info.value.code is grpc.StatusCode.PERMISSION_DENIED
+    pinned = asyncio.run(check_addresses(origin, explicit=True))
+    assert [r["host"] for r in pinned] == [address]
+
+
+def test_a_global_address_is_allowed_by_a_wildcard() -> None:
+    pinned = asyncio.run(check_addresses(Origin("https", "93.184.215.14", 443), explicit=False))
+    assert [(r["host"], r["port"]) for r in pinned] == [("93.184.215.14", 443)]
