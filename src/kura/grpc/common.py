@@ -62,6 +62,8 @@ METHODS = (
     "BatchUpdateBlobs",
     "BatchReadBlobs",
     "GetTree",
+    "SplitBlob",
+    "SpliceBlob",
     "GetActionResult",
     "UpdateActionResult",
     "Read",
