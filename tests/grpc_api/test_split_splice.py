@@ -15,7 +15,7 @@ from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
 from tests.conftest import NodeProcess
-from tests.e2e.mesh import wait_for
+from tests.e2e.mesh import manifests, status, wait_for
 from tests.grpc_api.client import Reapi, blob_name, digest, fastcdc_chunks, start_grpc_node
 
 pytestmark = pytest.mark.in_process
@@ -196,3 +196,20 @@ def test_a_damaged_blob_does_not_split(grpc_node: tuple[NodeProcess, Reapi]) -> 
     assert wait_for(lambda: node.metric("kura_tmp_reserved_bytes") == 0, 15)
     assert node.staging_files() == []
     assert digest(data).hash in c.find_missing([data])  # quarantined: a miss from now on
+
+
+def test_chunks_replicate_like_any_blob(start_node: Callable[..., NodeProcess]) -> None:
+    """Chunks are ordinary CAS blobs: the ones ``SplitBlob`` stores on A are shipped to its
+    peer B (read from B's own index, not read through)."""
+    b = start_node("b")
+    a, c = start_grpc_node(start_node, "a", peers=b.internal_url, discovery_settle_ms=200)
+    try:
+        assert wait_for(lambda: status(a)["ready"] is True, 30), status(a)
+        data = random.Random(3).randbytes(3 * MiB)
+        c.write(blob_name(data), data, chunk=MiB)
+        chunks = c.split(digest(data))
+        assert len(chunks) > 1
+        keys = {f"cas/{d.hash}" for d in [digest(data), *chunks]}
+        assert wait_for(lambda: {m["key"] for m in manifests(b).values()} == keys, 30)
+    finally:
+        c.close()
