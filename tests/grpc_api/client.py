@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import grpc
+from pyfastcdc import FastCDC
 
 from kura.protos.build.bazel.remote.asset.v1 import remote_asset_pb2_grpc as ra_grpc
 from kura.protos.build.bazel.remote.execution.v2 import (
@@ -109,6 +110,43 @@ class Reapi:
             ),
             metadata=self.metadata,
         )
+
+    def split(self, blob: reapi.Digest, instance: str = "") -> list[reapi.Digest]:
+        """SplitBlob: the digests of ``blob``'s chunks, in order."""
+        response = self.cas.SplitBlob(
+            reapi.SplitBlobRequest(
+                instance_name=instance,
+                blob_digest=blob,
+                chunking_function=reapi.ChunkingFunction.FAST_CDC_2020,
+            ),
+            metadata=self.metadata,
+        )
+        assert response.chunking_function == reapi.ChunkingFunction.FAST_CDC_2020
+        return list(response.chunk_digests)
+
+    def splice(
+        self, blob: reapi.Digest, chunks: Sequence[reapi.Digest], instance: str = ""
+    ) -> reapi.SpliceBlobResponse:
+        return self.cas.SpliceBlob(  # type: ignore[no-any-return]
+            reapi.SpliceBlobRequest(
+                instance_name=instance,
+                blob_digest=blob,
+                chunk_digests=chunks,
+                chunking_function=reapi.ChunkingFunction.FAST_CDC_2020,
+            ),
+            metadata=self.metadata,
+        )
+
+
+def fastcdc_chunks(data: bytes, params: reapi.FastCdc2020Params) -> list[bytes]:
+    """``data`` cut as a client does from a server's advertised ``fast_cdc_2020_params``, by
+    remote_execution.proto's text alone: minimum avg / 4, maximum avg * 4, normalization
+    level 2, the advertised seed."""
+    avg = params.avg_chunk_size_bytes
+    cutter = FastCDC(
+        avg, min_size=avg // 4, max_size=avg * 4, normalized_chunking=2, seed=params.seed
+    )
+    return [bytes(c.data) for c in cutter.cut_buf(data)]
 
 
 def write_requests(

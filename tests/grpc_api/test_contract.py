@@ -58,6 +58,9 @@ def test_capabilities_follow_the_callers_rights_and_advertise_zstd(
         found = caps(client)
         assert list(found.supported_compressors) == [ZSTD]
         assert list(found.supported_batch_update_compressors) == [ZSTD]
+        assert found.split_blob_support  # a read
+    assert caps(rw).splice_blob_support
+    assert not caps(ro).splice_blob_support  # a write
     # Describing a caller is not refusing one.
     assert node.metric_sum("kura_auth_refusals_total") == refusals
 

@@ -26,6 +26,9 @@
   every page but the last carries a ``next_page_token`` from which a new call resumes.
   Directories that are not stored are skipped (REAPI: "they will be omitted"). A Directory
   larger than ``MAX_INLINE_PARSE_BYTES`` is parsed in a worker thread, off the event loop.
+* ``SplitBlob`` (read access) and ``SpliceBlob`` (write access): ``kura.grpc.chunking``
+  (FastCDC 2020, its parameters advertised in ``fast_cdc_2020_params``). A digest function
+  other than SHA-256 (or unset) is INVALID_ARGUMENT.
 
 Keys: ``ArtifactRef("bazel", namespace, "cas/<hex>")``, the Bazel HTTP cache's
 (``kura.api.action_lookup.cas_ref``).
@@ -46,6 +49,7 @@ from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
 from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.core.errors import InvalidRequest, KuraError, NotFound
+from kura.grpc import chunking
 from kura.grpc.common import (
     GrpcContext,
     check_digest,
@@ -90,17 +94,22 @@ class Capabilities(reapi_grpc.CapabilitiesServicer):
     ) -> reapi.ServerCapabilities:
         ns = self.gc.authorize(context, Access.READ, request.instance_name)
         sha256 = reapi.DigestFunction.SHA256
+        writes = self.gc.allows(context, Access.WRITE, ns)
         return reapi.ServerCapabilities(
             cache_capabilities=reapi.CacheCapabilities(
                 digest_functions=[sha256],
                 action_cache_update_capabilities=reapi.ActionCacheUpdateCapabilities(
-                    update_enabled=self.gc.allows(context, Access.WRITE, ns)
-                    or fails_on_update_disabled(context)
+                    update_enabled=writes or fails_on_update_disabled(context)
                 ),
                 supported_compressors=[ZSTD],
                 supported_batch_update_compressors=[ZSTD],
                 max_batch_total_size_bytes=self.gc.max_batch_bytes,
                 symlink_absolute_path_strategy=reapi.SymlinkAbsolutePathStrategy.ALLOWED,
+                split_blob_support=True,
+                splice_blob_support=writes,  # a splice is a write
+                fast_cdc_2020_params=reapi.FastCdc2020Params(
+                    avg_chunk_size_bytes=chunking.AVG_CHUNK_BYTES, seed=chunking.SEED
+                ),
             ),
             low_api_version=semver_pb2.SemVer(major=2, minor=0),
             high_api_version=semver_pb2.SemVer(major=2, minor=HIGH_API_MINOR),
@@ -225,17 +234,34 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         self.gc.metrics.bytes_out_child("grpc").inc(len(data))
         return data
 
+    @rpc("SplitBlob")
     async def SplitBlob(
         self, request: reapi.SplitBlobRequest, context: Ctx
     ) -> reapi.SplitBlobResponse:
-        """Not served yet, and not advertised (``split_blob_support`` stays false)."""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "SplitBlob is not implemented")
+        """``kura.grpc.chunking.split``; read access is enough (the chunks stored are cut from
+        a blob already stored, by the server: a caller adds no bytes of its own)."""
+        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        _check_sha256(request.digest_function)
+        d = request.blob_digest
+        chunks = await chunking.split(self.gc, ns, check_digest(d), d.size_bytes)
+        return reapi.SplitBlobResponse(
+            chunk_digests=[reapi.Digest(hash=h, size_bytes=n) for h, n in chunks],
+            chunking_function=reapi.ChunkingFunction.FAST_CDC_2020,
+        )
 
+    @rpc("SpliceBlob")
     async def SpliceBlob(
         self, request: reapi.SpliceBlobRequest, context: Ctx
     ) -> reapi.SpliceBlobResponse:
-        """Not served yet, and not advertised (``splice_blob_support`` stays false)."""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "SpliceBlob is not implemented")
+        """``kura.grpc.chunking.splice``; any ``chunking_function`` (the bytes are checked, not
+        how they were cut)."""
+        ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        _check_sha256(request.digest_function)
+        d = request.blob_digest
+        sha256 = check_digest(d)
+        chunks = [(check_digest(c), c.size_bytes) for c in request.chunk_digests]
+        await chunking.splice(self.gc, ns, sha256, d.size_bytes, chunks)
+        return reapi.SpliceBlobResponse(blob_digest=d)
 
     @streaming_rpc("GetTree")
     async def GetTree(
@@ -298,6 +324,13 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             for child in directory.directories:
                 check_digest(child.digest)
                 queue.append(child.digest)
+
+
+def _check_sha256(digest_function: int) -> None:
+    """``InvalidRequest`` unless ``digest_function`` is SHA-256 or unset (then inferred from
+    the hash's length: REAPI's rule for SplitBlob and SpliceBlob)."""
+    if digest_function not in (reapi.DigestFunction.UNKNOWN, reapi.DigestFunction.SHA256):
+        raise InvalidRequest(f"digest function {digest_function} is not served: SHA-256 only")
 
 
 def _directory(sha256: str, data: bytes) -> tuple[reapi.Directory, int]:

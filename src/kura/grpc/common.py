@@ -66,6 +66,8 @@ METHODS = (
     "BatchUpdateBlobs",
     "BatchReadBlobs",
     "GetTree",
+    "SplitBlob",
+    "SpliceBlob",
     "GetActionResult",
     "UpdateActionResult",
     "Read",
