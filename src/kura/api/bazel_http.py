@@ -21,8 +21,6 @@ its own namespace (``kura.api.action_lookup``, shared with the gRPC ActionCache)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from aiohttp import web
 
 from kura.api.action_cache import MAX_ACTION_RESULT_BYTES, is_ccache_key, parse_action_result
@@ -35,6 +33,7 @@ from kura.api.scope import path_namespace
 from kura.core.errors import NotFound
 from kura.core.keys import HEX_SHA256, validate
 from kura.storage.artifact import ArtifactRef, StoredBody
+from kura.storage.ports import one_piece
 
 PROTOCOL = "bazel"
 
@@ -77,7 +76,7 @@ async def put_ac(request: web.Request) -> web.StreamResponse:
     parse_action_result(data)
     await c.writer.put_stream(
         ref,
-        _once(data),
+        one_piece(data),
         declared_length=len(data),
         limit_bytes=limit,
         content_type=request.headers.get("Content-Type") or "application/octet-stream",
@@ -98,10 +97,6 @@ async def put_cas(request: web.Request) -> web.StreamResponse:
             expected_sha256=request.match_info["digest"],
         )
     return web.Response(status=200)
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
 
 
 # ccache's ``subdirs`` layout puts a key whose first two characters are "ac" at

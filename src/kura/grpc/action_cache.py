@@ -11,7 +11,6 @@ stored); the stored bytes are its serialization, which the HTTP route serves as 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
@@ -27,6 +26,7 @@ from kura.protos.build.bazel.remote.execution.v2 import (
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2_grpc as reapi_grpc,
 )
+from kura.storage.ports import one_piece
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -59,13 +59,9 @@ class ActionCache(reapi_grpc.ActionCacheServicer):
         parse_action_result(data)
         await self.gc.writer.put_stream(
             ref,
-            _once(data),
+            one_piece(data),
             declared_length=len(data),
             limit_bytes=limit,
             content_type="application/octet-stream",
         )
         return request.action_result
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any, TypeAlias
 
 import grpc
@@ -47,7 +48,6 @@ from google.rpc import code_pb2, status_pb2
 
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
-from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.core.errors import InvalidRequest, KuraError, NotFound
 from kura.grpc import chunking
 from kura.grpc.common import (
@@ -57,6 +57,7 @@ from kura.grpc.common import (
     fails_on_update_disabled,
     is_empty,
     rpc,
+    stored_blob,
     streaming_rpc,
 )
 from kura.grpc.zstd_stream import whole_compressed, whole_decompressed
@@ -67,6 +68,7 @@ from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2_grpc as reapi_grpc,
 )
 from kura.protos.build.bazel.semver import semver_pb2
+from kura.storage.ports import one_piece
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 # REAPI 2.3: the compressors (2.1), digest_function in requests (2.2), output_paths (2.3).
@@ -188,7 +190,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             return
         await service.put_stream(
             ref,
-            _once(data),
+            one_piece(data),
             declared_length=len(data),
             limit_bytes=self.gc.settings.max_artifact_bytes,
             content_type="application/octet-stream",
@@ -350,27 +352,12 @@ async def read_blob(gc: GrpcContext, ns: str, digest: reapi.Digest, limit_bytes:
     quarantines it), ``InvalidRequest`` when it is larger than ``limit_bytes``."""
     if is_empty(digest):
         return b""
-    body = await gc.reader.read(cas_ref(ns, digest.hash))
-    try:
-        if body.manifest.size != digest.size_bytes:
-            raise NotFound(
-                f"blob {digest.hash} is stored with size {body.manifest.size}, "
-                f"not {digest.size_bytes}"
-            )
-        if body.manifest.size > limit_bytes:
-            raise InvalidRequest(
-                f"blob {digest.hash} is larger than {limit_bytes} bytes: use ByteStream.Read"
-            )
-        try:
-            return b"".join([c async for c in verified_chunks(gc.reader, body)])
-        except DamagedBlob:
-            raise NotFound(f"blob {digest.hash} failed verification; treated as a miss") from None
-    finally:
-        body.close()
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
+    if digest.size_bytes > limit_bytes:
+        raise InvalidRequest(
+            f"blob {digest.hash} is larger than {limit_bytes} bytes: use ByteStream.Read"
+        )
+    async with aclosing(stored_blob(gc, ns, digest.hash, digest.size_bytes, "blob")) as pieces:
+        return b"".join([piece async for piece in pieces])
 
 
 async def inflated(compressor: int, data: bytes, digest: reapi.Digest) -> bytes:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Final, TypeAlias
 
@@ -51,10 +51,10 @@ from pyfastcdc import FastCDC
 
 from kura.api.action_cache import EMPTY_SHA256
 from kura.api.action_lookup import cas_ref
-from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.core.errors import DigestMismatch, InvalidRequest, NotFound
-from kura.grpc.common import GrpcContext
+from kura.grpc.common import GrpcContext, stored_blob
 from kura.storage.artifact import ArtifactRef
+from kura.storage.ports import one_piece
 
 AVG_CHUNK_BYTES = 512 * 1024
 MIN_CHUNK_BYTES = AVG_CHUNK_BYTES // 4
@@ -123,7 +123,7 @@ async def split(gc: GrpcContext, ns: str, sha256: str, size_bytes: int) -> list[
     storing: asyncio.Task[None] | None = None
     try:
         async with asyncio.TaskGroup() as group:
-            async with aclosing(_stored_bytes(gc, ns, sha256, size_bytes, "blob")) as pieces:
+            async with aclosing(stored_blob(gc, ns, sha256, size_bytes, "blob")) as pieces:
                 async for piece in pieces:
                     pending.append(piece)
                     pending_bytes += len(piece)
@@ -172,7 +172,7 @@ async def _store_missing(
                 group.create_task(
                     gc.writer.put_stream(
                         ref,
-                        _once(window[offset : offset + size]),
+                        one_piece(window[offset : offset + size]),
                         declared_length=size,
                         limit_bytes=gc.settings.max_artifact_bytes,
                         content_type=CONTENT_TYPE,
@@ -237,35 +237,10 @@ async def splice(
 async def _concatenated(
     gc: GrpcContext, ns: str, chunks: Sequence[Chunk]
 ) -> AsyncGenerator[bytes, None]:
-    """The bytes of ``chunks`` in order (``_stored_bytes``: a chunk gone since it was looked
+    """The bytes of ``chunks`` in order (``stored_blob``: a chunk gone since it was looked
     up, evicted or damaged, raises ``NotFound``)."""
     for sha256, size in chunks:
         if (sha256, size) != EMPTY:
-            async with aclosing(_stored_bytes(gc, ns, sha256, size, "chunk")) as pieces:
+            async with aclosing(stored_blob(gc, ns, sha256, size, "chunk")) as pieces:
                 async for piece in pieces:
                     yield piece
-
-
-async def _stored_bytes(
-    gc: GrpcContext, ns: str, sha256: str, size_bytes: int, what: str
-) -> AsyncGenerator[bytes, None]:
-    """The bytes of the stored blob ``sha256`` in pieces, verified against its stored digest
-    as they are read (``verified_chunks``: the last piece only once the whole blob hashed
-    right). ``NotFound`` when it is not stored with ``size_bytes``, or damaged (storage then
-    quarantines it). Close it (``aclosing``) to release the file early."""
-    body = await gc.reader.read(cas_ref(ns, sha256))
-    try:
-        if body.manifest.size != size_bytes:
-            raise NotFound(
-                f"{what} {sha256} is stored with size {body.manifest.size}, not {size_bytes}"
-            )
-        async for piece in verified_chunks(gc.reader, body):
-            yield piece
-    except DamagedBlob:
-        raise NotFound(f"{what} {sha256} failed verification; treated as a miss") from None
-    finally:
-        body.close()
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data

@@ -32,7 +32,7 @@ import asyncio
 import functools
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -41,7 +41,9 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from kura.api.action_cache import EMPTY_SHA256
+from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access, TokenAuth
+from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.api.malformed import log_malformed, log_shortage, short_of_resources
 from kura.api.metrics import KuraMetrics
 from kura.core import errors as e
@@ -213,6 +215,27 @@ RESERVED_SEGMENTS = frozenset(
 )
 SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 SEPARATOR = "~"  # joins an instance name's segments into its namespace
+
+
+async def stored_blob(
+    gc: GrpcContext, ns: str, sha256: str, size_bytes: int, what: str
+) -> AsyncGenerator[bytes, None]:
+    """The bytes of the stored blob ``sha256`` in pieces, verified against its stored digest
+    as they are read (``verified_chunks``: the last piece only once the whole blob hashed
+    right). ``NotFound`` when it is not stored with ``size_bytes``, or damaged (storage then
+    quarantines it). Close it (``aclosing``) to release the file early."""
+    body = await gc.reader.read(cas_ref(ns, sha256))
+    try:
+        if body.manifest.size != size_bytes:
+            raise e.NotFound(
+                f"{what} {sha256} is stored with size {body.manifest.size}, not {size_bytes}"
+            )
+        async for piece in verified_chunks(gc.reader, body):
+            yield piece
+    except DamagedBlob:
+        raise e.NotFound(f"{what} {sha256} failed verification; treated as a miss") from None
+    finally:
+        body.close()
 
 
 def namespace_of(instance_name: str) -> str:

@@ -41,6 +41,7 @@ from typing import IO, cast
 import zstandard
 
 from kura.core.errors import InvalidRequest
+from kura.storage.ports import one_piece
 
 LEVEL = 3
 IN_SLICE_BYTES = 64 * 1024  # compressed bytes handed to the decompressor per step
@@ -135,13 +136,9 @@ async def compressed(pieces: AsyncIterator[bytes], size_bytes: int) -> AsyncIter
 
 async def whole_decompressed(data: bytes, size_bytes: int) -> bytes:
     """``decompressed`` of one in-memory zstd stream, joined (the same bounds and errors)."""
-    return b"".join([piece async for piece in decompressed(_one(data), size_bytes)])
+    return b"".join([piece async for piece in decompressed(one_piece(data), size_bytes)])
 
 
 def whole_compressed(data: bytes) -> bytes:
     """One zstd frame of ``data`` (level ``LEVEL``, content size in the header)."""
     return zstandard.ZstdCompressor(level=LEVEL).compress(data)
-
-
-async def _one(data: bytes) -> AsyncIterator[bytes]:
-    yield data

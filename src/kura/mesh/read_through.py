@@ -52,7 +52,7 @@ from kura.mesh.client import FetchedArtifact, PeerClient, PeerError
 from kura.storage.artifact import StoredBody
 from kura.storage.body_count import check_sha256
 from kura.storage.fill import Filled
-from kura.storage.ports import ReplicaStore
+from kura.storage.ports import ReplicaStore, one_piece
 from kura.storage.small_body import buffer_small
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ class ReadThrough:
             with reservation:
                 await self._service.apply_replica(
                     manifest,
-                    _once(data),
+                    one_piece(data),
                     declared_length=len(data),
                     source="read_through",
                     reservation=reservation,
@@ -281,10 +281,6 @@ class ReadThrough:
             )
         finally:
             self._held_bytes -= len(data)
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
 
 
 async def _hashed(chunks: AsyncIterator[bytes], digest: hashlib._Hash) -> AsyncIterator[bytes]:

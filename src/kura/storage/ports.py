@@ -409,3 +409,9 @@ class ChangeLog(Protocol):
         0: the range itself) and of the tombstones. ``ValueError`` unless ``len(prefix) +
         depth`` is one of ``DIGEST_LEVELS``; ``Unavailable`` on an index without digests."""
         ...
+
+
+async def one_piece(data: bytes) -> AsyncIterator[bytes]:
+    """``data`` as the body a write takes (``ArtifactWriter.put_stream``'s ``body``): a blob
+    already in memory, in one piece."""
+    yield data
