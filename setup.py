@@ -30,9 +30,13 @@ from setuptools import setup
 ROOT = Path(__file__).resolve().parent
 PROTO = ROOT / "proto"
 OUT = ROOT / "src" / "kura" / "protos"
-# The generated packages that move under kura.protos (the google.api, google.rpc and
-# google.longrunning ones come from googleapis-common-protos and stay where they are).
-OURS = ("build", "google.bytestream")
+# The generated packages that move under kura.protos (the google.api and google.rpc ones come
+# from googleapis-common-protos and stay where they are). google.longrunning is generated too,
+# from googleapis-common-protos' own .proto: its Python module imports grpc (it tries the gRPC
+# variant first), and a worker process, which reads REAPI messages but serves no gRPC, must not
+# load grpc (tests/integration/test_workers.py).
+OURS = ("build", "google.bytestream", "google.longrunning")
+LONGRUNNING = "google/longrunning/operations.proto"
 STAMP = OUT / ".generated-from"
 
 
@@ -42,7 +46,7 @@ def sources() -> list[Path]:
 
 def fingerprint() -> str:
     """The proto files' names and SHA-256 digests, and this file's: regenerate when one changed."""
-    files = [*sources(), Path(__file__).resolve()]
+    files = [*sources(), Path(__file__).resolve(), longrunning_source()]
     return "\n".join(f"{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in files)
 
 
@@ -72,25 +76,33 @@ def plugin(name: str) -> str:
     return found
 
 
+def googleapis_root() -> Path:
+    """Where googleapis-common-protos' google/api, google/rpc and google/longrunning .proto
+    files are (beside its modules)."""
+    import google.api
+
+    return Path(next(iter(google.api.__path__))).parent.parent
+
+
+def longrunning_source() -> Path:
+    """googleapis-common-protos ships google/longrunning/operations.proto as
+    operations_proto.proto (its Python module still registers the upstream file name)."""
+    return googleapis_root() / "google" / "longrunning" / "operations_proto.proto"
+
+
 def generate() -> None:
     if not PROTO.is_dir():  # an sdist unpacked without proto/ already has the stubs
         return
     if STAMP.exists() and STAMP.read_text() == fingerprint():
         return
-    import google.api  # googleapis-common-protos: google/api, google/rpc .proto include files
     from grpc_tools import protoc
 
-    googleapis = Path(next(iter(google.api.__path__))).parent.parent
+    googleapis = googleapis_root()
     tools = Path(protoc.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory() as tmp:
-        # googleapis-common-protos ships google/longrunning/operations.proto as
-        # operations_proto.proto (its Python module still registers the upstream file name).
         longrunning = Path(tmp, "include", "google", "longrunning")
         longrunning.mkdir(parents=True)
-        shutil.copy(
-            googleapis / "google" / "longrunning" / "operations_proto.proto",
-            longrunning / "operations.proto",
-        )
+        shutil.copy(longrunning_source(), longrunning / "operations.proto")
         generated = Path(tmp, "out")
         generated.mkdir()
         args = [
@@ -106,6 +118,7 @@ def generate() -> None:
             f"--mypy_out={generated}",
             f"--mypy_grpc_out={generated}",
             *(str(p.relative_to(PROTO)) for p in sources()),
+            LONGRUNNING,
         ]
         if protoc.main(args) != 0:
             raise SystemExit("setup.py: protoc failed on proto/ (see above)")
