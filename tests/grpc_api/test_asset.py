@@ -7,6 +7,7 @@ status and message and nothing stored (no blob, no record, no staged file, no re
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import http.server
 import os
@@ -46,11 +47,13 @@ def q(**pairs: str) -> list[ra.Qualifier]:
 
 class Origin:
     """An HTTP origin on 127.0.0.1 serving ``files`` (path → bytes) and ``redirects`` (path →
-    Location); counts its GETs."""
+    Location), gzip-encoding the ``gzipped`` paths for a client that accepts it (as a web
+    server compresses text); counts its GETs."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.redirects: dict[str, str] = {}
+        self.gzipped: set[str] = set()
         self.gets = 0
         origin = self
 
@@ -65,6 +68,10 @@ class Origin:
                     return
                 body = origin.files.get(self.path)
                 self.send_response(200 if body is not None else 404)
+                accepted = self.headers.get("Accept-Encoding", "")
+                if body is not None and self.path in origin.gzipped and "gzip" in accepted:
+                    body = gzip.compress(body)
+                    self.send_header("Content-Encoding", "gzip")
                 self.send_header("Content-Length", str(len(body or b"")))
                 self.end_headers()
                 self.wfile.write(body or b"")
@@ -278,6 +285,29 @@ def test_fetch_downloads_from_an_allowed_origin_and_answers_once_it_is_gone(
     assert batch.responses[0].data == ARCHIVE
     assert node.metric('kura_asset_origin_downloads_total{result="stored"}') == 2
     assert node.metric('kura_cache_lookups_total{protocol="grpc",result="hit"}') >= 1
+    client.close()
+
+
+def test_a_download_stores_the_origins_bytes_not_a_content_encoding_of_them(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """A web server compresses text for a client that accepts gzip; the blob asked for is the
+    file itself, so the download must not ask for an encoding it does not undo."""
+    text = b"def rules():\n    pass\n" * 1000
+    origin.files["/defs.bzl"] = text
+    origin.gzipped.add("/defs.bzl")
+    _node, client = start_grpc_node(
+        start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}"
+    )
+    got = fetch(client, origin.url("/defs.bzl"))
+    assert got.status.code == code_pb2.OK, got.status.message
+    assert got.blob_digest == digest(text)
+    checked = fetch(
+        client,
+        origin.url("/defs.bzl"),
+        qualifiers=[ra.Qualifier(name="checksum.sri", value=sri(text))],
+    )
+    assert checked.status.code == code_pb2.OK, checked.status.message
     client.close()
 
 

@@ -12,7 +12,10 @@ SSRF Prevention Cheat Sheet), so every hop of a download is checked the same way
   wildcard (else PERMISSION_DENIED), and the connection goes to those checked addresses only
   (``check_addresses``, then ``_Pinned``: aiohttp asks it instead of DNS, so no second look-up can answer differently);
 * redirects are not followed by aiohttp: each ``Location`` (at most ``MAX_REDIRECTS``) is a new
-  hop, checked as above.
+  hop, checked as above;
+* the request asks for ``Accept-Encoding: identity`` and nothing is decompressed: the blob is
+  the file itself (a gzip bomb is never inflated, and a server that compresses text for
+  clients that accept it does not get its encoding stored as the file).
 
 The body is streamed into the CAS through ``ArtifactWriter.put_stream``, the write path every
 upload takes: the declared ``Content-Length`` (or, without one, what arrives) is reserved from
@@ -53,6 +56,7 @@ MAX_REDIRECTS = 5
 CHUNK_BYTES = 256 * 1024
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 ENV_NAME = "KURA_ASSET_FETCH_ALLOWED_HOSTS"
+IDENTITY = {"Accept-Encoding": "identity"}  # the origin's file as it is, not an encoding of it
 
 
 class OriginFailed(Exception):
@@ -136,7 +140,9 @@ class OriginDownloads:
                     trust_env=False,  # no proxy from the environment
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=idle, sock_read=idle),
                 ) as session,
-                session.get(uri, allow_redirects=False) as response,
+                # aiohttp asks for gzip and deflate unless told: a web server would then
+                # compress text, and the encoded bytes would be stored as the file.
+                session.get(uri, allow_redirects=False, headers=IDENTITY) as response,
             ):
                 if response.status in REDIRECTS and "Location" in response.headers:
                     uri = urljoin(uri, response.headers["Location"])
