@@ -12,10 +12,12 @@ import hashlib
 import http.server
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import code_pb2
 
@@ -65,6 +67,18 @@ class Origin:
                     self.send_header("Location", origin.redirects[self.path])
                     self.send_header("Content-Length", "0")
                     self.end_headers()
+                    return
+                if self.path == "/slow":  # 1 MiB announced, 1 KiB sent every 0.1 s
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(1024 * 1024))
+                    self.end_headers()
+                    try:
+                        for _ in range(1024):
+                            self.wfile.write(bytes(1024))
+                            self.wfile.flush()
+                            time.sleep(0.1)
+                    except OSError:
+                        pass
                     return
                 body = origin.files.get(self.path)
                 self.send_response(200 if body is not None else 404)
@@ -308,6 +322,22 @@ def test_a_download_stores_the_origins_bytes_not_a_content_encoding_of_them(
         qualifiers=[ra.Qualifier(name="checksum.sri", value=sri(text))],
     )
     assert checked.status.code == code_pb2.OK, checked.status.message
+    client.close()
+
+
+def test_a_download_past_its_timeout_is_deadline_exceeded_and_leaves_nothing(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """The request's ``timeout`` cancels a download mid-body (1 MiB reserved, a few KiB
+    staged): the reservation and the staged file go with it."""
+    node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}")
+    timeout = Duration()
+    timeout.FromMilliseconds(1500)
+    got = fetch(client, origin.url("/slow"), timeout=timeout)
+    assert got.status.code == code_pb2.DEADLINE_EXCEEDED, got.status
+    assert "longer than 1.5 s" in got.status.message
+    assert_nothing_stored(node)
+    assert node.metric('kura_asset_origin_downloads_total{result="failed"}') == 1
     client.close()
 
 
