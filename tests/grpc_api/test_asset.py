@@ -341,6 +341,22 @@ def test_a_download_past_its_timeout_is_deadline_exceeded_and_leaves_nothing(
     client.close()
 
 
+def test_a_fetch_whose_record_cannot_be_kept_downloads_nothing(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """Qualifiers too long for a record are refused before the origin is asked, not after its
+    bytes were stored with no record to find them by."""
+    origin.files["/pkg.tar.gz"] = ARCHIVE
+    node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}")
+    long = q(vcs_commit="x" * 300_000)
+    assert code_of(lambda: fetch(client, origin.url("/pkg.tar.gz"), qualifiers=long)) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert origin.gets == 0
+    assert_nothing_stored(node)
+    client.close()
+
+
 @pytest.mark.parametrize(
     "case",
     [
