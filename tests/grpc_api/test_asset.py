@@ -232,6 +232,20 @@ def test_empty_requests_and_pushes_of_absent_or_mislabelled_content_are_invalid(
     assert fetch(client, URI).status.code == code_pb2.NOT_FOUND
 
 
+def test_a_push_with_one_record_too_large_records_none_of_its_uris(
+    grpc_node: tuple[NodeProcess, Reapi],
+) -> None:
+    """A push is all or nothing: the short URI's record fits, the long one's does not, and
+    neither is recorded."""
+    _node, client = grpc_node
+    client.batch_update([ARCHIVE])
+    short, long = URI, URI + "?" + "x" * 8000
+    qualifiers = q(vcs_commit="c" * (256 * 1024 - 4000))
+    refused = code_of(lambda: push(client, ARCHIVE, short, long, qualifiers=qualifiers))
+    assert refused == grpc.StatusCode.INVALID_ARGUMENT
+    assert fetch(client, short, qualifiers=qualifiers).status.code == code_pb2.NOT_FOUND
+
+
 def test_a_namespace_clean_removes_its_records(grpc_node: tuple[NodeProcess, Reapi]) -> None:
     """Records live in the instance name's namespace: ``DELETE /ns/team-1/cache`` drops that
     namespace's record (and blob), and leaves the default namespace's."""

@@ -359,6 +359,11 @@ class Push(ra_grpc.PushServicer):
         expire_at_ms = (
             int(request.expire_at.ToMilliseconds()) if request.HasField("expire_at") else None
         )
-        for uri in query.uris:
-            record = AssetRecord(kind, uri, query.qualifiers, digest, references, expire_at_ms, sri)
+        records = [
+            AssetRecord(kind, uri, query.qualifiers, digest, references, expire_at_ms, sri)
+            for uri in query.uris
+        ]
+        for record in records:  # all or nothing: every record fits before one is stored
+            encoded(record)
+        for uri, record in zip(query.uris, records, strict=True):
             await self.records.store(ns, query, uri, record)
