@@ -7,14 +7,17 @@ status and message and nothing stored (no blob, no record, no staged file, no re
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import http.server
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import code_pb2
 
@@ -46,11 +49,13 @@ def q(**pairs: str) -> list[ra.Qualifier]:
 
 class Origin:
     """An HTTP origin on 127.0.0.1 serving ``files`` (path → bytes) and ``redirects`` (path →
-    Location); counts its GETs."""
+    Location), gzip-encoding the ``gzipped`` paths for a client that accepts it (as a web
+    server compresses text); counts its GETs."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.redirects: dict[str, str] = {}
+        self.gzipped: set[str] = set()
         self.gets = 0
         origin = self
 
@@ -63,8 +68,24 @@ class Origin:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                if self.path == "/slow":  # 1 MiB announced, 1 KiB sent every 0.1 s
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(1024 * 1024))
+                    self.end_headers()
+                    try:
+                        for _ in range(1024):
+                            self.wfile.write(bytes(1024))
+                            self.wfile.flush()
+                            time.sleep(0.1)
+                    except OSError:
+                        pass
+                    return
                 body = origin.files.get(self.path)
                 self.send_response(200 if body is not None else 404)
+                accepted = self.headers.get("Accept-Encoding", "")
+                if body is not None and self.path in origin.gzipped and "gzip" in accepted:
+                    body = gzip.compress(body)
+                    self.send_header("Content-Encoding", "gzip")
                 self.send_header("Content-Length", str(len(body or b"")))
                 self.end_headers()
                 self.wfile.write(body or b"")
@@ -211,6 +232,20 @@ def test_empty_requests_and_pushes_of_absent_or_mislabelled_content_are_invalid(
     assert fetch(client, URI).status.code == code_pb2.NOT_FOUND
 
 
+def test_a_push_with_one_record_too_large_records_none_of_its_uris(
+    grpc_node: tuple[NodeProcess, Reapi],
+) -> None:
+    """A push is all or nothing: the short URI's record fits, the long one's does not, and
+    neither is recorded."""
+    _node, client = grpc_node
+    client.batch_update([ARCHIVE])
+    short, long = URI, URI + "?" + "x" * 8000
+    qualifiers = q(vcs_commit="c" * (256 * 1024 - 4000))
+    refused = code_of(lambda: push(client, ARCHIVE, short, long, qualifiers=qualifiers))
+    assert refused == grpc.StatusCode.INVALID_ARGUMENT
+    assert fetch(client, short, qualifiers=qualifiers).status.code == code_pb2.NOT_FOUND
+
+
 def test_a_namespace_clean_removes_its_records(grpc_node: tuple[NodeProcess, Reapi]) -> None:
     """Records live in the instance name's namespace: ``DELETE /ns/team-1/cache`` drops that
     namespace's record (and blob), and leaves the default namespace's."""
@@ -278,6 +313,61 @@ def test_fetch_downloads_from_an_allowed_origin_and_answers_once_it_is_gone(
     assert batch.responses[0].data == ARCHIVE
     assert node.metric('kura_asset_origin_downloads_total{result="stored"}') == 2
     assert node.metric('kura_cache_lookups_total{protocol="grpc",result="hit"}') >= 1
+    client.close()
+
+
+def test_a_download_stores_the_origins_bytes_not_a_content_encoding_of_them(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """A web server compresses text for a client that accepts gzip; the blob asked for is the
+    file itself, so the download must not ask for an encoding it does not undo."""
+    text = b"def rules():\n    pass\n" * 1000
+    origin.files["/defs.bzl"] = text
+    origin.gzipped.add("/defs.bzl")
+    _node, client = start_grpc_node(
+        start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}"
+    )
+    got = fetch(client, origin.url("/defs.bzl"))
+    assert got.status.code == code_pb2.OK, got.status.message
+    assert got.blob_digest == digest(text)
+    checked = fetch(
+        client,
+        origin.url("/defs.bzl"),
+        qualifiers=[ra.Qualifier(name="checksum.sri", value=sri(text))],
+    )
+    assert checked.status.code == code_pb2.OK, checked.status.message
+    client.close()
+
+
+def test_a_download_past_its_timeout_is_deadline_exceeded_and_leaves_nothing(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """The request's ``timeout`` cancels a download mid-body (1 MiB reserved, a few KiB
+    staged): the reservation and the staged file go with it."""
+    node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}")
+    timeout = Duration()
+    timeout.FromMilliseconds(1500)
+    got = fetch(client, origin.url("/slow"), timeout=timeout)
+    assert got.status.code == code_pb2.DEADLINE_EXCEEDED, got.status
+    assert "longer than 1.5 s" in got.status.message
+    assert_nothing_stored(node)
+    assert node.metric('kura_asset_origin_downloads_total{result="failed"}') == 1
+    client.close()
+
+
+def test_a_fetch_whose_record_cannot_be_kept_downloads_nothing(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """Qualifiers too long for a record are refused before the origin is asked, not after its
+    bytes were stored with no record to find them by."""
+    origin.files["/pkg.tar.gz"] = ARCHIVE
+    node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}")
+    long = q(vcs_commit="x" * 300_000)
+    assert code_of(lambda: fetch(client, origin.url("/pkg.tar.gz"), qualifiers=long)) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert origin.gets == 0
+    assert_nothing_stored(node)
     client.close()
 
 

@@ -106,6 +106,14 @@ def test_a_record_survives_its_encoding() -> None:
         "fe80::1",
         "fd00::1",
         "::ffff:10.0.0.1",
+        "::ffff:0:7f00:1",  # IPv4-translated 127.0.0.1 (not "mapped")
+        "::10.0.0.1",  # IPv4-compatible
+        "64:ff9b::a00:1",  # NAT64 of 10.0.0.1: a NAT64 gateway forwards it there
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254, the cloud metadata service
+        "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+        "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo, its client 127.0.0.1
+        "224.0.0.1",  # multicast
+        "ff02::1",
     ],
 )
 def test_a_non_global_address_is_refused_unless_its_host_is_named_exactly(address: str) -> None:
@@ -122,3 +130,7 @@ def test_a_non_global_address_is_refused_unless_its_host_is_named_exactly(addres
 def test_a_global_address_is_allowed_by_a_wildcard() -> None:
     pinned = asyncio.run(check_addresses(Origin("https", "93.184.215.14", 443), explicit=False))
     assert [(r["host"], r["port"]) for r in pinned] == [("93.184.215.14", 443)]
+    # An IPv6 address carrying a global IPv4 one is global too.
+    for carrier in ("64:ff9b::5db8:d70e", "2002:5db8:d70e::1"):
+        pinned = asyncio.run(check_addresses(Origin("https", carrier, 443), explicit=False))
+        assert [r["host"] for r in pinned] == [carrier]

@@ -28,7 +28,8 @@ default) a miss is NOT_FOUND. ``FetchDirectory`` answers records only. Every fet
 in ``kura_cache_lookups_total{protocol="grpc"}``, a download as a miss.
 
 Errors: a request without a URI, with a qualifier named twice, an unusable ``checksum.sri``,
-a malformed digest or an instance name that is not a namespace is INVALID_ARGUMENT (BuildStream
+a malformed digest, an instance name that is not a namespace, or URIs and qualifiers too long
+for a record (``MAX_RECORD_BYTES``; checked before any download) is INVALID_ARGUMENT (BuildStream
 probes a server with an empty request and expects exactly that); a push of content the CAS
 does not hold, or whose bytes do not match its ``checksum.sri``, is INVALID_ARGUMENT and records
 nothing. Misses and origin failures are answered in the response's ``status`` with gRPC code OK
@@ -119,13 +120,8 @@ class AssetRecords:
 
     async def store(self, ns: str, query: AssetQuery, uri: str, record: AssetRecord) -> None:
         """Record ``record`` for ``uri`` (a new version of its key: last writer wins).
-        ``InvalidRequest`` for a record over ``MAX_RECORD_BYTES`` (thousands of references)."""
-        data = record.encode()
-        if len(data) > MAX_RECORD_BYTES:
-            raise InvalidRequest(
-                f"the record would take {len(data)} bytes, more than {MAX_RECORD_BYTES}: "
-                "fewer references or shorter qualifiers"
-            )
+        ``InvalidRequest`` for a record over ``MAX_RECORD_BYTES`` (``encoded``)."""
+        data = encoded(record)
         await self.gc.writer.put_inline(_ref(record.kind, ns, uri, query), data, "application/json")
 
     async def missing(self, ns: str, digests: tuple[Digest, ...]) -> bool:
@@ -163,6 +159,18 @@ class AssetRecords:
             finally:
                 body.close()
         return sri.matches(h.digest())
+
+
+def encoded(record: AssetRecord) -> bytes:
+    """``record``'s body; ``InvalidRequest`` over ``MAX_RECORD_BYTES`` (thousands of
+    references, or long qualifiers)."""
+    data = record.encode()
+    if len(data) > MAX_RECORD_BYTES:
+        raise InvalidRequest(
+            f"the record would take {len(data)} bytes, more than {MAX_RECORD_BYTES}: "
+            "fewer references or shorter qualifiers"
+        )
+    return data
 
 
 def _ref(kind: str, ns: str, uri: str, query: AssetQuery) -> ArtifactRef:
@@ -250,6 +258,11 @@ class Fetch(ra_grpc.FetchServicer):
         return await self._download(ns, query, _seconds(request))
 
     async def _download(self, ns: str, query: AssetQuery, seconds: float) -> ra.FetchBlobResponse:
+        sri = None if query.sri is None else query.sri.text
+        # The record must fit before anything is downloaded (else the blob would be stored
+        # with nothing to find it by): the longest URI, with the longest digest there is.
+        largest = (EMPTY_SHA256, self.gc.settings.max_artifact_bytes)
+        encoded(AssetRecord(BLOB, max(query.uris, key=len), query.qualifiers, largest, sri=sri))
         failed: OriginFailed | None = None
         for uri in query.uris:
             try:
@@ -258,7 +271,6 @@ class Fetch(ra_grpc.FetchServicer):
                 failed = exc
                 failed_uri = uri
                 continue
-            sri = None if query.sri is None else query.sri.text
             await self.records.store(
                 ns, query, uri, AssetRecord(BLOB, uri, query.qualifiers, digest, sri=sri)
             )
@@ -347,6 +359,11 @@ class Push(ra_grpc.PushServicer):
         expire_at_ms = (
             int(request.expire_at.ToMilliseconds()) if request.HasField("expire_at") else None
         )
-        for uri in query.uris:
-            record = AssetRecord(kind, uri, query.qualifiers, digest, references, expire_at_ms, sri)
+        records = [
+            AssetRecord(kind, uri, query.qualifiers, digest, references, expire_at_ms, sri)
+            for uri in query.uris
+        ]
+        for record in records:  # all or nothing: every record fits before one is stored
+            encoded(record)
+        for uri, record in zip(query.uris, records, strict=True):
             await self.records.store(ns, query, uri, record)

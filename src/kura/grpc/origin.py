@@ -6,13 +6,17 @@ SSRF Prevention Cheat Sheet), so every hop of a download is checked the same way
 
 * the URI must be ``http``/``https`` with a host the allow-list matches (else
   PERMISSION_DENIED);
-* the host is resolved once, here; every address must be global (``ipaddress``'s
-  ``is_global``: not private, loopback, link-local, shared, reserved or unspecified; an IPv4
-  address mapped into IPv6 is judged as IPv4) unless the allow-list names the host without a
+* the host is resolved once, here; every address must be global (``is_public``: not
+  private, loopback, link-local, shared, reserved, multicast or unspecified; an IPv6 address
+  that carries an IPv4 one, mapped, NAT64, 6to4 or Teredo, is judged by that IPv4 address
+  too) unless the allow-list names the host without a
   wildcard (else PERMISSION_DENIED), and the connection goes to those checked addresses only
   (``check_addresses``, then ``_Pinned``: aiohttp asks it instead of DNS, so no second look-up can answer differently);
 * redirects are not followed by aiohttp: each ``Location`` (at most ``MAX_REDIRECTS``) is a new
-  hop, checked as above.
+  hop, checked as above;
+* the request asks for ``Accept-Encoding: identity`` and nothing is decompressed: the blob is
+  the file itself (a gzip bomb is never inflated, and a server that compresses text for
+  clients that accept it does not get its encoding stored as the file).
 
 The body is streamed into the CAS through ``ArtifactWriter.put_stream``, the write path every
 upload takes: the declared ``Content-Length`` (or, without one, what arrives) is reserved from
@@ -53,6 +57,7 @@ MAX_REDIRECTS = 5
 CHUNK_BYTES = 256 * 1024
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 ENV_NAME = "KURA_ASSET_FETCH_ALLOWED_HOSTS"
+IDENTITY = {"Accept-Encoding": "identity"}  # the origin's file as it is, not an encoding of it
 
 
 class OriginFailed(Exception):
@@ -136,7 +141,9 @@ class OriginDownloads:
                     trust_env=False,  # no proxy from the environment
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=idle, sock_read=idle),
                 ) as session,
-                session.get(uri, allow_redirects=False) as response,
+                # aiohttp asks for gzip and deflate unless told: a web server would then
+                # compress text, and the encoded bytes would be stored as the file.
+                session.get(uri, allow_redirects=False, headers=IDENTITY) as response,
             ):
                 if response.status in REDIRECTS and "Location" in response.headers:
                     uri = urljoin(uri, response.headers["Location"])
@@ -210,9 +217,7 @@ async def check_addresses(origin: Origin, explicit: bool) -> list[ResolveResult]
     for family, _type, proto, _name, sockaddr in infos:
         text = str(sockaddr[0])
         address = ipaddress.ip_address(text.split("%", 1)[0])
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        if not explicit and not address.is_global:
+        if not explicit and not is_public(address):
             raise OriginFailed(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"origin {origin.host} resolves to {address}, not a global address (private, "
@@ -232,6 +237,30 @@ async def check_addresses(origin: Origin, explicit: bool) -> list[ResolveResult]
     if not results:
         raise OriginFailed(grpc.StatusCode.UNAVAILABLE, f"origin {origin.host} has no address")
     return results
+
+
+# IPv6 prefixes whose last 32 bits are an IPv4 address: NAT64 (RFC 6052, RFC 8215),
+# IPv4-compatible (RFC 4291, deprecated) and IPv4-translated (RFC 2765).
+CARRY_IPV4 = tuple(
+    ipaddress.ip_network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "::/96", "::ffff:0:0:0/96")
+)
+
+
+def is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether ``address`` and every IPv4 address it carries are global unicast. An IPv6
+    address may reach an IPv4 one: mapped (``::ffff:a.b.c.d``), IPv4-compatible
+    (``::a.b.c.d``), IPv4-translated (``::ffff:0:a.b.c.d``), NAT64 (``64:ff9b::a.b.c.d``, which a NAT64 gateway forwards to the
+    private network behind it, and which ``ipaddress`` counts as global), 6to4 and Teredo;
+    each is judged by the IPv4 address too. Multicast is never an origin (``ipaddress`` of
+    Python 3.11 counts 224.0.0.0/4 global)."""
+    if not address.is_global or address.is_multicast:
+        return False
+    if isinstance(address, ipaddress.IPv4Address):
+        return True
+    carried = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
+    if any(address in n for n in CARRY_IPV4):
+        carried.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return all(is_public(v4) for v4 in carried if v4 is not None)
 
 
 class _Pinned(AbstractResolver):
