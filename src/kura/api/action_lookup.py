@@ -134,7 +134,7 @@ async def missing_blobs(
                 )
                 if files is None:
                     return [tree_hash]
-                digests.extend(files)
+                digests += [(tree_hash, tree_size), *files]  # the Tree promised too (retention)
             unique = list(dict.fromkeys(digests))
             missing: list[ArtifactRef] = []
             # In batches: the loop gets a turn (and the time bound a chance) between them.

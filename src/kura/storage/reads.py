@@ -114,7 +114,9 @@ class ArtifactReads:
         REAPI's ``Digest`` is hash and size, so a blob of size N is not the digest's blob of
         size M).
         The stored ones are touched like a read (LRU), so the blobs a hit references age with
-        it."""
+        it, and promised (``AccessTimes.promise``): the caller tells its client they exist, so
+        they stay for ``KURA_MIN_RETENTION`` while the disk budget allows
+        (``storage.retention``)."""
         ids = [self.artifact_id(r) for r in refs]
         stored = await self._in(self._reader, self._present_sync, ids)
         wrong_size = {
@@ -125,7 +127,7 @@ class ArtifactReads:
         now = self.clock.now_ms()
         for i, aid in enumerate(ids):
             if aid in stored and i not in wrong_size:
-                self.accesses.note(aid, now)
+                self.accesses.promise(aid, now)
         return [r for i, r in enumerate(refs) if i in wrong_size or ids[i] not in stored]
 
     def _present_sync(self, ids: Sequence[str]) -> dict[str, int]:
