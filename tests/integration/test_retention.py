@@ -1,5 +1,6 @@
 """The retention floor (issue 28 item 7, ``storage.retention``): a blob a client was told exists
-(a ``FindMissingBlobs`` answer, an action-cache hit over gRPC or HTTP, its output directory's Tree)
+(a ``FindMissingBlobs`` answer, an action-cache hit over gRPC or HTTP: the entry, its outputs and
+its output directories' Trees)
 is not evicted for ``KURA_MIN_RETENTION`` while the disk budget allows. On main such a blob was
 only touched in the LRU, so a build's own later uploads pushed it out and Bazel's build without
 the bytes failed with "lost inputs" (``tests/grpc_api/test_bazel_retention.py`` shows it with a
@@ -93,6 +94,10 @@ def test_blobs_clients_were_told_exist_outlive_a_build_s_own_uploads(
         assert node.metric("kura_storage_evictions_total") >= 2 * BUDGET // SIZE - len(promised)
         assert stored(c, untold) == 0
         assert stored(c, promised) == len(promised)  # main: 0, all pushed out by the uploads
+        # The entry of a hit is kept too, so the kept outputs can still be hit.
+        assert c.ac.GetActionResult(reapi.GetActionResultRequest(action_digest=action)) == result
+        with node.client() as h:
+            assert h.get(f"/cache/ac/{http_action}").content == entry
         assert node.metric(FORCED) == 0
         assert node.metric("kura_disk_used_bytes") <= BUDGET
     finally:

@@ -94,6 +94,7 @@ async def find_action_result(
             f"action result references {len(missing)} CAS blob(s) that are not stored "
             f"(first: {missing[0]}); treated as a miss"
         )
+    await service.missing([ref])  # a hit: the entry is promised too, with its blobs (retention)
     return body.manifest, data, result
 
 
