@@ -124,10 +124,8 @@ class ArtifactReads:
             for i, (aid, size) in enumerate(zip(ids, sizes or (), strict=sizes is not None))
             if aid in stored and stored[aid] != size
         }
-        now = self.clock.now_ms()
-        for i, aid in enumerate(ids):
-            if aid in stored and i not in wrong_size:
-                self.accesses.promise(aid, now)
+        told = (aid for i, aid in enumerate(ids) if aid in stored and i not in wrong_size)
+        self.accesses.promise(told, self.clock.now_ms())
         return [r for i, r in enumerate(refs) if i in wrong_size or ids[i] not in stored]
 
     def _present_sync(self, ids: Sequence[str]) -> dict[str, int]:

@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import cached_property
 from typing import Concatenate, ParamSpec, TypeVar
@@ -76,12 +76,14 @@ class AccessTimes:
         """A read now (``at_ms``, unix ms)."""
         self.pending[artifact_id] = at_ms
 
-    def promise(self, artifact_id: str, at_ms: int) -> None:
-        """A client was told now (``at_ms``, unix ms) that the artifact exists: a read, and a
-        promise to keep it (``storage.retention``) when promises are on."""
-        self.pending[artifact_id] = at_ms
+    def promise(self, artifact_ids: Iterable[str], at_ms: int) -> None:
+        """A client was told now (``at_ms``, unix ms) that the artifacts exist: a read, and a
+        promise to keep them (``storage.retention``) when promises are on. In bulk (dict
+        updates): 10,000 ids cost well under a millisecond."""
+        told = dict.fromkeys(artifact_ids, at_ms)
+        self.pending.update(told)
         if self._promises:
-            self.promised[artifact_id] = at_ms
+            self.promised.update(told)
 
     def merge_promised(self, promised: Mapping[str, int]) -> None:
         """Promises made elsewhere (a worker's answers), each kept if later than the one noted."""
