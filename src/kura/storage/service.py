@@ -73,6 +73,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from kit.background import background_pool
@@ -148,6 +149,7 @@ class CacheService(ReplicaApply):
         self.max_disk_bytes = max_disk_bytes
         self.min_free_disk_bytes = min_free_disk_bytes
         self.min_retention_ms = min_retention_ms
+        self._promises_recorded = {}
         self.stats = StorageStats()
         self.queues = PeerQueues(lambda: self.stats, outbox_max_depth)
         self._index: MetadataIndex | None = None
@@ -310,7 +312,7 @@ class CacheService(ReplicaApply):
         if index.read_only or self.free_disk_bytes() <= self.min_free_disk_bytes:
             promised = {}
         elif promised:
-            await self._in(self._writer, self._record_promises_sync, promised)
+            await self._in(self._writer, partial(self._record_promises_sync, flush=True), promised)
         self.accesses.forget_promised(promised, since)
 
     # -- reads: this store's ArtifactReader is ``reads`` (storage.reads.ArtifactReads) --------

@@ -141,6 +141,8 @@ class StorageState:
     clock: Clock
     max_disk_bytes: int
     min_retention_ms: int  # KURA_MIN_RETENTION in ms (storage.retention); 0 = off
+    # Writer thread only: promises recorded by evictions since the last flush.
+    _promises_recorded: dict[str, int]
     min_free_disk_bytes: int
     stats: StorageStats
     queues: PeerQueues
@@ -276,12 +278,22 @@ class StorageState:
             return None
         return self.clock.now_ms() - self.min_retention_ms
 
-    def _record_promises_sync(self, promised: Mapping[str, int]) -> None:
+    def _record_promises_sync(self, promised: Mapping[str, int], *, flush: bool = False) -> None:
         """Writer thread: record ``promised`` in the index and drop the expired promises
-        (``retention.record``)."""
+        (``retention.record``). An eviction records what is in memory before it picks; the
+        ones it recorded are remembered (``_promises_recorded``), so the next eviction before a
+        flush writes only the new ones. The ``flush`` (``CacheService.flush_promises``)
+        forgets them in memory once recorded, and so resets that record."""
         since = self._promised_since_ms()
-        if since is not None:
-            retention.record(self._require_index().connection(), promised, since)
+        if since is None:
+            return
+        done = self._promises_recorded
+        fresh = {a: ms for a, ms in promised.items() if done.get(a) != ms}
+        retention.record(self._require_index().connection(), fresh, since)
+        if flush:
+            self._promises_recorded = {}
+        else:
+            done.update(fresh)
 
     def _count(self, source: str, outcome: str) -> None:
         key = (source, outcome)
