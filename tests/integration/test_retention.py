@@ -29,7 +29,9 @@ from kura.storage.budget import TmpBudget
 from kura.storage.retention import WARNING_SECONDS
 from kura.storage.service import ArtifactRef, CacheService
 from tests.conftest import NodeProcess
+from tests.e2e.mesh import wait_for
 from tests.grpc_api.client import Reapi, digest, start_grpc_node
+from tests.integration.test_workers import fresh, start_with_workers, worker_metrics
 from tests.reapi import action_result, tree
 
 pytestmark = pytest.mark.in_process
@@ -244,3 +246,38 @@ async def test_promises_survive_a_restart_and_hold_back_age_expiry(tmp_path: Pat
         assert await held(service, range(2)) == 2
     finally:
         await service.close()
+
+
+# -- a worker process's answers ------------------------------------------------------------
+
+BAZEL_HIT = 'kura_cache_lookups_total{protocol="bazel",result="hit"}'
+
+
+def test_a_hit_a_worker_answered_is_kept_by_the_primary(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """The worker sends its promises to the primary with its hits (``/hits``); before, the
+    primary heard only of the access, and the outputs of a hit a worker served were evicted."""
+    node = start_with_workers(start_node, "w", workers=2, max_disk_bytes=BUDGET, inline_max_bytes=0)
+    for _ in range(100):  # a new entry each time, until the worker alone answered one
+        (out,) = blobs(1)
+        entry = action_result({"out/w.o": out})
+        action = hashlib.sha256(entry).hexdigest()
+        assert fresh(node, "PUT", f"/cache/cas/{digest(out).hash}", content=out).is_success
+        assert fresh(node, "PUT", f"/cache/ac/{action}", content=entry).is_success
+        by_worker, by_all = worker_metrics(node).get(BAZEL_HIT, 0), node.metric(BAZEL_HIT)
+        assert fresh(node, "GET", f"/cache/ac/{action}").content == entry
+        if (worker_metrics(node).get(BAZEL_HIT, 0), node.metric(BAZEL_HIT)) == (
+            by_worker + 1,
+            by_all + 1,
+        ):
+            break
+    else:
+        raise AssertionError("the worker answered none of 100 look-ups")
+    assert wait_for(lambda: worker_metrics(node)["kura_worker_unreported_hits"] == 0, 20)
+    for data in blobs(2 * BUDGET // SIZE):
+        assert fresh(node, "PUT", f"/cache/cas/{digest(data).hash}", content=data).is_success
+    assert fresh(node, "GET", f"/cache/cas/{digest(out).hash}").status_code == 200
+    assert fresh(node, "GET", f"/cache/ac/{action}").content == entry
+    assert node.metric("kura_storage_evictions_total") >= BUDGET // SIZE
+    assert node.metric(FORCED) == 0
