@@ -302,14 +302,17 @@ class CacheService(ReplicaApply):
 
     async def flush_promises(self) -> None:
         """Record the promises made since the last flush (``storage.retention``) and forget
-        them in memory; while the index cannot be written (read-only, a full disk) only the
-        expired ones are forgotten (nothing is evicted then either)."""
+        them in memory. While the disk is full they stay in memory (the expired ones go), to
+        be recorded once it is not; an index opened read-only is never written nor evicted
+        from until a restart, so its promises are dropped."""
         since = self._promised_since_ms()
         if since is None:
             return
         promised = self.accesses.promised.copy()
         index = self._require_index()
-        if index.read_only or self.free_disk_bytes() <= self.min_free_disk_bytes:
+        if index.read_only:
+            since = 1 << 62  # every promise forgotten: nothing to hold back
+        elif self.free_disk_bytes() <= self.min_free_disk_bytes:
             promised = {}
         elif promised:
             await self._in(self._writer, partial(self._record_promises_sync, flush=True), promised)
