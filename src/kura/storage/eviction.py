@@ -4,9 +4,10 @@ Evictions are local: they are never replicated. While an eviction floor is set (
 bootstrap runs: ``CacheService``'s ``eviction_floor_ms``), eviction only picks artifacts last used
 before it; a write that finds nothing it may evict is still stored, over the budget, as when
 nothing at all is evictable. Artifacts clients were told exist stay for ``KURA_MIN_RETENTION``
-while the budget allows; past it they go too, counted (``storage.retention``). Equal access stamps are evicted oldest version first (the index
-order ``artifacts_by_access_version``). Runs on the writer thread only. Other policies that
-drop artifacts (age expiry) live in their own modules beside this one.
+while the budget allows; past it they go too, counted (``storage.retention``). Equal access
+stamps are evicted oldest version first (the index order ``artifacts_by_access_version``).
+Runs on the writer thread only. Other policies that drop artifacts (age expiry) live in their
+own modules beside this one.
 
 It is also the one place an entry is dropped for damage (``_confirm_corrupt_sync``, the
 verdict the read path asks of the writer thread, ``storage.reads``).
