@@ -116,6 +116,7 @@ class Node:
             clock=self.clock,
             max_disk_bytes=settings.max_disk_bytes,
             min_free_disk_bytes=settings.min_free_disk_bytes,
+            min_retention_ms=int(settings.min_retention_seconds * 1000),
             outbox_max_depth=settings.outbox_max_depth,
             hot_cache_bytes=settings.hot_cache_bytes // settings.workers,  # a share each
             verify_reads=settings.verify_reads,

@@ -96,6 +96,13 @@ class Settings:
         "seconds; 0 = never); a local rule, never replicated",
         env="KURA_MAX_AGE",
     )
+    min_retention_seconds: Seconds = option(
+        3 * 3600.0,
+        "a blob clients were told exists (an action-cache hit, a FindMissingBlobs answer) is "
+        "not evicted for this long while the disk budget allows (3h, 30m, 90s or seconds; "
+        "0 = off); Bazel's default --experimental_remote_cache_ttl",
+        env="KURA_MIN_RETENTION",
+    )
     expiry_interval_seconds: PositiveSeconds = option(
         300.0,
         "pause between expiry passes (5m, 30s or seconds), with KURA_MAX_AGE set",

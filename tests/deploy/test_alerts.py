@@ -36,6 +36,7 @@ EXPECTED_ALERTS = {
     "KuraStorageDegraded",
     "KuraObjectStoreUploadsStalled",
     "KuraStorageSyncFailing",
+    "KuraRetentionFloorBroken",
 }
 
 

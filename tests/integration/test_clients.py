@@ -105,7 +105,11 @@ class ScriptRun:
 
 
 def run_client(
-    client: Client, node: NodeProcess, token: str | None = None, **settings: str
+    client: Client,
+    node: NodeProcess,
+    token: str | None = None,
+    timeout: float = SCRIPT_TIMEOUT_SECONDS,
+    **settings: str,
 ) -> ScriptRun:
     """Run ``client``'s driver script against ``node`` and return its exit code and output.
 
@@ -129,7 +133,7 @@ def run_client(
         start_new_session=True,
     )
     try:
-        output, _ = proc.communicate(timeout=SCRIPT_TIMEOUT_SECONDS)
+        output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -138,7 +142,7 @@ def run_client(
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
         pytest.fail(
-            f"{client.script} did not finish within {SCRIPT_TIMEOUT_SECONDS:.0f}s:\n{output}"
+            f"{client.script} did not finish within {timeout:.0f}s:\n{output}"
             f"\n--- node log ---\n{node.log()[-3000:]}"
         )
     return ScriptRun(proc.returncode, output, time.monotonic() - started)

@@ -93,8 +93,9 @@ def test_an_action_result_hits_only_while_every_referenced_blob_is_stored(
 def test_an_action_result_whose_output_was_stored_then_evicted_is_a_miss(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    """The LRU eviction of an output blob turns its ActionResult into a 404."""
-    node = start_node(max_disk_bytes=100 * 1024)
+    """The LRU eviction of an output blob turns its ActionResult into a 404. The retention
+    floor is off: with it, the hit would keep the output (``test_retention``)."""
+    node = start_node(max_disk_bytes=100 * 1024, min_retention="0")
     output = os.urandom(40 * 1024)
     result = action_result({"out/a.o": output})
     key = _sha(b"evicted action")
@@ -178,7 +179,7 @@ def compile_job_value(cas_id: str) -> str:
 def test_a_keyvalue_entry_whose_cas_object_was_evicted_is_a_miss(
     start_node: Callable[..., NodeProcess],
 ) -> None:
-    node = start_node(max_disk_bytes=100 * 1024)
+    node = start_node(max_disk_bytes=100 * 1024, min_retention="0")  # the floor would keep it
     obj = os.urandom(40 * 1024)
     cas_id = hashlib.sha256(obj + b"cache-v1").hexdigest().upper()  # Tuist's fingerprint
     entry = {"cas_id": "0~key", "entries": [{"value": compile_job_value(cas_id)}]}

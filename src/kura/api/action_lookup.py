@@ -93,6 +93,7 @@ async def find_action_result(
             f"action result references {len(missing)} CAS blob(s) that are not stored "
             f"(first: {missing[0]}); treated as a miss"
         )
+    await service.missing([ref])  # a hit: the entry is promised too, with its blobs (retention)
     return body.manifest, data, result
 
 
@@ -133,7 +134,7 @@ async def missing_blobs(
                 )
                 if files is None:
                     return [tree_hash]
-                digests.extend(files)
+                digests += [(tree_hash, tree_size), *files]  # the Tree promised too (retention)
             unique = list(dict.fromkeys(digests))
             missing: list[ArtifactRef] = []
             # In batches: the loop gets a turn (and the time bound a chance) between them.

@@ -83,6 +83,17 @@ class StoreCollector(Collector):
             "Bytes evicted to stay in the disk budget.",
             s.evicted_bytes_total,
         )
+        yield CounterMetricFamily(
+            "kura_retention_evictions",
+            "Artifacts evicted inside their KURA_MIN_RETENTION window (clients were told they "
+            "exist) because the disk budget left no other choice; 0 while the floor holds.",
+            s.retention_evictions_total,
+        )
+        yield CounterMetricFamily(
+            "kura_retention_evicted_bytes",
+            "Bytes of artifacts evicted inside their KURA_MIN_RETENTION window.",
+            s.retention_evicted_bytes_total,
+        )
         # kura_storage_corrupt_artifacts_total{detected_by}: kura.api.integrity_metrics
         start = self._start_report()
         yield GaugeMetricFamily(

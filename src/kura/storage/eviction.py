@@ -3,9 +3,11 @@
 Evictions are local: they are never replicated. While an eviction floor is set (a
 bootstrap runs: ``CacheService``'s ``eviction_floor_ms``), eviction only picks artifacts last used
 before it; a write that finds nothing it may evict is still stored, over the budget, as when
-nothing at all is evictable. Equal access stamps are evicted oldest version first (the index
-order ``artifacts_by_access_version``). Runs on the writer thread only. Other policies that
-drop artifacts (age expiry) live in their own modules beside this one.
+nothing at all is evictable. Artifacts clients were told exist stay for ``KURA_MIN_RETENTION``
+while the budget allows; past it they go too, counted (``storage.retention``). Equal access
+stamps are evicted oldest version first (the index order ``artifacts_by_access_version``).
+Runs on the writer thread only. Other policies that drop artifacts (age expiry) live in their
+own modules beside this one.
 
 It is also the one place an entry is dropped for damage (``_confirm_corrupt_sync``, the
 verdict the read path asks of the writer thread, ``storage.reads``).
@@ -33,12 +35,44 @@ class Eviction(StorageState):
         await self._in(self._writer, self._evict_sync, 0, "")
 
     def _evict_sync(self, incoming_bytes: int, exclude: str) -> None:
-        index = self._require_index()
+        """Writer thread: make room for ``incoming_bytes`` more, never evicting ``exclude``.
+        Artifacts inside their retention window (``storage.retention``) go only when the others
+        are not enough, each counted in ``stats.retention_evictions_total``."""
         need = bytes_to_free(self.stats.used_bytes, incoming_bytes, self.max_disk_bytes)
+        if need <= 0:
+            return
+        floor = self._eviction_floor_ms()
+        promised_since = self._promised_since_ms()
+        if promised_since is not None:
+            self._record_promises_sync(self.accesses.promised.copy())
+        need = self._evict_lru_sync(need, exclude, floor, promised_since)
+        if need > 0 and promised_since is not None:
+            stats = self.stats
+            evictions, evicted_bytes = stats.evictions_total, stats.evicted_bytes_total
+            self._evict_lru_sync(need, exclude, floor, None)
+            if stats.evictions_total > evictions:
+                forced = stats.evictions_total - evictions
+                stats.retention_evictions_total += forced
+                stats.retention_evicted_bytes_total += stats.evicted_bytes_total - evicted_bytes
+                stats.retention_last_eviction_ms = self.clock.now_ms()
+                log.warning(
+                    "evicted %d artifact(s) inside their retention window "
+                    "(KURA_MIN_RETENTION): the disk budget (KURA_MAX_DISK_BYTES=%d) left no "
+                    "other choice",
+                    forced,
+                    self.max_disk_bytes,
+                )
+
+    def _evict_lru_sync(
+        self, need: int, exclude: str, floor: int | None, promised_since: int | None
+    ) -> int:
+        """Evict least-recently-used artifacts (``paging.least_recently_used``'s filters)
+        until ``need`` bytes are freed or none is left; return the bytes still needed."""
+        index = self._require_index()
         while need > 0:
-            batch = index.paging.least_recently_used(256, exclude, self._eviction_floor_ms())
+            batch = index.paging.least_recently_used(256, exclude, floor, promised_since)
             if not batch:
-                return
+                return need
             victims: list[tuple[str, int, bool]] = []
             for victim in batch:
                 victims.append(victim)
@@ -48,6 +82,7 @@ class Eviction(StorageState):
             self._drop_sync(victims)
             self.stats.evictions_total += len(victims)
             self.stats.evicted_bytes_total += sum(v[1] for v in victims)
+        return need
 
     def _drop_sync(self, victims: Sequence[tuple[str, int, bool]]) -> None:
         """Writer thread: delete ``(artifact_id, size, inline)`` rows (and their digests, one
@@ -68,7 +103,8 @@ class Eviction(StorageState):
         ``(artifact_id, size, inline)``, empty when none is that old. Access times still in
         memory are recorded first, and one touched meanwhile is kept, so a read since the last
         flush always counts. Under a bootstrap's eviction floor nothing used
-        at or after the floor goes. Raises ``ResourceExhausted`` while the index is read-only."""
+        at or after the floor goes, nor anything inside its retention window
+        (``storage.retention``). Raises ``ResourceExhausted`` while the index is read-only."""
         self._check_writable()
         return await self._in(
             self._writer, self._drop_unused_sync, cutoff_ms, limit, self._take_touches()
@@ -83,9 +119,12 @@ class Eviction(StorageState):
         floor = self._eviction_floor_ms()
         before = cutoff_ms if floor is None else min(cutoff_ms, floor)
         pending = self.accesses.pending  # read only: the event loop may add to it meanwhile
+        promised_since = self._promised_since_ms()
+        if promised_since is not None:
+            self._record_promises_sync(self.accesses.promised.copy())
         victims = [
             v
-            for v in index.paging.least_recently_used(limit, "", before)
+            for v in index.paging.least_recently_used(limit, "", before, promised_since)
             if pending.get(v[0], 0) < before
         ]
         if victims:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from kura.core.manifest import Manifest
-from kura.storage import change_seq, digests
+from kura.storage import change_seq, digests, retention
 from kura.storage.fsync import WalSync, descriptor_shortage
 from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
 from kura.storage.outbox_queries import OutboxQueries
@@ -95,6 +95,7 @@ class MetadataIndex:
         conn.executescript(change_seq.SCHEMA)
         conn.commit()
         digests.ensure(conn)  # anti-entropy range digests, outside the schema version
+        retention.ensure(conn)  # promises to keep (storage.retention), outside it too
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from kura.core.manifest import Manifest
 from kura.core.object_layout import OUTBOX_TARGET
+from kura.storage.retention import UNPROMISED_SINCE
 from kura.storage.schema import COLUMNS as _COLUMNS
 from kura.storage.schema import row_to_manifest as _row_to_manifest
 
@@ -86,13 +87,20 @@ class PagingQueries:
         return [(str(r[0]), int(r[1])) for r in rows]
 
     def least_recently_used(
-        self, limit: int, exclude: str, used_before_ms: int | None = None
+        self,
+        limit: int,
+        exclude: str,
+        used_before_ms: int | None = None,
+        promised_since_ms: int | None = None,
     ) -> list[tuple[str, int, bool]]:
         """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
         version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
-        used (or written) at or after it. An artifact whose upload to the object-storage tier
-        is pending is never picked: its only copy is here."""
+        used (or written) at or after it; with ``promised_since_ms``, every artifact promised
+        to a client at or after it (``storage.retention``). An artifact whose upload to the
+        object-storage tier is pending is never picked: its only copy is here."""
         before = (1 << 62) if used_before_ms is None else used_before_ms
+        promised = "" if promised_since_ms is None else f"AND {UNPROMISED_SINCE} "
+        args = () if promised_since_ms is None else (promised_since_ms,)
         rows = (
             self._conn()
             .execute(
@@ -101,9 +109,9 @@ class PagingQueries:
                 "SELECT artifact_id, size, length(inline_body) IS NOT NULL FROM artifacts a "
                 "WHERE artifact_id != ? AND last_access_ms < ? "
                 "AND NOT EXISTS (SELECT 1 FROM outbox o "
-                "WHERE o.artifact_id = a.artifact_id AND o.peer = ?) "
+                f"WHERE o.artifact_id = a.artifact_id AND o.peer = ?) {promised}"
                 "ORDER BY last_access_ms, version_ms, artifact_id LIMIT ?",
-                (exclude, before, OUTBOX_TARGET, limit),
+                (exclude, before, OUTBOX_TARGET, *args, limit),
             )
             .fetchall()
         )

@@ -292,6 +292,11 @@ class WorkerSupport(Protocol):
         """Hits made by a worker: artifact id -> unix ms, for the LRU."""
         ...
 
+    def note_promised(self, promised: dict[str, int]) -> None:
+        """Artifacts a worker told clients exist: artifact id -> unix ms told, kept for
+        ``KURA_MIN_RETENTION`` (``storage.retention``)."""
+        ...
+
     async def verify_stored(self, artifact_id: str, *, detected_by: str) -> bool:
         """Re-check an entry a worker found damaged (quarantined if it is)."""
         ...

@@ -38,10 +38,12 @@ def open_reads(
     record_checksums: Callable[[list[tuple[Manifest, str]]], None],
     sent_again: Callable[[str], None] = lambda artifact_id: None,
     note_exists: bool = False,
+    promises: bool = False,
 ) -> ArtifactReads:
     """A read path over new blob files (``data_dir``, ``tmp_dir``), hot cache
     (``hot_cache_bytes``), verifier and access times; the other arguments are
-    ``ArtifactReads``' own."""
+    ``ArtifactReads``' own; ``promises``: whether the access times keep promises
+    (``KURA_MIN_RETENTION`` set, ``storage.retention``)."""
     return ArtifactReads(
         index=index,
         files=BlobFiles(data_dir, tmp_dir),
@@ -53,7 +55,7 @@ def open_reads(
         reader=reader,
         writer=writer,
         damaged=damaged,
-        accesses=AccessTimes(),
+        accesses=AccessTimes(promises=promises),
         record_checksums=record_checksums,
         sent_again=sent_again,
         note_exists=note_exists,

@@ -114,7 +114,9 @@ class ArtifactReads:
         REAPI's ``Digest`` is hash and size, so a blob of size N is not the digest's blob of
         size M).
         The stored ones are touched like a read (LRU), so the blobs a hit references age with
-        it."""
+        it, and promised (``AccessTimes.promise``): the caller tells its client they exist, so
+        they stay for ``KURA_MIN_RETENTION`` while the disk budget allows
+        (``storage.retention``)."""
         ids = [self.artifact_id(r) for r in refs]
         stored = await self._in(self._reader, self._present_sync, ids)
         wrong_size = {
@@ -122,10 +124,8 @@ class ArtifactReads:
             for i, (aid, size) in enumerate(zip(ids, sizes or (), strict=sizes is not None))
             if aid in stored and stored[aid] != size
         }
-        now = self.clock.now_ms()
-        for i, aid in enumerate(ids):
-            if aid in stored and i not in wrong_size:
-                self.accesses.note(aid, now)
+        told = (aid for i, aid in enumerate(ids) if aid in stored and i not in wrong_size)
+        self.accesses.promise(told, self.clock.now_ms())
         return [r for i, r in enumerate(refs) if i in wrong_size or ids[i] not in stored]
 
     def _present_sync(self, ids: Sequence[str]) -> dict[str, int]:

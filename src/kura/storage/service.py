@@ -73,6 +73,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from kit.background import background_pool
@@ -81,6 +82,7 @@ from kit.clock import Clock
 from kura.core.manifest import Manifest
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.core.version import ahead_of_skew_ms
+from kura.storage import retention
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
 from kura.storage.budget import TmpBudget
 from kura.storage.fsync import process_shortage, shortage_reason
@@ -115,6 +117,7 @@ class CacheService(ReplicaApply):
         clock: Clock,
         max_disk_bytes: int,
         min_free_disk_bytes: int,
+        min_retention_ms: int = 0,
         outbox_max_depth: int = 100_000,
         hot_cache_bytes: int = 64 * 1024 * 1024,
         verify_reads: str = "always",
@@ -145,6 +148,8 @@ class CacheService(ReplicaApply):
         self.clock = clock
         self.max_disk_bytes = max_disk_bytes
         self.min_free_disk_bytes = min_free_disk_bytes
+        self.min_retention_ms = min_retention_ms
+        self._promises_recorded = {}
         self.stats = StorageStats()
         self.queues = PeerQueues(lambda: self.stats, outbox_max_depth)
         self._index: MetadataIndex | None = None
@@ -188,6 +193,7 @@ class CacheService(ReplicaApply):
             damaged=self._confirm_corrupt_sync,
             record_checksums=self.record_xxh3_128,
             sent_again=sent_again,
+            promises=min_retention_ms > 0,
         )
         self.files, self.hot, self.verifier = self.reads.files, self.reads.hot, self.reads.verifier
         self.accesses = self.reads.accesses
@@ -252,6 +258,15 @@ class CacheService(ReplicaApply):
         warnings): what start-up found (``StartReport.warnings``), the peer queues, and a
         failed fsync (a reason too)."""
         found = self.start_report.warnings + self.queues.warnings()
+        s = self.stats
+        shortfall = retention.shortfall_warning(
+            s.retention_evictions_total,
+            s.retention_evicted_bytes_total,
+            s.retention_last_eviction_ms,
+            self.clock.now_ms(),
+            self.min_retention_ms,
+        )
+        found += [shortfall] if shortfall else []
         return found + ([self._writer.failure] if self._writer.failure else [])
 
     async def close(self) -> None:
@@ -283,6 +298,25 @@ class CacheService(ReplicaApply):
         full = self.free_disk_bytes() <= self.min_free_disk_bytes
         if touches and not index.read_only and not full:
             await self._in(self._writer, index.touch, touches)
+        await self.flush_promises()
+
+    async def flush_promises(self) -> None:
+        """Record the promises made since the last flush (``storage.retention``) and forget
+        them in memory. While the disk is full they stay in memory (the expired ones go), to
+        be recorded once it is not; an index opened read-only is never written nor evicted
+        from until a restart, so its promises are dropped."""
+        since = self._promised_since_ms()
+        if since is None:
+            return
+        promised = self.accesses.promised.copy()
+        index = self._require_index()
+        if index.read_only:
+            since = 1 << 62  # every promise forgotten: nothing to hold back
+        elif self.free_disk_bytes() <= self.min_free_disk_bytes:
+            promised = {}
+        elif promised:
+            await self._in(self._writer, partial(self._record_promises_sync, flush=True), promised)
+        self.accesses.forget_promised(promised, since)
 
     # -- reads: this store's ArtifactReader is ``reads`` (storage.reads.ArtifactReads) --------
     # What the store's other ports (ArtifactWriter, WorkerSupport) ask of it is answered there.
@@ -296,6 +330,10 @@ class CacheService(ReplicaApply):
     def note_access(self, accesses: dict[str, int]) -> None:
         """Reads made elsewhere (a worker's hits): artifact id -> unix ms, kept if later."""
         self.accesses.merge(accesses)
+
+    def note_promised(self, promised: dict[str, int]) -> None:
+        """Promises a worker made (``storage.retention``): artifact id -> unix ms told."""
+        self.accesses.merge_promised(promised)
 
     def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
         """Senders verified rows without a checksum with SHA-256 and computed each one's

@@ -13,6 +13,11 @@ class StorageStats:
     artifacts: int = 0
     evictions_total: int = 0
     evicted_bytes_total: int = 0
+    # Of those, promised ones evicted inside KURA_MIN_RETENTION (storage.retention), and when the
+    # last one went (unix ms, 0 = never).
+    retention_evictions_total: int = 0
+    retention_evicted_bytes_total: int = 0
+    retention_last_eviction_ms: int = 0
     # detected_by ("read", "scrub", "put") -> entries quarantined.
     corrupt_total: dict[str, int] = field(default_factory=dict)
     outbox_depth: int = 0  # changed on the writer thread only

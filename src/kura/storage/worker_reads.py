@@ -127,6 +127,7 @@ class WorkerReads:
             # A miss is a miss here: whether the primary (or, through it, a peer) has it is
             # the worker app's routing decision (kura.workers.worker), not this reader's.
             note_exists=True,  # a HEAD hit here is a read for the primary's LRU
+            promises=True,  # for the primary, which keeps them if KURA_MIN_RETENTION is set
         )
         self.files, self.hot, self.verifier = self.reads.files, self.reads.hot, self.reads.verifier
         self.accesses = self.reads.accesses
@@ -159,6 +160,10 @@ class WorkerReads:
         """The hits since the last call, artifact id -> unix ms (for the primary's LRU)."""
         return self.accesses.take()
 
+    def take_promised(self) -> dict[str, int]:
+        """The promises since the last call, artifact id -> unix ms told (``storage.retention``)."""
+        return self.accesses.take_promised()
+
     def take_suspects(self) -> list[str]:
         found, self.suspects = self.suspects, []
         return found
@@ -173,11 +178,13 @@ class WorkerReads:
         accesses: Mapping[str, int],
         suspects: Sequence[str],
         checksums: Sequence[tuple[Manifest, str]],
+        promised: Mapping[str, int],
     ) -> None:
         """Queue again what a post to the primary that failed carried. Sending twice is
         harmless (a post that timed out may have been recorded): an access time is kept as the
         later one, a suspect is only re-verified, a checksum fills only an empty one."""
         self.accesses.merge(accesses)
+        self.accesses.merge_promised(promised)
         self.suspects = list(dict.fromkeys([*suspects, *self.suspects]))
         self.checksums = [*checksums, *self.checksums]
 

@@ -361,6 +361,8 @@ class Workers:
         doc = json.loads(await request.read())
         accesses = doc.get("accesses") or {}
         self.service.note_access({str(k): int(v) for k, v in accesses.items()})
+        promised = doc.get("promised") or {}
+        self.service.note_promised({str(k): int(v) for k, v in promised.items()})
         for aid in doc.get("suspects") or []:
             task = asyncio.create_task(self.service.verify_stored(str(aid), detected_by="read"))
             self._verifying.add(task)

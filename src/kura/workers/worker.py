@@ -309,13 +309,14 @@ class Worker:
         """Post the hits, suspect ids, checksums and public load (``kura.mesh.load_report``) gathered
         since the last flush to the primary, if there are any."""
         accesses, suspects = self.service.take_accesses(), self.service.take_suspects()
-        checksums = self.service.take_checksums()
-        if not accesses and not suspects and not checksums and not self.load.pending():
+        checksums, promised = self.service.take_checksums(), self.service.take_promised()
+        if not (accesses or suspects or checksums or promised or self.load.pending()):
             return
         doc = json.dumps(
             {
                 "worker": self.plan.number,
                 "accesses": accesses,
+                "promised": promised,
                 "suspects": suspects,
                 "checksums": [{"manifest": m.to_json(), "xxh3_128": h} for m, h in checksums],
                 "load": self.load.take().to_json(),
@@ -332,7 +333,7 @@ class Worker:
             ):
                 r.raise_for_status()
         except BaseException:
-            self.service.give_back(accesses, suspects, checksums)  # for the next flush
+            self.service.give_back(accesses, suspects, checksums, promised)  # next flush
             raise
         finally:
             self._sending = 0  # recorded by the primary (it answers after), or queued again
