@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
-    remote_execution_pb2 as reapi,
-)
 
 from kit.clock import ManualClock
+from kura.protos.build.bazel.remote.execution.v2 import (
+    remote_execution_pb2 as reapi,
+)
 from kura.storage.budget import TmpBudget
 from kura.storage.retention import WARNING_SECONDS
 from kura.storage.service import ArtifactRef, CacheService
