@@ -301,6 +301,11 @@ class Settings:
         "host:port, *.domain or *; empty = off. Only a host:port (no '*') may resolve to a "
         "private, loopback or link-local address",
     )
+    grpc_max_split_splice_calls: PositiveInt = option(
+        4,
+        "REAPI SplitBlob/SpliceBlob calls running at once on this node (each holds up to "
+        "16 MiB); another gets RESOURCE_EXHAUSTED",
+    )
     asset_fetch_max_downloads: PositiveInt = option(
         8,
         "Remote Asset FetchBlob calls that may download from origin at once on this node; "
