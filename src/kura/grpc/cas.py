@@ -60,7 +60,7 @@ from kura.grpc.common import (
     stored_blob,
     streaming_rpc,
 )
-from kura.grpc.zstd_stream import whole_compressed, whole_decompressed
+from kura.grpc.zstd_stream import whole_compressed_off_loop, whole_decompressed
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
@@ -220,7 +220,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 data = await self._read(ns, d)
                 status = _status()
                 if zstd:
-                    data, compressor = whole_compressed(data), ZSTD
+                    data, compressor = await whole_compressed_off_loop(data), ZSTD
             except KuraError as exc:
                 data, status = b"", _status(exc)
             responses.append(
