@@ -305,8 +305,18 @@ class Settings:
     asset_fetch_allowed_hosts: AssetHosts = option(
         (),
         "comma-separated origins the Remote Asset FetchBlob may download from on a miss: host, "
-        "host:port, *.domain or *; empty = off. Only a host named without '*' may resolve to a "
+        "host:port, *.domain or *; empty = off. Only a host:port (no '*') may resolve to a "
         "private, loopback or link-local address",
+    )
+    grpc_max_split_splice_calls: PositiveInt = option(
+        4,
+        "REAPI SplitBlob/SpliceBlob calls running at once on this node (each holds up to "
+        "16 MiB); another gets RESOURCE_EXHAUSTED",
+    )
+    asset_fetch_max_downloads: PositiveInt = option(
+        8,
+        "Remote Asset FetchBlob calls that may download from origin at once on this node; "
+        "another waits up to 10 s for one to end, then gets RESOURCE_EXHAUSTED",
     )
     action_cache_tree_max_bytes: PositiveBytes = option(
         64 * MiB,

@@ -1,23 +1,17 @@
 """The Remote Asset API (``build.bazel.remote.asset.v1``) over a real gRPC channel, from a
-client written from the published stubs: pushes and fetches by URI and qualifiers, downloads
-from an origin served on loopback, and the bad inputs (a lying ``checksum.sri``, a disallowed
-origin, a private address not allowed explicitly, a body past the size limit), each with its
-status and message and nothing stored (no blob, no record, no staged file, no reserved byte)."""
+client written from the published stubs: pushes and fetches by URI and qualifiers, records
+that replicate, bootstrap and are cleaned, credential qualifiers that are never stored, and
+the bad inputs of a push or fetch. Downloads from origin: ``test_asset_origin``."""
 
 from __future__ import annotations
 
 import base64
-import gzip
 import hashlib
-import http.server
 import os
-import threading
-import time
 from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
-from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import code_pb2
 
@@ -25,12 +19,11 @@ from kura.protos.build.bazel.remote.asset.v1 import remote_asset_pb2 as ra
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
-from kura_harness.launch.process import free_port
 from tests import oneshot
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import manifests, wait_for
 from tests.grpc_api.client import Reapi, digest, start_grpc_node
-from tests.grpc_api.test_bad_input import assert_nothing_stored, code_of
+from tests.grpc_api.test_bad_input import code_of
 
 pytestmark = pytest.mark.in_process
 
@@ -45,72 +38,6 @@ def sri(data: bytes, algorithm: str = "sha256") -> str:
 
 def q(**pairs: str) -> list[ra.Qualifier]:
     return [ra.Qualifier(name=k.replace("_", "."), value=v) for k, v in pairs.items()]
-
-
-class Origin:
-    """An HTTP origin on 127.0.0.1 serving ``files`` (path → bytes) and ``redirects`` (path →
-    Location), gzip-encoding the ``gzipped`` paths for a client that accepts it (as a web
-    server compresses text); counts its GETs."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.redirects: dict[str, str] = {}
-        self.gzipped: set[str] = set()
-        self.gets = 0
-        origin = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                origin.gets += 1
-                if self.path in origin.redirects:
-                    self.send_response(302)
-                    self.send_header("Location", origin.redirects[self.path])
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                if self.path == "/slow":  # 1 MiB announced, 1 KiB sent every 0.1 s
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(1024 * 1024))
-                    self.end_headers()
-                    try:
-                        for _ in range(1024):
-                            self.wfile.write(bytes(1024))
-                            self.wfile.flush()
-                            time.sleep(0.1)
-                    except OSError:
-                        pass
-                    return
-                body = origin.files.get(self.path)
-                self.send_response(200 if body is not None else 404)
-                accepted = self.headers.get("Accept-Encoding", "")
-                if body is not None and self.path in origin.gzipped and "gzip" in accepted:
-                    body = gzip.compress(body)
-                    self.send_header("Content-Encoding", "gzip")
-                self.send_header("Content-Length", str(len(body or b"")))
-                self.end_headers()
-                self.wfile.write(body or b"")
-
-            def log_message(self, *_args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def origin() -> Iterator[Origin]:
-    served = Origin()
-    yield served
-    served.stop()
 
 
 @pytest.fixture
@@ -289,176 +216,24 @@ def test_a_read_only_token_fetches_but_cannot_push(start_node: Callable[..., Nod
     client.close()
 
 
-def test_fetch_downloads_from_an_allowed_origin_and_answers_once_it_is_gone(
-    start_node: Callable[..., NodeProcess], origin: Origin
+def test_a_pushed_records_secret_qualifiers_key_it_but_are_never_stored(
+    grpc_node: tuple[NodeProcess, Reapi],
 ) -> None:
-    origin.files["/pkg.tar.gz"] = ARCHIVE
-    origin.redirects["/latest.tar.gz"] = "/pkg.tar.gz"
-    origin.files["/by-name.bin"] = b"fetched by a host name"
-    node, client = start_grpc_node(
-        start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port},localhost:{origin.port}"
-    )
-    # A host name named exactly may resolve to loopback; the connection goes to what was checked.
-    by_name = fetch(client, origin.url("/by-name.bin", host="localhost"))
-    assert by_name.blob_digest == digest(b"fetched by a host name"), by_name.status
-    checksum = [ra.Qualifier(name="checksum.sri", value=sri(ARCHIVE, "sha384"))]
-    got = fetch(client, origin.url("/latest.tar.gz"), qualifiers=checksum)
-    assert got.status.code == code_pb2.OK, got.status.message
-    assert got.blob_digest == digest(ARCHIVE)
-    assert origin.gets == 3  # by name, then the redirect and the file
-    origin.stop()
-    again = fetch(client, origin.url("/latest.tar.gz"), qualifiers=checksum)
-    assert again.blob_digest == digest(ARCHIVE)
-    batch = client.cas.BatchReadBlobs(reapi.BatchReadBlobsRequest(digests=[digest(ARCHIVE)]))
-    assert batch.responses[0].data == ARCHIVE
-    assert node.metric('kura_asset_origin_downloads_total{result="stored"}') == 2
-    assert node.metric('kura_cache_lookups_total{protocol="grpc",result="hit"}') >= 1
-    client.close()
-
-
-def test_a_download_stores_the_origins_bytes_not_a_content_encoding_of_them(
-    start_node: Callable[..., NodeProcess], origin: Origin
-) -> None:
-    """A web server compresses text for a client that accepts gzip; the blob asked for is the
-    file itself, so the download must not ask for an encoding it does not undo."""
-    text = b"def rules():\n    pass\n" * 1000
-    origin.files["/defs.bzl"] = text
-    origin.gzipped.add("/defs.bzl")
-    _node, client = start_grpc_node(
-        start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}"
-    )
-    got = fetch(client, origin.url("/defs.bzl"))
-    assert got.status.code == code_pb2.OK, got.status.message
-    assert got.blob_digest == digest(text)
-    checked = fetch(
-        client,
-        origin.url("/defs.bzl"),
-        qualifiers=[ra.Qualifier(name="checksum.sri", value=sri(text))],
-    )
-    assert checked.status.code == code_pb2.OK, checked.status.message
-    client.close()
-
-
-def test_a_download_past_its_timeout_is_deadline_exceeded_and_leaves_nothing(
-    start_node: Callable[..., NodeProcess], origin: Origin
-) -> None:
-    """The request's ``timeout`` cancels a download mid-body (1 MiB reserved, a few KiB
-    staged): the reservation and the staged file go with it."""
-    node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}")
-    timeout = Duration()
-    timeout.FromMilliseconds(1500)
-    got = fetch(client, origin.url("/slow"), timeout=timeout)
-    assert got.status.code == code_pb2.DEADLINE_EXCEEDED, got.status
-    assert "longer than 1.5 s" in got.status.message
-    assert_nothing_stored(node)
-    assert node.metric('kura_asset_origin_downloads_total{result="failed"}') == 1
-    client.close()
-
-
-def test_a_fetch_whose_record_cannot_be_kept_downloads_nothing(
-    start_node: Callable[..., NodeProcess], origin: Origin
-) -> None:
-    """Qualifiers too long for a record are refused before the origin is asked, not after its
-    bytes were stored with no record to find them by."""
-    origin.files["/pkg.tar.gz"] = ARCHIVE
-    node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}")
-    long = q(vcs_commit="x" * 300_000)
-    assert code_of(lambda: fetch(client, origin.url("/pkg.tar.gz"), qualifiers=long)) == (
-        grpc.StatusCode.INVALID_ARGUMENT
-    )
-    assert origin.gets == 0
-    assert_nothing_stored(node)
-    client.close()
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        "lying checksum.sri",
-        "disallowed origin",
-        "loopback by wildcard",
-        "localhost by wildcard",
-        "redirect to a loopback name",
-        "larger than the limit",
-        "not at the origin",
-        "origin down",
-    ],
-)
-def test_a_bad_download_gets_its_status_and_stores_nothing(
-    start_node: Callable[..., NodeProcess], origin: Origin, case: str
-) -> None:
-    origin.files["/pkg.tar.gz"] = ARCHIVE
-    origin.redirects["/moved"] = origin.url("/pkg.tar.gz", host="localhost")
-    explicit = f"127.0.0.1:{origin.port}"
-    closed = free_port()  # nothing listens there
-    allowed, uri, qualifiers, code, words = {
-        "lying checksum.sri": (
-            explicit,
-            origin.url("/pkg.tar.gz"),
-            [ra.Qualifier(name="checksum.sri", value=sri(b"other bytes"))],
-            code_pb2.ABORTED,
-            "do not match checksum.sri",
-        ),
-        "disallowed origin": (
-            "mirror.example",
-            origin.url("/pkg.tar.gz"),
-            [],
-            code_pb2.PERMISSION_DENIED,
-            "is not allowed",
-        ),
-        "loopback by wildcard": (
-            "*",
-            origin.url("/pkg.tar.gz"),
-            [],
-            code_pb2.PERMISSION_DENIED,
-            "not a global address",
-        ),
-        "localhost by wildcard": (
-            "*",
-            origin.url("/pkg.tar.gz", host="localhost"),
-            [],
-            code_pb2.PERMISSION_DENIED,
-            "not a global address",
-        ),
-        "redirect to a loopback name": (
-            f"{explicit},*",
-            origin.url("/moved"),
-            [],
-            code_pb2.PERMISSION_DENIED,
-            "not a global address",
-        ),
-        "larger than the limit": (
-            explicit,
-            origin.url("/pkg.tar.gz"),
-            [],
-            code_pb2.RESOURCE_EXHAUSTED,
-            "limit",
-        ),
-        "not at the origin": (
-            explicit,
-            origin.url("/gone.tar.gz"),
-            [],
-            code_pb2.NOT_FOUND,
-            "answered 404",
-        ),
-        "origin down": (
-            f"127.0.0.1:{closed}",
-            f"http://127.0.0.1:{closed}/pkg.tar.gz",
-            [],
-            code_pb2.UNAVAILABLE,
-            "could not be reached",
-        ),
-    }[case]
-    settings: dict[str, object] = {"asset_fetch_allowed_hosts": allowed}
-    if case == "larger than the limit":
-        settings["max_artifact_bytes"] = str(len(ARCHIVE) - 1)
-    node, client = start_grpc_node(start_node, **settings)
-    got = fetch(client, uri, qualifiers=qualifiers)
-    assert got.status.code == code, got.status
-    assert words in got.status.message
-    assert got.uri == uri
-    assert_nothing_stored(node)
-    if code == code_pb2.PERMISSION_DENIED:
-        assert origin.gets == (1 if case == "redirect to a loopback name" else 0)
-        assert node.metric('kura_asset_origin_downloads_total{result="refused"}') == 1
+    """Credential qualifiers (Bazel 7's ``http_header:*``, ``bazel.auth_headers``) key a
+    pushed record, but no byte of their values reaches the disk (and so no peer)."""
+    node, client = grpc_node
+    client.batch_update([ARCHIVE])
+    secret = "Bearer kura-secret-" + os.urandom(8).hex()
+    auth = [
+        ra.Qualifier(name="http_header:Authorization", value=secret),
+        ra.Qualifier(name="bazel.auth_headers", value='{"h": ["' + secret + '"]}'),
+        ra.Qualifier(name="http_header_url:0:Authorization", value=secret),
+    ]
+    push(client, ARCHIVE, URI, qualifiers=auth)
+    assert fetch(client, URI, qualifiers=auth).blob_digest == digest(ARCHIVE)
+    other = [ra.Qualifier(name=a.name, value=a.value + "x") for a in auth]
+    assert fetch(client, URI, qualifiers=other).status.code == code_pb2.NOT_FOUND
+    stored = [p for p in node.data_dir.rglob("*") if p.is_file()]
+    assert stored
+    assert not [p for p in stored if secret.encode() in p.read_bytes()]
     client.close()

@@ -6,6 +6,7 @@ status and store nothing."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -176,6 +177,39 @@ def test_too_many_chunks_is_refused(start_node: Callable[..., NodeProcess]) -> N
         assert code is grpc.StatusCode.INVALID_ARGUMENT
         assert c.splice(digest(whole[:8000]), [digest(p) for p in parts[:8]])
         assert node.index_rows() == rows + 1
+    finally:
+        c.close()
+
+
+def test_splits_past_the_nodes_cap_are_resource_exhausted(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """``KURA_GRPC_MAX_SPLIT_SPLICE_CALLS=1``: of six SplitBlobs of a 32 MiB blob sent at once,
+    one runs (about 16 MiB held) and the others are refused at once, RESOURCE_EXHAUSTED;
+    the place frees when it ends (the refusal does not latch)."""
+    _node, c = start_grpc_node(start_node, grpc_max_split_splice_calls="1")
+    try:
+        data = random.Random(30).randbytes(32 * MiB)
+        c.write(blob_name(data), data, chunk=MiB)
+        start = threading.Barrier(6)
+        codes: list[grpc.StatusCode] = []
+
+        def one() -> None:
+            start.wait()
+            try:
+                c.split(digest(data))
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+
+        threads = [threading.Thread(target=one) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
+        assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+        assert len(c.split(digest(data))) >= 16
     finally:
         c.close()
 

@@ -17,6 +17,7 @@ from kura.core.asset import (
     parse_query,
     parse_sri,
     record_key,
+    unsupported,
 )
 from kura.core.errors import InvalidRequest
 from kura.grpc.origin import OriginFailed, check_addresses
@@ -57,14 +58,19 @@ def test_a_query_needs_a_uri_and_unique_qualifier_names() -> None:
         parse_query(["urn:x"], [("a", "1"), ("a", "2")])
 
 
-def test_only_a_host_named_without_a_wildcard_is_allowed_explicitly() -> None:
-    hosts = AllowedHosts.parse(["mirror.internal", "127.0.0.1:8080", "*.example.com", "[::1]:9"])
+def test_only_a_host_named_with_its_port_and_no_wildcard_is_allowed_explicitly() -> None:
+    """``mirror.internal`` alone (any port) is not explicit: it would open every port of a
+    private host, kura's own internal listener included."""
+    hosts = AllowedHosts.parse(
+        ["mirror.internal", "mirror.internal:8443", "127.0.0.1:8080", "*.example.com", "[::1]:9"]
+    )
     match = [
         hosts.match(o)
         for o in (
             origin_of(u)
             for u in (
                 "http://mirror.internal:1234/x",
+                "https://mirror.internal:8443/x",
                 "http://127.0.0.1:8080/x",
                 "http://127.0.0.1:8081/x",
                 "https://cdn.example.com/x",
@@ -74,7 +80,7 @@ def test_only_a_host_named_without_a_wildcard_is_allowed_explicitly() -> None:
         )
         if o is not None
     ]
-    assert match == [True, True, None, False, None, True]
+    assert match == [False, True, True, None, False, None, True]
     assert origin_of("urn:uuid:1") is None
     assert origin_of("ftp://h/x") is None
     assert not AllowedHosts.parse([])
@@ -90,6 +96,23 @@ def test_a_record_survives_its_encoding() -> None:
     assert AssetRecord.decode(record.encode()) == record
     with pytest.raises(ValueError, match="version 1"):
         AssetRecord.decode(b'{"v": 2}')
+
+
+def test_a_records_body_holds_no_credential_and_only_sri_and_canonical_id_are_honoured() -> None:
+    secret = "Bearer s3cret"
+    named = [("http_header:Authorization", secret), ("bazel.auth_headers", secret)]
+    query = parse_query(["https://h/x"], [*named, ("http_header_url:0:X", secret), ("a", "1")])
+    body = AssetRecord("blob", "https://h/x", query.qualifiers, ("ab" * 32, 5)).encode()
+    assert secret.encode() not in body
+    assert b'"a","1"' in body
+    assert record_key("blob", "https://h/x", query.qualifiers) != record_key(
+        "blob", "https://h/x", parse_query(["https://h/x"], [("a", "1")]).qualifiers
+    )
+    assert unsupported(query) == [n for n, _v in sorted(query.qualifiers)]
+    ok = parse_query(
+        ["https://h/x"], [("checksum.sri", sri(b"x", "sha256")), ("bazel.canonical_id", "c")]
+    )
+    assert unsupported(ok) == []
 
 
 @pytest.mark.parametrize(

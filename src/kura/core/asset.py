@@ -10,7 +10,17 @@ allow-list. No IO.
   scheme and host lower-cased and its default port dropped; any other URI is taken as given.
 * **Record.** The stored body: canonical JSON with the digest, the referenced blobs and
   directories, the push's ``expire_at`` (ms, or null) and the verified ``checksum.sri`` (or
-  null). When it was stored is its manifest's ``created_at_ms``, which replicas keep.
+  null). When it was stored is its manifest's ``created_at_ms``, which replicas keep. A
+  *secret* qualifier's value (``http_header:*``, ``http_header_url:*``,
+  ``bazel.auth_headers``: credentials Bazel 7+ passes for the origin) is never stored nor
+  replicated: the body names the qualifier with a null value, and the value only enters the
+  key's SHA-256.
+* **Honoured qualifiers.** A download from origin can make its bytes match ``checksum.sri``
+  only; ``bazel.canonical_id`` (Bazel's cache discriminator) asks nothing of the bytes and is
+  only part of the key. Any other qualifier (``resource_type``, ``vcs.*``, ``http_header:*``…)
+  is one kura cannot ensure, so a miss that names one downloads nothing (``unsupported``;
+  remote_asset.proto: servers "MUST ensure Fetch'd content matches all the specified
+  qualifiers", pushed content aside).
 * **SRI** (W3C Subresource Integrity, https://www.w3.org/TR/SRI/ §3.3): whitespace-separated
   ``alg-base64[?options]``; sha256, sha384 and sha512 are understood, others ignored (SRI:
   "unknown algorithms are ignored"); the strongest algorithm present decides, and content
@@ -18,7 +28,10 @@ allow-list. No IO.
   wrong length: ``InvalidRequest``.
 * **Origins.** ``KURA_ASSET_FETCH_ALLOWED_HOSTS`` entries: ``host`` (any port), ``host:port``,
   ``[v6]:port``, ``*.suffix`` (any subdomain) or ``*`` (any host). A host named by an entry
-  without ``*`` is allowed *explicitly*: only then may it resolve to a non-global address.
+  without ``*`` and with its port is allowed *explicitly*: only then may it resolve to a
+  non-global address. ``localhost`` or ``mirror.internal`` alone (any port) reaches global
+  addresses only: else one entry would open every port of a private host to any read token,
+  kura's own internal listener included, with the answer readable from the CAS.
 """
 
 from __future__ import annotations
@@ -34,6 +47,10 @@ from urllib.parse import urlsplit, urlunsplit
 from kura.core.errors import InvalidRequest
 
 CHECKSUM_SRI = "checksum.sri"
+# The qualifiers a download from origin satisfies (module docstring, "Honoured qualifiers").
+HONOURED = frozenset({CHECKSUM_SRI, "bazel.canonical_id"})
+SECRET_PREFIXES = ("http_header:", "http_header_url:")
+SECRET_NAMES = frozenset({"bazel.auth_headers"})
 MAX_URI_CHARS = 8192
 MAX_QUALIFIERS = 64
 # Digest lengths in bytes, weakest first: the order SRI's "strongest" follows.
@@ -124,6 +141,16 @@ def parse_query(uris: Sequence[str], qualifiers: Iterable[tuple[str, str]]) -> A
     return AssetQuery(tuple(uris), tuple(sorted(keyed)), sri)
 
 
+def unsupported(query: AssetQuery) -> list[str]:
+    """The names of ``query``'s qualifiers a download cannot honour (not in ``HONOURED``)."""
+    return [name for name, _value in query.qualifiers if name not in HONOURED]
+
+
+def is_secret(name: str) -> bool:
+    """Whether qualifier ``name`` carries a credential (module docstring, "Record")."""
+    return name in SECRET_NAMES or name.startswith(SECRET_PREFIXES)
+
+
 def canonical_uri(uri: str) -> str:
     """``uri`` with an http(s) scheme and host lower-cased and its default port dropped."""
     origin = origin_of(uri)
@@ -162,7 +189,7 @@ class AssetRecord:
                 "v": 1,
                 "kind": self.kind,
                 "uri": self.uri,
-                "qualifiers": [list(q) for q in self.qualifiers],
+                "qualifiers": [[n, None if is_secret(n) else v] for n, v in self.qualifiers],
                 "digest": list(self.digest),
                 "references": [list(d) for d in self.references],
                 "expire_at_ms": self.expire_at_ms,
@@ -183,7 +210,7 @@ class AssetRecord:
         return cls(
             kind=str(raw["kind"]),
             uri=str(raw["uri"]),
-            qualifiers=tuple((str(n), str(v)) for n, v in raw["qualifiers"]),
+            qualifiers=tuple((str(n), "" if v is None else str(v)) for n, v in raw["qualifiers"]),
             digest=digest,
             references=tuple(_digest(d) for d in raw["references"]),
             expire_at_ms=None if raw["expire_at_ms"] is None else int(raw["expire_at_ms"]),
@@ -252,15 +279,18 @@ class AllowedHosts:
         return bool(self.entries)
 
     def match(self, origin: Origin) -> bool | None:
-        """None: not allowed; True: allowed explicitly (named without ``*``); False: allowed by
-        a wildcard only (then it must resolve to global addresses)."""
+        """None: not allowed; True: allowed explicitly (named without ``*``, with its port);
+        False: allowed by a wildcard or a host entry without a port only (then it must resolve
+        to global addresses)."""
         verdict: bool | None = None
         for host, port in self.entries:
             if port is not None and port != origin.port:
                 continue
-            if host == origin.host:
+            if host == origin.host and port is not None:
                 return True
-            if host == "*" or (host.startswith("*.") and origin.host.endswith(host[1:])):
+            if host in (origin.host, "*") or (
+                host.startswith("*.") and origin.host.endswith(host[1:])
+            ):
                 verdict = False
         return verdict
 

@@ -24,7 +24,12 @@ A ``FetchBlob`` whose sha256 ``checksum.sri`` names a blob in the CAS is a hit w
 (content addressing: the bytes are the ones asked for), unless ``oldest_content_accepted`` is
 set. On a miss ``FetchBlob`` downloads from origin when ``KURA_ASSET_FETCH_ALLOWED_HOSTS``
 allows it (``kura.grpc.origin``) and records the URI it got; with the list empty (the
-default) a miss is NOT_FOUND. ``FetchDirectory`` answers records only. Every fetch is counted
+default) a miss is NOT_FOUND. A download honours ``checksum.sri`` only: a miss naming any
+other qualifier but ``bazel.canonical_id`` (``kura.core.asset.unsupported``) is
+INVALID_ARGUMENT, each named ``"<name>" not supported`` (remote_asset.proto), and nothing is
+downloaded. One deadline covers the call's downloads, all its URIs together: the request's
+``timeout`` (``DEFAULT_FETCH_SECONDS``, at most ``MAX_FETCH_SECONDS``) or the client's gRPC
+deadline, whichever ends first. ``FetchDirectory`` answers records only. Every fetch is counted
 in ``kura_cache_lookups_total{protocol="grpc"}``, a download as a miss.
 
 Errors: a request without a URI, with a qualifier named twice, an unusable ``checksum.sri``,
@@ -52,7 +57,15 @@ from kura.api.action_cache import EMPTY_SHA256
 from kura.api.action_lookup import PRODUCER, cas_ref
 from kura.api.auth import Access
 from kura.api.file_response import DamagedBlob, verified_chunks
-from kura.core.asset import AssetQuery, AssetRecord, Digest, Sri, parse_query, record_key
+from kura.core.asset import (
+    AssetQuery,
+    AssetRecord,
+    Digest,
+    Sri,
+    parse_query,
+    record_key,
+    unsupported,
+)
 from kura.core.errors import InvalidRequest, NotFound
 from kura.grpc.common import GrpcContext, check_digest, rpc
 from kura.grpc.origin import OriginDownloads, OriginFailed
@@ -255,30 +268,36 @@ class Fetch(ra_grpc.FetchServicer):
                 ),
                 uri=query.uris[0],
             )
-        return await self._download(ns, query, _seconds(request))
+        return await self._download(ns, query, _seconds(request), context)
 
-    async def _download(self, ns: str, query: AssetQuery, seconds: float) -> ra.FetchBlobResponse:
+    async def _download(
+        self, ns: str, query: AssetQuery, seconds: float, context: Ctx
+    ) -> ra.FetchBlobResponse:
+        names = unsupported(query)
+        if names:  # remote_asset.proto: INVALID_ARGUMENT, naming each unsupported qualifier
+            raise InvalidRequest(
+                ", ".join(f'"{name[:80]}" not supported' for name in names)
+                + ": a download from origin honours checksum.sri only (and bazel.canonical_id "
+                "as part of the key); nothing was downloaded"
+            )
         sri = None if query.sri is None else query.sri.text
         # The record must fit before anything is downloaded (else the blob would be stored
         # with nothing to find it by): the longest URI, with the longest digest there is.
         largest = (EMPTY_SHA256, self.gc.settings.max_artifact_bytes)
         encoded(AssetRecord(BLOB, max(query.uris, key=len), query.qualifiers, largest, sri=sri))
-        failed: OriginFailed | None = None
-        for uri in query.uris:
-            try:
-                digest = await self.origins.download(ns, uri, query.sri, seconds)
-            except OriginFailed as exc:
-                failed = exc
-                failed_uri = uri
-                continue
-            await self.records.store(
-                ns, query, uri, AssetRecord(BLOB, uri, query.qualifiers, digest, sri=sri)
-            )
-            return ra.FetchBlobResponse(
-                status=_status(grpc.StatusCode.OK), uri=uri, blob_digest=_digest(digest)
-            )
-        assert failed is not None
-        return ra.FetchBlobResponse(status=_status(failed.code, failed.message), uri=failed_uri)
+        remaining = context.time_remaining()  # the client's own deadline, if it set one
+        if remaining is not None:
+            seconds = max(0.0, min(seconds, remaining))
+        try:
+            uri, digest = await self.origins.first(ns, query.uris, query.sri, seconds)
+        except OriginFailed as failed:
+            return ra.FetchBlobResponse(status=_status(failed.code, failed.message), uri=failed.uri)
+        await self.records.store(
+            ns, query, uri, AssetRecord(BLOB, uri, query.qualifiers, digest, sri=sri)
+        )
+        return ra.FetchBlobResponse(
+            status=_status(grpc.StatusCode.OK), uri=uri, blob_digest=_digest(digest)
+        )
 
     @rpc("FetchDirectory")
     async def FetchDirectory(

@@ -60,7 +60,7 @@ from kura.grpc.common import (
     stored_blob,
     streaming_rpc,
 )
-from kura.grpc.zstd_stream import whole_compressed, whole_decompressed
+from kura.grpc.zstd_stream import whole_compressed_off_loop, whole_decompressed
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
@@ -121,6 +121,7 @@ class Capabilities(reapi_grpc.CapabilitiesServicer):
 class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     def __init__(self, gc: GrpcContext) -> None:
         self.gc = gc
+        self.chunking = chunking.Calls(gc.settings.grpc_max_split_splice_calls)
 
     @rpc("FindMissingBlobs")
     async def FindMissingBlobs(
@@ -219,7 +220,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 data = await self._read(ns, d)
                 status = _status()
                 if zstd:
-                    data, compressor = whole_compressed(data), ZSTD
+                    data, compressor = await whole_compressed_off_loop(data), ZSTD
             except KuraError as exc:
                 data, status = b"", _status(exc)
             responses.append(
@@ -245,7 +246,8 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         ns = self.gc.authorize(context, Access.READ, request.instance_name)
         _check_sha256(request.digest_function)
         d = request.blob_digest
-        chunks = await chunking.split(self.gc, ns, check_digest(d), d.size_bytes)
+        with self.chunking.one():
+            chunks = await chunking.split(self.gc, ns, check_digest(d), d.size_bytes)
         return reapi.SplitBlobResponse(
             chunk_digests=[reapi.Digest(hash=h, size_bytes=n) for h, n in chunks],
             chunking_function=reapi.ChunkingFunction.FAST_CDC_2020,
@@ -262,7 +264,8 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         d = request.blob_digest
         sha256 = check_digest(d)
         chunks = [(check_digest(c), c.size_bytes) for c in request.chunk_digests]
-        await chunking.splice(self.gc, ns, sha256, d.size_bytes, chunks)
+        with self.chunking.one():
+            await chunking.splice(self.gc, ns, sha256, d.size_bytes, chunks)
         return reapi.SpliceBlobResponse(blob_digest=d)
 
     @streaming_rpc("GetTree")

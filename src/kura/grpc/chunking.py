@@ -29,6 +29,12 @@ add up to the blob's size; their bytes, each verified as it is read, stream into
 first and checks the SHA-256 before anything is published (a mismatch: INVALID_ARGUMENT,
 nothing stored). A blob already stored is not written again.
 
+Calls at once: a split holds about three windows and the chunks it is storing (at most about
+``CALL_BYTES``, 16 MiB), a splice a few pieces of its chunks; ``Calls`` lets at most
+``KURA_GRPC_MAX_SPLIT_SPLICE_CALLS`` of them run at once on a node (the default 4: 64 MiB)
+and answers the next one RESOURCE_EXHAUSTED at once (REAPI: "the client may retry after a
+delay"), rather than hold its request while memory is what is short.
+
 Chunk lifecycle: a chunk is an ordinary CAS blob under ``cas/<sha256>`` (the key any
 ``Write`` of the same bytes uses): it replicates, is found by ``FindMissingBlobs``, read by
 ``Read``, aged and evicted like any other, independently of the blob it came from (REAPI
@@ -43,15 +49,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncGenerator, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from contextlib import aclosing, contextmanager
 from typing import Final, TypeAlias
 
 from pyfastcdc import FastCDC
 
 from kura.api.action_cache import EMPTY_SHA256
 from kura.api.action_lookup import cas_ref
-from kura.core.errors import DigestMismatch, InvalidRequest, NotFound
+from kura.core.errors import DigestMismatch, InvalidRequest, NotFound, ResourceExhausted
 from kura.grpc.common import GrpcContext, stored_blob
 from kura.storage.artifact import ArtifactRef
 from kura.storage.ports import one_piece
@@ -68,8 +74,34 @@ WINDOW_BYTES = 4 * 1024 * 1024
 DIGEST_WIRE_BYTES = 80
 CONTENT_TYPE = "application/octet-stream"
 
+# The most one split holds at once: three windows and the chunks being stored (module docstring).
+CALL_BYTES = 4 * WINDOW_BYTES
 Chunk: TypeAlias = tuple[str, int]  # (SHA-256 hex, size in bytes)
 EMPTY: Chunk = (EMPTY_SHA256, 0)  # always present (REAPI): never looked up
+
+
+class Calls:
+    """The split and splice calls running on one node, at most ``limit`` at once (module
+    docstring): memory is bounded by ``limit`` × ``CALL_BYTES``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+
+    @contextmanager
+    def one(self) -> Iterator[None]:
+        """Hold one of the ``limit`` places for a call; ``ResourceExhausted`` when none is free
+        (nothing is read or stored)."""
+        if self.running >= self.limit:
+            raise ResourceExhausted(
+                f"{self.limit} SplitBlob/SpliceBlob calls are running on this node "
+                "(KURA_GRPC_MAX_SPLIT_SPLICE_CALLS): retry after a delay"
+            )
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
 
 
 def new_cutter() -> FastCDC:

@@ -9,8 +9,8 @@ SSRF Prevention Cheat Sheet), so every hop of a download is checked the same way
 * the host is resolved once, here; every address must be global (``is_public``: not
   private, loopback, link-local, shared, reserved, multicast or unspecified; an IPv6 address
   that carries an IPv4 one, mapped, NAT64, 6to4 or Teredo, is judged by that IPv4 address
-  too) unless the allow-list names the host without a
-  wildcard (else PERMISSION_DENIED), and the connection goes to those checked addresses only
+  too) unless the allow-list names the host without a wildcard and with the port
+  (``AllowedHosts.match``; else PERMISSION_DENIED), and the connection goes to those checked addresses only
   (``check_addresses``, then ``_Pinned``: aiohttp asks it instead of DNS, so no second look-up can answer differently);
 * redirects are not followed by aiohttp: each ``Location`` (at most ``MAX_REDIRECTS``) is a new
   hop, checked as above;
@@ -26,7 +26,9 @@ staged file, no reserved byte). Failures are ``OriginFailed`` with the status th
 carries inline (remote_asset.proto, ``FetchBlobResponse.status``): PERMISSION_DENIED (origin not
 allowed), NOT_FOUND (404/410, or not an http(s) URL), ABORTED (checksum mismatch),
 RESOURCE_EXHAUSTED (too large, no room), DEADLINE_EXCEEDED (``timeout``), UNAVAILABLE (the
-origin unreachable or answering an error). Each download is counted in
+origin unreachable or answering an error). At most ``KURA_ASSET_FETCH_MAX_DOWNLOADS``
+calls download at once on a node (``OriginDownloads.first``): each may hold an origin
+connection, a tmp reservation and a staged file until its deadline. Each download is counted in
 ``kura_asset_origin_downloads_total{result}`` (``stored``, ``refused``, ``failed``).
 """
 
@@ -37,7 +39,7 @@ import hashlib
 import ipaddress
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import urljoin
 
@@ -57,6 +59,10 @@ MAX_REDIRECTS = 5
 CHUNK_BYTES = 256 * 1024
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 ENV_NAME = "KURA_ASSET_FETCH_ALLOWED_HOSTS"
+# How long a call waits for a download slot (KURA_ASSET_FETCH_MAX_DOWNLOADS) before it is
+# refused: long enough for a burst of repository fetches (Bazel fetches several at once) to
+# queue behind one another, short enough that a waiting call holds its connection briefly.
+SLOT_WAIT_SECONDS = 10.0
 IDENTITY = {"Accept-Encoding": "identity"}  # the origin's file as it is, not an encoding of it
 
 
@@ -67,6 +73,7 @@ class OriginFailed(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.uri = ""  # the URI it concerns (``OriginDownloads.first``)
 
 
 class ChecksumMismatch(e.InvalidRequest):
@@ -88,21 +95,59 @@ class OriginDownloads:
         )
         for result in ("stored", "refused", "failed"):
             self.downloads.labels(result)
+        self.limit = gc.settings.asset_fetch_max_downloads
+        self.slots = asyncio.Semaphore(self.limit)
 
-    async def download(self, ns: str, uri: str, sri: Sri | None, seconds: float) -> Digest:
-        """Download ``uri`` into namespace ``ns``'s CAS within ``seconds``; its (sha256 hex,
-        size). Raises ``OriginFailed`` (module docstring), leaving nothing stored."""
+    async def first(
+        self, ns: str, uris: Sequence[str], sri: Sri | None, seconds: float
+    ) -> tuple[str, Digest]:
+        """The first of ``uris`` (in order) downloaded into ``ns``'s CAS, and its digest, all
+        within ``seconds`` (one deadline for the call, however many URIs). The call first takes
+        one of the node's ``KURA_ASSET_FETCH_MAX_DOWNLOADS`` slots, waiting at most
+        ``SLOT_WAIT_SECONDS`` (and its deadline) for one: ``ResourceExhausted`` past that, with
+        nothing asked of any origin. ``OriginFailed`` (with ``uri``) is the last URI's failure,
+        or the deadline's."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        try:
+            async with asyncio.timeout(min(seconds, SLOT_WAIT_SECONDS)):
+                await self.slots.acquire()
+        except TimeoutError:
+            raise e.ResourceExhausted(
+                f"{self.limit} downloads from origin are under way on this node "
+                f"(KURA_ASSET_FETCH_MAX_DOWNLOADS) and none ended in time: retry later"
+            ) from None
+        try:
+            failed = OriginFailed(grpc.StatusCode.NOT_FOUND, "no URI")
+            for uri in uris:
+                try:
+                    return uri, await self.download(ns, uri, sri, deadline, seconds)
+                except OriginFailed as exc:
+                    failed, failed.uri = exc, uri
+                    if exc.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                        break  # the call's time is spent: the other URIs are not tried
+            raise failed
+        finally:
+            self.slots.release()
+
+    async def download(
+        self, ns: str, uri: str, sri: Sri | None, deadline: float, seconds: float
+    ) -> Digest:
+        """Download ``uri`` into namespace ``ns``'s CAS by ``deadline`` (event-loop time, the
+        end of the call's ``seconds``); its (sha256 hex, size). Raises ``OriginFailed`` (module
+        docstring), leaving nothing stored."""
         if origin_of(uri) is None:  # a URN or the like: nothing to download, not counted
             raise OriginFailed(
                 grpc.StatusCode.NOT_FOUND, f"{uri[:200]} is not an http(s) URL to download"
             )
         try:
-            async with asyncio.timeout(seconds):
+            async with asyncio.timeout_at(deadline):
                 digest = await self._follow(ns, uri, sri)
         except TimeoutError:
             self.downloads.labels("failed").inc()
             raise OriginFailed(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"the download took longer than {seconds:g} s"
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the call's downloads took longer than {seconds:g} s",
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
             self.downloads.labels("failed").inc()
@@ -221,8 +266,8 @@ async def check_addresses(origin: Origin, explicit: bool) -> list[ResolveResult]
             raise OriginFailed(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"origin {origin.host} resolves to {address}, not a global address (private, "
-                f"loopback, link-local or reserved): only a host {ENV_NAME} names without '*' "
-                "may",
+                f"loopback, link-local or reserved): only a host {ENV_NAME} names with its "
+                "port and without '*' may (host:port)",
             )
         results.append(
             ResolveResult(
