@@ -7,10 +7,12 @@
   ``kura.grpc.bytestream``).
 * ``FindMissingBlobs``: one index look-up (peers asked for local misses, read-through). A blob
   is present only with the digest's size: a stored blob of another size does not answer for it.
-* ``BatchUpdateBlobs``: each blob is checked (size, hash) and stored on its own; a bad one gets
-  its own INVALID_ARGUMENT status and nothing is stored for it. Blobs already stored intact are
-  not rewritten. The request's blob bytes must fit ``max_batch_total_size_bytes``.
-* ``BatchReadBlobs``: per-blob NOT_FOUND; INVALID_ARGUMENT for the whole call when the blobs
+* ``BatchUpdateBlobs``: each blob is checked (size, hash), and the good ones are stored under
+  one durable commit (``kura.grpc.batch``); a bad one gets its own INVALID_ARGUMENT status and
+  nothing is stored for it. Blobs already stored intact are not rewritten. The request's blob
+  bytes must fit ``max_batch_total_size_bytes``.
+* ``BatchReadBlobs``: one index look-up for the batch (``kura.grpc.batch``); per-blob
+  NOT_FOUND; INVALID_ARGUMENT for the whole call when the blobs
   asked for add up to more than ``max_batch_total_size_bytes`` (REAPI: "the server MUST return
   INVALID_ARGUMENT" then).
 * ``GetTree``: the root ``Directory`` and every directory below it, breadth first, each once,
@@ -47,8 +49,8 @@ from google.protobuf.message import DecodeError
 
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
-from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.core.errors import InvalidRequest, KuraError, NotFound
+from kura.grpc.batch import blob_bytes, read_blobs, store_blobs
 from kura.grpc.common import (
     GrpcContext,
     check_digest,
@@ -135,39 +137,13 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 f"the batch carries {total} bytes of blobs, more than "
                 f"max_batch_total_size_bytes {self.gc.max_batch_bytes}: use ByteStream.Write"
             )
-        responses = []
-        for r in request.requests:
-            try:
-                await self._store(ns, r.digest, r.data)
-                status = _status()
-            except KuraError as exc:
-                status = _status(exc)
-            responses.append(
-                reapi.BatchUpdateBlobsResponse.Response(digest=r.digest, status=status)
-            )
-        return reapi.BatchUpdateBlobsResponse(responses=responses)
-
-    async def _store(self, ns: str, digest: reapi.Digest, data: bytes) -> None:
-        sha256 = check_digest(digest)
-        if len(data) != digest.size_bytes:
-            raise InvalidRequest(
-                f"blob {sha256} carries {len(data)} bytes, not the {digest.size_bytes} of its digest"
-            )
-        if is_empty(digest):
-            return
-        service = self.gc.writer
-        ref = cas_ref(ns, sha256)
-        if await service.intact(ref, digest.size_bytes):
-            return
-        await service.put_stream(
-            ref,
-            _once(data),
-            declared_length=len(data),
-            limit_bytes=self.gc.settings.max_artifact_bytes,
-            content_type="application/octet-stream",
-            expected_sha256=sha256,
+        errors = await store_blobs(self.gc, ns, [(r.digest, r.data) for r in request.requests])
+        return reapi.BatchUpdateBlobsResponse(
+            responses=[
+                reapi.BatchUpdateBlobsResponse.Response(digest=r.digest, status=_status(error))
+                for r, error in zip(request.requests, errors, strict=True)
+            ]
         )
-        self.gc.metrics.bytes_in_child("grpc").inc(len(data))
 
     @rpc("BatchReadBlobs")
     async def BatchReadBlobs(
@@ -183,23 +159,13 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 f"max_batch_total_size_bytes {self.gc.max_batch_bytes}: use ByteStream.Read"
             )
         responses = []
-        for d in request.digests:
-            try:
-                data = await self._read(ns, d)
-                status = _status()
-            except KuraError as exc:
-                data, status = b"", _status(exc)
+        found = await read_blobs(self.gc, ns, request.digests)
+        for d, got in zip(request.digests, found, strict=True):
+            data, status = (got, _status()) if isinstance(got, bytes) else (b"", _status(got))
             responses.append(
                 reapi.BatchReadBlobsResponse.Response(digest=d, data=data, status=status)
             )
         return reapi.BatchReadBlobsResponse(responses=responses)
-
-    async def _read(self, ns: str, digest: reapi.Digest) -> bytes:
-        if is_empty(digest):
-            return b""
-        data = await self.gc.looked_up(read_blob(self.gc, ns, digest, self.gc.max_batch_bytes))
-        self.gc.metrics.bytes_out_child("grpc").inc(len(data))
-        return data
 
     @streaming_rpc("GetTree")
     async def GetTree(  # type: ignore[override]
@@ -281,24 +247,4 @@ async def read_blob(gc: GrpcContext, ns: str, digest: reapi.Digest, limit_bytes:
     quarantines it), ``InvalidRequest`` when it is larger than ``limit_bytes``."""
     if is_empty(digest):
         return b""
-    body = await gc.reader.read(cas_ref(ns, digest.hash))
-    try:
-        if body.manifest.size != digest.size_bytes:
-            raise NotFound(
-                f"blob {digest.hash} is stored with size {body.manifest.size}, "
-                f"not {digest.size_bytes}"
-            )
-        if body.manifest.size > limit_bytes:
-            raise InvalidRequest(
-                f"blob {digest.hash} is larger than {limit_bytes} bytes: use ByteStream.Read"
-            )
-        try:
-            return b"".join([c async for c in verified_chunks(gc.reader, body)])
-        except DamagedBlob:
-            raise NotFound(f"blob {digest.hash} failed verification; treated as a miss") from None
-    finally:
-        body.close()
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
+    return await blob_bytes(gc, digest, await gc.reader.read(cas_ref(ns, digest.hash)), limit_bytes)

@@ -180,6 +180,25 @@ class MetadataIndex:
             return None
         return row_to_manifest(row), row[11], row[12], row[13]
 
+    def get_many(
+        self, artifact_ids: Sequence[str]
+    ) -> dict[str, tuple[Manifest, bytes | None, str | None, str | None]]:
+        """``get`` for many ids: ``artifact_id -> (manifest, inline body or None, stat
+        signature or None, XXH3-128 hex or None)`` for those with a row, one statement per
+        500 ids (under SQLite's bound-variable limit, 999 before 3.32)."""
+        found: dict[str, tuple[Manifest, bytes | None, str | None, str | None]] = {}
+        conn = self._conn()
+        for start in range(0, len(artifact_ids), 500):
+            chunk = artifact_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in conn.execute(
+                f"SELECT {COLUMNS}, inline_body, stat_sig, {self._xxh3_column} "
+                f"FROM artifacts WHERE artifact_id IN ({marks})",
+                chunk,
+            ):
+                found[str(row[0])] = (row_to_manifest(row), row[11], row[12], row[13])
+        return found
+
     def exists(self, artifact_id: str) -> bool:
         row = (
             self._conn()

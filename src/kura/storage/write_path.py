@@ -43,6 +43,11 @@ class WritePath(Eviction):
         or more than the free disk space allows. Raises PayloadTooLarge / ResourceExhausted."""
         if declared_length is None:
             return
+        self._check_limits(declared_length, limit_bytes)
+        self._check_free_disk(declared_length)
+
+    def _check_limits(self, declared_length: int, limit_bytes: int) -> None:
+        """``check_size`` without the free-space check (a batch checks that once for all)."""
         if declared_length > limit_bytes:
             raise PayloadTooLarge(
                 f"body of {declared_length} bytes exceeds this route's limit of {limit_bytes} bytes",
@@ -53,7 +58,6 @@ class WritePath(Eviction):
                 f"body of {declared_length} bytes exceeds the node's disk budget "
                 f"({self.max_disk_bytes} bytes)"
             )
-        self._check_free_disk(declared_length)
 
     async def put_stream(
         self,
