@@ -7,8 +7,9 @@ together, with the guarantees of a single write (``storage.write_path``):
 
 1. every body is hashed, and one that does not hash to its digest is refused on its own
    (``DigestMismatch``) before anything of it is written;
-2. one index look-up finds the blobs already stored intact, which are not written again
-   (``ArtifactReads.intact_many``);
+2. blobs already stored intact are not written again: an inline one is found by the writer in
+   the row it reads anyway (step 4), a file is hashed first in one reader-thread call with one
+   index look-up (``ArtifactReads.intact_many``);
 3. a body larger than ``inline_max_bytes`` is staged under one tmp-budget reservation for the
    batch, each staging file written and fsynced in the sync pool, in parallel;
 4. one writer-thread job then publishes the staged files, issues one version above every
@@ -29,7 +30,7 @@ import dataclasses
 import errno
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from kura.storage.artifact import BatchBlob, PutResult
 from kura.storage.budget import Reservation
 from kura.storage.checksum import xxh3_128_hex
 from kura.storage.reads import ArtifactReads
+from kura.storage.verify import problem_with_bytes
 from kura.storage.write_path import WritePath
 
 # Bodies adding up to more than this are hashed in the sync pool, not on the event loop.
@@ -62,6 +64,7 @@ class BatchWrite(WritePath):
     """``put_batch`` (module docstring)."""
 
     reads: ArtifactReads  # the store's read path (``CacheService``)
+    _sent_again: Callable[[str], None]  # an intact artifact sent again (``CacheService``)
 
     async def put_batch(
         self, blobs: Sequence[BatchBlob], *, limit_bytes: int, content_type: str
@@ -90,15 +93,18 @@ class BatchWrite(WritePath):
                 answers[i] = exc
                 continue
             good.setdefault(self.artifact_id(blob.ref), []).append(i)
-        firsts = [blobs[at[0]] for at in good.values()]
-        stored = await self.reads.intact_many(
-            [b.ref for b in firsts], [len(b.data) for b in firsts]
-        )
         pending = [
             _Pending(at, self._batch_manifest(blobs[at[0]], aid, content_type), blobs[at[0]].data)
-            for (aid, at), intact in zip(good.items(), stored, strict=True)
-            if not intact
+            for aid, at in good.items()
         ]
+        # An inline blob stored intact already is found by the writer, in the row it reads
+        # anyway; a file is hashed here first, off the writer thread.
+        files = [p for p in pending if not p.manifest.inline]
+        if files:
+            refs = [blobs[p.at[0]].ref for p in files]
+            stored = await self.reads.intact_many(refs, [p.manifest.size for p in files])
+            intact = {id(p) for p, ok in zip(files, stored, strict=True) if ok}
+            pending = [p for p in pending if id(p) not in intact]
         if not pending:
             return answers
         try:
@@ -107,6 +113,8 @@ class BatchWrite(WritePath):
         except KuraError as exc:
             results = [exc] * len(pending)
         for p, result in zip(pending, results, strict=True):
+            if result is None:
+                self._sent_again(p.manifest.artifact_id)
             for i in p.at:
                 answers[i] = result
         return answers
@@ -126,7 +134,9 @@ class BatchWrite(WritePath):
             blob.ref, aid, len(blob.data), blob.sha256, content_type, {}, inline=inline
         )
 
-    async def _stage_and_commit(self, pending: list[_Pending]) -> list[PutResult | KuraError]:
+    async def _stage_and_commit(
+        self, pending: list[_Pending]
+    ) -> list[PutResult | KuraError | None]:
         """Stage the large bodies (one reservation), then the one commit; staging files are
         gone and the reservation released when this returns or raises."""
         large = [p for p in pending if not p.manifest.inline]
@@ -138,7 +148,7 @@ class BatchWrite(WritePath):
                 reservation.mark_written()
             peers = self._artifact_targets()
             self.queues.check_room(peers)
-            results: list[PutResult | KuraError] = await self._in(
+            results: list[PutResult | KuraError | None] = await self._in(
                 self._writer, self._commit_batch_sync, pending, self._take_touches(), peers
             )
         finally:
@@ -159,10 +169,11 @@ class BatchWrite(WritePath):
 
     def _commit_batch_sync(
         self, pending: list[_Pending], touches: dict[str, int], peers: Sequence[str]
-    ) -> list[PutResult | KuraError]:
+    ) -> list[PutResult | KuraError | None]:
         """Writer thread: eviction for the batch, one version above every stored copy and
         tombstone of it, the staged files published, every row and its outbox messages in one
-        transaction; replaced files unlinked once the group is durable."""
+        transaction; replaced files unlinked once the group is durable. An inline blob whose
+        row holds the same bytes intact already is not written (None)."""
         index = self._require_index()
         if touches:
             index.touch(touches)
@@ -174,7 +185,7 @@ class BatchWrite(WritePath):
             max((row[0].version_ms for row in existing.values()), default=None),
             max((t for t in tombstones.values() if t is not None), default=None),
         )
-        results: list[PutResult | KuraError] = []
+        results: list[PutResult | KuraError | None] = []
         rows: list[tuple[Manifest, bytes | None, str | None, str | None]] = []
         published: list[Path] = []
         olds: list[Manifest | None] = []
@@ -183,6 +194,9 @@ class BatchWrite(WritePath):
                 manifest = dataclasses.replace(p.manifest, version_ms=version)
                 row = existing.get(manifest.artifact_id)
                 old = None if row is None else row[0]
+                if row is not None and _same_inline(manifest, row[0], row[1]):
+                    results.append(None)
+                    continue
                 outcome = decide_apply(
                     version,
                     None if old is None else old.version_ms,
@@ -216,6 +230,16 @@ class BatchWrite(WritePath):
         self.hot.invalidate([m.artifact_id for m, *_ in rows], replaced=any(olds))
         self.queues.enqueued(admitted, per_peer=len(rows))
         return results
+
+
+def _same_inline(new: Manifest, stored: Manifest, body: bytes | None) -> bool:
+    """Whether ``stored`` (with its inline ``body``) already holds ``new``'s bytes, intact."""
+    return (
+        new.inline
+        and stored.inline
+        and (stored.size, stored.sha256) == (new.size, new.sha256)
+        and problem_with_bytes(body, stored) is None
+    )
 
 
 def _write_durably(path: Path, data: bytes) -> str:
