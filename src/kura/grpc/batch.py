@@ -4,6 +4,8 @@ them):
 * ``store_blobs`` (``BatchUpdateBlobs``): each blob's digest and length checked, then the whole
   batch stored under one durable commit (``ArtifactWriter.put_batch``, ``storage.batch_write``);
   a bad blob gets its own error and leaves nothing behind, and the others are stored.
+* ``store_whole``: a ByteStream ``Write`` whose one message carries the whole blob, as a batch
+  of one.
 * ``read_blobs`` (``BatchReadBlobs``): one index look-up for the whole batch
   (``ArtifactReader.read_many`` with ``as_reads``: the hot cache first, each hit noted as a use);
   a local miss is then asked as a lone read, which the bucket and the peers may fill.
@@ -57,6 +59,19 @@ async def store_blobs(
         elif result is not None:  # written now (None: it was stored already)
             gc.metrics.bytes_in_child("grpc").inc(len(blob.data))
     return answers
+
+
+async def store_whole(gc: GrpcContext, ns: str, sha256: str, data: bytes) -> None:
+    """Store a blob whose whole ``data`` came in one message (a ByteStream ``Write`` of one
+    message with ``finish_write``) as a batch of one: no upload task, and an inline blob's
+    "already stored" check made by the writer. Raises what ``store_blobs`` answers."""
+    (result,) = await gc.writer.put_batch(
+        [BatchBlob(cas_ref(ns, sha256), data, sha256)],
+        limit_bytes=gc.settings.max_artifact_bytes,
+        content_type=CONTENT_TYPE,
+    )
+    if isinstance(result, KuraError):
+        raise result
 
 
 async def read_blobs(
