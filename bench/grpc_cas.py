@@ -218,7 +218,12 @@ def main() -> None:
             "buildgrid_common": importlib.metadata.version("buildgrid-common"),
             "buildgrid": bgd_version(bgd) if bgd else None,
         }
-        run["settings"] = {**vars(a), "json_out": str(a.json_out)}
+        # Names, not this machine's paths: the file is committed.
+        run["settings"] = {
+            **vars(a),
+            "json_out": a.json_out.name if a.json_out else None,
+            "bgd": Path(a.bgd).name,
+        }
 
         # seed: read sets (kura via gRPC, visible to HTTP as the same cas/ key) and find sets
         seeded: dict[str, list[tuple[str, int]]] = {}

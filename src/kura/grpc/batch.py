@@ -4,8 +4,8 @@ them):
 * ``store_blobs`` (``BatchUpdateBlobs``): each blob's digest and length checked, then the whole
   batch stored under one durable commit (``ArtifactWriter.put_batch``, ``storage.batch_write``);
   a bad blob gets its own error and leaves nothing behind, and the others are stored.
-* ``store_whole``: a ByteStream ``Write`` whose one message carries the whole blob, as a batch
-  of one.
+* ``store_whole``: a ByteStream ``Write`` whose one message carries the whole of a small blob,
+  as a batch of one.
 * ``read_blobs`` (``BatchReadBlobs``): one index look-up for the whole batch
   (``ArtifactReader.read_many`` with ``as_reads``: the hot cache first, each hit noted as a use);
   a local miss is then asked as a lone read, which the bucket and the peers may fill.

