@@ -128,13 +128,14 @@ class ByteStream(bs_grpc.ByteStreamServicer):
 
         try:
             async for request in _within(request_iterator, meter):
+                data = request.data  # each read of the field copies the bytes (upb)
                 if first is None:
                     first = request
                     name = parse_write(request.resource_name)
                     self.gc.check(context, Access.WRITE, name.namespace)
-                    if self._whole(name, request):  # one message: no upload to keep
-                        await store_whole(self.gc, name.namespace, name.sha256, request.data)
-                        self.gc.metrics.bytes_in_child("grpc").inc(len(request.data))
+                    if self._whole(name, request, len(data)):  # one message: no upload
+                        await store_whole(self.gc, name.namespace, name.sha256, data)
+                        self.gc.metrics.bytes_in_child("grpc").inc(len(data))
                         return bs.WriteResponse(committed_size=name.size_bytes)
                     if await self._stored(name):
                         return bs.WriteResponse(committed_size=_done_size(name))
@@ -147,9 +148,9 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                         f"write_offset {request.write_offset} is not the {upload.committed_bytes} "
                         "bytes committed so far (QueryWriteStatus tells where to resume)"
                     )
-                await upload.feed(request.data)
-                self.gc.metrics.bytes_in_child("grpc").inc(len(request.data))
-                upload.meter.add(len(request.data), loop.time())
+                await upload.feed(data)
+                self.gc.metrics.bytes_in_child("grpc").inc(len(data))
+                upload.meter.add(len(data), loop.time())
                 if request.finish_write:
                     await upload.finish()
                     return bs.WriteResponse(committed_size=upload.committed_bytes)
@@ -192,7 +193,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             return bs.QueryWriteStatusResponse(committed_size=name.size_bytes, complete=True)
         raise NotFound(f"no upload {request.resource_name[:200]!r} is in progress")
 
-    def _whole(self, name: BlobName, request: bs.WriteRequest) -> bool:
+    def _whole(self, name: BlobName, request: bs.WriteRequest, data_bytes: int) -> bool:
         """Whether the stream's first message is the whole blob, uncompressed and small enough
         to be stored inline, with no upload of that name parked to resume
         (``kura.grpc.batch.store_whole`` stores it)."""
@@ -201,7 +202,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             and name.size_bytes > 0  # the empty blob is always stored (``_stored``)
             and request.write_offset == 0
             and name.compressor == IDENTITY
-            and len(request.data) == name.size_bytes
+            and data_bytes == name.size_bytes
             # A body staged as a file is hashed as it is written by put_stream's upload
             # (one pass), which is faster than a batch's hash first, then write: 1 MiB
             # in-process 6.8 against 8.4 ms.
