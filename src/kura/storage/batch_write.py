@@ -144,7 +144,14 @@ class BatchWrite(WritePath):
         reservation = self.budget.try_reserve(staged_bytes) if large else None
         try:
             if reservation is not None:
-                await asyncio.gather(*(self._stage(p, reservation) for p in large))
+                # Every staging job ends before any error is raised: none creates its file
+                # after the cleanup below.
+                staged = await asyncio.gather(
+                    *(self._stage(p, reservation) for p in large), return_exceptions=True
+                )
+                for outcome in staged:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
                 reservation.mark_written()
             peers = self._artifact_targets()
             self.queues.check_room(peers)
@@ -165,7 +172,12 @@ class BatchWrite(WritePath):
         path = self.files.new_staging_path("uploads")
         reservation.track(path)
         p.staged = path
-        p.xxh3_128 = await self._in(self._syncer, _write_durably, path, p.data)
+        job = asyncio.get_running_loop().run_in_executor(self._syncer, _write_durably, path, p.data)
+        try:
+            p.xxh3_128 = await asyncio.shield(job)
+        except asyncio.CancelledError:  # the write goes on in its thread: remove it after
+            job.add_done_callback(lambda _done: path.unlink(missing_ok=True))
+            raise
 
     def _commit_batch_sync(
         self, pending: list[_Pending], touches: dict[str, int], peers: Sequence[str]
