@@ -92,6 +92,20 @@ class GrpcClient:
         if bad:
             raise RuntimeError(f"BatchUpdateBlobs: {len(bad)} failed, codes {set(bad)}")
 
+    def batch_read(self, blobs: list[tuple[str, int]]) -> None:
+        r = self.cas.BatchReadBlobs(
+            reapi.BatchReadBlobsRequest(
+                digests=[reapi.Digest(hash=sha, size_bytes=size) for sha, size in blobs]
+            ),
+            timeout=120,
+        )
+        bad = [x.status.code for x in r.responses if x.status.code != 0]
+        short = [
+            x for x, (_sha, size) in zip(r.responses, blobs, strict=True) if len(x.data) != size
+        ]
+        if bad or short or len(r.responses) != len(blobs):
+            raise RuntimeError(f"BatchReadBlobs: {len(bad)} failed, {len(short)} short")
+
     def find_missing(self, digests: list[reapi.Digest]) -> int:
         r = self.cas.FindMissingBlobs(
             reapi.FindMissingBlobsRequest(blob_digests=digests), timeout=120

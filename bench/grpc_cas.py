@@ -15,6 +15,9 @@ Cases (sizes 1 KiB, 1 MiB, 64 MiB):
 * ``read``: ByteStream.Read / HTTP ``GET /cache/cas/<sha256>`` cycling over a seeded set (hot in
   the page cache); each read checks its byte count.
 * 1 KiB also with ``--concurrency`` workers, each with its own channel / connection.
+* ``batch_update``: BatchUpdateBlobs of ``--batch-blobs`` never-seen 1 KiB blobs per call,
+  ``--batch-calls`` calls; ``batch_read``: BatchReadBlobs of as many seeded 1 KiB blobs (each
+  answer's status and byte count checked). Reported as the median milliseconds per call.
 * ``find_missing``: FindMissingBlobs for ``--find-digests`` digests, half of them present
   (seeded with BatchUpdateBlobs); the answer's missing count is checked.
 
@@ -178,6 +181,11 @@ def main() -> None:
     p.add_argument("--write-chunk-bytes", type=int, default=MiB, help="ByteStream.Write message")
     p.add_argument("--find-digests", type=int, default=10_000)
     p.add_argument("--find-calls", type=int, default=5, help="FindMissingBlobs calls per repeat")
+    p.add_argument("--batch-blobs", type=int, default=100, help="1 KiB blobs per batch call")
+    p.add_argument("--batch-calls", type=int, default=20, help="batch calls per repeat and op")
+    p.add_argument(
+        "--only", default="", help="comma-separated case prefixes to run (e.g. write,batch)"
+    )
     p.add_argument("--bgd", default=os.environ.get("BGD") or shutil.which("bgd") or "bgd")
     p.add_argument("--json-out", type=Path)
     a = p.parse_args()
@@ -208,7 +216,12 @@ def main() -> None:
             "grpcio": grpc.__version__,
             "buildgrid": bgd_version(bgd) if bgd else None,
         }
-        run["settings"] = {**vars(a), "json_out": str(a.json_out)}
+        # Names, not this machine's paths: the file is committed.
+        run["settings"] = {
+            **vars(a),
+            "json_out": a.json_out.name if a.json_out else None,
+            "bgd": Path(a.bgd).name,
+        }
 
         # seed: read sets (kura via gRPC, visible to HTTP as the same cas/ key) and find sets
         seeded: dict[str, list[tuple[str, int]]] = {}
@@ -232,6 +245,12 @@ def main() -> None:
             for op in ("write", "read")
             for label, c in (("1K", 1), ("1K", workers), ("1M", 1), ("64M", 1))
         ]
+        only = tuple(x for x in a.only.split(",") if x)
+
+        def wanted(case: str) -> bool:
+            return not only or case.startswith(only)
+
+        cases = [c for c in cases if wanted(f"{c[0]} {c[1]}")]
         rows: list[dict[str, Any]] = []
         for rep in range(a.repeat):
             order = servers[rep % len(servers) :] + servers[: rep % len(servers)]
@@ -260,6 +279,13 @@ def main() -> None:
                     rows.append(row)
                     log(json.dumps(row))
             for name in [g for g in order if g in grpc_servers]:
+                for op in ("batch_update", "batch_read"):
+                    if not wanted(op):
+                        continue
+                    row = batch_case(a, clients[name][0], op, rep, name, seeded["1K"])
+                    rows.append(row)
+                    log(json.dumps(row))
+            for name in [g for g in order if g in grpc_servers and wanted("find_missing")]:
                 before = loadavg()
                 latencies = []
                 for _ in range(a.find_calls):
@@ -295,6 +321,46 @@ def main() -> None:
         a.json_out.write_text(text + "\n")
 
 
+def batch_case(
+    a: argparse.Namespace,
+    client: Client,
+    op: str,
+    rep: int,
+    name: str,
+    seeded: list[tuple[str, int]],
+) -> dict[str, Any]:
+    """``--batch-calls`` BatchUpdateBlobs (never-seen blobs) or BatchReadBlobs (the seeded
+    1 KiB set, cycled) calls of ``--batch-blobs`` 1 KiB blobs each; the median ms per call."""
+    assert isinstance(client, GrpcClient)
+    n = a.batch_blobs
+    if op == "batch_update":
+        calls: list[Any] = [
+            [blob(KiB, f"b-{name}-{rep}-{c}-{i}".encode()) for i in range(n)]
+            for c in range(a.batch_calls)
+        ]
+        fn: Callable[[Any], None] = client.batch_update
+    else:
+        calls = [
+            [seeded[(c * n + i) % len(seeded)] for i in range(n)] for c in range(a.batch_calls)
+        ]
+        fn = client.batch_read
+    before = loadavg()
+    latencies = []
+    for call in calls:
+        t0 = time.perf_counter()
+        fn(call)
+        latencies.append(time.perf_counter() - t0)
+    return {
+        "repeat": rep,
+        "server": name,
+        "case": f"{op} {n}x1K",
+        "ops": len(calls),
+        "p50_ms": round(statistics.median(latencies) * 1000, 2),
+        "load_before": before,
+        "load_after": loadavg(),
+    }
+
+
 def kura_rev() -> str:
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
         here = Path(__file__).resolve().parent
@@ -318,15 +384,15 @@ def ratio(kura: dict[str, Any], other: dict[str, Any]) -> float:
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per case: each server's median MiB/s, req/s (or p50 ms), and the ratios of kura's gRPC
     to kura's HTTP and to BuildGrid, taken per repeat (same repeat, side by side), their median
-    and every repeat's; > 1 = kura's gRPC faster (for find_missing: the other's latency over
-    kura's)."""
+    and every repeat's; > 1 = kura's gRPC faster (for the cases timed per call, find_missing
+    and the batches: the other's latency over kura's)."""
     out: dict[str, Any] = {}
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = [r for r in rows if r["case"] == case]
         entry: dict[str, Any] = {}
         for server in dict.fromkeys(r["server"] for r in mine):
             of = [r for r in mine if r["server"] == server]
-            if case.startswith("find_missing"):
+            if "p50_ms" in of[0]:
                 entry[server] = {"p50_ms": statistics.median(r["p50_ms"] for r in of)}
             else:
                 entry[server] = {

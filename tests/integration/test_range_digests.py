@@ -1,5 +1,5 @@
 """The anti-entropy range digests (``storage.digests``) stay equal to a rebuild from the rows,
-whatever sequence of upserts, replacements, deletes (evictions) and tombstones a real SQLite
+whatever sequence of upserts (one by one, or many in one transaction), replacements, deletes (evictions) and tombstones a real SQLite
 index goes through, and an index without them is back-filled at open."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _rebuilt(conn: sqlite3.Connection) -> dict[str, tuple[int, int]]:
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["put", "delete", "clean"]),
+        st.sampled_from(["put", "batch", "delete", "clean"]),
         st.sampled_from(NAMESPACES),
         st.sampled_from(KEYS),
     ),
@@ -75,6 +75,9 @@ def test_incremental_digests_equal_a_rebuild_after_any_changes(
             version += 1
             if op == "put":
                 index.upsert(_manifest(ns, key, version), b"x", None, version)
+            elif op == "batch":  # one transaction, the same key twice in it
+                rows = [_manifest(ns, k, version) for k in (key, KEYS[0], key)]
+                index.upsert_many([(m, b"x", None, None) for m in rows], version)
             elif op == "delete":
                 index.delete([artifact_id("xcode", "t", ns, key)])
             else:

@@ -19,7 +19,9 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
   ``committed_size`` -1 (remote_execution.proto, "if this is a compressed upload"). The byte
   counters (``kura_http_received_bytes_total``, ``kura_http_sent_bytes_total``, protocol
   ``grpc``) count the bytes on the wire, compressed or not.
-* ``Write``: resumable through ``kura.grpc.uploads`` (the whole size reserved from the tmp
+* ``Write``: a stream whose first message carries the whole blob (``finish_write``,
+  uncompressed), small enough to be stored inline, is stored at once as a batch of one (``kura.grpc.batch.store_whole``): the
+  same checks, no upload to keep. Otherwise resumable through ``kura.grpc.uploads`` (the whole size reserved from the tmp
   budget before the first byte is staged, size and SHA-256 checked at the end). Every message
   must carry ``write_offset`` == bytes committed so far; a jump, a resource name that changes
   mid-stream, more bytes than the size, or a hash mismatch is INVALID_ARGUMENT and discards
@@ -51,6 +53,7 @@ from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.api.upload_rate import UploadMeter, UploadRule, Verdict
 from kura.core.errors import InvalidRequest, KuraError, NotFound
 from kura.grpc import zstd_stream
+from kura.grpc.batch import store_whole
 from kura.grpc.common import PROTOCOL, GrpcContext, OutOfRange, rpc, streaming_rpc
 from kura.grpc.resource_names import IDENTITY, BlobName, parse_read, parse_write
 from kura.grpc.uploads import Upload, Uploads
@@ -123,10 +126,15 @@ class ByteStream(bs_grpc.ByteStreamServicer):
 
         try:
             async for request in _within(request_iterator, meter):
+                data = request.data  # each read of the field copies the bytes (upb)
                 if first is None:
                     first = request
                     name = parse_write(request.resource_name)
                     self.gc.check(context, Access.WRITE, name.namespace)
+                    if self._whole(name, request, len(data)):  # one message: no upload
+                        await store_whole(self.gc, name.namespace, name.sha256, data)
+                        self.gc.metrics.bytes_in_child("grpc").inc(len(data))
+                        return bs.WriteResponse(committed_size=name.size_bytes)
                     if await self._stored(name):
                         return bs.WriteResponse(committed_size=_done_size(name))
                     upload = self._open(name, request.write_offset)
@@ -138,9 +146,9 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                         f"write_offset {request.write_offset} is not the {upload.committed_bytes} "
                         "bytes committed so far (QueryWriteStatus tells where to resume)"
                     )
-                await upload.feed(request.data)
-                self.gc.metrics.bytes_in_child("grpc").inc(len(request.data))
-                upload.meter.add(len(request.data), loop.time())
+                await upload.feed(data)
+                self.gc.metrics.bytes_in_child("grpc").inc(len(data))
+                upload.meter.add(len(data), loop.time())
                 if request.finish_write:
                     await upload.finish()
                     return bs.WriteResponse(committed_size=upload.committed_bytes)
@@ -182,6 +190,23 @@ class ByteStream(bs_grpc.ByteStreamServicer):
         if await self._stored(name):
             return bs.QueryWriteStatusResponse(committed_size=name.size_bytes, complete=True)
         raise NotFound(f"no upload {request.resource_name[:200]!r} is in progress")
+
+    def _whole(self, name: BlobName, request: bs.WriteRequest, data_bytes: int) -> bool:
+        """Whether the stream's first message is the whole blob, uncompressed and small enough
+        to be stored inline, with no upload of that name parked to resume
+        (``kura.grpc.batch.store_whole`` stores it)."""
+        return (
+            request.finish_write
+            and name.size_bytes > 0  # the empty blob is always stored (``_stored``)
+            and request.write_offset == 0
+            and name.compressor == IDENTITY
+            and data_bytes == name.size_bytes
+            # A body staged as a file is hashed as it is written by put_stream's upload
+            # (one pass), which is faster than a batch's hash first, then write: 1 MiB
+            # in-process 6.8 against 8.4 ms.
+            and not self.gc.writer.stages(name.size_bytes)
+            and not (name.upload_id and self.uploads.get(name.session_key))
+        )
 
     async def _stored(self, name: BlobName) -> bool:
         if name.size_bytes == 0 and name.sha256 == EMPTY_SHA256:

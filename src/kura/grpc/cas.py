@@ -10,11 +10,13 @@
   is present only with the digest's size: a stored blob of another size does not answer for it.
 * ``BatchUpdateBlobs``: a blob sent with ``compressor`` ZSTD is decompressed first, refused
   (INVALID_ARGUMENT, ``zstd_stream.ZstdBomb``) once it passes its digest's size, and counts at
-  that declared size against ``max_batch_total_size_bytes``. Each blob is checked (size, hash); a bad one gets
+  that declared size against ``max_batch_total_size_bytes``. Each blob is checked (size, hash),
+  and the good ones are stored under one durable commit (``kura.grpc.batch``); a bad one gets
   its own INVALID_ARGUMENT status and nothing is stored for it. Blobs already stored intact are
   not rewritten. The request's blob bytes must fit ``max_batch_total_size_bytes``.
-* ``BatchReadBlobs``: each blob is answered zstd-compressed when ``acceptable_compressors``
-  lists ZSTD (identity otherwise); per-blob NOT_FOUND; INVALID_ARGUMENT for the whole call when the blobs
+* ``BatchReadBlobs``: one index look-up for the batch (``kura.grpc.batch``); each blob is
+  answered zstd-compressed when ``acceptable_compressors`` lists ZSTD (identity otherwise);
+  per-blob NOT_FOUND; INVALID_ARGUMENT for the whole call when the blobs
   asked for add up to more than ``max_batch_total_size_bytes`` (REAPI: "the server MUST return
   INVALID_ARGUMENT" then).
 * ``GetTree``: the root ``Directory`` and every directory below it, breadth first, each once,
@@ -39,7 +41,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any, TypeAlias
 
 import grpc
@@ -50,6 +51,7 @@ from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
 from kura.core.errors import InvalidRequest, KuraError, NotFound
 from kura.grpc import chunking
+from kura.grpc.batch import blob_bytes, read_blobs, store_blobs
 from kura.grpc.common import (
     GrpcContext,
     check_digest,
@@ -57,7 +59,6 @@ from kura.grpc.common import (
     fails_on_update_disabled,
     is_empty,
     rpc,
-    stored_blob,
     streaming_rpc,
 )
 from kura.grpc.zstd_stream import whole_compressed_off_loop, whole_decompressed
@@ -68,7 +69,6 @@ from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2_grpc as reapi_grpc,
 )
 from kura.protos.build.bazel.semver import semver_pb2
-from kura.storage.ports import one_piece
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 # REAPI 2.3: the compressors (2.1), digest_function in requests (2.2), output_paths (2.3).
@@ -165,39 +165,22 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 f"size), more than max_batch_total_size_bytes {self.gc.max_batch_bytes}: "
                 "use ByteStream.Write"
             )
-        responses = []
-        for r in request.requests:
+        # zstd blobs inflated first; one that fails keeps its own error, the rest go together.
+        failed: dict[int, KuraError] = {}
+        blobs: list[tuple[reapi.Digest, bytes]] = []
+        for i, r in enumerate(request.requests):
             try:
-                await self._store(ns, r.digest, await inflated(r.compressor, r.data, r.digest))
-                status = _status()
+                blobs.append((r.digest, await inflated(r.compressor, r.data, r.digest)))
             except KuraError as exc:
-                status = _status(exc)
-            responses.append(
-                reapi.BatchUpdateBlobsResponse.Response(digest=r.digest, status=status)
-            )
-        return reapi.BatchUpdateBlobsResponse(responses=responses)
-
-    async def _store(self, ns: str, digest: reapi.Digest, data: bytes) -> None:
-        sha256 = check_digest(digest)
-        if len(data) != digest.size_bytes:
-            raise InvalidRequest(
-                f"blob {sha256} carries {len(data)} bytes, not the {digest.size_bytes} of its digest"
-            )
-        if is_empty(digest):
-            return
-        service = self.gc.writer
-        ref = cas_ref(ns, sha256)
-        if await service.intact(ref, digest.size_bytes):
-            return
-        await service.put_stream(
-            ref,
-            one_piece(data),
-            declared_length=len(data),
-            limit_bytes=self.gc.settings.max_artifact_bytes,
-            content_type="application/octet-stream",
-            expected_sha256=sha256,
+                failed[i] = exc
+        stored = iter(await store_blobs(self.gc, ns, blobs))
+        errors = [failed.get(i) or next(stored) for i in range(len(request.requests))]
+        return reapi.BatchUpdateBlobsResponse(
+            responses=[
+                reapi.BatchUpdateBlobsResponse.Response(digest=r.digest, status=_status(error))
+                for r, error in zip(request.requests, errors, strict=True)
+            ]
         )
-        self.gc.metrics.bytes_in_child("grpc").inc(len(data))
 
     @rpc("BatchReadBlobs")
     async def BatchReadBlobs(
@@ -214,28 +197,21 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             )
         zstd = ZSTD in request.acceptable_compressors
         responses = []
-        for d in request.digests:
+        found = await read_blobs(self.gc, ns, request.digests)
+        for d, got in zip(request.digests, found, strict=True):
             compressor = IDENTITY
-            try:
-                data = await self._read(ns, d)
-                status = _status()
+            if isinstance(got, bytes):
+                data, status = got, _status()
                 if zstd:
                     data, compressor = await whole_compressed_off_loop(data), ZSTD
-            except KuraError as exc:
-                data, status = b"", _status(exc)
+            else:
+                data, status = b"", _status(got)
             responses.append(
                 reapi.BatchReadBlobsResponse.Response(
                     digest=d, data=data, status=status, compressor=compressor
                 )
             )
         return reapi.BatchReadBlobsResponse(responses=responses)
-
-    async def _read(self, ns: str, digest: reapi.Digest) -> bytes:
-        if is_empty(digest):
-            return b""
-        data = await self.gc.looked_up(read_blob(self.gc, ns, digest, self.gc.max_batch_bytes))
-        self.gc.metrics.bytes_out_child("grpc").inc(len(data))
-        return data
 
     @rpc("SplitBlob")
     async def SplitBlob(
@@ -355,12 +331,7 @@ async def read_blob(gc: GrpcContext, ns: str, digest: reapi.Digest, limit_bytes:
     quarantines it), ``InvalidRequest`` when it is larger than ``limit_bytes``."""
     if is_empty(digest):
         return b""
-    if digest.size_bytes > limit_bytes:
-        raise InvalidRequest(
-            f"blob {digest.hash} is larger than {limit_bytes} bytes: use ByteStream.Read"
-        )
-    async with aclosing(stored_blob(gc, ns, digest.hash, digest.size_bytes, "blob")) as pieces:
-        return b"".join([piece async for piece in pieces])
+    return await blob_bytes(gc, digest, await gc.reader.read(cas_ref(ns, digest.hash)), limit_bytes)
 
 
 async def inflated(compressor: int, data: bytes, digest: reapi.Digest) -> bytes:

@@ -265,6 +265,9 @@ def namespace_of(instance_name: str) -> str:
     return validate(instance_name.replace("/", SEPARATOR), NAMESPACE, "instance name")
 
 
+Digest = reapi.Digest  # what the batch calls' work (``kura.grpc.batch``) takes
+
+
 def check_digest(digest: reapi.Digest) -> str:
     """The digest's hash; ``InvalidRequest`` unless it is SHA-256 with a size >= 0."""
     validate(digest.hash, HEX_SHA256, "digest hash")

@@ -1,5 +1,6 @@
 """What ``CacheService`` takes and returns: the name of an artifact (``ArtifactRef``), a body
-ready to send (``StoredBody``) and the outcome of a write (``PutResult``)."""
+ready to send (``StoredBody``), one body of a batch write (``BatchBlob``) and the outcome of a
+write (``PutResult``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ class ArtifactRef:
     producer: str
     namespace_id: str
     key: str
+
+
+@dataclass(frozen=True)
+class BatchBlob:
+    """One body of a batch write (``storage.batch_write``): stored as ``ref``, it must hash to
+    ``sha256`` (hex)."""
+
+    ref: ArtifactRef
+    data: bytes
+    sha256: str
 
 
 @dataclass

@@ -55,12 +55,18 @@ def initialise(conn: sqlite3.Connection) -> None:
 def next_seq(conn: sqlite3.Connection) -> int:
     """Take the next change number. Call inside the transaction that makes the change, so the
     number and the change commit (or roll back) together."""
+    return take_seqs(conn, 1)
+
+
+def take_seqs(conn: sqlite3.Connection, count: int) -> int:
+    """Take the next ``count`` (>= 1) change numbers at once, for as many changes made in order
+    in one transaction (a batch write): the first of them; the others follow it, consecutive."""
     row = conn.execute(
-        "UPDATE meta SET v = CAST(v AS INTEGER) + 1 WHERE k = ? RETURNING v", (SEQ_KEY,)
+        "UPDATE meta SET v = CAST(v AS INTEGER) + ? WHERE k = ? RETURNING v", (count, SEQ_KEY)
     ).fetchone()
     if row is None:
         raise RuntimeError("index has no change counter (schema older than version 3)")
-    return int(row[0])
+    return int(row[0]) - count + 1
 
 
 def head(conn: sqlite3.Connection) -> tuple[str, int]:

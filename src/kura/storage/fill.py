@@ -120,8 +120,10 @@ class FillingReader:
     async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
         return await self._inner.read_by_id(aid, hashed=hashed)
 
-    async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
-        return await self._inner.read_many(aids)
+    async def read_many(
+        self, aids: Sequence[str], *, as_reads: bool = False
+    ) -> list[StoredBody | None]:
+        return await self._inner.read_many(aids, as_reads=as_reads)
 
     async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
         return await self._inner.report_corrupt(manifest, detected_by)

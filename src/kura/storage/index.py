@@ -181,6 +181,25 @@ class MetadataIndex:
             return None
         return row_to_manifest(row), row[11], row[12], row[13]
 
+    def get_many(
+        self, artifact_ids: Sequence[str]
+    ) -> dict[str, tuple[Manifest, bytes | None, str | None, str | None]]:
+        """``get`` for many ids: ``artifact_id -> (manifest, inline body or None, stat
+        signature or None, XXH3-128 hex or None)`` for those with a row, one statement per
+        500 ids (under SQLite's bound-variable limit, 999 before 3.32)."""
+        found: dict[str, tuple[Manifest, bytes | None, str | None, str | None]] = {}
+        conn = self._conn()
+        for start in range(0, len(artifact_ids), 500):
+            chunk = artifact_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in conn.execute(
+                f"SELECT {COLUMNS}, inline_body, stat_sig, {self._xxh3_column} "
+                f"FROM artifacts WHERE artifact_id IN ({marks})",
+                chunk,
+            ):
+                found[str(row[0])] = (row_to_manifest(row), row[11], row[12], row[13])
+        return found
+
     def exists(self, artifact_id: str) -> bool:
         row = (
             self._conn()
@@ -281,23 +300,40 @@ class MetadataIndex:
         outbox_peers: Sequence[str] = (),
     ) -> list[int | None]:
         """``upsert`` for many ``(manifest, inline body, stat signature, XXH3-128)`` rows in one
-        transaction (one durable commit); return the sizes they replaced, in order."""
+        transaction (one durable commit); return the sizes they replaced, in order. The rows
+        they replace are read in one statement per 500, the change numbers taken at once and
+        the range digests folded once for the whole batch; a row given twice replaces the
+        first."""
         conn = self._conn()
         replaced: list[int | None] = []
+        if not rows:
+            return replaced
         with write_transaction(conn):
-            for manifest, inline_body, stat_sig, xxh3_128 in rows:
-                old = conn.execute(
-                    "SELECT size, version_ms, sha256 FROM artifacts WHERE artifact_id = ?",
-                    (manifest.artifact_id,),
-                ).fetchone()
-                replaced.append(None if old is None else int(old[0]))
-                conn.execute(
-                    "INSERT OR REPLACE INTO artifacts (artifact_id, producer, namespace_id, key, "
-                    "content_type, size, sha256, version_ms, created_at_ms, last_access_ms, "
-                    "inline_body, headers, stat_sig, xxh3_128, seq) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            current: dict[str, tuple[int, int, str]] = {}
+            ids = [r[0].artifact_id for r in rows]
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                current.update(
+                    (str(a), (int(size), int(version), str(sha)))
+                    for a, size, version, sha in conn.execute(
+                        "SELECT artifact_id, size, version_ms, sha256 FROM artifacts "
+                        f"WHERE artifact_id IN ({','.join('?' * len(chunk))})",
+                        chunk,
+                    )
+                )
+            seq = change_seq.take_seqs(conn, len(rows))
+            removed: list[digests.Row] = []
+            values = []
+            for n, (manifest, inline_body, stat_sig, xxh3_128) in enumerate(rows):
+                aid = manifest.artifact_id
+                old = current.get(aid)
+                replaced.append(None if old is None else old[0])
+                if old is not None:
+                    removed.append((aid, old[1], old[2]))
+                current[aid] = (manifest.size, manifest.version_ms, manifest.sha256)
+                values.append(
                     (
-                        manifest.artifact_id,
+                        aid,
                         manifest.producer,
                         manifest.namespace_id,
                         manifest.key,
@@ -311,22 +347,30 @@ class MetadataIndex:
                         json.dumps(manifest.headers, sort_keys=True),
                         stat_sig,
                         xxh3_128,
-                        change_seq.next_seq(conn),
-                    ),
+                        seq + n,
+                    )
                 )
-                digests.apply(
-                    conn,
-                    [] if old is None else [(manifest.artifact_id, int(old[1]), str(old[2]))],
-                    [(manifest.artifact_id, manifest.version_ms, manifest.sha256)],
-                )
-                conn.executemany(
-                    "INSERT INTO outbox (peer, kind, artifact_id, version_ms, enqueued_at_ms) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (
-                        (p, UPSERT, manifest.artifact_id, manifest.version_ms, now_ms)
-                        for p in outbox_peers
-                    ),
-                )
+            conn.executemany(
+                "INSERT OR REPLACE INTO artifacts (artifact_id, producer, namespace_id, key, "
+                "content_type, size, sha256, version_ms, created_at_ms, last_access_ms, "
+                "inline_body, headers, stat_sig, xxh3_128, seq) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                values,
+            )
+            # A row given twice: the second removes the first (``current``), so the fold of
+            # every removal and addition is the batch's net change.
+            digests.apply(
+                conn, removed, [(m.artifact_id, m.version_ms, m.sha256) for m, *_ in rows]
+            )
+            conn.executemany(
+                "INSERT INTO outbox (peer, kind, artifact_id, version_ms, enqueued_at_ms) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    (p, UPSERT, m.artifact_id, m.version_ms, now_ms)
+                    for m, *_ in rows
+                    for p in outbox_peers
+                ),
+            )
         return replaced
 
     def delete(self, artifact_ids: Iterable[str]) -> None:

@@ -42,7 +42,7 @@ from typing import Protocol
 from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
-from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
+from kura.storage.artifact import ArtifactRef, BatchBlob, PutResult, StoredBody
 from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.hotcache import HotCache
 from kura.storage.outbox import CatchUpMark, ChangesPage, OutboxMessage, PeerCursor, RangeDigests
@@ -84,8 +84,11 @@ class ArtifactReader(Protocol):
         """``read`` by artifact id (``hashed``: a large body hashed first); ``NotFound``."""
         ...
 
-    async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
-        """``read_by_id`` for many ids, None for each absent or damaged one."""
+    async def read_many(
+        self, aids: Sequence[str], *, as_reads: bool = False
+    ) -> list[StoredBody | None]:
+        """``read_by_id`` for many ids in one index look-up, None for each absent or damaged
+        one (``as_reads``: through the hot cache, noted as uses; never filled)."""
         ...
 
     async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
@@ -132,6 +135,13 @@ class ArtifactWriter(Protocol):
 
     async def put_inline(self, ref: ArtifactRef, data: bytes, content_type: str) -> PutResult:
         """Store a small body inside its index row."""
+        ...
+
+    async def put_batch(
+        self, blobs: Sequence[BatchBlob], *, limit_bytes: int, content_type: str
+    ) -> list[PutResult | KuraError | None]:
+        """Store many bodies under one durable commit (``storage.batch_write``): per blob its
+        result, None when already stored intact, or the error that refused it alone."""
         ...
 
     async def put_concatenated(

@@ -39,6 +39,7 @@ from kura.storage.verify import ReadVerifier, digest_fd, problem_with_bytes, pro
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Row = tuple[Manifest, bytes | None, str | None, str | None]  # MetadataIndex.get's
 
 
 class ArtifactReads:
@@ -168,6 +169,33 @@ class ArtifactReads:
             self._sent_again(aid)
         return found
 
+    async def intact_many(self, refs: Sequence[ArtifactRef], sizes: Sequence[int]) -> list[bool]:
+        """``intact`` for many refs (each with its size in bytes), in order, in one reader-thread
+        call and one index statement per 500 refs: a batch write's "already stored" check."""
+        ids = [self.artifact_id(r) for r in refs]
+        found = await self._in(self._reader, self._intact_many_sync, ids, list(sizes))
+        for aid, ok in zip(ids, found, strict=True):
+            if ok:
+                self._sent_again(aid)
+        return found
+
+    def _intact_many_sync(self, ids: Sequence[str], sizes: Sequence[int]) -> list[bool]:
+        rows = self._index().get_many(ids)
+        intact: list[bool] = []
+        for aid, size in zip(ids, sizes, strict=True):
+            row = rows.get(aid)
+            if row is None or row[0].size != size:
+                intact.append(False)
+                continue
+            manifest = row[0]
+            if manifest.inline:
+                problem = problem_with_bytes(row[1], manifest)
+            else:
+                problem = problem_with_file(self._blob_path(manifest), manifest, None)
+            # A problem may be a race with a write: the one-by-one check asks the writer.
+            intact.append(problem is None or self._verify_stored_sync(aid, "put", None, size))
+        return intact
+
     async def read(self, ref: ArtifactRef) -> StoredBody:
         """The artifact, or ``NotFound`` (absent, evicted, or failed verification). Small ones
         are verified; a large one may carry ``verified=False``, to be hashed while sent."""
@@ -215,8 +243,12 @@ class ArtifactReads:
         row = await self._in(self._reader, self._index().get, aid)
         return None if row is None else row[0]
 
-    def _read_sync(self, aid: str) -> StoredBody | None:
-        """Reader thread: the artifact verified against its manifest, or None.
+    def _read_sync(
+        self, aid: str, row: Row | None = None, *, looked_up: bool = False
+    ) -> StoredBody | None:
+        """Reader thread: the artifact verified against its manifest, or None. ``looked_up``:
+        ``row`` is its index row (None: absent) just read by the caller, so the first attempt
+        does not read it again.
 
         A mismatch seen here may be a race with a write of the same key (the writer renames
         the new file, then updates the row), so the verdict is left to the writer thread, where
@@ -224,8 +256,9 @@ class ArtifactReads:
         corrupt. A race just means "look again".
         """
         index = self._index()
-        for _attempt in range(5):
-            row = index.get(aid)
+        for attempt in range(5):
+            if attempt or not looked_up:
+                row = index.get(aid)
             if row is None:
                 return None
             manifest, inline_body, sig, xxh3 = row
@@ -338,11 +371,40 @@ class ArtifactReads:
                 return False
         return False
 
-    async def read_many(self, aids: Sequence[str]) -> list[StoredBody | None]:
-        """``read_by_id`` for many ids in one reader-thread call, without the hot cache: each
-        body verified as ``_read_sync`` does, None when absent or damaged. The caller closes
-        every ``file`` body."""
-        return await self._in(self._reader, lambda: [self._read_sync(a) for a in aids])
+    async def read_many(
+        self, aids: Sequence[str], *, as_reads: bool = False
+    ) -> list[StoredBody | None]:
+        """``read_by_id`` for many ids, in order, in one reader-thread call and one index
+        statement per 500 ids (``MetadataIndex.get_many``): each body verified as
+        ``_read_sync`` does, None when absent or damaged. The caller closes every ``file``
+        body. Without ``as_reads``, the hot cache is not used and nothing is noted (peers,
+        the shipper, the scrub); with it, each is served as ``read`` serves it (the hot cache
+        first, and every body found noted as a use: REAPI ``BatchReadBlobs``)."""
+        bodies: list[StoredBody | None] = [None] * len(aids)
+        todo: list[int] = []
+        for i, aid in enumerate(aids):
+            hit = self.hot.get(aid) if as_reads else None
+            if hit is None:
+                todo.append(i)
+            else:
+                bodies[i] = StoredBody(hit[0], data=hit[1])
+        generation = self.hot.generation
+        if todo:
+            read = await self._in(self._reader, self._read_many_sync, [aids[i] for i in todo])
+            for i, body in zip(todo, read, strict=True):
+                bodies[i] = body
+                if as_reads and body is not None and body.data is not None:
+                    self.hot.put(body.manifest, body.data, generation)
+        if as_reads:
+            now = self.clock.now_ms()
+            for aid, body in zip(aids, bodies, strict=True):
+                if body is not None:
+                    self.accesses.note(aid, now)
+        return bodies
+
+    def _read_many_sync(self, aids: Sequence[str]) -> list[StoredBody | None]:
+        rows = self._index().get_many(aids)
+        return [self._read_sync(a, rows.get(a), looked_up=True) for a in aids]
 
 
 def _sha256_fileobj(f: BinaryIO) -> str:

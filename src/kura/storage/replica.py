@@ -22,16 +22,16 @@ from kura.core.errors import (
 )
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, decide_apply
+from kura.storage.batch_write import BatchWrite
 from kura.storage.blobs import stage_body
 from kura.storage.budget import Reservation
 from kura.storage.fsync import fsync_path
 from kura.storage.state import decide as _decide
 from kura.storage.state import subject as _subject
 from kura.storage.verify import problem_with_bytes
-from kura.storage.write_path import WritePath
 
 
-class ReplicaApply(WritePath):
+class ReplicaApply(BatchWrite):
     """Copies from peers (module docstring)."""
 
     # -- copies from peers -------------------------------------------------------------------

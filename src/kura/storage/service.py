@@ -143,6 +143,7 @@ class CacheService(ReplicaApply):
         self._outbox_written = outbox_written
         self._eviction_floor_ms = eviction_floor_ms
         self._touched = touched
+        self._sent_again = sent_again
         self.tenant_id = tenant_id
         self.budget = budget
         self.clock = clock

@@ -6,7 +6,9 @@ place beside any older version (``BlobStore.put``) and then recorded in the inde
 outbox messages in one transaction; only then is the older version's file unlinked. A small
 body (at most ``inline_max_bytes``, ``storage.small_body``) is read into memory instead and
 recorded in the index row itself, in the same one transaction: no file, no tmp-budget
-reservation, and its group's WAL fsync (``storage.group_commit``) is its only fsync. A local
+reservation, and its group's WAL fsync (``storage.group_commit``) is its only fsync. A body
+declared at ``OFFLOAD_MIN_BYTES`` or more is written and hashed in the sync pool, a block at a
+time, while the event loop receives the next block (``storage.offload``). A local
 write's version is issued on the writer thread above the stored copy's and the namespace
 tombstone's, so an acknowledged local write always wins. A failed or rejected write leaves no
 blob, no index row and no reserved bytes. Eviction makes room first (``storage.eviction``).
@@ -29,8 +31,12 @@ from kura.storage.artifact import ArtifactRef, PutResult
 from kura.storage.blobs import GROW_STEP_BYTES, Staged, concatenate, stage_body
 from kura.storage.eviction import Eviction
 from kura.storage.fsync import fsync_path
+from kura.storage.offload import OFFLOAD_BLOCK_BYTES
 from kura.storage.small_body import buffer_small, check_digest, fits_inline
 from kura.storage.state import decide as _decide
+
+# A declared body of at least this many bytes is staged off the event loop (``put_stream``).
+OFFLOAD_MIN_BYTES = 2 * OFFLOAD_BLOCK_BYTES
 
 
 class WritePath(Eviction):
@@ -43,6 +49,11 @@ class WritePath(Eviction):
         or more than the free disk space allows. Raises PayloadTooLarge / ResourceExhausted."""
         if declared_length is None:
             return
+        self._check_limits(declared_length, limit_bytes)
+        self._check_free_disk(declared_length)
+
+    def _check_limits(self, declared_length: int, limit_bytes: int) -> None:
+        """``check_size`` without the free-space check (a batch checks that once for all)."""
         if declared_length > limit_bytes:
             raise PayloadTooLarge(
                 f"body of {declared_length} bytes exceeds this route's limit of {limit_bytes} bytes",
@@ -53,7 +64,6 @@ class WritePath(Eviction):
                 f"body of {declared_length} bytes exceeds the node's disk budget "
                 f"({self.max_disk_bytes} bytes)"
             )
-        self._check_free_disk(declared_length)
 
     async def put_stream(
         self,
@@ -92,6 +102,9 @@ class WritePath(Eviction):
         else:  # one step if it fits now, else only what arrives (stage_body grows it)
             step = min(GROW_STEP_BYTES, limit_bytes, self.budget.capacity_bytes)
             reservation = self.budget.try_reserve_up_to(max(step, 1))
+        # A large body is written and hashed in the sync pool, a block at a time, while the
+        # loop receives the next block (``storage.offload``); a small one costs no thread hop.
+        large = declared_length is not None and declared_length >= OFFLOAD_MIN_BYTES
         with reservation:
             staged = await stage_body(
                 body,
@@ -100,6 +113,7 @@ class WritePath(Eviction):
                 limit_bytes=limit_bytes,
                 declared_length=declared_length,
                 expected_sha256=expected_sha256,
+                offload=self._syncer if large else None,
             )
             return await self._commit_staged(ref, staged, content_type, headers or {})
 
