@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from buildgrid.common.protos.build.bazel.remote.execution.v2 import (
+
+from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
-
 from tests.conftest import NodeProcess
 from tests.grpc_api.client import digest, start_grpc_node
 from tests.inline_index import stored_as
