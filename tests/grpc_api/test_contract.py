@@ -193,7 +193,7 @@ REFUSED = [
     ("a~b", "'/'"),
     ("a/.hidden", "not starting with '.'"),
     ("a/b c", "letters, digits"),
-    ("x" * 129, "0-128 characters"),
+    ("x" * 129, "longer than 128 characters"),
 ]
 
 

@@ -215,6 +215,7 @@ RESERVED_SEGMENTS = frozenset(
 )
 SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 SEPARATOR = "~"  # joins an instance name's segments into its namespace
+MAX_INSTANCE_NAME_CHARS = 128  # its namespace's length (kura.core.keys.NAMESPACE)
 
 
 async def stored_blob(
@@ -244,6 +245,10 @@ def namespace_of(instance_name: str) -> str:
     if not instance_name:
         return ""
     shown = instance_name if len(instance_name) <= 80 else instance_name[:77] + "..."
+    if len(instance_name) > MAX_INSTANCE_NAME_CHARS:
+        raise e.InvalidRequest(
+            f"invalid instance name {shown!r}: longer than {MAX_INSTANCE_NAME_CHARS} characters"
+        )
     for segment in instance_name.split("/"):
         if not segment:
             raise e.InvalidRequest(
