@@ -189,8 +189,14 @@ class BatchWrite(WritePath):
         index = self._require_index()
         if touches:
             index.touch(touches)
-        self._evict_sync(sum(p.manifest.size for p in pending), "")
-        existing = index.get_many([p.manifest.artifact_id for p in pending])
+        ids = [p.manifest.artifact_id for p in pending]
+        existing = index.get_many(ids)
+        # Room for the bytes the batch adds, not for every blob it was handed: one stored
+        # intact already adds nothing, one that replaces a copy only the difference.
+        evictions = self.stats.evictions_total
+        self._evict_sync(_added_bytes(pending, existing), "")
+        if self.stats.evictions_total != evictions:  # a row of the batch may have gone
+            existing = index.get_many(ids)
         tombstones = {ns: index.tombstone(ns) for ns in {p.manifest.namespace_id for p in pending}}
         version = self.versions.issue(
             self.clock.now_ms(),
@@ -242,6 +248,21 @@ class BatchWrite(WritePath):
         self.hot.invalidate([m.artifact_id for m, *_ in rows], replaced=any(olds))
         self.queues.enqueued(admitted, per_peer=len(rows))
         return results
+
+
+def _added_bytes(
+    pending: Sequence[_Pending],
+    existing: dict[str, tuple[Manifest, bytes | None, str | None, str | None]],
+) -> int:
+    """The bytes ``pending`` adds to the store over the ``existing`` rows (may be negative)."""
+    added = 0
+    for p in pending:
+        row = existing.get(p.manifest.artifact_id)
+        if row is None:
+            added += p.manifest.size
+        elif not _same_inline(p.manifest, row[0], row[1]):
+            added += p.manifest.size - row[0].size
+    return added
 
 
 def _same_inline(new: Manifest, stored: Manifest, body: bytes | None) -> bool:
