@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from kit.clock import ManualClock
 from kura.storage.artifact import ArtifactRef, BatchBlob, PutResult
 from kura.storage.budget import TmpBudget
 from kura.storage.service import CacheService
+from kura_harness.launch.process import free_port
+from tests.conftest import NodeProcess
+from tests.grpc_api.client import Reapi
 
 pytestmark = pytest.mark.in_process
 
@@ -97,3 +103,40 @@ async def test_every_blob_a_batch_writes_is_queued_for_every_peer(tmp_path: Path
         assert rows == [(p, a) for p in ("peer-a", "peer-b") for a in ids]
     finally:
         await service.close()
+
+
+# -- a kill between a batch's publish and its commit -------------------------------------------
+
+
+def test_a_kill_between_a_batch_s_publish_and_its_commit_leaves_no_orphan_and_no_row(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """SIGKILL inside the batch's window (its files renamed into place, no row committed): the
+    batch was never acknowledged, and the restart removes its files; nothing names a file that
+    is gone, and the blobs can be written again."""
+    port = free_port()
+    settings = {"grpc_port": port, "inline_max_bytes": 1024}
+    node = start_node("kill", failpoints="storage.after_publish=kill@1", **settings)
+    c = Reapi(f"127.0.0.1:{port}")
+    bodies = [os.urandom(100), os.urandom(50 * 1024), os.urandom(60 * 1024)]
+    try:
+        with pytest.raises(grpc.RpcError):
+            c.batch_update(bodies)
+    finally:
+        c.close()
+    assert node.proc.wait(timeout=15) == -signal.SIGKILL
+    assert "failpoint storage.after_publish: kill" in node.log()
+    node.stop(signal.SIGKILL)
+
+    node = start_node("kill", **settings)  # the same data dir, no failpoint
+    c = Reapi(f"127.0.0.1:{port}")
+    try:
+        assert node.blob_files() == []  # the published, never committed files: removed
+        assert node.index_rows() == 0
+        assert node.staging_files() == []
+        assert len(c.find_missing(bodies)) == 3
+        assert [r.status.code for r in c.batch_update(bodies).responses] == [0, 0, 0]
+        assert c.find_missing(bodies) == []
+        assert len(node.blob_files()) == 2
+    finally:
+        c.close()

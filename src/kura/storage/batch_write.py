@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit.failpoint import failpoint
 from kura.core.errors import DigestMismatch, KuraError, ResourceExhausted, Unavailable
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, decide_apply
@@ -233,6 +234,8 @@ class BatchWrite(WritePath):
                 rows.append((manifest, p.data if manifest.inline else None, sig, p.xxh3_128))
                 olds.append(old)
                 results.append(PutResult(manifest, old is None, outcome))
+            if published:
+                failpoint("storage.after_publish")  # files published, no row yet (crash tests)
             admitted = self.queues.admit(index.connection(), peers, self.clock.now_ms())
             index.upsert_many(rows, self.clock.now_ms(), admitted)
         except BaseException:
