@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit.failpoint import failpoint
 from kura.core.errors import DigestMismatch, KuraError, ResourceExhausted, Unavailable
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome, decide_apply
@@ -189,8 +190,14 @@ class BatchWrite(WritePath):
         index = self._require_index()
         if touches:
             index.touch(touches)
-        self._evict_sync(sum(p.manifest.size for p in pending), "")
-        existing = index.get_many([p.manifest.artifact_id for p in pending])
+        ids = [p.manifest.artifact_id for p in pending]
+        existing = index.get_many(ids)
+        # Room for the bytes the batch adds, not for every blob it was handed: one stored
+        # intact already adds nothing, one that replaces a copy only the difference.
+        evictions = self.stats.evictions_total
+        self._evict_sync(_added_bytes(pending, existing), "")
+        if self.stats.evictions_total != evictions:  # a row of the batch may have gone
+            existing = index.get_many(ids)
         tombstones = {ns: index.tombstone(ns) for ns in {p.manifest.namespace_id for p in pending}}
         version = self.versions.issue(
             self.clock.now_ms(),
@@ -227,6 +234,8 @@ class BatchWrite(WritePath):
                 rows.append((manifest, p.data if manifest.inline else None, sig, p.xxh3_128))
                 olds.append(old)
                 results.append(PutResult(manifest, old is None, outcome))
+            if published:
+                failpoint("storage.after_publish")  # files published, no row yet (crash tests)
             admitted = self.queues.admit(index.connection(), peers, self.clock.now_ms())
             index.upsert_many(rows, self.clock.now_ms(), admitted)
         except BaseException:
@@ -242,6 +251,21 @@ class BatchWrite(WritePath):
         self.hot.invalidate([m.artifact_id for m, *_ in rows], replaced=any(olds))
         self.queues.enqueued(admitted, per_peer=len(rows))
         return results
+
+
+def _added_bytes(
+    pending: Sequence[_Pending],
+    existing: dict[str, tuple[Manifest, bytes | None, str | None, str | None]],
+) -> int:
+    """The bytes ``pending`` adds to the store over the ``existing`` rows (may be negative)."""
+    added = 0
+    for p in pending:
+        row = existing.get(p.manifest.artifact_id)
+        if row is None:
+            added += p.manifest.size
+        elif not _same_inline(p.manifest, row[0], row[1]):
+            added += p.manifest.size - row[0].size
+    return added
 
 
 def _same_inline(new: Manifest, stored: Manifest, body: bytes | None) -> bool:
