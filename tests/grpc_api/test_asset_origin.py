@@ -164,6 +164,30 @@ def test_a_download_past_its_timeout_is_deadline_exceeded_and_leaves_nothing(
     client.close()
 
 
+def test_a_download_slower_than_the_minimum_upload_rate_is_cut_and_leaves_nothing(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """An origin declaring 1 MiB and sending ~10 KiB/s held its tmp reservation until the
+    call's deadline (a read token could so exhaust the budget): it is held to
+    ``KURA_MIN_UPLOAD_BYTES_PER_SECOND``, the rule every upload is, and cut past the grace."""
+    node, client = start_grpc_node(
+        start_node,
+        asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}",
+        min_upload_bytes_per_second="65536",
+        upload_grace_seconds="1",
+    )
+    timeout = Duration()
+    timeout.FromSeconds(20)
+    started = time.monotonic()
+    got = fetch(client, origin.url("/slow"), timeout=timeout)
+    assert got.status.code == code_pb2.UNAVAILABLE, got.status
+    assert "too slow" in got.status.message
+    assert time.monotonic() - started < 10  # cut past the 1 s grace, not at the 20 s deadline
+    assert_nothing_stored(node)
+    assert node.metric('kura_http_aborted_uploads_total{reason="slow"}') == 1
+    client.close()
+
+
 def test_a_fetch_whose_record_cannot_be_kept_downloads_nothing(
     start_node: Callable[..., NodeProcess], origin: Origin
 ) -> None:

@@ -26,7 +26,9 @@ staged file, no reserved byte). Failures are ``OriginFailed`` with the status th
 carries inline (remote_asset.proto, ``FetchBlobResponse.status``): PERMISSION_DENIED (origin not
 allowed), NOT_FOUND (404/410, or not an http(s) URL), ABORTED (checksum mismatch),
 RESOURCE_EXHAUSTED (too large, no room), DEADLINE_EXCEEDED (``timeout``), UNAVAILABLE (the
-origin unreachable or answering an error). At most ``KURA_ASSET_FETCH_MAX_DOWNLOADS``
+origin unreachable or answering an error, or its body stalled or slower than
+``KURA_MIN_UPLOAD_BYTES_PER_SECOND``: the rule every upload's body is held to,
+``kura.api.upload_rate``). At most ``KURA_ASSET_FETCH_MAX_DOWNLOADS``
 calls download at once on a node (``OriginDownloads.first``): each may hold an origin
 connection, a tmp reservation and a staged file until its deadline. Each download is counted in
 ``kura_asset_origin_downloads_total{result}`` (``stored``, ``refused``, ``failed``).
@@ -49,6 +51,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client import Counter
 
 from kura.api.action_lookup import cas_ref
+from kura.api.upload_rate import UploadRule
 from kura.core import errors as e
 from kura.core.asset import AllowedHosts, Digest, Origin, Sri, origin_of
 from kura.grpc.common import GrpcContext
@@ -207,7 +210,7 @@ class OriginDownloads:
         )
 
     async def _store(self, ns: str, response: aiohttp.ClientResponse, sri: Sri | None) -> Digest:
-        body = _checked(response.content.iter_chunked(CHUNK_BYTES), sri)
+        body = _checked(self._paced(response.content), sri)
         try:
             result = await self.gc.writer.put_stream(
                 lambda sha256: cas_ref(ns, sha256),
@@ -230,6 +233,32 @@ class OriginDownloads:
             ) from None
         self.gc.metrics.bytes_in_child("grpc").inc(result.manifest.size)
         return result.manifest.sha256, result.manifest.size
+
+    async def _paced(self, content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+        """The origin's body in chunks of at most ``CHUNK_BYTES``, held to the listeners' one
+        rule for a body that holds a tmp reservation (``kura.api.upload_rate``: stalled for
+        ``KURA_BODY_IDLE_TIMEOUT_SECONDS``, or averaging below
+        ``KURA_MIN_UPLOAD_BYTES_PER_SECOND`` past the grace period): ``OriginFailed``
+        (UNAVAILABLE) then, so a slow origin cannot hold its reservation until the call's
+        deadline."""
+        loop = asyncio.get_running_loop()
+        meter = UploadRule.of(self.gc.settings).meter(loop.time())
+        while True:
+            try:
+                async with asyncio.timeout(meter.seconds_left(loop.time())):
+                    chunk = await content.read(CHUNK_BYTES)
+            except TimeoutError:
+                verdict = meter.due(loop.time())
+            else:
+                if not chunk:
+                    return
+                meter.add(len(chunk), loop.time())
+                if (verdict_now := meter.verdict(loop.time())) is None:
+                    yield chunk
+                    continue
+                verdict = verdict_now
+            message = meter.give_up(self.gc.metrics, "asset origin", verdict, loop.time())
+            raise OriginFailed(grpc.StatusCode.UNAVAILABLE, f"the origin's body: {message}")
 
 
 async def _checked(chunks: AsyncIterator[bytes], sri: Sri | None) -> AsyncIterator[bytes]:
