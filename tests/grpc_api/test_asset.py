@@ -166,7 +166,7 @@ def test_a_push_with_one_record_too_large_records_none_of_its_uris(
     neither is recorded."""
     _node, client = grpc_node
     client.batch_update([ARCHIVE])
-    short, long = URI, URI + "?" + "x" * 8000
+    short, long = URI, URI + "x" * 8000  # a long path (a query is not kept in the body)
     qualifiers = q(vcs_commit="c" * (256 * 1024 - 4000))
     refused = code_of(lambda: push(client, ARCHIVE, short, long, qualifiers=qualifiers))
     assert refused == grpc.StatusCode.INVALID_ARGUMENT

@@ -188,6 +188,30 @@ def test_a_download_slower_than_the_minimum_upload_rate_is_cut_and_leaves_nothin
     client.close()
 
 
+def test_a_uri_with_credentials_is_refused_and_never_sent_to_the_origin(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """``user:pw@`` in a URI went to the origin as Basic auth and was stored in the record's
+    body as written; now the fetch is INVALID_ARGUMENT, the origin is not asked, and a
+    redirect to such a URI is not followed."""
+    origin.files["/pkg.tar.gz"] = ARCHIVE
+    origin.redirects["/to-creds"] = f"http://u:pw@127.0.0.1:{origin.port}/pkg.tar.gz"
+    node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}")
+    with pytest.raises(grpc.RpcError) as info:
+        fetch(client, f"http://user:s3cret@127.0.0.1:{origin.port}/pkg.tar.gz")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "carries credentials" in (info.value.details() or "")
+    assert "s3cret" not in (info.value.details() or "")
+    assert origin.gets == 0
+    got = fetch(client, origin.url("/to-creds"))
+    assert got.status.code == code_pb2.UNAVAILABLE, got.status
+    assert "credentials" in got.status.message
+    assert "pw" not in got.status.message
+    assert origin.gets == 1
+    assert_nothing_stored(node)
+    client.close()
+
+
 def test_a_fetch_whose_record_cannot_be_kept_downloads_nothing(
     start_node: Callable[..., NodeProcess], origin: Origin
 ) -> None:

@@ -13,6 +13,7 @@ from kura.core.asset import (
     AllowedHosts,
     AssetRecord,
     Origin,
+    credentials_in,
     origin_of,
     parse_query,
     parse_sri,
@@ -96,6 +97,19 @@ def test_a_record_survives_its_encoding() -> None:
     assert AssetRecord.decode(record.encode()) == record
     with pytest.raises(ValueError, match="version 1"):
         AssetRecord.decode(b'{"v": 2}')
+
+
+def test_a_records_body_keeps_no_userinfo_nor_query_but_its_key_does() -> None:
+    uri = "https://user:pw@H.example:443/pkg.tar.gz?token=s3cret#frag"
+    body = AssetRecord("blob", uri, (), ("ab" * 32, 5)).encode()
+    for secret in (b"pw", b"s3cret", b"user"):
+        assert secret not in body
+    assert AssetRecord.decode(body).uri == "https://H.example:443/pkg.tar.gz#frag"
+    bare = "https://h.example/pkg.tar.gz#frag"
+    assert record_key("blob", uri, ()) != record_key("blob", bare, ())
+    assert credentials_in(uri)
+    assert credentials_in("http://@h/")
+    assert not credentials_in(bare)
 
 
 def test_a_records_body_holds_no_credential_and_only_sri_and_canonical_id_are_honoured() -> None:

@@ -14,7 +14,10 @@ allow-list. No IO.
   *secret* qualifier's value (``http_header:*``, ``http_header_url:*``,
   ``bazel.auth_headers``: credentials Bazel 7+ passes for the origin) is never stored nor
   replicated: the body names the qualifier with a null value, and the value only enters the
-  key's SHA-256.
+  key's SHA-256. So do a URI's *userinfo* (``user:password@``) and *query* (``?token=…``):
+  the body's ``uri`` is the URI without them (``stored_uri``), while the key hashes it whole.
+  A download never sends userinfo (``credentials_in``: the request is INVALID_ARGUMENT, a
+  redirect to one UNAVAILABLE): aiohttp would send it to the origin as Basic auth.
 * **Honoured qualifiers.** A download from origin can make its bytes match ``checksum.sri``
   only; ``bazel.canonical_id`` (Bazel's cache discriminator) asks nothing of the bytes and is
   only part of the key. Any other qualifier (``resource_type``, ``vcs.*``, ``http_header:*``…)
@@ -164,6 +167,19 @@ def canonical_uri(uri: str) -> str:
     return urlunsplit((origin.scheme, netloc, parts.path or "/", parts.query, parts.fragment))
 
 
+def credentials_in(uri: str) -> bool:
+    """Whether ``uri`` has a userinfo part (``user[:password]@`` before its host)."""
+    return "@" in urlsplit(uri).netloc
+
+
+def stored_uri(uri: str) -> str:
+    """``uri`` as a record's body keeps it: without its userinfo and query (module docstring,
+    "Record")."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", parts.fragment))
+
+
 def record_key(kind: str, uri: str, qualifiers: tuple[tuple[str, str], ...]) -> str:
     """The artifact key of the record of ``kind`` (``blob`` or ``directory``) for ``uri`` and
     the (sorted) key qualifiers: ``asset/<64 hex digits>``."""
@@ -188,7 +204,7 @@ class AssetRecord:
             {
                 "v": 1,
                 "kind": self.kind,
-                "uri": self.uri,
+                "uri": stored_uri(self.uri),
                 "qualifiers": [[n, None if is_secret(n) else v] for n, v in self.qualifiers],
                 "digest": list(self.digest),
                 "references": [list(d) for d in self.references],

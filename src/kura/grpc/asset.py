@@ -34,7 +34,8 @@ in ``kura_cache_lookups_total{protocol="grpc"}``, a download as a miss.
 
 Errors: a request without a URI, with a qualifier named twice, an unusable ``checksum.sri``,
 a malformed digest, an instance name that is not a namespace, or URIs and qualifiers too long
-for a record (``MAX_RECORD_BYTES``; checked before any download) is INVALID_ARGUMENT (BuildStream
+for a record (``MAX_RECORD_BYTES``; checked before any download), or an http(s) URI with
+credentials (``user:password@``) on a miss that would download, is INVALID_ARGUMENT (BuildStream
 probes a server with an empty request and expects exactly that); a push of content the CAS
 does not hold, or whose bytes do not match its ``checksum.sri``, is INVALID_ARGUMENT and records
 nothing. Misses and origin failures are answered in the response's ``status`` with gRPC code OK
@@ -62,8 +63,11 @@ from kura.core.asset import (
     AssetRecord,
     Digest,
     Sri,
+    credentials_in,
+    origin_of,
     parse_query,
     record_key,
+    stored_uri,
     unsupported,
 )
 from kura.core.errors import InvalidRequest, NotFound
@@ -280,6 +284,13 @@ class Fetch(ra_grpc.FetchServicer):
                 + ": a download from origin honours checksum.sri only (and bazel.canonical_id "
                 "as part of the key); nothing was downloaded"
             )
+        for uri in query.uris:
+            if origin_of(uri) is not None and credentials_in(uri):
+                raise InvalidRequest(
+                    f"URI {stored_uri(uri)[:200]!r} carries credentials (user:password@ before "
+                    "its host): a download from origin never sends them (nor are they stored); "
+                    "take them out of the URI. Nothing was downloaded"
+                )
         sri = None if query.sri is None else query.sri.text
         # The record must fit before anything is downloaded (else the blob would be stored
         # with nothing to find it by): the longest URI, with the longest digest there is.

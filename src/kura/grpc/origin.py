@@ -53,7 +53,15 @@ from prometheus_client import Counter
 from kura.api.action_lookup import cas_ref
 from kura.api.upload_rate import UploadRule
 from kura.core import errors as e
-from kura.core.asset import AllowedHosts, Digest, Origin, Sri, origin_of
+from kura.core.asset import (
+    AllowedHosts,
+    Digest,
+    Origin,
+    Sri,
+    credentials_in,
+    origin_of,
+    stored_uri,
+)
 from kura.grpc.common import GrpcContext
 
 log = logging.getLogger(__name__)
@@ -170,6 +178,12 @@ class OriginDownloads:
             if origin is None:
                 raise OriginFailed(
                     grpc.StatusCode.NOT_FOUND, f"{uri[:200]} is not an http(s) URL to download"
+                )
+            if credentials_in(uri):  # a redirect's: the request's were refused before
+                raise OriginFailed(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the origin redirected to {stored_uri(uri)[:200]}, a URI with credentials "
+                    "(user:password@): not followed",
                 )
             explicit = self.allowed.match(origin)
             if explicit is None:
