@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -209,6 +210,18 @@ def test_a_uri_with_credentials_is_refused_and_never_sent_to_the_origin(
     assert "pw" not in got.status.message
     assert origin.gets == 1
     assert_nothing_stored(node)
+    client.close()
+
+
+def test_a_loopback_entry_without_a_port_is_warned_of_at_start_up(
+    start_node: Callable[..., NodeProcess], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``localhost,[::1]`` was accepted silently, yet can never reach loopback."""
+    with caplog.at_level(logging.WARNING, logger="kura.grpc.origin"):
+        _node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts="localhost,[::1]")
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("'localhost' has no port" in m and "localhost:PORT" in m for m in warned), warned
+    assert any("'[::1]' has no port" in m and "[::1]:PORT" in m for m in warned), warned
     client.close()
 
 

@@ -21,7 +21,7 @@ from kura.core.asset import (
     unsupported,
 )
 from kura.core.errors import InvalidRequest
-from kura.grpc.origin import OriginFailed, check_addresses
+from kura.grpc.origin import OriginFailed, check_addresses, portless_local
 
 
 def sri(data: bytes, algorithm: str) -> str:
@@ -88,6 +88,25 @@ def test_only_a_host_named_with_its_port_and_no_wildcard_is_allowed_explicitly()
     for bad in ("*evil.com", "host:0", "[::1"):
         with pytest.raises(ValueError, match=r"expected host|port must be|closing"):
             AllowedHosts.parse([bad])
+
+
+def test_loopback_or_private_entries_without_a_port_are_named_and_bare_ipv6_refused() -> None:
+    """``localhost``, ``127.0.0.1`` or ``[::1]`` without a port allow global addresses only,
+    so they can never reach loopback: ``portless_local`` names them (logged at start-up) with
+    what to write instead. ``[::1]`` is ``[v6]`` (any port); ``::1`` unbracketed is refused."""
+    allowed = AllowedHosts.parse(
+        ["localhost", "127.0.0.1", "[::1]", "10.0.0.7", "mirror.example", "127.0.0.1:8080"]
+    )
+    assert allowed.entries[2] == ("::1", None)
+    assert portless_local(allowed) == [
+        ("localhost", "localhost:PORT"),
+        ("127.0.0.1", "127.0.0.1:PORT"),
+        ("[::1]", "[::1]:PORT"),
+        ("10.0.0.7", "10.0.0.7:PORT"),
+    ]
+    for bare in ("::1", "2001:db8::1:8080"):
+        with pytest.raises(ValueError, match=r"IPv6 address in brackets"):
+            AllowedHosts.parse([bare])
 
 
 def test_a_record_survives_its_encoding() -> None:

@@ -30,7 +30,7 @@ allow-list. No IO.
   matches when it matches any of that algorithm's digests. None understood, or a digest of the
   wrong length: ``InvalidRequest``.
 * **Origins.** ``KURA_ASSET_FETCH_ALLOWED_HOSTS`` entries: ``host`` (any port), ``host:port``,
-  ``[v6]:port``, ``*.suffix`` (any subdomain) or ``*`` (any host). A host named by an entry
+  ``[v6]`` (any port), ``[v6]:port``, ``*.suffix`` (any subdomain) or ``*`` (any host). A host named by an entry
   without ``*`` and with its port is allowed *explicitly*: only then may it resolve to a
   non-global address. ``localhost`` or ``mirror.internal`` alone (any port) reaches global
   addresses only: else one entry would open every port of a private host to any read token,
@@ -270,8 +270,8 @@ class AllowedHosts:
 
     @classmethod
     def parse(cls, items: Iterable[str]) -> AllowedHosts:
-        """``ValueError`` names the first entry that is not ``host``, ``host:port``,
-        ``[v6]:port``, ``*.suffix`` or ``*``."""
+        """``ValueError`` names the first entry that is not ``host``, ``host:port``, ``[v6]``,
+        ``[v6]:port``, ``*.suffix`` or ``*`` (an IPv6 address without brackets included)."""
         entries = []
         for item in items:
             text = item.strip().lower()
@@ -286,6 +286,10 @@ class AllowedHosts:
             elif text.count(":") == 1:
                 host, _, p = text.partition(":")
                 port = _port(item, p)
+            elif ":" in text:
+                raise ValueError(
+                    f"{item!r}: write an IPv6 address in brackets, [v6] (any port) or [v6]:port"
+                )
             if not host or (host.startswith("*") and host != "*" and not host.startswith("*.")):
                 raise ValueError(f"{item!r}: expected host, host:port, *.domain or *")
             entries.append((host.rstrip("."), port))

@@ -106,6 +106,15 @@ class OriginDownloads:
         )
         for result in ("stored", "refused", "failed"):
             self.downloads.labels(result)
+        for entry, instead in portless_local(self.allowed):
+            log.warning(
+                "%s entry %r has no port, so it allows global addresses only and can never "
+                "reach %s (not a global address): write %s for each port to allow",
+                ENV_NAME,
+                entry,
+                entry,
+                instead,
+            )
         self.limit = gc.settings.asset_fetch_max_downloads
         self.slots = asyncio.Semaphore(self.limit)
 
@@ -287,6 +296,25 @@ async def _checked(chunks: AsyncIterator[bytes], sri: Sri | None) -> AsyncIterat
         raise ChecksumMismatch(
             f"the downloaded bytes do not match checksum.sri ({sri.algorithm}): nothing stored"
         )
+
+
+def portless_local(allowed: AllowedHosts) -> list[tuple[str, str]]:
+    """The entries of ``allowed`` that can never be reached: ``localhost`` (and
+    ``*.localhost``, RFC 6761 §6.3) or a non-global IP literal named without a port, which
+    allows global addresses only (``AllowedHosts.match``); each as written and what to write
+    instead (``host:PORT``). Logged at start-up: such an entry is accepted but useless."""
+    found = []
+    for host, port in allowed.entries:
+        if port is not None:
+            continue
+        try:
+            local = not is_public(ipaddress.ip_address(host))
+        except ValueError:
+            local = host == "localhost" or host.endswith(".localhost")
+        if local:
+            written = f"[{host}]" if ":" in host else host
+            found.append((written, f"{written}:PORT"))
+    return found
 
 
 async def check_addresses(origin: Origin, explicit: bool) -> list[ResolveResult]:
