@@ -159,6 +159,29 @@ def test_empty_requests_and_pushes_of_absent_or_mislabelled_content_are_invalid(
     assert fetch(client, URI).status.code == code_pb2.NOT_FOUND
 
 
+@pytest.mark.parametrize(
+    "root", [b"#!/bin/sh\necho not a directory\n", b"\x08\x01"], ids=["text", "unknown field"]
+)
+def test_a_pushed_root_directory_that_is_not_a_directory_is_invalid(
+    grpc_node: tuple[NodeProcess, Reapi], root: bytes
+) -> None:
+    """PushDirectory recorded any blob as a root directory (a text file, or a message that is
+    no Directory), and FetchDirectory then handed it out: it must parse as one."""
+    node, client = grpc_node
+    client.batch_update([root])
+    with pytest.raises(grpc.RpcError) as info:
+        client.push.PushDirectory(
+            ra.PushDirectoryRequest(
+                uris=["urn:fdc:kura.test:2026:x"], root_directory_digest=digest(root)
+            )
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a REAPI Directory" in (info.value.details() or "")
+    assert node.index_rows() == 1  # the uploaded blob, and no record
+    got = client.fetch.FetchDirectory(ra.FetchDirectoryRequest(uris=["urn:fdc:kura.test:2026:x"]))
+    assert got.status.code == code_pb2.NOT_FOUND
+
+
 def test_a_push_with_one_record_too_large_records_none_of_its_uris(
     grpc_node: tuple[NodeProcess, Reapi],
 ) -> None:
@@ -166,7 +189,7 @@ def test_a_push_with_one_record_too_large_records_none_of_its_uris(
     neither is recorded."""
     _node, client = grpc_node
     client.batch_update([ARCHIVE])
-    short, long = URI, URI + "?" + "x" * 8000
+    short, long = URI, URI + "x" * 8000  # a long path (a query is not kept in the body)
     qualifiers = q(vcs_commit="c" * (256 * 1024 - 4000))
     refused = code_of(lambda: push(client, ARCHIVE, short, long, qualifiers=qualifiers))
     assert refused == grpc.StatusCode.INVALID_ARGUMENT

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -161,6 +162,66 @@ def test_a_download_past_its_timeout_is_deadline_exceeded_and_leaves_nothing(
     assert "longer than 1.5 s" in got.status.message
     assert_nothing_stored(node)
     assert node.metric('kura_asset_origin_downloads_total{result="failed"}') == 1
+    client.close()
+
+
+def test_a_download_slower_than_the_minimum_upload_rate_is_cut_and_leaves_nothing(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """An origin declaring 1 MiB and sending ~10 KiB/s held its tmp reservation until the
+    call's deadline (a read token could so exhaust the budget): it is held to
+    ``KURA_MIN_UPLOAD_BYTES_PER_SECOND``, the rule every upload is, and cut past the grace."""
+    node, client = start_grpc_node(
+        start_node,
+        asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}",
+        min_upload_bytes_per_second="65536",
+        upload_grace_seconds="1",
+    )
+    timeout = Duration()
+    timeout.FromSeconds(20)
+    started = time.monotonic()
+    got = fetch(client, origin.url("/slow"), timeout=timeout)
+    assert got.status.code == code_pb2.UNAVAILABLE, got.status
+    assert "too slow" in got.status.message
+    assert time.monotonic() - started < 10  # cut past the 1 s grace, not at the 20 s deadline
+    assert_nothing_stored(node)
+    assert node.metric('kura_http_aborted_uploads_total{reason="slow"}') == 1
+    client.close()
+
+
+def test_a_uri_with_credentials_is_refused_and_never_sent_to_the_origin(
+    start_node: Callable[..., NodeProcess], origin: Origin
+) -> None:
+    """``user:pw@`` in a URI went to the origin as Basic auth and was stored in the record's
+    body as written; now the fetch is INVALID_ARGUMENT, the origin is not asked, and a
+    redirect to such a URI is not followed."""
+    origin.files["/pkg.tar.gz"] = ARCHIVE
+    origin.redirects["/to-creds"] = f"http://u:pw@127.0.0.1:{origin.port}/pkg.tar.gz"
+    node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}")
+    with pytest.raises(grpc.RpcError) as info:
+        fetch(client, f"http://user:s3cret@127.0.0.1:{origin.port}/pkg.tar.gz")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "carries credentials" in (info.value.details() or "")
+    assert "s3cret" not in (info.value.details() or "")
+    assert origin.gets == 0
+    got = fetch(client, origin.url("/to-creds"))
+    assert got.status.code == code_pb2.UNAVAILABLE, got.status
+    assert "credentials" in got.status.message
+    assert "pw" not in got.status.message
+    assert origin.gets == 1
+    assert_nothing_stored(node)
+    client.close()
+
+
+def test_a_loopback_entry_without_a_port_is_warned_of_at_start_up(
+    start_node: Callable[..., NodeProcess], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``localhost,[::1]`` was accepted silently, yet can never reach loopback."""
+    with caplog.at_level(logging.WARNING, logger="kura.grpc.origin"):
+        _node, client = start_grpc_node(start_node, asset_fetch_allowed_hosts="localhost,[::1]")
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("'localhost' has no port" in m and "localhost:PORT" in m for m in warned), warned
+    assert any("'[::1]' has no port" in m and "[::1]:PORT" in m for m in warned), warned
     client.close()
 
 

@@ -13,6 +13,7 @@ from kura.core.asset import (
     AllowedHosts,
     AssetRecord,
     Origin,
+    credentials_in,
     origin_of,
     parse_query,
     parse_sri,
@@ -20,7 +21,7 @@ from kura.core.asset import (
     unsupported,
 )
 from kura.core.errors import InvalidRequest
-from kura.grpc.origin import OriginFailed, check_addresses
+from kura.grpc.origin import OriginFailed, check_addresses, portless_local
 
 
 def sri(data: bytes, algorithm: str) -> str:
@@ -89,6 +90,25 @@ def test_only_a_host_named_with_its_port_and_no_wildcard_is_allowed_explicitly()
             AllowedHosts.parse([bad])
 
 
+def test_loopback_or_private_entries_without_a_port_are_named_and_bare_ipv6_refused() -> None:
+    """``localhost``, ``127.0.0.1`` or ``[::1]`` without a port allow global addresses only,
+    so they can never reach loopback: ``portless_local`` names them (logged at start-up) with
+    what to write instead. ``[::1]`` is ``[v6]`` (any port); ``::1`` unbracketed is refused."""
+    allowed = AllowedHosts.parse(
+        ["localhost", "127.0.0.1", "[::1]", "10.0.0.7", "mirror.example", "127.0.0.1:8080"]
+    )
+    assert allowed.entries[2] == ("::1", None)
+    assert portless_local(allowed) == [
+        ("localhost", "localhost:PORT"),
+        ("127.0.0.1", "127.0.0.1:PORT"),
+        ("[::1]", "[::1]:PORT"),
+        ("10.0.0.7", "10.0.0.7:PORT"),
+    ]
+    for bare in ("::1", "2001:db8::1:8080"):
+        with pytest.raises(ValueError, match=r"IPv6 address in brackets"):
+            AllowedHosts.parse([bare])
+
+
 def test_a_record_survives_its_encoding() -> None:
     record = AssetRecord(
         "blob", "urn:x", (("a", "1"),), ("ab" * 32, 5), (("cd" * 32, 7),), 1234, "sha256-x"
@@ -96,6 +116,19 @@ def test_a_record_survives_its_encoding() -> None:
     assert AssetRecord.decode(record.encode()) == record
     with pytest.raises(ValueError, match="version 1"):
         AssetRecord.decode(b'{"v": 2}')
+
+
+def test_a_records_body_keeps_no_userinfo_nor_query_but_its_key_does() -> None:
+    uri = "https://user:pw@H.example:443/pkg.tar.gz?token=s3cret#frag"
+    body = AssetRecord("blob", uri, (), ("ab" * 32, 5)).encode()
+    for secret in (b"pw", b"s3cret", b"user"):
+        assert secret not in body
+    assert AssetRecord.decode(body).uri == "https://H.example:443/pkg.tar.gz#frag"
+    bare = "https://h.example/pkg.tar.gz#frag"
+    assert record_key("blob", uri, ()) != record_key("blob", bare, ())
+    assert credentials_in(uri)
+    assert credentials_in("http://@h/")
+    assert not credentials_in(bare)
 
 
 def test_a_records_body_holds_no_credential_and_only_sri_and_canonical_id_are_honoured() -> None:

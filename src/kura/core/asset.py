@@ -14,7 +14,10 @@ allow-list. No IO.
   *secret* qualifier's value (``http_header:*``, ``http_header_url:*``,
   ``bazel.auth_headers``: credentials Bazel 7+ passes for the origin) is never stored nor
   replicated: the body names the qualifier with a null value, and the value only enters the
-  key's SHA-256.
+  key's SHA-256. So do a URI's *userinfo* (``user:password@``) and *query* (``?token=…``):
+  the body's ``uri`` is the URI without them (``stored_uri``), while the key hashes it whole.
+  A download never sends userinfo (``credentials_in``: the request is INVALID_ARGUMENT, a
+  redirect to one UNAVAILABLE): aiohttp would send it to the origin as Basic auth.
 * **Honoured qualifiers.** A download from origin can make its bytes match ``checksum.sri``
   only; ``bazel.canonical_id`` (Bazel's cache discriminator) asks nothing of the bytes and is
   only part of the key. Any other qualifier (``resource_type``, ``vcs.*``, ``http_header:*``…)
@@ -27,7 +30,7 @@ allow-list. No IO.
   matches when it matches any of that algorithm's digests. None understood, or a digest of the
   wrong length: ``InvalidRequest``.
 * **Origins.** ``KURA_ASSET_FETCH_ALLOWED_HOSTS`` entries: ``host`` (any port), ``host:port``,
-  ``[v6]:port``, ``*.suffix`` (any subdomain) or ``*`` (any host). A host named by an entry
+  ``[v6]`` (any port), ``[v6]:port``, ``*.suffix`` (any subdomain) or ``*`` (any host). A host named by an entry
   without ``*`` and with its port is allowed *explicitly*: only then may it resolve to a
   non-global address. ``localhost`` or ``mirror.internal`` alone (any port) reaches global
   addresses only: else one entry would open every port of a private host to any read token,
@@ -164,6 +167,19 @@ def canonical_uri(uri: str) -> str:
     return urlunsplit((origin.scheme, netloc, parts.path or "/", parts.query, parts.fragment))
 
 
+def credentials_in(uri: str) -> bool:
+    """Whether ``uri`` has a userinfo part (``user[:password]@`` before its host)."""
+    return "@" in urlsplit(uri).netloc
+
+
+def stored_uri(uri: str) -> str:
+    """``uri`` as a record's body keeps it: without its userinfo and query (module docstring,
+    "Record")."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", parts.fragment))
+
+
 def record_key(kind: str, uri: str, qualifiers: tuple[tuple[str, str], ...]) -> str:
     """The artifact key of the record of ``kind`` (``blob`` or ``directory``) for ``uri`` and
     the (sorted) key qualifiers: ``asset/<64 hex digits>``."""
@@ -188,7 +204,7 @@ class AssetRecord:
             {
                 "v": 1,
                 "kind": self.kind,
-                "uri": self.uri,
+                "uri": stored_uri(self.uri),
                 "qualifiers": [[n, None if is_secret(n) else v] for n, v in self.qualifiers],
                 "digest": list(self.digest),
                 "references": [list(d) for d in self.references],
@@ -254,8 +270,8 @@ class AllowedHosts:
 
     @classmethod
     def parse(cls, items: Iterable[str]) -> AllowedHosts:
-        """``ValueError`` names the first entry that is not ``host``, ``host:port``,
-        ``[v6]:port``, ``*.suffix`` or ``*``."""
+        """``ValueError`` names the first entry that is not ``host``, ``host:port``, ``[v6]``,
+        ``[v6]:port``, ``*.suffix`` or ``*`` (an IPv6 address without brackets included)."""
         entries = []
         for item in items:
             text = item.strip().lower()
@@ -270,6 +286,10 @@ class AllowedHosts:
             elif text.count(":") == 1:
                 host, _, p = text.partition(":")
                 port = _port(item, p)
+            elif ":" in text:
+                raise ValueError(
+                    f"{item!r}: write an IPv6 address in brackets, [v6] (any port) or [v6]:port"
+                )
             if not host or (host.startswith("*") and host != "*" and not host.startswith("*.")):
                 raise ValueError(f"{item!r}: expected host, host:port, *.domain or *")
             entries.append((host.rstrip("."), port))

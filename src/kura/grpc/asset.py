@@ -34,9 +34,11 @@ in ``kura_cache_lookups_total{protocol="grpc"}``, a download as a miss.
 
 Errors: a request without a URI, with a qualifier named twice, an unusable ``checksum.sri``,
 a malformed digest, an instance name that is not a namespace, or URIs and qualifiers too long
-for a record (``MAX_RECORD_BYTES``; checked before any download) is INVALID_ARGUMENT (BuildStream
+for a record (``MAX_RECORD_BYTES``; checked before any download), or an http(s) URI with
+credentials (``user:password@``) on a miss that would download, is INVALID_ARGUMENT (BuildStream
 probes a server with an empty request and expects exactly that); a push of content the CAS
-does not hold, or whose bytes do not match its ``checksum.sri``, is INVALID_ARGUMENT and records
+does not hold, whose bytes do not match its ``checksum.sri``, or a ``PushDirectory`` whose root
+is not a ``Directory`` message (``Push._check_directory``), is INVALID_ARGUMENT and records
 nothing. Misses and origin failures are answered in the response's ``status`` with gRPC code OK
 (remote_asset.proto: "errors outside the server's control will be returned inline").
 Tokens: Fetch needs read access, Push write access (the CAS's rules); a download from origin is
@@ -45,11 +47,14 @@ a read (the operator chose which origins).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from typing import Any, TypeAlias
 
 import grpc
+from google.protobuf import unknown_fields
+from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import status_pb2
 
@@ -62,11 +67,15 @@ from kura.core.asset import (
     AssetRecord,
     Digest,
     Sri,
+    credentials_in,
+    origin_of,
     parse_query,
     record_key,
+    stored_uri,
     unsupported,
 )
 from kura.core.errors import InvalidRequest, NotFound
+from kura.grpc.cas import MAX_INLINE_PARSE_BYTES, read_blob
 from kura.grpc.common import GrpcContext, check_digest, rpc
 from kura.grpc.origin import OriginDownloads, OriginFailed
 from kura.protos.build.bazel.remote.asset.v1 import (
@@ -280,6 +289,13 @@ class Fetch(ra_grpc.FetchServicer):
                 + ": a download from origin honours checksum.sri only (and bazel.canonical_id "
                 "as part of the key); nothing was downloaded"
             )
+        for uri in query.uris:
+            if origin_of(uri) is not None and credentials_in(uri):
+                raise InvalidRequest(
+                    f"URI {stored_uri(uri)[:200]!r} carries credentials (user:password@ before "
+                    "its host): a download from origin never sends them (nor are they stored); "
+                    "take them out of the URI. Nothing was downloaded"
+                )
         sri = None if query.sri is None else query.sri.text
         # The record must fit before anything is downloaded (else the blob would be stored
         # with nothing to find it by): the longest URI, with the longest digest there is.
@@ -367,6 +383,8 @@ class Push(ra_grpc.PushServicer):
                 f"the pushed {kind} {digest[0]}/{digest[1]} or a digest it references is "
                 "not in the CAS: upload the content first (remote_asset.proto: clients MUST)"
             )
+        if kind == DIRECTORY:
+            await self._check_directory(ns, target)
         sri = None
         if query.sri is not None:
             if kind != BLOB or not await self.records.blob_matches(ns, digest, query.sri):
@@ -386,3 +404,37 @@ class Push(ra_grpc.PushServicer):
             encoded(record)
         for uri, record in zip(query.uris, records, strict=True):
             await self.records.store(ns, query, uri, record)
+
+    async def _check_directory(self, ns: str, root: reapi.Digest) -> None:
+        """``InvalidRequest`` unless the stored blob ``root`` is a REAPI ``Directory`` (it parses,
+        with no unknown field) of at most one gRPC message (``max_batch_bytes``: how a client
+        reads it back); a larger one is parsed off the event loop."""
+        limit = self.gc.max_batch_bytes
+        name = f"{root.hash}/{root.size_bytes}"
+        if root.size_bytes > limit:
+            raise InvalidRequest(
+                f"the pushed root directory {name} is larger than {limit} bytes, the largest "
+                "Directory served in one message: nothing recorded"
+            )
+        try:
+            data = await read_blob(self.gc, ns, root, limit)
+        except NotFound:
+            raise InvalidRequest(f"the pushed root directory {name} is not in the CAS") from None
+        if len(data) > MAX_INLINE_PARSE_BYTES:
+            valid = await asyncio.to_thread(_is_directory, data)
+        else:
+            valid = _is_directory(data)
+        if not valid:
+            raise InvalidRequest(
+                f"the pushed root directory {name} is not a REAPI Directory message: "
+                "nothing recorded"
+            )
+
+
+def _is_directory(data: bytes) -> bool:
+    directory = reapi.Directory()
+    try:
+        directory.ParseFromString(data)
+    except DecodeError:
+        return False
+    return not len(unknown_fields.UnknownFieldSet(directory))

@@ -26,7 +26,9 @@ staged file, no reserved byte). Failures are ``OriginFailed`` with the status th
 carries inline (remote_asset.proto, ``FetchBlobResponse.status``): PERMISSION_DENIED (origin not
 allowed), NOT_FOUND (404/410, or not an http(s) URL), ABORTED (checksum mismatch),
 RESOURCE_EXHAUSTED (too large, no room), DEADLINE_EXCEEDED (``timeout``), UNAVAILABLE (the
-origin unreachable or answering an error). At most ``KURA_ASSET_FETCH_MAX_DOWNLOADS``
+origin unreachable or answering an error, or its body stalled or slower than
+``KURA_MIN_UPLOAD_BYTES_PER_SECOND``: the rule every upload's body is held to,
+``kura.api.upload_rate``). At most ``KURA_ASSET_FETCH_MAX_DOWNLOADS``
 calls download at once on a node (``OriginDownloads.first``): each may hold an origin
 connection, a tmp reservation and a staged file until its deadline. Each download is counted in
 ``kura_asset_origin_downloads_total{result}`` (``stored``, ``refused``, ``failed``).
@@ -49,8 +51,17 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client import Counter
 
 from kura.api.action_lookup import cas_ref
+from kura.api.upload_rate import UploadRule
 from kura.core import errors as e
-from kura.core.asset import AllowedHosts, Digest, Origin, Sri, origin_of
+from kura.core.asset import (
+    AllowedHosts,
+    Digest,
+    Origin,
+    Sri,
+    credentials_in,
+    origin_of,
+    stored_uri,
+)
 from kura.grpc.common import GrpcContext
 
 log = logging.getLogger(__name__)
@@ -95,6 +106,15 @@ class OriginDownloads:
         )
         for result in ("stored", "refused", "failed"):
             self.downloads.labels(result)
+        for entry, instead in portless_local(self.allowed):
+            log.warning(
+                "%s entry %r has no port, so it allows global addresses only and can never "
+                "reach %s (not a global address): write %s for each port to allow",
+                ENV_NAME,
+                entry,
+                entry,
+                instead,
+            )
         self.limit = gc.settings.asset_fetch_max_downloads
         self.slots = asyncio.Semaphore(self.limit)
 
@@ -168,6 +188,12 @@ class OriginDownloads:
                 raise OriginFailed(
                     grpc.StatusCode.NOT_FOUND, f"{uri[:200]} is not an http(s) URL to download"
                 )
+            if credentials_in(uri):  # a redirect's: the request's were refused before
+                raise OriginFailed(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the origin redirected to {stored_uri(uri)[:200]}, a URI with credentials "
+                    "(user:password@): not followed",
+                )
             explicit = self.allowed.match(origin)
             if explicit is None:
                 raise OriginFailed(
@@ -207,7 +233,7 @@ class OriginDownloads:
         )
 
     async def _store(self, ns: str, response: aiohttp.ClientResponse, sri: Sri | None) -> Digest:
-        body = _checked(response.content.iter_chunked(CHUNK_BYTES), sri)
+        body = _checked(self._paced(response.content), sri)
         try:
             result = await self.gc.writer.put_stream(
                 lambda sha256: cas_ref(ns, sha256),
@@ -231,6 +257,32 @@ class OriginDownloads:
         self.gc.metrics.bytes_in_child("grpc").inc(result.manifest.size)
         return result.manifest.sha256, result.manifest.size
 
+    async def _paced(self, content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+        """The origin's body in chunks of at most ``CHUNK_BYTES``, held to the listeners' one
+        rule for a body that holds a tmp reservation (``kura.api.upload_rate``: stalled for
+        ``KURA_BODY_IDLE_TIMEOUT_SECONDS``, or averaging below
+        ``KURA_MIN_UPLOAD_BYTES_PER_SECOND`` past the grace period): ``OriginFailed``
+        (UNAVAILABLE) then, so a slow origin cannot hold its reservation until the call's
+        deadline."""
+        loop = asyncio.get_running_loop()
+        meter = UploadRule.of(self.gc.settings).meter(loop.time())
+        while True:
+            try:
+                async with asyncio.timeout(meter.seconds_left(loop.time())):
+                    chunk = await content.read(CHUNK_BYTES)
+            except TimeoutError:
+                verdict = meter.due(loop.time())
+            else:
+                if not chunk:
+                    return
+                meter.add(len(chunk), loop.time())
+                if (verdict_now := meter.verdict(loop.time())) is None:
+                    yield chunk
+                    continue
+                verdict = verdict_now
+            message = meter.give_up(self.gc.metrics, "asset origin", verdict, loop.time())
+            raise OriginFailed(grpc.StatusCode.UNAVAILABLE, f"the origin's body: {message}")
+
 
 async def _checked(chunks: AsyncIterator[bytes], sri: Sri | None) -> AsyncIterator[bytes]:
     """``chunks``; at their end ``ChecksumMismatch`` unless they match ``sri`` (raised inside
@@ -244,6 +296,25 @@ async def _checked(chunks: AsyncIterator[bytes], sri: Sri | None) -> AsyncIterat
         raise ChecksumMismatch(
             f"the downloaded bytes do not match checksum.sri ({sri.algorithm}): nothing stored"
         )
+
+
+def portless_local(allowed: AllowedHosts) -> list[tuple[str, str]]:
+    """The entries of ``allowed`` that can never be reached: ``localhost`` (and
+    ``*.localhost``, RFC 6761 §6.3) or a non-global IP literal named without a port, which
+    allows global addresses only (``AllowedHosts.match``); each as written and what to write
+    instead (``host:PORT``). Logged at start-up: such an entry is accepted but useless."""
+    found = []
+    for host, port in allowed.entries:
+        if port is not None:
+            continue
+        try:
+            local = not is_public(ipaddress.ip_address(host))
+        except ValueError:
+            local = host == "localhost" or host.endswith(".localhost")
+        if local:
+            written = f"[{host}]" if ":" in host else host
+            found.append((written, f"{written}:PORT"))
+    return found
 
 
 async def check_addresses(origin: Origin, explicit: bool) -> list[ResolveResult]:
