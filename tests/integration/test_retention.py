@@ -133,6 +133,41 @@ def test_when_only_promised_blobs_are_left_the_budget_wins_counted_and_warned(
         c.close()
 
 
+def test_a_read_only_client_asking_about_everything_cannot_silently_starve_new_writes(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """The hostile client, scaled down: a read-only token's FindMissingBlobs over 80 % of the
+    budget, then a budget of new writes, all answered OK. On main the new blobs went within
+    seconds while every counter, /ready and the log stayed silent."""
+    node, anonymous = start_grpc_node(
+        start_node,
+        max_disk_bytes=BUDGET,
+        inline_max_bytes=0,
+        read_write_tokens="rw",
+        read_only_tokens="ro",
+    )
+    rw, ro = Reapi(anonymous.target, "rw"), Reapi(anonymous.target, "ro")
+    try:
+        told = blobs(8)
+        rw.batch_update(told)
+        assert ro.find_missing(told) == []
+        new = blobs(BUDGET // SIZE)
+        for data in new:
+            assert [r.status.code for r in rw.batch_update([data]).responses] == [0]
+        assert node.metric(FORCED) >= 1  # promises past 3/4 of the budget gave way; main: 0
+        assert node.metric("kura_retention_displaced_evictions_total") >= 1
+        promised = node.metric("kura_retention_promised_bytes")
+        assert 0 < promised <= BUDGET * PROMISE_SHARE
+        with node.client() as h:
+            (warning,) = [w for w in h.get("/ready").json()["warnings"] if SHORTFALL in w]
+        assert f"of KURA_MAX_DISK_BYTES={BUDGET} bytes" in warning
+        assert stored(rw, new[-3:]) == 3  # a quarter of the budget stays for new writes
+        assert node.metric("kura_disk_used_bytes") <= BUDGET
+    finally:
+        for c in (anonymous, rw, ro):
+            c.close()
+
+
 # -- the window and the warning in virtual time, on the store itself -------------------------
 
 
