@@ -26,7 +26,7 @@ from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
 from kura.storage.budget import TmpBudget
-from kura.storage.retention import WARNING_SECONDS
+from kura.storage.retention import PROMISE_SHARE, WARNING_SECONDS
 from kura.storage.service import ArtifactRef, CacheService
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
@@ -122,6 +122,8 @@ def test_when_only_promised_blobs_are_left_the_budget_wins_counted_and_warned(
         assert forced >= 1
         assert node.metric("kura_retention_evicted_bytes_total") == forced * SIZE
         assert stored(c, told) == len(told) - forced
+        # What is promised now, for sizing the disk (main: no such gauge).
+        assert 0 < node.metric("kura_retention_promised_bytes") <= BUDGET
         with node.client() as h:
             ready = h.get("/ready")
             assert ready.status_code == 200  # a warning, not a reason: the node still serves
@@ -129,6 +131,41 @@ def test_when_only_promised_blobs_are_left_the_budget_wins_counted_and_warned(
             assert SHORTFALL in h.get("/ui").text
     finally:
         c.close()
+
+
+def test_a_read_only_client_asking_about_everything_cannot_silently_starve_new_writes(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """The hostile client, scaled down: a read-only token's FindMissingBlobs over 80 % of the
+    budget, then a budget of new writes, all answered OK. On main the new blobs went within
+    seconds while every counter, /ready and the log stayed silent."""
+    node, anonymous = start_grpc_node(
+        start_node,
+        max_disk_bytes=BUDGET,
+        inline_max_bytes=0,
+        read_write_tokens="rw",
+        read_only_tokens="ro",
+    )
+    rw, ro = Reapi(anonymous.target, "rw"), Reapi(anonymous.target, "ro")
+    try:
+        told = blobs(8)
+        rw.batch_update(told)
+        assert ro.find_missing(told) == []
+        new = blobs(BUDGET // SIZE)
+        for data in new:
+            assert [r.status.code for r in rw.batch_update([data]).responses] == [0]
+        assert node.metric(FORCED) >= 1  # promises past 3/4 of the budget gave way; main: 0
+        assert node.metric("kura_retention_displaced_evictions_total") >= 1
+        promised = node.metric("kura_retention_promised_bytes")
+        assert 0 < promised <= BUDGET * PROMISE_SHARE
+        with node.client() as h:
+            (warning,) = [w for w in h.get("/ready").json()["warnings"] if SHORTFALL in w]
+        assert f"of KURA_MAX_DISK_BYTES={BUDGET} bytes" in warning
+        assert stored(rw, new[-3:]) == 3  # a quarter of the budget stays for new writes
+        assert node.metric("kura_disk_used_bytes") <= BUDGET
+    finally:
+        for c in (anonymous, rw, ro):
+            c.close()
 
 
 # -- the window and the warning in virtual time, on the store itself -------------------------
@@ -222,6 +259,40 @@ async def test_the_shortfall_warning_clears_once_none_had_to_go_for_a_while(
         clock.advance(1)
         assert not any(SHORTFALL in w for w in service.warnings())  # transient: no latch
         assert service.stats.retention_evictions_total >= 1  # the counter keeps the history
+    finally:
+        await service.close()
+
+
+async def test_promises_filling_the_budget_give_way_and_crowding_out_new_blobs_is_loud(
+    tmp_path: Path,
+) -> None:
+    """A client (a read-only token will do) asks about nearly all the budget; then new blobs
+    are written. On main the promises held, the new blobs went within seconds, and nothing
+    counted, warned or logged it: the cache kept nothing new for KURA_MIN_RETENTION."""
+    clock = ManualClock()
+    service = store(tmp_path, clock, HOUR_MS)
+    await service.start()
+    try:
+        await write(service, clock, range(8))
+        assert await held(service, range(8)) == 8  # 80 % of the budget promised
+        await service.flush_promises()
+        assert service.stats.retention_promised_bytes == 8 * SIZE  # the gauge
+        new = range(100, 110)
+        await write(service, clock, new)
+        s = service.stats
+        # Past PROMISE_SHARE the least recently told give way, counted as forced...
+        assert s.retention_evictions_total >= 1  # main: 0
+        assert s.retention_promised_bytes <= BUDGET * PROMISE_SHARE
+        # ... so new writes keep their quarter of the budget (main: the last 2 of the 10)...
+        assert await held(service, new[-3:]) == 3
+        # ... and the young blobs the promises still push out are counted as displaced.
+        assert s.retention_displaced_evictions_total >= 1
+        assert s.retention_displaced_bytes_total == s.retention_displaced_evictions_total * SIZE
+        (warning,) = [w for w in service.warnings() if SHORTFALL in w]
+        assert f"promises held {s.retention_promised_bytes} of KURA_MAX_DISK_BYTES={BUDGET}" in (
+            warning
+        )
+        assert s.used_bytes <= BUDGET
     finally:
         await service.close()
 

@@ -94,6 +94,24 @@ class StoreCollector(Collector):
             "Bytes of artifacts evicted inside their KURA_MIN_RETENTION window.",
             s.retention_evicted_bytes_total,
         )
+        yield CounterMetricFamily(
+            "kura_retention_displaced_evictions",
+            "Artifacts written or used inside KURA_MIN_RETENTION, not promised, evicted while "
+            "promises held more than half of KURA_MAX_DISK_BYTES: the disk is too small for "
+            "what clients were told exists; 0 while it is not.",
+            s.retention_displaced_evictions_total,
+        )
+        yield CounterMetricFamily(
+            "kura_retention_displaced_evicted_bytes",
+            "Bytes of artifacts evicted as kura_retention_displaced_evictions_total counts.",
+            s.retention_displaced_bytes_total,
+        )
+        yield GaugeMetricFamily(
+            "kura_retention_promised_bytes",
+            "Bytes of stored artifacts promised to clients inside KURA_MIN_RETENTION (as of the "
+            "last eviction pass or 5 s flush); keep KURA_MAX_DISK_BYTES at least twice this.",
+            s.retention_promised_bytes,
+        )
         # kura_storage_corrupt_artifacts_total{detected_by}: kura.api.integrity_metrics
         start = self._start_report()
         yield GaugeMetricFamily(

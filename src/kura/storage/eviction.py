@@ -4,7 +4,8 @@ Evictions are local: they are never replicated. While an eviction floor is set (
 bootstrap runs: ``CacheService``'s ``eviction_floor_ms``), eviction only picks artifacts last used
 before it; a write that finds nothing it may evict is still stored, over the budget, as when
 nothing at all is evictable. Artifacts clients were told exist stay for ``KURA_MIN_RETENTION``
-while the budget allows; past it they go too, counted (``storage.retention``). Equal access
+while the budget allows and they hold at most ``retention.PROMISE_SHARE`` of it; past it they go
+too, counted, as are young blobs they push out (``storage.retention``). Equal access
 stamps are evicted oldest version first (the index order ``artifacts_by_access_version``).
 Runs on the writer thread only. Other policies that drop artifacts (age expiry) live in their
 own modules beside this one.
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 
 from kura.core.eviction import bytes_to_free
 from kura.core.manifest import Manifest
+from kura.storage import retention
 from kura.storage.state import StorageState
 from kura.storage.verify import problem_with_bytes, problem_with_file
 
@@ -36,41 +38,94 @@ class Eviction(StorageState):
 
     def _evict_sync(self, incoming_bytes: int, exclude: str) -> None:
         """Writer thread: make room for ``incoming_bytes`` more, never evicting ``exclude``.
-        Artifacts inside their retention window (``storage.retention``) go only when the others
-        are not enough, each counted in ``stats.retention_evictions_total``."""
+        With ``KURA_MIN_RETENTION`` set, in this order (``storage.retention``): unpromised
+        artifacts last used before the window; promises over ``PROMISE_SHARE`` of the budget
+        (least recently used first, counted as forced); unpromised artifacts used inside the
+        window (counted as displaced while promises hold over ``DISPLACING_SHARE``); and, last,
+        any promised one (forced)."""
         need = bytes_to_free(self.stats.used_bytes, incoming_bytes, self.max_disk_bytes)
         if need <= 0:
             return
         floor = self._eviction_floor_ms()
-        promised_since = self._promised_since_ms()
-        if promised_since is not None:
-            self._record_promises_sync(self.accesses.promised.copy())
-        need = self._evict_lru_sync(need, exclude, floor, promised_since)
-        if need > 0 and promised_since is not None:
-            stats = self.stats
-            evictions, evicted_bytes = stats.evictions_total, stats.evicted_bytes_total
+        since = self._promised_since_ms()
+        if since is None:
             self._evict_lru_sync(need, exclude, floor, None)
-            if stats.evictions_total > evictions:
-                forced = stats.evictions_total - evictions
-                stats.retention_evictions_total += forced
-                stats.retention_evicted_bytes_total += stats.evicted_bytes_total - evicted_bytes
-                stats.retention_last_eviction_ms = self.clock.now_ms()
-                log.warning(
-                    "evicted %d artifact(s) inside their retention window "
-                    "(KURA_MIN_RETENTION): the disk budget (KURA_MAX_DISK_BYTES=%d) left no "
-                    "other choice",
-                    forced,
-                    self.max_disk_bytes,
-                )
+            return
+        self._record_promises_sync(self.accesses.promised.copy())
+        before_window = since if floor is None else min(floor, since)
+        need = self._evict_lru_sync(need, exclude, before_window, since)
+        if need > 0:
+            self._evict_inside_window_sync(need, exclude, floor, since)
+
+    def _evict_inside_window_sync(
+        self, need: int, exclude: str, floor: int | None, since: int
+    ) -> None:
+        """Writer thread: free ``need`` bytes from artifacts inside the retention window, each
+        one counted (``storage.retention``: the cache is not keeping what it should)."""
+        s = self.stats
+        budget = self.max_disk_bytes
+        promised = retention.promised_bytes(self._require_index().connection(), since)
+        s.retention_promised_bytes = promised
+        over_share = promised - int(budget * retention.PROMISE_SHARE)
+        if over_share > 0:
+            freed = self._counted_sync(min(need, over_share), exclude, floor, since, "forced")
+            need -= freed
+            s.retention_promised_bytes -= freed
+        if need > 0:
+            displacing = s.retention_promised_bytes > budget * retention.DISPLACING_SHARE
+            kind = "displaced" if displacing else ""
+            need -= self._counted_sync(need, exclude, floor, since, kind)
+        if need > 0:
+            freed = self._counted_sync(need, exclude, floor, None, "forced")
+            s.retention_promised_bytes = max(0, s.retention_promised_bytes - freed)
+
+    def _counted_sync(
+        self, need: int, exclude: str, floor: int | None, since: int | None, kind: str
+    ) -> int:
+        """Writer thread: one pass of ``_evict_lru_sync`` (``since`` None: any artifact; with
+        ``kind`` "forced" and ``since``, only promised ones; else only unpromised ones) counted
+        as ``kind`` ("forced", "displaced", or "" for none) and logged at WARNING; return the
+        bytes freed."""
+        s = self.stats
+        evictions, evicted_bytes = s.evictions_total, s.evicted_bytes_total
+        self._evict_lru_sync(need, exclude, floor, since, promised_only=kind == "forced")
+        count, freed = s.evictions_total - evictions, s.evicted_bytes_total - evicted_bytes
+        if not count or not kind:
+            return freed
+        if kind == "forced":
+            s.retention_evictions_total += count
+            s.retention_evicted_bytes_total += freed
+        else:
+            s.retention_displaced_evictions_total += count
+            s.retention_displaced_bytes_total += freed
+        s.retention_last_eviction_ms = self.clock.now_ms()
+        log.warning(
+            "evicted %d artifact(s) (%d bytes) %s inside their retention window "
+            "(KURA_MIN_RETENTION): promises hold %d bytes of KURA_MAX_DISK_BYTES=%d",
+            count,
+            freed,
+            "that clients were told exist" if kind == "forced" else "written or used, unpromised,",
+            s.retention_promised_bytes,
+            self.max_disk_bytes,
+        )
+        return freed
 
     def _evict_lru_sync(
-        self, need: int, exclude: str, floor: int | None, promised_since: int | None
+        self,
+        need: int,
+        exclude: str,
+        floor: int | None,
+        promised_since: int | None,
+        *,
+        promised_only: bool = False,
     ) -> int:
         """Evict least-recently-used artifacts (``paging.least_recently_used``'s filters)
         until ``need`` bytes are freed or none is left; return the bytes still needed."""
         index = self._require_index()
         while need > 0:
-            batch = index.paging.least_recently_used(256, exclude, floor, promised_since)
+            batch = index.paging.least_recently_used(
+                256, exclude, floor, promised_since, promised_only=promised_only
+            )
             if not batch:
                 return need
             victims: list[tuple[str, int, bool]] = []

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from kura.core.manifest import Manifest
 from kura.core.object_layout import OUTBOX_TARGET
-from kura.storage.retention import UNPROMISED_SINCE
+from kura.storage.retention import PROMISED_SINCE, UNPROMISED_SINCE
 from kura.storage.schema import COLUMNS as _COLUMNS
 from kura.storage.schema import row_to_manifest as _row_to_manifest
 
@@ -92,14 +92,18 @@ class PagingQueries:
         exclude: str,
         used_before_ms: int | None = None,
         promised_since_ms: int | None = None,
+        *,
+        promised_only: bool = False,
     ) -> list[tuple[str, int, bool]]:
         """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
         version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
         used (or written) at or after it; with ``promised_since_ms``, every artifact promised
-        to a client at or after it (``storage.retention``). An artifact whose upload to the
+        to a client at or after it (``storage.retention``), or, ``promised_only``, every other
+        artifact. An artifact whose upload to the
         object-storage tier is pending is never picked: its only copy is here."""
         before = (1 << 62) if used_before_ms is None else used_before_ms
-        promised = "" if promised_since_ms is None else f"AND {UNPROMISED_SINCE} "
+        clause = PROMISED_SINCE if promised_only else UNPROMISED_SINCE
+        promised = "" if promised_since_ms is None else f"AND {clause} "
         args = () if promised_since_ms is None else (promised_since_ms,)
         rows = (
             self._conn()

@@ -11,11 +11,16 @@ action-cache hit over gRPC and HTTP, a key-value hit's referenced blobs) records
 artifact id -> when it was told (unix ms), in memory first (``state.AccessTimes.promise``), then
 in the index's ``retention`` table, one statement per batch (``record``).
 
-Eviction (``storage.eviction``) then picks, in LRU order, only artifacts with no promise
-younger than ``KURA_MIN_RETENTION``; only when those are not enough to stay within
-``KURA_MAX_DISK_BYTES`` does it evict promised ones too (the budget and the durability of the new
-write win), counts each in ``kura_retention_evictions_total`` and names the shortfall in the
-``/ready`` warnings (``shortfall_warning``) until ``WARNING_SECONDS`` have passed without one.
+Eviction (``storage.eviction``) then picks, in LRU order, unpromised artifacts used before the
+window first; then promises over ``PROMISE_SHARE`` of ``KURA_MAX_DISK_BYTES``; then unpromised
+artifacts used inside the window; then, when nothing else is left, promised ones too (the budget
+and the durability of the new write win). A broken promise is counted in
+``kura_retention_evictions_total``; a young unpromised artifact evicted while promises hold over
+``DISPLACING_SHARE`` in ``kura_retention_displaced_evictions_total`` (the promises crowd new
+writes out: a read-only client's ``FindMissingBlobs`` over everything stored did, silently,
+before). Both are named in the ``/ready`` warnings (``shortfall_warning``), with the promised
+bytes (``promised_bytes``, also a gauge) and the budget, until ``WARNING_SECONDS`` have passed
+without one.
 Age expiry (``KURA_MAX_AGE``) never drops a promised artifact. Promises are local, like access
 times: never replicated.
 """
@@ -27,6 +32,7 @@ import sqlite3
 from collections.abc import Mapping
 
 from kura.storage.schema import write_transaction
+from kura.storage.stats import StorageStats
 
 # The shortfall warning stays this long after the last promised artifact evicted: long enough
 # for an operator (or an alert on /ready warnings) to see it, short enough that a passing
@@ -41,12 +47,23 @@ CREATE TABLE IF NOT EXISTS retention (
 CREATE INDEX IF NOT EXISTS retention_by_time ON retention(promised_ms);
 """
 
+# Promises may hold at most this share of KURA_MAX_DISK_BYTES: past it, the least recently told
+# give way (counted as forced evictions) before any blob written inside the window, so a client
+# that asks about everything (a read-only token's FindMissingBlobs) cannot leave new writes no
+# room. A quarter of the budget (5 eviction passes) stays for what is written meanwhile.
+PROMISE_SHARE = 3 / 4
+# A blob used inside the window that is evicted while promises hold more than this share of the
+# budget was pushed out by them ("displaced", counted and warned): below it, new writes have at
+# least as much room as the promises, an LRU the operator sized; above it, the disk is too small
+# for what clients were told exists (docs/durability.md: budget >= 2 x promised bytes).
+DISPLACING_SHARE = 1 / 2
+
 # Excludes from an eviction query (``paging.least_recently_used``) every artifact promised at or
-# after its parameter (unix ms).
-UNPROMISED_SINCE = (
-    "NOT EXISTS (SELECT 1 FROM retention r WHERE r.artifact_id = a.artifact_id "
-    "AND r.promised_ms >= ?)"
+# after its parameter (unix ms); ``PROMISED_SINCE`` keeps only those.
+PROMISED_SINCE = (
+    "EXISTS (SELECT 1 FROM retention r WHERE r.artifact_id = a.artifact_id AND r.promised_ms >= ?)"
 )
+UNPROMISED_SINCE = f"NOT {PROMISED_SINCE}"
 
 
 def ensure(conn: sqlite3.Connection) -> None:
@@ -74,18 +91,37 @@ def record(conn: sqlite3.Connection, promised: Mapping[str, int], expired_before
         conn.execute("DELETE FROM retention WHERE promised_ms < ?", (expired_before_ms,))
 
 
+def promised_bytes(conn: sqlite3.Connection, since_ms: int) -> int:
+    """Bytes of the stored artifacts promised at or after ``since_ms`` (unix ms): one range scan
+    of ``retention_by_time`` with a primary-key look-up each, so O(promises in the window); run
+    by eviction passes and the promise flush, never per answer."""
+    row = conn.execute(
+        "SELECT COALESCE(SUM(a.size), 0) FROM retention r "
+        "JOIN artifacts a ON a.artifact_id = r.artifact_id WHERE r.promised_ms >= ?",
+        (since_ms,),
+    ).fetchone()
+    return int(row[0])
+
+
 def shortfall_warning(
-    evictions: int, evicted_bytes: int, last_ms: int, now_ms: int, min_retention_ms: int
+    stats: StorageStats, now_ms: int, min_retention_ms: int, budget: int
 ) -> str | None:
-    """The ``/ready`` warning while a promised artifact was evicted less than
-    ``WARNING_SECONDS`` before ``now_ms`` (``last_ms``, unix ms; 0 = never), else None.
-    ``evictions`` and ``evicted_bytes`` are the totals since start."""
+    """The ``/ready`` warning while an artifact clients were told exists (forced) or one used
+    inside the window (displaced) was evicted less than ``WARNING_SECONDS`` before ``now_ms``
+    (``stats.retention_last_eviction_ms``, unix ms; 0 = never), else None. The counts are the
+    totals since start; ``budget`` is ``KURA_MAX_DISK_BYTES``."""
+    s = stats
+    last_ms = s.retention_last_eviction_ms
     if not last_ms or now_ms - last_ms >= WARNING_SECONDS * 1000:
         return None
     return (
-        f"retention floor not held: {evictions} artifact(s) ({evicted_bytes} bytes) that clients "
-        f"were told exist were evicted inside KURA_MIN_RETENTION ({min_retention_ms // 1000} s) "
-        f"to stay within KURA_MAX_DISK_BYTES, the last {(now_ms - last_ms) // 1000} s ago; "
-        "builds without the bytes may fail with lost inputs: raise KURA_MAX_DISK_BYTES "
+        f"retention floor not held: {s.retention_evictions_total} artifact(s) "
+        f"({s.retention_evicted_bytes_total} bytes) that clients were told exist, and "
+        f"{s.retention_displaced_evictions_total} ({s.retention_displaced_bytes_total} bytes) "
+        f"written or used inside KURA_MIN_RETENTION ({min_retention_ms // 1000} s) were evicted "
+        f"because promises held {s.retention_promised_bytes} of KURA_MAX_DISK_BYTES={budget} "
+        f"bytes, the last {(now_ms - last_ms) // 1000} s ago: the disk is too small for what "
+        "clients were told exists, so builds without the bytes may fail with lost inputs and "
+        "new blobs are not kept; raise KURA_MAX_DISK_BYTES to twice the promised bytes "
         "(docs/durability.md, retention)"
     )

@@ -259,13 +259,8 @@ class CacheService(ReplicaApply):
         warnings): what start-up found (``StartReport.warnings``), the peer queues, and a
         failed fsync (a reason too)."""
         found = self.start_report.warnings + self.queues.warnings()
-        s = self.stats
         shortfall = retention.shortfall_warning(
-            s.retention_evictions_total,
-            s.retention_evicted_bytes_total,
-            s.retention_last_eviction_ms,
-            self.clock.now_ms(),
-            self.min_retention_ms,
+            self.stats, self.clock.now_ms(), self.min_retention_ms, self.max_disk_bytes
         )
         found += [shortfall] if shortfall else []
         return found + ([self._writer.failure] if self._writer.failure else [])
@@ -318,6 +313,10 @@ class CacheService(ReplicaApply):
         elif promised:
             await self._in(self._writer, partial(self._record_promises_sync, flush=True), promised)
         self.accesses.forget_promised(promised, since)
+        if not index.read_only:  # kura_retention_promised_bytes, off the writer thread
+            self.stats.retention_promised_bytes = await self._read_index(
+                retention.promised_bytes, since
+            )
 
     # -- reads: this store's ArtifactReader is ``reads`` (storage.reads.ArtifactReads) --------
     # What the store's other ports (ArtifactWriter, WorkerSupport) ask of it is answered there.

@@ -17,7 +17,13 @@ class StorageStats:
     # last one went (unix ms, 0 = never).
     retention_evictions_total: int = 0
     retention_evicted_bytes_total: int = 0
+    # Artifacts used inside KURA_MIN_RETENTION but not promised, evicted while promises held more
+    # than retention.DISPLACING_SHARE of the budget; when the last of either went (unix ms).
+    retention_displaced_evictions_total: int = 0
+    retention_displaced_bytes_total: int = 0
     retention_last_eviction_ms: int = 0
+    # Bytes of the artifacts promised inside the window, as of the last eviction pass or flush.
+    retention_promised_bytes: int = 0
     # detected_by ("read", "scrub", "put") -> entries quarantined.
     corrupt_total: dict[str, int] = field(default_factory=dict)
     outbox_depth: int = 0  # changed on the writer thread only
