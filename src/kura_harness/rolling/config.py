@@ -108,7 +108,7 @@ class HostReport:
     kura_up_at: float | None = None  # its listen line (the public port accepts)
     routable_at: float | None = None  # the demo's router sends it traffic again
     agent_boot_at: float | None = None
-    ready_at: float | None = None  # first /ready 200 after the restart (response received)
+    ready_at: float | None = None  # first /ready 200 after the restart (when it was asked for)
     last_not_ready_at: float | None = None
     refill_bytes: int = 0  # disk_used_bytes gained between the restart and /ready 200
     bootstrap_applied_artifacts: int = 0

@@ -286,8 +286,9 @@ class Host:
 
     def _watch_ready(self) -> None:
         """From the restart until /ready answers 200: poll it over one kept-alive connection,
-        every 20 ms while bootstrap is below 90 %, every 2 ms after (so ``ready_at`` trails the
-        node's own switch by a few ms); sample /status every 0.1 s for the progress line and
+        every 20 ms while bootstrap is below 90 %, every 2 ms after; ``ready_at`` is when the
+        first 200 was asked for (the switch lies between it and the answer, within one poll
+        of the last refusal); sample /status every 0.1 s for the progress line and
         kura's reserved tmp bytes; keep the tmp sampler's window open meanwhile."""
         rep, sampler = self.report, self.run.sampler
         window = sampler.open_window()
@@ -311,6 +312,7 @@ class Host:
                     stored = (int(st["disk_used_bytes"]) - start_used) / MiB
                     self.bootstrap_line = f"bootstrap {pct:.0f}%, {stored:.1f} MiB stored"
             status, body = 0, b""
+            asked_at = time.time()
             try:
                 if conn is None:
                     conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
@@ -322,7 +324,10 @@ class Host:
                     conn.close()
                 conn = None
             if status == 200:
-                rep.ready_at = time.time()
+                # When the 200 was asked for: the node switched before it answered, and an
+                # answer that takes long (a loaded machine: 0.78 s once) must not move the
+                # switch later than kured's own probe saw it.
+                rep.ready_at = asked_at
                 break
             rep.last_not_ready_at = time.time()
             m = BOOTSTRAP_PCT.search(body.decode(errors="replace"))
