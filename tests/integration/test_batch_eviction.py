@@ -18,32 +18,18 @@ import pytest
 
 from kit.clock import ManualClock
 from kura.storage.artifact import ArtifactRef, BatchBlob, PutResult
-from kura.storage.budget import TmpBudget
 from kura.storage.service import CacheService
 from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess
 from tests.grpc_api.client import Reapi
+from tests.integration.test_retention import BUDGET, HOUR_MS, SIZE
+from tests.integration.test_retention import store as retention_store
 
 pytestmark = pytest.mark.in_process
 
-SIZE = 10 * 1024
-BUDGET = 10 * SIZE
-HOUR_MS = 3600 * 1000
-
 
 def store(tmp_path: Path, clock: ManualClock, **kw: object) -> CacheService:
-    return CacheService(
-        data_dir=tmp_path / "data",
-        tmp_dir=tmp_path / "tmp",
-        tenant_id="t",
-        budget=TmpBudget(1024 * 1024, tmp_dir=tmp_path / "tmp"),
-        clock=clock,
-        max_disk_bytes=BUDGET,
-        min_free_disk_bytes=0,
-        min_retention_ms=HOUR_MS,
-        inline_max_bytes=2 * SIZE,
-        **kw,  # type: ignore[arg-type]
-    )
+    return retention_store(tmp_path, clock, HOUR_MS, inline_max_bytes=2 * SIZE, **kw)
 
 
 def batch(bodies: list[bytes]) -> list[BatchBlob]:

@@ -175,7 +175,8 @@ def ref(i: int) -> ArtifactRef:
     return ArtifactRef("bazel", "", f"cas/{i:064x}")
 
 
-def store(tmp_path: Path, clock: ManualClock, min_retention_ms: int) -> CacheService:
+def store(tmp_path: Path, clock: ManualClock, min_retention_ms: int, **kw: object) -> CacheService:
+    """A store of ``BUDGET`` bytes on ``clock`` (``kw``: more CacheService arguments)."""
     return CacheService(
         data_dir=tmp_path / "data",
         tmp_dir=tmp_path / "tmp",
@@ -185,6 +186,7 @@ def store(tmp_path: Path, clock: ManualClock, min_retention_ms: int) -> CacheSer
         max_disk_bytes=BUDGET,
         min_free_disk_bytes=0,
         min_retention_ms=min_retention_ms,
+        **kw,  # type: ignore[arg-type]
     )
 
 

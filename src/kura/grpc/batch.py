@@ -14,11 +14,11 @@ them):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import aclosing
 
 from kura.api.action_lookup import cas_ref
-from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.core.errors import InvalidRequest, KuraError, NotFound
-from kura.grpc.common import Digest, GrpcContext, check_digest, is_empty
+from kura.grpc.common import Digest, GrpcContext, check_digest, is_empty, verified_body
 from kura.storage.artifact import BatchBlob, StoredBody
 
 CONTENT_TYPE = "application/octet-stream"
@@ -109,22 +109,8 @@ async def read_blobs(
 
 
 async def blob_bytes(gc: GrpcContext, digest: Digest, body: StoredBody, limit_bytes: int) -> bytes:
-    """``body`` (closed here) in memory as the blob ``digest``, its bytes verified against the
-    stored digest. ``NotFound`` when it is stored with another size (or turns out damaged:
-    storage then quarantines it), ``InvalidRequest`` when it is larger than ``limit_bytes``."""
-    try:
-        if body.manifest.size != digest.size_bytes:
-            raise NotFound(
-                f"blob {digest.hash} is stored with size {body.manifest.size}, "
-                f"not {digest.size_bytes}"
-            )
-        if body.manifest.size > limit_bytes:
-            raise InvalidRequest(
-                f"blob {digest.hash} is larger than {limit_bytes} bytes: use ByteStream.Read"
-            )
-        try:
-            return b"".join([c async for c in verified_chunks(gc.reader, body)])
-        except DamagedBlob:
-            raise NotFound(f"blob {digest.hash} failed verification; treated as a miss") from None
-    finally:
-        body.close()
+    """``body`` (closed here) in memory as the blob ``digest`` (``verified_body``: ``NotFound``
+    when stored with another size or damaged, ``InvalidRequest`` past ``limit_bytes``)."""
+    pieces = verified_body(gc, body, digest.hash, digest.size_bytes, "blob", limit_bytes)
+    async with aclosing(pieces):
+        return b"".join([piece async for piece in pieces])

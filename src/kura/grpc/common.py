@@ -1,12 +1,6 @@
 """What every gRPC service shares: the context, digests and instance names, tokens, errors.
 
-* Instance names select namespaces (``namespace_of``): ``""`` is the default namespace; any
-  other is one or more ``/``-separated segments of letters, digits, ``.``, ``_`` and ``-`` (not
-  starting with ``.``), and its namespace is the segments joined by ``~`` (``org/team-1`` is the
-  namespace ``org~team-1``, which ``/ns/org~team-1/cache`` names over HTTP), at most 128
-  characters. ``~`` is the separator, so it is refused inside an instance name, as are an empty
-  segment and a segment the REAPI reserves for resource names (``RESERVED_SEGMENTS``): each
-  would make two instance names one namespace, or a ByteStream name ambiguous.
+* Instance names select namespaces (``kura.grpc.resource_names.namespace_of``).
 * A digest is SHA-256 (64 lowercase hex digits) with ``size_bytes >= 0`` (INVALID_ARGUMENT
   otherwise); the empty blob is always present (REAPI).
 * Tokens: ``authorization: Bearer <token>`` metadata, checked by the HTTP routes'
@@ -47,11 +41,13 @@ from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.api.malformed import log_malformed, log_shortage, short_of_resources
 from kura.api.metrics import KuraMetrics
 from kura.core import errors as e
-from kura.core.keys import HEX_SHA256, NAMESPACE, validate
+from kura.core.keys import HEX_SHA256, validate
+from kura.grpc.resource_names import namespace_of
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
 from kura.settings import Settings
+from kura.storage.artifact import StoredBody
 from kura.storage.ports import ArtifactReader, ArtifactWriter
 
 log = logging.getLogger(__name__)
@@ -193,43 +189,36 @@ def fails_on_update_disabled(context: grpc.aio.ServicerContext[Any, Any]) -> boo
     return False
 
 
-def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization" and isinstance(value, str):
-            return value
-    return None
-
-
-# remote_execution.proto (ByteStream API): "a path segment cannot equal any of the following
-# keywords", so that a resource name parses one way.
-RESERVED_SEGMENTS = frozenset(
-    {
-        "blobs",
-        "uploads",
-        "actions",
-        "actionResults",
-        "operations",
-        "capabilities",
-        "compressed-blobs",
-    }
-)
-SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
-SEPARATOR = "~"  # joins an instance name's segments into its namespace
-MAX_INSTANCE_NAME_CHARS = 128  # its namespace's length (kura.core.keys.NAMESPACE)
-
-
 async def stored_blob(
     gc: GrpcContext, ns: str, sha256: str, size_bytes: int, what: str
 ) -> AsyncGenerator[bytes, None]:
-    """The bytes of the stored blob ``sha256`` in pieces, verified against its stored digest
-    as they are read (``verified_chunks``: the last piece only once the whole blob hashed
-    right). ``NotFound`` when it is not stored with ``size_bytes``, or damaged (storage then
-    quarantines it). Close it (``aclosing``) to release the file early."""
+    """The stored blob ``sha256`` of namespace ``ns``, opened and read as ``verified_body``.
+    Close it (``aclosing``) to release the file early."""
     body = await gc.reader.read(cas_ref(ns, sha256))
+    async for piece in verified_body(gc, body, sha256, size_bytes, what):
+        yield piece
+
+
+async def verified_body(
+    gc: GrpcContext,
+    body: StoredBody,
+    sha256: str,
+    size_bytes: int,
+    what: str,
+    limit_bytes: int | None = None,
+) -> AsyncGenerator[bytes, None]:
+    """``body`` (closed here) as the blob ``sha256`` in pieces, verified against its stored
+    digest as they are read (``verified_chunks``: the last piece only once the whole blob
+    hashed right). ``NotFound`` when it is not stored with ``size_bytes``, or damaged (storage
+    then quarantines it); ``InvalidRequest`` when it is larger than ``limit_bytes``."""
     try:
         if body.manifest.size != size_bytes:
             raise e.NotFound(
                 f"{what} {sha256} is stored with size {body.manifest.size}, not {size_bytes}"
+            )
+        if limit_bytes is not None and body.manifest.size > limit_bytes:
+            raise e.InvalidRequest(
+                f"{what} {sha256} is larger than {limit_bytes} bytes: use ByteStream.Read"
             )
         async for piece in verified_chunks(gc.reader, body):
             yield piece
@@ -239,35 +228,11 @@ async def stored_blob(
         body.close()
 
 
-def namespace_of(instance_name: str) -> str:
-    """The namespace an instance name selects (module rules), e.g. ``"org/team-1"`` →
-    ``"org~team-1"``; ``InvalidRequest`` saying why otherwise."""
-    if not instance_name:
-        return ""
-    shown = instance_name if len(instance_name) <= 80 else instance_name[:77] + "..."
-    if len(instance_name) > MAX_INSTANCE_NAME_CHARS:
-        raise e.InvalidRequest(
-            f"invalid instance name {shown!r}: longer than {MAX_INSTANCE_NAME_CHARS} characters"
-        )
-    for segment in instance_name.split("/"):
-        if not segment:
-            raise e.InvalidRequest(
-                f"invalid instance name {shown!r}: an empty segment (a leading, trailing or "
-                "doubled '/')"
-            )
-        if segment in RESERVED_SEGMENTS:
-            raise e.InvalidRequest(
-                f"invalid instance name {shown!r}: the segment {segment!r} is reserved by the "
-                "REAPI for resource names (" + ", ".join(sorted(RESERVED_SEGMENTS)) + ")"
-            )
-        if not SEGMENT.fullmatch(segment):
-            why = (
-                f"'{SEPARATOR}' joins segments into the namespace: separate segments with '/'"
-                if SEPARATOR in segment
-                else "a segment is letters, digits, '.', '_' and '-', not starting with '.'"
-            )
-            raise e.InvalidRequest(f"invalid instance name {shown!r}: {why}")
-    return validate(instance_name.replace("/", SEPARATOR), NAMESPACE, "instance name")
+def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str):
+            return value
+    return None
 
 
 Digest = reapi.Digest  # what the batch calls' work (``kura.grpc.batch``) takes

@@ -1,4 +1,13 @@
-"""ByteStream resource names of the REAPI CAS (remote_execution.proto, "ByteStream API").
+"""Instance names and ByteStream resource names of the REAPI CAS (remote_execution.proto,
+"ByteStream API").
+
+* Instance names select namespaces (``namespace_of``): ``""`` is the default namespace; any
+  other is one or more ``/``-separated segments of letters, digits, ``.``, ``_`` and ``-`` (not
+  starting with ``.``), and its namespace is the segments joined by ``~`` (``org/team-1`` is the
+  namespace ``org~team-1``, which ``/ns/org~team-1/cache`` names over HTTP), at most 128
+  characters. ``~`` is the separator, so it is refused inside an instance name, as are an empty
+  segment and a segment the REAPI reserves for resource names (``RESERVED_SEGMENTS``): each
+  would make two instance names one namespace, or a ByteStream name ambiguous.
 
 * Read: ``{instance_name}/blobs/{hash}/{size}`` or
   ``{instance_name}/compressed-blobs/{compressor}/{hash}/{size}``.
@@ -10,7 +19,7 @@
 ``instance_name`` may be empty (the name then starts with ``blobs/`` or ``uploads/``) or span
 several segments (``org/team-1/blobs/...``): it is everything before the first segment that is
 ``uploads``, ``blobs`` or ``compressed-blobs``, which no instance name may contain
-(``kura.grpc.common.namespace_of``, which also maps it to its namespace). The compressors are
+(``namespace_of``, which also maps it to its namespace). The compressors are
 ``identity`` and ``zstd`` (``kura.grpc.zstd_stream``); any other is INVALID_ARGUMENT, as is a
 name of any other shape, a hash that is not 64 lowercase hex digits or a size that is not a decimal
 integer >= 0.
@@ -18,13 +27,62 @@ integer >= 0.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kura.core.errors import InvalidRequest
-from kura.core.keys import HEX_SHA256, validate
-from kura.grpc.common import namespace_of
+from kura.core.keys import HEX_SHA256, NAMESPACE, validate
 
 MAX_NAME_CHARS = 1024
+# remote_execution.proto (ByteStream API): "a path segment cannot equal any of the following
+# keywords", so that a resource name parses one way.
+RESERVED_SEGMENTS = frozenset(
+    {
+        "blobs",
+        "uploads",
+        "actions",
+        "actionResults",
+        "operations",
+        "capabilities",
+        "compressed-blobs",
+    }
+)
+SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+SEPARATOR = "~"  # joins an instance name's segments into its namespace
+MAX_INSTANCE_NAME_CHARS = 128  # its namespace's length (kura.core.keys.NAMESPACE)
+
+
+def namespace_of(instance_name: str) -> str:
+    """The namespace an instance name selects (module rules), e.g. ``"org/team-1"`` →
+    ``"org~team-1"``; ``InvalidRequest`` saying why otherwise."""
+    if not instance_name:
+        return ""
+    shown = instance_name if len(instance_name) <= 80 else instance_name[:77] + "..."
+    if len(instance_name) > MAX_INSTANCE_NAME_CHARS:
+        raise InvalidRequest(
+            f"invalid instance name {shown!r}: longer than {MAX_INSTANCE_NAME_CHARS} characters"
+        )
+    for segment in instance_name.split("/"):
+        if not segment:
+            raise InvalidRequest(
+                f"invalid instance name {shown!r}: an empty segment (a leading, trailing or "
+                "doubled '/')"
+            )
+        if segment in RESERVED_SEGMENTS:
+            raise InvalidRequest(
+                f"invalid instance name {shown!r}: the segment {segment!r} is reserved by the "
+                "REAPI for resource names (" + ", ".join(sorted(RESERVED_SEGMENTS)) + ")"
+            )
+        if not SEGMENT.fullmatch(segment):
+            why = (
+                f"'{SEPARATOR}' joins segments into the namespace: separate segments with '/'"
+                if SEPARATOR in segment
+                else "a segment is letters, digits, '.', '_' and '-', not starting with '.'"
+            )
+            raise InvalidRequest(f"invalid instance name {shown!r}: {why}")
+    return validate(instance_name.replace("/", SEPARATOR), NAMESPACE, "instance name")
+
+
 IDENTITY = "identity"
 COMPRESSORS = (IDENTITY, "zstd")
 
