@@ -220,7 +220,6 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         """``kura.grpc.chunking.split``; read access is enough (the chunks stored are cut from
         a blob already stored, by the server: a caller adds no bytes of its own)."""
         ns = self.gc.authorize(context, Access.READ, request.instance_name)
-        _check_sha256(request.digest_function)
         d = request.blob_digest
         with self.chunking.one():
             chunks = await chunking.split(self.gc, ns, check_digest(d), d.size_bytes)
@@ -236,7 +235,6 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         """``kura.grpc.chunking.splice``; any ``chunking_function`` (the bytes are checked, not
         how they were cut)."""
         ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
-        _check_sha256(request.digest_function)
         d = request.blob_digest
         sha256 = check_digest(d)
         chunks = [(check_digest(c), c.size_bytes) for c in request.chunk_digests]
@@ -305,13 +303,6 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             for child in directory.directories:
                 check_digest(child.digest)
                 queue.append(child.digest)
-
-
-def _check_sha256(digest_function: int) -> None:
-    """``InvalidRequest`` unless ``digest_function`` is SHA-256 or unset (then inferred from
-    the hash's length: REAPI's rule for SplitBlob and SpliceBlob)."""
-    if digest_function not in (reapi.DigestFunction.UNKNOWN, reapi.DigestFunction.SHA256):
-        raise InvalidRequest(f"digest function {digest_function} is not served: SHA-256 only")
 
 
 def _directory(sha256: str, data: bytes) -> tuple[reapi.Directory, int]:
