@@ -14,6 +14,7 @@ Two levels: a real node in this process over gRPC and HTTP (the surfaces), and a
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from kit.clock import ManualClock
+from kura.core.errors import KuraError
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
@@ -33,6 +35,7 @@ from tests.e2e.mesh import wait_for
 from tests.grpc_api.client import Reapi, digest, start_grpc_node
 from tests.integration.test_workers import fresh, start_with_workers, worker_metrics
 from tests.reapi import action_result, tree
+from tests.unit.test_group_commit import CountingSync
 
 pytestmark = pytest.mark.in_process
 
@@ -354,3 +357,26 @@ def test_a_hit_a_worker_answered_is_kept_by_the_primary(
     assert fresh(node, "GET", f"/cache/ac/{action}").content == entry
     assert node.metric("kura_storage_evictions_total") >= BUDGET // SIZE
     assert node.metric(FORCED) == 0
+
+
+async def test_a_writer_that_failed_for_good_keeps_no_promises_in_memory(tmp_path: Path) -> None:
+    """After a failed fsync the writer refuses every write until a restart (only that latches):
+    promises could never be recorded, and kept in memory they grew with every answer. The
+    flush drops them, as a read-only index's."""
+    clock = ManualClock()
+    service = store(tmp_path, clock, HOUR_MS)
+    await service.start()
+    try:
+        await write(service, clock, range(3))
+        sync = CountingSync()
+        sync.fail = OSError(errno.EIO, "Input/output error")
+        service._writer.set_sync(sync)
+        with pytest.raises(KuraError):
+            await write(service, clock, range(3, 4))
+        assert service._writer.failure is not None
+        assert await held(service, range(3)) == 3  # reads go on, and promise
+        assert service.accesses.promised != {}
+        await service.flush_touches()
+        assert service.accesses.promised == {}
+    finally:
+        await service.close()

@@ -292,21 +292,24 @@ class CacheService(ReplicaApply):
         # Access times are best effort: not recorded while the disk is full or read-only.
         index = self._require_index()
         full = self.free_disk_bytes() <= self.min_free_disk_bytes
-        if touches and not index.read_only and not full:
-            await self._in(self._writer, index.touch, touches)
-        await self.flush_promises()
+        try:
+            if touches and not index.read_only and not full and self._writer.failure is None:
+                await self._in(self._writer, index.touch, touches)
+        finally:
+            await self.flush_promises()
 
     async def flush_promises(self) -> None:
         """Record the promises made since the last flush (``storage.retention``) and forget
         them in memory. While the disk is full they stay in memory (the expired ones go), to
         be recorded once it is not; an index opened read-only is never written nor evicted
-        from until a restart, so its promises are dropped."""
+        from until a restart, so its promises are dropped, as are a failed writer's (it writes
+        nothing more until a restart: kept, they would grow with every answer)."""
         since = self._promised_since_ms()
         if since is None:
             return
         promised = self.accesses.promised.copy()
         index = self._require_index()
-        if index.read_only:
+        if index.read_only or self._writer.failure is not None:
             since = 1 << 62  # every promise forgotten: nothing to hold back
         elif self.free_disk_bytes() <= self.min_free_disk_bytes:
             promised = {}
