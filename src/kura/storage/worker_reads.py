@@ -103,6 +103,7 @@ class WorkerReads:
         clock: Clock,
         verify_reads: str = "always",
         hot_cache_bytes: int = 64 * 1024 * 1024,
+        promises: bool = True,
     ) -> None:
         self.clock = clock
         self._index: SharedReadIndex | None = None
@@ -127,7 +128,7 @@ class WorkerReads:
             # A miss is a miss here: whether the primary (or, through it, a peer) has it is
             # the worker app's routing decision (kura.workers.worker), not this reader's.
             note_exists=True,  # a HEAD hit here is a read for the primary's LRU
-            promises=True,  # for the primary, which keeps them if KURA_MIN_RETENTION is set
+            promises=promises,  # for the primary: KURA_MIN_RETENTION is set
         )
         self.files, self.hot, self.verifier = self.reads.files, self.reads.hot, self.reads.verifier
         self.accesses = self.reads.accesses

@@ -170,6 +170,7 @@ class Worker:
             clock=clock,
             verify_reads=s.verify_reads,
             hot_cache_bytes=s.hot_cache_bytes // s.workers,  # a share each, as the primary's
+            promises=s.min_retention_seconds > 0,  # else each hit was kept and sent for nothing
         )
         self.metrics = KuraMetrics(s.region, s.tenant_id)
         self.auth = token_auth_from(s)
