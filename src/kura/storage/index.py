@@ -309,18 +309,12 @@ class MetadataIndex:
         if not rows:
             return replaced
         with write_transaction(conn):
-            current: dict[str, tuple[int, int, str]] = {}
-            ids = [r[0].artifact_id for r in rows]
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                current.update(
-                    (str(a), (int(size), int(version), str(sha)))
-                    for a, size, version, sha in conn.execute(
-                        "SELECT artifact_id, size, version_ms, sha256 FROM artifacts "
-                        f"WHERE artifact_id IN ({','.join('?' * len(chunk))})",
-                        chunk,
-                    )
-                )
+            current = {
+                aid: (size, version, sha)
+                for aid, (size, version, sha, _inline) in self.stored_bodies(
+                    [r[0].artifact_id for r in rows]
+                ).items()
+            }
             seq = change_seq.take_seqs(conn, len(rows))
             removed: list[digests.Row] = []
             values = []
