@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from contextlib import aclosing
 from typing import Any, TypeAlias
 
 import grpc
@@ -76,7 +77,7 @@ from kura.core.asset import (
 )
 from kura.core.errors import InvalidRequest, NotFound
 from kura.grpc.cas import MAX_INLINE_PARSE_BYTES, read_blob
-from kura.grpc.common import GrpcContext, check_digest, rpc
+from kura.grpc.common import GrpcContext, check_digest, rpc, stored_blob
 from kura.grpc.origin import OriginDownloads, OriginFailed
 from kura.protos.build.bazel.remote.asset.v1 import (
     remote_asset_pb2 as ra,
@@ -168,18 +169,11 @@ class AssetRecords:
         h = hashlib.new(sri.algorithm)
         if digest != (EMPTY_SHA256, 0):
             try:
-                body = await self.gc.reader.read(cas_ref(ns, digest[0]))
-            except NotFound:
+                async with aclosing(stored_blob(self.gc, ns, *digest, "blob")) as pieces:
+                    async for piece in pieces:
+                        h.update(piece)
+            except NotFound:  # absent, stored with another size, or damaged
                 return False
-            try:
-                if body.manifest.size != digest[1]:
-                    return False
-                async for chunk in verified_chunks(self.gc.reader, body):
-                    h.update(chunk)
-            except DamagedBlob:
-                return False
-            finally:
-                body.close()
         return sri.matches(h.digest())
 
 
