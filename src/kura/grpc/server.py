@@ -11,11 +11,13 @@ share of it, and the HTTP header-read timeout, at most 10 s, for handshakes and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 import grpc
 
-from kit.allocator import return_large_blocks
+from kit.allocator import Trimmer
 from kura.api.auth import TokenAuth
 from kura.api.connections import ConnectionGuard
 from kura.api.metrics import KuraMetrics, Scraped, gauge
@@ -52,9 +54,11 @@ class GrpcServer:
         self.settings = settings
         self.connections = connections
         self.tls = tls
-        # grpcio's message buffers go back to the system when freed: what a stalled Read held is
-        # returned once its call is cut (kura.grpc.common) and its connection closed.
-        return_large_blocks()
+        # grpcio's message buffers go back to the system once freed (kit.allocator): what a
+        # stalled Read held is returned after its call is cut (kura.grpc.common) and its
+        # connection closed.
+        self.trimmer = Trimmer()
+        self._trimming: asyncio.Task[None] | None = None
         self.gc = GrpcContext(settings, reader, writer, auth, metrics)
         self.bytestream = ByteStream(self.gc)
         self.gc.metrics.register(
@@ -107,6 +111,7 @@ class GrpcServer:
         else:
             self.port = self._server.add_insecure_port(address)
         await self._server.start()
+        self._trimming = asyncio.create_task(self.trimmer.run(), name="kura-malloc-trim")
         log.info(
             "kura gRPC (REAPI v2) listening %s://%s:%d (at most %d connections, of the cap)",
             self.scheme,
@@ -122,6 +127,10 @@ class GrpcServer:
         if self._server is not None:
             await self._server.stop(grace_seconds)
         await self.bytestream.uploads.discard_all()
+        if self._trimming is not None:
+            self._trimming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._trimming
 
 
 def _certificates(tls: PublicTls) -> grpc.ServerCredentials:

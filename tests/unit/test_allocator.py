@@ -1,0 +1,83 @@
+"""kit.allocator: freed heap memory goes back to the system, and large buffers stay off mmap.
+
+Each case runs in a fresh interpreter, so its heap starts as glibc's own and no other test's
+allocations blur the resident-set figures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# Frees 300 x 1 MiB blocks that sit below a small live block, so glibc cannot shrink the heap's
+# top and keeps their pages resident; then lets kit.allocator.Trimmer's loop run.
+HELD_AFTER_FREE = r"""
+import asyncio, ctypes, ctypes.util, json, os, sys
+from kit.allocator import Trimmer
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+MiB = 1 << 20
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+libc.free(libc.malloc(MiB))  # glibc's threshold rises past 1 MiB: the next come from the heap
+blocks = [libc.malloc(MiB) for _ in range(300)]
+for b in blocks:
+    ctypes.memset(b, 1, MiB)
+pin = libc.malloc(512 * 1024)  # carved from the top, above them: the top is in use
+before = rss()
+for b in blocks:
+    libc.free(b)
+freed = rss()
+trimmer = Trimmer(interval_seconds=0.05, free_bytes_threshold=int(sys.argv[1]))
+free_bytes = trimmer.free_bytes()
+
+async def main():
+    task = asyncio.create_task(trimmer.run())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+asyncio.run(main())
+print(json.dumps({"before": before, "freed": freed, "after": rss(), "free_bytes": free_bytes,
+                  "trims": trimmer.trims}))
+"""
+
+
+def held(threshold: int) -> dict[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", HELD_AFTER_FREE, str(threshold)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, int] = json.loads(out.stdout)
+    return result
+
+
+MiB = 1 << 20
+
+
+def test_the_trimmer_returns_freed_heap_pages_that_free_alone_keeps() -> None:
+    r = held(16 * MiB)
+    assert r["free_bytes"] >= 290 * MiB, r
+    # free() alone kept them: the blocks are below the heap's live top.
+    assert r["freed"] > r["before"] - 32 * MiB, r
+    assert r["trims"] >= 1, r
+    assert r["after"] < r["freed"] - 250 * MiB, r
+
+
+def test_the_trimmer_leaves_the_heap_alone_below_its_threshold() -> None:
+    r = held(1 << 40)
+    assert r["trims"] == 0, r
+    assert r["after"] > r["freed"] - 32 * MiB, r
