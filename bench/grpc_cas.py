@@ -76,9 +76,12 @@ def log(*a: object) -> None:
 # ----------------------------------------------------------------- servers
 
 
-def start_kura(root: Path) -> tuple[Any, str, str]:
+def start_kura(root: Path, preload: str | None = None) -> tuple[Any, str, str]:
+    """One ``kura serve`` with gRPC; ``preload``: a library for ``LD_PRELOAD`` (``--eatmydata``)."""
     port = free_port()
     env = kura_env(root / "data", root / "tmp", {"grpc_port": port, "log_level": "WARNING"})
+    if preload:
+        env["LD_PRELOAD"] = preload
     node = spawn_kura(env, root / "kura.log", start_new_session=True)
     return node.proc, node.url, f"127.0.0.1:{port}"
 
@@ -188,6 +191,13 @@ def main() -> None:
     )
     p.add_argument("--bgd", default=os.environ.get("BGD") or shutil.which("bgd") or "bgd")
     p.add_argument("--json-out", type=Path)
+    p.add_argument(
+        "--eatmydata",
+        metavar="LIB",
+        help="also run a kura_grpc_nosync: a second kura with LIB (Debian's libeatmydata.so) "
+        "preloaded, so every fsync is a no-op. Not a configuration: it measures what kura's "
+        "durability costs beside a server that does not fsync",
+    )
     a = p.parse_args()
 
     run: dict[str, Any] = {"machine": machine_info(), "load_start": loadavg()}
@@ -198,6 +208,13 @@ def main() -> None:
         kura_proc, kura_url, kura_grpc = start_kura(work / "kura")
         procs.append(kura_proc)
         targets = {"kura_grpc": kura_grpc}
+        if a.eatmydata:
+            if not Path(a.eatmydata).is_file():
+                raise SystemExit(f"--eatmydata {a.eatmydata}: no such file (apt install eatmydata)")
+            nosync_proc, _url, targets["kura_grpc_nosync"] = start_kura(
+                work / "kura-nosync", a.eatmydata
+            )
+            procs.append(nosync_proc)
         bgd = a.bgd if shutil.which(a.bgd) else None
         if bgd:
             bgd_proc, bgd_target = start_bgd(bgd, work / "bgd")
@@ -221,6 +238,7 @@ def main() -> None:
             **vars(a),
             "json_out": a.json_out.name if a.json_out else None,
             "bgd": Path(a.bgd).name,
+            "eatmydata": Path(a.eatmydata).name if a.eatmydata else None,
         }
 
         # seed: read sets (kura via gRPC, visible to HTTP as the same cas/ key) and find sets
@@ -383,7 +401,8 @@ def ratio(kura: dict[str, Any], other: dict[str, Any]) -> float:
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per case: each server's median MiB/s, req/s (or p50 ms), and the ratios of kura's gRPC
-    to kura's HTTP and to BuildGrid, taken per repeat (same repeat, side by side), their median
+    to kura's HTTP and to BuildGrid (and, with ``--eatmydata``, of the unsynced kura to
+    BuildGrid), taken per repeat (same repeat, side by side), their median
     and every repeat's; > 1 = kura's gRPC faster (for the cases timed per call, find_missing
     and the batches: the other's latency over kura's)."""
     out: dict[str, Any] = {}
@@ -401,14 +420,19 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     "repeats_mib_s": [r["mib_s"] for r in of],
                 }
         by_repeat = {(r["repeat"], r["server"]): r for r in mine}
-        for other in ("kura_http", "buildgrid"):
+        pairs = [
+            ("kura_grpc", "kura_http"),
+            ("kura_grpc", "buildgrid"),
+            ("kura_grpc_nosync", "buildgrid"),
+        ]
+        for kura, other in pairs:
             ratios = [
-                ratio(by_repeat[rep, "kura_grpc"], r)
+                ratio(by_repeat[rep, kura], r)
                 for (rep, server), r in by_repeat.items()
-                if server == other and (rep, "kura_grpc") in by_repeat
+                if server == other and (rep, kura) in by_repeat
             ]
             if ratios:
-                entry[f"kura_grpc_over_{other}"] = {
+                entry[f"{kura}_over_{other}"] = {
                     "median": round(statistics.median(ratios), 2),
                     "repeats": [round(x, 2) for x in ratios],
                 }

@@ -41,10 +41,13 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
 @given(
     size=st.integers(0, 3 * OFFLOAD_BLOCK_BYTES + 5),
     cuts=st.lists(st.integers(0, 3 * OFFLOAD_BLOCK_BYTES + 5), max_size=5),
+    offloaded=st.booleans(),
 )
-def test_an_offloaded_stage_writes_and_hashes_exactly_the_bytes_that_arrived(
-    size: int, cuts: list[int]
+def test_a_stage_writes_and_hashes_exactly_the_bytes_that_arrived(
+    size: int, cuts: list[int], offloaded: bool
 ) -> None:
+    """In the pool or on the loop, small chunks (buffered) and large ones (written, their
+    writeback started, then hashed: ``write_then_hash``) mixed in any order."""
     data = os.urandom(size)
 
     async def run(path: Path, pool: ThreadPoolExecutor) -> str:
@@ -55,7 +58,7 @@ def test_an_offloaded_stage_writes_and_hashes_exactly_the_bytes_that_arrived(
                 reservation,
                 limit_bytes=size,
                 declared_length=size,
-                offload=pool,
+                offload=pool if offloaded else None,
             )
         return staged.sha256
 

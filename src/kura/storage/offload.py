@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from kura.storage.checksum import BodyDigests
+from kura.storage.fsync import start_writeback
 
 # Bytes handed to an offload pool at a time: large enough that the thread hop (tens of
 # microseconds) is noise, small enough that a block is written in about a millisecond.
@@ -45,7 +46,9 @@ def _discard(done: asyncio.Future[BinaryIO], path: Path) -> None:
 class OffloadedWrites:
     """``stage_body``'s writes and hashing (``storage.blobs``) done in ``pool``, in blocks of
     ``OFFLOAD_BLOCK_BYTES``, in order, one block in flight: the loop receives the next block
-    while a thread writes and hashes the last. The chunks are passed as they came (no copy)."""
+    while a thread writes and hashes the last. The chunks are passed as they came (no copy).
+    Each written block's writeback starts at once (``storage.fsync.start_writeback``), so the
+    staged file's fsync finds most of it on the disk already."""
 
     def __init__(self, f: BinaryIO, digests: BodyDigests, pool: Executor) -> None:
         self._f = f
@@ -54,6 +57,7 @@ class OffloadedWrites:
         self._block: list[bytes] = []
         self._block_bytes = 0
         self._job: asyncio.Future[None] | None = None
+        self._written = 0
 
     async def add(self, chunk: bytes) -> None:
         self._block.append(chunk)
@@ -83,9 +87,23 @@ class OffloadedWrites:
         self._job = loop.run_in_executor(self._pool, self._write, block)
 
     def _write(self, block: list[bytes]) -> None:
-        for chunk in block:
-            self._f.write(chunk)
-            self._digests.update(chunk)
+        self._written = write_then_hash(self._f, block, self._digests, self._written)
+
+
+def write_then_hash(f: BinaryIO, block: list[bytes], digests: BodyDigests, written: int) -> int:
+    """Write ``block`` to ``f`` (``written`` bytes into it before), start its writeback
+    (``storage.fsync.start_writeback``), then hash it, so the disk takes the bytes while they
+    are hashed: a 1 MiB body's later fsync has less left to wait for. Returns the bytes
+    written into ``f`` now. Blocking; raises what the writes raise."""
+    end = written
+    for chunk in block:
+        f.write(chunk)
+        end += len(chunk)
+    f.flush()
+    start_writeback(f.fileno(), written, end - written)
+    for chunk in block:
+        digests.update(chunk)
+    return end
 
 
 def _retrieve(job: asyncio.Future[None]) -> None:
