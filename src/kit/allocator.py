@@ -14,7 +14,8 @@ messages, 196 against 894 MiB/s). So the threshold keeps glibc's dynamic default
 ``Trimmer`` returns the memory instead: once a second it asks glibc how many bytes its arenas
 hold free (``mallinfo2``, glibc 2.33) and, when that is at least ``TRIM_FREE_BYTES``, calls
 ``malloc_trim(0)``, which since glibc 2.8 releases the whole free pages of every arena, not only
-the top of the main heap (malloc_trim(3)). It runs in a thread: the trim holds each arena's lock
+the top of the main heap (malloc_trim(3)). Its caller runs ``trim_if_worth_it`` every
+``TRIM_INTERVAL_SECONDS`` in a thread (``kura.grpc.server``): the trim holds each arena's lock
 while it walks it, and the event loop must not wait on that.
 
 On a C library other than glibc (musl unmaps large blocks on free already) ``Trimmer`` does
@@ -23,16 +24,9 @@ nothing.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import ctypes.util
-import logging
 import platform
-from typing import NoReturn
-
-from kit.backoff import every
-
-log = logging.getLogger(__name__)
 
 TRIM_INTERVAL_SECONDS = 1.0
 TRIM_FREE_BYTES = 16 * 1024 * 1024
@@ -73,18 +67,14 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 class Trimmer:
-    """``await run()`` forever (cancel it to stop): the module docstring's trim loop.
+    """The module docstring's trim, one check at a time (blocking: call it off the loop).
 
     ``free_bytes()`` → bytes glibc's arenas hold free (``mallinfo2().fordblks``; 0 off glibc);
-    ``trim()`` → whether ``malloc_trim(0)`` released memory. ``trims`` counts the trims made.
+    ``trim()`` → whether ``malloc_trim(0)`` released memory; ``trim_if_worth_it()`` → whether
+    it trimmed (free bytes at least ``free_bytes_threshold``). ``trims`` counts the trims made.
     """
 
-    def __init__(
-        self,
-        interval_seconds: float = TRIM_INTERVAL_SECONDS,
-        free_bytes_threshold: int = TRIM_FREE_BYTES,
-    ) -> None:
-        self.interval_seconds = interval_seconds
+    def __init__(self, free_bytes_threshold: int = TRIM_FREE_BYTES) -> None:
         self.free_bytes_threshold = free_bytes_threshold
         self.trims = 0
         self._libc = _glibc()
@@ -104,14 +94,8 @@ class Trimmer:
         self.trims += 1
         return bool(self._libc.malloc_trim(0))
 
-    def _trim_if_worth_it(self) -> None:
-        if self.free_bytes() >= self.free_bytes_threshold:
-            self.trim()
-
-    async def run(self) -> NoReturn:
-        async def once() -> None:
-            await asyncio.to_thread(self._trim_if_worth_it)
-
-        if self._libc is None:
-            await asyncio.Event().wait()  # nothing to do off glibc; ends when cancelled
-        await every(once, self.interval_seconds, what="returning freed memory", log=log)
+    def trim_if_worth_it(self) -> bool:
+        if self.free_bytes() < self.free_bytes_threshold:
+            return False
+        self.trim()
+        return True

@@ -10,10 +10,10 @@ import json
 import subprocess
 import sys
 
-# Frees 300 x 1 MiB blocks that sit below a small live block, so glibc cannot shrink the heap's
-# top and keeps their pages resident; then lets kit.allocator.Trimmer's loop run.
+# Frees 300 x 1 MiB blocks that sit below a live block, so glibc cannot shrink the heap's
+# top and keeps their pages resident; then asks kit.allocator.Trimmer to trim if it is worth it.
 HELD_AFTER_FREE = r"""
-import asyncio, ctypes, ctypes.util, json, os, sys
+import ctypes, ctypes.util, json, os, sys
 from kit.allocator import Trimmer
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -35,19 +35,9 @@ before = rss()
 for b in blocks:
     libc.free(b)
 freed = rss()
-trimmer = Trimmer(interval_seconds=0.05, free_bytes_threshold=int(sys.argv[1]))
+trimmer = Trimmer(free_bytes_threshold=int(sys.argv[1]))
 free_bytes = trimmer.free_bytes()
-
-async def main():
-    task = asyncio.create_task(trimmer.run())
-    await asyncio.sleep(0.5)
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-
-asyncio.run(main())
+trimmer.trim_if_worth_it()
 print(json.dumps({"before": before, "freed": freed, "after": rss(), "free_bytes": free_bytes,
                   "trims": trimmer.trims}))
 """

@@ -17,7 +17,8 @@ import logging
 
 import grpc
 
-from kit.allocator import Trimmer
+from kit.allocator import TRIM_INTERVAL_SECONDS, Trimmer
+from kit.backoff import every
 from kura.api.auth import TokenAuth
 from kura.api.connections import ConnectionGuard
 from kura.api.metrics import KuraMetrics, Scraped, gauge
@@ -111,7 +112,8 @@ class GrpcServer:
         else:
             self.port = self._server.add_insecure_port(address)
         await self._server.start()
-        self._trimming = asyncio.create_task(self.trimmer.run(), name="kura-malloc-trim")
+        if self.trimmer.available:
+            self._trimming = asyncio.create_task(self._trim(), name="kura-malloc-trim")
         log.info(
             "kura gRPC (REAPI v2) listening %s://%s:%d (at most %d connections, of the cap)",
             self.scheme,
@@ -120,6 +122,12 @@ class GrpcServer:
             self.connections.grpc_max_connections,
         )
         return self.port
+
+    async def _trim(self) -> None:
+        async def once() -> None:
+            await asyncio.to_thread(self.trimmer.trim_if_worth_it)
+
+        await every(once, TRIM_INTERVAL_SECONDS, what="returning freed memory", log=log)
 
     async def stop(self, grace_seconds: float) -> None:
         """Refuse new calls, let running ones finish within ``grace_seconds``, then cancel the
