@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes.util
 import hashlib
 import json
 import os
@@ -203,10 +204,13 @@ def main() -> None:
     p.add_argument("--json-out", type=Path)
     p.add_argument(
         "--eatmydata",
+        nargs="?",
+        const="",
         metavar="LIB",
-        help="also run a kura_grpc_nosync: a second kura with LIB (Debian's libeatmydata.so) "
-        "preloaded, so every fsync is a no-op. Not a configuration: it measures what kura's "
-        "durability costs beside a server that does not fsync",
+        help="also run a kura_grpc_nosync: a second kura with LIB (default: the system's "
+        "libeatmydata, Debian package eatmydata) preloaded, so every fsync is a no-op. Not a "
+        "configuration: it measures what kura's durability costs beside a server that does "
+        "not fsync",
     )
     a = p.parse_args()
 
@@ -218,12 +222,11 @@ def main() -> None:
         kura_proc, kura_url, kura_grpc = start_kura(work / "kura")
         procs.append(kura_proc)
         targets = {"kura_grpc": kura_grpc}
-        if a.eatmydata:
-            if not Path(a.eatmydata).is_file():
-                raise SystemExit(f"--eatmydata {a.eatmydata}: no such file (apt install eatmydata)")
-            nosync_proc, _url, targets["kura_grpc_nosync"] = start_kura(
-                work / "kura-nosync", a.eatmydata
-            )
+        if a.eatmydata is not None:
+            lib = a.eatmydata or ctypes.util.find_library("eatmydata")
+            if not lib:
+                raise SystemExit("--eatmydata: libeatmydata not found (apt install eatmydata)")
+            nosync_proc, _url, targets["kura_grpc_nosync"] = start_kura(work / "kura-nosync", lib)
             procs.append(nosync_proc)
         bgd = a.bgd if shutil.which(a.bgd) else None
         if bgd:
@@ -248,7 +251,7 @@ def main() -> None:
             **vars(a),
             "json_out": a.json_out.name if a.json_out else None,
             "bgd": Path(a.bgd).name,
-            "eatmydata": Path(a.eatmydata).name if a.eatmydata else None,
+            "eatmydata": Path(a.eatmydata).name if a.eatmydata else a.eatmydata,
         }
 
         # seed: read sets (kura via gRPC, visible to HTTP as the same cas/ key) and find sets

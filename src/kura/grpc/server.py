@@ -11,14 +11,10 @@ share of it, and the HTTP header-read timeout, at most 10 s, for handshakes and 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
 import grpc
 
-from kit.allocator import TRIM_INTERVAL_SECONDS, Trimmer
-from kit.backoff import every
 from kura.api.auth import TokenAuth
 from kura.api.connections import ConnectionGuard
 from kura.api.metrics import KuraMetrics, Scraped, gauge
@@ -55,11 +51,6 @@ class GrpcServer:
         self.settings = settings
         self.connections = connections
         self.tls = tls
-        # grpcio's message buffers go back to the system once freed (kit.allocator): what a
-        # stalled Read held is returned after its call is cut (kura.grpc.common) and its
-        # connection closed.
-        self.trimmer = Trimmer()
-        self._trimming: asyncio.Task[None] | None = None
         self.gc = GrpcContext(settings, reader, writer, auth, metrics)
         self.bytestream = ByteStream(self.gc)
         self.gc.metrics.register(
@@ -112,8 +103,6 @@ class GrpcServer:
         else:
             self.port = self._server.add_insecure_port(address)
         await self._server.start()
-        if self.trimmer.available:
-            self._trimming = asyncio.create_task(self._trim(), name="kura-malloc-trim")
         log.info(
             "kura gRPC (REAPI v2) listening %s://%s:%d (at most %d connections, of the cap)",
             self.scheme,
@@ -123,22 +112,12 @@ class GrpcServer:
         )
         return self.port
 
-    async def _trim(self) -> None:
-        async def once() -> None:
-            await asyncio.to_thread(self.trimmer.trim_if_worth_it)
-
-        await every(once, TRIM_INTERVAL_SECONDS, what="returning freed memory", log=log)
-
     async def stop(self, grace_seconds: float) -> None:
         """Refuse new calls, let running ones finish within ``grace_seconds``, then cancel the
         rest and discard every unfinished upload (its staged bytes and reservation)."""
         if self._server is not None:
             await self._server.stop(grace_seconds)
         await self.bytestream.uploads.discard_all()
-        if self._trimming is not None:
-            self._trimming.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._trimming
 
 
 def _certificates(tls: PublicTls) -> grpc.ServerCredentials:

@@ -42,12 +42,7 @@ from kura.storage.body_count import BodyCount, check_sha256
 from kura.storage.budget import Reservation
 from kura.storage.checksum import BodyDigests
 from kura.storage.fsync import fsync_path
-from kura.storage.offload import (
-    OFFLOAD_BLOCK_BYTES,
-    OffloadedWrites,
-    open_for_writing,
-    write_then_hash,
-)
+from kura.storage.offload import OffloadedWrites, open_for_writing
 
 LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
@@ -313,11 +308,6 @@ def blob_name(artifact_id: str, version_ms: int, sha256: str) -> str:
     return f"{artifact_id}.{version_ms}-{sha256[:16]}"
 
 
-# A chunk at least this large is written before it is hashed, its writeback started between
-# (``storage.offload.write_then_hash``): a gRPC message of a whole 1 MiB blob, say.
-WRITEBACK_MIN_BYTES = OFFLOAD_BLOCK_BYTES // 4
-
-
 async def stage_body(
     body: AsyncIterator[bytes],
     path: Path,
@@ -357,9 +347,7 @@ async def stage_body(
                     reservation.grow_for(
                         size, min(limit_bytes, reservation.capacity_bytes, step_to)
                     )
-                if offloaded is None and len(chunk) >= WRITEBACK_MIN_BYTES:
-                    write_then_hash(f, [chunk], h, size - len(chunk))
-                elif offloaded is None:
+                if offloaded is None:
                     f.write(chunk)
                     h.update(chunk)
                 else:
