@@ -117,3 +117,44 @@ def test_a_malformed_token_file_refuses_to_start_naming_the_setting(tmp_path: Pa
     env = node_env(tmp_path, read_only_tokens_file=path)
     with pytest.raises(RuntimeError, match=r"KURA_READ_ONLY_TOKENS_FILE .*line 2"):
         spawn_node(tmp_path, env)
+
+
+def test_a_rewritten_credentials_file_changes_a_tokens_rights_without_a_restart(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    """KURA_TOKENS_FILE (issue 29): each token with the rights its line names, re-read like the
+    token files: widened, then a line the parser refuses (the last good rights stay), then
+    narrowed again."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text("# a pull request's job\npr-tok name=pr-123 rights=read\n")
+    node = start_node(tokens_file=credentials)
+    assert status_with(node, "pr-tok", "PUT") == 403
+    assert status_with(node, "pr-tok") == 404  # it reads: a miss, not a refusal
+
+    write_atomically(credentials, "pr-tok name=pr-123 rights=read,write\n")
+    assert wait_for(
+        lambda: status_with(node, "pr-tok", "PUT") in (200, 201), ROTATION_TIMEOUT_SECONDS
+    ), node.log()[-2000:]
+
+    credentials.write_text("pr-tok rights=read,write read=main\n")  # a key not known (yet)
+    assert wait_for(lambda: logged(node, 1), ROTATION_TIMEOUT_SECONDS)
+    assert "line 1: unknown key 'read'" in node.log()
+    assert "pr-tok" not in node.log()  # a refused line is named by its number, never its token
+    assert status_with(node, "pr-tok", "PUT") in (200, 201)
+
+    write_atomically(credentials, "pr-tok rights=read\n")
+    assert wait_for(lambda: status_with(node, "pr-tok", "PUT") == 403, ROTATION_TIMEOUT_SECONDS)
+    assert status_with(node, "pr-tok") == 200
+
+
+def test_a_malformed_credentials_file_refuses_to_start_naming_the_line_and_key(
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import node_env, spawn_node
+
+    path = tmp_path / "credentials"
+    path.write_text("ci rights=read,write\nsecret-token rights=read owner=me\n")
+    env = node_env(tmp_path, tokens_file=path)
+    with pytest.raises(RuntimeError, match=r"KURA_TOKENS_FILE .*line 2: unknown key 'owner'") as e:
+        spawn_node(tmp_path, env)
+    assert "secret-token" not in str(e.value)

@@ -6,6 +6,7 @@ and test_token_files.py."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -15,32 +16,116 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from kura.api.auth import TOKEN_GENERATION, Access, TokenAuth
 from kura.api.grant_scope import request_namespace
 from kura.api.jwt_auth import Grant, algorithms_for, grant_from, looks_like_jwt
-from kura.api.token_file import TokenFile, parse_tokens
+from kura.api.token_file import TokenFile, parse_credentials
 from kura.core.errors import Forbidden, Unauthenticated
+from kura.core.rights import READ_ONLY, READ_WRITE
 from kura.storage.hot_generation import SharedGeneration
+
+R, C, W, WC = Access.READ, Access.CLEAN, Access.WRITE, Access.WRITE_CAS
+
+
+def tokens(text: str) -> tuple[str, ...]:
+    return tuple(c.token for c in parse_credentials(text, READ_ONLY))
 
 
 def test_token_files_skip_comments_blank_lines_and_surrounding_space() -> None:
-    assert parse_tokens("# c\n\n  a  \n#b\nc\n") == ("a", "c")
-    assert parse_tokens("") == ()
+    assert tokens("# c\n\n  a  \n#b\nc\n") == ("a", "c")
+    assert tokens("") == ()
     with pytest.raises(ValueError, match="line 2"):
-        parse_tokens("ok\nnot ok\n")
+        tokens("ok\nnot ok\n")
+    with pytest.raises(ValueError, match="line 1"):  # a token file takes no fields
+        tokens("tok rights=read\n")
+
+
+def test_credentials_file_lines_give_each_token_its_rights_and_name() -> None:
+    text = (
+        "# pull requests\n"
+        "pr-tok rights=read,write:cas name=pr-builds\n"
+        "\tmain-tok   name=main.ci_1   rights=read,write,clean  \n"
+        "writer rights=write\n"  # write implies write:cas, and not read
+        "cleaner rights=clean\n"
+        "YWJj== rights=read\n"  # a base64 token may end in '='
+        "pr-tok name=pr-builds rights=write:cas,read\n"  # the same again: one credential
+    )
+    got = {c.token: (c.rights, c.name) for c in parse_credentials(text)}
+    assert got == {
+        "pr-tok": (frozenset({R, WC}), "pr-builds"),
+        "main-tok": (READ_WRITE, "main.ci_1"),
+        "writer": (frozenset({W, WC}), None),
+        "cleaner": (frozenset({C}), None),
+        "YWJj==": (frozenset({R}), None),
+    }
+    assert parse_credentials("# none yet\n\n") == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ok rights=read\nsecret\n", "line 2: key 'rights' is required"),
+        ("secret name=ci\n", "line 1: key 'rights' is required"),
+        ("secret rights=\n", "line 1: key 'rights': no rights given"),
+        ("secret rights=read,admin\n", "line 1: key 'rights': unknown right 'admin'"),
+        ("secret rights=read,,write\n", "line 1: key 'rights': unknown right ''"),
+        ("secret rights=read read=main\n", "line 1: unknown key 'read'"),
+        ("secret rights=write write=pr-1\n", "line 1: unknown key 'write'"),
+        ("secret rights=read rights=write\n", "line 1: key 'rights' given twice"),
+        ("secret rights=read name=a/b\n", "line 1: key 'name': a name is letters"),
+        ("secret rights=read name=\n", "line 1: key 'name': a name is letters"),
+        ("secret rights=read secret2\n", "line 1: field 3 is not key=value"),
+        ("secret =read\n", "line 1: field 2 is not key=value"),
+        (
+            "secret rights=read\nb rights=read\nsecret rights=read,write\n",
+            "line 3: the token of line 1 again, with other rights or name",
+        ),
+        (
+            "secret rights=read name=a\nsecret rights=read name=b\n",
+            "line 2: the token of line 1 again",
+        ),
+    ],
+)
+def test_a_bad_credentials_line_is_refused_naming_the_line_never_the_token(
+    text: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(message)) as info:
+        parse_credentials(text)
+    assert "secret" not in str(info.value)
+
+
+def test_a_credential_passes_for_its_rights_only_and_the_refusal_names_the_right_missing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "credentials"
+    path.write_text("cas rights=read,write:cas\nw rights=write\n")
+    auth = TokenAuth(("rw",), ("ro",), files=[TokenFile(path)])
+    for token, granted in (
+        ("rw", {R, WC, W, C}),  # KURA_READ_WRITE_TOKENS: read write clean, as before
+        ("ro", {R}),
+        ("cas", {R, WC}),
+        ("w", {WC, W}),
+    ):
+        for access in Access:
+            assert auth.allows(f"Bearer {token}", access) is (access in granted), (token, access)
+    with pytest.raises(Forbidden, match=r"lacks the right 'write'$"):
+        auth.check("Bearer cas", Access.WRITE)
+    with pytest.raises(Forbidden, match="read-only: it lacks the right 'clean'"):
+        auth.check("Bearer ro", Access.CLEAN)
+    assert auth.refusals_total["forbidden"] == 2
 
 
 def test_a_token_file_is_re_read_only_when_it_changed(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text("one\n")
-    f = TokenFile(path)
+    f = TokenFile(path, READ_WRITE)
     assert not f.reload_if_changed()
     path.write_text("two\n")
     os.utime(path, ns=(1, 1))  # a changed mtime even on a coarse clock
-    assert f.tokens() == ("one",)  # a request never looks at the file
+    assert [c.token for c in f.credentials()] == ["one"]  # a request never looks at the file
     assert f.reload_if_changed()
-    assert f.tokens() == ("two",)
+    assert [c.token for c in f.credentials()] == ["two"]
     assert f.reloads_total == 1
     path.unlink()
     assert not f.reload_if_changed()
-    assert f.tokens() == ("two",)  # a failed re-read keeps the last good set
+    assert [c.token for c in f.credentials()] == ["two"]  # a failed re-read keeps the last set
     assert f.failing
 
 
@@ -58,9 +143,9 @@ def test_a_worker_takes_in_a_token_file_change_only_once_the_primary_has(tmp_pat
     does, not when it could have seen the file first."""
     path = tmp_path / "tokens"
     path.write_text("old\n")
-    primary = TokenAuth((), (), read_write_files=[TokenFile(path)])
+    primary = TokenAuth((), (), files=[TokenFile(path, READ_WRITE)])
     primary.share(SharedGeneration.create(tmp_path, TOKEN_GENERATION), follow=False)
-    worker = TokenAuth((), (), read_write_files=[TokenFile(path)])
+    worker = TokenAuth((), (), files=[TokenFile(path, READ_WRITE)])
     worker.share(SharedGeneration.open(tmp_path, TOKEN_GENERATION), follow=True)
     path.with_suffix(".new").write_text("new\n")
     os.replace(path.with_suffix(".new"), path)
@@ -78,11 +163,15 @@ def test_a_worker_takes_in_a_token_file_change_only_once_the_primary_has(tmp_pat
 @pytest.mark.parametrize(
     ("claims", "grant"),
     [
-        ({"scope": "cache:read"}, Grant(True, False, None)),
-        ({"scope": "openid cache:write"}, Grant(True, True, None)),
-        ({}, Grant(False, False, None)),
-        ({"scope": "cache:read", "namespaces": ["a", "b"]}, Grant(True, False, frozenset("ab"))),
-        ({"scope": "cache:read", "namespaces": []}, Grant(True, False, frozenset())),
+        ({"scope": "cache:read"}, Grant(frozenset({R}), None)),
+        ({"scope": "openid cache:write"}, Grant(frozenset({R, W, WC, C}), None)),
+        ({"scope": "cache:write:cas"}, Grant(frozenset({R, WC}), None)),
+        ({"scope": "cache:clean"}, Grant(frozenset({C}), None)),
+        ({"scope": "cache:write:cas cache:clean"}, Grant(frozenset({R, WC, C}), None)),
+        ({"scope": "cache:cas cache:admin"}, Grant(frozenset(), None)),  # unknown: ignored
+        ({}, Grant(frozenset(), None)),
+        ({"scope": "cache:read", "namespaces": ["a", "b"]}, Grant(frozenset({R}), frozenset("ab"))),
+        ({"scope": "cache:read", "namespaces": []}, Grant(frozenset({R}), frozenset())),
     ],
 )
 def test_grants_come_from_scope_and_namespaces(claims: dict[str, object], grant: Grant) -> None:
