@@ -41,8 +41,9 @@ does not hold, whose bytes do not match its ``checksum.sri``, or a ``PushDirecto
 is not a ``Directory`` message (``Push._check_directory``), is INVALID_ARGUMENT and records
 nothing. Misses and origin failures are answered in the response's ``status`` with gRPC code OK
 (remote_asset.proto: "errors outside the server's control will be returned inline").
-Tokens: Fetch needs read access, Push write access (the CAS's rules); a download from origin is
-a read (the operator chose which origins).
+Rights (``kura.core.rights``): Fetch needs ``read``, Push ``write`` (a record names a URI, a key
+that can lie about the content, as an action-cache entry can); a download from origin is a read
+(the operator chose which origins, and the bytes are checked against ``checksum.sri``).
 """
 
 from __future__ import annotations
@@ -346,7 +347,7 @@ def _seconds(request: ra.FetchBlobRequest) -> float:
 class Push(ra_grpc.PushServicer):
     """``PushBlob`` and ``PushDirectory`` (module docstring): one record per URI, each a new
     version of its key; INVALID_ARGUMENT (nothing recorded) for content not in the CAS or not
-    matching its ``checksum.sri``; PERMISSION_DENIED for a read-only token."""
+    matching its ``checksum.sri``; PERMISSION_DENIED without the right ``write``."""
 
     def __init__(self, gc: GrpcContext, records: AssetRecords) -> None:
         self.gc = gc
