@@ -128,6 +128,7 @@ def test_a_rewritten_credentials_file_changes_a_tokens_rights_without_a_restart(
     credentials = tmp_path / "credentials"
     credentials.write_text("# a pull request's job\npr-tok name=pr-123 rights=read\n")
     node = start_node(tokens_file=credentials)
+    assert f"auth on: credentials file {credentials};" in node.log()  # the start-up line
     assert status_with(node, "pr-tok", "PUT") == 403
     assert status_with(node, "pr-tok") == 404  # it reads: a miss, not a refusal
 
