@@ -2,8 +2,9 @@
 
 A node with ``KURA_AUTH_JWT_PUBLIC_KEY`` (a PEM file), issuer and audience, plus one plain
 read-write token: a ``cache:read`` token reads and is refused a write (403, nothing stored); a
-``cache:write`` token writes; a token limited to namespace A is refused namespace B (Kura routes
-and Turborepo teams alike); expired, wrong-audience, wrong-issuer, wrong-key, ``alg: none`` and
+``cache:write`` token writes and cleans; ``cache:write:cas`` stores CAS blobs only and
+``cache:clean`` only cleans (issue 29); a token limited to namespace A is refused namespace B
+(Kura routes and Turborepo teams alike); expired, wrong-audience, wrong-issuer, wrong-key, ``alg: none`` and
 HS256-with-the-public-key tokens are 401; plain tokens keep working next to JWTs. ``/status``
 needs a read token once access control is on; ``/up`` and ``/ready`` never do.
 """
