@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.clients, pytest.mark.in_process]
 BAZEL = Client("bazel-grpc", "bazel.sh", "", "grpc", 2)
 BAZEL_CC = Client("bazel-grpc-cc", "bazel.sh", "", "grpc", 4, {"TARGET": "cc"})
 BAZEL_ARCHIVE = Client("bazel-grpc-archive", "bazel.sh", "", "grpc", 1, {"TARGET": "archive"})
-TOKEN = "tok-bazel"
+TOKEN = "tok-bazel-0123456789"  # 16+ characters: KURA_TOKENS_FILE takes it too
 
 
 def assert_hit_counted(node: NodeProcess, run_output: str, hit: bool, min_hits: int) -> None:

@@ -22,6 +22,7 @@ from tests.grpc_api.client import Reapi, blob_name, digest, new_upload, start_gr
 pytestmark = pytest.mark.in_process
 
 RW, RO = "tok-rw", "tok-ro"
+CAS_TOKEN = "tok-cas-0123456789"  # KURA_TOKENS_FILE: 16 characters at least
 ZSTD = reapi.Compressor.ZSTD
 REQUEST_METADATA = "build.bazel.remote.execution.v2.requestmetadata-bin"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -99,10 +100,10 @@ def test_a_write_cas_credential_is_told_it_may_not_update_the_action_cache_and_u
     upload to fail; its CAS uploads are stored, an action result it sends anyway is refused.
     A Bazel before 6.0 is still told true (bazel#16624)."""
     credentials = tmp_path / "credentials"
-    credentials.write_text("tok-cas name=pr-123 rights=read,write:cas\n")
+    credentials.write_text(f"{CAS_TOKEN} name=pr-123 rights=read,write:cas\n")
     node, anonymous = start_grpc_node(start_node, read_write_tokens=RW, tokens_file=credentials)
     anonymous.close()
-    cas, rw = Reapi(anonymous.target, "tok-cas"), Reapi(anonymous.target, RW)
+    cas, rw = Reapi(anonymous.target, CAS_TOKEN), Reapi(anonymous.target, RW)
     try:
         for instance in ("", "org/team-1"):
             found = caps(cas, instance)

@@ -37,13 +37,18 @@ R, WC, W, C = Access.READ, Access.WRITE_CAS, Access.WRITE, Access.CLEAN
 # Each kind of credential: its token and the rights issue 29 gives it.
 CREDENTIALS = {
     "read-only": ("tok-ro", {R}),
-    "write:cas": ("tok-cas", {WC}),
-    "write": ("tok-w", {W, WC}),  # write implies write:cas
-    "clean": ("tok-clean", {C}),
+    "write:cas": ("tok-cas-abcdefghijk", {WC}),  # KURA_TOKENS_FILE: 16 characters at least
+    "write": ("tok-w-abcdefghijklm", {W, WC}),  # write implies write:cas
+    "clean": ("tok-clean-abcdefghi", {C}),
     "read-write": ("tok-rw", {R, WC, W, C}),
 }
-TOKENS_FILE = (
-    "tok-cas name=cas rights=write:cas\ntok-w name=w rights=write\ntok-clean rights=clean\n"
+TOKENS_FILE = "".join(
+    f"{CREDENTIALS[kind][0]} {fields}\n"
+    for kind, fields in (
+        ("write:cas", "name=cas rights=write:cas"),
+        ("write", "name=w rights=write"),
+        ("clean", "rights=clean"),
+    )
 )
 SEED = "seed"  # the key suffix of what the fixture stores for the reads
 

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.in_process
 
 ROTATION_TIMEOUT_SECONDS = 20.0  # the node stats once a second; generous when loaded
 PATH = "/cache/plain/rotated"
+PR_TOKEN = "pr-tok-0123456789"  # KURA_TOKENS_FILE: 16 characters at least
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -126,26 +127,32 @@ def test_a_rewritten_credentials_file_changes_a_tokens_rights_without_a_restart(
     token files: widened, then a line the parser refuses (the last good rights stay), then
     narrowed again."""
     credentials = tmp_path / "credentials"
-    credentials.write_text("# a pull request's job\npr-tok name=pr-123 rights=read\n")
+    credentials.write_text(f"# a pull request's job\n{PR_TOKEN} name=pr-123 rights=read\n")
     node = start_node(tokens_file=credentials)
     assert f"auth on: credentials file {credentials};" in node.log()  # the start-up line
-    assert status_with(node, "pr-tok", "PUT") == 403
-    assert status_with(node, "pr-tok") == 404  # it reads: a miss, not a refusal
+    assert status_with(node, PR_TOKEN, "PUT") == 403
+    assert status_with(node, PR_TOKEN) == 404  # it reads: a miss, not a refusal
 
-    write_atomically(credentials, "pr-tok name=pr-123 rights=read,write\n")
+    write_atomically(credentials, f"{PR_TOKEN} name=pr-123 rights=read,write\n")
     assert wait_for(
-        lambda: status_with(node, "pr-tok", "PUT") in (200, 201), ROTATION_TIMEOUT_SECONDS
+        lambda: status_with(node, PR_TOKEN, "PUT") in (200, 201), ROTATION_TIMEOUT_SECONDS
     ), node.log()[-2000:]
+    assert node.metric("kura_auth_token_file_failing") == 0
 
-    credentials.write_text("pr-tok rights=read,write read=main\n")  # a key not known (yet)
+    # a key not known (yet), written whole: refused by the parser, not as a torn read
+    write_atomically(credentials, f"{PR_TOKEN} rights=read,write read=main\n")
     assert wait_for(lambda: logged(node, 1), ROTATION_TIMEOUT_SECONDS)
     assert "line 1: unknown key 'read'" in node.log()
-    assert "pr-tok" not in node.log()  # a refused line is named by its number, never its token
-    assert status_with(node, "pr-tok", "PUT") in (200, 201)
+    assert PR_TOKEN not in node.log()  # a refused line is named by its number, never its token
+    assert status_with(node, PR_TOKEN, "PUT") in (200, 201)
+    assert node.metric("kura_auth_token_file_failing") == 1
+    ready = oneshot.request("GET", node.url + "/ready", timeout=10).json()
+    assert f"token file {credentials}: the last re-read failed" in " ".join(ready["warnings"])
 
-    write_atomically(credentials, "pr-tok rights=read\n")
-    assert wait_for(lambda: status_with(node, "pr-tok", "PUT") == 403, ROTATION_TIMEOUT_SECONDS)
-    assert status_with(node, "pr-tok") == 200
+    write_atomically(credentials, f"{PR_TOKEN} rights=read\n")
+    assert wait_for(lambda: status_with(node, PR_TOKEN, "PUT") == 403, ROTATION_TIMEOUT_SECONDS)
+    assert status_with(node, PR_TOKEN) == 200
+    assert node.metric("kura_auth_token_file_failing") == 0
 
 
 def test_a_malformed_credentials_file_refuses_to_start_naming_the_line_and_key(
@@ -154,7 +161,7 @@ def test_a_malformed_credentials_file_refuses_to_start_naming_the_line_and_key(
     from tests.conftest import node_env, spawn_node
 
     path = tmp_path / "credentials"
-    path.write_text("ci rights=read,write\nsecret-token rights=read owner=me\n")
+    path.write_text(f"{PR_TOKEN} rights=read,write\nsecret-token-0123 rights=read owner=me\n")
     env = node_env(tmp_path, tokens_file=path)
     with pytest.raises(RuntimeError, match=r"KURA_TOKENS_FILE .*line 2: unknown key 'owner'") as e:
         spawn_node(tmp_path, env)

@@ -15,7 +15,10 @@ Plain tokens come from ``KURA_READ_WRITE_TOKENS`` (rights ``read write clean``) 
 ``KURA_READ_ONLY_TOKENS_FILE`` (the same rights), and from the credentials file
 ``KURA_TOKENS_FILE`` (each token with the rights its line names). The files are re-read on
 change (``kura.api.token_file``) by ``TokenAuth.run`` in every process of the node (see
-``share``). A token listed in several places has every right any of them gives it. A bearer
+``share``). A token is listed in one place only: one in two sources (the two lists, the files)
+is refused at start, and a re-read that would list one twice is a failed re-read (the last
+good set kept), so narrowing a token's rights in one place cannot leave it wider in another;
+a refusal of a listed credential is logged with its ``name=``, never its token. A bearer
 token that is not a listed plain token but has the JWT shape goes to the ``JwtVerifier`` when
 one is configured (``kura.api.jwt_auth``: its ``scope`` names the rights): a bad token → 401;
 a grant without the right asked for, or for another namespace → 403.
@@ -31,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kit.backoff import every
+from kit.log_limit import LogLimit
 from kura.api.token_file import STAT_INTERVAL_SECONDS, Credential, TokenFile
 from kura.core.errors import Forbidden, Unauthenticated
 from kura.core.rights import READ_ONLY, READ_WRITE, Rights
@@ -62,10 +66,15 @@ class TokenAuth:
         files: Sequence[TokenFile] = (),
         jwt: JwtVerifier | None = None,
     ) -> None:
-        self._listed = tuple(Credential(t, READ_WRITE) for t in read_write) + tuple(
-            Credential(t, READ_ONLY) for t in read_only
+        self._lists = (
+            ("KURA_READ_WRITE_TOKENS", tuple(Credential(t, READ_WRITE) for t in read_write)),
+            ("KURA_READ_ONLY_TOKENS", tuple(Credential(t, READ_ONLY) for t in read_only)),
         )
+        self._listed = self._lists[0][1] + self._lists[1][1]
         self._files = tuple(files)
+        _refuse_overlap([*self._lists, *((str(f.path), f.credentials()) for f in self._files)])
+        self._refusals_logged: set[tuple[str | None, int, Access]] = set()
+        self._refusal_log = LogLimit(lines=10, interval_seconds=60.0)
         self.jwt = jwt
         self.enabled = bool(self._listed or self._files or jwt is not None)
         self.refusals_total = dict.fromkeys(("missing", "invalid", "forbidden"), 0)
@@ -76,6 +85,32 @@ class TokenAuth:
     @property
     def token_file_reloads_total(self) -> int:
         return sum(f.reloads_total for f in self._files)
+
+    @property
+    def token_file_failing(self) -> int:
+        """1 while a token file's last re-read failed (its last good set still in use)."""
+        return int(any(f.failing for f in self._files))
+
+    def warnings(self) -> list[str]:
+        """A /ready warning per token file whose last re-read failed, naming the file."""
+        return [
+            f"token file {f.path}: the last re-read failed, its previous tokens are in use"
+            for f in self._files
+            if f.failing
+        ]
+
+    def _check_file(self, changed: TokenFile, credentials: tuple[Credential, ...]) -> None:
+        """Refuse (``ValueError``) a re-read of ``changed`` that would list a token that
+        another source lists too."""
+        _refuse_overlap(
+            [
+                *self._lists,
+                *(
+                    (str(f.path), credentials if f is changed else f.credentials())
+                    for f in self._files
+                ),
+            ]
+        )
 
     def share(self, shared: SharedGeneration, *, follow: bool) -> None:
         """Follow the token files as one node with the other processes (``kura.workers``).
@@ -106,7 +141,9 @@ class TokenAuth:
         if self._follow:
             self._catch_up()
             return
-        changed = [f.reload_if_changed() for f in self._files]  # each file, not just the first
+        changed = [
+            f.reload_if_changed(self._check_file) for f in self._files
+        ]  # each file, not just the first
         if any(changed) and self._shared is not None:
             self._shared.bump()
 
@@ -116,7 +153,7 @@ class TokenAuth:
         if value == self._seen:
             return
         for f in self._files:
-            f.reload_if_changed()
+            f.reload_if_changed(self._check_file)
         if not any(f.failing for f in self._files):  # else: tried again on the next check
             self._seen = value
 
@@ -162,10 +199,11 @@ class TokenAuth:
         token = _token_from(authorization)
         if token is None:
             raise Unauthenticated("missing credentials: send Authorization: Bearer <token>")
-        rights = self._rights_of(token)
-        if rights is not None:
-            if access not in rights:
-                raise Forbidden(_lacking(access, rights))
+        credential = self._listing_of(token)
+        if credential is not None:
+            if access not in credential.rights:
+                self._log_refusal(credential, access)
+                raise Forbidden(_lacking(access, credential.rights))
             return
         if self.jwt is not None and self.jwt.looks_like_jwt(token):
             self._check_grant(token, access, namespace)
@@ -182,21 +220,57 @@ class TokenAuth:
             if wanted is not None and wanted not in grant.namespaces:
                 raise Forbidden(f"this token is not valid for namespace {wanted!r}")
 
-    def _rights_of(self, token: str) -> Rights | None:
-        """The rights of a listed token (of every listing of it), None when it is not listed.
-        Compared with every listed token, in constant time each."""
-        rights: Rights | None = None
+    def _listing_of(self, token: str) -> Credential | None:
+        """The listed credential of ``token`` (a token is listed once, ``_refuse_overlap``),
+        None when it is not listed. Compared with every listed token, in constant time each."""
+        found: Credential | None = None
         # surrogateescape: a header with non-UTF-8 bytes compares unequal instead of raising.
         presented = token.encode("utf-8", "surrogateescape")
         for credential in self._credentials():
             if hmac.compare_digest(presented, credential.token.encode("utf-8", "surrogateescape")):
-                rights = credential.rights | (rights or frozenset())
-        return rights
+                found = credential
+        return found
+
+    def _log_refusal(self, credential: Credential, access: Access) -> None:
+        """Log a listed credential's refusal once per credential and right, by its ``name=``
+        (never its token), within a ``LogLimit``: a client can cause refusals at will."""
+        seen = (credential.name, credential.line, access)
+        if seen in self._refusals_logged:
+            return
+        left_out = self._refusal_log.admit()
+        if left_out is None:
+            return
+        self._refusals_logged.add(seen)
+        who = f"credential {credential.name!r}" if credential.name else "an unnamed credential"
+        log.warning(
+            "refused: %s lacks the right %r (logged once per credential and right; "
+            "%d refusal lines left out before this one)",
+            who,
+            access.value,
+            left_out,
+        )
 
     def _credentials(self) -> tuple[Credential, ...]:
         if not self._files:
             return self._listed
         return self._listed + tuple(c for f in self._files for c in f.credentials())
+
+
+def _refuse_overlap(sources: Sequence[tuple[str, tuple[Credential, ...]]]) -> None:
+    """``ValueError`` naming where (source and line, never the token) for a token that two
+    sources list: its rights would be the union, so narrowing it in one place would not."""
+    where: dict[str, str] = {}
+    for label, credentials in sources:
+        here: dict[str, str] = {}
+        for c in credentials:
+            here.setdefault(c.token, f"{label} line {c.line}" if c.line else label)
+        for token, place in here.items():
+            if token in where:
+                raise ValueError(
+                    f"{place}: this token is also listed in {where[token]}; list each token "
+                    "in one place only"
+                )
+            where[token] = place
 
 
 def _lacking(access: Access, rights: Rights) -> str:
@@ -256,6 +330,9 @@ def token_auth_from(settings: Settings) -> TokenAuth:
             files += [TokenFile(path, rights)] if path else []
         except (OSError, ValueError) as exc:
             raise RuntimeError(f"{name} {path}: {exc}") from exc
-    return TokenAuth(
-        settings.read_write_tokens, settings.read_only_tokens, files=files, jwt=verifier
-    )
+    try:
+        return TokenAuth(
+            settings.read_write_tokens, settings.read_only_tokens, files=files, jwt=verifier
+        )
+    except ValueError as exc:
+        raise RuntimeError(f"token sources overlap: {exc}") from exc

@@ -29,7 +29,7 @@ import logging
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kura.core.rights import Rights, parse_rights
@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 STAT_INTERVAL_SECONDS = 1.0
 _Signature = tuple[int, int, int]
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
+# A first field shaped like a field: the token is missing (a template's empty variable).
+_FIELD_SHAPED = re.compile(r"[a-z_]+=")
+# A key is echoed in a message only when it could not be (part of) a token (finding: a
+# base64 token put in a field would leak almost whole as the "key" before its '==').
+_SHOWN_KEY = re.compile(r"[a-z_]{1,16}")
+MIN_TOKEN_CHARS = 16  # a credentials-file token: a guessable short one is refused
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,10 @@ class Credential:
     """One token and what it grants. ``rights`` include what they imply; ``name`` is None when
     the line gave none (and for bare tokens)."""
 
-    token: str
+    token: str = field(repr=False)  # never in a log line or a traceback's locals
     rights: Rights
     name: str | None = None
+    line: int = field(default=0, compare=False)  # its line in the file (0: not from a file)
 
 
 def _name(value: str) -> str:
@@ -77,7 +84,7 @@ def parse_credentials(text: str, rights: Rights | None = None) -> tuple[Credenti
         if rights is not None:
             if fields:
                 raise ValueError(f"line {number}: a token must not contain whitespace")
-            credential = Credential(token, rights)
+            credential = Credential(token, rights, line=number)
         else:
             credential = _credential(number, token, fields)
         if token in found:
@@ -92,14 +99,21 @@ def parse_credentials(text: str, rights: Rights | None = None) -> tuple[Credenti
 
 
 def _credential(number: int, token: str, fields: list[str]) -> Credential:
+    if _FIELD_SHAPED.match(token):
+        raise ValueError(f"line {number}: the token is missing")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"line {number}: the token is shorter than {MIN_TOKEN_CHARS} characters")
     values: dict[str, object] = {}
-    for position, field in enumerate(fields, 2):
-        key, sep, value = field.partition("=")
+    for position, text in enumerate(fields, 2):
+        key, sep, value = text.partition("=")
         if not sep or not key:
             raise ValueError(f"line {number}: field {position} is not key=value")
         if key not in _FIELDS:
             known = ", ".join(_FIELDS)
-            raise ValueError(f"line {number}: unknown key {key!r} (known: {known})")
+            where = f"unknown key {key!r}" if _SHOWN_KEY.fullmatch(key) else "unknown key"
+            if not _SHOWN_KEY.fullmatch(key):
+                where = f"field {position}: {where}"
+            raise ValueError(f"line {number}: {where} (known: {known})")
         if key in values:
             raise ValueError(f"line {number}: key {key!r} given twice")
         try:
@@ -112,7 +126,26 @@ def _credential(number: int, token: str, fields: list[str]) -> Credential:
     rights, name = values["rights"], values.get("name")
     assert isinstance(rights, frozenset)
     assert name is None or isinstance(name, str)
-    return Credential(token, rights, name)
+    return Credential(token, rights, name, number)
+
+
+def warn_shared_names(path: Path, credentials: tuple[Credential, ...]) -> None:
+    """Log a warning for each ``name=`` two tokens share: refusals are logged by name, and a
+    shared one no longer tells the credentials apart."""
+    first: dict[str, int] = {}
+    for c in credentials:
+        if c.name is None:
+            continue
+        if c.name in first:
+            log.warning(
+                "%s line %d: name %r is also the name of line %d's token",
+                path,
+                c.line,
+                c.name,
+                first[c.name],
+            )
+        else:
+            first[c.name] = c.line
 
 
 class TokenFile:
@@ -125,6 +158,7 @@ class TokenFile:
         self._rights = rights
         self._signature = self._stat()
         self._credentials = parse_credentials(path.read_text(), rights)
+        warn_shared_names(path, self._credentials)
         self._failed: str | None = None  # the last failure logged
         self.reloads_total = 0
 
@@ -141,14 +175,34 @@ class TokenFile:
         st = os.stat(self.path)
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
-    def reload_if_changed(self) -> bool:
+    def _read_whole(self) -> str:
+        """The file's text, refused (``ValueError``) when it may be half-written: a non-empty
+        text without its final newline, or a file whose (inode, size, mtime) changed while
+        it was read. A torn read of ``rights=read,write:cas`` can be ``rights=read,write``,
+        wider than either version, so a rewrite must be whole (replace the file by rename)."""
+        before = self._stat()
+        text = self.path.read_text()
+        if text and not text.endswith("\n"):
+            raise ValueError("the text does not end in a newline (a write in progress?)")
+        if self._stat() != before:
+            raise ValueError("the file changed while it was read")
+        return text
+
+    def reload_if_changed(
+        self, check: Callable[[TokenFile, tuple[Credential, ...]], None] | None = None
+    ) -> bool:
         """Re-read the file if its (inode, size, mtime) changed; True when a new set was
-        taken. Never raises: a failed re-read is logged and tried again on the next call."""
+        taken. ``check(self, credentials)`` may refuse the new set with a ``ValueError``
+        (``TokenAuth``: a token listed in another source too). Never raises: a failed re-read
+        (unreadable, refused by the parser or by ``check``, or possibly torn,
+        ``_read_whole``) is logged and tried again on the next call."""
         try:
             signature = self._stat()
             if signature == self._signature:
                 return False
-            credentials = parse_credentials(self.path.read_text(), self._rights)
+            credentials = parse_credentials(self._read_whole(), self._rights)
+            if check is not None:
+                check(self, credentials)
         except (OSError, ValueError) as exc:
             if self._failed != str(exc):
                 self._failed = str(exc)
@@ -161,5 +215,6 @@ class TokenFile:
             return False
         self._signature, self._credentials, self._failed = signature, credentials, None
         self.reloads_total += 1
+        warn_shared_names(self.path, credentials)
         log.info("token file %s re-read: %d tokens", self.path, len(credentials))
         return True

@@ -3,7 +3,10 @@
 A credential (a plain token, a line of the credentials file, a JWT) grants a set of rights;
 each route and RPC needs exactly one (``docs/security.md`` lists the mapping):
 
-* ``read``: every look-up;
+* ``read``: every look-up, and what a look-up may store that needs no trust in the caller:
+  SplitBlob's chunks (content-addressed, cut by the server from a blob already stored) and a
+  FetchBlob download whose request names its ``checksum.sri`` (verified content); a FetchBlob
+  download that would record an unverified URI -> digest needs ``write`` (``grpc.asset``);
 * ``write:cas``: content-verified blobs only, whose key is the SHA-256 of the bytes and which
   kura checks before it stores them (Bazel CAS over HTTP and gRPC, REAPI chunks). Such a key
   cannot lie, so a writer holding only this right can add blobs but never an entry that points
@@ -18,6 +21,10 @@ No right implies ``read``: a write-only credential (a CI uploader) reads nothing
 from __future__ import annotations
 
 import enum
+import re
+
+# A right is echoed in a message only when it could not be (part of) a token.
+_SHOWN_RIGHT = re.compile(r"[a-z:]{1,16}")
 
 
 class Access(enum.Enum):
@@ -53,18 +60,10 @@ def parse_rights(text: str) -> Rights:
         try:
             rights.add(Access(name))
         except ValueError:
-            raise ValueError(f"unknown right {name!r} (known: {known_rights()})") from None
+            shown = f"unknown right {name!r}" if _SHOWN_RIGHT.fullmatch(name) else "unknown right"
+            raise ValueError(f"{shown} (known: {known_rights()})") from None
     return implied(frozenset(rights))
 
 
 def known_rights() -> str:
     return ", ".join(a.value for a in Access)
-
-
-def spelled(rights: frozenset[Access]) -> str:
-    """``rights`` as ``read,write`` in the enum's order (``write:cas`` left out where
-    ``write`` implies it); ``none`` for the empty set."""
-    shown = [a.value for a in Access if a in rights]
-    if Access.WRITE in rights:
-        shown.remove(Access.WRITE_CAS.value)
-    return ",".join(shown) or "none"
