@@ -7,11 +7,15 @@ and read-write (``KURA_READ_WRITE_TOKENS``: read, write, clean). A credential ho
 route's right gets its ordinary answer; one without it gets 403 / PERMISSION_DENIED naming the
 right, counted once in ``kura_auth_refusals_total{reason="forbidden"}``, and the node holds
 nothing new: no index row, no blob file, no staged file, no tmp reservation, and the
-namespace a refused clean named still holds its entry.
+namespace a refused clean named still holds its entry; an allowed write adds an index row.
+And the core of ``write:cas``: bytes that do not match their digest, by every CAS upload path,
+are refused and store nothing.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import dataclasses
 import hashlib
 from collections.abc import Callable, Iterator
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import zstandard
 
 from kura.core.rights import Access
 from kura.protos.build.bazel.remote.asset.v1 import remote_asset_pb2 as ra
@@ -27,7 +32,9 @@ from kura.protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as 
 from kura.protos.google.bytestream import bytestream_pb2 as bs
 from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess, node_env
-from tests.grpc_api.client import Reapi, blob_name, digest, new_upload
+from tests.e2e.mesh import wait_for
+from tests.grpc_api.client import Reapi, blob_name, digest, new_upload, write_requests
+from tests.grpc_api.test_asset_origin import Origin
 from tests.inprocess import start_in_process
 from tests.reapi import action_result
 
@@ -82,6 +89,7 @@ class Route:
     # completion's JSON; "": none
     body: str = "blob"
     ok: tuple[int, ...] = (200, 201, 202, 204)
+    grows: bool = True  # an allowed write adds an index row (a read, a clean: not checked)
 
     def request(self, k: str, upload: str) -> tuple[str, str, bytes]:
         data = {
@@ -89,10 +97,15 @@ class Route:
             "ac": action_result({"out": body(SEED)}),
             "kv": f'{{"cas_id": "kv{k}", "entries": [{{"value": "v"}}]}}'.encode(),
             "parts": b'{"parts": [1]}',
+            "hashes": f'{{"hashes": ["{sha(SEED.encode())}"]}}'.encode(),
+            "events": b"[]",
             "": b"",
         }[self.body]
         part = str(1 + [SEED, *map(key, CREDENTIALS)].index(k))
-        fields = {"k": k, "sha": sha(data), "kh": sha(k.encode()), "scope": SCOPE, "part": part}
+        fields = {
+            **{"k": k, "sha": sha(data), "kh": sha(k.encode()), "scope": SCOPE, "part": part},
+            "seedsha": sha(body(SEED)),
+        }
         return self.method, self.path.format(upload=upload, **fields), data
 
 
@@ -100,6 +113,7 @@ HTTP = {
     "bazel cas": Route("PUT", "/cache/cas/{sha}", WC),
     "bazel cas, namespaced": Route("PUT", "/ns/team/cache/cas/{sha}", WC),
     "bazel ac": Route("PUT", "/cache/ac/{kh}", W, "ac"),
+    "bazel ac, namespaced": Route("PUT", "/ns/team/cache/ac/{kh}", W, "ac"),
     "ccache": Route("PUT", "/cache/ccache/{k}", W),
     "ccache, namespaced": Route("PUT", "/ns/team/cache/ccache/{k}", W),
     "nx": Route("PUT", "/v1/cache/{kh}", W),
@@ -108,23 +122,31 @@ HTTP = {
     "xcode cas": Route("POST", "/api/cache/cas/c{k}?{scope}", W),
     "keyvalue": Route("PUT", "/api/cache/keyvalue?{scope}", W, "kv"),
     "gradle": Route("PUT", "/api/cache/gradle/g{k}?{scope}", W),
-    "module start": Route("POST", "/api/cache/module/start?{scope}&hash=h{k}&name=n", W, ""),
-    "module part": Route("POST", "/api/cache/module/part?upload_id={upload}&part_number={part}", W),
+    "module start": Route(
+        "POST", "/api/cache/module/start?{scope}&hash=h{k}&name=n", W, "", grows=False
+    ),
+    "module part": Route(
+        "POST", "/api/cache/module/part?upload_id={upload}&part_number={part}", W, grows=False
+    ),
     "module complete": Route(
-        "POST", "/api/cache/module/complete?upload_id=no-such-upload", W, "parts", ok=(404,)
+        "POST", "/api/cache/module/complete?upload_id=no-such-upload", W, "parts", (404,), False
     ),
     "webdav put": Route("PUT", "/dav/a/o{k}", W),
-    "webdav mkcol": Route("MKCOL", "/dav/a/", W, ""),
+    "webdav put, namespaced": Route("PUT", "/ns/team/dav/a/o{k}", W),
+    "webdav mkcol": Route("MKCOL", "/dav/a/", W, "", grows=False),
     "clean": Route("DELETE", "/api/cache/clean?tenant_id=acme&namespace_id=doomed", C, ""),
     "clean cache root": Route("DELETE", "/ns/doomed/cache", C, ""),
     "clean dav root": Route("DELETE", "/ns/doomed/dav/", C, ""),
     # one read per protocol, of what the fixture stored with k = SEED
     "bazel cas read": Route("GET", "/cache/cas/{sha}", R, ok=(200,)),
+    "bazel cas head": Route("HEAD", "/cache/cas/{seedsha}", R, "", (200,)),
     "bazel ac read": Route("GET", "/cache/ac/{kh}", R, ok=(200,)),
     "ccache read": Route("GET", "/cache/ccache/{k}", R, ok=(200,)),
     "nx read": Route("GET", "/v1/cache/{kh}", R, ok=(200,)),
     "metro read": Route("GET", "/api/metro/cache/m{k}", R, ok=(200,)),
     "turbo read": Route("GET", "/v8/artifacts/{kh}?slug=team", R, ok=(200,)),
+    "turbo query": Route("POST", "/v8/artifacts?slug=team", R, "hashes", (200,)),  # stores nothing
+    "turbo events": Route("POST", "/v8/artifacts/events?slug=team", R, "events", (200,)),
     "xcode cas read": Route("GET", "/api/cache/cas/c{k}?{scope}", R, ok=(200,)),
     "keyvalue read": Route("GET", "/api/cache/keyvalue/kv{k}?{scope}", R, ok=(200,)),
     "gradle read": Route("GET", "/api/cache/gradle/g{k}?{scope}", R, ok=(200,)),
@@ -214,6 +236,52 @@ def _get_action_result(c: Reapi, k: str) -> object:
     return c.ac.GetActionResult(request, metadata=c.metadata)
 
 
+def _split(c: Reapi, k: str) -> object:
+    assert c.split(digest(asset(k)))  # SplitBlob: chunks cut by the server, content-addressed
+    return None
+
+
+def _batch_read(c: Reapi, k: str) -> object:
+    response = c.cas.BatchReadBlobs(
+        reapi.BatchReadBlobsRequest(digests=[digest(asset(k))]), metadata=c.metadata
+    )
+    assert [r.data for r in response.responses] == [asset(k)]
+    return response
+
+
+def _get_tree(c: Reapi, k: str) -> object:
+    request = reapi.GetTreeRequest(root_digest=digest(directory_blob(k)))
+    pages = list(c.cas.GetTree(request, metadata=c.metadata))
+    assert [len(p.directories) for p in pages] == [1]
+    return pages
+
+
+def _fetch_directory(c: Reapi, k: str) -> object:
+    request = ra.FetchDirectoryRequest(uris=[f"https://x.test/d{k}"])
+    response = c.fetch.FetchDirectory(request, metadata=c.metadata)
+    assert response.root_directory_digest == digest(directory_blob(k))
+    return response
+
+
+# The matrix fixture's loopback origin that FetchBlob downloads from (one, while it runs).
+ORIGINS: list[Origin] = []
+
+
+def _download(c: Reapi, k: str, *, verified: bool) -> object:
+    """A FetchBlob miss that downloads from ``ORIGIN`` and records the URI; ``verified``: the
+    request names the blob's ``checksum.sri``."""
+    path = f"/{'sri' if verified else 'plain'}-{k}"
+    (origin,) = ORIGINS
+    origin.files[path] = asset(k) * 3
+    sri = "sha256-" + base64.b64encode(hashlib.sha256(asset(k) * 3).digest()).decode()
+    qualifiers = [ra.Qualifier(name="checksum.sri", value=sri)] if verified else []
+    response = c.fetch.FetchBlob(
+        ra.FetchBlobRequest(uris=[origin.url(path)], qualifiers=qualifiers), metadata=c.metadata
+    )
+    assert response.blob_digest == digest(asset(k) * 3), response.status
+    return response
+
+
 def _fetch_blob(c: Reapi, k: str) -> object:
     response = c.fetch.FetchBlob(
         ra.FetchBlobRequest(uris=[f"https://x.test/{k}"]), metadata=c.metadata
@@ -222,7 +290,8 @@ def _fetch_blob(c: Reapi, k: str) -> object:
     return response
 
 
-RPCS: dict[str, tuple[Callable[[Reapi, str], object], Access]] = {
+# Each RPC's call and the rights it needs, in the order it checks them.
+RPCS: dict[str, tuple[Callable[[Reapi, str], object], Access | tuple[Access, ...]]] = {
     "ByteStream.Write": (_write, WC),
     "ByteStream.QueryWriteStatus": (_query_write_status, WC),
     "BatchUpdateBlobs": (_batch_update, WC),
@@ -235,8 +304,17 @@ RPCS: dict[str, tuple[Callable[[Reapi, str], object], Access]] = {
     "ByteStream.Read": (_read, R),
     "GetActionResult": (_get_action_result, R),
     "FetchBlob": (_fetch_blob, R),
+    "SplitBlob": (_split, R),
+    "BatchReadBlobs": (_batch_read, R),
+    "GetTree": (_get_tree, R),
+    "FetchDirectory": (_fetch_directory, R),
+    # a download recording an unverified URI -> digest is a write; a verified one a read
+    "FetchBlob download": (lambda c, k: _download(c, k, verified=False), (R, W)),
+    "FetchBlob download, checksum.sri": (lambda c, k: _download(c, k, verified=True), R),
 }
 RPC_READS = {name for name, (_call, right) in RPCS.items() if right is R}
+# The writes whose allowed call adds no index row.
+RPC_NO_GROWTH = {"ByteStream.QueryWriteStatus"}
 # An allowed call's answer when it is not OK (no upload of that name is in progress).
 RPC_OK = {"ByteStream.QueryWriteStatus": grpc.StatusCode.NOT_FOUND}
 
@@ -254,12 +332,15 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     tokens_file = directory / "credentials"
     tokens_file.write_text(TOKENS_FILE)
     port = free_port()
+    origin = Origin()
+    ORIGINS.append(origin)
     env = node_env(
         directory,
         read_write_tokens="tok-rw",
         read_only_tokens="tok-ro",
         tokens_file=tokens_file,
         grpc_port=port,
+        asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}",
     )
     node = start_in_process(directory, env)
     clients = {kind: Reapi(f"127.0.0.1:{port}", token) for kind, (token, _r) in CREDENTIALS.items()}
@@ -274,9 +355,12 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
         rw.batch_update([*chunks(k), asset(k), directory_blob(k)])
     _update_action_result(rw, SEED)
     _push_blob(rw, SEED)
+    _push_directory(rw, SEED)
     yield Matrix(node, clients, upload)
     for client in clients.values():
         client.close()
+    ORIGINS.clear()
+    origin.stop()
     assert node.stop() == 0, node.log()[-3000:]
 
 
@@ -331,12 +415,15 @@ def test_each_http_route_needs_its_right_and_a_refusal_stores_nothing(
     refused = spec.right not in rights
     if refused and spec.right is C:
         keep_doomed(matrix)
-    before = Held.by(matrix.node) if refused else None
+    grows = not refused and spec.grows and spec.right in (W, WC)
+    before = Held.by(matrix.node) if refused or grows else None
     with matrix.node.client(headers=bearer(token)) as c:
         r = c.request(method, path, content=data)
-    if before is None:
+    if not refused:
         assert r.status_code in spec.ok, (r.status_code, r.text)
+        assert before is None or matrix.node.index_rows() > before.rows, "nothing stored"
         return
+    assert before is not None
     assert r.status_code == 403, r.text
     if method != "HEAD":
         assert f"lacks the right '{spec.right.value}'" in r.text, r.text
@@ -350,18 +437,107 @@ def test_each_rpc_needs_its_right_and_a_refusal_stores_nothing(
     matrix: Matrix, rpc: str, kind: str
 ) -> None:
     _token, rights = CREDENTIALS[kind]
-    call, right = RPCS[rpc]
+    call, needs = RPCS[rpc]
+    needs = needs if isinstance(needs, tuple) else (needs,)
+    lacking = [right for right in needs if right not in rights]
     client = matrix.clients[kind]
     k = SEED if rpc in RPC_READS else key(kind)
-    before = None if right in rights else Held.by(matrix.node)
+    grows = not lacking and rpc not in RPC_READS | RPC_NO_GROWTH
+    before = Held.by(matrix.node) if lacking or grows else None
     try:
         call(client, k)
         code, details = grpc.StatusCode.OK, ""
     except grpc.RpcError as exc:
         code, details = exc.code(), exc.details() or ""
-    if before is None:
+    if not lacking:
         assert code is RPC_OK.get(rpc, grpc.StatusCode.OK), details
+        assert before is None or matrix.node.index_rows() > before.rows, "nothing stored"
         return
+    assert before is not None
     assert code is grpc.StatusCode.PERMISSION_DENIED, details
-    assert f"lacks the right '{right.value}'" in details, details
+    assert f"lacks the right '{lacking[0].value}'" in details, details
     assert Held.by(matrix.node) == before.after_one_refusal()
+
+
+# --- write:cas holds only what matches its digest: every CAS upload path, lying bytes.
+LIE = b"the bytes sent " * 3000  # over KURA_INLINE_MAX_BYTES: a stored one would leave a file
+CLAIMED = b"the bytes claimed " * 3000  # what the digest names
+
+
+def _http_cas(prefix: str) -> Callable[[Matrix], str]:
+    def put(m: Matrix) -> str:
+        with m.node.client(headers=bearer(CREDENTIALS["write:cas"][0])) as c:
+            r = c.put(f"{prefix}/cache/cas/{sha(CLAIMED)}", content=LIE)
+        return str(r.status_code)
+
+    return put
+
+
+def _rpc_code(call: Callable[[Reapi], object]) -> Callable[[Matrix], str]:
+    def run(m: Matrix) -> str:
+        try:
+            call(m.clients["write:cas"])
+        except grpc.RpcError as exc:
+            return str(exc.code())
+        return "OK"
+
+    return run
+
+
+def _zstd(c: Reapi) -> object:
+    name = blob_name(CLAIMED, upload=new_upload(), compressor="zstd")
+    return c.write(name, zstandard.ZstdCompressor().compress(LIE))
+
+
+def _resumed(c: Reapi) -> object:
+    """A resumable upload: its first half true, then resumed (QueryWriteStatus) and finished
+    with other bytes."""
+    name = blob_name(CLAIMED, upload=new_upload())
+    half = len(CLAIMED) // 2
+    requests = write_requests(name, CLAIMED[:half], finish=False)
+    with contextlib.suppress(grpc.RpcError):  # an unfinished stream: answered either way
+        c.bytestream.Write(requests, metadata=c.metadata)
+    status = c.bytestream.QueryWriteStatus(
+        bs.QueryWriteStatusRequest(resource_name=name), metadata=c.metadata
+    )
+    return c.write(
+        name,
+        CLAIMED[: status.committed_size] + LIE[status.committed_size :],
+        offset=status.committed_size,
+    )
+
+
+def _batch_lie(c: Reapi) -> object:
+    request = reapi.BatchUpdateBlobsRequest(
+        requests=[reapi.BatchUpdateBlobsRequest.Request(digest=digest(CLAIMED), data=LIE)]
+    )
+    response = c.cas.BatchUpdateBlobs(request, metadata=c.metadata)
+    return [grpc.StatusCode.INVALID_ARGUMENT.value[0] == r.status.code for r in response.responses]
+
+
+def _splice_lie(c: Reapi) -> object:
+    parts = chunks(SEED)  # stored by the fixture; they do not make up CLAIMED
+    return c.splice(digest(CLAIMED), [digest(p) for p in parts])
+
+
+LIES: dict[str, tuple[Callable[[Matrix], str], str]] = {
+    "http cas": (_http_cas(""), "400"),
+    "http cas, namespaced": (_http_cas("/ns/team"), "400"),
+    "bytestream zstd": (_rpc_code(_zstd), str(grpc.StatusCode.INVALID_ARGUMENT)),
+    "bytestream resumed": (_rpc_code(_resumed), str(grpc.StatusCode.INVALID_ARGUMENT)),
+    "batch update": (lambda m: str(_batch_lie(m.clients["write:cas"])), "[True]"),
+    "splice": (_rpc_code(_splice_lie), str(grpc.StatusCode.INVALID_ARGUMENT)),
+}
+
+
+@pytest.mark.parametrize("path", LIES)
+def test_write_cas_stores_no_bytes_that_do_not_match_their_digest(
+    matrix: Matrix, path: str
+) -> None:
+    """The reason ``write:cas`` is safe to give a pull request: whatever path it uploads by,
+    a blob's key is the hash of its bytes, checked before anything is stored."""
+    upload, refused = LIES[path]
+    before = Held.by(matrix.node)
+    assert upload(matrix) == refused
+    assert wait_for(lambda: Held.by(matrix.node) == before, 15), Held.by(matrix.node)
+    assert matrix.clients["read-write"].find_missing([CLAIMED]) == [digest(CLAIMED).hash]
