@@ -272,8 +272,10 @@ class Settings:
     )
     tokens_file: FilePath | None = option(
         None,
-        "credentials file: one a line, the token then rights=read,write:cas,write,clean and "
-        "an optional name=; re-read when it changes",
+        "credentials file: one a line, the token (16+ characters) then "
+        "rights=read,write:cas,write,clean (none implies read: rights=write:cas alone reads "
+        "nothing, unlike the JWT scope cache:write:cas) and an optional name=; re-read when it "
+        "changes (replace it by rename)",
     )
     auth_jwt_public_key: NonEmpty | None = option(
         None, "PEM public key (the text, or a file's path) that verifies JWT bearer tokens"

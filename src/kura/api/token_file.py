@@ -1,26 +1,31 @@
 """Credentials read from a file and re-read when it changes (rotation without a restart).
 
 Two formats, one parser (``parse_credentials``); in both, blank lines and lines starting with
-``#`` are ignored and surrounding whitespace is stripped:
+``#`` are ignored (a comment is a whole line) and surrounding whitespace is stripped:
 
 * a token file (``KURA_READ_WRITE_TOKENS_FILE``, ``KURA_READ_ONLY_TOKENS_FILE``): one bare
   token a line, every one with the file's rights;
-* the credentials file (``KURA_TOKENS_FILE``): one credential a line, the token then
-  whitespace-separated ``key=value`` fields:
+* the credentials file (``KURA_TOKENS_FILE``): one credential a line, the token (at least
+  ``MIN_TOKEN_CHARS``; a first field shaped ``key=`` is "the token is missing", as a template
+  whose token variable was empty writes) then whitespace-separated ``key=value`` fields:
 
   - ``rights=`` (required): comma-separated rights, ``read``, ``write:cas``, ``write``,
     ``clean`` (``kura.core.rights``; ``write`` implies ``write:cas``);
-  - ``name=`` (optional): a label of ``[A-Za-z0-9._-]`` for logs, never the token.
+  - ``name=`` (optional): a label of ``[A-Za-z0-9._-]`` naming the credential's refusals in
+    the log (``kura.api.auth``), never the token; two tokens sharing one get a warning.
 
   For example ``3f9c0e1b7a... name=pr-builds rights=read,write:cas``. Any other key, a field
   that is not ``key=value``, a key given twice or a token listed again with other rights or
-  another name is a ``ValueError`` naming the line (and the key), never the token.
+  another name is a ``ValueError`` naming the line (and the key or right when it is short
+  lowercase text, else the field number), never the token.
 
 ``reload_if_changed()`` (called every ``STAT_INTERVAL_SECONDS`` by ``TokenAuth.run``, never on
 a request) re-reads the file when its (inode, size, mtime) changed, so a rotation written in
 place or renamed over the old file takes effect within about a second, new rights included. A
-re-read that fails (the file missing or unreadable, a line the parser refuses) keeps the last
-good set and logs a warning once per change; an empty file is a valid, empty set.
+re-read that fails (the file missing or unreadable, a line the parser refuses, text that may be
+half a file: ``TokenFile._read_whole``, or a set the caller refuses) keeps the last good set,
+logs a warning once per failure and is tried again on the next call; an empty file is a
+valid, empty set. Replace a file by rename.
 """
 
 from __future__ import annotations
