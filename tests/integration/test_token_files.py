@@ -166,3 +166,20 @@ def test_a_malformed_credentials_file_refuses_to_start_naming_the_line_and_key(
     with pytest.raises(RuntimeError, match=r"KURA_TOKENS_FILE .*line 2: unknown key 'owner'") as e:
         spawn_node(tmp_path, env)
     assert "secret-token" not in str(e.value)
+
+
+def test_a_token_in_two_sources_refuses_to_start_naming_where_never_the_token(
+    tmp_path: Path,
+) -> None:
+    """A pull request's token narrowed in KURA_TOKENS_FILE but left in KURA_READ_WRITE_TOKENS
+    would keep write and clean (the union): the node does not start."""
+    from tests.conftest import node_env, spawn_node
+
+    path = tmp_path / "credentials"
+    path.write_text(f"# PRs\n{PR_TOKEN} name=pr rights=read,write:cas\n")
+    env = node_env(tmp_path, tokens_file=path, read_write_tokens=PR_TOKEN)
+    with pytest.raises(
+        RuntimeError, match=r"line 2: this token is also listed in KURA_READ_W"
+    ) as e:
+        spawn_node(tmp_path, env)
+    assert PR_TOKEN not in str(e.value)
