@@ -337,3 +337,31 @@ def test_a_workers_jwt_verifier_defers_a_kid_it_has_not_got_to_the_primary() -> 
     worker.follow("http://primary/jwks", session=lambda: pytest.fail("no fetch here"))
     with pytest.raises(ForwardToPrimary):
         worker.verify(token)
+
+
+def test_a_re_read_of_a_file_that_changed_while_it_was_read_is_a_failed_read(
+    tmp_path: Path,
+) -> None:
+    """A writer appending while the node reads: what was read may be neither version."""
+    path = tmp_path / "credentials"
+    path.write_text("pr-tok-0123456789 rights=read\n")
+    f = TokenFile(path)
+    appended = []
+
+    class WrittenWhileRead(type(path)):  # type: ignore[misc]
+        def read_text(self, *args: object, **kwargs: object) -> str:
+            text = super().read_text(*args, **kwargs)  # type: ignore[arg-type]
+            if not appended:  # a writer's second line lands right after the read
+                appended.append(True)
+                with open(self, "a") as out:
+                    out.write("other-tok-0123456789 rights=read\n")
+            return text
+
+    f.path = WrittenWhileRead(path)
+    path.write_text("pr-tok-0123456789 rights=read,write:cas\n")
+    os.utime(path, ns=(1, 1))
+    assert not f.reload_if_changed()
+    assert f.failing
+    assert [c.rights for c in f.credentials()] == [{R}]
+    assert f.reload_if_changed()  # tried again: the whole file now
+    assert {c.token for c in f.credentials()} == {"pr-tok-0123456789", "other-tok-0123456789"}
