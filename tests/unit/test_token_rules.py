@@ -128,6 +128,7 @@ def test_a_credential_passes_for_its_rights_only_and_the_refusal_names_the_right
     ):
         for access in Access:
             assert auth.allows(f"Bearer {token}", access) is (access in granted), (token, access)
+    assert "refused" not in caplog.text  # allows() describes a caller, it refuses nothing
     with pytest.raises(Forbidden, match=r"lacks the right 'write'$"):
         auth.check(f"Bearer cas-{SECRET}", Access.WRITE)
     with pytest.raises(Forbidden, match="read-only: it lacks the right 'clean'"):

@@ -168,7 +168,7 @@ class TokenAuth:
         if self._follow:
             self._catch_up()  # one read of shared memory when nothing changed
         try:
-            self._check(authorization, access, namespace)
+            self._check(authorization, access, namespace, log_refusal=True)
         except Unauthenticated:
             reason = "missing" if _token_from(authorization) is None else "invalid"
             self.refusals_total[reason] += 1
@@ -188,13 +188,18 @@ class TokenAuth:
         if self._follow:
             self._catch_up()
         try:
-            self._check(authorization, access, namespace)
+            self._check(authorization, access, namespace, log_refusal=False)
         except (Unauthenticated, Forbidden):
             return False
         return True
 
     def _check(
-        self, authorization: str | None, access: Access, namespace: NamespaceOf | None
+        self,
+        authorization: str | None,
+        access: Access,
+        namespace: NamespaceOf | None,
+        *,
+        log_refusal: bool,
     ) -> None:
         token = _token_from(authorization)
         if token is None:
@@ -202,7 +207,8 @@ class TokenAuth:
         credential = self._listing_of(token)
         if credential is not None:
             if access not in credential.rights:
-                self._log_refusal(credential, access)
+                if log_refusal:  # not for ``allows``: describing a caller refuses nothing
+                    self._log_refusal(credential, access)
                 raise Forbidden(_lacking(access, credential.rights))
             return
         if self.jwt is not None and self.jwt.looks_like_jwt(token):
