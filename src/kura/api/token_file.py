@@ -46,8 +46,8 @@ _Signature = tuple[int, int, int]
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 # A first field shaped like a field: the token is missing (a template's empty variable).
 _FIELD_SHAPED = re.compile(r"[a-z_]+=")
-# A key is echoed in a message only when it could not be (part of) a token (finding: a
-# base64 token put in a field would leak almost whole as the "key" before its '==').
+# A key is echoed in a message only when it could not be (part of) a token: a base64 token
+# put in a field would otherwise leak almost whole, as the "key" before its '=='.
 _SHOWN_KEY = re.compile(r"[a-z_]{1,16}")
 MIN_TOKEN_CHARS = 16  # a credentials-file token: a guessable short one is refused
 
@@ -115,10 +115,9 @@ def _credential(number: int, token: str, fields: list[str]) -> Credential:
             raise ValueError(f"line {number}: field {position} is not key=value")
         if key not in _FIELDS:
             known = ", ".join(_FIELDS)
-            where = f"unknown key {key!r}" if _SHOWN_KEY.fullmatch(key) else "unknown key"
-            if not _SHOWN_KEY.fullmatch(key):
-                where = f"field {position}: {where}"
-            raise ValueError(f"line {number}: {where} (known: {known})")
+            shown = _SHOWN_KEY.fullmatch(key)
+            what = f"unknown key {key!r}" if shown else f"field {position}: unknown key"
+            raise ValueError(f"line {number}: {what} (known: {known})")
         if key in values:
             raise ValueError(f"line {number}: key {key!r} given twice")
         try:
