@@ -500,6 +500,7 @@ def _resumed(c: Reapi) -> object:
     status = c.bytestream.QueryWriteStatus(
         bs.QueryWriteStatusRequest(resource_name=name), metadata=c.metadata
     )
+    assert 0 < status.committed_size <= half, status  # the true half is held, to resume
     return c.write(
         name,
         CLAIMED[: status.committed_size] + LIE[status.committed_size :],
