@@ -357,10 +357,10 @@ class Node:
         """Problems that do not block readiness but need an operator: storage (a damaged
         index set aside at start-up; a full disk is a reason instead), bootstrap (an abandoned
         peer), replication (a peer that keeps failing, e.g. refusing this node's token) and
-        the object store (unreachable, uploads stalled)."""
+        the object store (unreachable, uploads stalled) and a token file that fails to re-read."""
         tier = [] if self.object_tier is None else self.object_tier.warnings()
         found = self.service.warnings() + self.bootstrapper.warnings() + self.shipper.warnings()
-        return found + tier
+        return found + tier + self.auth.warnings()
 
     def _read_through_enabled(self) -> bool:
         mode = self.settings.read_through

@@ -270,6 +270,13 @@ class Settings:
     read_only_tokens_file: FilePath | None = option(
         None, "file of read-only bearer tokens, one a line (# comments), re-read when it changes"
     )
+    tokens_file: FilePath | None = option(
+        None,
+        "credentials file: one a line, the token (16+ characters) then "
+        "rights=read,write:cas,write,clean (none implies read: rights=write:cas alone reads "
+        "nothing, unlike the JWT scope cache:write:cas) and an optional name=; re-read when it "
+        "changes (replace it by rename)",
+    )
     auth_jwt_public_key: NonEmpty | None = option(
         None, "PEM public key (the text, or a file's path) that verifies JWT bearer tokens"
     )
@@ -409,6 +416,7 @@ class Settings:
             or self.read_only_tokens
             or self.read_write_tokens_file
             or self.read_only_tokens_file
+            or self.tokens_file
             or self.auth_jwt
         )
 
@@ -472,6 +480,8 @@ def describe_auth(s: Settings) -> str:
     ):
         if path is not None:
             kinds.append(f"{what} token file {path}")
+    if s.tokens_file is not None:
+        kinds.append(f"credentials file {s.tokens_file}")
     if s.auth_jwt:
         key = f"JWKS {s.auth_jwt_jwks_url}" if s.auth_jwt_jwks_url else "a public key"
         kinds.append(f"JWT ({key}, iss={s.auth_jwt_issuer}, aud={s.auth_jwt_audience})")

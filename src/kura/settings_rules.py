@@ -215,7 +215,7 @@ def validate_settings(s: Settings) -> list[str]:
 def _auth_problems(s: Settings) -> list[str]:
     """Token files, JWT and public TLS settings that cannot work as given."""
     problems = []
-    for path in (s.read_write_tokens_file, s.read_only_tokens_file):
+    for path in (s.read_write_tokens_file, s.read_only_tokens_file, s.tokens_file):
         if path is not None and not path.is_file():
             problems.append(f"token file {path} does not exist")
     if s.auth_jwt_public_key and s.auth_jwt_jwks_url:

@@ -17,20 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from kura_harness.launch.process import free_port
 from tests import oneshot
 from tests.conftest import NodeProcess
-from tests.integration.test_clients import Client, run_client
+from tests.integration.test_clients import BY_NAME, Client, requests_with_status, run_client
 
 pytestmark = [pytest.mark.clients, pytest.mark.in_process]
 
 BAZEL = Client("bazel-grpc", "bazel.sh", "", "grpc", 2)
 BAZEL_CC = Client("bazel-grpc-cc", "bazel.sh", "", "grpc", 4, {"TARGET": "cc"})
 BAZEL_ARCHIVE = Client("bazel-grpc-archive", "bazel.sh", "", "grpc", 1, {"TARGET": "archive"})
-TOKEN = "tok-bazel"
+TOKEN = "tok-bazel-0123456789"  # 16+ characters: KURA_TOKENS_FILE takes it too
 
 
 def assert_hit_counted(node: NodeProcess, run_output: str, hit: bool, min_hits: int) -> None:
@@ -100,6 +101,35 @@ def test_bazel_4_with_a_read_only_token_still_builds(
     assert not run.hit, run.describe()  # nothing was written for the second build to hit
     assert node.metric('kura_grpc_requests_total{code="OK",method="GetCapabilities"}') >= 1
     assert node.index_rows() == 0
+
+
+@pytest.mark.parametrize("over", ["grpc", "http"])
+def test_bazel_with_a_write_cas_credential_builds_storing_blobs_and_no_action_result(
+    start_node: Callable[..., NodeProcess], tmp_path: Path, over: str
+) -> None:
+    """A pull request's Bazel with ``rights=read,write:cas`` (issue 29): its CAS uploads are
+    stored, its action results refused (403 / PERMISSION_DENIED, which Bazel reports as a
+    warning), and the build succeeds; so the second build has no entry to hit. Bazel 4.2.3 is
+    told ``update_enabled: true`` over gRPC (bazel#16624) and uploads; Bazel 6 and later is
+    told false (test_contract) and uploads nothing."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"{TOKEN} name=pr rights=read,write:cas\n")
+    port = free_port()
+    node = start_node(grpc_port=port, read_write_tokens="tok-rw", tokens_file=credentials)
+    if over == "grpc":
+        run = run_client(
+            BAZEL, dataclasses.replace(node, url=f"grpc://127.0.0.1:{port}"), token=TOKEN
+        )
+        refused = 'kura_grpc_requests_total{code="PERMISSION_DENIED",method="UpdateActionResult"}'
+        assert node.metric(refused) >= 1, run.describe()
+    else:
+        run = run_client(BY_NAME["bazel"], node, token=TOKEN)
+        assert requests_with_status(node, "bazel", 403) >= 1, run.describe()
+        assert requests_with_status(node, "bazel", 200) >= 1, run.describe()  # its cas/ PUTs
+    assert "run1 rc=0" in run.output, run.describe()
+    assert not run.hit, run.describe()  # no action result was stored for the second build
+    assert node.index_rows() >= 1  # the blobs: outputs, Action, Command
+    assert node.metric('kura_auth_refusals_total{reason="forbidden"}') >= 1
 
 
 def test_bazel_fetches_an_http_archive_through_kura_once_the_origin_is_gone(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -21,6 +22,7 @@ from tests.grpc_api.client import Reapi, blob_name, digest, new_upload, start_gr
 pytestmark = pytest.mark.in_process
 
 RW, RO = "tok-rw", "tok-ro"
+CAS_TOKEN = "tok-cas-0123456789"  # KURA_TOKENS_FILE: 16 characters at least
 ZSTD = reapi.Compressor.ZSTD
 REQUEST_METADATA = "build.bazel.remote.execution.v2.requestmetadata-bin"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -88,6 +90,50 @@ def test_a_bazel_older_than_6_is_told_it_may_write(
     assert update_enabled("bazel", "")  # Debian's 4.2.3 sends no version
     assert not update_enabled("buck2", "4.0")
     assert not update_enabled("", "")
+
+
+def test_a_write_cas_credential_is_told_it_may_not_update_the_action_cache_and_uploads_blobs(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    """A pull request's Bazel with ``rights=read,write:cas`` (issue 29): told
+    ``update_enabled: false`` (but may splice), so Bazel 6+ builds without an action-cache
+    upload to fail; its CAS uploads are stored, an action result it sends anyway is refused.
+    A Bazel before 6.0 is still told true (bazel#16624)."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"{CAS_TOKEN} name=pr-123 rights=read,write:cas\n")
+    node, anonymous = start_grpc_node(start_node, read_write_tokens=RW, tokens_file=credentials)
+    anonymous.close()
+    cas, rw = Reapi(anonymous.target, CAS_TOKEN), Reapi(anonymous.target, RW)
+    try:
+        for instance in ("", "org/team-1"):
+            found = caps(cas, instance)
+            assert not found.action_cache_update_capabilities.update_enabled
+            assert found.splice_blob_support  # a splice stores a verified blob
+            assert caps(rw, instance).action_cache_update_capabilities.update_enabled
+        old_bazel = reapi.RequestMetadata(
+            tool_details=reapi.ToolDetails(tool_name="bazel", tool_version="5.4.1")
+        )
+        metadata = (*cas.metadata, (REQUEST_METADATA, old_bazel.SerializeToString()))
+        answer = cas.capabilities.GetCapabilities(reapi.GetCapabilitiesRequest(), metadata=metadata)
+        assert answer.cache_capabilities.action_cache_update_capabilities.update_enabled
+        blob = os.urandom(100_000)
+        assert cas.write(blob_name(blob, upload=new_upload()), blob).committed_size == len(blob)
+        assert [r.status.code for r in cas.batch_update([b"small"]).responses] == [0]
+        assert cas.find_missing([blob, b"small"]) == []
+        rows = node.index_rows()
+        with pytest.raises(grpc.RpcError) as refused:
+            cas.ac.UpdateActionResult(
+                reapi.UpdateActionResultRequest(
+                    action_digest=digest(b"action"), action_result=reapi.ActionResult()
+                ),
+                metadata=cas.metadata,
+            )
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "lacks the right 'write'" in refused.value.details()
+        assert node.index_rows() == rows
+    finally:
+        cas.close()
+        rw.close()
 
 
 def batch_update(client: Reapi, requests: list[reapi.BatchUpdateBlobsRequest.Request]) -> list[int]:

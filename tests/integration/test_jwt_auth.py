@@ -2,14 +2,16 @@
 
 A node with ``KURA_AUTH_JWT_PUBLIC_KEY`` (a PEM file), issuer and audience, plus one plain
 read-write token: a ``cache:read`` token reads and is refused a write (403, nothing stored); a
-``cache:write`` token writes; a token limited to namespace A is refused namespace B (Kura routes
-and Turborepo teams alike); expired, wrong-audience, wrong-issuer, wrong-key, ``alg: none`` and
+``cache:write`` token writes and cleans; ``cache:write:cas`` stores CAS blobs only and
+``cache:clean`` only cleans (issue 29); a token limited to namespace A is refused namespace B
+(Kura routes and Turborepo teams alike); expired, wrong-audience, wrong-issuer, wrong-key, ``alg: none`` and
 HS256-with-the-public-key tokens are 401; plain tokens keep working next to JWTs. ``/status``
 needs a read token once access control is on; ``/up`` and ``/ready`` never do.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from tests.conftest import NodeProcess, node_env, spawn_node
 from tests.inprocess import start_in_process
 from tests.integration import jwt_keys
 from tests.integration.jwt_keys import AUDIENCE, ISSUER, rsa_key, token
+from tests.reapi import action_result
 
 pytestmark = pytest.mark.in_process
 
@@ -74,6 +77,44 @@ def test_a_read_token_reads_and_is_refused_a_write(node: NodeProcess) -> None:
     assert node.metric("kura_tmp_reserved_bytes") == 0
     assert node.metric('kura_auth_refusals_total{reason="forbidden"}') >= 2
     assert node.metric("kura_auth_jwks_keys") == 1
+
+
+def test_each_scope_grants_its_rights(node: NodeProcess) -> None:
+    """``cache:write:cas`` stores a CAS blob and nothing else, ``cache:clean`` cleans and reads
+    nothing, ``cache:write`` still cleans (issue 29: its meaning before rights); each refusal
+    names the right missing and the scopes that grant it, and stores or deletes nothing."""
+    blob = b"verified by its digest" * 1000
+    cas = f"/cache/cas/{hashlib.sha256(blob).hexdigest()}"
+    kept = "/ns/jwt-doomed/cache/kept"
+    with node.client(headers=bearer(token(KEY, scope="cache:write:cas"))) as c:
+        assert c.put(cas, content=blob).status_code == 200
+        assert c.get(cas).content == blob  # cache:write:cas reads too
+        before = stored(node)
+        for method, path, data, right, scopes in (
+            ("PUT", f"/cache/ac/{'a' * 64}", action_result({"o": blob}), "write", "cache:write)"),
+            ("PUT", "/cache/plain/by-cas-writer", blob, "write", "cache:write)"),
+            ("DELETE", "/ns/jwt-doomed/cache", b"", "clean", "cache:write or cache:clean)"),
+        ):
+            r = c.request(method, path, content=data)
+            assert r.status_code == 403, (path, r.text)
+            message = r.json()["message"]
+            assert f"lacks the right '{right}' (JWT scope " in message
+            assert message.endswith(scopes)
+    assert stored(node) == before
+    assert node.staging_files() == []
+    for scope in ("cache:clean", "cache:write"):
+        with node.client(headers=bearer(token(KEY))) as c:
+            assert c.put(kept, content=b"kept").status_code in (200, 201)
+        with node.client(headers=bearer(token(KEY, scope=scope))) as c:
+            if scope == "cache:clean":
+                r = c.get(kept)
+                assert r.status_code == 403
+                assert "lacks the right 'read'" in r.text
+                assert c.put(kept, content=b"again").status_code == 403
+            assert c.delete("/ns/jwt-doomed/cache").status_code == 204, scope
+            assert c.get(kept).status_code in (403, 404)
+        with node.client(headers=bearer(token(KEY))) as c:
+            assert c.get(kept).status_code == 404, scope  # cleaned
 
 
 def test_a_namespace_token_is_refused_another_namespace(node: NodeProcess) -> None:

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.in_process
 
 ROTATION_TIMEOUT_SECONDS = 20.0  # the node stats once a second; generous when loaded
 PATH = "/cache/plain/rotated"
+PR_TOKEN = "pr-tok-0123456789"  # KURA_TOKENS_FILE: 16 characters at least
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -117,3 +118,68 @@ def test_a_malformed_token_file_refuses_to_start_naming_the_setting(tmp_path: Pa
     env = node_env(tmp_path, read_only_tokens_file=path)
     with pytest.raises(RuntimeError, match=r"KURA_READ_ONLY_TOKENS_FILE .*line 2"):
         spawn_node(tmp_path, env)
+
+
+def test_a_rewritten_credentials_file_changes_a_tokens_rights_without_a_restart(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    """KURA_TOKENS_FILE (issue 29): each token with the rights its line names, re-read like the
+    token files: widened, then a line the parser refuses (the last good rights stay), then
+    narrowed again."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"# a pull request's job\n{PR_TOKEN} name=pr-123 rights=read\n")
+    node = start_node(tokens_file=credentials)
+    assert f"auth on: credentials file {credentials};" in node.log()  # the start-up line
+    assert status_with(node, PR_TOKEN, "PUT") == 403
+    assert status_with(node, PR_TOKEN) == 404  # it reads: a miss, not a refusal
+
+    write_atomically(credentials, f"{PR_TOKEN} name=pr-123 rights=read,write\n")
+    assert wait_for(
+        lambda: status_with(node, PR_TOKEN, "PUT") in (200, 201), ROTATION_TIMEOUT_SECONDS
+    ), node.log()[-2000:]
+    assert node.metric("kura_auth_token_file_failing") == 0
+
+    # a key not known (yet), written whole: refused by the parser, not as a torn read
+    write_atomically(credentials, f"{PR_TOKEN} rights=read,write read=main\n")
+    assert wait_for(lambda: logged(node, 1), ROTATION_TIMEOUT_SECONDS)
+    assert "line 1: unknown key 'read'" in node.log()
+    assert PR_TOKEN not in node.log()  # a refused line is named by its number, never its token
+    assert status_with(node, PR_TOKEN, "PUT") in (200, 201)
+    assert node.metric("kura_auth_token_file_failing") == 1
+    ready = oneshot.request("GET", node.url + "/ready", timeout=10).json()
+    assert f"token file {credentials}: the last re-read failed" in " ".join(ready["warnings"])
+
+    write_atomically(credentials, f"{PR_TOKEN} rights=read\n")
+    assert wait_for(lambda: status_with(node, PR_TOKEN, "PUT") == 403, ROTATION_TIMEOUT_SECONDS)
+    assert status_with(node, PR_TOKEN) == 200
+    assert node.metric("kura_auth_token_file_failing") == 0
+
+
+def test_a_malformed_credentials_file_refuses_to_start_naming_the_line_and_key(
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import node_env, spawn_node
+
+    path = tmp_path / "credentials"
+    path.write_text(f"{PR_TOKEN} rights=read,write\nsecret-token-0123 rights=read owner=me\n")
+    env = node_env(tmp_path, tokens_file=path)
+    with pytest.raises(RuntimeError, match=r"KURA_TOKENS_FILE .*line 2: unknown key 'owner'") as e:
+        spawn_node(tmp_path, env)
+    assert "secret-token" not in str(e.value)
+
+
+def test_a_token_in_two_sources_refuses_to_start_naming_where_never_the_token(
+    tmp_path: Path,
+) -> None:
+    """A pull request's token narrowed in KURA_TOKENS_FILE but left in KURA_READ_WRITE_TOKENS
+    would keep write and clean (the union): the node does not start."""
+    from tests.conftest import node_env, spawn_node
+
+    path = tmp_path / "credentials"
+    path.write_text(f"# PRs\n{PR_TOKEN} name=pr rights=read,write:cas\n")
+    env = node_env(tmp_path, tokens_file=path, read_write_tokens=PR_TOKEN)
+    with pytest.raises(
+        RuntimeError, match=r"line 2: this token is also listed in KURA_READ_W"
+    ) as e:
+        spawn_node(tmp_path, env)
+    assert PR_TOKEN not in str(e.value)

@@ -6,6 +6,7 @@ and test_token_files.py."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -15,32 +16,205 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from kura.api.auth import TOKEN_GENERATION, Access, TokenAuth
 from kura.api.grant_scope import request_namespace
 from kura.api.jwt_auth import Grant, algorithms_for, grant_from, looks_like_jwt
-from kura.api.token_file import TokenFile, parse_tokens
+from kura.api.token_file import TokenFile, parse_credentials
 from kura.core.errors import Forbidden, Unauthenticated
+from kura.core.rights import READ_ONLY, READ_WRITE
 from kura.storage.hot_generation import SharedGeneration
+
+R, C, W, WC = Access.READ, Access.CLEAN, Access.WRITE, Access.WRITE_CAS
+
+
+def tokens(text: str) -> tuple[str, ...]:
+    return tuple(c.token for c in parse_credentials(text, READ_ONLY))
 
 
 def test_token_files_skip_comments_blank_lines_and_surrounding_space() -> None:
-    assert parse_tokens("# c\n\n  a  \n#b\nc\n") == ("a", "c")
-    assert parse_tokens("") == ()
+    assert tokens("# c\n\n  a  \n#b\nc\n") == ("a", "c")
+    assert tokens("") == ()
     with pytest.raises(ValueError, match="line 2"):
-        parse_tokens("ok\nnot ok\n")
+        tokens("ok\nnot ok\n")
+    with pytest.raises(ValueError, match="line 1"):  # a token file takes no fields
+        tokens("tok rights=read\n")
+
+
+def test_credentials_file_lines_give_each_token_its_rights_and_name() -> None:
+    text = (
+        "# pull requests\n"
+        "pr-tok-0123456789 rights=read,write:cas name=pr-builds\n"
+        "\tmain-tok-0123456789   name=main.ci_1   rights=read,write,clean  \n"
+        "writer-0123456789 rights=write\n"  # write implies write:cas, and not read
+        "cleaner-0123456789 rights=clean\n"
+        "YWJjZGVmZ2hpamtsbW5v== rights=read\n"  # a base64 token may end in '='
+        "pr-tok-0123456789 name=pr-builds rights=write:cas,read\n"  # the same: one credential
+    )
+    got = {c.token: (c.rights, c.name) for c in parse_credentials(text)}
+    assert got == {
+        "pr-tok-0123456789": (frozenset({R, WC}), "pr-builds"),
+        "main-tok-0123456789": (READ_WRITE, "main.ci_1"),
+        "writer-0123456789": (frozenset({W, WC}), None),
+        "cleaner-0123456789": (frozenset({C}), None),
+        "YWJjZGVmZ2hpamtsbW5v==": (frozenset({R}), None),
+    }
+    assert parse_credentials("# none yet\n\n") == ()
+
+
+SECRET = "secret-0123456789"  # long enough: the refusals below are for something else
+LEAKY = "c2VjcmV0LXRva2VuLXZhbHVl=="  # base64, '=' padded: it must not leak as a "key"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"ok-token-0123456789 rights=read\n{SECRET}\n", "line 2: key 'rights' is required"),
+        ("S name=ci\n", "line 1: key 'rights' is required"),
+        ("S rights=\n", "line 1: key 'rights': no rights given"),
+        ("S rights=read,admin\n", "line 1: key 'rights': unknown right 'admin'"),
+        ("S rights=read,,write\n", "line 1: key 'rights': unknown right (known"),
+        (f"S rights=read,{SECRET}\n", "line 1: key 'rights': unknown right (known"),
+        ("S rights=read read=main\n", "line 1: unknown key 'read'"),
+        ("S rights=write write=pr-1\n", "line 1: unknown key 'write'"),
+        (f"S rights=read {LEAKY}\n", "line 1: field 3: unknown key (known"),
+        (f"name=pr rights=read {LEAKY}\n", "line 1: the token is missing"),
+        ("rights=read,write\n", "line 1: the token is missing"),
+        ("short rights=read\n", "line 1: the token is shorter than 16 characters"),
+        ("S rights=read rights=write\n", "line 1: key 'rights' given twice"),
+        ("S rights=read name=a/b\n", "line 1: key 'name': a name is letters"),
+        ("S rights=read name=\n", "line 1: key 'name': a name is letters"),
+        ("S rights=read secret2\n", "line 1: field 3 is not key=value"),
+        ("S =read\n", "line 1: field 2 is not key=value"),
+        (
+            "S rights=read\nb-token-0123456789 rights=read\nS rights=read,write\n",
+            "line 3: the token of line 1 again, with other rights or name",
+        ),
+        ("S rights=read name=a\nS rights=read name=b\n", "line 2: the token of line 1 again"),
+    ],
+)
+def test_a_bad_credentials_line_is_refused_naming_the_line_never_the_token(
+    text: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(message)) as info:
+        parse_credentials(text.replace("S ", SECRET + " "))
+    assert "secret" not in str(info.value)
+    assert "c2VjcmV0" not in str(info.value)  # no part of LEAKY either
+
+
+def test_a_credentials_repr_never_shows_its_token() -> None:
+    (credential,) = parse_credentials(f"{SECRET} name=ci rights=read\n")
+    assert SECRET not in repr(credential)
+    assert "ci" in repr(credential)
+
+
+def test_two_tokens_sharing_a_name_are_warned_about_naming_the_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "credentials"
+    path.write_text(f"{SECRET}-a name=ci rights=read\n{SECRET}-b name=ci rights=write\n")
+    TokenFile(path)
+    assert "line 2: name 'ci' is also the name of line 1's token" in caplog.text
+    assert SECRET not in caplog.text
+
+
+def test_a_credential_passes_for_its_rights_only_and_the_refusal_names_the_right_missing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "credentials"
+    path.write_text(f"cas-{SECRET} name=pr rights=read,write:cas\nw-{SECRET} rights=write\n")
+    auth = TokenAuth(("rw",), ("ro",), files=[TokenFile(path)])
+    for token, granted in (
+        ("rw", {R, WC, W, C}),  # KURA_READ_WRITE_TOKENS: read write clean, as before
+        ("ro", {R}),
+        (f"cas-{SECRET}", {R, WC}),
+        (f"w-{SECRET}", {WC, W}),
+    ):
+        for access in Access:
+            assert auth.allows(f"Bearer {token}", access) is (access in granted), (token, access)
+    assert "refused" not in caplog.text  # allows() describes a caller, it refuses nothing
+    with pytest.raises(Forbidden, match=r"lacks the right 'write'$"):
+        auth.check(f"Bearer cas-{SECRET}", Access.WRITE)
+    with pytest.raises(Forbidden, match="read-only: it lacks the right 'clean'"):
+        auth.check("Bearer ro", Access.CLEAN)
+    assert auth.refusals_total["forbidden"] == 2
+    for _ in range(3):  # a refusal is logged by name, once per credential and right
+        with pytest.raises(Forbidden):
+            auth.check(f"Bearer cas-{SECRET}", Access.WRITE)
+    assert caplog.text.count("refused: credential 'pr' lacks the right 'write'") == 1
+    assert SECRET not in caplog.text
+
+
+def test_a_token_listed_in_two_sources_is_refused_at_start_naming_where(tmp_path: Path) -> None:
+    """Its rights would be the union: narrowing it in one place would leave it wide in the
+    other (a PR token narrowed in KURA_TOKENS_FILE but still in KURA_READ_WRITE_TOKENS)."""
+    narrowed = tmp_path / "credentials"
+    narrowed.write_text(f"# PRs\n{SECRET} name=pr rights=read\n")
+    other = tmp_path / "ro"
+    other.write_text(f"{SECRET}\n")
+    with pytest.raises(ValueError, match=r"^KURA_READ_ONLY_TOKENS: .* also listed in KURA_READ_WR"):
+        TokenAuth((SECRET,), (SECRET,))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(narrowed))} line 2: .* KURA_READ_WRITE"):
+        TokenAuth((SECRET,), (), files=[TokenFile(narrowed)])
+    with pytest.raises(
+        ValueError, match=f"line 2: .* also listed in {re.escape(str(other))} line 1"
+    ):
+        TokenAuth((), (), files=[TokenFile(other, READ_ONLY), TokenFile(narrowed)])
+    TokenAuth((SECRET, SECRET), (), files=[])  # twice in one list: one source, no overlap
+
+
+def test_a_re_read_that_lists_a_token_twice_keeps_the_last_good_set(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "credentials"
+    path.write_text(f"pr-{SECRET} name=pr rights=read\n")
+    auth = TokenAuth((f"rw-{SECRET}",), (), files=[TokenFile(path)])
+    path.write_text(f"pr-{SECRET} name=pr rights=read\nrw-{SECRET} rights=read\n")
+    os.utime(path, ns=(1, 1))
+    auth.refresh()
+    assert auth.allows(f"Bearer rw-{SECRET}", Access.CLEAN)  # not narrowed, not widened
+    assert auth.token_file_failing == 1
+    assert auth.warnings() == [
+        f"token file {path}: the last re-read failed, its previous tokens are in use"
+    ]
+    assert f"{path} line 2: this token is also listed in KURA_READ_WRITE_TOKENS" in caplog.text
+    assert SECRET not in caplog.text
+    path.write_text(f"pr-{SECRET} name=pr rights=read,write\n")
+    os.utime(path, ns=(2, 2))
+    auth.refresh()
+    assert auth.allows(f"Bearer pr-{SECRET}", Access.WRITE)
+    assert auth.token_file_failing == 0
+    assert auth.warnings() == []
+
+
+def test_a_re_read_of_a_file_without_its_final_newline_is_a_failed_read(tmp_path: Path) -> None:
+    """A rewrite in place read half-way: ``rights=read,write:cas`` cut to ``rights=read,write``
+    would widen the rights; it is retried on the next look, taken once whole."""
+    path = tmp_path / "credentials"
+    path.write_text("pr-tok-0123456789 rights=read\n")
+    f = TokenFile(path)
+    path.write_text("pr-tok-0123456789 rights=read,write")  # ...:cas\n not written yet
+    os.utime(path, ns=(1, 1))
+    assert not f.reload_if_changed()
+    assert f.failing
+    assert next(iter(f.credentials())).rights == {R}
+    path.write_text("pr-tok-0123456789 rights=read,write:cas\n")
+    os.utime(path, ns=(2, 2))
+    assert f.reload_if_changed()
+    assert next(iter(f.credentials())).rights == {R, WC}
+    assert not f.failing
 
 
 def test_a_token_file_is_re_read_only_when_it_changed(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text("one\n")
-    f = TokenFile(path)
+    f = TokenFile(path, READ_WRITE)
     assert not f.reload_if_changed()
     path.write_text("two\n")
     os.utime(path, ns=(1, 1))  # a changed mtime even on a coarse clock
-    assert f.tokens() == ("one",)  # a request never looks at the file
+    assert [c.token for c in f.credentials()] == ["one"]  # a request never looks at the file
     assert f.reload_if_changed()
-    assert f.tokens() == ("two",)
+    assert [c.token for c in f.credentials()] == ["two"]
     assert f.reloads_total == 1
     path.unlink()
     assert not f.reload_if_changed()
-    assert f.tokens() == ("two",)  # a failed re-read keeps the last good set
+    assert [c.token for c in f.credentials()] == ["two"]  # a failed re-read keeps the last set
     assert f.failing
 
 
@@ -58,9 +232,9 @@ def test_a_worker_takes_in_a_token_file_change_only_once_the_primary_has(tmp_pat
     does, not when it could have seen the file first."""
     path = tmp_path / "tokens"
     path.write_text("old\n")
-    primary = TokenAuth((), (), read_write_files=[TokenFile(path)])
+    primary = TokenAuth((), (), files=[TokenFile(path, READ_WRITE)])
     primary.share(SharedGeneration.create(tmp_path, TOKEN_GENERATION), follow=False)
-    worker = TokenAuth((), (), read_write_files=[TokenFile(path)])
+    worker = TokenAuth((), (), files=[TokenFile(path, READ_WRITE)])
     worker.share(SharedGeneration.open(tmp_path, TOKEN_GENERATION), follow=True)
     path.with_suffix(".new").write_text("new\n")
     os.replace(path.with_suffix(".new"), path)
@@ -78,11 +252,15 @@ def test_a_worker_takes_in_a_token_file_change_only_once_the_primary_has(tmp_pat
 @pytest.mark.parametrize(
     ("claims", "grant"),
     [
-        ({"scope": "cache:read"}, Grant(True, False, None)),
-        ({"scope": "openid cache:write"}, Grant(True, True, None)),
-        ({}, Grant(False, False, None)),
-        ({"scope": "cache:read", "namespaces": ["a", "b"]}, Grant(True, False, frozenset("ab"))),
-        ({"scope": "cache:read", "namespaces": []}, Grant(True, False, frozenset())),
+        ({"scope": "cache:read"}, Grant(frozenset({R}), None)),
+        ({"scope": "openid cache:write"}, Grant(frozenset({R, W, WC, C}), None)),
+        ({"scope": "cache:write:cas"}, Grant(frozenset({R, WC}), None)),
+        ({"scope": "cache:clean"}, Grant(frozenset({C}), None)),
+        ({"scope": "cache:write:cas cache:clean"}, Grant(frozenset({R, WC, C}), None)),
+        ({"scope": "cache:cas cache:admin"}, Grant(frozenset(), None)),  # unknown: ignored
+        ({}, Grant(frozenset(), None)),
+        ({"scope": "cache:read", "namespaces": ["a", "b"]}, Grant(frozenset({R}), frozenset("ab"))),
+        ({"scope": "cache:read", "namespaces": []}, Grant(frozenset({R}), frozenset())),
     ],
 )
 def test_grants_come_from_scope_and_namespaces(claims: dict[str, object], grant: Grant) -> None:
@@ -160,3 +338,31 @@ def test_a_workers_jwt_verifier_defers_a_kid_it_has_not_got_to_the_primary() -> 
     worker.follow("http://primary/jwks", session=lambda: pytest.fail("no fetch here"))
     with pytest.raises(ForwardToPrimary):
         worker.verify(token)
+
+
+def test_a_re_read_of_a_file_that_changed_while_it_was_read_is_a_failed_read(
+    tmp_path: Path,
+) -> None:
+    """A writer appending while the node reads: what was read may be neither version."""
+    path = tmp_path / "credentials"
+    path.write_text("pr-tok-0123456789 rights=read\n")
+    f = TokenFile(path)
+    appended = []
+
+    class WrittenWhileRead(type(path)):  # type: ignore[misc]
+        def read_text(self, *args: object, **kwargs: object) -> str:
+            text = super().read_text(*args, **kwargs)  # type: ignore[arg-type]
+            if not appended:  # a writer's second line lands right after the read
+                appended.append(True)
+                with open(self, "a") as out:
+                    out.write("other-tok-0123456789 rights=read\n")
+            return text
+
+    f.path = WrittenWhileRead(path)
+    path.write_text("pr-tok-0123456789 rights=read,write:cas\n")
+    os.utime(path, ns=(1, 1))
+    assert not f.reload_if_changed()
+    assert f.failing
+    assert [c.rights for c in f.credentials()] == [{R}]
+    assert f.reload_if_changed()  # tried again: the whole file now
+    assert {c.token for c in f.credentials()} == {"pr-tok-0123456789", "other-tok-0123456789"}

@@ -1,34 +1,44 @@
 """Bearer-token access control.
 
-Tokens come from configuration, each read-write or read-only. With no tokens configured the
+Every route and RPC needs one right (``Access``, ``kura.core.rights``: ``read``, ``write:cas``,
+``write``, ``clean``); a credential grants a set of them. With no credentials configured the
 node is open (the zero-configuration default). Credentials are accepted as
 ``Authorization: Bearer <token>`` (Nx, Turborepo, ccache, sccache) or as the password of HTTP
 Basic auth (Gradle sends Basic preemptively; sccache can use a username and password).
 
-Rules (clients.md): no credentials → 401; unknown token → 401; a read-only token writing →
-403, which Nx treats as "read-only, skip the upload" rather than an error.
+Rules (clients.md): no credentials → 401; unknown token → 401; a credential without the right a
+route needs → 403, the message naming the right, which Nx treats as "read-only, skip the
+upload" rather than an error.
 
-Plain tokens come from ``KURA_READ_WRITE_TOKENS``/``KURA_READ_ONLY_TOKENS`` and from the token
-files ``KURA_READ_WRITE_TOKENS_FILE``/``KURA_READ_ONLY_TOKENS_FILE`` (re-read on change,
-``kura.api.token_file``, by ``TokenAuth.run`` in every process of the node, see ``share``). A
-bearer token that is not a listed plain token but has the JWT shape goes to the ``JwtVerifier``
-when one is configured (``kura.api.jwt_auth``): a bad token → 401; a grant without the access
-asked for, or for another namespace → 403.
+Plain tokens come from ``KURA_READ_WRITE_TOKENS`` (rights ``read write clean``) and
+``KURA_READ_ONLY_TOKENS`` (``read``), from the token files ``KURA_READ_WRITE_TOKENS_FILE``/
+``KURA_READ_ONLY_TOKENS_FILE`` (the same rights), and from the credentials file
+``KURA_TOKENS_FILE`` (each token with the rights its line names). The files are re-read on
+change (``kura.api.token_file``) by ``TokenAuth.run`` in every process of the node (see
+``share``). A token is listed in one place only: one in two sources (the two lists, the files)
+is refused at start, and a re-read that would list one twice is a failed re-read (the last
+good set kept), so narrowing a token's rights in one place cannot leave it wider in another;
+a refusal of a listed credential is logged with its ``name=``, never its token. A bearer
+token that is not a listed plain token but has the JWT shape goes to the ``JwtVerifier`` when
+one is configured (``kura.api.jwt_auth``: its ``scope`` names the rights): a bad token → 401;
+a grant without the right asked for, or for another namespace → 403.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import enum
 import hmac
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kit.backoff import every
-from kura.api.token_file import STAT_INTERVAL_SECONDS, TokenFile
+from kit.log_limit import LogLimit
+from kura.api.token_file import STAT_INTERVAL_SECONDS, Credential, TokenFile
 from kura.core.errors import Forbidden, Unauthenticated
+from kura.core.rights import READ_ONLY, READ_WRITE, Rights
+from kura.core.rights import Access as Access  # the routes declare their right from here
 from kura.settings import Settings
 from kura.storage.hot_generation import SharedGeneration
 
@@ -43,31 +53,30 @@ TOKEN_GENERATION = ".kura.token-generation"  # in the data dir, with KURA_WORKER
 NamespaceOf = Callable[[], str | None]
 
 
-class Access(enum.Enum):
-    READ = "read"
-    WRITE = "write"
-
-
 class TokenAuth:
-    """Checks a request's ``Authorization`` header against configured tokens."""
+    """Checks a request's ``Authorization`` header against configured credentials:
+    ``read_write`` and ``read_only`` tokens, the credentials of ``files`` (token files and the
+    credentials file, ``kura.api.token_file``) and JWTs (``jwt``)."""
 
     def __init__(
         self,
         read_write: tuple[str, ...],
         read_only: tuple[str, ...],
         *,
-        read_write_files: Sequence[TokenFile] = (),
-        read_only_files: Sequence[TokenFile] = (),
+        files: Sequence[TokenFile] = (),
         jwt: JwtVerifier | None = None,
     ) -> None:
-        self._read_write = read_write
-        self._read_only = read_only
-        self._read_write_files = tuple(read_write_files)
-        self._read_only_files = tuple(read_only_files)
-        self.jwt = jwt
-        self.enabled = bool(
-            read_write or read_only or read_write_files or read_only_files or jwt is not None
+        self._lists = (
+            ("KURA_READ_WRITE_TOKENS", tuple(Credential(t, READ_WRITE) for t in read_write)),
+            ("KURA_READ_ONLY_TOKENS", tuple(Credential(t, READ_ONLY) for t in read_only)),
         )
+        self._listed = self._lists[0][1] + self._lists[1][1]
+        self._files = tuple(files)
+        _refuse_overlap([*self._lists, *((str(f.path), f.credentials()) for f in self._files)])
+        self._refusals_logged: set[tuple[str | None, int, Access]] = set()
+        self._refusal_log = LogLimit(lines=10, interval_seconds=60.0)
+        self.jwt = jwt
+        self.enabled = bool(self._listed or self._files or jwt is not None)
         self.refusals_total = dict.fromkeys(("missing", "invalid", "forbidden"), 0)
         self._shared: SharedGeneration | None = None
         self._follow = False
@@ -78,8 +87,30 @@ class TokenAuth:
         return sum(f.reloads_total for f in self._files)
 
     @property
-    def _files(self) -> tuple[TokenFile, ...]:
-        return self._read_write_files + self._read_only_files
+    def token_file_failing(self) -> int:
+        """1 while a token file's last re-read failed (its last good set still in use)."""
+        return int(any(f.failing for f in self._files))
+
+    def warnings(self) -> list[str]:
+        """A /ready warning per token file whose last re-read failed, naming the file."""
+        return [
+            f"token file {f.path}: the last re-read failed, its previous tokens are in use"
+            for f in self._files
+            if f.failing
+        ]
+
+    def _check_file(self, changed: TokenFile, credentials: tuple[Credential, ...]) -> None:
+        """Refuse (``ValueError``) a re-read of ``changed`` that would list a token that
+        another source lists too."""
+        _refuse_overlap(
+            [
+                *self._lists,
+                *(
+                    (str(f.path), credentials if f is changed else f.credentials())
+                    for f in self._files
+                ),
+            ]
+        )
 
     def share(self, shared: SharedGeneration, *, follow: bool) -> None:
         """Follow the token files as one node with the other processes (``kura.workers``).
@@ -110,7 +141,9 @@ class TokenAuth:
         if self._follow:
             self._catch_up()
             return
-        changed = [f.reload_if_changed() for f in self._files]  # each file, not just the first
+        changed = [
+            f.reload_if_changed(self._check_file) for f in self._files
+        ]  # each file, not just the first
         if any(changed) and self._shared is not None:
             self._shared.bump()
 
@@ -120,7 +153,7 @@ class TokenAuth:
         if value == self._seen:
             return
         for f in self._files:
-            f.reload_if_changed()
+            f.reload_if_changed(self._check_file)
         if not any(f.failing for f in self._files):  # else: tried again on the next check
             self._seen = value
 
@@ -135,7 +168,7 @@ class TokenAuth:
         if self._follow:
             self._catch_up()  # one read of shared memory when nothing changed
         try:
-            self._check(authorization, access, namespace)
+            self._check(authorization, access, namespace, log_refusal=True)
         except Unauthenticated:
             reason = "missing" if _token_from(authorization) is None else "invalid"
             self.refusals_total[reason] += 1
@@ -155,22 +188,28 @@ class TokenAuth:
         if self._follow:
             self._catch_up()
         try:
-            self._check(authorization, access, namespace)
+            self._check(authorization, access, namespace, log_refusal=False)
         except (Unauthenticated, Forbidden):
             return False
         return True
 
     def _check(
-        self, authorization: str | None, access: Access, namespace: NamespaceOf | None
+        self,
+        authorization: str | None,
+        access: Access,
+        namespace: NamespaceOf | None,
+        *,
+        log_refusal: bool,
     ) -> None:
         token = _token_from(authorization)
         if token is None:
             raise Unauthenticated("missing credentials: send Authorization: Bearer <token>")
-        if _member(token, self._tokens(self._read_write, self._read_write_files)):
-            return
-        if _member(token, self._tokens(self._read_only, self._read_only_files)):
-            if access is Access.WRITE:
-                raise Forbidden("this token is read-only")
+        credential = self._listing_of(token)
+        if credential is not None:
+            if access not in credential.rights:
+                if log_refusal:  # not for ``allows``: describing a caller refuses nothing
+                    self._log_refusal(credential, access)
+                raise Forbidden(_lacking(access, credential.rights))
             return
         if self.jwt is not None and self.jwt.looks_like_jwt(token):
             self._check_grant(token, access, namespace)
@@ -180,30 +219,71 @@ class TokenAuth:
     def _check_grant(self, token: str, access: Access, namespace: NamespaceOf | None) -> None:
         assert self.jwt is not None
         grant = self.jwt.verify(token)
-        if access is Access.WRITE and not grant.write:
-            raise Forbidden("this token grants no write (scope cache:write)")
-        if not grant.read:
-            raise Forbidden("this token grants no read (scope cache:read)")
+        if access not in grant.rights:
+            raise Forbidden(f"{_lacking(access, grant.rights)} ({grant.scopes_granting(access)})")
         if grant.namespaces is not None and namespace is not None:
             wanted = namespace()
             if wanted is not None and wanted not in grant.namespaces:
                 raise Forbidden(f"this token is not valid for namespace {wanted!r}")
 
-    @staticmethod
-    def _tokens(listed: tuple[str, ...], files: tuple[TokenFile, ...]) -> tuple[str, ...]:
-        if not files:
-            return listed
-        return listed + tuple(t for f in files for t in f.tokens())
-
-
-def _member(token: str, tokens: tuple[str, ...]) -> bool:
-    found = False
-    for candidate in tokens:  # compare against all, in constant time each
+    def _listing_of(self, token: str) -> Credential | None:
+        """The listed credential of ``token`` (a token is listed once, ``_refuse_overlap``),
+        None when it is not listed. Compared with every listed token, in constant time each."""
+        found: Credential | None = None
         # surrogateescape: a header with non-UTF-8 bytes compares unequal instead of raising.
-        found |= hmac.compare_digest(
-            token.encode("utf-8", "surrogateescape"), candidate.encode("utf-8", "surrogateescape")
+        presented = token.encode("utf-8", "surrogateescape")
+        for credential in self._credentials():
+            if hmac.compare_digest(presented, credential.token.encode("utf-8", "surrogateescape")):
+                found = credential
+        return found
+
+    def _log_refusal(self, credential: Credential, access: Access) -> None:
+        """Log a listed credential's refusal once per credential and right, by its ``name=``
+        (never its token), within a ``LogLimit``: a client can cause refusals at will."""
+        seen = (credential.name, credential.line, access)
+        if seen in self._refusals_logged:
+            return
+        left_out = self._refusal_log.admit()
+        if left_out is None:
+            return
+        self._refusals_logged.add(seen)
+        who = f"credential {credential.name!r}" if credential.name else "an unnamed credential"
+        log.warning(
+            "refused: %s lacks the right %r (logged once per credential and right; "
+            "%d refusal lines left out before this one)",
+            who,
+            access.value,
+            left_out,
         )
-    return found
+
+    def _credentials(self) -> tuple[Credential, ...]:
+        if not self._files:
+            return self._listed
+        return self._listed + tuple(c for f in self._files for c in f.credentials())
+
+
+def _refuse_overlap(sources: Sequence[tuple[str, tuple[Credential, ...]]]) -> None:
+    """``ValueError`` naming where (source and line, never the token) for a token that two
+    sources list: its rights would be the union, so narrowing it in one place would not."""
+    where: dict[str, str] = {}
+    for label, credentials in sources:
+        here: dict[str, str] = {}
+        for c in credentials:
+            here.setdefault(c.token, f"{label} line {c.line}" if c.line else label)
+        for token, place in here.items():
+            if token in where:
+                raise ValueError(
+                    f"{place}: this token is also listed in {where[token]}; list each token "
+                    "in one place only"
+                )
+            where[token] = place
+
+
+def _lacking(access: Access, rights: Rights) -> str:
+    """A refusal's message: the right missing (the read-only wording Nx users know)."""
+    if rights == READ_ONLY:
+        return f"this token is read-only: it lacks the right {access.value!r}"
+    return f"this token lacks the right {access.value!r}"
 
 
 def _token_from(authorization: str | None) -> str | None:
@@ -246,19 +326,19 @@ def token_auth_from(settings: Settings) -> TokenAuth:
             jwks_url=settings.auth_jwt_jwks_url,
             jwks_refresh_seconds=settings.auth_jwt_jwks_refresh_seconds,
         )
-    files: dict[str, list[TokenFile]] = {}
-    for name, path in (
-        ("KURA_READ_WRITE_TOKENS_FILE", settings.read_write_tokens_file),
-        ("KURA_READ_ONLY_TOKENS_FILE", settings.read_only_tokens_file),
+    files = []
+    for name, path, rights in (
+        ("KURA_READ_WRITE_TOKENS_FILE", settings.read_write_tokens_file, READ_WRITE),
+        ("KURA_READ_ONLY_TOKENS_FILE", settings.read_only_tokens_file, READ_ONLY),
+        ("KURA_TOKENS_FILE", settings.tokens_file, None),
     ):
         try:
-            files[name] = [TokenFile(path)] if path else []
+            files += [TokenFile(path, rights)] if path else []
         except (OSError, ValueError) as exc:
             raise RuntimeError(f"{name} {path}: {exc}") from exc
-    return TokenAuth(
-        settings.read_write_tokens,
-        settings.read_only_tokens,
-        read_write_files=files["KURA_READ_WRITE_TOKENS_FILE"],
-        read_only_files=files["KURA_READ_ONLY_TOKENS_FILE"],
-        jwt=verifier,
-    )
+    try:
+        return TokenAuth(
+            settings.read_write_tokens, settings.read_only_tokens, files=files, jwt=verifier
+        )
+    except ValueError as exc:
+        raise RuntimeError(f"token sources overlap: {exc}") from exc

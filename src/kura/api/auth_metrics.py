@@ -4,6 +4,8 @@
 * ``kura_auth_refusals_total{reason}``: 401s (``missing``, ``invalid``) and 403s
   (``forbidden``) from ``TokenAuth`` on the public routes;
 * ``kura_auth_token_file_reloads_total``: token files re-read after a change;
+* ``kura_auth_token_file_failing``: 1 while a token file's last re-read failed (its last
+  good set still in use; the file is named in a /ready warning and the log);
 * ``kura_auth_jwks_keys``: verification keys held (1 for a fixed key, 0 without JWT);
 * ``kura_public_tls_reloads_total``, ``kura_public_tls_reload_failures_total``: certificate
   reloads done and refused (the old certificate kept);
@@ -13,7 +15,7 @@
   ``/_internal/`` refused for missing or invalid peer credentials.
 
 Across worker processes (``kura.workers.metrics_merge``): refusals are summed; the token file
-reload count and the key count are the primary's (workers take in what it took,
+reload count, the failing flag and the key count are the primary's (workers take in what it took,
 ``api.auth.TokenAuth.share``); the TLS reloads are the most any process made (one swap is
 counted once, not once per process) and the expiry is the earliest any process still serves
 (an expiry alert fires until every process has the renewed certificate).
@@ -42,6 +44,11 @@ def auth_collector(auth: TokenAuth, tls: PublicTls | None) -> Scraped:
             lambda: auth.token_file_reloads_total,
         ),
         gauge(
+            "kura_auth_token_file_failing",
+            "1 while a token file's last re-read failed (its previous tokens still in use).",
+            lambda: auth.token_file_failing,
+        ),
+        gauge(
             "kura_auth_jwks_keys",
             "JWT verification keys held (1 for KURA_AUTH_JWT_PUBLIC_KEY, 0 without JWT).",
             lambda: auth.jwt.key_count if auth.jwt is not None else 0,
@@ -63,6 +70,7 @@ def auth_collector(auth: TokenAuth, tls: PublicTls | None) -> Scraped:
         ),
         across_processes={
             "kura_auth_token_file_reloads": "primary",
+            "kura_auth_token_file_failing": "primary",
             "kura_auth_jwks_keys": "primary",
             "kura_public_tls_reloads": "max",
             "kura_public_tls_reload_failures": "max",

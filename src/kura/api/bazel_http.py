@@ -84,7 +84,9 @@ async def put_ac(request: web.Request) -> web.StreamResponse:
     return web.Response(status=200)
 
 
-@endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
+# write:cas: the body must hash to the digest in the path (``expected_sha256``), so the key
+# cannot lie about the bytes (kura.core.rights).
+@endpoint(PROTOCOL, Access.WRITE_CAS, body_limit=lambda s: s.max_artifact_bytes)
 async def put_cas(request: web.Request) -> web.StreamResponse:
     ref = _ref(request, "cas")
     c = ctx(request)

@@ -16,8 +16,17 @@ A token is believed only when all of these hold, else ``Unauthenticated`` (401):
 What it grants (``Grant``), from two claims:
 
 * ``scope``: space-separated, the OAuth 2.0 shape (RFC 8693 §4.2) that turborepo-remote-cache
-  also reads (``JWT_READ_SCOPES``/``JWT_WRITE_SCOPES``). ``cache:read`` reads;
-  ``cache:write`` reads and writes. Neither → the token is valid but grants nothing (403).
+  also reads (``JWT_READ_SCOPES``/``JWT_WRITE_SCOPES``). Each scope grants rights
+  (``kura.core.rights``), and a token has those of all its scopes (``SCOPE_RIGHTS``):
+
+  - ``cache:read``: ``read``;
+  - ``cache:write``: ``read``, ``write`` (so ``write:cas``) and ``clean``, what it granted
+    before rights were finer than read and write;
+  - ``cache:write:cas``: ``read`` and ``write:cas`` (a pull-request build's Bazel: it uploads
+    blobs whose bytes kura checks against their digest, never an entry);
+  - ``cache:clean``: ``clean``.
+
+  Other scopes are ignored; with none of these the token is valid but grants nothing (403).
 * ``namespaces``: optional array of strings. Absent: every namespace. Present: only these. A
   request's namespace is the Kura ``namespace_id`` (``""`` for tenant scope), the Turborepo
   team (``teamId`` or ``slug``), ``nx`` or ``metro`` for those fixed namespaces, and ``""`` for
@@ -48,14 +57,20 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from kura.core.errors import ForwardToPrimary, Unauthenticated
+from kura.core.rights import READ_WRITE, Access, Rights
 
 log = logging.getLogger(__name__)
 
 ALLOWED_ALGORITHMS = frozenset(
     {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
 )
-READ_SCOPE = "cache:read"
-WRITE_SCOPE = "cache:write"
+# What each scope grants (module docstring); a token has the union of its scopes' rights.
+SCOPE_RIGHTS: dict[str, Rights] = {
+    "cache:read": frozenset({Access.READ}),
+    "cache:write": READ_WRITE,
+    "cache:write:cas": frozenset({Access.READ, Access.WRITE_CAS}),
+    "cache:clean": frozenset({Access.CLEAN}),
+}
 LEEWAY_SECONDS = 30
 UNKNOWN_KID_REFETCH_SECONDS = 30.0
 JWKS_FETCH_TIMEOUT_SECONDS = 10.0
@@ -64,11 +79,16 @@ _EC_ALGORITHM = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512
 
 @dataclass(frozen=True)
 class Grant:
-    """What a believed token allows: ``write`` implies read; ``namespaces`` None = all."""
+    """What a believed token allows: its ``rights``, in ``namespaces`` (None = all)."""
 
-    read: bool
-    write: bool
+    rights: Rights
     namespaces: frozenset[str] | None
+
+    @staticmethod
+    def scopes_granting(access: Access) -> str:
+        """Which scopes grant ``access``, for a refusal's message: ``JWT scope cache:write``."""
+        scopes = [s for s, rights in SCOPE_RIGHTS.items() if access in rights]
+        return "JWT scope " + " or ".join(scopes)
 
 
 def looks_like_jwt(token: str) -> bool:
@@ -250,9 +270,5 @@ def grant_from(claims: dict[str, Any]) -> Grant:
         isinstance(namespaces, list) and all(isinstance(n, str) for n in namespaces)
     ):
         raise Unauthenticated("invalid token: namespaces must be an array of strings")
-    write = WRITE_SCOPE in scopes
-    return Grant(
-        read=write or READ_SCOPE in scopes,
-        write=write,
-        namespaces=None if namespaces is None else frozenset(namespaces),
-    )
+    rights: Rights = frozenset().union(*(SCOPE_RIGHTS.get(s, frozenset()) for s in scopes))
+    return Grant(rights, None if namespaces is None else frozenset(namespaces))

@@ -1,7 +1,7 @@
 """Namespace clean: a tombstone that deletes every artifact of a namespace, on every node.
 
-Two ways in, one effect (``ArtifactWriter.delete_namespace``), each answering 204 and needing a
-write grant (a read-only token gets 403):
+Two ways in, one effect (``ArtifactWriter.delete_namespace``), each answering 204 and needing the
+right ``clean`` (403 without it, ``kura.core.rights``):
 
 * ``DELETE /api/cache/clean?tenant_id=&namespace_id=`` (Kura's route; no ``namespace_id``
   is the tenant-wide namespace ``""``);
@@ -29,13 +29,13 @@ from kura.api.scope import namespace_of, path_namespace
 PROTOCOL = "namespace"
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.CLEAN)
 async def clean(request: web.Request) -> web.StreamResponse:
     await ctx(request).writer.delete_namespace(namespace_of(request))
     return web.Response(status=204)
 
 
-@endpoint(PROTOCOL, Access.WRITE)
+@endpoint(PROTOCOL, Access.CLEAN)
 async def clean_route_root(request: web.Request) -> web.StreamResponse:
     """``DELETE`` on a route root: clean the namespace its path names (``""`` without one)."""
     await ctx(request).writer.delete_namespace(path_namespace(request))

@@ -1,53 +1,174 @@
-"""Bearer tokens read from a file and re-read when it changes (rotation without a restart).
+"""Credentials read from a file and re-read when it changes (rotation without a restart).
 
-The file holds one token per line; blank lines and lines starting with ``#`` are ignored, and
-surrounding whitespace is stripped. ``reload_if_changed()`` (called every
-``STAT_INTERVAL_SECONDS`` by ``TokenAuth.run``, never on a request) re-reads the file when its
-(inode, size, mtime) changed, so a rotation written in place or renamed over the old file takes
-effect within about a second. A re-read that fails (the file missing or unreadable, a token
-with whitespace inside) keeps the last good set and logs a warning once per change; an empty
-file is a valid, empty set.
+Two formats, one parser (``parse_credentials``); in both, blank lines and lines starting with
+``#`` are ignored (a comment is a whole line) and surrounding whitespace is stripped:
+
+* a token file (``KURA_READ_WRITE_TOKENS_FILE``, ``KURA_READ_ONLY_TOKENS_FILE``): one bare
+  token a line, every one with the file's rights;
+* the credentials file (``KURA_TOKENS_FILE``): one credential a line, the token (at least
+  ``MIN_TOKEN_CHARS``; a first field shaped ``key=`` is "the token is missing", as a template
+  whose token variable was empty writes) then whitespace-separated ``key=value`` fields:
+
+  - ``rights=`` (required): comma-separated rights, ``read``, ``write:cas``, ``write``,
+    ``clean`` (``kura.core.rights``; ``write`` implies ``write:cas``);
+  - ``name=`` (optional): a label of ``[A-Za-z0-9._-]`` naming the credential's refusals in
+    the log (``kura.api.auth``), never the token; two tokens sharing one get a warning.
+
+  For example ``3f9c0e1b7a... name=pr-builds rights=read,write:cas``. Any other key, a field
+  that is not ``key=value``, a key given twice or a token listed again with other rights or
+  another name is a ``ValueError`` naming the line (and the key or right when it is short
+  lowercase text, else the field number), never the token.
+
+``reload_if_changed()`` (called every ``STAT_INTERVAL_SECONDS`` by ``TokenAuth.run``, never on
+a request) re-reads the file when its (inode, size, mtime) changed, so a rotation written in
+place or renamed over the old file takes effect within about a second, new rights included. A
+re-read that fails (the file missing or unreadable, a line the parser refuses, text that may be
+half a file: ``TokenFile._read_whole``, or a set the caller refuses) keeps the last good set,
+logs a warning once per failure and is tried again on the next call; an empty file is a
+valid, empty set. Replace a file by rename.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from kura.core.rights import Rights, parse_rights
 
 log = logging.getLogger(__name__)
 
 STAT_INTERVAL_SECONDS = 1.0
 _Signature = tuple[int, int, int]
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+# A first field shaped like a field: the token is missing (a template's empty variable).
+_FIELD_SHAPED = re.compile(r"[a-z_]+=")
+# A key is echoed in a message only when it could not be (part of) a token: a base64 token
+# put in a field would otherwise leak almost whole, as the "key" before its '=='.
+_SHOWN_KEY = re.compile(r"[a-z_]{1,16}")
+MIN_TOKEN_CHARS = 16  # a credentials-file token: a guessable short one is refused
 
 
-def parse_tokens(text: str) -> tuple[str, ...]:
-    """The tokens in a token file's text; ``ValueError`` for a line with inner whitespace."""
-    tokens = []
+@dataclass(frozen=True)
+class Credential:
+    """One token and what it grants. ``rights`` include what they imply; ``name`` is None when
+    the line gave none (and for bare tokens)."""
+
+    token: str = field(repr=False)  # never in a log line or a traceback's locals
+    rights: Rights
+    name: str | None = None
+    line: int = field(default=0, compare=False)  # its line in the file (0: not from a file)
+
+
+def _name(value: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ValueError("a name is letters, digits and . _ - only")
+    return value
+
+
+# The fields of a credentials-file line: key -> parse(value) -> the value kept. A key added
+# here (issue 29 items 2 and 4: read=/write= namespaces) is a field of ``Credential`` too.
+_FIELDS: dict[str, Callable[[str], object]] = {"rights": parse_rights, "name": _name}
+_REQUIRED = ("rights",)
+
+
+def parse_credentials(text: str, rights: Rights | None = None) -> tuple[Credential, ...]:
+    """The credentials in a file's text, in file order, each token once. With ``rights`` (a
+    token file) every line is one bare token with those rights; without, every line is a
+    credentials-file line (module docstring). ``ValueError`` naming the line number (and the
+    key) for a line that is neither; never the token or a field's value."""
+    found: dict[str, tuple[int, Credential]] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        if any(c.isspace() for c in line):
-            raise ValueError(f"line {number}: a token must not contain whitespace")
-        tokens.append(line)
-    return tuple(tokens)
+        token, *fields = line.split()
+        if rights is not None:
+            if fields:
+                raise ValueError(f"line {number}: a token must not contain whitespace")
+            credential = Credential(token, rights, line=number)
+        else:
+            credential = _credential(number, token, fields)
+        if token in found:
+            first, earlier = found[token]
+            if earlier != credential:
+                raise ValueError(
+                    f"line {number}: the token of line {first} again, with other rights or name"
+                )
+            continue
+        found[token] = (number, credential)
+    return tuple(c for _n, c in found.values())
+
+
+def _credential(number: int, token: str, fields: list[str]) -> Credential:
+    if _FIELD_SHAPED.match(token):
+        raise ValueError(f"line {number}: the token is missing")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"line {number}: the token is shorter than {MIN_TOKEN_CHARS} characters")
+    values: dict[str, object] = {}
+    for position, text in enumerate(fields, 2):
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise ValueError(f"line {number}: field {position} is not key=value")
+        if key not in _FIELDS:
+            known = ", ".join(_FIELDS)
+            shown = _SHOWN_KEY.fullmatch(key)
+            what = f"unknown key {key!r}" if shown else f"field {position}: unknown key"
+            raise ValueError(f"line {number}: {what} (known: {known})")
+        if key in values:
+            raise ValueError(f"line {number}: key {key!r} given twice")
+        try:
+            values[key] = _FIELDS[key](value)
+        except ValueError as exc:
+            raise ValueError(f"line {number}: key {key!r}: {exc}") from None
+    for key in _REQUIRED:
+        if key not in values:
+            raise ValueError(f"line {number}: key {key!r} is required")
+    rights, name = values["rights"], values.get("name")
+    assert isinstance(rights, frozenset)
+    assert name is None or isinstance(name, str)
+    return Credential(token, rights, name, number)
+
+
+def warn_shared_names(path: Path, credentials: tuple[Credential, ...]) -> None:
+    """Log a warning for each ``name=`` two tokens share: refusals are logged by name, and a
+    shared one no longer tells the credentials apart."""
+    first: dict[str, int] = {}
+    for c in credentials:
+        if c.name is None:
+            continue
+        if c.name in first:
+            log.warning(
+                "%s line %d: name %r is also the name of line %d's token",
+                path,
+                c.line,
+                c.name,
+                first[c.name],
+            )
+        else:
+            first[c.name] = c.line
 
 
 class TokenFile:
-    """The current tokens of one file. The first read happens in the constructor and raises
-    ``OSError``/``ValueError``: a node must not start with a token file it cannot read."""
+    """The current credentials of one file: a token file when ``rights`` is given (each bare
+    token gets them), else a credentials file. The first read happens in the constructor and
+    raises ``OSError``/``ValueError``: a node must not start with a file it cannot read."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, rights: Rights | None = None) -> None:
         self.path = path
+        self._rights = rights
         self._signature = self._stat()
-        self._tokens = parse_tokens(path.read_text())
+        self._credentials = parse_credentials(path.read_text(), rights)
+        warn_shared_names(path, self._credentials)
         self._failed: str | None = None  # the last failure logged
         self.reloads_total = 0
 
-    def tokens(self) -> tuple[str, ...]:
+    def credentials(self) -> tuple[Credential, ...]:
         """The last good set (no I/O)."""
-        return self._tokens
+        return self._credentials
 
     @property
     def failing(self) -> bool:
@@ -58,25 +179,46 @@ class TokenFile:
         st = os.stat(self.path)
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
-    def reload_if_changed(self) -> bool:
+    def _read_whole(self) -> str:
+        """The file's text, refused (``ValueError``) when it may be half-written: a non-empty
+        text without its final newline, or a file whose (inode, size, mtime) changed while
+        it was read. A torn read of ``rights=read,write:cas`` can be ``rights=read,write``,
+        wider than either version, so a rewrite must be whole (replace the file by rename)."""
+        before = self._stat()
+        text = self.path.read_text()
+        if text and not text.endswith("\n"):
+            raise ValueError("the text does not end in a newline (a write in progress?)")
+        if self._stat() != before:
+            raise ValueError("the file changed while it was read")
+        return text
+
+    def reload_if_changed(
+        self, check: Callable[[TokenFile, tuple[Credential, ...]], None] | None = None
+    ) -> bool:
         """Re-read the file if its (inode, size, mtime) changed; True when a new set was
-        taken. Never raises: a failed re-read is logged and tried again on the next call."""
+        taken. ``check(self, credentials)`` may refuse the new set with a ``ValueError``
+        (``TokenAuth``: a token listed in another source too). Never raises: a failed re-read
+        (unreadable, refused by the parser or by ``check``, or possibly torn,
+        ``_read_whole``) is logged and tried again on the next call."""
         try:
             signature = self._stat()
             if signature == self._signature:
                 return False
-            tokens = parse_tokens(self.path.read_text())
+            credentials = parse_credentials(self._read_whole(), self._rights)
+            if check is not None:
+                check(self, credentials)
         except (OSError, ValueError) as exc:
             if self._failed != str(exc):
                 self._failed = str(exc)
                 log.warning(
                     "cannot re-read token file %s, keeping %d tokens: %s",
                     self.path,
-                    len(self._tokens),
+                    len(self._credentials),
                     exc,
                 )
             return False
-        self._signature, self._tokens, self._failed = signature, tokens, None
+        self._signature, self._credentials, self._failed = signature, credentials, None
         self.reloads_total += 1
-        log.info("token file %s re-read: %d tokens", self.path, len(tokens))
+        warn_shared_names(self.path, credentials)
+        log.info("token file %s re-read: %d tokens", self.path, len(credentials))
         return True

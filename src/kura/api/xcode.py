@@ -29,6 +29,8 @@ async def get(request: web.Request) -> web.StreamResponse:
     return await serve(request, _ref(request), PROTOCOL)
 
 
+# write, not write:cas: the id is Xcode's own (its CAS hashes with its own function and
+# encoding), kura stores the body under it unchecked, so the key could name any bytes.
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_xcode_bytes)
 async def post(request: web.Request) -> web.StreamResponse:
     ref = _ref(request)

@@ -41,8 +41,12 @@ does not hold, whose bytes do not match its ``checksum.sri``, or a ``PushDirecto
 is not a ``Directory`` message (``Push._check_directory``), is INVALID_ARGUMENT and records
 nothing. Misses and origin failures are answered in the response's ``status`` with gRPC code OK
 (remote_asset.proto: "errors outside the server's control will be returned inline").
-Tokens: Fetch needs read access, Push write access (the CAS's rules); a download from origin is
-a read (the operator chose which origins).
+Rights (``kura.core.rights``): Fetch needs ``read``, Push ``write`` (a record names a URI, a key
+that can lie about the content, as an action-cache entry can). A download from origin stores a
+blob and a record: with ``checksum.sri`` it stays a read (the bytes are checked against it, and
+a later fetch naming that SRI checks the record's); without, it also needs ``write``, as a push
+does, since a later fetch without ``checksum.sri`` trusts the URI -> digest it records (an
+origin that served other bytes once, or a URI whose content changes, would be recorded so).
 """
 
 from __future__ import annotations
@@ -271,6 +275,8 @@ class Fetch(ra_grpc.FetchServicer):
                 ),
                 uri=query.uris[0],
             )
+        if query.sri is None:  # the record would be trusted later, unverified: a write
+            self.gc.check(context, Access.WRITE, ns)
         return await self._download(ns, query, _seconds(request), context)
 
     async def _download(
@@ -346,7 +352,7 @@ def _seconds(request: ra.FetchBlobRequest) -> float:
 class Push(ra_grpc.PushServicer):
     """``PushBlob`` and ``PushDirectory`` (module docstring): one record per URI, each a new
     version of its key; INVALID_ARGUMENT (nothing recorded) for content not in the CAS or not
-    matching its ``checksum.sri``; PERMISSION_DENIED for a read-only token."""
+    matching its ``checksum.sri``; PERMISSION_DENIED without the right ``write``."""
 
     def __init__(self, gc: GrpcContext, records: AssetRecords) -> None:
         self.gc = gc

@@ -19,7 +19,8 @@ Names are parsed by ``kura.grpc.resource_names``; blobs are the Bazel HTTP cache
   ``committed_size`` -1 (remote_execution.proto, "if this is a compressed upload"). The byte
   counters (``kura_http_received_bytes_total``, ``kura_http_sent_bytes_total``, protocol
   ``grpc``) count the bytes on the wire, compressed or not.
-* ``Write``: a stream whose first message carries the whole blob (``finish_write``,
+* ``Write`` and ``QueryWriteStatus`` need the right ``write:cas`` (the SHA-256 is checked, so
+  the name cannot lie about the bytes; ``kura.core.rights``). ``Write``: a stream whose first message carries the whole blob (``finish_write``,
   uncompressed), small enough to be stored inline, is stored at once as a batch of one (``kura.grpc.batch.store_whole``): the
   same checks, no upload to keep. Otherwise resumable through ``kura.grpc.uploads`` (the whole size reserved from the tmp
   budget before the first byte is staged, size and SHA-256 checked at the end). Every message
@@ -130,7 +131,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                 if first is None:
                     first = request
                     name = parse_write(request.resource_name)
-                    self.gc.check(context, Access.WRITE, name.namespace)
+                    self.gc.check(context, Access.WRITE_CAS, name.namespace)
                     if self._whole(name, request, len(data)):  # one message: no upload
                         await store_whole(self.gc, name.namespace, name.sha256, data)
                         self.gc.metrics.bytes_in_child("grpc").inc(len(data))
@@ -183,7 +184,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
         self, request: bs.QueryWriteStatusRequest, context: Ctx
     ) -> bs.QueryWriteStatusResponse:
         name = parse_write(request.resource_name)
-        self.gc.check(context, Access.WRITE, name.namespace)
+        self.gc.check(context, Access.WRITE_CAS, name.namespace)
         upload = self.uploads.get(name.session_key) if name.upload_id else None
         if upload is not None and not upload.task.done():
             return bs.QueryWriteStatusResponse(committed_size=upload.committed_bytes)

@@ -2,13 +2,15 @@
 
 * ``GetCapabilities``: SHA-256 only; ``supported_compressors`` and
   ``supported_batch_update_compressors`` are zstd (ByteStream's ``compressed-blobs/zstd/…``
-  and the batch calls); ``update_enabled`` is the caller's own right to write the instance's
-  namespace (false for a read-only token, so Bazel 6+ does not try to upload and fail), except
-  for a Bazel older than 6.0, which would refuse to build (``fails_on_update_disabled``);
+  and the batch calls); ``update_enabled`` is the caller's own right ``write`` (the action
+  cache) in the instance's namespace (false for a read-only or a ``write:cas`` credential, so
+  Bazel 6+ does not try to upload action results and fail; a ``write:cas`` one still uploads
+  its blobs), except for a Bazel older than 6.0, which would refuse to build
+  (``fails_on_update_disabled``); ``splice_blob_support`` is the right ``write:cas``;
   ``max_batch_total_size_bytes`` = ``KURA_GRPC_MAX_MESSAGE_BYTES`` - 64 KiB; API 2.0 to 2.3.
 * ``FindMissingBlobs``: one index look-up (peers asked for local misses, read-through). A blob
   is present only with the digest's size: a stored blob of another size does not answer for it.
-* ``BatchUpdateBlobs``: a blob sent with ``compressor`` ZSTD is decompressed first, refused
+* ``BatchUpdateBlobs`` (right ``write:cas``, as ByteStream ``Write``): a blob sent with ``compressor`` ZSTD is decompressed first, refused
   (INVALID_ARGUMENT, ``zstd_stream.ZstdBomb``) once it passes its digest's size, and counts at
   that declared size against ``max_batch_total_size_bytes``. Each blob is checked (size, hash),
   and the good ones are stored under one durable commit (``kura.grpc.batch``); a bad one gets
@@ -28,7 +30,8 @@
   every page but the last carries a ``next_page_token`` from which a new call resumes.
   Directories that are not stored are skipped (REAPI: "they will be omitted"). A Directory
   larger than ``MAX_INLINE_PARSE_BYTES`` is parsed in a worker thread, off the event loop.
-* ``SplitBlob`` (read access) and ``SpliceBlob`` (write access): ``kura.grpc.chunking``
+* ``SplitBlob`` (right ``read``) and ``SpliceBlob`` (``write:cas``: the spliced bytes are
+  checked against the digest): ``kura.grpc.chunking``
   (FastCDC 2020, its parameters advertised in ``fast_cdc_2020_params``). A digest function
   other than SHA-256 (or unset) is INVALID_ARGUMENT.
 
@@ -96,6 +99,8 @@ class Capabilities(reapi_grpc.CapabilitiesServicer):
     ) -> reapi.ServerCapabilities:
         ns = self.gc.authorize(context, Access.READ, request.instance_name)
         sha256 = reapi.DigestFunction.SHA256
+        # write: the action cache (kura.core.rights); a write:cas caller is told false and
+        # uploads its blobs all the same.
         writes = self.gc.allows(context, Access.WRITE, ns)
         return reapi.ServerCapabilities(
             cache_capabilities=reapi.CacheCapabilities(
@@ -108,7 +113,7 @@ class Capabilities(reapi_grpc.CapabilitiesServicer):
                 max_batch_total_size_bytes=self.gc.max_batch_bytes,
                 symlink_absolute_path_strategy=reapi.SymlinkAbsolutePathStrategy.ALLOWED,
                 split_blob_support=True,
-                splice_blob_support=writes,  # a splice is a write
+                splice_blob_support=self.gc.allows(context, Access.WRITE_CAS, ns),
                 fast_cdc_2020_params=reapi.FastCdc2020Params(
                     avg_chunk_size_bytes=chunking.AVG_CHUNK_BYTES, seed=chunking.SEED
                 ),
@@ -153,7 +158,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def BatchUpdateBlobs(
         self, request: reapi.BatchUpdateBlobsRequest, context: Ctx
     ) -> reapi.BatchUpdateBlobsResponse:
-        ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        ns = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name)
         # A compressed blob counts at its declared size: that is what it grows to in memory.
         total = sum(
             len(r.data) if r.compressor == IDENTITY else max(len(r.data), r.digest.size_bytes)
@@ -234,7 +239,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     ) -> reapi.SpliceBlobResponse:
         """``kura.grpc.chunking.splice``; any ``chunking_function`` (the bytes are checked, not
         how they were cut)."""
-        ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        ns = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name)
         d = request.blob_digest
         sha256 = check_digest(d)
         chunks = [(check_digest(c), c.size_bytes) for c in request.chunk_digests]

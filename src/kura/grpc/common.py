@@ -4,8 +4,9 @@
 * A digest is SHA-256 (64 lowercase hex digits) with ``size_bytes >= 0`` (INVALID_ARGUMENT
   otherwise); the empty blob is always present (REAPI).
 * Tokens: ``authorization: Bearer <token>`` metadata, checked by the HTTP routes'
-  ``TokenAuth``; UNAUTHENTICATED for none or an unknown one, PERMISSION_DENIED for a read-only
-  token writing (``kura.api.auth`` rules, mapped by ``STATUS``).
+  ``TokenAuth``; UNAUTHENTICATED for none or an unknown one, PERMISSION_DENIED for a
+  credential without the right the call needs, named in the message (``kura.api.auth`` rules,
+  mapped by ``STATUS``).
 * Errors: ``rpc`` maps kura's exception tree to one gRPC status per class, as
   ``kura.api.errors`` maps it to HTTP, and counts every call in
   ``kura_grpc_requests_total{method,code}``.

@@ -1,0 +1,544 @@
+"""The rights matrix against one real node, in this process (issue 29 item 1, kura.core.rights).
+
+Every HTTP write and clean route and every write RPC, plus one read per protocol, each asked by
+a credential of each kind: read-only (``KURA_READ_ONLY_TOKENS``), ``write:cas`` only,
+``write`` only (no read, no clean), ``clean`` only (the last three from ``KURA_TOKENS_FILE``)
+and read-write (``KURA_READ_WRITE_TOKENS``: read, write, clean). A credential holding the
+route's right gets its ordinary answer; one without it gets 403 / PERMISSION_DENIED naming the
+right, counted once in ``kura_auth_refusals_total{reason="forbidden"}``, and the node holds
+nothing new: no index row, no blob file, no staged file, no tmp reservation, and the
+namespace a refused clean named still holds its entry; an allowed write adds an index row.
+And the core of ``write:cas``: bytes that do not match their digest, by every CAS upload path,
+are refused and store nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import zstandard
+
+from kura.core.rights import Access
+from kura.protos.build.bazel.remote.asset.v1 import remote_asset_pb2 as ra
+from kura.protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as reapi
+from kura.protos.google.bytestream import bytestream_pb2 as bs
+from kura_harness.launch.process import free_port
+from tests.conftest import NodeProcess, node_env
+from tests.e2e.mesh import wait_for
+from tests.grpc_api.client import Reapi, blob_name, digest, new_upload, write_requests
+from tests.grpc_api.test_asset_origin import Origin
+from tests.inprocess import start_in_process
+from tests.reapi import action_result
+
+pytestmark = pytest.mark.in_process
+
+R, WC, W, C = Access.READ, Access.WRITE_CAS, Access.WRITE, Access.CLEAN
+# Each kind of credential: its token and the rights issue 29 gives it.
+CREDENTIALS = {
+    "read-only": ("tok-ro", {R}),
+    "write:cas": ("tok-cas-abcdefghijk", {WC}),  # KURA_TOKENS_FILE: 16 characters at least
+    "write": ("tok-w-abcdefghijklm", {W, WC}),  # write implies write:cas
+    "clean": ("tok-clean-abcdefghi", {C}),
+    "read-write": ("tok-rw", {R, WC, W, C}),
+}
+TOKENS_FILE = "".join(
+    f"{CREDENTIALS[kind][0]} {fields}\n"
+    for kind, fields in (
+        ("write:cas", "name=cas rights=write:cas"),
+        ("write", "name=w rights=write"),
+        ("clean", "rights=clean"),
+    )
+)
+SEED = "seed"  # the key suffix of what the fixture stores for the reads
+
+
+def key(kind: str) -> str:
+    """The key suffix of what ``kind``'s credential writes (letters only: every alphabet)."""
+    return CREDENTIALS[kind][0].replace("-", "")
+
+
+SCOPE = "tenant_id=acme&namespace_id=app"
+DOOMED = "/ns/doomed/cache/kept"  # an entry of the namespace the clean routes name
+
+
+def body(k: str) -> bytes:
+    """Over KURA_INLINE_MAX_BYTES: an upload that got through would leave a blob file."""
+    return f"payload-{k}-".encode() + b"x" * 20_000
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Route:
+    """One HTTP route: ``path`` and ``body`` are formatted per credential (``fields``)."""
+
+    method: str
+    path: str
+    right: Access
+    # "blob": ``body(k)``; "ac": an ActionResult; "kv": key-value JSON; "parts": a module
+    # completion's JSON; "": none
+    body: str = "blob"
+    ok: tuple[int, ...] = (200, 201, 202, 204)
+    grows: bool = True  # an allowed write adds an index row (a read, a clean: not checked)
+
+    def request(self, k: str, upload: str) -> tuple[str, str, bytes]:
+        data = {
+            "blob": body(k),
+            "ac": action_result({"out": body(SEED)}),
+            "kv": f'{{"cas_id": "kv{k}", "entries": [{{"value": "v"}}]}}'.encode(),
+            "parts": b'{"parts": [1]}',
+            "hashes": f'{{"hashes": ["{sha(SEED.encode())}"]}}'.encode(),
+            "events": b"[]",
+            "": b"",
+        }[self.body]
+        part = str(1 + [SEED, *map(key, CREDENTIALS)].index(k))
+        fields = {
+            **{"k": k, "sha": sha(data), "kh": sha(k.encode()), "scope": SCOPE, "part": part},
+            "seedsha": sha(body(SEED)),
+        }
+        return self.method, self.path.format(upload=upload, **fields), data
+
+
+HTTP = {
+    "bazel cas": Route("PUT", "/cache/cas/{sha}", WC),
+    "bazel cas, namespaced": Route("PUT", "/ns/team/cache/cas/{sha}", WC),
+    "bazel ac": Route("PUT", "/cache/ac/{kh}", W, "ac"),
+    "bazel ac, namespaced": Route("PUT", "/ns/team/cache/ac/{kh}", W, "ac"),
+    "ccache": Route("PUT", "/cache/ccache/{k}", W),
+    "ccache, namespaced": Route("PUT", "/ns/team/cache/ccache/{k}", W),
+    "nx": Route("PUT", "/v1/cache/{kh}", W),
+    "metro": Route("PUT", "/api/metro/cache/m{k}", W),
+    "turbo": Route("PUT", "/v8/artifacts/{kh}?slug=team", W),
+    "xcode cas": Route("POST", "/api/cache/cas/c{k}?{scope}", W),
+    "keyvalue": Route("PUT", "/api/cache/keyvalue?{scope}", W, "kv"),
+    "gradle": Route("PUT", "/api/cache/gradle/g{k}?{scope}", W),
+    "module start": Route(
+        "POST", "/api/cache/module/start?{scope}&hash=h{k}&name=n", W, "", grows=False
+    ),
+    "module part": Route(
+        "POST", "/api/cache/module/part?upload_id={upload}&part_number={part}", W, grows=False
+    ),
+    "module complete": Route(
+        "POST", "/api/cache/module/complete?upload_id=no-such-upload", W, "parts", (404,), False
+    ),
+    "webdav put": Route("PUT", "/dav/a/o{k}", W),
+    "webdav put, namespaced": Route("PUT", "/ns/team/dav/a/o{k}", W),
+    "webdav mkcol": Route("MKCOL", "/dav/a/", W, "", grows=False),
+    "clean": Route("DELETE", "/api/cache/clean?tenant_id=acme&namespace_id=doomed", C, ""),
+    "clean cache root": Route("DELETE", "/ns/doomed/cache", C, ""),
+    "clean dav root": Route("DELETE", "/ns/doomed/dav/", C, ""),
+    # one read per protocol, of what the fixture stored with k = SEED
+    "bazel cas read": Route("GET", "/cache/cas/{sha}", R, ok=(200,)),
+    "bazel cas head": Route("HEAD", "/cache/cas/{seedsha}", R, "", (200,)),
+    "bazel ac read": Route("GET", "/cache/ac/{kh}", R, ok=(200,)),
+    "ccache read": Route("GET", "/cache/ccache/{k}", R, ok=(200,)),
+    "nx read": Route("GET", "/v1/cache/{kh}", R, ok=(200,)),
+    "metro read": Route("GET", "/api/metro/cache/m{k}", R, ok=(200,)),
+    "turbo read": Route("GET", "/v8/artifacts/{kh}?slug=team", R, ok=(200,)),
+    "turbo query": Route("POST", "/v8/artifacts?slug=team", R, "hashes", (200,)),  # stores nothing
+    "turbo events": Route("POST", "/v8/artifacts/events?slug=team", R, "events", (200,)),
+    "xcode cas read": Route("GET", "/api/cache/cas/c{k}?{scope}", R, ok=(200,)),
+    "keyvalue read": Route("GET", "/api/cache/keyvalue/kv{k}?{scope}", R, ok=(200,)),
+    "gradle read": Route("GET", "/api/cache/gradle/g{k}?{scope}", R, ok=(200,)),
+    "module read": Route("HEAD", "/api/cache/module/x?{scope}&hash=h{k}&name=n", R, "", (404,)),
+    "webdav read": Route("GET", "/dav/a/o{k}", R, ok=(200,)),
+}
+READS = {name for name, route in HTTP.items() if route.right is R}
+
+
+# --- gRPC: each call takes the credential's client and its key suffix.
+
+
+def _write(c: Reapi, k: str) -> object:
+    data = f"bytestream-{k}".encode() * 2000
+    return c.write(blob_name(data, upload=new_upload()), data)
+
+
+def _query_write_status(c: Reapi, k: str) -> object:
+    name = blob_name(f"never-{k}".encode(), upload=new_upload())
+    return c.bytestream.QueryWriteStatus(
+        bs.QueryWriteStatusRequest(resource_name=name), metadata=c.metadata
+    )
+
+
+def _batch_update(c: Reapi, k: str) -> object:
+    response = c.batch_update([f"batch-{k}".encode() * 2000])
+    assert [r.status.code for r in response.responses] == [0]
+    return response
+
+
+def chunks(k: str) -> list[bytes]:
+    return [f"chunk-a-{k}".encode() * 500, f"chunk-b-{k}".encode() * 500]
+
+
+def _splice(c: Reapi, k: str) -> object:
+    parts = chunks(k)
+    return c.splice(digest(b"".join(parts)), [digest(p) for p in parts])
+
+
+def _update_action_result(c: Reapi, k: str) -> object:
+    return c.ac.UpdateActionResult(
+        reapi.UpdateActionResultRequest(
+            action_digest=digest(f"action-{k}".encode()),
+            action_result=reapi.ActionResult(exit_code=1),
+        ),
+        metadata=c.metadata,
+    )
+
+
+def asset(k: str) -> bytes:
+    return f"asset-{k}".encode()
+
+
+def directory_blob(k: str) -> bytes:
+    node = reapi.FileNode(name=f"f{k}", digest=digest(asset(k)))
+    return reapi.Directory(files=[node]).SerializeToString()
+
+
+def _push_blob(c: Reapi, k: str) -> object:
+    request = ra.PushBlobRequest(uris=[f"https://x.test/{k}"], blob_digest=digest(asset(k)))
+    return c.push.PushBlob(request, metadata=c.metadata)
+
+
+def _push_directory(c: Reapi, k: str) -> object:
+    request = ra.PushDirectoryRequest(
+        uris=[f"https://x.test/d{k}"], root_directory_digest=digest(directory_blob(k))
+    )
+    return c.push.PushDirectory(request, metadata=c.metadata)
+
+
+def _get_capabilities(c: Reapi, _k: str) -> object:
+    return c.capabilities.GetCapabilities(reapi.GetCapabilitiesRequest(), metadata=c.metadata)
+
+
+def _find_missing(c: Reapi, k: str) -> object:
+    assert c.find_missing([asset(k)]) == []
+    return None
+
+
+def _read(c: Reapi, k: str) -> object:
+    assert c.read(blob_name(asset(k))) == asset(k)
+    return None
+
+
+def _get_action_result(c: Reapi, k: str) -> object:
+    request = reapi.GetActionResultRequest(action_digest=digest(f"action-{k}".encode()))
+    return c.ac.GetActionResult(request, metadata=c.metadata)
+
+
+def _split(c: Reapi, k: str) -> object:
+    assert c.split(digest(asset(k)))  # SplitBlob: chunks cut by the server, content-addressed
+    return None
+
+
+def _batch_read(c: Reapi, k: str) -> object:
+    response = c.cas.BatchReadBlobs(
+        reapi.BatchReadBlobsRequest(digests=[digest(asset(k))]), metadata=c.metadata
+    )
+    assert [r.data for r in response.responses] == [asset(k)]
+    return response
+
+
+def _get_tree(c: Reapi, k: str) -> object:
+    request = reapi.GetTreeRequest(root_digest=digest(directory_blob(k)))
+    pages = list(c.cas.GetTree(request, metadata=c.metadata))
+    assert [len(p.directories) for p in pages] == [1]
+    return pages
+
+
+def _fetch_directory(c: Reapi, k: str) -> object:
+    request = ra.FetchDirectoryRequest(uris=[f"https://x.test/d{k}"])
+    response = c.fetch.FetchDirectory(request, metadata=c.metadata)
+    assert response.root_directory_digest == digest(directory_blob(k))
+    return response
+
+
+# The matrix fixture's loopback origin that FetchBlob downloads from (one, while it runs).
+ORIGINS: list[Origin] = []
+
+
+def _download(c: Reapi, k: str, *, verified: bool) -> object:
+    """A FetchBlob miss that downloads from ``ORIGIN`` and records the URI; ``verified``: the
+    request names the blob's ``checksum.sri``."""
+    path = f"/{'sri' if verified else 'plain'}-{k}"
+    (origin,) = ORIGINS
+    origin.files[path] = asset(k) * 3
+    sri = "sha256-" + base64.b64encode(hashlib.sha256(asset(k) * 3).digest()).decode()
+    qualifiers = [ra.Qualifier(name="checksum.sri", value=sri)] if verified else []
+    response = c.fetch.FetchBlob(
+        ra.FetchBlobRequest(uris=[origin.url(path)], qualifiers=qualifiers), metadata=c.metadata
+    )
+    assert response.blob_digest == digest(asset(k) * 3), response.status
+    return response
+
+
+def _fetch_blob(c: Reapi, k: str) -> object:
+    response = c.fetch.FetchBlob(
+        ra.FetchBlobRequest(uris=[f"https://x.test/{k}"]), metadata=c.metadata
+    )
+    assert response.blob_digest == digest(asset(k))
+    return response
+
+
+# Each RPC's call and the rights it needs, in the order it checks them.
+RPCS: dict[str, tuple[Callable[[Reapi, str], object], Access | tuple[Access, ...]]] = {
+    "ByteStream.Write": (_write, WC),
+    "ByteStream.QueryWriteStatus": (_query_write_status, WC),
+    "BatchUpdateBlobs": (_batch_update, WC),
+    "SpliceBlob": (_splice, WC),
+    "UpdateActionResult": (_update_action_result, W),
+    "PushBlob": (_push_blob, W),
+    "PushDirectory": (_push_directory, W),
+    "GetCapabilities": (_get_capabilities, R),
+    "FindMissingBlobs": (_find_missing, R),
+    "ByteStream.Read": (_read, R),
+    "GetActionResult": (_get_action_result, R),
+    "FetchBlob": (_fetch_blob, R),
+    "SplitBlob": (_split, R),
+    "BatchReadBlobs": (_batch_read, R),
+    "GetTree": (_get_tree, R),
+    "FetchDirectory": (_fetch_directory, R),
+    # a download recording an unverified URI -> digest is a write; a verified one a read
+    "FetchBlob download": (lambda c, k: _download(c, k, verified=False), (R, W)),
+    "FetchBlob download, checksum.sri": (lambda c, k: _download(c, k, verified=True), R),
+}
+RPC_READS = {name for name, (_call, right) in RPCS.items() if right is R}
+# The writes whose allowed call adds no index row.
+RPC_NO_GROWTH = {"ByteStream.QueryWriteStatus"}
+# An allowed call's answer when it is not OK (no upload of that name is in progress).
+RPC_OK = {"ByteStream.QueryWriteStatus": grpc.StatusCode.NOT_FOUND}
+
+
+@dataclass
+class Matrix:
+    node: NodeProcess
+    clients: dict[str, Reapi]
+    upload: str  # a module upload the part route adds to
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
+    directory = tmp_path_factory.mktemp("rights")
+    tokens_file = directory / "credentials"
+    tokens_file.write_text(TOKENS_FILE)
+    port = free_port()
+    origin = Origin()
+    ORIGINS.append(origin)
+    env = node_env(
+        directory,
+        read_write_tokens="tok-rw",
+        read_only_tokens="tok-ro",
+        tokens_file=tokens_file,
+        grpc_port=port,
+        asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}",
+    )
+    node = start_in_process(directory, env)
+    clients = {kind: Reapi(f"127.0.0.1:{port}", token) for kind, (token, _r) in CREDENTIALS.items()}
+    rw = clients["read-write"]
+    with node.client(headers=bearer("tok-rw")) as c:
+        for name in HTTP.keys() - READS:  # what the reads read
+            method, path, data = HTTP[name].request(SEED, "")
+            if method in ("PUT", "POST") and "module" not in name:
+                assert c.request(method, path, content=data).status_code < 300, name
+        upload = c.post(f"/api/cache/module/start?{SCOPE}&hash=up&name=n").json()["upload_id"]
+    for k in [SEED, *map(key, CREDENTIALS)]:  # what the RPCs need: blobs to splice and to push
+        rw.batch_update([*chunks(k), asset(k), directory_blob(k)])
+    _update_action_result(rw, SEED)
+    _push_blob(rw, SEED)
+    _push_directory(rw, SEED)
+    yield Matrix(node, clients, upload)
+    for client in clients.values():
+        client.close()
+    ORIGINS.clear()
+    origin.stop()
+    assert node.stop() == 0, node.log()[-3000:]
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the node holds, and the refusals it counted (one /metrics scrape)."""
+
+    rows: int
+    blob_files: int
+    staged: list[Path]
+    reserved_bytes: float
+    forbidden: float
+
+    @classmethod
+    def by(cls, node: NodeProcess) -> Held:
+        metrics = node.metrics()
+        return cls(
+            node.index_rows(),
+            len(node.blob_files()),
+            node.staging_files(),
+            metrics.get("kura_tmp_reserved_bytes", 0.0),
+            metrics.get('kura_auth_refusals_total{reason="forbidden"}', 0.0),
+        )
+
+    def after_one_refusal(self) -> Held:
+        return dataclasses.replace(self, forbidden=self.forbidden + 1)
+
+
+def keep_doomed(m: Matrix) -> None:
+    """The clean routes' namespace holds an entry before each refused clean."""
+    with m.node.client(headers=bearer("tok-rw")) as c:
+        assert c.put(DOOMED, content=b"kept").status_code in (200, 201)
+
+
+def doomed_entry_kept(m: Matrix) -> bool:
+    with m.node.client(headers=bearer("tok-rw")) as c:
+        return c.get(DOOMED).content == b"kept"
+
+
+@pytest.mark.parametrize("kind", CREDENTIALS)
+@pytest.mark.parametrize("route", HTTP)
+def test_each_http_route_needs_its_right_and_a_refusal_stores_nothing(
+    matrix: Matrix, route: str, kind: str
+) -> None:
+    token, rights = CREDENTIALS[kind]
+    spec = HTTP[route]
+    method, path, data = spec.request(SEED if route in READS else key(kind), matrix.upload)
+    refused = spec.right not in rights
+    if refused and spec.right is C:
+        keep_doomed(matrix)
+    grows = not refused and spec.grows and spec.right in (W, WC)
+    before = Held.by(matrix.node) if refused or grows else None
+    with matrix.node.client(headers=bearer(token)) as c:
+        r = c.request(method, path, content=data)
+    if not refused:
+        assert r.status_code in spec.ok, (r.status_code, r.text)
+        assert before is None or matrix.node.index_rows() > before.rows, "nothing stored"
+        return
+    assert before is not None
+    assert r.status_code == 403, r.text
+    if method != "HEAD":
+        assert f"lacks the right '{spec.right.value}'" in r.text, r.text
+    assert Held.by(matrix.node) == before.after_one_refusal()
+    assert spec.right is not C or doomed_entry_kept(matrix)
+
+
+@pytest.mark.parametrize("kind", CREDENTIALS)
+@pytest.mark.parametrize("rpc", RPCS)
+def test_each_rpc_needs_its_right_and_a_refusal_stores_nothing(
+    matrix: Matrix, rpc: str, kind: str
+) -> None:
+    _token, rights = CREDENTIALS[kind]
+    call, needs = RPCS[rpc]
+    needs = needs if isinstance(needs, tuple) else (needs,)
+    lacking = [right for right in needs if right not in rights]
+    client = matrix.clients[kind]
+    k = SEED if rpc in RPC_READS else key(kind)
+    grows = not lacking and rpc not in RPC_READS | RPC_NO_GROWTH
+    before = Held.by(matrix.node) if lacking or grows else None
+    try:
+        call(client, k)
+        code, details = grpc.StatusCode.OK, ""
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details() or ""
+    if not lacking:
+        assert code is RPC_OK.get(rpc, grpc.StatusCode.OK), details
+        assert before is None or matrix.node.index_rows() > before.rows, "nothing stored"
+        return
+    assert before is not None
+    assert code is grpc.StatusCode.PERMISSION_DENIED, details
+    assert f"lacks the right '{lacking[0].value}'" in details, details
+    assert Held.by(matrix.node) == before.after_one_refusal()
+
+
+# --- write:cas holds only what matches its digest: every CAS upload path, lying bytes.
+LIE = b"the bytes sent " * 3000  # over KURA_INLINE_MAX_BYTES: a stored one would leave a file
+CLAIMED = b"the bytes claimed " * 3000  # what the digest names
+
+
+def _http_cas(prefix: str) -> Callable[[Matrix], str]:
+    def put(m: Matrix) -> str:
+        with m.node.client(headers=bearer(CREDENTIALS["write:cas"][0])) as c:
+            r = c.put(f"{prefix}/cache/cas/{sha(CLAIMED)}", content=LIE)
+        return str(r.status_code)
+
+    return put
+
+
+def _rpc_code(call: Callable[[Reapi], object]) -> Callable[[Matrix], str]:
+    def run(m: Matrix) -> str:
+        try:
+            call(m.clients["write:cas"])
+        except grpc.RpcError as exc:
+            return str(exc.code())
+        return "OK"
+
+    return run
+
+
+def _zstd(c: Reapi) -> object:
+    name = blob_name(CLAIMED, upload=new_upload(), compressor="zstd")
+    return c.write(name, zstandard.ZstdCompressor().compress(LIE))
+
+
+def _resumed(c: Reapi) -> object:
+    """A resumable upload: its first half true, then resumed (QueryWriteStatus) and finished
+    with other bytes."""
+    name = blob_name(CLAIMED, upload=new_upload())
+    half = len(CLAIMED) // 2
+    requests = write_requests(name, CLAIMED[:half], finish=False)
+    with contextlib.suppress(grpc.RpcError):  # an unfinished stream: answered either way
+        c.bytestream.Write(requests, metadata=c.metadata)
+    status = c.bytestream.QueryWriteStatus(
+        bs.QueryWriteStatusRequest(resource_name=name), metadata=c.metadata
+    )
+    assert 0 < status.committed_size <= half, status  # the true half is held, to resume
+    return c.write(
+        name,
+        CLAIMED[: status.committed_size] + LIE[status.committed_size :],
+        offset=status.committed_size,
+    )
+
+
+def _batch_lie(c: Reapi) -> object:
+    request = reapi.BatchUpdateBlobsRequest(
+        requests=[reapi.BatchUpdateBlobsRequest.Request(digest=digest(CLAIMED), data=LIE)]
+    )
+    response = c.cas.BatchUpdateBlobs(request, metadata=c.metadata)
+    return [grpc.StatusCode.INVALID_ARGUMENT.value[0] == r.status.code for r in response.responses]
+
+
+def _splice_lie(c: Reapi) -> object:
+    parts = chunks(SEED)  # stored by the fixture; they do not make up CLAIMED
+    return c.splice(digest(CLAIMED), [digest(p) for p in parts])
+
+
+LIES: dict[str, tuple[Callable[[Matrix], str], str]] = {
+    "http cas": (_http_cas(""), "400"),
+    "http cas, namespaced": (_http_cas("/ns/team"), "400"),
+    "bytestream zstd": (_rpc_code(_zstd), str(grpc.StatusCode.INVALID_ARGUMENT)),
+    "bytestream resumed": (_rpc_code(_resumed), str(grpc.StatusCode.INVALID_ARGUMENT)),
+    "batch update": (lambda m: str(_batch_lie(m.clients["write:cas"])), "[True]"),
+    "splice": (_rpc_code(_splice_lie), str(grpc.StatusCode.INVALID_ARGUMENT)),
+}
+
+
+@pytest.mark.parametrize("path", LIES)
+def test_write_cas_stores_no_bytes_that_do_not_match_their_digest(
+    matrix: Matrix, path: str
+) -> None:
+    """The reason ``write:cas`` is safe to give a pull request: whatever path it uploads by,
+    a blob's key is the hash of its bytes, checked before anything is stored."""
+    upload, refused = LIES[path]
+    before = Held.by(matrix.node)
+    assert upload(matrix) == refused
+    assert wait_for(lambda: Held.by(matrix.node) == before, 15), Held.by(matrix.node)
+    assert matrix.clients["read-write"].find_missing([CLAIMED]) == [digest(CLAIMED).hash]
