@@ -28,7 +28,6 @@ from aiohttp import web
 from prometheus_client.registry import Collector
 
 from kit import event_loop
-from kit.allocator import TRIM_INTERVAL_SECONDS, Trimmer
 from kit.backoff import every
 from kit.clock import Clock, SystemClock
 from kit.log_ring import LogRing
@@ -604,21 +603,6 @@ class Node:
                 tg.create_task(self.auth.jwt.run())
             if self.public_tls is not None:
                 tg.create_task(self.public_tls.run())
-            tg.create_task(self._return_freed_memory())
-
-    async def _return_freed_memory(self) -> None:
-        """Large buffers (gRPC messages, HTTP bodies) freed in bulk go back to the system
-        (``kit.allocator``): what 200 cut Reads held, 530 MiB, instead of staying resident.
-        The first check waits an interval: a start-up must not pay for a trim."""
-        trimmer = Trimmer()
-        if not trimmer.available:
-            return
-
-        async def once() -> None:
-            await asyncio.to_thread(trimmer.trim_if_worth_it)
-
-        await asyncio.sleep(TRIM_INTERVAL_SECONDS)
-        await every(once, TRIM_INTERVAL_SECONDS, what="returning freed memory", log=log)
 
     async def _reap_uploads(self) -> None:
         async def reap() -> None:
