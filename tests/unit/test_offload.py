@@ -46,8 +46,8 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
 def test_a_stage_writes_and_hashes_exactly_the_bytes_that_arrived(
     size: int, cuts: list[int], offloaded: bool
 ) -> None:
-    """In the pool or on the loop, small chunks (buffered) and large ones (written, their
-    writeback started, then hashed: ``write_then_hash``) mixed in any order."""
+    """In the pool (each block written, its writeback started, then hashed) or on the loop,
+    with chunks of any sizes mixed in any order."""
     data = os.urandom(size)
 
     async def run(path: Path, pool: ThreadPoolExecutor) -> str:

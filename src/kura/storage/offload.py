@@ -87,23 +87,16 @@ class OffloadedWrites:
         self._job = loop.run_in_executor(self._pool, self._write, block)
 
     def _write(self, block: list[bytes]) -> None:
-        self._written = write_then_hash(self._f, block, self._digests, self._written)
-
-
-def write_then_hash(f: BinaryIO, block: list[bytes], digests: BodyDigests, written: int) -> int:
-    """Write ``block`` to ``f`` (``written`` bytes into it before), start its writeback
-    (``storage.fsync.start_writeback``), then hash it, so the disk takes the bytes while they
-    are hashed: a 1 MiB body's later fsync has less left to wait for. Returns the bytes
-    written into ``f`` now. Blocking; raises what the writes raise."""
-    end = written
-    for chunk in block:
-        f.write(chunk)
-        end += len(chunk)
-    f.flush()
-    start_writeback(f.fileno(), written, end - written)
-    for chunk in block:
-        digests.update(chunk)
-    return end
+        """Write ``block``, start its writeback, then hash it: the disk takes the bytes while
+        they are hashed."""
+        start = self._written
+        for chunk in block:
+            self._f.write(chunk)
+            self._written += len(chunk)
+        self._f.flush()
+        start_writeback(self._f.fileno(), start, self._written - start)
+        for chunk in block:
+            self._digests.update(chunk)
 
 
 def _retrieve(job: asyncio.Future[None]) -> None:
