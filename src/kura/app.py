@@ -28,6 +28,7 @@ from aiohttp import web
 from prometheus_client.registry import Collector
 
 from kit import event_loop
+from kit.allocator import start_trimming
 from kit.backoff import every
 from kit.clock import Clock, SystemClock
 from kit.log_ring import LogRing
@@ -603,6 +604,9 @@ class Node:
                 tg.create_task(self.auth.jwt.run())
             if self.public_tls is not None:
                 tg.create_task(self.public_tls.run())
+            # Large buffers (gRPC messages, HTTP bodies) freed in bulk go back to the system:
+            # what 200 cut Reads held, 530 MiB, instead of staying resident (kit.allocator).
+            start_trimming()
 
     async def _reap_uploads(self) -> None:
         async def reap() -> None:

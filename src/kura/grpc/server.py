@@ -15,7 +15,6 @@ import logging
 
 import grpc
 
-from kit.allocator import return_large_blocks
 from kura.api.auth import TokenAuth
 from kura.api.connections import ConnectionGuard
 from kura.api.metrics import KuraMetrics, Scraped, gauge
@@ -52,9 +51,6 @@ class GrpcServer:
         self.settings = settings
         self.connections = connections
         self.tls = tls
-        # grpcio's message buffers go back to the system when freed: what a stalled Read held is
-        # returned once its call is cut (kura.grpc.common) and its connection closed.
-        return_large_blocks()
         self.gc = GrpcContext(settings, reader, writer, auth, metrics)
         self.bytestream = ByteStream(self.gc)
         self.gc.metrics.register(

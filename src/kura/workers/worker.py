@@ -45,6 +45,7 @@ from aiohttp.typedefs import Middleware
 
 from kit import event_loop
 from kit import log as kit_log
+from kit.allocator import start_trimming
 from kit.clock import SystemClock
 from kura.api import (
     bazel_http,
@@ -253,6 +254,7 @@ class Worker:
             background.append(asyncio.create_task(self.auth.jwt.run()))
         if self.public_tls is not None:  # re-reads a renewed certificate, as the primary does
             background.append(asyncio.create_task(self.public_tls.run()))
+        start_trimming()  # its freed bodies go back to the system, as the primary's (kura.app)
         print(READY, flush=True)
         log.info(
             "kura worker %d listening on port %d (pid %d)", self.plan.number, port, os.getpid()
