@@ -117,6 +117,7 @@ class Node:
             max_disk_bytes=settings.max_disk_bytes,
             min_free_disk_bytes=settings.min_free_disk_bytes,
             min_retention_ms=int(settings.min_retention_seconds * 1000),
+            namespace_rules=settings.namespace_rules,
             outbox_max_depth=settings.outbox_max_depth,
             hot_cache_bytes=settings.hot_cache_bytes // settings.workers,  # a share each
             verify_reads=settings.verify_reads,
@@ -143,6 +144,7 @@ class Node:
             self.service,
             self.clock,
             max_age_seconds=settings.max_age_seconds,
+            rules=settings.namespace_rules,
             interval_seconds=settings.expiry_interval_seconds,
             max_deletes_per_second=settings.expiry_max_deletes_per_second,
             batch_size=settings.expiry_batch_size,
@@ -276,7 +278,8 @@ class Node:
                 self.clock,
                 backoff_max_seconds=settings.replication_backoff_max_ms / 1000,
             )
-            if settings.max_age_seconds > 0:  # bucket expiry (docs/object-storage.md#expiry)
+            # bucket expiry (docs/object-storage.md#expiry), with ages per namespace too
+            if settings.namespace_rules.expires(settings.max_age_seconds):
                 self.bucket_toucher, self.bucket_expiry = bucket_aging(
                     self.service,
                     self.object_tier.store,
@@ -285,6 +288,7 @@ class Node:
                     interval_seconds=settings.expiry_interval_seconds,
                     max_deletes_per_second=settings.expiry_max_deletes_per_second,
                     batch_size=settings.expiry_batch_size,
+                    rules=settings.namespace_rules,
                 )
         # What every listener reads through (storage.fill): the local store, then the bucket,
         # then the peers (mesh.read_through), each wrapping the one before.
