@@ -62,6 +62,7 @@ from kura.api.http import ApiContext, serving_app, wait_for_handlers
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.mesh_metrics import MeshCollector, catch_up_collector, peer_metadata_collector
 from kura.api.metrics import KuraMetrics
+from kura.api.namespace_metrics import NamespaceCollector
 from kura.api.object_store_metrics import ObjectStoreCollector
 from kura.api.peer_auth import PeerAuth
 from kura.api.public_tls import PublicTls
@@ -418,6 +419,7 @@ class Node:
                 service.stats, service.quarantine, self.scrubber.stats, self.repairer.stats
             ),
             expiry_collector(self.expiry.stats),
+            NamespaceCollector(service.stats, self.settings.namespace_rules),
             MeshCollector(self.membership, self.shipper, self.read_through, self.bootstrapper),
             catch_up_collector(self.catch_up.stats, service.queues),
             peer_metadata_collector(self.peer_client),
