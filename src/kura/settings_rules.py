@@ -107,13 +107,13 @@ def _max_age(text: str) -> float:
 Age: TypeAlias = Annotated[float, _max_age]
 
 
-def _namespace_rules(text: str) -> NamespaceRules:
+def parse_namespace_rules(text: str) -> NamespaceRules:
     """``main:max_age=30d,min_age=1d;pr-*:max_age=2d,quota=10GiB`` (``core.namespace_rule``):
     ages as ``KURA_MAX_AGE`` reads them, quotas as the byte settings do."""
     return parse_rules(text, _max_age, parse_bytes)
 
 
-NamespaceRulesSetting: TypeAlias = Annotated[NamespaceRules, _namespace_rules]
+NamespaceRulesSetting: TypeAlias = Annotated[NamespaceRules, parse_namespace_rules]
 
 
 def _percent(text: str) -> int:

@@ -240,8 +240,10 @@ class Eviction(StorageState):
         for v in victims:
             by_label.setdefault(self.namespace_rules.label(v.namespace_id), []).append(v)
             size, entries = s.namespace_usage.get(v.namespace_id, (0, 0))
-            if entries:  # the measurement follows what leaves until the next one
+            if entries > 1:  # the measurement follows what leaves until the next one
                 s.namespace_usage[v.namespace_id] = (max(0, size - v.size), entries - 1)
+            else:
+                s.namespace_usage.pop(v.namespace_id, None)
         for label, shed in by_label.items():
             key = (label, reason)
             s.namespace_evictions_total[key] = s.namespace_evictions_total.get(key, 0) + len(shed)
