@@ -105,6 +105,22 @@ def test_a_namespace_over_its_quota_loses_its_own_oldest_entries_not_another_s(
     assert 'kura_namespace_evictions_total{reason="lru",rule="(default)"}' not in m
     assert m['kura_namespace_used_bytes{cache_namespace="team-a"}'] == 3 * SIZE
     assert m["kura_disk_used_bytes"] <= 10 * SIZE
+    # The status document and page show the same.
+    with node.client() as c:
+        status = c.get("/status").json()
+        page = c.get("/ui").text
+    (rule, default) = status["namespace_rules"]
+    assert (rule["rule"], rule["quota_bytes"], rule["evictions"]["quota"]) == (
+        "team-a",
+        3 * SIZE,
+        3,
+    )
+    assert default["rule"] == "(default)"
+    usage = {n["namespace"]: (n["rule"], n["used_bytes"]) for n in status["namespaces"]}
+    assert usage["team-a"] == ("team-a", 3 * SIZE)
+    assert usage["team-b"] == ("(default)", 4 * SIZE)
+    assert '<section id="namespaces">' in page
+    assert "<code>team-a</code>" in page
 
 
 # -- min_age and the shed-age histogram, on virtual time -------------------------------------

@@ -196,3 +196,17 @@ class ShedAges:
             total += n
             out.append((le, total))
         return out
+
+    def quantile_seconds(self, label: str, q: float) -> float | None:
+        """The upper bound of the bucket holding the ``q`` quantile (0 < q <= 1) of
+        ``label``'s shed ages (``inf`` past the last bound), None when none was observed."""
+        counts = self.counts.get(label, [])
+        total = sum(counts)
+        if not total:
+            return None
+        seen = 0
+        for bound, n in zip((*SHED_AGE_BUCKETS, float("inf")), counts, strict=True):
+            seen += n
+            if seen >= q * total:
+                return bound
+        return float("inf")
