@@ -7,6 +7,12 @@ nothing at all is evictable. Artifacts clients were told exist stay for ``KURA_M
 while the budget allows and they hold at most ``retention.PROMISE_SHARE`` of it; past it they go
 too, counted, as are young blobs they push out (``storage.retention``). Equal access
 stamps are evicted oldest version first (the index order ``artifacts_by_access_version``).
+Retention per namespace (``KURA_NAMESPACE_RULES``, ``core.namespace_rule``) comes first and
+around it: namespaces over their quota lose their own least recently used entries before
+anything else, and the LRU passes skip entries used inside their rule's ``min_age`` until
+nothing else is left, when the disk's budget wins (counted ``forced``, warned in ``/ready``).
+Every eviction and expiry is counted by its namespace's rule and reason, and the age since last
+use of every eviction goes to the shed-age histogram (``_shed_sync``; docs/durability.md).
 Runs on the writer thread only. Other policies that drop artifacts (age expiry) live in their
 own modules beside this one.
 

@@ -8,6 +8,12 @@ the bootstrap began). Reads record their access in memory and ``CacheService`` f
 seconds; a pass records what is still in memory before it selects anything
 (``CacheService.drop_unused``), so a read is never lost to the flush interval.
 
+**Per namespace.** With ``KURA_NAMESPACE_RULES`` each namespace has its own age (its rule's
+``max_age``, else ``KURA_MAX_AGE``; none for 0), and a pass deletes each namespace's entries
+past it, one namespace at a time (a seek on ``artifacts_by_namespace_access``). Every pass
+first measures each namespace's usage and evicts what is over a quota
+(``CacheService.enforce_quotas``), so quotas hold within one interval while the disk has room.
+
 **Local, never replicated.** Each node applies the rule to its own access times; an expiry is
 not a tombstone and is not shipped to peers, exactly like an LRU eviction. Reads touch only the
 node that served them (access times do not replicate), so an artifact idle here may be in daily
