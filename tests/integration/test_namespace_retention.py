@@ -35,6 +35,9 @@ from tests.conftest import NodeProcess, faketime_prefix, parse_samples
 pytestmark = pytest.mark.in_process
 
 SIZE = 10 * 1024
+HOUR = 3600.0
+RULES = "main:min_age=1h"
+SHED_UNDER_AN_HOUR = 'kura_namespace_shed_age_seconds_bucket{le="3600.0",rule="main"}'
 
 
 def put(node: NodeProcess, namespace: str, key: str, body: bytes) -> None:
@@ -123,10 +126,44 @@ def test_a_namespace_over_its_quota_loses_its_own_oldest_entries_not_another_s(
     assert "<code>team-a</code>" in page
 
 
-# -- min_age and the shed-age histogram, on virtual time -------------------------------------
+# -- min_age on a real node: respected while the disk allows, forced and warned when not -----
 
-HOUR = 3600.0
-RULES = "main:min_age=1h"
+FORCED = "namespace min_age not held"
+
+
+def test_a_real_node_keeps_young_main_entries_while_it_can_and_warns_when_the_disk_forces_it(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Every entry here is seconds old, under ``main``'s 1 h ``min_age``: main's are kept while
+    entries of another namespace are left to evict (plain LRU took main's, the oldest), and
+    evicted only when nothing else is left, which the shed-age histogram, the ``forced``
+    count and ``/ready`` show."""
+    node = start_node(max_disk_bytes=10 * SIZE, inline_max_bytes=0, namespace_rules=RULES)
+    main = {f"m{i}": os.urandom(SIZE) for i in range(5)}
+    for key, body in main.items():
+        put(node, "main", key, body)
+    for i in range(6):
+        put(node, "scratch", f"s{i}", os.urandom(SIZE))  # the 11th entry: an eviction pass
+    assert [get(node, "main", k).content == v for k, v in main.items()] == [True] * 5
+    m = node.metrics()
+    assert m['kura_namespace_shed_age_seconds_count{rule="(default)"}'] == 2
+    assert 'kura_namespace_shed_age_seconds_count{rule="main"}' not in m
+    with node.client() as c:
+        assert not any(FORCED in w for w in c.get("/ready").json()["warnings"])
+
+    for i in range(10, 20):  # only young main entries are left to take
+        put(node, "main", f"m{i}", os.urandom(SIZE))
+    m = node.metrics()
+    assert m[SHED_UNDER_AN_HOUR] >= 1
+    assert m['kura_namespace_evictions_total{reason="forced",rule="main"}'] >= 1
+    assert m["kura_disk_used_bytes"] <= 10 * SIZE
+    with node.client() as c:
+        ready = c.get("/ready")
+    assert ready.status_code == 200  # a warning, not a reason: the node still serves
+    assert any(FORCED in w for w in ready.json()["warnings"]), ready.text
+
+
+# -- min_age and the shed-age histogram, on virtual time -------------------------------------
 
 
 def ref(namespace: str, key: str) -> ArtifactRef:
@@ -178,7 +215,6 @@ def scrape(service: CacheService) -> dict[str, float]:
     return parse_samples(generate_latest(registry).decode())
 
 
-SHED_UNDER_AN_HOUR = 'kura_namespace_shed_age_seconds_bucket{le="3600.0",rule="main"}'
 SHED_MAIN = 'kura_namespace_shed_age_seconds_count{rule="main"}'
 
 
