@@ -32,7 +32,7 @@ def usage(conn: sqlite3.Connection) -> dict[str, tuple[int, int]]:
 
 
 def namespaces(conn: sqlite3.Connection) -> list[str]:
-    """Every namespace with at least one entry, in order (a walk of ``artifacts_by_namespace``)."""
+    """Every namespace with at least one entry, in order (a walk of ``artifacts_by_namespace_access``)."""
     return [str(r[0]) for r in conn.execute("SELECT DISTINCT namespace_id FROM artifacts")]
 
 

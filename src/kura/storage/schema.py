@@ -47,7 +47,9 @@ CREATE TABLE IF NOT EXISTS artifacts (
     xxh3_128       TEXT,
     seq            INTEGER
 );
-CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
+-- artifacts_by_namespace_access (below) starts with namespace_id: it serves every query the
+-- namespace_id-only index served (a clean, a namespace's newest version), so that one goes.
+DROP INDEX IF EXISTS artifacts_by_namespace;
 -- Eviction order, ties (a bootstrap stamps its copies alike) by oldest version: the whole order
 -- in the index, so a batch reads O(batch) rows however large a tie is. It replaces the
 -- last_access_ms-only index; the DROP is a no-op after the first open.
