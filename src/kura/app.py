@@ -63,6 +63,7 @@ from kura.api.http import ApiContext, serving_app, wait_for_handlers
 from kura.api.integrity_metrics import IntegrityCollector
 from kura.api.mesh_metrics import MeshCollector, catch_up_collector, peer_metadata_collector
 from kura.api.metrics import KuraMetrics
+from kura.api.namespace_metrics import NamespaceCollector
 from kura.api.object_store_metrics import ObjectStoreCollector
 from kura.api.peer_auth import PeerAuth
 from kura.api.public_tls import PublicTls
@@ -118,6 +119,7 @@ class Node:
             max_disk_bytes=settings.max_disk_bytes,
             min_free_disk_bytes=settings.min_free_disk_bytes,
             min_retention_ms=int(settings.min_retention_seconds * 1000),
+            namespace_rules=settings.namespace_rules,
             outbox_max_depth=settings.outbox_max_depth,
             hot_cache_bytes=settings.hot_cache_bytes // settings.workers,  # a share each
             verify_reads=settings.verify_reads,
@@ -144,6 +146,7 @@ class Node:
             self.service,
             self.clock,
             max_age_seconds=settings.max_age_seconds,
+            rules=settings.namespace_rules,
             interval_seconds=settings.expiry_interval_seconds,
             max_deletes_per_second=settings.expiry_max_deletes_per_second,
             batch_size=settings.expiry_batch_size,
@@ -277,7 +280,8 @@ class Node:
                 self.clock,
                 backoff_max_seconds=settings.replication_backoff_max_ms / 1000,
             )
-            if settings.max_age_seconds > 0:  # bucket expiry (docs/object-storage.md#expiry)
+            # bucket expiry (docs/object-storage.md#expiry), with ages per namespace too
+            if settings.namespace_rules.expires(settings.max_age_seconds):
                 self.bucket_toucher, self.bucket_expiry = bucket_aging(
                     self.service,
                     self.object_tier.store,
@@ -286,6 +290,7 @@ class Node:
                     interval_seconds=settings.expiry_interval_seconds,
                     max_deletes_per_second=settings.expiry_max_deletes_per_second,
                     batch_size=settings.expiry_batch_size,
+                    rules=settings.namespace_rules,
                 )
         # What every listener reads through (storage.fill): the local store, then the bucket,
         # then the peers (mesh.read_through), each wrapping the one before.
@@ -415,6 +420,7 @@ class Node:
                 service.stats, service.quarantine, self.scrubber.stats, self.repairer.stats
             ),
             expiry_collector(self.expiry.stats),
+            NamespaceCollector(service.stats, self.settings.namespace_rules),
             MeshCollector(self.membership, self.shipper, self.read_through, self.bootstrapper),
             catch_up_collector(self.catch_up.stats, service.queues),
             peer_metadata_collector(self.peer_client),

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from kura import __version__
+from kura.core.namespace_rule import DEFAULT_RULE, OTHER, REASONS, top_namespaces
 from kura.storage.fsync import process_shortage
 
 if TYPE_CHECKING:
@@ -49,9 +50,53 @@ def node_status(node: Node, lookups: dict[str, dict[str, int]]) -> dict[str, Any
         "version": __version__,
         "event_loop": node.event_loop,
         "disk_limit_bytes": node.settings.max_disk_bytes,
+        "namespaces": _namespaces(node),
+        "namespace_rules": _namespace_rules(node),
         "lookups": lookups,
         "recent_errors": node.log_ring.records(),
     }
+
+
+def _namespaces(node: Node) -> list[dict[str, Any]]:
+    """What each namespace holds here as last measured (``StorageStats.namespace_usage``), the
+    ``TOP_NAMESPACES`` largest first, the rest summed as ``(other)``; each with its rule's
+    label (``(default)``: none; empty for ``(other)``)."""
+    rules = node.settings.namespace_rules
+    usage = top_namespaces(node.service.stats.namespace_usage)
+    return [
+        {
+            "namespace": ns,
+            "rule": "" if ns == OTHER else rules.label(ns),
+            "used_bytes": size,
+            "artifacts": entries,
+        }
+        for ns, (size, entries) in sorted(usage.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    ]
+
+
+def _namespace_rules(node: Node) -> list[dict[str, Any]]:
+    """Each rule of ``KURA_NAMESPACE_RULES`` in order, then ``(default)`` (namespaces no rule
+    matches): what it states (None: the global setting), its evictions by reason since start,
+    and the median shed age (the upper bound of its bucket, seconds; None: nothing evicted)."""
+    s = node.service.stats
+    rows: list[tuple[str, float | None, int | None, float]] = [
+        (r.pattern, r.max_age_seconds, r.quota_bytes, r.min_age_seconds)
+        for r in node.settings.namespace_rules.rules
+    ]
+    rows.append((DEFAULT_RULE, None, None, 0.0))
+    return [
+        {
+            "rule": label,
+            "max_age_seconds": max_age,
+            "quota_bytes": quota,
+            "min_age_seconds": min_age,
+            "evictions": {
+                reason: s.namespace_evictions_total.get((label, reason), 0) for reason in REASONS
+            },
+            "shed_age_median_seconds": s.shed_ages.quantile_seconds(label, 0.5),
+        }
+        for label, max_age, quota, min_age in rows
+    ]
 
 
 def _peers(node: Node) -> list[dict[str, Any]]:

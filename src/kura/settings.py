@@ -36,12 +36,14 @@ from kit.settings import (
     option,
     screen_environment,
 )
+from kura.core.namespace_rule import NamespaceRules
 from kura.settings_rules import (
     Age,
     AssetHosts,
     GiB,
     KiB,
     MiB,
+    NamespaceRulesSetting,
     ObjectStoreUrl,
     Percent,
     PositiveSeconds,
@@ -102,6 +104,12 @@ class Settings:
         "not evicted for this long while the disk budget allows (3h, 30m, 90s or seconds; "
         "0 = off); Bazel's default --experimental_remote_cache_ttl",
         env="KURA_MIN_RETENTION",
+    )
+    namespace_rules: NamespaceRulesSetting = option(
+        NamespaceRules(),
+        "retention per namespace: ';'-separated rules of a namespace or pattern and any of "
+        "max_age, quota and min_age, first match wins (main:max_age=30d,min_age=1d;"
+        "pr-*:max_age=2d,quota=10GiB); a namespace no rule matches keeps KURA_MAX_AGE and LRU",
     )
     expiry_interval_seconds: PositiveSeconds = option(
         300.0,

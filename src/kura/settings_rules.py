@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 from kit.cpus import available_cpus
-from kit.settings import checked, parse_non_empty, parse_positive_int, parse_seconds, split_list
+from kit.settings import (
+    checked,
+    parse_bytes,
+    parse_non_empty,
+    parse_positive_int,
+    parse_seconds,
+    split_list,
+)
 from kura.core.asset import AllowedHosts
 from kura.core.errors import InvalidRequest
 from kura.core.keys import NAMESPACE, validate
+from kura.core.namespace_rule import NamespaceRules, parse_rules
 from kura.core.object_layout import parse_url
 
 if TYPE_CHECKING:
@@ -97,6 +105,15 @@ def _max_age(text: str) -> float:
 
 
 Age: TypeAlias = Annotated[float, _max_age]
+
+
+def parse_namespace_rules(text: str) -> NamespaceRules:
+    """``main:max_age=30d,min_age=1d;pr-*:max_age=2d,quota=10GiB`` (``core.namespace_rule``):
+    ages as ``KURA_MAX_AGE`` reads them, quotas as the byte settings do."""
+    return parse_rules(text, _max_age, parse_bytes)
+
+
+NamespaceRulesSetting: TypeAlias = Annotated[NamespaceRules, parse_namespace_rules]
 
 
 def _percent(text: str) -> int:

@@ -37,6 +37,7 @@ EXPECTED_ALERTS = {
     "KuraObjectStoreUploadsStalled",
     "KuraStorageSyncFailing",
     "KuraRetentionFloorBroken",
+    "KuraShedAgeUnderMinAge",
 }
 
 

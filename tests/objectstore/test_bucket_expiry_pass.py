@@ -15,7 +15,8 @@ import pytest
 
 from kit.clock import ManualClock
 from kura.core.object_layout import object_key, touch_key
-from kura.storage.bucket_expiry import BucketExpiry
+from kura.settings_rules import parse_namespace_rules
+from kura.storage.bucket_expiry import BucketExpiry, bucket_aging
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.budget import TmpBudget
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig, ObjectStoreError
@@ -173,3 +174,32 @@ async def test_an_unreachable_store_fails_markers_and_passes_without_losing_the_
     assert await toucher.write_once()
     assert toucher.pending() == 0
     assert await keys(store_for(seaweedfs, "down")) == {touch_key("t", "", aid)}
+
+
+async def test_a_pass_honours_each_namespace_s_max_age(
+    seaweedfs: SeaweedFS, service: CacheService, clock: ManualClock
+) -> None:
+    """Every object is a day old for the deciding node: ``pr-*``'s (1 h) go with their
+    markers, ``main``'s (30 d) and those of a namespace with no rule (no KURA_MAX_AGE) stay.
+    On main the pass had one age for the whole bucket."""
+    store = store_for(seaweedfs, "rules")
+    pr = [object_key("t", f"pr-{i}", f"a{i}") for i in range(3)]
+    kept = [object_key("t", "main", "m0"), object_key("t", "docs", "d0")]
+    for key in [*pr, *kept]:
+        await store.put_marker(key)
+    pr_marker = touch_key("t", "pr-0", "a0")
+    await store.put_marker(pr_marker)
+    rules = parse_namespace_rules("main:max_age=30d;pr-*:max_age=1h")
+    toucher, expiry = bucket_aging(
+        service,
+        store,
+        clock,
+        max_age_seconds=0,
+        interval_seconds=30,
+        max_deletes_per_second=100,
+        batch_size=10,
+        rules=rules,
+    )
+    assert toucher.refresh_ms == 900_000  # a quarter of the shortest age, 1 h
+    assert await expiry.expiry_pass() == 3
+    assert await keys(store) == set(kept)

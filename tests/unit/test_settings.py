@@ -199,6 +199,7 @@ BAD_VALUE_BY_PARSER = {
     "parse_choice.<locals>.parse": "not-a-choice",
     "parse_bool": "maybe",
     "_object_store_url": "https://bucket/prefix",
+    "parse_namespace_rules": "pr-*:ttl=2d",
 }
 
 

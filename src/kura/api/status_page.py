@@ -77,6 +77,7 @@ progress{width:20em;height:1em;vertical-align:middle}code{font-size:.95em}
 <section id="peers"><h2>Peers</h2>$peers</section>
 <section id="cache"><h2>Hit ratio per protocol</h2>$lookups</section>
 <section id="storage"><h2>Disk and tmp budget</h2>$storage</section>
+<section id="namespaces"><h2>Namespaces and retention</h2>$namespaces</section>
 <section id="errors"><h2>Recent warnings and errors</h2>$errors</section>
 <footer><p class="muted">Rendered $rendered_at; reloads every $refresh s.
 The same data as JSON: <a href="/status">/status</a>.</p></footer>
@@ -105,6 +106,7 @@ def render(status: dict[str, Any], rendered_at: datetime | None = None) -> str:
         peers=_peers(status["peers"]),
         lookups=_lookups(status.get("lookups", {})),
         storage=_storage(status),
+        namespaces=_namespaces(status),
         errors=_errors(status.get("recent_errors", [])),
         rendered_at=_e((rendered_at or datetime.now(UTC)).isoformat(timespec="seconds")),
     )
@@ -236,6 +238,63 @@ def _storage(status: dict[str, Any]) -> str:
         + '</div><h3>Tmp staging budget</h3><div id="tmp">'
         + _meter(reserved, capacity, f"{human_bytes(reserved)} of {human_bytes(capacity)} reserved")
         + f"</div><p>Outbox: {_e(status['outbox_messages'])} messages waiting, all peers.</p>"
+    )
+
+
+def _age(seconds: float | None) -> str:
+    """``30d``, ``12h``, ``15m``, ``45s``; ``-`` for None (the global setting, or nothing)."""
+    if seconds is None:
+        return "-"
+    if seconds == float("inf"):
+        return "> 90d"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _namespaces(status: dict[str, Any]) -> str:
+    """Usage per namespace (as last measured) and each retention rule with its evictions by
+    reason and median shed age (``node_status._namespace_rules``)."""
+    usage = [
+        [
+            f"<code>{_e(n['namespace'])}</code>",
+            _e(n["rule"]),
+            _e(human_bytes(n["used_bytes"])),
+            _e(n["artifacts"]),
+        ]
+        for n in status.get("namespaces", [])
+    ]
+    rules = []
+    for r in status.get("namespace_rules", []):
+        ev = r["evictions"]
+        quota = r["quota_bytes"]
+        forced = ev.get("forced", 0)
+        rules.append(
+            [
+                f"<code>{_e(r['rule'])}</code>",
+                _e(_age(r["max_age_seconds"])),
+                _e("-" if quota is None else human_bytes(quota)),
+                _e(_age(r["min_age_seconds"] or None)),
+                _e(ev.get("max_age", 0)),
+                _e(ev.get("quota", 0)),
+                _e(ev.get("lru", 0)),
+                f'<span class="warn">{_e(forced)}</span>' if forced else "0",
+                _e(_age(r["shed_age_median_seconds"])),
+            ]
+        )
+    headers = ["rule", "max age", "quota", "min age", "expired", "over quota", "LRU", "forced"]
+    return (
+        '<h3>Usage, as last measured</h3><div id="namespace-usage">'
+        + _table(
+            ["namespace", "rule", "bytes", "artifacts"],
+            usage,
+            {2, 3},
+            "Not measured yet (every expiry pass measures it).",
+        )
+        + '</div><h3>Rules (KURA_NAMESPACE_RULES)</h3><div id="namespace-rules">'
+        + _table([*headers, "median shed age"], rules, {4, 5, 6, 7, 8}, "No rules.")
+        + "</div>"
     )
 
 

@@ -21,7 +21,7 @@ is older than the cut-off too.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 
 
@@ -31,9 +31,13 @@ def marker_refresh_ms(max_age_seconds: float) -> int:
     return max(1, int(max_age_seconds * 1000) // 4)
 
 
-def bucket_cutoff_ms(now_ms: int, max_age_seconds: float) -> int:
-    """Objects last used before this wall-clock ms are expired (module docstring)."""
-    return now_ms - int(max_age_seconds * 1000) - marker_refresh_ms(max_age_seconds)
+def bucket_cutoff_ms(now_ms: int, max_age_seconds: float, refresh_ms: int | None = None) -> int:
+    """Objects last used before this wall-clock ms are expired (module docstring). With ages
+    per namespace (``KURA_NAMESPACE_RULES``) every marker is refreshed at the pace of the
+    shortest age, ``refresh_ms``, which is then the slack of every age."""
+    if refresh_ms is None:
+        refresh_ms = marker_refresh_ms(max_age_seconds)
+    return now_ms - int(max_age_seconds * 1000) - refresh_ms
 
 
 def last_use_ms(object_modified_ms: int, marker_modified_ms: int | None) -> int:
@@ -61,23 +65,28 @@ class Victim:
 def select_expired(
     objects: Mapping[str, int],
     markers: Mapping[str, tuple[str, int]],
-    cutoff_ms: int,
+    cutoff_ms: int | Callable[[str], int | None],
     pending_artifact_ids: Container[str],
 ) -> list[Victim]:
     """The victims of one pass, least recently used first (equal: by key).
 
     ``objects``: object key -> last-modified ms. ``markers``: the object key a marker stands
-    for -> (marker key, last-modified ms). ``pending_artifact_ids``: artifacts whose upload is
-    queued on this node. Empty inputs give an empty list."""
+    for -> (marker key, last-modified ms). ``cutoff_ms``: one cut-off for every object, or the
+    cut-off of each object key (None: it never expires; ages per namespace).
+    ``pending_artifact_ids``: artifacts whose upload is queued on this node. Empty inputs give
+    an empty list."""
+    cutoff_of = (lambda _key: cutoff_ms) if isinstance(cutoff_ms, int) else cutoff_ms
     victims: list[Victim] = []
     for key, modified_ms in objects.items():
         marker = markers.get(key)
         used_ms = last_use_ms(modified_ms, None if marker is None else marker[1])
-        if used_ms >= cutoff_ms or artifact_of(key) in pending_artifact_ids:
+        cutoff = cutoff_of(key)
+        if cutoff is None or used_ms >= cutoff or artifact_of(key) in pending_artifact_ids:
             continue
         victims.append(Victim(key, None if marker is None else marker[0], used_ms))
     for key, (marker_key, modified_ms) in markers.items():
-        if key not in objects and modified_ms < cutoff_ms:
+        cutoff = cutoff_of(key)
+        if key not in objects and cutoff is not None and modified_ms < cutoff:
             victims.append(Victim(None, marker_key, modified_ms))
     victims.sort(key=lambda v: (v.last_use_ms, v.object_key or v.marker_key or ""))
     return victims

@@ -41,6 +41,11 @@ def namespace_prefix(tenant_id: str, namespace_id: str) -> str:
     return f"{tenant_id}/ns-{namespace_id}/"
 
 
+def namespace_of(tenant_id: str, key: str) -> str:
+    """The namespace of an object key (``object_key``'s ``namespace_id``)."""
+    return key[len(tenant_id) + len("/ns-") :].split("/", 1)[0]
+
+
 def object_key(tenant_id: str, namespace_id: str, artifact_id: str) -> str:
     """The key of one artifact's object."""
     return namespace_prefix(tenant_id, namespace_id) + artifact_id

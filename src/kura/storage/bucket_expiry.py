@@ -31,9 +31,16 @@ from collections.abc import Awaitable, Callable
 from kit.backoff import every
 from kit.clock import Clock
 from kit.pace import Pace
-from kura.core.bucket_expiry import Victim, artifact_of, bucket_cutoff_ms, last_use_ms
+from kura.core.bucket_expiry import (
+    Victim,
+    artifact_of,
+    bucket_cutoff_ms,
+    last_use_ms,
+    marker_refresh_ms,
+)
 from kura.core.bucket_expiry import select_expired as select
-from kura.core.object_layout import OUTBOX_TARGET, is_object_key, marker_object_key
+from kura.core.namespace_rule import NO_RULES, NamespaceRules
+from kura.core.object_layout import OUTBOX_TARGET, is_object_key, marker_object_key, namespace_of
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.object_store import ObjectStore, ObjectStoreError
 from kura.storage.outbox import UPSERT
@@ -77,6 +84,7 @@ class BucketExpiry:
         interval_seconds: float,
         max_deletes_per_second: int,
         batch_size: int,
+        rules: NamespaceRules = NO_RULES,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if max_deletes_per_second <= 0 or batch_size <= 0:
@@ -85,6 +93,9 @@ class BucketExpiry:
         self._store = store
         self._clock = clock
         self.max_age_seconds = max_age_seconds
+        self.rules = rules
+        # Markers are refreshed at the pace of the shortest age (bucket_aging's toucher).
+        self.refresh_ms = marker_refresh_ms(rules.shortest_max_age_seconds(max_age_seconds))
         self.interval_seconds = interval_seconds
         self.max_deletes_per_second = max_deletes_per_second
         self.batch_size = min(batch_size, max_deletes_per_second)
@@ -92,8 +103,9 @@ class BucketExpiry:
         self.stats = BucketExpiryStats()
 
     async def run(self) -> None:
-        """Forever: sleep one interval, run a pass. Returns at once when expiry is off."""
-        if self.max_age_seconds <= 0:
+        """Forever: sleep one interval, run a pass. Returns at once when expiry is off (no
+        ``KURA_MAX_AGE``, no rule with a ``max_age``)."""
+        if not self.rules.expires(self.max_age_seconds):
             return
 
         async def one_pass() -> None:
@@ -120,8 +132,20 @@ class BucketExpiry:
         Raises ObjectStoreError when the store fails (what was deleted stays deleted)."""
         started = self._clock.monotonic()
         pace = Pace(self.max_deletes_per_second, self._clock.monotonic, self._sleep)
-        cutoff_ms = bucket_cutoff_ms(self._clock.now_ms(), self.max_age_seconds)
+        now_ms = self._clock.now_ms()
         tenant = self._service.tenant_id
+        cutoffs: dict[str, int | None] = {}  # namespace -> its cut-off (None: never)
+
+        def cutoff_ms(key: str) -> int | None:
+            """The cut-off of an object key: its namespace's rule's age, else KURA_MAX_AGE."""
+            namespace = namespace_of(tenant, key)
+            if namespace not in cutoffs:
+                age = self.rules.max_age_seconds(namespace, self.max_age_seconds)
+                cutoffs[namespace] = (
+                    bucket_cutoff_ms(now_ms, age, self.refresh_ms) if age > 0 else None
+                )
+            return cutoffs[namespace]
+
         objects: dict[str, int] = {}
         markers: dict[str, tuple[str, int]] = {}
         async for page in self._store.list_prefix(f"{tenant}/"):
@@ -149,15 +173,16 @@ class BucketExpiry:
         self.stats.passes_total += 1
         if deleted:
             log.info(
-                "bucket expiry pass: %d artifacts unused on every node for more than %g s "
-                "deleted in %.1f s",
+                "bucket expiry pass: %d artifacts unused on every node for longer than their "
+                "max age deleted in %.1f s",
                 deleted,
-                self.max_age_seconds,
                 self._clock.monotonic() - started,
             )
         return deleted
 
-    async def _recheck(self, batch: list[Victim], cutoff_ms: int) -> list[Victim]:
+    async def _recheck(
+        self, batch: list[Victim], cutoff_ms: Callable[[str], int | None]
+    ) -> list[Victim]:
         """The victims of ``batch`` still unused and not pending now (fresh HEADs)."""
         pending = await self._service._read_index(pending_uploads)
         sem = asyncio.Semaphore(CHECKS)
@@ -176,7 +201,8 @@ class BucketExpiry:
             )
             if v.object_key is not None and object_ms is None:  # another pass deleted it
                 return None if v.marker_key is None else Victim(None, v.marker_key, 0)
-            if last_use_ms(object_ms or 0, marker_ms) >= cutoff_ms:
+            cutoff = cutoff_ms(v.object_key or v.marker_key or "")
+            if cutoff is None or last_use_ms(object_ms or 0, marker_ms) >= cutoff:
                 return None
             return v
 
@@ -195,14 +221,16 @@ def bucket_aging(
     interval_seconds: float,
     max_deletes_per_second: int,
     batch_size: int,
+    rules: NamespaceRules = NO_RULES,
 ) -> tuple[BucketToucher, BucketExpiry]:
     """The two halves of bucket expiry for one node: its touch-marker writer (at most
-    ``max_deletes_per_second`` markers per second) and its pass."""
+    ``max_deletes_per_second`` markers per second, each marker refreshed within a quarter of
+    the shortest age ``rules`` and ``max_age_seconds`` give) and its pass."""
     toucher = BucketToucher(
         service,
         store,
         clock,
-        max_age_seconds=max_age_seconds,
+        max_age_seconds=rules.shortest_max_age_seconds(max_age_seconds),
         max_writes_per_second=max_deletes_per_second,
     )
     expiry = BucketExpiry(
@@ -213,5 +241,6 @@ def bucket_aging(
         interval_seconds=interval_seconds,
         max_deletes_per_second=max_deletes_per_second,
         batch_size=batch_size,
+        rules=rules,
     )
     return toucher, expiry

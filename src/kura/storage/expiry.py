@@ -8,6 +8,12 @@ the bootstrap began). Reads record their access in memory and ``CacheService`` f
 seconds; a pass records what is still in memory before it selects anything
 (``CacheService.drop_unused``), so a read is never lost to the flush interval.
 
+**Per namespace.** With ``KURA_NAMESPACE_RULES`` each namespace has its own age (its rule's
+``max_age``, else ``KURA_MAX_AGE``; none for 0), and a pass deletes each namespace's entries
+past it, one namespace at a time (a seek on ``artifacts_by_namespace_access``). Every pass
+first measures each namespace's usage and evicts what is over a quota
+(``CacheService.enforce_quotas``), so quotas hold within one interval while the disk has room.
+
 **Local, never replicated.** Each node applies the rule to its own access times; an expiry is
 not a tombstone and is not shipped to peers, exactly like an LRU eviction. Reads touch only the
 node that served them (access times do not replicate), so an artifact idle here may be in daily
@@ -46,6 +52,7 @@ from kit.backoff import every
 from kit.clock import Clock
 from kit.pace import Pace
 from kura.core.errors import ResourceExhausted
+from kura.core.namespace_rule import NO_RULES, NamespaceRules
 from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
@@ -103,6 +110,7 @@ class Expiry:
         interval_seconds: float,
         max_deletes_per_second: int,
         batch_size: int,
+        rules: NamespaceRules = NO_RULES,
         listeners: Sequence[ExpiryListener] = (),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -111,6 +119,7 @@ class Expiry:
         self._service = service
         self._clock = clock
         self.max_age_seconds = max_age_seconds
+        self.rules = rules
         self.interval_seconds = interval_seconds
         self.max_deletes_per_second = max_deletes_per_second
         self.batch_size = min(batch_size, max_deletes_per_second)
@@ -119,8 +128,9 @@ class Expiry:
         self.stats = ExpiryStats()
 
     async def run(self) -> None:
-        """Forever: sleep one interval, run a pass. Returns at once when expiry is off."""
-        if self.max_age_seconds <= 0:
+        """Forever: sleep one interval, run a pass. Returns at once when expiry is off: no
+        ``KURA_MAX_AGE`` and no ``KURA_NAMESPACE_RULES``."""
+        if self.max_age_seconds <= 0 and not self.rules:
             return
 
         async def one_pass() -> None:
@@ -133,26 +143,26 @@ class Expiry:
         await every(one_pass, self.interval_seconds, what="expiry pass", log=log, sleep=self._sleep)
 
     async def expiry_pass(self) -> int:
-        """Delete every artifact last used before now - max age, at the bounded rate (module
-        docstring). Returns how many were deleted. Raises ``ResourceExhausted`` (read-only
-        index) before deleting anything; not safe to run twice at once."""
+        """Measure every namespace's usage and enforce the quotas (``enforce_quotas``), then
+        delete every artifact last used before now - its max age (its namespace's rule's, else
+        ``KURA_MAX_AGE``; none for 0), at the bounded rate (module docstring). Returns how
+        many were deleted for age. Raises ``ResourceExhausted`` (read-only index) before
+        deleting anything; not safe to run twice at once."""
         started = self._clock.monotonic()
         pace = Pace(self.max_deletes_per_second, self._clock.monotonic, self._sleep)
-        cutoff_ms = self._clock.now_ms() - int(self.max_age_seconds * 1000)
+        now_ms = self._clock.now_ms()
+        usage = await self._service.enforce_quotas()
         deleted = 0
-        while True:
-            victims = await self._service.drop_unused(cutoff_ms, self.batch_size)
-            if not victims:
-                break
-            deleted += len(victims)
-            size = sum(v[1] for v in victims)
-            self.stats.deleted_total += len(victims)
-            self.stats.deleted_bytes_total += size
-            log.debug(
-                "expired %d artifacts (%d bytes) unused since %d", len(victims), size, cutoff_ms
-            )
-            await self._tell([ExpiredArtifact(v[0], v[1]) for v in victims], cutoff_ms)
-            await pace.wait(deleted)
+        if not self.rules:
+            if self.max_age_seconds > 0:
+                cutoff_ms = now_ms - int(self.max_age_seconds * 1000)
+                deleted = await self._expire(cutoff_ms, None, pace, deleted)
+        else:
+            for namespace in sorted(usage):
+                age_seconds = self.rules.max_age_seconds(namespace, self.max_age_seconds)
+                if age_seconds > 0:
+                    cutoff_ms = now_ms - int(age_seconds * 1000)
+                    deleted = await self._expire(cutoff_ms, namespace, pace, deleted)
         oldest = await self._service._read_index(oldest_access_ms)
         now_ms = self._clock.now_ms()
         s = self.stats
@@ -162,12 +172,28 @@ class Expiry:
         s.last_pass_timestamp_seconds = now_ms / 1000
         if deleted:
             log.info(
-                "expiry pass: %d artifacts unused for more than %g s deleted in %.1f s",
+                "expiry pass: %d artifacts unused for longer than their max age deleted in %.1f s",
                 deleted,
-                self.max_age_seconds,
                 s.last_pass_seconds,
             )
         return deleted
+
+    async def _expire(self, cutoff_ms: int, namespace: str | None, pace: Pace, deleted: int) -> int:
+        """Delete what was last used before ``cutoff_ms`` (of ``namespace`` alone unless it is
+        None), in paced batches; return ``deleted`` plus how many went."""
+        while True:
+            victims = await self._service.drop_unused(cutoff_ms, self.batch_size, namespace)
+            if not victims:
+                return deleted
+            deleted += len(victims)
+            size = sum(v.size for v in victims)
+            self.stats.deleted_total += len(victims)
+            self.stats.deleted_bytes_total += size
+            log.debug(
+                "expired %d artifacts (%d bytes) unused since %d", len(victims), size, cutoff_ms
+            )
+            await self._tell([ExpiredArtifact(v.artifact_id, v.size) for v in victims], cutoff_ms)
+            await pace.wait(deleted)
 
     async def _tell(self, artifacts: list[ExpiredArtifact], cutoff_ms: int) -> None:
         for listener in self.listeners:

@@ -8,12 +8,25 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from typing import NamedTuple
 
 from kura.core.manifest import Manifest
 from kura.core.object_layout import OUTBOX_TARGET
+from kura.storage.namespace_usage import Protected, protect_clause
 from kura.storage.retention import PROMISED_SINCE, UNPROMISED_SINCE
 from kura.storage.schema import COLUMNS as _COLUMNS
 from kura.storage.schema import row_to_manifest as _row_to_manifest
+
+
+class Victim(NamedTuple):
+    """An artifact eviction or expiry may drop: its id, size in bytes, whether its body is
+    inline in the index, its namespace and its last use (unix ms)."""
+
+    artifact_id: str
+    size: int
+    inline: bool
+    namespace_id: str
+    last_access_ms: int
 
 
 def _cursor(column: str, after: str | None) -> tuple[str, tuple[str, ...]]:
@@ -94,29 +107,37 @@ class PagingQueries:
         promised_since_ms: int | None = None,
         *,
         promised_only: bool = False,
-    ) -> list[tuple[str, int, bool]]:
-        """Up to ``limit`` (artifact_id, size, inline) oldest by access (equal stamps: oldest
-        version first), skipping ``exclude`` and, with ``used_before_ms``, every artifact last
-        used (or written) at or after it; with ``promised_since_ms``, every artifact promised
-        to a client at or after it (``storage.retention``), or, ``promised_only``, every other
-        artifact. An artifact whose upload to the
-        object-storage tier is pending is never picked: its only copy is here."""
+        namespace: str | None = None,
+        protect: Protected = (),
+    ) -> list[Victim]:
+        """Up to ``limit`` victims oldest by access (equal stamps: oldest version first),
+        skipping ``exclude`` and, with ``used_before_ms``, every artifact last used (or
+        written) at or after it; with ``promised_since_ms``, every artifact promised to a
+        client at or after it (``storage.retention``), or, ``promised_only``, every other
+        artifact; with ``namespace``, every other namespace's; and the young entries of
+        ``protect`` (``namespace_usage.protected``: a rule's ``min_age``). An artifact whose
+        upload to the object-storage tier is pending is never picked: its only copy is here."""
         before = (1 << 62) if used_before_ms is None else used_before_ms
         clause = PROMISED_SINCE if promised_only else UNPROMISED_SINCE
         promised = "" if promised_since_ms is None else f"AND {clause} "
-        args = () if promised_since_ms is None else (promised_since_ms,)
+        args: tuple[object, ...] = () if promised_since_ms is None else (promised_since_ms,)
+        if namespace is not None:  # a seek on artifacts_by_namespace_access
+            promised += "AND a.namespace_id = ? "
+            args += (namespace,)
+        young, young_args = protect_clause(protect)
         rows = (
             self._conn()
             .execute(
                 # length(), not IS NOT NULL: SQLite reads a blob's length from the row header,
                 # without walking an inline body's overflow pages (4x cheaper at 16 KiB).
-                "SELECT artifact_id, size, length(inline_body) IS NOT NULL FROM artifacts a "
+                "SELECT artifact_id, size, length(inline_body) IS NOT NULL, namespace_id, "
+                "last_access_ms FROM artifacts a "
                 "WHERE artifact_id != ? AND last_access_ms < ? "
                 "AND NOT EXISTS (SELECT 1 FROM outbox o "
-                f"WHERE o.artifact_id = a.artifact_id AND o.peer = ?) {promised}"
+                f"WHERE o.artifact_id = a.artifact_id AND o.peer = ?) {promised}{young}"
                 "ORDER BY last_access_ms, version_ms, artifact_id LIMIT ?",
-                (exclude, before, OUTBOX_TARGET, *args, limit),
+                (exclude, before, OUTBOX_TARGET, *args, *young_args, limit),
             )
             .fetchall()
         )
-        return [(str(r[0]), int(r[1]), bool(r[2])) for r in rows]
+        return [Victim(str(r[0]), int(r[1]), bool(r[2]), str(r[3]), int(r[4])) for r in rows]

@@ -47,13 +47,21 @@ CREATE TABLE IF NOT EXISTS artifacts (
     xxh3_128       TEXT,
     seq            INTEGER
 );
-CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
+-- artifacts_by_namespace_access (below) starts with namespace_id: it serves every query the
+-- namespace_id-only index served (a clean, a namespace's newest version), so that one goes.
+DROP INDEX IF EXISTS artifacts_by_namespace;
 -- Eviction order, ties (a bootstrap stamps its copies alike) by oldest version: the whole order
 -- in the index, so a batch reads O(batch) rows however large a tie is. It replaces the
 -- last_access_ms-only index; the DROP is a no-op after the first open.
 DROP INDEX IF EXISTS artifacts_by_access;
 CREATE INDEX IF NOT EXISTS artifacts_by_access_version
     ON artifacts(last_access_ms, version_ms, artifact_id);
+-- Age expiry and quota eviction of one namespace (KURA_NAMESPACE_RULES, storage.eviction); with
+-- size it covers the usage scan (namespace_usage.usage: 0.2 s per million rows, against 2 s
+-- through artifacts_by_namespace and the table). Its cost: a touch updates it too (a flush of
+-- 10k touches in 500k rows took 1.6-2.1 s against 1.4-1.6 s without it, measured here).
+CREATE INDEX IF NOT EXISTS artifacts_by_namespace_access
+    ON artifacts(namespace_id, last_access_ms, version_ms, artifact_id, size);
 -- Bootstrap pages newest first (mesh.bootstrap_budget). Indexes, not a schema change: a file of
 -- any schema version gets them at its next writable open (built once, O(rows)).
 CREATE INDEX IF NOT EXISTS artifacts_by_version ON artifacts(version_ms DESC, artifact_id);

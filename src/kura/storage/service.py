@@ -80,9 +80,10 @@ from kit.background import background_pool
 from kit.backoff import every
 from kit.clock import Clock
 from kura.core.manifest import Manifest
+from kura.core.namespace_rule import NO_RULES, NamespaceRules
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.core.version import ahead_of_skew_ms
-from kura.storage import retention
+from kura.storage import namespace_usage, retention
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
 from kura.storage.budget import TmpBudget
 from kura.storage.fsync import process_shortage, shortage_reason
@@ -118,6 +119,7 @@ class CacheService(ReplicaApply):
         max_disk_bytes: int,
         min_free_disk_bytes: int,
         min_retention_ms: int = 0,
+        namespace_rules: NamespaceRules = NO_RULES,
         outbox_max_depth: int = 100_000,
         hot_cache_bytes: int = 64 * 1024 * 1024,
         verify_reads: str = "always",
@@ -150,6 +152,7 @@ class CacheService(ReplicaApply):
         self.max_disk_bytes = max_disk_bytes
         self.min_free_disk_bytes = min_free_disk_bytes
         self.min_retention_ms = min_retention_ms
+        self.namespace_rules = namespace_rules
         self._promises_recorded = {}
         self.stats = StorageStats()
         self.queues = PeerQueues(lambda: self.stats, outbox_max_depth)
@@ -263,6 +266,8 @@ class CacheService(ReplicaApply):
             self.stats, self.clock.now_ms(), self.min_retention_ms, self.max_disk_bytes
         )
         found += [shortfall] if shortfall else []
+        forced = namespace_usage.shortfall_warning(self.stats, self.clock.now_ms())
+        found += [forced] if forced else []
         return found + ([self._writer.failure] if self._writer.failure else [])
 
     async def close(self) -> None:

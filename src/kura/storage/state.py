@@ -26,6 +26,7 @@ from kit.clock import Clock
 from kura.core.errors import ResourceExhausted
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
+from kura.core.namespace_rule import NamespaceRules
 from kura.core.version import (
     ApplyOutcome,
     FutureVersion,
@@ -141,6 +142,7 @@ class StorageState:
     clock: Clock
     max_disk_bytes: int
     min_retention_ms: int  # KURA_MIN_RETENTION in ms (storage.retention); 0 = off
+    namespace_rules: NamespaceRules  # KURA_NAMESPACE_RULES (storage.eviction, .expiry)
     # Writer thread only: promises recorded by evictions since the last flush.
     _promises_recorded: dict[str, int]
     min_free_disk_bytes: int

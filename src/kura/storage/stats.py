@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kura.core.namespace_rule import ShedAges
+
 
 @dataclass
 class StorageStats:
@@ -24,6 +26,16 @@ class StorageStats:
     retention_last_eviction_ms: int = 0
     # Bytes of the artifacts promised inside the window, as of the last eviction pass or flush.
     retention_promised_bytes: int = 0
+    # Retention per namespace (KURA_NAMESPACE_RULES, storage.eviction): namespace -> (bytes,
+    # entries) as last measured (namespace_usage), 0 = never measured; (rule label, reason) ->
+    # entries evicted or expired; the ages of evicted entries; the last forced eviction (unix ms)
+    # of an entry inside its rule's min_age.
+    namespace_usage: dict[str, tuple[int, int]] = field(default_factory=dict)
+    namespace_usage_measured_ms: int = 0
+    namespace_evictions_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    namespace_evicted_bytes_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    shed_ages: ShedAges = field(default_factory=ShedAges)
+    namespace_forced_last_ms: int = 0
     # detected_by ("read", "scrub", "put") -> entries quarantined.
     corrupt_total: dict[str, int] = field(default_factory=dict)
     outbox_depth: int = 0  # changed on the writer thread only
