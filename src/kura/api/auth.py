@@ -22,21 +22,28 @@ a refusal of a listed credential is logged with its ``name=``, never its token. 
 token that is not a listed plain token but has the JWT shape goes to the ``JwtVerifier`` when
 one is configured (``kura.api.jwt_auth``: its ``scope`` names the rights): a bad token → 401;
 a grant without the right asked for, or for another namespace → 403.
+
+A credential (a credentials-file line's ``read=``/``write=``, a JWT's ``read_namespaces``/
+``write_namespace``) may carry an overlay: ``view`` resolves it, with the right, into what the
+request reads and writes (``kura.core.overlay``), once, for every HTTP route (``kura.api.http.
+endpoint``, ``kura.api.expect``) and every RPC (``kura.grpc.common.GrpcContext.authorize``).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hmac
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from kit.backoff import every
 from kit.log_limit import LogLimit
 from kura.api.token_file import STAT_INTERVAL_SECONDS, Credential, TokenFile
 from kura.core.errors import Forbidden, Unauthenticated
+from kura.core.overlay import Asked, NamespaceView, Overlay, view_of
 from kura.core.rights import READ_ONLY, READ_WRITE, Rights
 from kura.core.rights import Access as Access  # the routes declare their right from here
 from kura.settings import Settings
@@ -162,13 +169,38 @@ class TokenAuth:
     ) -> None:
         """Return if allowed; raise ``Unauthenticated`` (401) or ``Forbidden`` (403), counted
         in ``refusals_total`` by reason (missing, invalid, forbidden). ``namespace`` is asked
-        only for a namespace-limited JWT grant."""
+        only for a namespace-limited JWT grant. For a route that touches a namespace, ``view``."""
+        with self._counted(authorization):
+            self._check(authorization, access, namespace, log_refusal=True)
+
+    def view(
+        self, authorization: str | None, access: Access, asked: Callable[[], Asked]
+    ) -> NamespaceView | None:
+        """``check``, then what the request reads and writes (``kura.core.overlay.view_of``,
+        through the credential's overlay if it has one); None when it touches no namespace.
+        ``asked`` is called once, after the rights check (it may raise its route's own
+        ``KuraError``). A refusal of the overlay's rules is a ``Forbidden`` counted as one."""
         if not self.enabled:
-            return
+            return view_of(None, asked(), access)
+        with self._counted(authorization):
+            cached: list[Asked] = []
+
+            def asked_once() -> Asked:
+                if not cached:
+                    cached.append(asked())
+                return cached[0]
+
+            overlay = self._check(
+                authorization, access, lambda: asked_once().namespace, log_refusal=True
+            )
+            return view_of(overlay, asked_once(), access)
+
+    @contextlib.contextmanager
+    def _counted(self, authorization: str | None) -> Iterator[None]:
         if self._follow:
             self._catch_up()  # one read of shared memory when nothing changed
         try:
-            self._check(authorization, access, namespace, log_refusal=True)
+            yield
         except Unauthenticated:
             reason = "missing" if _token_from(authorization) is None else "invalid"
             self.refusals_total[reason] += 1
@@ -200,7 +232,8 @@ class TokenAuth:
         namespace: NamespaceOf | None,
         *,
         log_refusal: bool,
-    ) -> None:
+    ) -> Overlay | None:
+        """Raise unless allowed; the credential's overlay (None: none)."""
         token = _token_from(authorization)
         if token is None:
             raise Unauthenticated("missing credentials: send Authorization: Bearer <token>")
@@ -210,13 +243,14 @@ class TokenAuth:
                 if log_refusal:  # not for ``allows``: describing a caller refuses nothing
                     self._log_refusal(credential, access)
                 raise Forbidden(_lacking(access, credential.rights))
-            return
+            return credential.overlay
         if self.jwt is not None and self.jwt.looks_like_jwt(token):
-            self._check_grant(token, access, namespace)
-            return
+            return self._check_grant(token, access, namespace)
         raise Unauthenticated("invalid token")
 
-    def _check_grant(self, token: str, access: Access, namespace: NamespaceOf | None) -> None:
+    def _check_grant(
+        self, token: str, access: Access, namespace: NamespaceOf | None
+    ) -> Overlay | None:
         assert self.jwt is not None
         grant = self.jwt.verify(token)
         if access not in grant.rights:
@@ -225,6 +259,7 @@ class TokenAuth:
             wanted = namespace()
             if wanted is not None and wanted not in grant.namespaces:
                 raise Forbidden(f"this token is not valid for namespace {wanted!r}")
+        return grant.overlay
 
     def _listing_of(self, token: str) -> Credential | None:
         """The listed credential of ``token`` (a token is listed once, ``_refuse_overlap``),

@@ -237,7 +237,8 @@ class Fetch(ra_grpc.FetchServicer):
 
     @rpc("FetchBlob")
     async def FetchBlob(self, request: ra.FetchBlobRequest, context: Ctx) -> ra.FetchBlobResponse:
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
+        ns = view.home
         query = _query(request)
         oldest_ms = _oldest_ms(request)
         found = await self.records.find(BLOB, ns, query, oldest_ms)
@@ -276,8 +277,9 @@ class Fetch(ra_grpc.FetchServicer):
                 uri=query.uris[0],
             )
         if query.sri is None:  # the record would be trusted later, unverified: a write
-            self.gc.check(context, Access.WRITE, ns)
-        return await self._download(ns, query, _seconds(request), context)
+            view = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        # Stored where the call writes: never into a namespace an overlay only reads.
+        return await self._download(view.writable, query, _seconds(request), context)
 
     async def _download(
         self, ns: str, query: AssetQuery, seconds: float, context: Ctx
@@ -319,7 +321,8 @@ class Fetch(ra_grpc.FetchServicer):
     async def FetchDirectory(
         self, request: ra.FetchDirectoryRequest, context: Ctx
     ) -> ra.FetchDirectoryResponse:
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
+        ns = view.home
         query = _query(request)
         found = await self.records.find(DIRECTORY, ns, query, _oldest_ms(request))
         self.gc.metrics.count_lookup("grpc", found is not None)
@@ -371,7 +374,7 @@ class Push(ra_grpc.PushServicer):
         return ra.PushDirectoryResponse()
 
     async def _push(self, kind: str, request: Any, context: Ctx, target: reapi.Digest) -> None:
-        ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        ns = self.gc.authorize(context, Access.WRITE, request.instance_name).writable
         query = _query(request)
         digest = (check_digest(target), target.size_bytes)
         references = tuple(
