@@ -227,12 +227,13 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         self, request: reapi.SplitBlobRequest, context: Ctx
     ) -> reapi.SplitBlobResponse:
         """``kura.grpc.chunking.split``; read access is enough (the chunks stored are cut from
-        a blob already stored, by the server: a caller adds no bytes of its own). With an
-        overlay, the blob of the first namespace the call reads."""
-        ns = self.gc.authorize(context, Access.READ, request.instance_name).home
+        a blob already stored, by the server: a caller adds no bytes of its own). The blob is
+        read through the call's namespaces; its chunks are stored in the first one."""
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
         d = request.blob_digest
+        reader = self.gc.reader_for(view)
         with self.chunking.one():
-            chunks = await chunking.split(self.gc, ns, check_digest(d), d.size_bytes)
+            chunks = await chunking.split(self.gc, view.home, check_digest(d), d.size_bytes, reader)
         return reapi.SplitBlobResponse(
             chunk_digests=[reapi.Digest(hash=h, size_bytes=n) for h, n in chunks],
             chunking_function=reapi.ChunkingFunction.FAST_CDC_2020,

@@ -214,11 +214,17 @@ def fails_on_update_disabled(context: grpc.aio.ServicerContext[Any, Any]) -> boo
 
 
 async def stored_blob(
-    gc: GrpcContext, ns: str, sha256: str, size_bytes: int, what: str
+    gc: GrpcContext,
+    ns: str,
+    sha256: str,
+    size_bytes: int,
+    what: str,
+    reader: ArtifactReader | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """The stored blob ``sha256`` of namespace ``ns``, opened and read as ``verified_body``.
-    Close it (``aclosing``) to release the file early."""
-    body = await gc.reader.read(cas_ref(ns, sha256))
+    """The stored blob ``sha256`` of namespace ``ns`` (read by ``reader``, default the
+    node's), opened and read as ``verified_body``. Close it (``aclosing``) to release the file
+    early."""
+    body = await (reader or gc.reader).read(cas_ref(ns, sha256))
     async for piece in verified_body(gc, body, sha256, size_bytes, what):
         yield piece
 
