@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hmac
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kit.backoff import every
@@ -170,8 +169,13 @@ class TokenAuth:
         """Return if allowed; raise ``Unauthenticated`` (401) or ``Forbidden`` (403), counted
         in ``refusals_total`` by reason (missing, invalid, forbidden). ``namespace`` is asked
         only for a namespace-limited JWT grant. For a route that touches a namespace, ``view``."""
-        with self._counted(authorization):
+        if self._follow:
+            self._catch_up()  # one read of shared memory when nothing changed
+        try:
             self._check(authorization, access, namespace, log_refusal=True)
+        except (Unauthenticated, Forbidden) as exc:
+            self._count(exc, authorization)
+            raise
 
     def view(
         self, authorization: str | None, access: Access, asked: Callable[[], Asked]
@@ -182,32 +186,28 @@ class TokenAuth:
         ``KuraError``). A refusal of the overlay's rules is a ``Forbidden`` counted as one."""
         if not self.enabled:
             return view_of(None, asked(), access)
-        with self._counted(authorization):
-            cached: list[Asked] = []
-
-            def asked_once() -> Asked:
-                if not cached:
-                    cached.append(asked())
-                return cached[0]
-
-            overlay = self._check(
-                authorization, access, lambda: asked_once().namespace, log_refusal=True
-            )
-            return view_of(overlay, asked_once(), access)
-
-    @contextlib.contextmanager
-    def _counted(self, authorization: str | None) -> Iterator[None]:
         if self._follow:
-            self._catch_up()  # one read of shared memory when nothing changed
+            self._catch_up()
+        once: Asked | None = None
+
+        def named() -> str | None:  # a JWT limited to namespaces asks first
+            nonlocal once
+            once = asked()
+            return once.namespace
+
         try:
-            yield
-        except Unauthenticated:
-            reason = "missing" if _token_from(authorization) is None else "invalid"
-            self.refusals_total[reason] += 1
+            overlay = self._check(authorization, access, named, log_refusal=True)
+            return view_of(overlay, asked() if once is None else once, access)
+        except (Unauthenticated, Forbidden) as exc:
+            self._count(exc, authorization)
             raise
-        except Forbidden:
+
+    def _count(self, refusal: Unauthenticated | Forbidden, authorization: str | None) -> None:
+        """Count ``refusal`` in ``refusals_total`` by reason."""
+        if isinstance(refusal, Forbidden):
             self.refusals_total["forbidden"] += 1
-            raise
+        else:
+            self.refusals_total["missing" if _token_from(authorization) is None else "invalid"] += 1
 
     def allows(
         self, authorization: str | None, access: Access, namespace: NamespaceOf | None = None
