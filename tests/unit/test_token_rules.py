@@ -461,3 +461,25 @@ def test_a_jwt_carries_an_overlay_and_refuses_one_with_namespaces_too() -> None:
     ):
         with pytest.raises(Unauthenticated, match=message):
             grant_from(bad)
+
+
+def test_an_overlay_refusal_is_logged_once_by_name_with_its_reason_never_the_token(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "credentials"
+    path.write_text(f"{SECRET} name=pr-123 rights=read,write read=pr-123,main write=pr-123\n")
+    auth = TokenAuth((), (), files=[TokenFile(path)])
+    header = f"Bearer {SECRET}"
+    assert auth.view(header, W, lambda: Asked(None, "nx")) == NamespaceView(
+        ("pr-123", "main"), "pr-123"
+    )
+    for _ in range(2):
+        with pytest.raises(Forbidden, match="writes only its write namespace, not 'main'"):
+            auth.view(header, W, lambda: Asked("main", ""))
+    assert auth.refusals_total["forbidden"] == 2
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert (
+        "refused: credential 'pr-123', asking for 'write': this credential writes only" in lines[0]
+    )
+    assert SECRET not in caplog.text

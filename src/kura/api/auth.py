@@ -79,7 +79,7 @@ class TokenAuth:
         self._listed = self._lists[0][1] + self._lists[1][1]
         self._files = tuple(files)
         _refuse_overlap([*self._lists, *((str(f.path), f.credentials()) for f in self._files)])
-        self._refusals_logged: set[tuple[str | None, int, Access]] = set()
+        self._refusals_logged: set[tuple[str | None, int, Access, bool]] = set()
         self._refusal_log = LogLimit(lines=10, interval_seconds=60.0)
         self.jwt = jwt
         self.enabled = bool(self._listed or self._files or jwt is not None)
@@ -196,8 +196,13 @@ class TokenAuth:
             return once.namespace
 
         try:
-            overlay = self._check(authorization, access, named, log_refusal=True)
-            return view_of(overlay, asked() if once is None else once, access)
+            overlay, listed = self._check(authorization, access, named, log_refusal=True)
+            try:
+                return view_of(overlay, asked() if once is None else once, access)
+            except Forbidden as exc:
+                if listed is not None:
+                    self._log_refusal(listed, access, exc.message)
+                raise
         except (Unauthenticated, Forbidden) as exc:
             self._count(exc, authorization)
             raise
@@ -232,8 +237,9 @@ class TokenAuth:
         namespace: NamespaceOf | None,
         *,
         log_refusal: bool,
-    ) -> Overlay | None:
-        """Raise unless allowed; the credential's overlay (None: none)."""
+    ) -> tuple[Overlay | None, Credential | None]:
+        """Raise unless allowed; the credential's overlay (None: none), and the credential
+        when it is a listed one."""
         token = _token_from(authorization)
         if token is None:
             raise Unauthenticated("missing credentials: send Authorization: Bearer <token>")
@@ -243,9 +249,9 @@ class TokenAuth:
                 if log_refusal:  # not for ``allows``: describing a caller refuses nothing
                     self._log_refusal(credential, access)
                 raise Forbidden(_lacking(access, credential.rights))
-            return credential.overlay
+            return credential.overlay, credential
         if self.jwt is not None and self.jwt.looks_like_jwt(token):
-            return self._check_grant(token, access, namespace)
+            return self._check_grant(token, access, namespace), None
         raise Unauthenticated("invalid token")
 
     def _check_grant(
@@ -272,10 +278,13 @@ class TokenAuth:
                 found = credential
         return found
 
-    def _log_refusal(self, credential: Credential, access: Access) -> None:
-        """Log a listed credential's refusal once per credential and right, by its ``name=``
-        (never its token), within a ``LogLimit``: a client can cause refusals at will."""
-        seen = (credential.name, credential.line, access)
+    def _log_refusal(
+        self, credential: Credential, access: Access, overlay_refusal: str | None = None
+    ) -> None:
+        """Log a listed credential's refusal once per credential and right (and once more for
+        its overlay's, ``overlay_refusal`` the reason), by its ``name=`` (never its token),
+        within a ``LogLimit``: a client can cause refusals at will."""
+        seen = (credential.name, credential.line, access, overlay_refusal is not None)
         if seen in self._refusals_logged:
             return
         left_out = self._refusal_log.admit()
@@ -283,6 +292,16 @@ class TokenAuth:
             return
         self._refusals_logged.add(seen)
         who = f"credential {credential.name!r}" if credential.name else "an unnamed credential"
+        if overlay_refusal is not None:
+            log.warning(
+                "refused: %s, asking for %r: %s (logged once per credential and right; "
+                "%d refusal lines left out before this one)",
+                who,
+                access.value,
+                overlay_refusal,
+                left_out,
+            )
+            return
         log.warning(
             "refused: %s lacks the right %r (logged once per credential and right; "
             "%d refusal lines left out before this one)",
