@@ -5,7 +5,7 @@ Per protocol, the same namespace the route stores under: Kura's own routes the q
 ``namespace_id`` (alias ``project_handle``; ``""`` is tenant scope, ``kura.api.scope``),
 Turborepo the team (``teamId`` or ``slug``, ``kura.api.turbo``), Nx and Metro their fixed
 namespaces ``nx`` and ``metro``, the Bazel, HTTP-cache and WebDAV routes the namespace in their
-path (``/ns/{namespace}/...``, ``kura.api.scope.path_namespace``), or ``""``. None means the
+path (``/ns/{namespace}/...``, ``kura.api.scope.NAMESPACED_PREFIX``), or ``""``. None means the
 route touches no namespace (``/status``, ``/metrics``, Turborepo's ``/v8/artifacts/status``
 and events, which carry no team), so any read grant passes. The value is the raw query value:
 a malformed one is refused by the grant check (403) or by the route itself (400).
