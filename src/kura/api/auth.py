@@ -169,6 +169,8 @@ class TokenAuth:
         """Return if allowed; raise ``Unauthenticated`` (401) or ``Forbidden`` (403), counted
         in ``refusals_total`` by reason (missing, invalid, forbidden). ``namespace`` is asked
         only for a namespace-limited JWT grant. For a route that touches a namespace, ``view``."""
+        if not self.enabled:
+            return
         if self._follow:
             self._catch_up()  # one read of shared memory when nothing changed
         try:

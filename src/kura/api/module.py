@@ -66,12 +66,17 @@ def _upload_id(request: web.Request) -> str:
     return upload_id
 
 
-def _upload_namespace(request: web.Request) -> str:
+def _upload_namespace(request: web.Request) -> str | None:
     """The namespace of the upload a part or completion names (the one its ``start`` named),
     not the one this request's query names: a token limited to namespace B is refused (403)
-    parts and completion of namespace A's upload, whatever its query says. ``NotFound`` (404)
-    for an unknown upload."""
-    return ctx(request).uploads.namespace_of(_upload_id(request))
+    parts and completion of namespace A's upload, whatever its query says, and so is an
+    overlay credential for a namespace it does not write. None for an unknown upload: the
+    handler answers 404, after the checks made before ``100 Continue`` (a body too large is
+    413 first). ``InvalidRequest`` without an ``upload_id``."""
+    try:
+        return ctx(request).uploads.namespace_of(_upload_id(request))
+    except NotFound:
+        return None
 
 
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda _s: MAX_PART_BYTES, namespace=_upload_namespace)
