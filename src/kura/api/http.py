@@ -1,7 +1,10 @@
 """Shared HTTP plumbing for the protocol modules.
 
 * ``endpoint`` wraps a handler with access control, error translation and request metrics, so
-  every protocol gets the same status table and the same bookkeeping.
+  every protocol gets the same status table and the same bookkeeping. The access check also
+  decides, once, which namespaces the request reads and writes (``namespaces``: its own, or
+  its credential's overlay, ``kura.core.overlay``); handlers name artifacts with ``read_ref``
+  and ``write_ref`` and look them up with ``reader_of``, never computing a namespace.
 * ``request_body`` turns an aiohttp request body into the byte stream storage consumes, and turns
   a client that disconnects mid-body into ``IncompleteBody``.
 * ``artifact_response`` sends a stored artifact: small ones from memory, large ones with
