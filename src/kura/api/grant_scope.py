@@ -8,7 +8,8 @@ namespaces ``nx`` and ``metro``, the Bazel, HTTP-cache and WebDAV routes the nam
 path (``/ns/{namespace}/...``, ``kura.api.scope.NAMESPACED_PREFIX``), or ``""``. None means the
 route touches no namespace (``/status``, ``/metrics``, Turborepo's ``/v8/artifacts/status``
 and events, which carry no team), so any read grant passes. The value is the raw query value:
-a malformed one is refused by the grant check (403) or by the route itself (400).
+a malformed one is refused by the grant check (403) or where the request's namespaces are
+decided (400, ``kura.core.overlay.view_of``).
 """
 
 from __future__ import annotations
