@@ -99,6 +99,33 @@ class NodeProcess:
         finally:
             conn.close()
 
+    def namespace_rows(self, producer: str | None = None) -> dict[str, int]:
+        """Index rows per namespace (of ``producer`` only, if given); namespaces without any
+        are absent."""
+        db = self.data_dir / "index.sqlite3"
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        where, args = ("WHERE producer = ?", (producer,)) if producer else ("", ())
+        try:
+            rows = conn.execute(
+                f"SELECT namespace_id, COUNT(*) FROM artifacts {where} GROUP BY namespace_id", args
+            )
+            return {str(ns): int(n) for ns, n in rows}
+        finally:
+            conn.close()
+
+    def keys(self, producer: str, namespace: str) -> list[str]:
+        """The keys ``producer`` stored in ``namespace``, sorted."""
+        db = self.data_dir / "index.sqlite3"
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = conn.execute(
+                "SELECT key FROM artifacts WHERE producer = ? AND namespace_id = ? ORDER BY key",
+                (producer, namespace),
+            )
+            return [str(key) for (key,) in rows]
+        finally:
+            conn.close()
+
     def blob_files(self) -> list[Path]:
         return sorted(p for p in (self.data_dir / "blobs").rglob("*") if p.is_file())
 

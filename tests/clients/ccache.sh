@@ -7,7 +7,9 @@
 #   Two objects per compile (manifest + result). ccache sends no HEAD.
 # Env: PREFIX (default /cache; set PREFIX= to put keys right under BASE_URL), LAYOUT=subdirs|flat|bazel,
 #      TOKEN (sent as `Authorization: Bearer TOKEN`), CCACHE_BIN (default: ccache on PATH), KEEP=1,
-#      CLIENT_CONFIG (a directory: its `env` file, sourced, sets CCACHE_REMOTE_STORAGE instead).
+#      CLIENT_CONFIG (a directory: its `env` file, sourced, sets CCACHE_REMOTE_STORAGE instead),
+#      INPUT (letters and digits printed by the program: the same one gives the same keys in any
+#      directory; default unique, so run 1 must miss).
 # Hit detection: after wiping CCACHE_DIR, `ccache --print-stats` shows remote_storage_hit >= 1 and the
 #   object file is byte-identical to the first compile's.
 # Exit 0 = REMOTE HIT; 1 = no hit; 2 = setup error.
@@ -29,7 +31,7 @@ cd "$W" || exit 2
 
 cat > hello.c <<EOF
 #include <stdio.h>
-int main(void){ printf("hello %s\\n", "kura-$(date +%s%N)-$$-$RANDOM"); return 0; }
+int main(void){ printf("hello %s\\n", "${INPUT:-kura-$(date +%s%N)-$$-$RANDOM}"); return 0; }
 EOF
 unset CCACHE_NOREMOTE_STORAGE CCACHE_RECACHE CCACHE_DISABLE CCACHE_READONLY CCACHE_REMOTE_ONLY
 export CCACHE_DIR="$W/ccache-local" CCACHE_CONFIGPATH="$W/ccache.conf" CCACHE_BASEDIR="$W"

@@ -7,7 +7,8 @@
 # Env: TOKEN (sent as HTTP Basic auth user "kura", password TOKEN — Gradle 4.4 has no bearer option; Gradle
 #      sends it preemptively), GRADLE_BIN (default: gradle on PATH), KEEP=1,
 #      CLIENT_CONFIG (a directory: its settings.gradle and gradle.properties are the project's own,
-#      and gradle runs without --build-cache).
+#      and gradle runs without --build-cache), INPUT (letters and digits compiled in: the same one gives
+#      the same cache key in any directory; default unique, so run 1 must miss).
 # Setup: settings.gradle turns the local (directory) build cache OFF and points HttpBuildCache at BASE_URL
 #   with push=true; each run gets a fresh GRADLE_USER_HOME and build/ + .gradle/ are deleted in between.
 #   Runs with --no-daemon --build-cache (never --offline: that disables the remote cache).
@@ -48,7 +49,7 @@ fi
 echo "apply plugin: 'java'" > build.gradle
 cat > src/main/java/kura/Probe.java <<EOF
 package kura;
-public class Probe { public static final String ID = "kura-$(date +%s%N)-$$-$RANDOM"; }
+public class Probe { public static final String ID = "${INPUT:-kura-$(date +%s%N)-$$-$RANDOM}"; }
 EOF
 export KURA_GRADLE_TOKEN="${TOKEN:-}"
 unset GRADLE_OPTS JAVA_TOOL_OPTIONS

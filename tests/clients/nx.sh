@@ -5,7 +5,9 @@
 #   The server MUST answer PUT with 200 (409/403 are tolerated); 201/204 make Nx retry and fail the run.
 # Env: TOKEN (sent as `Authorization: Bearer TOKEN`; none sent if unset),
 #      CLIENT_CONFIG (a directory: its `env` file is sourced instead of the two NX_ settings above),
-#      KURA_TOOLS (default <repo>/.tools; nx comes from $KURA_TOOLS/npm, see scripts/install-deps), KEEP=1.
+#      KURA_TOOLS (default <repo>/.tools; nx comes from $KURA_TOOLS/npm, see scripts/install-deps), KEEP=1,
+#      INPUT (the build's input text: the same one gives the same cache key in any workspace; default
+#      unique, so run 1 must miss).
 # Hit detection: run 2 (after deleting .nx/ and the outputs) prints "Nx read the output from the cache"
 #   and restores the output file.
 # Exit 0 = REMOTE HIT; 1 = no hit; 2 = setup error (or run 1 failed).
@@ -32,7 +34,7 @@ cat > packages/a/project.json <<'EOF'
  "options":{"command":"mkdir -p packages/a/dist && cat packages/a/src.txt > packages/a/dist/out.txt && echo BUILT-A"},
  "cache":true,"inputs":["{projectRoot}/src.txt"],"outputs":["{projectRoot}/dist"]}}}
 EOF
-echo "nx kura $(date +%s%N) $$ $RANDOM" > packages/a/src.txt   # unique input => run 1 must miss
+echo "${INPUT:-nx kura $(date +%s%N) $$ $RANDOM}" > packages/a/src.txt   # unique input => run 1 must miss
 # Nx looks for its own package in the workspace's node_modules: point it at the pre-installed tree.
 ln -s "$NM" node_modules
 git init -q . >/dev/null 2>&1 || true

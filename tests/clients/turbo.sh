@@ -8,7 +8,8 @@
 #      TEAM (sent as ?slug=, default team1), TEAMID (sent as ?teamId= instead of slug),
 #      SIGNATURE_KEY (turns on remoteCache.signature; server must echo x-artifact-tag on GET),
 #      CLIENT_CONFIG (a directory: its `env` file is sourced and turbo runs with no --api/--token/--team),
-#      KURA_TOOLS (default <repo>/.tools; turbo comes from $KURA_TOOLS/npm), KEEP=1.
+#      KURA_TOOLS (default <repo>/.tools; turbo comes from $KURA_TOOLS/npm), KEEP=1,
+#      INPUT (the build's input text: the same one gives the same hash in any workspace; default unique).
 # Hit detection: run 2 (after deleting .turbo/ and the outputs) prints "a:build: cache hit" and the
 #   output file is restored. The workspace is a committed git repo (turbo hashes git-tracked inputs).
 # Exit 0 = REMOTE HIT; 1 = no hit; 2 = setup error (or run 1 failed).
@@ -44,7 +45,7 @@ fi
 cat > packages/a/package.json <<'EOF'
 {"name":"a","version":"1.0.0","scripts":{"build":"mkdir -p dist && cp src.txt dist/out.txt && echo BUILT-A"}}
 EOF
-echo "turbo kura $(date +%s%N) $$ $RANDOM" > packages/a/src.txt   # unique input => run 1 must miss
+echo "${INPUT:-turbo kura $(date +%s%N) $$ $RANDOM}" > packages/a/src.txt   # unique input => run 1 must miss
 # What `npm install` would have made, without touching the registry: the pre-installed turbo
 # (+ its platform binary package) and the workspace link.
 ln -s "$NM/turbo" node_modules/turbo

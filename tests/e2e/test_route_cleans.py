@@ -5,6 +5,8 @@ under ``/ns/<namespace>/``, a ``DELETE`` on the route root (or Kura's ``/api/cac
 with the read-write token, then a miss on both nodes (the tombstone replicates), while other
 namespaces and the legacy namespace ``""`` keep their data and their artifact ids; a read-only
 token gets 403 and cleans nothing; a write after the clean is stored and replicated again.
+Overlays (issue 29 item 2) are namespaces like any other: a pull request's write through its
+credential alone replicates, and its clean empties its own namespace on both nodes, not main.
 """
 
 from __future__ import annotations
@@ -23,16 +25,24 @@ from tests.conftest import NodeProcess
 from tests.e2e.mesh import Mesh, manifests, wait_for
 
 RW, RO = "rw-token", "ro-token"
+MAIN, PR = "main-token-0123456789", "pr-123-token-0123456789"  # KURA_TOKENS_FILE: overlays
 
 
 @pytest.fixture(scope="module")
 def mesh2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    root = tmp_path_factory.mktemp("cleans")
+    credentials = root / "credentials"
+    credentials.write_text(
+        f"{MAIN} rights=read,write,clean write=main\n"
+        f"{PR} rights=read,write,clean read=pr-123,main write=pr-123\n"
+    )
     m = Mesh(
-        tmp_path_factory.mktemp("cleans"),
+        root,
         2,
         in_process=True,
         read_write_tokens=RW,
         read_only_tokens=RO,
+        tokens_file=credentials,
         read_through="never",  # a miss on the peer must be its own, not a fetch from node 0
     )
     try:
@@ -182,3 +192,28 @@ def test_a_bad_namespace_in_the_path_is_refused_and_leaves_nothing(mesh2: Mesh) 
         assert "namespace" in r.text
         assert c.delete("/ns/.hidden/cache").status_code == 400
     assert a.index_rows() == before
+
+
+def test_an_overlay_write_replicates_and_its_clean_leaves_the_namespaces_it_reads(
+    mesh2: Mesh,
+) -> None:
+    a, b = mesh2.nodes
+    key = "ef/" + os.urandom(8).hex()
+    with _client(a, MAIN) as c:  # main's job: /cache names no namespace, its credential main
+        assert c.put(f"/cache/{key}", content=b"main's").status_code == 201
+    with _client(a, PR) as c:  # the pull request's: the same key, into pr-123
+        assert c.put(f"/cache/{key}", content=b"the PR's").status_code == 201
+        assert c.put(f"/cache/{key}-own", content=b"the PR's own").status_code == 201
+        assert c.delete("/ns/main/cache").status_code == 403  # a namespace it only reads
+    _wait_drained(mesh2)
+    for node in (a, b):  # replicated as the namespaces they are
+        with _client(node) as c:
+            assert c.get(f"/ns/main/cache/{key}").content == b"main's"
+            assert c.get(f"/ns/pr-123/cache/{key}").content == b"the PR's"
+    with _client(b, PR) as c:  # the overlay on the other node: its own first, then main's
+        assert c.get(f"/cache/{key}").content == b"the PR's"
+        assert c.delete("/cache").status_code == 204  # cleans pr-123, where it writes
+        assert c.get(f"/cache/{key}").content == b"main's"  # falls through now
+    for node in (a, b):
+        assert wait_for(lambda n=node: _status(n, f"/ns/pr-123/cache/{key}-own") == 404, 30)
+        assert _status(node, f"/ns/main/cache/{key}") == 200

@@ -53,6 +53,7 @@ SCRIPT_SETTINGS = (
     "CLIENT_CONFIG",
     "CA",
     "TARGET",
+    "INPUT",
 )
 
 

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +50,17 @@ CREDENTIALS = {
     "clean": ("tok-clean-abcdefghi", {C}),
     "read-write": ("tok-rw", {R, WC, W, C}),
 }
+# An overlay credential with every right (kura.core.overlay): it writes "ovl" and reads it,
+# then the namespaces the routes below store in ("team", "app") and clean ("doomed").
+OVERLAY_TOKEN = "tok-overlay-abcdefgh"
+WRITES, FOREIGN = "ovl", "other"
 TOKENS_FILE = "".join(
-    f"{CREDENTIALS[kind][0]} {fields}\n"
-    for kind, fields in (
-        ("write:cas", "name=cas rights=write:cas"),
-        ("write", "name=w rights=write"),
-        ("clean", "rights=clean"),
+    f"{token} {fields}\n"
+    for token, fields in (
+        (CREDENTIALS["write:cas"][0], "name=cas rights=write:cas"),
+        (CREDENTIALS["write"][0], "name=w rights=write"),
+        (CREDENTIALS["clean"][0], "rights=clean"),
+        (OVERLAY_TOKEN, f"name=pr rights=read,write,clean read={WRITES},team,app,doomed write=ovl"),
     )
 )
 SEED = "seed"  # the key suffix of what the fixture stores for the reads
@@ -101,7 +107,8 @@ class Route:
             "events": b"[]",
             "": b"",
         }[self.body]
-        part = str(1 + [SEED, *map(key, CREDENTIALS)].index(k))
+        keys = [SEED, *map(key, CREDENTIALS)]
+        part = str(1 + keys.index(k)) if k in keys else "1"
         fields = {
             **{"k": k, "sha": sha(data), "kh": sha(k.encode()), "scope": SCOPE, "part": part},
             "seedsha": sha(body(SEED)),
@@ -159,20 +166,20 @@ READS = {name for name, route in HTTP.items() if route.right is R}
 # --- gRPC: each call takes the credential's client and its key suffix.
 
 
-def _write(c: Reapi, k: str) -> object:
+def _write(c: Reapi, k: str, instance: str = "") -> object:
     data = f"bytestream-{k}".encode() * 2000
-    return c.write(blob_name(data, upload=new_upload()), data)
+    return c.write(blob_name(data, instance, upload=new_upload()), data)
 
 
-def _query_write_status(c: Reapi, k: str) -> object:
-    name = blob_name(f"never-{k}".encode(), upload=new_upload())
+def _query_write_status(c: Reapi, k: str, instance: str = "") -> object:
+    name = blob_name(f"never-{k}".encode(), instance, upload=new_upload())
     return c.bytestream.QueryWriteStatus(
         bs.QueryWriteStatusRequest(resource_name=name), metadata=c.metadata
     )
 
 
-def _batch_update(c: Reapi, k: str) -> object:
-    response = c.batch_update([f"batch-{k}".encode() * 2000])
+def _batch_update(c: Reapi, k: str, instance: str = "") -> object:
+    response = c.batch_update([f"batch-{k}".encode() * 2000], instance)
     assert [r.status.code for r in response.responses] == [0]
     return response
 
@@ -181,14 +188,15 @@ def chunks(k: str) -> list[bytes]:
     return [f"chunk-a-{k}".encode() * 500, f"chunk-b-{k}".encode() * 500]
 
 
-def _splice(c: Reapi, k: str) -> object:
+def _splice(c: Reapi, k: str, instance: str = "") -> object:
     parts = chunks(k)
-    return c.splice(digest(b"".join(parts)), [digest(p) for p in parts])
+    return c.splice(digest(b"".join(parts)), [digest(p) for p in parts], instance)
 
 
-def _update_action_result(c: Reapi, k: str) -> object:
+def _update_action_result(c: Reapi, k: str, instance: str = "") -> object:
     return c.ac.UpdateActionResult(
         reapi.UpdateActionResultRequest(
+            instance_name=instance,
             action_digest=digest(f"action-{k}".encode()),
             action_result=reapi.ActionResult(exit_code=1),
         ),
@@ -205,59 +213,66 @@ def directory_blob(k: str) -> bytes:
     return reapi.Directory(files=[node]).SerializeToString()
 
 
-def _push_blob(c: Reapi, k: str) -> object:
-    request = ra.PushBlobRequest(uris=[f"https://x.test/{k}"], blob_digest=digest(asset(k)))
+def _push_blob(c: Reapi, k: str, instance: str = "") -> object:
+    request = ra.PushBlobRequest(
+        instance_name=instance, uris=[f"https://x.test/{k}"], blob_digest=digest(asset(k))
+    )
     return c.push.PushBlob(request, metadata=c.metadata)
 
 
-def _push_directory(c: Reapi, k: str) -> object:
+def _push_directory(c: Reapi, k: str, instance: str = "") -> object:
     request = ra.PushDirectoryRequest(
-        uris=[f"https://x.test/d{k}"], root_directory_digest=digest(directory_blob(k))
+        instance_name=instance,
+        uris=[f"https://x.test/d{k}"],
+        root_directory_digest=digest(directory_blob(k)),
     )
     return c.push.PushDirectory(request, metadata=c.metadata)
 
 
-def _get_capabilities(c: Reapi, _k: str) -> object:
-    return c.capabilities.GetCapabilities(reapi.GetCapabilitiesRequest(), metadata=c.metadata)
+def _get_capabilities(c: Reapi, _k: str, instance: str = "") -> object:
+    request = reapi.GetCapabilitiesRequest(instance_name=instance)
+    return c.capabilities.GetCapabilities(request, metadata=c.metadata)
 
 
-def _find_missing(c: Reapi, k: str) -> object:
-    assert c.find_missing([asset(k)]) == []
+def _find_missing(c: Reapi, k: str, instance: str = "") -> object:
+    assert c.find_missing([asset(k)], instance) == []
     return None
 
 
-def _read(c: Reapi, k: str) -> object:
-    assert c.read(blob_name(asset(k))) == asset(k)
+def _read(c: Reapi, k: str, instance: str = "") -> object:
+    assert c.read(blob_name(asset(k), instance)) == asset(k)
     return None
 
 
-def _get_action_result(c: Reapi, k: str) -> object:
-    request = reapi.GetActionResultRequest(action_digest=digest(f"action-{k}".encode()))
+def _get_action_result(c: Reapi, k: str, instance: str = "") -> object:
+    request = reapi.GetActionResultRequest(
+        instance_name=instance, action_digest=digest(f"action-{k}".encode())
+    )
     return c.ac.GetActionResult(request, metadata=c.metadata)
 
 
-def _split(c: Reapi, k: str) -> object:
-    assert c.split(digest(asset(k)))  # SplitBlob: chunks cut by the server, content-addressed
+def _split(c: Reapi, k: str, instance: str = "") -> object:
+    # SplitBlob: chunks cut by the server, content-addressed
+    assert c.split(digest(asset(k)), instance)
     return None
 
 
-def _batch_read(c: Reapi, k: str) -> object:
-    response = c.cas.BatchReadBlobs(
-        reapi.BatchReadBlobsRequest(digests=[digest(asset(k))]), metadata=c.metadata
-    )
+def _batch_read(c: Reapi, k: str, instance: str = "") -> object:
+    request = reapi.BatchReadBlobsRequest(instance_name=instance, digests=[digest(asset(k))])
+    response = c.cas.BatchReadBlobs(request, metadata=c.metadata)
     assert [r.data for r in response.responses] == [asset(k)]
     return response
 
 
-def _get_tree(c: Reapi, k: str) -> object:
-    request = reapi.GetTreeRequest(root_digest=digest(directory_blob(k)))
+def _get_tree(c: Reapi, k: str, instance: str = "") -> object:
+    request = reapi.GetTreeRequest(instance_name=instance, root_digest=digest(directory_blob(k)))
     pages = list(c.cas.GetTree(request, metadata=c.metadata))
     assert [len(p.directories) for p in pages] == [1]
     return pages
 
 
-def _fetch_directory(c: Reapi, k: str) -> object:
-    request = ra.FetchDirectoryRequest(uris=[f"https://x.test/d{k}"])
+def _fetch_directory(c: Reapi, k: str, instance: str = "") -> object:
+    request = ra.FetchDirectoryRequest(instance_name=instance, uris=[f"https://x.test/d{k}"])
     response = c.fetch.FetchDirectory(request, metadata=c.metadata)
     assert response.root_directory_digest == digest(directory_blob(k))
     return response
@@ -267,7 +282,7 @@ def _fetch_directory(c: Reapi, k: str) -> object:
 ORIGINS: list[Origin] = []
 
 
-def _download(c: Reapi, k: str, *, verified: bool) -> object:
+def _download(c: Reapi, k: str, instance: str = "", *, verified: bool) -> object:
     """A FetchBlob miss that downloads from ``ORIGIN`` and records the URI; ``verified``: the
     request names the blob's ``checksum.sri``."""
     path = f"/{'sri' if verified else 'plain'}-{k}"
@@ -275,23 +290,23 @@ def _download(c: Reapi, k: str, *, verified: bool) -> object:
     origin.files[path] = asset(k) * 3
     sri = "sha256-" + base64.b64encode(hashlib.sha256(asset(k) * 3).digest()).decode()
     qualifiers = [ra.Qualifier(name="checksum.sri", value=sri)] if verified else []
-    response = c.fetch.FetchBlob(
-        ra.FetchBlobRequest(uris=[origin.url(path)], qualifiers=qualifiers), metadata=c.metadata
+    request = ra.FetchBlobRequest(
+        instance_name=instance, uris=[origin.url(path)], qualifiers=qualifiers
     )
+    response = c.fetch.FetchBlob(request, metadata=c.metadata)
     assert response.blob_digest == digest(asset(k) * 3), response.status
     return response
 
 
-def _fetch_blob(c: Reapi, k: str) -> object:
-    response = c.fetch.FetchBlob(
-        ra.FetchBlobRequest(uris=[f"https://x.test/{k}"]), metadata=c.metadata
-    )
+def _fetch_blob(c: Reapi, k: str, instance: str = "") -> object:
+    request = ra.FetchBlobRequest(instance_name=instance, uris=[f"https://x.test/{k}"])
+    response = c.fetch.FetchBlob(request, metadata=c.metadata)
     assert response.blob_digest == digest(asset(k))
     return response
 
 
 # Each RPC's call and the rights it needs, in the order it checks them.
-RPCS: dict[str, tuple[Callable[[Reapi, str], object], Access | tuple[Access, ...]]] = {
+RPCS: dict[str, tuple[Callable[..., object], Access | tuple[Access, ...]]] = {
     "ByteStream.Write": (_write, WC),
     "ByteStream.QueryWriteStatus": (_query_write_status, WC),
     "BatchUpdateBlobs": (_batch_update, WC),
@@ -309,8 +324,8 @@ RPCS: dict[str, tuple[Callable[[Reapi, str], object], Access | tuple[Access, ...
     "GetTree": (_get_tree, R),
     "FetchDirectory": (_fetch_directory, R),
     # a download recording an unverified URI -> digest is a write; a verified one a read
-    "FetchBlob download": (lambda c, k: _download(c, k, verified=False), (R, W)),
-    "FetchBlob download, checksum.sri": (lambda c, k: _download(c, k, verified=True), R),
+    "FetchBlob download": (lambda c, k, i="": _download(c, k, i, verified=False), (R, W)),
+    "FetchBlob download, checksum.sri": (lambda c, k, i="": _download(c, k, i, verified=True), R),
 }
 RPC_READS = {name for name, (_call, right) in RPCS.items() if right is R}
 # The writes whose allowed call adds no index row.
@@ -344,6 +359,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     )
     node = start_in_process(directory, env)
     clients = {kind: Reapi(f"127.0.0.1:{port}", token) for kind, (token, _r) in CREDENTIALS.items()}
+    clients["overlay"] = Reapi(f"127.0.0.1:{port}", OVERLAY_TOKEN)
     rw = clients["read-write"]
     with node.client(headers=bearer("tok-rw")) as c:
         for name in HTTP.keys() - READS:  # what the reads read
@@ -353,9 +369,11 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
         upload = c.post(f"/api/cache/module/start?{SCOPE}&hash=up&name=n").json()["upload_id"]
     for k in [SEED, *map(key, CREDENTIALS)]:  # what the RPCs need: blobs to splice and to push
         rw.batch_update([*chunks(k), asset(k), directory_blob(k)])
-    _update_action_result(rw, SEED)
-    _push_blob(rw, SEED)
-    _push_directory(rw, SEED)
+    for instance in ("", "team"):  # "team": what the overlay credential reads through
+        rw.batch_update([*chunks(SEED), asset(SEED), directory_blob(SEED)], instance)
+        _update_action_result(rw, SEED, instance)
+        _push_blob(rw, SEED, instance)
+        _push_directory(rw, SEED, instance)
     yield Matrix(node, clients, upload)
     for client in clients.values():
         client.close()
@@ -457,6 +475,131 @@ def test_each_rpc_needs_its_right_and_a_refusal_stores_nothing(
     assert code is grpc.StatusCode.PERMISSION_DENIED, details
     assert f"lacks the right '{lacking[0].value}'" in details, details
     assert Held.by(matrix.node) == before.after_one_refusal()
+
+
+# --- the namespace dimension (issue 29 item 2): the overlay credential, which holds every
+# right, on each route and RPC naming its write namespace, a namespace it only reads, one it
+# does not read, or none (the protocol's default: its overlay applies).
+NAMED = re.compile(r"^/ns/[^/]+|[?&](?:namespace_id|slug)=[^&]*")
+# The routes whose namespace is their upload's, not one the request names.
+UPLOAD_NAMESPACED = {"module part", "module complete"}
+
+
+def naming(path: str, ns: str | None) -> str:
+    """``path`` naming ``ns`` where it names its namespace; naming none when ``ns`` is None."""
+
+    def swap(m: re.Match[str]) -> str:
+        if ns is None:
+            return ""
+        if m.group().startswith("/ns/"):
+            return f"/ns/{ns}"
+        return m.group().split("=")[0] + f"={ns}"
+
+    return NAMED.sub(swap, path)
+
+
+# Where the request points: a namespace the credential writes, one it only reads, a foreign one,
+# or none of its own. Each with the key suffix of what its RPCs write.
+WHERE = {"write": ("ovlw", WRITES), "read-only": (SEED, ""), "foreign": ("frgn", FOREIGN)}
+WHERE_NONE = ("ovln", None)
+WRITE_RIGHTS = (W, WC, C)
+
+
+def names_one(route: Route) -> bool:
+    """Whether ``route`` names a namespace (its path, ``namespace_id`` or team)."""
+    return NAMED.search(route.request(SEED, "")[1]) is not None
+
+
+def _namespace_cases() -> list[tuple[str, str]]:
+    cases = []
+    for name, route in HTTP.items():
+        if name not in UPLOAD_NAMESPACED:
+            wheres = (*WHERE, "none") if names_one(route) else ("none",)
+            cases += [(name, where) for where in wheres]
+    return cases
+
+
+def held_in(m: Matrix, ns: str) -> int:
+    return m.node.namespace_rows().get(ns, 0)
+
+
+@pytest.mark.parametrize(("route", "where"), _namespace_cases())
+def test_each_http_route_writes_only_the_overlays_write_namespace(
+    matrix: Matrix, route: str, where: str
+) -> None:
+    """Naming its write namespace, or none: reads fall through the overlay, writes land in
+    "ovl". Naming a namespace it only reads: reads of it, every write and clean 403. Naming a
+    foreign one: 403 for everything. A refusal stores nothing and keeps what a clean named."""
+    spec = HTTP[route]
+    ns = None if where == "none" else WHERE[where][1]
+    k = "o" + sha(f"{route} {where}".encode())[:12]  # a new key for each write
+    method, path, data = spec.request(SEED if spec.right is R else k, matrix.upload)
+    if where != "read-only":  # read-only: the route's own namespace, which the overlay reads
+        path = naming(path, ns)
+    writes = spec.right in WRITE_RIGHTS
+    refused = where == "foreign" or (where == "read-only" and writes)
+    if spec.right is C:
+        keep_doomed(matrix)
+    before = Held.by(matrix.node) if refused else None
+    stored = held_in(matrix, WRITES)
+    with matrix.node.client(headers=bearer(OVERLAY_TOKEN)) as c:
+        r = c.request(method, path, content=data)
+    if refused:
+        assert before is not None
+        assert r.status_code == 403, (path, r.text)
+        if method != "HEAD":
+            wanted = "not valid for namespace" if where == "foreign" else "writes only its write"
+            assert wanted in r.text, r.text
+        assert Held.by(matrix.node) == before.after_one_refusal()
+        assert spec.right is not C or doomed_entry_kept(matrix)
+        return
+    # Every read falls through "ovl" to the seed in "team" or "app" (the Bazel, ccache and
+    # WebDAV routes without /ns/ too: their /ns/team siblings stored the same keys there); Nx
+    # and Metro stored theirs only in their own namespaces, which the overlay does not read.
+    wanted_status = (404,) if route in ("nx read", "metro read") else spec.ok
+    assert r.status_code in wanted_status, (path, r.status_code, r.text)
+    if spec.right is C:  # the clean went to the write namespace, and only there
+        assert held_in(matrix, WRITES) == 0
+        assert held_in(matrix, "team") > 0
+        assert doomed_entry_kept(matrix)
+    elif writes and spec.grows:
+        assert held_in(matrix, WRITES) > stored, f"{path} stored nothing in {WRITES}"
+
+
+@pytest.mark.parametrize("where", [*WHERE, "none"])
+@pytest.mark.parametrize("rpc", RPCS)
+def test_each_rpc_writes_only_the_overlays_write_namespace(
+    matrix: Matrix, rpc: str, where: str
+) -> None:
+    """The same rules by instance name: "ovl" or none (the empty name) reads through the
+    overlay ("team" holds the seeds) and writes "ovl"; "team" only reads; "other" nothing."""
+    call, needs = RPCS[rpc]
+    needs = needs if isinstance(needs, tuple) else (needs,)
+    k, _ns = WHERE_NONE if where == "none" else WHERE[where]
+    instance = {"write": WRITES, "read-only": "team", "foreign": FOREIGN, "none": ""}[where]
+    writes = any(right in WRITE_RIGHTS for right in needs)
+    reads = rpc in RPC_READS
+    if not reads and where in ("write", "none"):  # splices and pushes name stored content
+        matrix.clients["read-write"].batch_update([*chunks(k), asset(k), directory_blob(k)], WRITES)
+    # A verified download stores the blob it fetched: where the call writes (a read right).
+    stores = writes or rpc == "FetchBlob download, checksum.sri"
+    refused = where == "foreign" or (where == "read-only" and stores)
+    before = Held.by(matrix.node) if refused else None
+    stored = held_in(matrix, WRITES)
+    try:
+        call(matrix.clients["overlay"], SEED if reads else k, instance)
+        code, details = grpc.StatusCode.OK, ""
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details() or ""
+    if refused:
+        assert before is not None
+        assert code is grpc.StatusCode.PERMISSION_DENIED, details
+        counted = before.after_one_refusal() if writes or where == "foreign" else before
+        assert Held.by(matrix.node) == counted
+        return
+    assert code is RPC_OK.get(rpc, grpc.StatusCode.OK), details
+    if not reads and rpc not in RPC_NO_GROWTH:
+        assert held_in(matrix, WRITES) > stored, f"{rpc} stored nothing in {WRITES}"
 
 
 # --- write:cas holds only what matches its digest: every CAS upload path, lying bytes.

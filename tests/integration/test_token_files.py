@@ -139,10 +139,11 @@ def test_a_rewritten_credentials_file_changes_a_tokens_rights_without_a_restart(
     ), node.log()[-2000:]
     assert node.metric("kura_auth_token_file_failing") == 0
 
-    # a key not known (yet), written whole: refused by the parser, not as a torn read
-    write_atomically(credentials, f"{PR_TOKEN} rights=read,write read=main\n")
+    # an overlay that writes a namespace it does not read, written whole: refused by the
+    # parser, not as a torn read
+    write_atomically(credentials, f"{PR_TOKEN} rights=read,write read=main write=pr-123\n")
     assert wait_for(lambda: logged(node, 1), ROTATION_TIMEOUT_SECONDS)
-    assert "line 1: unknown key 'read'" in node.log()
+    assert "line 1: keys 'read' and 'write': the write namespace must be one of" in node.log()
     assert PR_TOKEN not in node.log()  # a refused line is named by its number, never its token
     assert status_with(node, PR_TOKEN, "PUT") in (200, 201)
     assert node.metric("kura_auth_token_file_failing") == 1

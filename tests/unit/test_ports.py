@@ -27,6 +27,7 @@ from typing import Any, Generic, Protocol
 import pytest
 
 from kura.storage import ports
+from kura.storage.overlay import OverlayReader
 from kura.storage.peer_queue import PeerQueues
 from kura.storage.ports import (
     ArtifactReader,
@@ -49,7 +50,7 @@ MAX_MEMBERS = 10
 ROOT = Path(__file__).resolve().parents[2]
 
 IMPLEMENTATIONS: dict[type[Any], list[type[Any]]] = {
-    ArtifactReader: [ArtifactReads],
+    ArtifactReader: [ArtifactReads, OverlayReader],
     ArtifactWriter: [CacheService],
     PeerPages: [CacheService],
     WorkerSupport: [CacheService],

@@ -17,7 +17,8 @@ from kura.api.auth import TOKEN_GENERATION, Access, TokenAuth
 from kura.api.grant_scope import request_namespace
 from kura.api.jwt_auth import Grant, algorithms_for, grant_from, looks_like_jwt
 from kura.api.token_file import TokenFile, parse_credentials
-from kura.core.errors import Forbidden, Unauthenticated
+from kura.core.errors import Forbidden, InvalidRequest, Unauthenticated
+from kura.core.overlay import Asked, NamespaceView, Overlay, view_of
 from kura.core.rights import READ_ONLY, READ_WRITE
 from kura.storage.hot_generation import SharedGeneration
 
@@ -60,6 +61,7 @@ def test_credentials_file_lines_give_each_token_its_rights_and_name() -> None:
 
 SECRET = "secret-0123456789"  # long enough: the refusals below are for something else
 LEAKY = "c2VjcmV0LXRva2VuLXZhbHVl=="  # base64, '=' padded: it must not leak as a "key"
+OVERLAY = "line 1: keys 'read' and 'write':"
 
 
 @pytest.mark.parametrize(
@@ -71,8 +73,12 @@ LEAKY = "c2VjcmV0LXRva2VuLXZhbHVl=="  # base64, '=' padded: it must not leak as 
         ("S rights=read,admin\n", "line 1: key 'rights': unknown right 'admin'"),
         ("S rights=read,,write\n", "line 1: key 'rights': unknown right (known"),
         (f"S rights=read,{SECRET}\n", "line 1: key 'rights': unknown right (known"),
-        ("S rights=read read=main\n", "line 1: unknown key 'read'"),
-        ("S rights=write write=pr-1\n", "line 1: unknown key 'write'"),
+        ("S rights=read read=main write=pr-1\n", f"{OVERLAY} the write namespace must be one"),
+        (f"S rights=write write={SECRET}/x\n", f"{OVERLAY} a namespace is 0-128 characters"),
+        (f"S rights=read read=main,{SECRET}/x\n", f"{OVERLAY} a namespace is 0-128 characters"),
+        ("S rights=read read=main,,pr\n", f"{OVERLAY} a namespace list has no empty item"),
+        ("S rights=read read=main,pr,main\n", f"{OVERLAY} a namespace is listed twice"),
+        ("S rights=read read=a read=b\n", "line 1: key 'read' given twice"),
         (f"S rights=read {LEAKY}\n", "line 1: field 3: unknown key (known"),
         (f"name=pr rights=read {LEAKY}\n", "line 1: the token is missing"),
         ("rights=read,write\n", "line 1: the token is missing"),
@@ -96,6 +102,24 @@ def test_a_bad_credentials_line_is_refused_naming_the_line_never_the_token(
         parse_credentials(text.replace("S ", SECRET + " "))
     assert "secret" not in str(info.value)
     assert "c2VjcmV0" not in str(info.value)  # no part of LEAKY either
+
+
+@pytest.mark.parametrize(
+    ("fields", "reads", "write"),
+    [
+        ("read=pr-123,main write=pr-123", ("pr-123", "main"), "pr-123"),
+        ("write=main", ("main",), "main"),
+        ("read=main", ("main",), None),
+        ("read=org~team,main write=main", ("org~team", "main"), "main"),
+    ],
+)
+def test_a_credentials_line_carries_its_overlay_in_order(
+    fields: str, reads: tuple[str, ...], write: str | None
+) -> None:
+    (credential,) = parse_credentials(f"{SECRET} rights=read,write {fields}\n")
+    assert credential.overlay == Overlay(reads, write)
+    (plain,) = parse_credentials(f"{SECRET} rights=read\n")
+    assert plain.overlay is None
 
 
 def test_a_credentials_repr_never_shows_its_token() -> None:
@@ -366,3 +390,96 @@ def test_a_re_read_of_a_file_that_changed_while_it_was_read_is_a_failed_read(
     assert [c.rights for c in f.credentials()] == [{R}]
     assert f.reload_if_changed()  # tried again: the whole file now
     assert {c.token for c in f.credentials()} == {"pr-tok-0123456789", "other-tok-0123456789"}
+
+
+PR = Overlay(("pr-123", "main"), "pr-123")
+R, WC, W, C = Access.READ, Access.WRITE_CAS, Access.WRITE, Access.CLEAN
+
+
+@pytest.mark.parametrize(
+    ("overlay", "asked", "access", "view"),
+    [
+        # no overlay: the namespace named, or the protocol's default, as before overlays
+        (None, Asked(None, "nx"), W, NamespaceView(("nx",), "nx")),
+        (None, Asked("team", ""), R, NamespaceView(("team",), "team")),
+        (None, Asked(None, None), R, None),  # Turborepo's status: no team, no namespace
+        # naming none, or the write namespace: read through the list, write the write one
+        (PR, Asked(None, "nx"), R, NamespaceView(("pr-123", "main"), "pr-123")),
+        (PR, Asked(None, None), W, NamespaceView(("pr-123", "main"), "pr-123")),
+        (PR, Asked("pr-123", ""), C, NamespaceView(("pr-123", "main"), "pr-123")),
+        # a namespace it only reads: that one alone, and no write
+        (PR, Asked("main", ""), R, NamespaceView(("main",), None)),
+        (Overlay(("main",), None), Asked(None, ""), R, NamespaceView(("main",), None)),
+    ],
+)
+def test_an_overlay_decides_what_a_request_reads_and_writes(
+    overlay: Overlay | None, asked: Asked, access: Access, view: NamespaceView | None
+) -> None:
+    assert view_of(overlay, asked, access) == view
+
+
+@pytest.mark.parametrize(
+    ("overlay", "asked", "access", "message"),
+    [
+        (PR, Asked("main", ""), W, "writes only its write namespace, not 'main'"),
+        (PR, Asked("main", ""), WC, "writes only its write namespace, not 'main'"),
+        (PR, Asked("main", ""), C, "writes only its write namespace, not 'main'"),
+        (PR, Asked("other", ""), R, "not valid for namespace 'other'"),
+        (PR, Asked("other", ""), W, "not valid for namespace 'other'"),
+        (Overlay(("main",), None), Asked(None, ""), W, "writes no namespace"),
+    ],
+)
+def test_an_overlay_refuses_a_write_outside_its_write_namespace(
+    overlay: Overlay, asked: Asked, access: Access, message: str
+) -> None:
+    with pytest.raises(Forbidden, match=re.escape(message)) as info:
+        view_of(overlay, asked, access)
+    assert "reads 'pr-123', 'main' and writes 'pr-123'" in str(info.value) or overlay != PR
+
+
+def test_a_malformed_named_namespace_without_an_overlay_is_invalid() -> None:
+    with pytest.raises(InvalidRequest, match="invalid team"):
+        view_of(None, Asked("a/b", None, "team"), R)
+
+
+def test_a_jwt_carries_an_overlay_and_refuses_one_with_namespaces_too() -> None:
+    claims = {
+        "scope": "cache:write",
+        "read_namespaces": ["pr-1", "main"],
+        "write_namespace": "pr-1",
+    }
+    assert grant_from(claims).overlay == Overlay(("pr-1", "main"), "pr-1")
+    assert grant_from({"scope": "cache:write", "write_namespace": "main"}).overlay == Overlay(
+        ("main",), "main"
+    )
+    assert grant_from({"scope": "cache:write"}).overlay is None
+    for bad, message in (
+        ({**claims, "namespaces": ["main"]}, "either namespaces or read_namespaces"),
+        ({**claims, "read_namespaces": "main"}, "read_namespaces must be an array"),
+        ({**claims, "write_namespace": ["pr-1"]}, "write_namespace must be a string"),
+        ({**claims, "write_namespace": "other"}, "must be one of the read namespaces"),
+    ):
+        with pytest.raises(Unauthenticated, match=message):
+            grant_from(bad)
+
+
+def test_an_overlay_refusal_is_logged_once_by_name_with_its_reason_never_the_token(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "credentials"
+    path.write_text(f"{SECRET} name=pr-123 rights=read,write read=pr-123,main write=pr-123\n")
+    auth = TokenAuth((), (), files=[TokenFile(path)])
+    header = f"Bearer {SECRET}"
+    assert auth.view(header, W, lambda: Asked(None, "nx")) == NamespaceView(
+        ("pr-123", "main"), "pr-123"
+    )
+    for _ in range(2):
+        with pytest.raises(Forbidden, match="writes only its write namespace, not 'main'"):
+            auth.view(header, W, lambda: Asked("main", ""))
+    assert auth.refusals_total["forbidden"] == 2
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert (
+        "refused: credential 'pr-123', asking for 'write': this credential writes only" in lines[0]
+    )
+    assert SECRET not in caplog.text

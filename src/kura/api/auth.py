@@ -22,6 +22,11 @@ a refusal of a listed credential is logged with its ``name=``, never its token. 
 token that is not a listed plain token but has the JWT shape goes to the ``JwtVerifier`` when
 one is configured (``kura.api.jwt_auth``: its ``scope`` names the rights): a bad token → 401;
 a grant without the right asked for, or for another namespace → 403.
+
+A credential (a credentials-file line's ``read=``/``write=``, a JWT's ``read_namespaces``/
+``write_namespace``) may carry an overlay: ``view`` resolves it, with the right, into what the
+request reads and writes (``kura.core.overlay``), once, for every HTTP route (``kura.api.http.
+endpoint``, ``kura.api.expect``) and every RPC (``kura.grpc.common.GrpcContext.authorize``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from kit.backoff import every
 from kit.log_limit import LogLimit
 from kura.api.token_file import STAT_INTERVAL_SECONDS, Credential, TokenFile
 from kura.core.errors import Forbidden, Unauthenticated
+from kura.core.overlay import Asked, NamespaceView, Overlay, view_of
 from kura.core.rights import READ_ONLY, READ_WRITE, Rights
 from kura.core.rights import Access as Access  # the routes declare their right from here
 from kura.settings import Settings
@@ -73,7 +79,7 @@ class TokenAuth:
         self._listed = self._lists[0][1] + self._lists[1][1]
         self._files = tuple(files)
         _refuse_overlap([*self._lists, *((str(f.path), f.credentials()) for f in self._files)])
-        self._refusals_logged: set[tuple[str | None, int, Access]] = set()
+        self._refusals_logged: set[tuple[str | None, int, Access, bool]] = set()
         self._refusal_log = LogLimit(lines=10, interval_seconds=60.0)
         self.jwt = jwt
         self.enabled = bool(self._listed or self._files or jwt is not None)
@@ -162,20 +168,53 @@ class TokenAuth:
     ) -> None:
         """Return if allowed; raise ``Unauthenticated`` (401) or ``Forbidden`` (403), counted
         in ``refusals_total`` by reason (missing, invalid, forbidden). ``namespace`` is asked
-        only for a namespace-limited JWT grant."""
+        only for a namespace-limited JWT grant. For a route that touches a namespace, ``view``."""
         if not self.enabled:
             return
         if self._follow:
             self._catch_up()  # one read of shared memory when nothing changed
         try:
             self._check(authorization, access, namespace, log_refusal=True)
-        except Unauthenticated:
-            reason = "missing" if _token_from(authorization) is None else "invalid"
-            self.refusals_total[reason] += 1
+        except (Unauthenticated, Forbidden) as exc:
+            self._count(exc, authorization)
             raise
-        except Forbidden:
+
+    def view(
+        self, authorization: str | None, access: Access, asked: Callable[[], Asked]
+    ) -> NamespaceView | None:
+        """``check``, then what the request reads and writes (``kura.core.overlay.view_of``,
+        through the credential's overlay if it has one); None when it touches no namespace.
+        ``asked`` is called once, after the rights check (it may raise its route's own
+        ``KuraError``). A refusal of the overlay's rules is a ``Forbidden`` counted as one."""
+        if not self.enabled:
+            return view_of(None, asked(), access)
+        if self._follow:
+            self._catch_up()
+        once: Asked | None = None
+
+        def named() -> str | None:  # a JWT limited to namespaces asks first
+            nonlocal once
+            once = asked()
+            return once.namespace
+
+        try:
+            overlay, listed = self._check(authorization, access, named, log_refusal=True)
+            try:
+                return view_of(overlay, asked() if once is None else once, access)
+            except Forbidden as exc:
+                if listed is not None:
+                    self._log_refusal(listed, access, exc.message)
+                raise
+        except (Unauthenticated, Forbidden) as exc:
+            self._count(exc, authorization)
+            raise
+
+    def _count(self, refusal: Unauthenticated | Forbidden, authorization: str | None) -> None:
+        """Count ``refusal`` in ``refusals_total`` by reason."""
+        if isinstance(refusal, Forbidden):
             self.refusals_total["forbidden"] += 1
-            raise
+        else:
+            self.refusals_total["missing" if _token_from(authorization) is None else "invalid"] += 1
 
     def allows(
         self, authorization: str | None, access: Access, namespace: NamespaceOf | None = None
@@ -200,7 +239,9 @@ class TokenAuth:
         namespace: NamespaceOf | None,
         *,
         log_refusal: bool,
-    ) -> None:
+    ) -> tuple[Overlay | None, Credential | None]:
+        """Raise unless allowed; the credential's overlay (None: none), and the credential
+        when it is a listed one."""
         token = _token_from(authorization)
         if token is None:
             raise Unauthenticated("missing credentials: send Authorization: Bearer <token>")
@@ -210,13 +251,14 @@ class TokenAuth:
                 if log_refusal:  # not for ``allows``: describing a caller refuses nothing
                     self._log_refusal(credential, access)
                 raise Forbidden(_lacking(access, credential.rights))
-            return
+            return credential.overlay, credential
         if self.jwt is not None and self.jwt.looks_like_jwt(token):
-            self._check_grant(token, access, namespace)
-            return
+            return self._check_grant(token, access, namespace), None
         raise Unauthenticated("invalid token")
 
-    def _check_grant(self, token: str, access: Access, namespace: NamespaceOf | None) -> None:
+    def _check_grant(
+        self, token: str, access: Access, namespace: NamespaceOf | None
+    ) -> Overlay | None:
         assert self.jwt is not None
         grant = self.jwt.verify(token)
         if access not in grant.rights:
@@ -225,6 +267,7 @@ class TokenAuth:
             wanted = namespace()
             if wanted is not None and wanted not in grant.namespaces:
                 raise Forbidden(f"this token is not valid for namespace {wanted!r}")
+        return grant.overlay
 
     def _listing_of(self, token: str) -> Credential | None:
         """The listed credential of ``token`` (a token is listed once, ``_refuse_overlap``),
@@ -237,10 +280,13 @@ class TokenAuth:
                 found = credential
         return found
 
-    def _log_refusal(self, credential: Credential, access: Access) -> None:
-        """Log a listed credential's refusal once per credential and right, by its ``name=``
-        (never its token), within a ``LogLimit``: a client can cause refusals at will."""
-        seen = (credential.name, credential.line, access)
+    def _log_refusal(
+        self, credential: Credential, access: Access, overlay_refusal: str | None = None
+    ) -> None:
+        """Log a listed credential's refusal once per credential and right (and once more for
+        its overlay's, ``overlay_refusal`` the reason), by its ``name=`` (never its token),
+        within a ``LogLimit``: a client can cause refusals at will."""
+        seen = (credential.name, credential.line, access, overlay_refusal is not None)
         if seen in self._refusals_logged:
             return
         left_out = self._refusal_log.admit()
@@ -248,6 +294,16 @@ class TokenAuth:
             return
         self._refusals_logged.add(seen)
         who = f"credential {credential.name!r}" if credential.name else "an unnamed credential"
+        if overlay_refusal is not None:
+            log.warning(
+                "refused: %s, asking for %r: %s (logged once per credential and right; "
+                "%d refusal lines left out before this one)",
+                who,
+                access.value,
+                overlay_refusal,
+                left_out,
+            )
+            return
         log.warning(
             "refused: %s lacks the right %r (logged once per credential and right; "
             "%d refusal lines left out before this one)",

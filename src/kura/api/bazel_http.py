@@ -15,8 +15,9 @@ stored entry that no longer parses is a miss too. ccache's ``bazel`` layout keys
 64 characters long is not Bazel's: it is a ccache ``subdirs`` key and goes to the plain HTTP
 cache (``routes``). CAS blobs are stored as
 ``ArtifactRef("bazel", namespace, "cas/<hex>")``: namespace ``""``, or the one the path names
-under ``/ns/{namespace}`` (``kura.api.scope``); an action result's references are looked up in
-its own namespace (``kura.api.action_lookup``, shared with the gRPC ActionCache).
+under ``/ns/{namespace}`` (``kura.api.scope``), or the credential's overlay
+(``kura.core.overlay``); an action result's references are looked up in the namespaces the
+request reads, in order (``kura.api.action_lookup``, shared with the gRPC ActionCache).
 """
 
 from __future__ import annotations
@@ -27,9 +28,16 @@ from kura.api.action_cache import MAX_ACTION_RESULT_BYTES, is_ccache_key, parse_
 from kura.api.action_lookup import find_action_result, tree_bounds
 from kura.api.auth import Access
 from kura.api.blob import serve, store
-from kura.api.http import count_lookup, ctx, endpoint, read_small_body
+from kura.api.http import (
+    count_lookup,
+    ctx,
+    endpoint,
+    read_ref,
+    read_small_body,
+    reader_of,
+    write_ref,
+)
 from kura.api.partial_content import ranged_response
-from kura.api.scope import path_namespace
 from kura.core.errors import NotFound
 from kura.core.keys import HEX_SHA256, validate
 from kura.storage.artifact import ArtifactRef, StoredBody
@@ -38,9 +46,9 @@ from kura.storage.ports import one_piece
 PROTOCOL = "bazel"
 
 
-def _ref(request: web.Request, kind: str) -> ArtifactRef:
+def _ref(request: web.Request, kind: str, *, write: bool = False) -> ArtifactRef:
     digest = validate(request.match_info["digest"], HEX_SHA256, f"{kind} digest")
-    return ArtifactRef("bazel", path_namespace(request), f"{kind}/{digest}")
+    return (write_ref if write else read_ref)(request, "bazel", f"{kind}/{digest}")
 
 
 @endpoint(PROTOCOL, Access.READ)
@@ -50,7 +58,7 @@ async def get_ac(request: web.Request) -> web.StreamResponse:
         return await serve(request, ref, PROTOCOL)
     try:
         manifest, data, _result = await find_action_result(
-            ctx(request).reader, ref, tree_bounds(ctx(request).settings)
+            reader_of(request), ref, tree_bounds(ctx(request).settings)
         )
     except NotFound:
         count_lookup(request, PROTOCOL, False)
@@ -66,7 +74,7 @@ async def get_cas(request: web.Request) -> web.StreamResponse:
 
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
 async def put_ac(request: web.Request) -> web.StreamResponse:
-    ref = _ref(request, "ac")
+    ref = _ref(request, "ac", write=True)
     c = ctx(request)
     if is_ccache_key(request.match_info["digest"]):
         await store(request, ref, PROTOCOL, limit_bytes=c.settings.max_artifact_bytes)
@@ -88,7 +96,7 @@ async def put_ac(request: web.Request) -> web.StreamResponse:
 # cannot lie about the bytes (kura.core.rights).
 @endpoint(PROTOCOL, Access.WRITE_CAS, body_limit=lambda s: s.max_artifact_bytes)
 async def put_cas(request: web.Request) -> web.StreamResponse:
-    ref = _ref(request, "cas")
+    ref = _ref(request, "cas", write=True)
     c = ctx(request)
     if not await c.writer.intact(ref):
         await store(

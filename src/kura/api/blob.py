@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kura.api.http import count_lookup, ctx, declared_length, request_body
+from kura.api.http import count_lookup, ctx, declared_length, reader_of, request_body
 from kura.api.partial_content import ranged_response
 from kura.core.errors import NotFound
 from kura.core.manifest import stored_header_problem
@@ -19,9 +19,10 @@ async def serve(
     headers_from_manifest: tuple[str, ...] = (),
 ) -> web.StreamResponse:
     """200 with the artifact (GET or HEAD), 206 or 416 for a ``Range`` request
-    (``kura.api.partial_content``), or raise NotFound. Counts a hit or a miss."""
+    (``kura.api.partial_content``), or raise NotFound. Counts a hit or a miss. ``ref`` is
+    looked up through the request's namespaces in order (``kura.api.http.reader_of``)."""
     try:
-        body = await ctx(request).reader.read(ref)
+        body = await reader_of(request).read(ref)
     except NotFound:
         count_lookup(request, protocol, False)
         raise

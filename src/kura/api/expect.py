@@ -98,11 +98,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
 def _check(request: web.Request, spec: EndpointSpec) -> None:
     c = ctx(request)
     if spec.access is not None:
-        c.auth.check(
-            request.headers.get("Authorization"),
-            spec.access,
-            lambda: spec.namespace_of(request),
-        )
+        spec.authorize(request)
     if spec.body_limit is None:
         return
     length = declared_length(request)

@@ -13,27 +13,27 @@ from aiohttp import web
 
 from kura.api.auth import Access
 from kura.api.blob import serve, store
-from kura.api.http import ctx, endpoint
-from kura.api.scope import namespace_of
+from kura.api.http import ctx, endpoint, read_ref, write_ref
+from kura.api.scope import check_tenant
 from kura.core.keys import SAFE_NAME, validate
-from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "gradle"
 
 
-def _ref(request: web.Request) -> ArtifactRef:
+def _key(request: web.Request) -> str:
     key = validate(request.match_info["cache_key"], SAFE_NAME, "Gradle cache key")
-    return ArtifactRef("gradle", namespace_of(request), key)
+    check_tenant(request)
+    return key
 
 
 @endpoint(PROTOCOL, Access.READ)
 async def get(request: web.Request) -> web.StreamResponse:
-    return await serve(request, _ref(request), PROTOCOL)
+    return await serve(request, read_ref(request, "gradle", _key(request)), PROTOCOL)
 
 
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_gradle_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
-    ref = _ref(request)
+    ref = write_ref(request, "gradle", _key(request))
     c = ctx(request)
     if await c.writer.intact(ref):  # a damaged copy is quarantined and replaced
         return web.Response(status=200)

@@ -1,7 +1,10 @@
 """Shared HTTP plumbing for the protocol modules.
 
 * ``endpoint`` wraps a handler with access control, error translation and request metrics, so
-  every protocol gets the same status table and the same bookkeeping.
+  every protocol gets the same status table and the same bookkeeping. The access check also
+  decides, once, which namespaces the request reads and writes (``namespaces``: its own, or
+  its credential's overlay, ``kura.core.overlay``); handlers name artifacts with ``read_ref``
+  and ``write_ref`` and look them up with ``reader_of``, never computing a namespace.
 * ``request_body`` turns an aiohttp request body into the byte stream storage consumes, and turns
   a client that disconnects mid-body into ``IncompleteBody``.
 * ``artifact_response`` sends a stored artifact: small ones from memory, large ones with
@@ -27,7 +30,7 @@ from kura.api import upload_rate
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
 from kura.api.file_response import DamagedBlob, OpenFileResponse
-from kura.api.grant_scope import request_namespace
+from kura.api.grant_scope import asked
 from kura.api.malformed import (
     client_gone,
     log_shortage,
@@ -43,9 +46,11 @@ from kura.core.errors import (
     KuraError,
     Unavailable,
 )
+from kura.core.overlay import Asked, NamespaceView
 from kura.mesh.peer_pace import PeerPace
 from kura.settings import Settings
-from kura.storage.artifact import StoredBody
+from kura.storage.artifact import ArtifactRef, StoredBody
+from kura.storage.overlay import overlay_reader
 from kura.storage.ports import ArtifactReader, ArtifactWriter, PeerPages
 
 if TYPE_CHECKING:
@@ -108,12 +113,50 @@ class EndpointSpec:
     body_limit: BodyLimit | None
     namespace: NamespaceOfRequest | None = None
 
-    def namespace_of(self, request: web.Request) -> str | None:
-        """The namespace a grant limited to namespaces is checked against
-        (``kura.api.grant_scope`` unless the route declared its own)."""
+    def asked(self, request: web.Request) -> Asked:
+        """What ``request`` names (``kura.api.grant_scope.asked`` unless the route declared
+        its own namespace, which counts as named)."""
         if self.namespace is not None:
-            return self.namespace(request)
-        return request_namespace(request, self.protocol)
+            return Asked(self.namespace(request), None)
+        return asked(request, self.protocol)
+
+    def authorize(self, request: web.Request) -> None:
+        """Check the request's credential for ``access`` and keep what it reads and writes
+        (``namespaces``): ``Unauthenticated``, ``Forbidden`` or the route's own error."""
+        assert self.access is not None
+        request[VIEW_KEY] = ctx(request).auth.view(
+            request.headers.get("Authorization"), self.access, lambda: self.asked(request)
+        )
+
+
+# The request's NamespaceView (EndpointSpec.authorize); None: it touches no namespace.
+VIEW_KEY: web.RequestKey[NamespaceView | None] = web.RequestKey("kura_namespace_view")
+
+
+def namespaces(request: web.Request) -> NamespaceView:
+    """What the request reads and writes, decided where its right was checked (``endpoint``,
+    ``kura.core.overlay``); ``InvalidRequest`` for a route that names none (a Turborepo
+    request without a team)."""
+    view: NamespaceView | None = request.get(VIEW_KEY)
+    if view is None:
+        raise InvalidRequest("querystring should have required property 'teamId' or 'slug'")
+    return view
+
+
+def reader_of(request: web.Request) -> ArtifactReader:
+    """The node's reader, reading through the request's namespaces in order
+    (``kura.storage.overlay``): the node's reader itself for one namespace."""
+    return overlay_reader(ctx(request).reader, namespaces(request).reads)
+
+
+def read_ref(request: web.Request, producer: str, key: str) -> ArtifactRef:
+    """``key`` of ``producer`` as a look-up names it (``reader_of`` falls through from it)."""
+    return ArtifactRef(producer, namespaces(request).home, key)
+
+
+def write_ref(request: web.Request, producer: str, key: str) -> ArtifactRef:
+    """``key`` of ``producer`` in the namespace the request writes."""
+    return ArtifactRef(producer, namespaces(request).writable, key)
 
 
 SPEC_ATTR = "kura_endpoint_spec"
@@ -157,11 +200,7 @@ def endpoint(
             status = 500
             try:
                 if access is not None:
-                    c.auth.check(
-                        request.headers.get("Authorization"),
-                        access,
-                        lambda: spec.namespace_of(request),
-                    )
+                    spec.authorize(request)
                 response = await handler(request)
                 status = response.status
                 if _a_miss_to_forward(c, response):

@@ -5,7 +5,8 @@ Used by ccache's HTTP storage (layouts ``subdirs`` ``/XX/rest`` and ``flat``) an
 and 200 when it replaced an entry. Keys are 1-8 path segments of a safe alphabet. ``cas/`` and
 ``ac/<64 characters>`` under the same prefix belong to ``kura.api.bazel_http``; a ccache
 ``subdirs`` key that begins with "ac" (``ac/<31 characters>``) is served here. Entries live in namespace
-``""``, or under ``/ns/{namespace}{prefix}`` in that namespace (``kura.api.scope``); a
+``""``, or under ``/ns/{namespace}{prefix}`` in that namespace (``kura.api.scope``), or in
+the credential's overlay (``kura.core.overlay``: ccache and Gradle through the token alone); a
 ``DELETE`` of the prefix itself cleans it (``kura.api.namespace``).
 """
 
@@ -15,29 +16,28 @@ from aiohttp import web
 
 from kura.api.auth import Access
 from kura.api.blob import serve, store
-from kura.api.http import ctx, endpoint
-from kura.api.scope import path_namespace
+from kura.api.http import ctx, endpoint, read_ref, write_ref
 from kura.core.keys import PATH_KEY, validate
-from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "http_cache"
 
 
-def _ref(request: web.Request) -> ArtifactRef:
-    return ArtifactRef(
-        "http", path_namespace(request), validate(request.match_info["key"], PATH_KEY, "cache key")
-    )
+def _key(request: web.Request) -> str:
+    return validate(request.match_info["key"], PATH_KEY, "cache key")
 
 
 @endpoint(PROTOCOL, Access.READ)
 async def get(request: web.Request) -> web.StreamResponse:
-    return await serve(request, _ref(request), PROTOCOL)
+    return await serve(request, read_ref(request, "http", _key(request)), PROTOCOL)
 
 
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     result = await store(
-        request, _ref(request), PROTOCOL, limit_bytes=ctx(request).settings.max_artifact_bytes
+        request,
+        write_ref(request, "http", _key(request)),
+        PROTOCOL,
+        limit_bytes=ctx(request).settings.max_artifact_bytes,
     )
     return web.Response(status=201 if result.created else 200)
 

@@ -31,6 +31,13 @@ What it grants (``Grant``), from two claims:
   request's namespace is the Kura ``namespace_id`` (``""`` for tenant scope), the Turborepo
   team (``teamId`` or ``slug``), ``nx`` or ``metro`` for those fixed namespaces, and ``""`` for
   the Bazel, HTTP-cache and WebDAV routes (``kura.api.grant_scope``).
+* ``read_namespaces`` (array of strings) and ``write_namespace`` (string), optional: an
+  overlay (``kura.core.overlay``; the credentials file's ``read=`` and ``write=``): the
+  namespaces read in order, and the one written, which must be one of them. A request that
+  names no namespace reads them in order and writes ``write_namespace``; one that names
+  another namespace of the list reads it only. ``write_namespace`` alone reads that namespace
+  only; ``read_namespaces`` alone writes none. A token with these and ``namespaces`` too is
+  refused (401): the overlay already says which namespaces it may touch.
 
 JWKS keys are fetched at start and every ``KURA_AUTH_JWT_JWKS_REFRESH_SECONDS``, and sooner
 (at most every ``UNKNOWN_KID_REFETCH_SECONDS``) when a token names a ``kid`` not in the set, so
@@ -57,6 +64,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from kura.core.errors import ForwardToPrimary, Unauthenticated
+from kura.core.overlay import Overlay, overlay_from
 from kura.core.rights import READ_WRITE, Access, Rights
 
 log = logging.getLogger(__name__)
@@ -79,10 +87,12 @@ _EC_ALGORITHM = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512
 
 @dataclass(frozen=True)
 class Grant:
-    """What a believed token allows: its ``rights``, in ``namespaces`` (None = all)."""
+    """What a believed token allows: its ``rights``, in ``namespaces`` (None = all), through
+    its ``overlay`` (None: none)."""
 
     rights: Rights
     namespaces: frozenset[str] | None
+    overlay: Overlay | None = None
 
     @staticmethod
     def scopes_granting(access: Access) -> str:
@@ -271,4 +281,26 @@ def grant_from(claims: dict[str, Any]) -> Grant:
     ):
         raise Unauthenticated("invalid token: namespaces must be an array of strings")
     rights: Rights = frozenset().union(*(SCOPE_RIGHTS.get(s, frozenset()) for s in scopes))
-    return Grant(rights, None if namespaces is None else frozenset(namespaces))
+    return Grant(rights, None if namespaces is None else frozenset(namespaces), _overlay(claims))
+
+
+def _overlay(claims: dict[str, Any]) -> Overlay | None:
+    """The overlay of ``read_namespaces``/``write_namespace`` (module docstring);
+    ``Unauthenticated`` for a malformed one."""
+    reads, write = claims.get("read_namespaces"), claims.get("write_namespace")
+    if reads is None and write is None:
+        return None
+    if claims.get("namespaces") is not None:
+        raise Unauthenticated(
+            "invalid token: give either namespaces or read_namespaces/write_namespace"
+        )
+    if reads is not None and not (
+        isinstance(reads, list) and all(isinstance(n, str) for n in reads)
+    ):
+        raise Unauthenticated("invalid token: read_namespaces must be an array of strings")
+    if write is not None and not isinstance(write, str):
+        raise Unauthenticated("invalid token: write_namespace must be a string")
+    try:
+        return overlay_from(reads, write)
+    except ValueError as exc:
+        raise Unauthenticated(f"invalid token: read_namespaces/write_namespace: {exc}") from None

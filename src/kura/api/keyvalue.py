@@ -30,8 +30,18 @@ import re
 from aiohttp import web
 
 from kura.api.auth import Access
-from kura.api.http import count_bytes_out, count_lookup, ctx, endpoint, parse_json, read_small_body
-from kura.api.scope import namespace_of
+from kura.api.http import (
+    count_bytes_out,
+    count_lookup,
+    ctx,
+    endpoint,
+    parse_json,
+    read_ref,
+    read_small_body,
+    reader_of,
+    write_ref,
+)
+from kura.api.scope import check_tenant
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import SAFE_NAME, validate
 from kura.storage.artifact import ArtifactRef
@@ -58,15 +68,15 @@ def referenced_cas_ids(entries: object) -> list[str]:
     return list(ids)
 
 
-def _ref(request: web.Request, cas_id: str) -> ArtifactRef:
-    validate(cas_id, SAFE_NAME, "cas_id")
-    return ArtifactRef("xcode", namespace_of(request), f"action_cache/{cas_id}")
+def _key(request: web.Request, cas_id: str) -> str:
+    check_tenant(request)
+    return f"action_cache/{validate(cas_id, SAFE_NAME, 'cas_id')}"
 
 
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_keyvalue_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     c = ctx(request)
-    namespace_of(request)  # reject a missing tenant before reading the body
+    check_tenant(request)  # reject a missing tenant before reading the body
     raw = await read_small_body(request, c.settings.max_keyvalue_bytes, PROTOCOL)
     doc = parse_json(raw)
     if not isinstance(doc, dict) or not isinstance(doc.get("cas_id"), str):
@@ -77,14 +87,15 @@ async def put(request: web.Request) -> web.StreamResponse:
     ):
         raise InvalidRequest('"entries" must be a list of {"value": string}')
     payload = json.dumps({"entries": entries}, separators=(",", ":")).encode()
-    await c.writer.put_inline(_ref(request, doc["cas_id"]), payload, "application/json")
+    ref = write_ref(request, "xcode", _key(request, doc["cas_id"]))
+    await c.writer.put_inline(ref, payload, "application/json")
     return web.Response(status=204)
 
 
 @endpoint(PROTOCOL, Access.READ)
 async def get(request: web.Request) -> web.StreamResponse:
-    ref = _ref(request, request.match_info["cas_id"])
-    service = ctx(request).reader
+    ref = read_ref(request, "xcode", _key(request, request.match_info["cas_id"]))
+    service = reader_of(request)
     try:
         body = await service.read(ref)
         assert body.data is not None

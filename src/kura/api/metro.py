@@ -11,29 +11,26 @@ from aiohttp import web
 
 from kura.api.auth import Access
 from kura.api.blob import serve, store
-from kura.api.http import ctx, endpoint
+from kura.api.http import ctx, endpoint, read_ref, write_ref
 from kura.core.keys import SAFE_NAME, validate
-from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "metro"
 
 
-def _ref(request: web.Request) -> ArtifactRef:
-    return ArtifactRef(
-        "metro", "metro", validate(request.match_info["key"], SAFE_NAME, "Metro key")
-    )
+def _key(request: web.Request) -> str:
+    return validate(request.match_info["key"], SAFE_NAME, "Metro key")
 
 
 @endpoint(PROTOCOL, Access.READ)
 async def get(request: web.Request) -> web.StreamResponse:
-    return await serve(request, _ref(request), PROTOCOL)
+    return await serve(request, read_ref(request, "metro", _key(request)), PROTOCOL)
 
 
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     await store(
         request,
-        _ref(request),
+        write_ref(request, "metro", _key(request)),
         PROTOCOL,
         limit_bytes=ctx(request).settings.max_artifact_bytes,
         content_type="application/octet-stream",

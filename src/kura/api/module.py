@@ -21,11 +21,14 @@ from kura.api.http import (
     declared_length,
     endpoint,
     parse_json,
+    read_ref,
     read_small_body,
+    reader_of,
     request_body,
+    write_ref,
 )
 from kura.api.query import query_int
-from kura.api.scope import namespace_of
+from kura.api.scope import check_tenant
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import SAFE_NAME, validate
 from kura.storage.artifact import ArtifactRef
@@ -35,8 +38,8 @@ PROTOCOL = "module"
 COMPLETE_BODY_LIMIT_BYTES = 1024 * 1024
 
 
-def _ref(request: web.Request) -> ArtifactRef:
-    namespace = namespace_of(request)
+def _ref(request: web.Request, *, write: bool = False) -> ArtifactRef:
+    check_tenant(request)
     fields = {}
     for name in ("hash", "name"):
         value = request.query.get(name)
@@ -46,12 +49,13 @@ def _ref(request: web.Request) -> ArtifactRef:
     category = validate(
         request.query.get("cache_category") or "builds", SAFE_NAME, "cache_category"
     )
-    return ArtifactRef("module", namespace, f"{category}/{fields['hash']}/{fields['name']}")
+    key = f"{category}/{fields['hash']}/{fields['name']}"
+    return (write_ref if write else read_ref)(request, "module", key)
 
 
 @endpoint(PROTOCOL, Access.WRITE)
 async def start(request: web.Request) -> web.StreamResponse:
-    upload_id = await ctx(request).uploads.start(_ref(request))
+    upload_id = await ctx(request).uploads.start(_ref(request, write=True))
     return web.json_response({"upload_id": upload_id})
 
 
@@ -62,12 +66,17 @@ def _upload_id(request: web.Request) -> str:
     return upload_id
 
 
-def _upload_namespace(request: web.Request) -> str:
+def _upload_namespace(request: web.Request) -> str | None:
     """The namespace of the upload a part or completion names (the one its ``start`` named),
     not the one this request's query names: a token limited to namespace B is refused (403)
-    parts and completion of namespace A's upload, whatever its query says. ``NotFound`` (404)
-    for an unknown upload."""
-    return ctx(request).uploads.namespace_of(_upload_id(request))
+    parts and completion of namespace A's upload, whatever its query says, and so is an
+    overlay credential for a namespace it does not write. None for an unknown upload: the
+    handler answers 404, after the checks made before ``100 Continue`` (a body too large is
+    413 first). ``InvalidRequest`` without an ``upload_id``."""
+    try:
+        return ctx(request).uploads.namespace_of(_upload_id(request))
+    except NotFound:
+        return None
 
 
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda _s: MAX_PART_BYTES, namespace=_upload_namespace)
@@ -96,7 +105,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
 
 @endpoint(PROTOCOL, Access.READ)
 async def head(request: web.Request) -> web.StreamResponse:
-    exists = await ctx(request).reader.exists(_ref(request))
+    exists = await reader_of(request).exists(_ref(request))
     count_lookup(request, PROTOCOL, exists)
     if not exists:
         raise NotFound("Artifact not found")

@@ -4,7 +4,8 @@ Two ways in, one effect (``ArtifactWriter.delete_namespace``), each answering 20
 right ``clean`` (403 without it, ``kura.core.rights``):
 
 * ``DELETE /api/cache/clean?tenant_id=&namespace_id=`` (Kura's route; no ``namespace_id``
-  is the tenant-wide namespace ``""``);
+  is the tenant-wide namespace ``""``, or a credential's overlay's write namespace: a clean
+  goes where the request writes, ``kura.core.overlay``, never to a namespace it only reads);
 * ``DELETE`` on the root of the Bazel/HTTP-cache and WebDAV routes, whose clients cannot send a
   query: ``{KURA_HTTP_CACHE_PREFIX}`` and ``{KURA_WEBDAV_PREFIX}`` clean namespace ``""``,
   ``/ns/{namespace}{prefix}`` (``kura.api.scope.NAMESPACED_PREFIX``) cleans that namespace. A
@@ -23,22 +24,23 @@ from __future__ import annotations
 from aiohttp import web
 
 from kura.api.auth import Access
-from kura.api.http import ctx, endpoint
-from kura.api.scope import namespace_of, path_namespace
+from kura.api.http import ctx, endpoint, namespaces
+from kura.api.scope import check_tenant
 
 PROTOCOL = "namespace"
 
 
 @endpoint(PROTOCOL, Access.CLEAN)
 async def clean(request: web.Request) -> web.StreamResponse:
-    await ctx(request).writer.delete_namespace(namespace_of(request))
+    check_tenant(request)
+    await ctx(request).writer.delete_namespace(namespaces(request).writable)
     return web.Response(status=204)
 
 
 @endpoint(PROTOCOL, Access.CLEAN)
 async def clean_route_root(request: web.Request) -> web.StreamResponse:
     """``DELETE`` on a route root: clean the namespace its path names (``""`` without one)."""
-    await ctx(request).writer.delete_namespace(path_namespace(request))
+    await ctx(request).writer.delete_namespace(namespaces(request).writable)
     return web.Response(status=204)
 
 

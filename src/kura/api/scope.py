@@ -12,6 +12,9 @@ cannot add a query to their URLs, so their routes take a namespace from the path
 
 So the first path segment ``ns`` is reserved: a prefix starting with it is refused at start-up
 (``kura.settings_rules``).
+
+Which namespaces a request then reads and writes (its own, or its credential's overlay) is
+decided where its right is checked: ``kura.api.http.namespaces`` (``kura.core.overlay``).
 """
 
 from __future__ import annotations
@@ -27,18 +30,10 @@ from kura.core.keys import NAMESPACE, validate
 NAMESPACED_PREFIX = "/ns/{namespace}"
 
 
-def path_namespace(request: web.Request) -> str:
-    """The namespace a route mounted under ``NAMESPACED_PREFIX`` names (``""`` on the same
-    route without it). Raises ``InvalidRequest`` (400) for one outside the namespace
-    alphabet."""
-    return validate(request.match_info.get("namespace", ""), NAMESPACE, "namespace")
-
-
-def namespace_of(request: web.Request) -> str:
-    """Validate the request's tenant and return its namespace ('' for tenant scope)."""
+def check_tenant(request: web.Request) -> None:
+    """Validate the request's tenant (``InvalidRequest``: missing or malformed). Its namespace
+    is the request's ``kura.api.http.namespaces``."""
     tenant = query_param(request, "tenant_id", "account_handle")
     if tenant is None:
         raise InvalidRequest("Missing tenant_id")
     validate(tenant, NAMESPACE, "tenant_id")
-    namespace = query_param(request, "namespace_id", "project_handle") or ""
-    return validate(namespace, NAMESPACE, "namespace_id")

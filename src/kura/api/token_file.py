@@ -12,9 +12,14 @@ Two formats, one parser (``parse_credentials``); in both, blank lines and lines 
   - ``rights=`` (required): comma-separated rights, ``read``, ``write:cas``, ``write``,
     ``clean`` (``kura.core.rights``; ``write`` implies ``write:cas``);
   - ``name=`` (optional): a label of ``[A-Za-z0-9._-]`` naming the credential's refusals in
-    the log (``kura.api.auth``), never the token; two tokens sharing one get a warning.
+    the log (``kura.api.auth``), never the token; two tokens sharing one get a warning;
+  - ``read=`` and ``write=`` (optional, issue 29 item 2): an overlay (``kura.core.overlay``),
+    the comma-separated namespaces read in order and the one written, which must be one of
+    them (``read=pr-123,main write=pr-123``); ``write=`` alone reads that namespace only,
+    ``read=`` alone writes none. Each is a namespace (``kura.core.keys.NAMESPACE``).
 
-  For example ``3f9c0e1b7a... name=pr-builds rights=read,write:cas``. Any other key, a field
+  For example ``3f9c0e1b7a... name=pr-builds rights=read,write:cas``, or a pull request's
+  ``5d2a... name=pr-123 rights=read,write read=pr-123,main write=pr-123``. Any other key, a field
   that is not ``key=value``, a key given twice or a token listed again with other rights or
   another name is a ``ValueError`` naming the line (and the key or right when it is short
   lowercase text, else the field number), never the token.
@@ -37,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kura.core.overlay import Overlay, overlay_from
 from kura.core.rights import Rights, parse_rights
 
 log = logging.getLogger(__name__)
@@ -60,7 +66,10 @@ class Credential:
     token: str = field(repr=False)  # never in a log line or a traceback's locals
     rights: Rights
     name: str | None = None
-    line: int = field(default=0, compare=False)  # its line in the file (0: not from a file)
+    line: int = field(default=0, compare=False)
+    overlay: Overlay | None = (
+        None  # read= and write= (kura.core.overlay); None: none  # its line in the file (0: not from a file)
+    )
 
 
 def _name(value: str) -> str:
@@ -69,9 +78,18 @@ def _name(value: str) -> str:
     return value
 
 
+def _namespaces(value: str) -> list[str]:
+    return [n.strip() for n in value.split(",")]
+
+
 # The fields of a credentials-file line: key -> parse(value) -> the value kept. A key added
-# here (issue 29 items 2 and 4: read=/write= namespaces) is a field of ``Credential`` too.
-_FIELDS: dict[str, Callable[[str], object]] = {"rights": parse_rights, "name": _name}
+# here is a field of ``Credential`` too.
+_FIELDS: dict[str, Callable[[str], object]] = {
+    "rights": parse_rights,
+    "name": _name,
+    "read": _namespaces,
+    "write": str,
+}
 _REQUIRED = ("rights",)
 
 
@@ -128,9 +146,16 @@ def _credential(number: int, token: str, fields: list[str]) -> Credential:
         if key not in values:
             raise ValueError(f"line {number}: key {key!r} is required")
     rights, name = values["rights"], values.get("name")
+    reads, write = values.get("read"), values.get("write")
     assert isinstance(rights, frozenset)
     assert name is None or isinstance(name, str)
-    return Credential(token, rights, name, number)
+    assert reads is None or isinstance(reads, list)
+    assert write is None or isinstance(write, str)
+    try:
+        overlay = overlay_from(reads, write)
+    except ValueError as exc:
+        raise ValueError(f"line {number}: keys 'read' and 'write': {exc}") from None
+    return Credential(token, rights, name, number, overlay)
 
 
 def warn_shared_names(path: Path, credentials: tuple[Credential, ...]) -> None:

@@ -5,7 +5,8 @@ What turbo 2.11 sends (clients.md): ``GET /v8/artifacts/status``; ``GET``/``PUT`
 ``x-artifact-duration`` and, with signing on, ``x-artifact-tag``; both are stored with the body
 and returned on GET, because turbo treats a signed artifact without its tag as a miss. The team
 (``teamId`` or ``slug``) is the namespace; a request without either is 400, like
-turborepo-remote-cache. ``POST /v8/artifacts`` answers which of a list of hashes exist. Errors
+turborepo-remote-cache, unless its credential has an overlay (``kura.core.overlay``: then the
+overlay's namespaces, and a team must be one of them). ``POST /v8/artifacts`` answers which of a list of hashes exist. Errors
 carry the Vercel ``{"error": {"code", "message"}}`` shape (``kura.api.errors``), which turbo
 parses on a 403 such as a read-only token's upload.
 """
@@ -16,28 +17,26 @@ from aiohttp import web
 
 from kura.api.auth import Access
 from kura.api.blob import serve, store
-from kura.api.http import ctx, endpoint, parse_json, query_param, read_small_body
+from kura.api.http import (
+    ctx,
+    endpoint,
+    parse_json,
+    read_ref,
+    read_small_body,
+    reader_of,
+    write_ref,
+)
 from kura.core.errors import InvalidRequest
-from kura.core.keys import ALNUM_HASH, NAMESPACE, validate
+from kura.core.keys import ALNUM_HASH, validate
 from kura.core.manifest import stored_header_problem
-from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "turbo"
 STORED_HEADERS = ("x-artifact-tag", "x-artifact-duration")
 SMALL_BODY_LIMIT_BYTES = 1024 * 1024
 
 
-def _team(request: web.Request) -> str:
-    team = query_param(request, "teamId", "slug")
-    if team is None:
-        raise InvalidRequest("querystring should have required property 'teamId' or 'slug'")
-    return validate(team, NAMESPACE, "team")
-
-
-def _ref(request: web.Request, hash_: str | None = None) -> ArtifactRef:
-    team = _team(request)
-    key = validate(hash_ or request.match_info["hash"], ALNUM_HASH, "artifact hash")
-    return ArtifactRef("turbo", team, key)
+def _key(request: web.Request, hash_: str | None = None) -> str:
+    return validate(hash_ or request.match_info["hash"], ALNUM_HASH, "artifact hash")
 
 
 @endpoint(PROTOCOL, Access.READ, style="vercel")
@@ -47,12 +46,13 @@ async def status(request: web.Request) -> web.StreamResponse:
 
 @endpoint(PROTOCOL, Access.READ, style="vercel")
 async def get(request: web.Request) -> web.StreamResponse:
-    return await serve(request, _ref(request), PROTOCOL, headers_from_manifest=STORED_HEADERS)
+    ref = read_ref(request, "turbo", _key(request))
+    return await serve(request, ref, PROTOCOL, headers_from_manifest=STORED_HEADERS)
 
 
 @endpoint(PROTOCOL, Access.WRITE, style="vercel", body_limit=lambda s: s.max_artifact_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
-    ref = _ref(request)
+    ref = write_ref(request, "turbo", _key(request))
     headers = {}
     for name in STORED_HEADERS:
         value = request.headers.get(name)
@@ -88,11 +88,12 @@ async def query(request: web.Request) -> web.StreamResponse:
     hashes = doc.get("hashes") if isinstance(doc, dict) else None
     if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
         raise InvalidRequest('body must be {"hashes": [string, ...]}')
-    service = ctx(request).reader
+    service = reader_of(request)
     answer: dict[str, object] = {}
     for h in hashes[:1000]:
-        aid = service.artifact_id(_ref(request, h))
-        manifest = await service.read_manifest(aid)
+        manifest = await service.read_manifest(
+            service.artifact_id(read_ref(request, "turbo", _key(request, h)))
+        )
         if manifest is None:
             answer[h] = {"error": {"message": "Artifact not found"}}
         else:

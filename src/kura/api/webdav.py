@@ -24,8 +24,7 @@ from aiohttp import web
 
 from kura.api.auth import Access
 from kura.api.blob import serve, store
-from kura.api.http import ctx, endpoint, read_small_body
-from kura.api.scope import path_namespace
+from kura.api.http import ctx, endpoint, read_ref, read_small_body, reader_of, write_ref
 from kura.core.errors import NotFound
 from kura.core.keys import PATH_KEY, validate
 from kura.storage.artifact import ArtifactRef
@@ -34,10 +33,12 @@ PROTOCOL = "webdav"
 PROPFIND_BODY_LIMIT_BYTES = 64 * 1024
 
 
+def _key(request: web.Request) -> str:
+    return validate(request.match_info["key"], PATH_KEY, "WebDAV path")
+
+
 def _ref(request: web.Request) -> ArtifactRef:
-    return ArtifactRef(
-        "dav", path_namespace(request), validate(request.match_info["key"], PATH_KEY, "WebDAV path")
-    )
+    return read_ref(request, "dav", _key(request))
 
 
 def _multistatus(href: str, props: str) -> web.Response:
@@ -66,7 +67,10 @@ async def get(request: web.Request) -> web.StreamResponse:
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_artifact_bytes)
 async def put(request: web.Request) -> web.StreamResponse:
     result = await store(
-        request, _ref(request), PROTOCOL, limit_bytes=ctx(request).settings.max_artifact_bytes
+        request,
+        write_ref(request, "dav", _key(request)),
+        PROTOCOL,
+        limit_bytes=ctx(request).settings.max_artifact_bytes,
     )
     return web.Response(status=201 if result.created else 204)
 
@@ -87,7 +91,7 @@ async def propfind(request: web.Request) -> web.StreamResponse:
         if key:
             validate(key.rstrip("/"), PATH_KEY, "WebDAV path")
         return _collection(request.path)
-    service = ctx(request).reader
+    service = reader_of(request)  # an artifact id: the first namespace only
     manifest = await service.read_manifest(service.artifact_id(_ref(request)))
     if manifest is None:
         raise NotFound("Not found")

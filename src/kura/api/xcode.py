@@ -11,29 +11,29 @@ from aiohttp import web
 
 from kura.api.auth import Access
 from kura.api.blob import serve, store
-from kura.api.http import ctx, endpoint
-from kura.api.scope import namespace_of
+from kura.api.http import ctx, endpoint, read_ref, write_ref
+from kura.api.scope import check_tenant
 from kura.core.keys import SAFE_NAME, validate
-from kura.storage.artifact import ArtifactRef
 
 PROTOCOL = "xcode"
 
 
-def _ref(request: web.Request) -> ArtifactRef:
+def _key(request: web.Request) -> str:
     cas_id = validate(request.match_info["id"], SAFE_NAME, "CAS id")
-    return ArtifactRef("xcode", namespace_of(request), f"blob/{cas_id}")
+    check_tenant(request)
+    return f"blob/{cas_id}"
 
 
 @endpoint(PROTOCOL, Access.READ)
 async def get(request: web.Request) -> web.StreamResponse:
-    return await serve(request, _ref(request), PROTOCOL)
+    return await serve(request, read_ref(request, "xcode", _key(request)), PROTOCOL)
 
 
 # write, not write:cas: the id is Xcode's own (its CAS hashes with its own function and
 # encoding), kura stores the body under it unchecked, so the key could name any bytes.
 @endpoint(PROTOCOL, Access.WRITE, body_limit=lambda s: s.max_xcode_bytes)
 async def post(request: web.Request) -> web.StreamResponse:
-    ref = _ref(request)
+    ref = write_ref(request, "xcode", _key(request))
     c = ctx(request)
     if not await c.writer.intact(ref):
         await store(request, ref, PROTOCOL, limit_bytes=c.settings.max_xcode_bytes)

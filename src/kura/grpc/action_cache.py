@@ -39,10 +39,10 @@ class ActionCache(reapi_grpc.ActionCacheServicer):
     async def GetActionResult(
         self, request: reapi.GetActionResultRequest, context: Ctx
     ) -> reapi.ActionResult:
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
-        ref = ac_ref(ns, check_digest(request.action_digest))
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
+        ref = ac_ref(view.home, check_digest(request.action_digest))
         _manifest, _data, result = await self.gc.looked_up(
-            find_action_result(self.gc.reader, ref, tree_bounds(self.gc.settings))
+            find_action_result(self.gc.reader_for(view), ref, tree_bounds(self.gc.settings))
         )
         return result
 
@@ -50,7 +50,7 @@ class ActionCache(reapi_grpc.ActionCacheServicer):
     async def UpdateActionResult(
         self, request: reapi.UpdateActionResultRequest, context: Ctx
     ) -> reapi.ActionResult:
-        ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        ns = self.gc.authorize(context, Access.WRITE, request.instance_name).writable
         ref = ac_ref(ns, check_digest(request.action_digest))
         data = request.action_result.SerializeToString()
         limit = min(MAX_ACTION_RESULT_BYTES, self.gc.settings.max_artifact_bytes)

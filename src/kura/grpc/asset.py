@@ -93,6 +93,7 @@ from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
 from kura.storage.artifact import ArtifactRef
+from kura.storage.ports import ArtifactReader
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 BLOB, DIRECTORY = "blob", "directory"
@@ -112,27 +113,37 @@ class AssetRecords:
         self.gc = gc
 
     async def find(
-        self, kind: str, ns: str, query: AssetQuery, oldest_ms: int | None
+        self,
+        kind: str,
+        ns: str,
+        query: AssetQuery,
+        oldest_ms: int | None,
+        reader: ArtifactReader | None = None,
     ) -> tuple[str, AssetRecord] | None:
-        """The first URI of ``query`` with a record that answers it, and that record."""
+        """The first URI of ``query`` with a record that answers it, and that record; read by
+        ``reader`` (default the node's): through a call's namespaces in order, its records
+        and their blobs alike (``kura.storage.overlay``)."""
+        reader = reader or self.gc.reader
         for uri in query.uris:
-            record, stored_ms = await self._read(_ref(kind, ns, uri, query))
+            record, stored_ms = await self._read(_ref(kind, ns, uri, query), reader)
             if record is None or record.kind != kind:
                 continue
             if record.expire_at_ms is not None and record.expire_at_ms <= _now_ms():
                 continue
             if oldest_ms is not None and stored_ms < oldest_ms:
                 continue
-            if query.sri is not None and not await self.matches(ns, record, query.sri):
+            if query.sri is not None and not await self.matches(ns, record, query.sri, reader):
                 continue
-            if await self.missing(ns, (record.digest, *record.references)):
+            if await self.missing(ns, (record.digest, *record.references), reader):
                 continue
             return uri, record
         return None
 
-    async def _read(self, ref: ArtifactRef) -> tuple[AssetRecord | None, int]:
+    async def _read(
+        self, ref: ArtifactRef, reader: ArtifactReader
+    ) -> tuple[AssetRecord | None, int]:
         try:
-            body = await self.gc.reader.read(ref)
+            body = await reader.read(ref)
         except NotFound:
             return None, 0
         try:
@@ -151,21 +162,28 @@ class AssetRecords:
         data = encoded(record)
         await self.gc.writer.put_inline(_ref(record.kind, ns, uri, query), data, "application/json")
 
-    async def missing(self, ns: str, digests: tuple[Digest, ...]) -> bool:
-        """Whether any of ``digests`` is not in ``ns``'s CAS (the empty blob always is)."""
+    async def missing(
+        self, ns: str, digests: tuple[Digest, ...], reader: ArtifactReader | None = None
+    ) -> bool:
+        """Whether any of ``digests`` is not in ``ns``'s CAS (the empty blob always is), as
+        ``reader`` (default the node's) sees it."""
         wanted = {h: s for h, s in digests if not (h == EMPTY_SHA256 and s == 0)}
         if not wanted:
             return False
         refs = [cas_ref(ns, h) for h in wanted]
-        return bool(await self.gc.reader.missing(refs, list(wanted.values())))
+        return bool(await (reader or self.gc.reader).missing(refs, list(wanted.values())))
 
-    async def matches(self, ns: str, record: AssetRecord, sri: Sri) -> bool:
+    async def matches(
+        self, ns: str, record: AssetRecord, sri: Sri, reader: ArtifactReader | None = None
+    ) -> bool:
         """Whether the record's blob matches ``sri`` (module docstring)."""
         if record.sri is not None and record.sri == sri.text:
             return True
-        return await self.blob_matches(ns, record.digest, sri)
+        return await self.blob_matches(ns, record.digest, sri, reader)
 
-    async def blob_matches(self, ns: str, digest: Digest, sri: Sri) -> bool:
+    async def blob_matches(
+        self, ns: str, digest: Digest, sri: Sri, reader: ArtifactReader | None = None
+    ) -> bool:
         """Whether the stored blob ``digest`` hashes to one of ``sri``'s digests; False when it
         is absent or damaged."""
         if sri.algorithm == "sha256":
@@ -173,7 +191,8 @@ class AssetRecords:
         h = hashlib.new(sri.algorithm)
         if digest != (EMPTY_SHA256, 0):
             try:
-                async with aclosing(stored_blob(self.gc, ns, *digest, "blob")) as pieces:
+                blob = stored_blob(self.gc, ns, *digest, "blob", reader)
+                async with aclosing(blob) as pieces:
                     async for piece in pieces:
                         h.update(piece)
             except NotFound:  # absent, stored with another size, or damaged
@@ -237,10 +256,11 @@ class Fetch(ra_grpc.FetchServicer):
 
     @rpc("FetchBlob")
     async def FetchBlob(self, request: ra.FetchBlobRequest, context: Ctx) -> ra.FetchBlobResponse:
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
+        ns = view.home
         query = _query(request)
         oldest_ms = _oldest_ms(request)
-        found = await self.records.find(BLOB, ns, query, oldest_ms)
+        found = await self.records.find(BLOB, ns, query, oldest_ms, self.gc.reader_for(view))
         if found is not None:
             uri, record = found
             self.gc.metrics.count_lookup("grpc", True)
@@ -276,8 +296,9 @@ class Fetch(ra_grpc.FetchServicer):
                 uri=query.uris[0],
             )
         if query.sri is None:  # the record would be trusted later, unverified: a write
-            self.gc.check(context, Access.WRITE, ns)
-        return await self._download(ns, query, _seconds(request), context)
+            view = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        # Stored where the call writes: never into a namespace an overlay only reads.
+        return await self._download(view.writable, query, _seconds(request), context)
 
     async def _download(
         self, ns: str, query: AssetQuery, seconds: float, context: Ctx
@@ -319,9 +340,11 @@ class Fetch(ra_grpc.FetchServicer):
     async def FetchDirectory(
         self, request: ra.FetchDirectoryRequest, context: Ctx
     ) -> ra.FetchDirectoryResponse:
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
+        ns = view.home
         query = _query(request)
-        found = await self.records.find(DIRECTORY, ns, query, _oldest_ms(request))
+        reader = self.gc.reader_for(view)
+        found = await self.records.find(DIRECTORY, ns, query, _oldest_ms(request), reader)
         self.gc.metrics.count_lookup("grpc", found is not None)
         if found is None:
             return ra.FetchDirectoryResponse(
@@ -371,7 +394,7 @@ class Push(ra_grpc.PushServicer):
         return ra.PushDirectoryResponse()
 
     async def _push(self, kind: str, request: Any, context: Ctx, target: reapi.Digest) -> None:
-        ns = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        ns = self.gc.authorize(context, Access.WRITE, request.instance_name).writable
         query = _query(request)
         digest = (check_digest(target), target.size_bytes)
         references = tuple(

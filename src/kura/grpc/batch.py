@@ -20,6 +20,7 @@ from kura.api.action_lookup import cas_ref
 from kura.core.errors import InvalidRequest, KuraError, NotFound
 from kura.grpc.common import Digest, GrpcContext, check_digest, is_empty, verified_body
 from kura.storage.artifact import BatchBlob, StoredBody
+from kura.storage.ports import ArtifactReader
 
 CONTENT_TYPE = "application/octet-stream"
 
@@ -75,12 +76,14 @@ async def store_whole(gc: GrpcContext, ns: str, sha256: str, data: bytes) -> Non
 
 
 async def read_blobs(
-    gc: GrpcContext, ns: str, digests: Sequence[Digest]
+    gc: GrpcContext, reader: ArtifactReader, ns: str, digests: Sequence[Digest]
 ) -> list[bytes | KuraError]:
     """The bytes of each digest of namespace ``ns`` (checked already), in order, verified
     against the stored digest, or the error for that blob (``NotFound``: absent, stored with
     another size, or damaged; ``InvalidRequest``: larger than ``max_batch_total_size_bytes``).
-    Every lookup is counted in ``kura_cache_lookups_total{protocol="grpc"}``."""
+    Every lookup is counted in ``kura_cache_lookups_total{protocol="grpc"}``. ``ns``'s local
+    copies are read in one index look-up; a miss there is asked of ``reader`` (the bucket,
+    the peers, and the call's other namespaces in order, ``kura.storage.overlay``)."""
     answers: list[bytes | KuraError] = [b""] * len(digests)
     wanted = [(i, d) for i, d in enumerate(digests) if not is_empty(d)]
     refs = [cas_ref(ns, d.hash) for _i, d in wanted]
@@ -89,7 +92,7 @@ async def read_blobs(
         for (i, digest), ref, body in zip(wanted, refs, bodies, strict=True):
             try:
                 if body is None:  # a local miss: the bucket or a peer may have it
-                    body = await gc.reader.read(ref)
+                    body = await reader.read(ref)
                 data = await blob_bytes(gc, digest, body, gc.max_batch_bytes)
             except NotFound as exc:
                 gc.metrics.count_lookup("grpc", False)

@@ -74,7 +74,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
     @streaming_rpc("Read")
     async def Read(self, request: bs.ReadRequest, context: Ctx) -> AsyncIterator[bs.ReadResponse]:
         name = parse_read(request.resource_name)
-        self.gc.check(context, Access.READ, name.namespace)
+        view = self.gc.view(context, Access.READ, name.namespace)
         if not 0 <= request.read_offset <= name.size_bytes:
             raise OutOfRange(
                 f"read_offset {request.read_offset} is outside the blob's {name.size_bytes} bytes"
@@ -88,7 +88,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                 yield bs.ReadResponse(data=zstd_stream.EMPTY_FRAME)
             return
         try:
-            body = await self.gc.reader.read(cas_ref(name.namespace, name.sha256))
+            body = await self.gc.reader_for(view).read(cas_ref(view.home, name.sha256))
         except NotFound:
             self.gc.metrics.count_lookup("grpc", False)
             raise
@@ -130,8 +130,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                 data = request.data  # each read of the field copies the bytes (upb)
                 if first is None:
                     first = request
-                    name = parse_write(request.resource_name)
-                    self.gc.check(context, Access.WRITE_CAS, name.namespace)
+                    name = self._writable(context, parse_write(request.resource_name))
                     if self._whole(name, request, len(data)):  # one message: no upload
                         await store_whole(self.gc, name.namespace, name.sha256, data)
                         self.gc.metrics.bytes_in_child("grpc").inc(len(data))
@@ -183,14 +182,19 @@ class ByteStream(bs_grpc.ByteStreamServicer):
     async def QueryWriteStatus(
         self, request: bs.QueryWriteStatusRequest, context: Ctx
     ) -> bs.QueryWriteStatusResponse:
-        name = parse_write(request.resource_name)
-        self.gc.check(context, Access.WRITE_CAS, name.namespace)
+        name = self._writable(context, parse_write(request.resource_name))
         upload = self.uploads.get(name.session_key) if name.upload_id else None
         if upload is not None and not upload.task.done():
             return bs.QueryWriteStatusResponse(committed_size=upload.committed_bytes)
         if await self._stored(name):
             return bs.QueryWriteStatusResponse(committed_size=name.size_bytes, complete=True)
         raise NotFound(f"no upload {request.resource_name[:200]!r} is in progress")
+
+    def _writable(self, context: Ctx, name: BlobName) -> BlobName:
+        """``name`` in the namespace the call writes (its own, or its token's overlay's:
+        ``kura.core.overlay``), once its token may write blobs there."""
+        ns = self.gc.view(context, Access.WRITE_CAS, name.namespace).writable
+        return name if ns == name.namespace else dataclasses.replace(name, namespace=ns)
 
     def _whole(self, name: BlobName, request: bs.WriteRequest, data_bytes: int) -> bool:
         """Whether the stream's first message is the whole blob, uncompressed and small enough

@@ -72,6 +72,7 @@ from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2_grpc as reapi_grpc,
 )
 from kura.protos.build.bazel.semver import semver_pb2
+from kura.storage.ports import ArtifactReader
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 # REAPI 2.3: the compressors (2.1), digest_function in requests (2.2), output_paths (2.3).
@@ -97,11 +98,12 @@ class Capabilities(reapi_grpc.CapabilitiesServicer):
     async def GetCapabilities(
         self, request: reapi.GetCapabilitiesRequest, context: Ctx
     ) -> reapi.ServerCapabilities:
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
+        ns = view.home
         sha256 = reapi.DigestFunction.SHA256
         # write: the action cache (kura.core.rights); a write:cas caller is told false and
-        # uploads its blobs all the same.
-        writes = self.gc.allows(context, Access.WRITE, ns)
+        # uploads its blobs all the same. An instance its overlay only reads: no writes.
+        writes = view.write is not None and self.gc.allows(context, Access.WRITE, ns)
         return reapi.ServerCapabilities(
             cache_capabilities=reapi.CacheCapabilities(
                 digest_functions=[sha256],
@@ -113,7 +115,8 @@ class Capabilities(reapi_grpc.CapabilitiesServicer):
                 max_batch_total_size_bytes=self.gc.max_batch_bytes,
                 symlink_absolute_path_strategy=reapi.SymlinkAbsolutePathStrategy.ALLOWED,
                 split_blob_support=True,
-                splice_blob_support=self.gc.allows(context, Access.WRITE_CAS, ns),
+                splice_blob_support=view.write is not None
+                and self.gc.allows(context, Access.WRITE_CAS, ns),
                 fast_cdc_2020_params=reapi.FastCdc2020Params(
                     avg_chunk_size_bytes=chunking.AVG_CHUNK_BYTES, seed=chunking.SEED
                 ),
@@ -132,7 +135,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def FindMissingBlobs(
         self, request: reapi.FindMissingBlobsRequest, context: Ctx
     ) -> reapi.FindMissingBlobsResponse:
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
         wanted: dict[str, reapi.Digest] = {}
         # A hash asked again with another size: reported missing (a false "missing" costs an
         # upload the Write's own check then skips; a false "present" fails the build).
@@ -144,8 +147,9 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             first = wanted.setdefault(d.hash, d)
             if first.size_bytes != d.size_bytes:
                 again.setdefault((d.hash, d.size_bytes), d)
-        missing = await self.gc.reader.missing(
-            [cas_ref(ns, h) for h in wanted], [d.size_bytes for d in wanted.values()]
+        # Present in any namespace the call reads: not missing (kura.storage.overlay).
+        missing = await self.gc.reader_for(view).missing(
+            [cas_ref(view.home, h) for h in wanted], [d.size_bytes for d in wanted.values()]
         )
         return reapi.FindMissingBlobsResponse(
             missing_blob_digests=[
@@ -158,7 +162,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def BatchUpdateBlobs(
         self, request: reapi.BatchUpdateBlobsRequest, context: Ctx
     ) -> reapi.BatchUpdateBlobsResponse:
-        ns = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name)
+        ns = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name).writable
         # A compressed blob counts at its declared size: that is what it grows to in memory.
         total = sum(
             len(r.data) if r.compressor == IDENTITY else max(len(r.data), r.digest.size_bytes)
@@ -191,7 +195,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def BatchReadBlobs(
         self, request: reapi.BatchReadBlobsRequest, context: Ctx
     ) -> reapi.BatchReadBlobsResponse:
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
         for d in request.digests:
             check_digest(d)
         total = sum(d.size_bytes for d in request.digests)
@@ -202,7 +206,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
             )
         zstd = ZSTD in request.acceptable_compressors
         responses = []
-        found = await read_blobs(self.gc, ns, request.digests)
+        found = await read_blobs(self.gc, self.gc.reader_for(view), view.home, request.digests)
         for d, got in zip(request.digests, found, strict=True):
             compressor = IDENTITY
             if isinstance(got, bytes):
@@ -223,11 +227,13 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         self, request: reapi.SplitBlobRequest, context: Ctx
     ) -> reapi.SplitBlobResponse:
         """``kura.grpc.chunking.split``; read access is enough (the chunks stored are cut from
-        a blob already stored, by the server: a caller adds no bytes of its own)."""
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        a blob already stored, by the server: a caller adds no bytes of its own). The blob is
+        read through the call's namespaces; its chunks are stored in the first one."""
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
         d = request.blob_digest
+        reader = self.gc.reader_for(view)
         with self.chunking.one():
-            chunks = await chunking.split(self.gc, ns, check_digest(d), d.size_bytes)
+            chunks = await chunking.split(self.gc, view.home, check_digest(d), d.size_bytes, reader)
         return reapi.SplitBlobResponse(
             chunk_digests=[reapi.Digest(hash=h, size_bytes=n) for h, n in chunks],
             chunking_function=reapi.ChunkingFunction.FAST_CDC_2020,
@@ -239,7 +245,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     ) -> reapi.SpliceBlobResponse:
         """``kura.grpc.chunking.splice``; any ``chunking_function`` (the bytes are checked, not
         how they were cut)."""
-        ns = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name)
+        ns = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name).writable
         d = request.blob_digest
         sha256 = check_digest(d)
         chunks = [(check_digest(c), c.size_bytes) for c in request.chunk_digests]
@@ -251,7 +257,8 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def GetTree(
         self, request: reapi.GetTreeRequest, context: Ctx
     ) -> AsyncIterator[reapi.GetTreeResponse]:
-        ns = self.gc.authorize(context, Access.READ, request.instance_name)
+        view = self.gc.authorize(context, Access.READ, request.instance_name)
+        reader = self.gc.reader_for(view)
         check_digest(request.root_digest)
         if request.page_size < 0:
             raise InvalidRequest("page_size must not be negative")
@@ -269,7 +276,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         page: list[reapi.Directory] = []
         page_bytes = 0
         seen = 0
-        async for directory, size_bytes in self._walk(ns, request.root_digest):
+        async for directory, size_bytes in self._walk(reader, view.home, request.root_digest):
             seen += 1
             if seen <= skip:
                 continue
@@ -284,9 +291,10 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         yield reapi.GetTreeResponse(directories=page)
 
     async def _walk(
-        self, ns: str, root: reapi.Digest
+        self, reader: ArtifactReader, ns: str, root: reapi.Digest
     ) -> AsyncIterator[tuple[reapi.Directory, int]]:
-        """Every stored directory from ``root`` down, breadth first, each once, with its size in
+        """Every stored directory from ``root`` down (of ``ns``, read by ``reader``: through
+        the call's namespaces in order), breadth first, each once, with its size in
         a response in bytes (about its blob's: ``read_blob`` refuses blobs larger than
         ``max_batch_total_size_bytes``)."""
         queue = deque([root])
@@ -297,7 +305,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 continue
             visited.add(digest.hash)
             try:
-                data = await read_blob(self.gc, ns, digest, self.gc.max_batch_bytes)
+                data = await read_blob(self.gc, ns, digest, self.gc.max_batch_bytes, reader)
             except NotFound:
                 continue
             if len(data) > MAX_INLINE_PARSE_BYTES:
@@ -321,13 +329,21 @@ def _directory(sha256: str, data: bytes) -> tuple[reapi.Directory, int]:
     return directory, directory.ByteSize()
 
 
-async def read_blob(gc: GrpcContext, ns: str, digest: reapi.Digest, limit_bytes: int) -> bytes:
-    """The blob ``digest`` in memory, its bytes verified against the stored digest.
+async def read_blob(
+    gc: GrpcContext,
+    ns: str,
+    digest: reapi.Digest,
+    limit_bytes: int,
+    reader: ArtifactReader | None = None,
+) -> bytes:
+    """The blob ``digest`` of ``ns`` in memory (read by ``reader``, default the node's), its
+    bytes verified against the stored digest.
     ``NotFound`` when it is not stored with that size (or turns out damaged: storage then
     quarantines it), ``InvalidRequest`` when it is larger than ``limit_bytes``."""
     if is_empty(digest):
         return b""
-    return await blob_bytes(gc, digest, await gc.reader.read(cas_ref(ns, digest.hash)), limit_bytes)
+    body = await (reader or gc.reader).read(cas_ref(ns, digest.hash))
+    return await blob_bytes(gc, digest, body, limit_bytes)
 
 
 async def inflated(compressor: int, data: bytes, digest: reapi.Digest) -> bytes:

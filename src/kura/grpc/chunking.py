@@ -60,7 +60,7 @@ from kura.api.action_lookup import cas_ref
 from kura.core.errors import DigestMismatch, InvalidRequest, NotFound, ResourceExhausted
 from kura.grpc.common import GrpcContext, stored_blob
 from kura.storage.artifact import ArtifactRef
-from kura.storage.ports import one_piece
+from kura.storage.ports import ArtifactReader, one_piece
 
 AVG_CHUNK_BYTES = 512 * 1024
 MIN_CHUNK_BYTES = AVG_CHUNK_BYTES // 4
@@ -136,9 +136,17 @@ def cut(window: bytes, final: bool) -> list[tuple[int, int, str]]:
     return chunks
 
 
-async def split(gc: GrpcContext, ns: str, sha256: str, size_bytes: int) -> list[Chunk]:
+async def split(
+    gc: GrpcContext,
+    ns: str,
+    sha256: str,
+    size_bytes: int,
+    reader: ArtifactReader | None = None,
+) -> list[Chunk]:
     """The chunks of the stored blob ``sha256`` (of ``size_bytes``) in namespace ``ns``, in
-    order, each stored in the CAS (module docstring); ``[]`` for the empty blob.
+    order, each stored in the CAS of ``ns`` (module docstring); ``[]`` for the empty blob.
+    ``reader`` (default the node's) reads the blob: through a call's namespaces in order
+    (``kura.storage.overlay``), so a pull request splits main's blob into its own namespace.
 
     Raises ``NotFound`` when the blob is not stored with that size or fails verification
     (chunks stored before the damage showed are left: each is a correct blob of its own
@@ -155,7 +163,8 @@ async def split(gc: GrpcContext, ns: str, sha256: str, size_bytes: int) -> list[
     storing: asyncio.Task[None] | None = None
     try:
         async with asyncio.TaskGroup() as group:
-            async with aclosing(stored_blob(gc, ns, sha256, size_bytes, "blob")) as pieces:
+            blob = stored_blob(gc, ns, sha256, size_bytes, "blob", reader)
+            async with aclosing(blob) as pieces:
                 async for piece in pieces:
                     pending.append(piece)
                     pending_bytes += len(piece)

@@ -1,6 +1,8 @@
 """What every gRPC service shares: the context, digests and instance names, tokens, errors.
 
-* Instance names select namespaces (``kura.grpc.resource_names.namespace_of``).
+* Instance names select namespaces (``kura.grpc.resource_names.namespace_of``); the empty one
+  names none, so a credential's overlay applies (``kura.core.overlay``): ``authorize`` and
+  ``view`` decide what a call reads and writes, once, where its right is checked.
 * A digest is SHA-256 (64 lowercase hex digits) with ``size_bytes >= 0`` (INVALID_ARGUMENT
   otherwise); the empty blob is always present (REAPI).
 * Tokens: ``authorization: Bearer <token>`` metadata, checked by the HTTP routes'
@@ -43,12 +45,14 @@ from kura.api.malformed import log_malformed, log_shortage, short_of_resources
 from kura.api.metrics import KuraMetrics
 from kura.core import errors as e
 from kura.core.keys import HEX_SHA256, validate
+from kura.core.overlay import Asked, NamespaceView
 from kura.grpc.resource_names import namespace_of
 from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
 from kura.settings import Settings
 from kura.storage.artifact import StoredBody
+from kura.storage.overlay import overlay_reader
 from kura.storage.ports import ArtifactReader, ArtifactWriter
 
 log = logging.getLogger(__name__)
@@ -133,9 +137,29 @@ class GrpcContext:
         """``max_batch_total_size_bytes``: blob bytes one batch call may carry."""
         return self.settings.grpc_max_message_bytes - BATCH_OVERHEAD_BYTES
 
-    def check(self, context: grpc.aio.ServicerContext[Any, Any], access: Access, ns: str) -> None:
-        """Raise ``Unauthenticated``/``Forbidden`` unless the call's token allows ``access``."""
-        self.auth.check(_authorization(context), access, lambda: ns)
+    def view(
+        self, context: grpc.aio.ServicerContext[Any, Any], access: Access, ns: str
+    ) -> NamespaceView:
+        """What the call reads and writes once its token allows ``access`` to the namespace
+        ``ns`` it names (``""``: none; ``kura.core.overlay``); ``Unauthenticated`` or
+        ``Forbidden`` otherwise."""
+        return self._view(context, access, lambda: ns)
+
+    def _view(
+        self, context: grpc.aio.ServicerContext[Any, Any], access: Access, ns: Callable[[], str]
+    ) -> NamespaceView:
+        def asked() -> Asked:
+            named = ns()
+            return Asked(named or None, "", "instance name")
+
+        view = self.auth.view(_authorization(context), access, asked)
+        assert view is not None  # the default namespace "" is a namespace
+        return view
+
+    def reader_for(self, view: NamespaceView) -> ArtifactReader:
+        """The node's reader, reading through ``view``'s namespaces in order
+        (``kura.storage.overlay``): the reader itself for one namespace."""
+        return overlay_reader(self.reader, view.reads)
 
     def allows(self, context: grpc.aio.ServicerContext[Any, Any], access: Access, ns: str) -> bool:
         """Whether the call's token allows ``access`` to ``ns`` (``TokenAuth.allows``)."""
@@ -143,12 +167,11 @@ class GrpcContext:
 
     def authorize(
         self, context: grpc.aio.ServicerContext[Any, Any], access: Access, instance_name: str
-    ) -> str:
-        """The namespace ``instance_name`` selects, once the call's token allows ``access`` to
-        it; ``InvalidRequest``, ``Unauthenticated`` or ``Forbidden`` otherwise."""
-        ns = namespace_of(instance_name)
-        self.check(context, access, ns)
-        return ns
+    ) -> NamespaceView:
+        """What the call reads and writes: the namespace ``instance_name`` selects, or the
+        token's overlay (``view``); ``InvalidRequest``, ``Unauthenticated`` or ``Forbidden``
+        otherwise."""
+        return self._view(context, access, lambda: namespace_of(instance_name))
 
     async def looked_up(self, lookup: Awaitable[T]) -> T:
         """``await lookup``, counted in ``kura_cache_lookups_total{protocol="grpc"}``: a hit, or a
@@ -191,11 +214,17 @@ def fails_on_update_disabled(context: grpc.aio.ServicerContext[Any, Any]) -> boo
 
 
 async def stored_blob(
-    gc: GrpcContext, ns: str, sha256: str, size_bytes: int, what: str
+    gc: GrpcContext,
+    ns: str,
+    sha256: str,
+    size_bytes: int,
+    what: str,
+    reader: ArtifactReader | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """The stored blob ``sha256`` of namespace ``ns``, opened and read as ``verified_body``.
-    Close it (``aclosing``) to release the file early."""
-    body = await gc.reader.read(cas_ref(ns, sha256))
+    """The stored blob ``sha256`` of namespace ``ns`` (read by ``reader``, default the
+    node's), opened and read as ``verified_body``. Close it (``aclosing``) to release the file
+    early."""
+    body = await (reader or gc.reader).read(cas_ref(ns, sha256))
     async for piece in verified_body(gc, body, sha256, size_bytes, what):
         yield piece
 

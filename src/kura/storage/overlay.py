@@ -1,0 +1,108 @@
+"""``OverlayReader``: an ``ArtifactReader`` that reads a ref in each namespace of an overlay in
+turn (``kura.core.overlay``): a miss in the first falls through to the next, a hit anywhere
+is a hit. The one place a list of namespaces is tried: every protocol's look-ups (HTTP GET and
+HEAD, Nx, Turborepo, the action caches' completeness checks, FindMissingBlobs, BatchReadBlobs,
+ByteStream Read, GetTree) go through ``read``, ``exists`` and ``missing``.
+
+It wraps the stacked reader of the composition root (local store, bucket, peers), once per
+request whose credential has an overlay (``overlay_reader``); a request reading one namespace
+gets the stacked reader itself, at no cost. So each namespace is asked everywhere before the
+next one is: a pull request's own entry on a peer wins over main's entry here.
+
+Only refs of the first namespace fall through (the handlers name it, ``NamespaceView.home``);
+a ref of any other namespace is read as named. ``read_manifest``, ``read_by_id`` and
+``read_many`` address one artifact id, and answer from the inner reader alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from kura.core.errors import NotFound
+from kura.core.manifest import Manifest
+from kura.storage.artifact import ArtifactRef, StoredBody
+from kura.storage.ports import ArtifactReader
+from kura.storage.verify import ReadVerifier
+
+
+def overlay_reader(inner: ArtifactReader, reads: tuple[str, ...]) -> ArtifactReader:
+    """``inner`` reading through ``reads`` in order (``inner`` itself for one namespace)."""
+    return inner if len(reads) < 2 else OverlayReader(inner, reads)
+
+
+class OverlayReader:
+    """``inner`` with refs of ``reads[0]`` read in each of ``reads`` in turn (module
+    docstring). Safe to call concurrently when ``inner`` is."""
+
+    def __init__(self, inner: ArtifactReader, reads: tuple[str, ...]) -> None:
+        self._inner = inner
+        self._reads = reads
+
+    def _each(self, ref: ArtifactRef) -> list[ArtifactRef]:
+        if ref.namespace_id != self._reads[0]:
+            return [ref]
+        return [ref, *(replace(ref, namespace_id=ns) for ns in self._reads[1:])]
+
+    @property
+    def verifier(self) -> ReadVerifier:
+        return self._inner.verifier
+
+    def artifact_id(self, ref: ArtifactRef) -> str:
+        return self._inner.artifact_id(ref)
+
+    async def exists(self, ref: ArtifactRef) -> bool:
+        for each in self._each(ref):
+            if await self._inner.exists(each):
+                return True
+        return False
+
+    async def read(self, ref: ArtifactRef) -> StoredBody:
+        """The first namespace's body that the inner reader has; its last ``NotFound``."""
+        refs = self._each(ref)
+        for each in refs[:-1]:
+            try:
+                return await self._inner.read(each)
+            except NotFound:
+                continue
+        return await self._inner.read(refs[-1])
+
+    async def missing(
+        self, refs: Sequence[ArtifactRef], sizes: Sequence[int] | None = None
+    ) -> list[ArtifactRef]:
+        """The refs (of ``refs``, in order) that no namespace holds (with the size ``sizes``
+        asks): each namespace is asked only for what the ones before it lacked."""
+        size_of = dict(zip(refs, sizes, strict=True)) if sizes is not None else None
+        left = await self._inner.missing(refs, sizes)
+        for ns in self._reads[1:]:
+            falls = [r for r in left if r.namespace_id == self._reads[0]]
+            if not falls:
+                break
+            there = [replace(r, namespace_id=ns) for r in falls]
+            still = await self._inner.missing(
+                there, None if size_of is None else [size_of[r] for r in falls]
+            )
+            gone = {(r.producer, r.key) for r in there} - {(r.producer, r.key) for r in still}
+            left = [
+                r
+                for r in left
+                if r.namespace_id != self._reads[0] or (r.producer, r.key) not in gone
+            ]
+        return left
+
+    async def read_manifest(self, aid: str) -> Manifest | None:
+        return await self._inner.read_manifest(aid)
+
+    async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
+        return await self._inner.read_by_id(aid, hashed=hashed)
+
+    async def read_many(
+        self, aids: Sequence[str], *, as_reads: bool = False
+    ) -> list[StoredBody | None]:
+        return await self._inner.read_many(aids, as_reads=as_reads)
+
+    async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
+        return await self._inner.report_corrupt(manifest, detected_by)
+
+    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
+        self._inner.record_xxh3_128(found)
