@@ -40,6 +40,7 @@ nothing.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
@@ -56,6 +57,8 @@ TRIM_FREE_BYTES = 16 * 1024 * 1024
 # What must have been freed since the last trim: small, or up to this much freed after a trim
 # stays resident (a trim made while 200 cut Reads were still being freed left 33 MiB at 16 MiB).
 TRIM_RISE_BYTES = 2 * 1024 * 1024
+# How many checks in a row (TRIM_INTERVAL_SECONDS apart) must find the memory free (Trimmer).
+TRIM_IDLE_CHECKS = 3
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -98,19 +101,29 @@ class Trimmer:
 
     ``free_bytes()`` → bytes glibc's arenas hold free (``mallinfo2().fordblks``; 0 off glibc);
     ``trim()`` → whether ``malloc_trim(0)`` released memory; ``trim_if_worth_it()`` → whether
-    it trimmed: free bytes at least ``free_bytes_threshold``, risen by ``rise_bytes`` from
-    their lowest sample since the last trim (or since this object was made). ``trims`` counts
-    the trims.
+    it trimmed: free bytes at least ``free_bytes_threshold`` in each of the last
+    ``idle_checks`` samples (this one included), their least risen by ``rise_bytes`` from the
+    lowest sample since the last trim (or since this object was made). ``trims`` counts the
+    trims.
+
+    Memory a busy process frees and takes again within a few checks (one large Read after
+    another) is not idle: trimming it only makes the next buffer fault its pages in again. A
+    bench of back-to-back 64 MiB Reads ran at 0.44x BuildGrid's pace with a trim whenever a
+    check found memory freed, against 0.57x to 0.96x with no trim (``bench/grpc_cas.py``).
     """
 
     def __init__(
-        self, free_bytes_threshold: int = TRIM_FREE_BYTES, rise_bytes: int = TRIM_RISE_BYTES
+        self,
+        free_bytes_threshold: int = TRIM_FREE_BYTES,
+        rise_bytes: int = TRIM_RISE_BYTES,
+        idle_checks: int = TRIM_IDLE_CHECKS,
     ) -> None:
         self.free_bytes_threshold = free_bytes_threshold
         self.rise_bytes = rise_bytes
         self.trims = 0
         self._libc = _glibc()
         self._lowest_free = self.free_bytes()  # since the last trim
+        self._recent: collections.deque[int] = collections.deque(maxlen=idle_checks)
 
     @property
     def available(self) -> bool:
@@ -130,12 +143,17 @@ class Trimmer:
     def trim_if_worth_it(self) -> bool:
         free = self.free_bytes()
         self._lowest_free = min(self._lowest_free, free)
-        if free < self.free_bytes_threshold:
+        self._recent.append(free)
+        if len(self._recent) < (self._recent.maxlen or 1):
             return False
-        if free - self._lowest_free < self.rise_bytes:
+        idle = min(self._recent)  # free in every recent sample
+        if idle < self.free_bytes_threshold:
+            return False
+        if idle - self._lowest_free < self.rise_bytes:
             return False
         self.trim()
         self._lowest_free = self.free_bytes()
+        self._recent.clear()
         return True
 
 

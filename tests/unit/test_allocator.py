@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 from kit.allocator import next_check_after
 
@@ -41,11 +42,24 @@ for b in blocks:
     libc.free(b)
 freed = rss()
 free_bytes = trimmer.free_bytes()
+busy = []
+if sys.argv[2] == "busy":  # taken again between checks: never free three checks running
+    for _ in range(3):
+        busy.append(trimmer.trim_if_worth_it())
+        blocks = [libc.malloc(MiB) for _ in range(300)]
+        for b in blocks:
+            ctypes.memset(b, 1, MiB)
+        busy.append(trimmer.trim_if_worth_it())
+        for b in blocks:
+            libc.free(b)
+        freed = rss()
+waiting = [trimmer.trim_if_worth_it() for _ in range(2)]  # free in two checks: not yet idle
 first = trimmer.trim_if_worth_it()
 after = rss()
 second = trimmer.trim_if_worth_it()  # nothing grew since: no second trim
 print(json.dumps({"before": before, "freed": freed, "after": after, "free_bytes": free_bytes,
-                  "first": first, "second": second, "trims": trimmer.trims}))
+                  "busy": busy, "waiting": waiting, "first": first, "second": second,
+                  "trims": trimmer.trims}))
 """
 
 
@@ -58,17 +72,17 @@ MALLOC_VARIABLES = (
 )
 
 
-def held(threshold: int) -> dict[str, int]:
+def held(threshold: int, mode: str = "idle") -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in MALLOC_VARIABLES}
     out = subprocess.run(
-        [sys.executable, "-c", HELD_AFTER_FREE, str(threshold)],
+        [sys.executable, "-c", HELD_AFTER_FREE, str(threshold), mode],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    result: dict[str, int] = json.loads(out.stdout)
+    result: dict[str, Any] = json.loads(out.stdout)
     return result
 
 
@@ -80,12 +94,22 @@ def test_the_trimmer_returns_freed_heap_pages_that_free_alone_keeps() -> None:
     assert r["free_bytes"] >= 290 * MiB, r
     # free() alone kept them: the blocks are below the heap's live top.
     assert r["freed"] > r["before"] - 32 * MiB, r
+    assert r["waiting"] == [False, False], r  # free in three checks running before a trim
     assert r["first"], r
     assert r["trims"] == 1, r
     assert r["after"] < r["freed"] - 250 * MiB, r
     # A trim leaves the released chunks in glibc's free lists (free_bytes stays high): the
     # resident set, not the free count, says whether another trim would release anything.
     assert not r["second"], r
+
+
+def test_memory_taken_again_between_checks_is_not_trimmed_until_it_sits_free() -> None:
+    """One large Read after another frees and retakes the same buffers: trimming them would
+    only make the next Read fault their pages in again."""
+    r = held(16 * MiB, "busy")
+    assert r["busy"] == [False] * 6, r
+    assert r["first"], r  # once it sat free for three checks
+    assert r["trims"] == 1, r
 
 
 def test_the_trimmer_leaves_the_heap_alone_below_its_threshold() -> None:
