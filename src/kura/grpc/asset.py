@@ -394,23 +394,27 @@ class Push(ra_grpc.PushServicer):
         return ra.PushDirectoryResponse()
 
     async def _push(self, kind: str, request: Any, context: Ctx, target: reapi.Digest) -> None:
-        ns = self.gc.authorize(context, Access.WRITE, request.instance_name).writable
+        view = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        ns = view.writable
+        # The content may be in any namespace the call reads (FindMissingBlobs told the client
+        # main's blobs are stored, so it did not upload them again): looked up through them.
+        home, reader = view.home, self.gc.reader_for(view)
         query = _query(request)
         digest = (check_digest(target), target.size_bytes)
         references = tuple(
             (check_digest(d), d.size_bytes)
             for d in (*request.references_blobs, *request.references_directories)
         )
-        if await self.records.missing(ns, (digest, *references)):
+        if await self.records.missing(home, (digest, *references), reader):
             raise InvalidRequest(
                 f"the pushed {kind} {digest[0]}/{digest[1]} or a digest it references is "
                 "not in the CAS: upload the content first (remote_asset.proto: clients MUST)"
             )
         if kind == DIRECTORY:
-            await self._check_directory(ns, target)
+            await self._check_directory(home, target, reader)
         sri = None
         if query.sri is not None:
-            if kind != BLOB or not await self.records.blob_matches(ns, digest, query.sri):
+            if kind != BLOB or not await self.records.blob_matches(home, digest, query.sri, reader):
                 raise InvalidRequest(
                     f"checksum.sri ({query.sri.algorithm}) does not match the pushed {kind} "
                     f"{digest[0]}/{digest[1]}: nothing recorded"
@@ -428,7 +432,9 @@ class Push(ra_grpc.PushServicer):
         for uri, record in zip(query.uris, records, strict=True):
             await self.records.store(ns, query, uri, record)
 
-    async def _check_directory(self, ns: str, root: reapi.Digest) -> None:
+    async def _check_directory(
+        self, ns: str, root: reapi.Digest, reader: ArtifactReader | None = None
+    ) -> None:
         """``InvalidRequest`` unless the stored blob ``root`` is a REAPI ``Directory`` (it parses,
         with no unknown field) of at most one gRPC message (``max_batch_bytes``: how a client
         reads it back); a larger one is parsed off the event loop."""
@@ -440,7 +446,7 @@ class Push(ra_grpc.PushServicer):
                 "Directory served in one message: nothing recorded"
             )
         try:
-            data = await read_blob(self.gc, ns, root, limit)
+            data = await read_blob(self.gc, ns, root, limit, reader)
         except NotFound:
             raise InvalidRequest(f"the pushed root directory {name} is not in the CAS") from None
         if len(data) > MAX_INLINE_PARSE_BYTES:

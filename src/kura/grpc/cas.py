@@ -52,7 +52,7 @@ from google.rpc import code_pb2, status_pb2
 
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
-from kura.core.errors import InvalidRequest, KuraError, NotFound
+from kura.core.errors import Forbidden, InvalidRequest, KuraError, NotFound
 from kura.grpc import chunking
 from kura.grpc.batch import blob_bytes, read_blobs, store_blobs
 from kura.grpc.common import (
@@ -228,12 +228,22 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     ) -> reapi.SplitBlobResponse:
         """``kura.grpc.chunking.split``; read access is enough (the chunks stored are cut from
         a blob already stored, by the server: a caller adds no bytes of its own). The blob is
-        read through the call's namespaces; its chunks are stored in the first one."""
+        read through the call's namespaces; its chunks are stored in the namespace the call
+        writes, never in one it only reads: a credential that reads ``main`` and writes
+        ``pr-123`` splits main's blob into pr-123, and one that writes nothing here is refused
+        (PERMISSION_DENIED) rather than adding chunks to a namespace it may only read."""
         view = self.gc.authorize(context, Access.READ, request.instance_name)
+        if view.write is None:
+            raise Forbidden(
+                "SplitBlob stores the chunks it cuts, and this call writes no namespace: name "
+                "the credential's write namespace, or none, as the instance name"
+            )
         d = request.blob_digest
         reader = self.gc.reader_for(view)
         with self.chunking.one():
-            chunks = await chunking.split(self.gc, view.home, check_digest(d), d.size_bytes, reader)
+            chunks = await chunking.split(
+                self.gc, view.home, check_digest(d), d.size_bytes, reader, into=view.write
+            )
         return reapi.SplitBlobResponse(
             chunk_digests=[reapi.Digest(hash=h, size_bytes=n) for h, n in chunks],
             chunking_function=reapi.ChunkingFunction.FAST_CDC_2020,
@@ -245,12 +255,14 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     ) -> reapi.SpliceBlobResponse:
         """``kura.grpc.chunking.splice``; any ``chunking_function`` (the bytes are checked, not
         how they were cut)."""
-        ns = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name).writable
+        view = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name)
+        ns = view.writable
         d = request.blob_digest
         sha256 = check_digest(d)
         chunks = [(check_digest(c), c.size_bytes) for c in request.chunk_digests]
+        reading = (view.home, self.gc.reader_for(view))  # chunks main has count as stored
         with self.chunking.one():
-            await chunking.splice(self.gc, ns, sha256, d.size_bytes, chunks)
+            await chunking.splice(self.gc, ns, sha256, d.size_bytes, chunks, reading)
         return reapi.SpliceBlobResponse(blob_digest=d)
 
     @streaming_rpc("GetTree")

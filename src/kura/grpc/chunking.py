@@ -142,11 +142,13 @@ async def split(
     sha256: str,
     size_bytes: int,
     reader: ArtifactReader | None = None,
+    into: str | None = None,
 ) -> list[Chunk]:
     """The chunks of the stored blob ``sha256`` (of ``size_bytes``) in namespace ``ns``, in
-    order, each stored in the CAS of ``ns`` (module docstring); ``[]`` for the empty blob.
-    ``reader`` (default the node's) reads the blob: through a call's namespaces in order
-    (``kura.storage.overlay``), so a pull request splits main's blob into its own namespace.
+    order, each stored in the CAS of ``into`` (default ``ns``; module docstring); ``[]`` for
+    the empty blob. ``reader`` (default the node's) reads the blob: through a call's
+    namespaces in order (``kura.storage.overlay``), so a pull request splits main's blob into
+    its own namespace.
 
     Raises ``NotFound`` when the blob is not stored with that size or fails verification
     (chunks stored before the damage showed are left: each is a correct blob of its own
@@ -154,6 +156,7 @@ async def split(
     (``ResourceExhausted`` when the tmp budget or the disk has no room now)."""
     if (sha256, size_bytes) == EMPTY:
         return []
+    store = ns if into is None else into
     limit = max_chunks(gc)
     chunks: list[Chunk] = []
     pending: list[bytes] = []
@@ -180,13 +183,13 @@ async def split(
                         )
                     if storing is not None:
                         await storing
-                    storing = group.create_task(_store_missing(gc, ns, window, decided))
+                    storing = group.create_task(_store_missing(gc, store, window, decided))
                     rest = window[sum(size for _, size, _ in decided) :]
                     pending, pending_bytes = [rest], len(rest)
             window = b"".join(pending)
             decided = await asyncio.to_thread(cut, window, True)
             if chunks or len(decided) > 1:  # else its one chunk is the blob itself
-                group.create_task(_store_missing(gc, ns, window, decided))
+                group.create_task(_store_missing(gc, store, window, decided))
             chunks.extend((h, size) for _, size, h in decided)
     except ExceptionGroup as failed:
         raise failed.exceptions[0] from None
@@ -225,10 +228,18 @@ async def _store_missing(
 
 
 async def splice(
-    gc: GrpcContext, ns: str, sha256: str, size_bytes: int, chunks: Sequence[Chunk]
+    gc: GrpcContext,
+    ns: str,
+    sha256: str,
+    size_bytes: int,
+    chunks: Sequence[Chunk],
+    reading: tuple[str, ArtifactReader] | None = None,
 ) -> None:
     """Store blob ``sha256`` (of ``size_bytes``) in ``ns`` as the concatenation of the stored
-    ``chunks`` (module docstring); a no-op when it is stored already.
+    ``chunks`` (module docstring); a no-op when it is stored already. ``reading`` (namespace,
+    reader), default (``ns``, the node's): where the chunks are looked up and read, through a
+    call's namespaces in order (``kura.storage.overlay``), so a pull request splices main's
+    chunks into its own namespace.
 
     Raises, storing nothing: ``InvalidRequest`` for more than ``max_chunks`` chunks, sizes that
     do not add up to ``size_bytes``, or bytes that do not hash to ``sha256``; ``NotFound`` when
@@ -248,11 +259,12 @@ async def splice(
             raise InvalidRequest(f"blob {sha256} of 0 bytes is not the empty blob")
         return
     gc.writer.check_size(size_bytes, gc.settings.max_artifact_bytes)
+    from_ns, reader = reading or (ns, gc.reader)
     wanted: dict[Chunk, ArtifactRef] = {}
     for chunk in chunks:
         if chunk != EMPTY:
-            wanted.setdefault(chunk, cas_ref(ns, chunk[0]))
-    missing = await gc.reader.missing(list(wanted.values()), [size for _, size in wanted])
+            wanted.setdefault(chunk, cas_ref(from_ns, chunk[0]))
+    missing = await reader.missing(list(wanted.values()), [size for _, size in wanted])
     if missing:
         names = ", ".join(ref.key.removeprefix("cas/") for ref in missing[:3])
         raise NotFound(f"{len(missing)} of the chunks are not stored: {names}")
@@ -260,7 +272,7 @@ async def splice(
     if not await gc.reader.missing([blob], [size_bytes]):
         return  # stored already (and touched)
     try:
-        async with aclosing(_concatenated(gc, ns, chunks)) as body:
+        async with aclosing(_concatenated(gc, from_ns, chunks, reader)) as body:
             await gc.writer.put_stream(
                 blob,
                 body,
@@ -276,12 +288,12 @@ async def splice(
 
 
 async def _concatenated(
-    gc: GrpcContext, ns: str, chunks: Sequence[Chunk]
+    gc: GrpcContext, ns: str, chunks: Sequence[Chunk], reader: ArtifactReader
 ) -> AsyncGenerator[bytes, None]:
     """The bytes of ``chunks`` in order (``stored_blob``: a chunk gone since it was looked
     up, evicted or damaged, raises ``NotFound``)."""
     for sha256, size in chunks:
         if (sha256, size) != EMPTY:
-            async with aclosing(stored_blob(gc, ns, sha256, size, "chunk")) as pieces:
+            async with aclosing(stored_blob(gc, ns, sha256, size, "chunk", reader)) as pieces:
                 async for piece in pieces:
                     yield piece
