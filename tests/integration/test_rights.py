@@ -581,8 +581,9 @@ def test_each_rpc_writes_only_the_overlays_write_namespace(
     reads = rpc in RPC_READS
     if not reads and where in ("write", "none"):  # splices and pushes name stored content
         matrix.clients["read-write"].batch_update([*chunks(k), asset(k), directory_blob(k)], WRITES)
-    # A verified download stores the blob it fetched: where the call writes (a read right).
-    stores = writes or rpc == "FetchBlob download, checksum.sri"
+    # A verified download stores the blob it fetched, and SplitBlob the chunks it cuts: where
+    # the call writes, with a read right; so neither runs where the call writes nothing.
+    stores = writes or rpc in ("FetchBlob download, checksum.sri", "SplitBlob")
     refused = where == "foreign" or (where == "read-only" and stores)
     before = Held.by(matrix.node) if refused else None
     stored = held_in(matrix, WRITES)
@@ -685,3 +686,50 @@ def test_write_cas_stores_no_bytes_that_do_not_match_their_digest(
     assert upload(matrix) == refused
     assert wait_for(lambda: Held.by(matrix.node) == before, 15), Held.by(matrix.node)
     assert matrix.clients["read-write"].find_missing([CLAIMED]) == [digest(CLAIMED).hash]
+
+
+def test_an_entry_unusable_in_an_earlier_namespace_does_not_hide_a_whole_one_later(
+    matrix: Matrix,
+) -> None:
+    """ "ovl" (read first) holds an action result whose output nobody stored, "team" (read
+    after it) a whole one for the same action: the overlay credential gets team's, over gRPC
+    and over Bazel's HTTP action cache, where the first namespace's answer was a miss."""
+    rw, action = matrix.clients["read-write"], digest(b"action-hidden")
+    whole, gone = b"the output team stored", b"an output nobody stored"
+    rw.batch_update([whole], "team")
+    for instance, output in (("team", whole), (WRITES, gone)):
+        result = reapi.ActionResult()
+        result.output_files.add(path="out", digest=digest(output))
+        rw.ac.UpdateActionResult(
+            reapi.UpdateActionResultRequest(
+                instance_name=instance, action_digest=action, action_result=result
+            ),
+            metadata=rw.metadata,
+        )
+    got = matrix.clients["overlay"].ac.GetActionResult(
+        reapi.GetActionResultRequest(action_digest=action),
+        metadata=matrix.clients["overlay"].metadata,
+    )
+    assert got.output_files[0].digest == digest(whole)
+    with matrix.node.client(headers=bearer(OVERLAY_TOKEN)) as c:
+        r = c.get(f"/cache/ac/{action.hash}")
+    assert r.status_code == 200, r.text
+    assert reapi.ActionResult.FromString(r.content).output_files[0].digest == digest(whole)
+
+
+def test_splices_and_pushes_find_content_in_the_namespaces_read_and_store_where_written(
+    matrix: Matrix,
+) -> None:
+    """FindMissingBlobs tells the overlay credential that team's blobs are stored, so it does
+    not upload them again: SpliceBlob, PushBlob and PushDirectory naming them then succeed,
+    and what they store or record lands in "ovl" (they answered NOT_FOUND and
+    INVALID_ARGUMENT when they looked in "ovl" alone). Nothing is added to "team"."""
+    k, overlay = "fallthrough", matrix.clients["overlay"]
+    matrix.clients["read-write"].batch_update([*chunks(k), asset(k), directory_blob(k)], "team")
+    assert overlay.find_missing([*chunks(k), asset(k)]) == []
+    team = held_in(matrix, "team")
+    for call in (_splice, _push_blob, _push_directory):
+        stored = held_in(matrix, WRITES)
+        call(overlay, k, "")
+        assert held_in(matrix, WRITES) > stored, call.__name__
+    assert held_in(matrix, "team") == team

@@ -36,6 +36,7 @@ from kura.protos.build.bazel.remote.execution.v2 import (
 )
 from kura.settings import Settings
 from kura.storage.artifact import ArtifactRef, StoredBody
+from kura.storage.overlay import each_namespace
 from kura.storage.ports import ArtifactReader
 
 PRODUCER = "bazel"
@@ -74,11 +75,26 @@ def ac_ref(namespace: str, sha256: str) -> ArtifactRef:
 async def find_action_result(
     service: ArtifactReader, ref: ArtifactRef, bounds: TreeBounds
 ) -> tuple[Manifest, bytes, reapi.ActionResult]:
-    """The stored entry ``ref`` as (manifest, serialized bytes, parsed result).
+    """The stored entry ``ref`` as (manifest, serialized bytes, parsed result): the first
+    whole one of the namespaces ``service`` reads ``ref`` in (``storage.overlay``).
 
     Raises ``NotFound`` when it is absent, larger than ``MAX_ACTION_RESULT_BYTES``, does not
     parse, or references a CAS blob that is not stored (``missing_blobs``), and
-    ``TreesTooCostly`` (a ``NotFound``) when checking its Trees would pass ``bounds``."""
+    ``TreesTooCostly`` (a ``NotFound``) when checking its Trees would pass ``bounds``; the
+    first namespace's reason when none has a whole entry."""
+    first: NotFound | None = None
+    for each in each_namespace(service, ref):
+        try:
+            return await _whole_action_result(service, each, bounds)
+        except NotFound as exc:
+            first = first or exc
+    assert first is not None
+    raise first
+
+
+async def _whole_action_result(
+    service: ArtifactReader, ref: ArtifactRef, bounds: TreeBounds
+) -> tuple[Manifest, bytes, reapi.ActionResult]:
     body = await service.read(ref)
     data = await read_all(body, MAX_ACTION_RESULT_BYTES)
     if data is None:

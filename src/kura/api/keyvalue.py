@@ -45,6 +45,7 @@ from kura.api.scope import check_tenant
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import SAFE_NAME, validate
 from kura.storage.artifact import ArtifactRef
+from kura.storage.overlay import each_namespace
 
 PROTOCOL = "keyvalue"
 # 0x0A 0x41 0x00 then the 64 hex digits of a CAS id (module docstring).
@@ -96,17 +97,23 @@ async def put(request: web.Request) -> web.StreamResponse:
 async def get(request: web.Request) -> web.StreamResponse:
     ref = read_ref(request, "xcode", _key(request, request.match_info["cas_id"]))
     service = reader_of(request)
-    try:
-        body = await service.read(ref)
-        assert body.data is not None
-        ids = referenced_cas_ids(_entries(body.data))
-        if ids and await service.missing(
-            [ArtifactRef("xcode", ref.namespace_id, f"blob/{i}") for i in ids]
-        ):
-            raise NotFound("a referenced CAS object is gone")
-    except NotFound:
+    # An entry whose objects are gone in an earlier namespace does not hide a whole one in a
+    # later namespace (``storage.overlay.each_namespace``).
+    for each in each_namespace(service, ref):
+        try:
+            body = await service.read(each)
+            assert body.data is not None
+            ids = referenced_cas_ids(_entries(body.data))
+            if ids and await service.missing(
+                [ArtifactRef("xcode", each.namespace_id, f"blob/{i}") for i in ids]
+            ):
+                raise NotFound("a referenced CAS object is gone")
+            break
+        except NotFound:
+            continue
+    else:
         count_lookup(request, PROTOCOL, False)
-        raise NotFound("Key-value entry not found") from None
+        raise NotFound("Key-value entry not found")
     count_lookup(request, PROTOCOL, True)
     count_bytes_out(request, PROTOCOL, len(body.data))
     return web.Response(status=200, body=body.data, content_type="application/json")

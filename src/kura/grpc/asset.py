@@ -93,6 +93,7 @@ from kura.protos.build.bazel.remote.execution.v2 import (
     remote_execution_pb2 as reapi,
 )
 from kura.storage.artifact import ArtifactRef
+from kura.storage.overlay import each_namespace
 from kura.storage.ports import ArtifactReader
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -125,19 +126,36 @@ class AssetRecords:
         and their blobs alike (``kura.storage.overlay``)."""
         reader = reader or self.gc.reader
         for uri in query.uris:
-            record, stored_ms = await self._read(_ref(kind, ns, uri, query), reader)
-            if record is None or record.kind != kind:
-                continue
-            if record.expire_at_ms is not None and record.expire_at_ms <= _now_ms():
-                continue
-            if oldest_ms is not None and stored_ms < oldest_ms:
-                continue
-            if query.sri is not None and not await self.matches(ns, record, query.sri, reader):
-                continue
-            if await self.missing(ns, (record.digest, *record.references), reader):
-                continue
-            return uri, record
+            # A record that is there but does not answer (expired, its blob gone) in an
+            # earlier namespace does not hide one that does in a later one.
+            for ref in each_namespace(reader, _ref(kind, ns, uri, query)):
+                record = await self._answer(kind, ref, query, oldest_ms, reader)
+                if record is not None:
+                    return uri, record
         return None
+
+    async def _answer(
+        self,
+        kind: str,
+        ref: ArtifactRef,
+        query: AssetQuery,
+        oldest_ms: int | None,
+        reader: ArtifactReader,
+    ) -> AssetRecord | None:
+        """The record ``ref`` (read by ``reader``) when it answers ``query`` (``find``)."""
+        ns = ref.namespace_id
+        record, stored_ms = await self._read(ref, reader)
+        if record is None or record.kind != kind:
+            return None
+        if record.expire_at_ms is not None and record.expire_at_ms <= _now_ms():
+            return None
+        if oldest_ms is not None and stored_ms < oldest_ms:
+            return None
+        if query.sri is not None and not await self.matches(ns, record, query.sri, reader):
+            return None
+        if await self.missing(ns, (record.digest, *record.references), reader):
+            return None
+        return record
 
     async def _read(
         self, ref: ArtifactRef, reader: ArtifactReader

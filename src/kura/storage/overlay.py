@@ -26,6 +26,17 @@ from kura.storage.ports import ArtifactReader
 from kura.storage.verify import ReadVerifier
 
 
+def each_namespace(reader: ArtifactReader, ref: ArtifactRef) -> list[ArtifactRef]:
+    """``ref``, and when ``reader`` reads through an overlay whose first namespace is
+    ``ref``'s, ``ref`` in each later namespace, in order. For a look-up whose stored answer can
+    be there but unusable (an action result whose blobs were evicted, an expired asset record,
+    a key-value entry whose objects are gone): it tries each in turn, so that such an entry in
+    an earlier namespace does not hide a usable one in a later namespace ("a hit anywhere is a
+    hit"). Reading the first through ``reader`` falls through as ``read`` does; the later ones
+    name their namespace and are read as named."""
+    return reader.each(ref) if isinstance(reader, OverlayReader) else [ref]
+
+
 def overlay_reader(inner: ArtifactReader, reads: tuple[str, ...]) -> ArtifactReader:
     """``inner`` reading through ``reads`` in order (``inner`` itself for one namespace)."""
     return inner if len(reads) < 2 else OverlayReader(inner, reads)
@@ -39,7 +50,8 @@ class OverlayReader:
         self._inner = inner
         self._reads = reads
 
-    def _each(self, ref: ArtifactRef) -> list[ArtifactRef]:
+    def each(self, ref: ArtifactRef) -> list[ArtifactRef]:
+        """``ref`` in each namespace it is read in, in order (``each_namespace``)."""
         if ref.namespace_id != self._reads[0]:
             return [ref]
         return [ref, *(replace(ref, namespace_id=ns) for ns in self._reads[1:])]
@@ -52,14 +64,14 @@ class OverlayReader:
         return self._inner.artifact_id(ref)
 
     async def exists(self, ref: ArtifactRef) -> bool:
-        for each in self._each(ref):
+        for each in self.each(ref):
             if await self._inner.exists(each):
                 return True
         return False
 
     async def read(self, ref: ArtifactRef) -> StoredBody:
         """The first namespace's body that the inner reader has; its last ``NotFound``."""
-        refs = self._each(ref)
+        refs = self.each(ref)
         for each in refs[:-1]:
             try:
                 return await self._inner.read(each)
