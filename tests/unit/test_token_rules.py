@@ -76,7 +76,7 @@ OVERLAY = "line 1: keys 'read' and 'write':"
         ("S rights=read read=main write=pr-1\n", f"{OVERLAY} the write namespace must be one"),
         (f"S rights=write write={SECRET}/x\n", f"{OVERLAY} a namespace is 0-128 characters"),
         (f"S rights=read read=main,{SECRET}/x\n", f"{OVERLAY} a namespace is 0-128 characters"),
-        ("S rights=read read=main,,pr\n", f"{OVERLAY} a namespace list has no empty item"),
+        ("S rights=read read=main,,pr\n", f"{OVERLAY} an overlay names no empty namespace"),
         ("S rights=read read=main,pr,main\n", f"{OVERLAY} a namespace is listed twice"),
         ("S rights=read read=a read=b\n", "line 1: key 'read' given twice"),
         (f"S rights=read {LEAKY}\n", "line 1: field 3: unknown key (known"),
@@ -90,7 +90,7 @@ OVERLAY = "line 1: keys 'read' and 'write':"
         ("S =read\n", "line 1: field 2 is not key=value"),
         (
             "S rights=read\nb-token-0123456789 rights=read\nS rights=read,write\n",
-            "line 3: the token of line 1 again, with other rights or name",
+            "line 3: the token of line 1 again, with other rights, name or namespaces",
         ),
         ("S rights=read name=a\nS rights=read name=b\n", "line 2: the token of line 1 again"),
     ],

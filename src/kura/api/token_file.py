@@ -66,10 +66,8 @@ class Credential:
     token: str = field(repr=False)  # never in a log line or a traceback's locals
     rights: Rights
     name: str | None = None
-    line: int = field(default=0, compare=False)
-    overlay: Overlay | None = (
-        None  # read= and write= (kura.core.overlay); None: none  # its line in the file (0: not from a file)
-    )
+    line: int = field(default=0, compare=False)  # its line in the file (0: not from a file)
+    overlay: Overlay | None = None  # read= and write= (kura.core.overlay); None: none
 
 
 def _name(value: str) -> str:
@@ -114,7 +112,8 @@ def parse_credentials(text: str, rights: Rights | None = None) -> tuple[Credenti
             first, earlier = found[token]
             if earlier != credential:
                 raise ValueError(
-                    f"line {number}: the token of line {first} again, with other rights or name"
+                    f"line {number}: the token of line {first} again, with other rights, name or "
+                    "namespaces"
                 )
             continue
         found[token] = (number, credential)

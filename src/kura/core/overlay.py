@@ -60,8 +60,12 @@ def overlay_from(reads: list[str] | None, write: str | None) -> Overlay | None:
     if reads is None:
         assert write is not None
         reads = [write]
-    if not reads or any(not n for n in reads):
-        raise ValueError("a namespace list has no empty item")
+    if not reads:
+        raise ValueError("the read namespaces are an empty list")
+    if any(not n for n in [*reads, *([write] if write is not None else [])]):
+        raise ValueError(
+            'an overlay names no empty namespace ("", the default one, cannot be in an overlay)'
+        )
     for name in [*reads, *([write] if write is not None else [])]:
         if NAMESPACE.pattern.fullmatch(name) is None:
             raise ValueError(f"a namespace is {NAMESPACE.description}")
