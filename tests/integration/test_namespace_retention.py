@@ -12,9 +12,11 @@ being evicted were. Three levels:
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -124,6 +126,37 @@ def test_a_namespace_over_its_quota_loses_its_own_oldest_entries_not_another_s(
     assert usage["team-b"] == ("(default)", 4 * SIZE)
     assert '<section id="namespaces">' in page
     assert "<code>team-a</code>" in page
+
+
+def strict_json(text: str) -> Any:
+    """``text`` parsed as RFC 8259 JSON: ``Infinity``, ``-Infinity`` and ``NaN`` refused."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_median_shed_age_past_the_last_bucket_is_null_in_status_and_over_90d_on_the_page(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Entries evicted 100 days after their last use: the median falls past the histogram's
+    last bound (90 d). ``/status`` sent it as ``Infinity``, which no strict parser reads."""
+    node = start_node(max_disk_bytes=10 * SIZE, inline_max_bytes=0)
+    for i in range(10):
+        put(node, "main", f"k{i}", os.urandom(SIZE))
+    assert node.stop() == 0
+    later = start_node(
+        prefix=faketime_prefix("+100d"), max_disk_bytes=10 * SIZE, inline_max_bytes=0
+    )
+    put(later, "main", "new", os.urandom(SIZE))  # over the disk's budget: the oldest go
+    with later.client() as c:
+        status = strict_json(c.get("/status").text)
+        page = c.get("/ui").text
+    (default,) = status["namespace_rules"]
+    assert default["evictions"]["lru"] >= 1
+    assert default["shed_age_median_seconds"] is None
+    assert "&gt; 90d" in page
 
 
 # -- min_age on a real node: respected while the disk allows, forced and warned when not -----
