@@ -12,8 +12,10 @@ being evicted were. Three levels:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from kit.settings import SettingsError
 from kit.wait import wait_until
 from kura.api.namespace_metrics import NamespaceCollector
 from kura.cli import build_parser
-from kura.core.namespace_rule import NamespaceRules
+from kura.core.namespace_rule import NO_RULES, NamespaceRules
 from kura.settings import load_settings
 from kura.settings_rules import parse_namespace_rules
 from kura.storage.budget import TmpBudget
@@ -290,6 +292,47 @@ async def test_shed_age_shows_min_age_respected_then_violated_when_the_disk_forc
     assert m[SHED_UNDER_AN_HOUR] == under
     assert m[SHED_MAIN] > under
     assert m['kura_namespace_shed_age_seconds_bucket{le="10800.0",rule="main"}'] == m[SHED_MAIN]
+
+
+def index_names(data_dir: Path) -> set[str]:
+    with contextlib.closing(sqlite3.connect(data_dir / "index.sqlite3")) as conn:
+        return {
+            str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")
+        }
+
+
+async def open_close(tmp_path: Path, rules: NamespaceRules) -> set[str]:
+    """The index names of ``tmp_path``'s node after it started with ``rules``, took one entry,
+    measured usage (only with rules) and stopped."""
+    s = CacheService(
+        data_dir=tmp_path / "data",
+        tmp_dir=tmp_path / "tmp",
+        tenant_id="t",
+        budget=TmpBudget(1 << 20, tmp_dir=tmp_path / "tmp"),
+        clock=ManualClock(),
+        max_disk_bytes=10 * SIZE,
+        min_free_disk_bytes=0,
+        namespace_rules=rules,
+    )
+    await s.start()
+    await write(s, "main", range(1))
+    usage = await s.enforce_quotas()  # what every expiry pass measures first
+    assert usage == ({"main": (SIZE, 1)} if rules else {})  # no scan without rules
+    await s.close()
+    return index_names(tmp_path / "data")
+
+
+async def test_the_per_namespace_index_exists_only_while_rules_are_set(tmp_path: Path) -> None:
+    """``artifacts_by_namespace_access`` makes every touch flush dearer: a node without rules
+    (the default) has only ``artifacts_by_namespace`` and measures no usage, as before rules
+    existed; one started with rules builds it, and drops it when started again without (it was
+    built on every node)."""
+    assert "artifacts_by_namespace_access" not in await open_close(tmp_path, NO_RULES)
+    with_rules = await open_close(tmp_path, parse_namespace_rules(RULES))
+    assert {"artifacts_by_namespace", "artifacts_by_namespace_access"} <= with_rules
+    without = await open_close(tmp_path, NO_RULES)
+    assert "artifacts_by_namespace" in without
+    assert "artifacts_by_namespace_access" not in without
 
 
 # -- the setting -----------------------------------------------------------------------------

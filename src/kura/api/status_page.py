@@ -299,7 +299,7 @@ def _namespaces(status: dict[str, Any]) -> str:
             ["namespace", "rule", "bytes", "artifacts"],
             usage,
             {2, 3},
-            "Not measured yet (every expiry pass measures it).",
+            "Not measured yet (every expiry pass measures it while KURA_NAMESPACE_RULES is set).",
         )
         + '</div><h3>Rules (KURA_NAMESPACE_RULES)</h3><div id="namespace-rules">'
         + _table([*headers, "median shed age"], rules, {4, 5, 6, 7, 8}, "No rules.")
