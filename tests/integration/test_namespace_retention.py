@@ -348,6 +348,8 @@ async def test_the_per_namespace_index_exists_only_while_rules_are_set(tmp_path:
         ("pr-*:quota=0", "quota must be above 0"),
         ("pr-*:max_age=1h,min_age=2h", "min_age must be below max_age"),
         ("pr-*:quota=ten", "expected a byte count"),
+        ("(default):quota=1G", "'(default)' is a reserved metric label"),
+        ("(other):max_age=1d", "'(other)' is a reserved metric label"),
     ],
 )
 def test_a_bad_rule_is_refused_at_start_naming_it(text: str, problem: str) -> None:
