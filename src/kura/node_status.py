@@ -9,6 +9,7 @@ public shape, which ``kura status`` and the status page read (``docs/status-page
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -74,10 +75,16 @@ def _namespaces(node: Node) -> list[dict[str, Any]]:
     ]
 
 
+def _finite(seconds: float | None) -> float | None:
+    """``seconds``, or None for ``inf``: JSON (RFC 8259) has no Infinity."""
+    return None if seconds is None or math.isinf(seconds) else seconds
+
+
 def _namespace_rules(node: Node) -> list[dict[str, Any]]:
     """Each rule of ``KURA_NAMESPACE_RULES`` in order, then ``(default)`` (namespaces no rule
     matches): what it states (None: the global setting), its evictions by reason since start,
-    and the median shed age (the upper bound of its bucket, seconds; None: nothing evicted)."""
+    and the median shed age (the upper bound of its bucket, seconds; None: nothing evicted, or
+    the median is past the last bound, which the page tells apart by the evictions)."""
     s = node.service.stats
     rows: list[tuple[str, float | None, int | None, float]] = [
         (r.pattern, r.max_age_seconds, r.quota_bytes, r.min_age_seconds)
@@ -93,7 +100,7 @@ def _namespace_rules(node: Node) -> list[dict[str, Any]]:
             "evictions": {
                 reason: s.namespace_evictions_total.get((label, reason), 0) for reason in REASONS
             },
-            "shed_age_median_seconds": s.shed_ages.quantile_seconds(label, 0.5),
+            "shed_age_median_seconds": _finite(s.shed_ages.quantile_seconds(label, 0.5)),
         }
         for label, max_age, quota, min_age in rows
     ]

@@ -12,9 +12,13 @@ being evicted were. Three levels:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +29,7 @@ from kit.settings import SettingsError
 from kit.wait import wait_until
 from kura.api.namespace_metrics import NamespaceCollector
 from kura.cli import build_parser
-from kura.core.namespace_rule import NamespaceRules
+from kura.core.namespace_rule import NO_RULES, NamespaceRules
 from kura.settings import load_settings
 from kura.settings_rules import parse_namespace_rules
 from kura.storage.budget import TmpBudget
@@ -124,6 +128,37 @@ def test_a_namespace_over_its_quota_loses_its_own_oldest_entries_not_another_s(
     assert usage["team-b"] == ("(default)", 4 * SIZE)
     assert '<section id="namespaces">' in page
     assert "<code>team-a</code>" in page
+
+
+def strict_json(text: str) -> Any:
+    """``text`` parsed as RFC 8259 JSON: ``Infinity``, ``-Infinity`` and ``NaN`` refused."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_median_shed_age_past_the_last_bucket_is_null_in_status_and_over_90d_on_the_page(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Entries evicted 100 days after their last use: the median falls past the histogram's
+    last bound (90 d). ``/status`` sent it as ``Infinity``, which no strict parser reads."""
+    node = start_node(max_disk_bytes=10 * SIZE, inline_max_bytes=0)
+    for i in range(10):
+        put(node, "main", f"k{i}", os.urandom(SIZE))
+    assert node.stop() == 0
+    later = start_node(
+        prefix=faketime_prefix("+100d"), max_disk_bytes=10 * SIZE, inline_max_bytes=0
+    )
+    put(later, "main", "new", os.urandom(SIZE))  # over the disk's budget: the oldest go
+    with later.client() as c:
+        status = strict_json(c.get("/status").text)
+        page = c.get("/ui").text
+    (default,) = status["namespace_rules"]
+    assert default["evictions"]["lru"] >= 1
+    assert default["shed_age_median_seconds"] is None
+    assert "&gt; 90d" in page
 
 
 # -- min_age on a real node: respected while the disk allows, forced and warned when not -----
@@ -259,6 +294,47 @@ async def test_shed_age_shows_min_age_respected_then_violated_when_the_disk_forc
     assert m['kura_namespace_shed_age_seconds_bucket{le="10800.0",rule="main"}'] == m[SHED_MAIN]
 
 
+def index_names(data_dir: Path) -> set[str]:
+    with contextlib.closing(sqlite3.connect(data_dir / "index.sqlite3")) as conn:
+        return {
+            str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")
+        }
+
+
+async def open_close(tmp_path: Path, rules: NamespaceRules) -> set[str]:
+    """The index names of ``tmp_path``'s node after it started with ``rules``, took one entry,
+    measured usage (only with rules) and stopped."""
+    s = CacheService(
+        data_dir=tmp_path / "data",
+        tmp_dir=tmp_path / "tmp",
+        tenant_id="t",
+        budget=TmpBudget(1 << 20, tmp_dir=tmp_path / "tmp"),
+        clock=ManualClock(),
+        max_disk_bytes=10 * SIZE,
+        min_free_disk_bytes=0,
+        namespace_rules=rules,
+    )
+    await s.start()
+    await write(s, "main", range(1))
+    usage = await s.enforce_quotas()  # what every expiry pass measures first
+    assert usage == ({"main": (SIZE, 1)} if rules else {})  # no scan without rules
+    await s.close()
+    return index_names(tmp_path / "data")
+
+
+async def test_the_per_namespace_index_exists_only_while_rules_are_set(tmp_path: Path) -> None:
+    """``artifacts_by_namespace_access`` makes every touch flush dearer: a node without rules
+    (the default) has only ``artifacts_by_namespace`` and measures no usage, as before rules
+    existed; one started with rules builds it, and drops it when started again without (it was
+    built on every node)."""
+    assert "artifacts_by_namespace_access" not in await open_close(tmp_path, NO_RULES)
+    with_rules = await open_close(tmp_path, parse_namespace_rules(RULES))
+    assert {"artifacts_by_namespace", "artifacts_by_namespace_access"} <= with_rules
+    without = await open_close(tmp_path, NO_RULES)
+    assert "artifacts_by_namespace" in without
+    assert "artifacts_by_namespace_access" not in without
+
+
 # -- the setting -----------------------------------------------------------------------------
 
 
@@ -272,6 +348,8 @@ async def test_shed_age_shows_min_age_respected_then_violated_when_the_disk_forc
         ("pr-*:quota=0", "quota must be above 0"),
         ("pr-*:max_age=1h,min_age=2h", "min_age must be below max_age"),
         ("pr-*:quota=ten", "expected a byte count"),
+        ("(default):quota=1G", "'(default)' is a reserved metric label"),
+        ("(other):max_age=1d", "'(other)' is a reserved metric label"),
     ],
 )
 def test_a_bad_rule_is_refused_at_start_naming_it(text: str, problem: str) -> None:

@@ -203,3 +203,30 @@ async def test_a_pass_honours_each_namespace_s_max_age(
     assert toucher.refresh_ms == 900_000  # a quarter of the shortest age, 1 h
     assert await expiry.expiry_pass() == 3
     assert await keys(store) == set(kept)
+
+
+async def test_a_pass_deletes_an_orphan_marker_at_its_namespace_s_age(
+    seaweedfs: SeaweedFS, service: CacheService, clock: ManualClock
+) -> None:
+    """With rules and no KURA_MAX_AGE, a marker whose object is gone goes at its namespace's
+    age. Before, the recheck read the namespace off the marker key (``touch/ns-pr-0/...`` gave
+    ``ch``, which has no age): the marker stayed and was counted kept on every pass."""
+    store = store_for(seaweedfs, "orphan-rules")
+    orphan = touch_key("t", "pr-0", "gone")
+    kept = touch_key("t", "main", "gone")  # main's 30 d: a day-old orphan stays
+    for key in (orphan, kept):
+        await store.put_marker(key)
+    _, expiry = bucket_aging(
+        service,
+        store,
+        clock,
+        max_age_seconds=0,
+        interval_seconds=30,
+        max_deletes_per_second=100,
+        batch_size=10,
+        rules=parse_namespace_rules("main:max_age=30d;pr-*:max_age=1h"),
+    )
+    assert await expiry.expiry_pass() == 0  # no object deleted: only the marker
+    assert await keys(store) == {kept}
+    assert expiry.stats.markers_deleted_total == 1
+    assert expiry.stats.kept_total == 0

@@ -1,4 +1,4 @@
-"""kit.allocator: freed heap memory goes back to the system, and large buffers stay off mmap.
+"""kit.allocator: the trim returns freed heap memory to the system.
 
 Each case runs in a fresh interpreter, so its heap starts as glibc's own and no other test's
 allocations blur the resident-set figures.

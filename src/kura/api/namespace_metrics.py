@@ -2,8 +2,8 @@
 time from ``StorageStats``.
 
 * ``kura_namespace_used_bytes{cache_namespace}`` and ``kura_namespace_artifacts{...}``: what
-  each namespace holds on this node, as last measured (every expiry pass, and every eviction
-  pass while rules are set: ``storage.namespace_usage``). Only the ``TOP_NAMESPACES`` largest
+  each namespace holds on this node, as last measured (every expiry and eviction pass while
+  rules are set, none without: ``storage.namespace_usage``). Only the ``TOP_NAMESPACES`` largest
   by bytes get a series; the rest are summed under ``cache_namespace="(other)"``, so a mesh
   with a namespace per pull request keeps a bounded number of series. The label is not
   ``namespace``: Prometheus' Kubernetes discovery gives every series of a pod that label (its

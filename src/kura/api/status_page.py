@@ -33,6 +33,7 @@ from kura.api.http import ctx, endpoint
 from kura.api.probes import PROTOCOL, STATUS_KEY
 from kura.console import bootstrap_fraction, human_bytes
 from kura.core.errors import Forbidden, Unauthenticated
+from kura.core.namespace_rule import SHED_AGE_BUCKETS
 
 PATH = "/ui"
 REFRESH_SECONDS = 5
@@ -245,12 +246,20 @@ def _age(seconds: float | None) -> str:
     """``30d``, ``12h``, ``15m``, ``45s``; ``-`` for None (the global setting, or nothing)."""
     if seconds is None:
         return "-"
-    if seconds == float("inf"):
-        return "> 90d"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
+
+
+def _shed_age(rule: dict[str, Any]) -> str:
+    """A rule's median shed age: ``-`` when nothing was shed (expiry is not counted), ``> 90d``
+    when the median is past the histogram's last bound (``null`` in ``/status``)."""
+    median = rule["shed_age_median_seconds"]
+    if median is not None:
+        return _age(median)
+    shed = sum(rule["evictions"].get(reason, 0) for reason in ("quota", "lru", "forced"))
+    return f"> {_age(SHED_AGE_BUCKETS[-1])}" if shed else "-"
 
 
 def _namespaces(status: dict[str, Any]) -> str:
@@ -280,7 +289,7 @@ def _namespaces(status: dict[str, Any]) -> str:
                 _e(ev.get("quota", 0)),
                 _e(ev.get("lru", 0)),
                 f'<span class="warn">{_e(forced)}</span>' if forced else "0",
-                _e(_age(r["shed_age_median_seconds"])),
+                _e(_shed_age(r)),
             ]
         )
     headers = ["rule", "max age", "quota", "min age", "expired", "over quota", "LRU", "forced"]
@@ -290,7 +299,7 @@ def _namespaces(status: dict[str, Any]) -> str:
             ["namespace", "rule", "bytes", "artifacts"],
             usage,
             {2, 3},
-            "Not measured yet (every expiry pass measures it).",
+            "Not measured yet (every expiry pass measures it while KURA_NAMESPACE_RULES is set).",
         )
         + '</div><h3>Rules (KURA_NAMESPACE_RULES)</h3><div id="namespace-rules">'
         + _table([*headers, "median shed age"], rules, {4, 5, 6, 7, 8}, "No rules.")

@@ -124,7 +124,8 @@ def parse_rules(
     and sizes are read by the given parsers (``KURA_MAX_AGE``'s and the byte settings'); empty
     text = no rules. Raises ValueError naming the rule and the problem: an empty pattern, an
     unknown or repeated field, a value its parser refuses, a quota of 0, a min_age at or above
-    the rule's max_age, or a pattern given twice (the second could never match)."""
+    the rule's max_age, a pattern given twice (the second could never match), or one of the
+    reserved labels ``DEFAULT_RULE`` and ``OTHER`` (its series would merge with theirs)."""
     rules: list[NamespaceRule] = []
     for part in (p.strip() for p in text.split(";")):
         if not part:
@@ -135,6 +136,11 @@ def parse_rules(
             raise ValueError(f"rule {part!r}: must start with a namespace or pattern, then ':'")
         if not sep or not fields_text.strip():
             raise ValueError(f"rule {part!r}: names no max_age, quota or min_age")
+        if pattern in (DEFAULT_RULE, OTHER):
+            raise ValueError(
+                f"rule {part!r}: {pattern!r} is a reserved metric label (namespaces without a "
+                "rule, or the smaller namespaces summed), not a namespace"
+            )
         if any(r.pattern == pattern for r in rules):
             raise ValueError(f"rule {part!r}: {pattern!r} is given twice")
         values: dict[str, str] = {}

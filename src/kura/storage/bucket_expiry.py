@@ -137,8 +137,9 @@ class BucketExpiry:
         cutoffs: dict[str, int | None] = {}  # namespace -> its cut-off (None: never)
 
         def cutoff_ms(key: str) -> int | None:
-            """The cut-off of an object key: its namespace's rule's age, else KURA_MAX_AGE."""
-            namespace = namespace_of(tenant, key)
+            """The cut-off of an object or marker key: its namespace's rule's age, else
+            KURA_MAX_AGE (a marker's namespace is that of the object it stands for)."""
+            namespace = namespace_of(tenant, marker_object_key(tenant, key) or key)
             if namespace not in cutoffs:
                 age = self.rules.max_age_seconds(namespace, self.max_age_seconds)
                 cutoffs[namespace] = (

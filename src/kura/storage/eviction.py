@@ -108,8 +108,12 @@ class Eviction(StorageState):
         """Measure every namespace's usage and evict what is over its quota
         (``_evict_over_quota_sync``; the expiry pass calls it, so a quota holds within one
         ``KURA_EXPIRY_INTERVAL`` even while the disk has room). Returns namespace -> (bytes,
-        entries) after it. Raises ``ResourceExhausted`` while the index is read-only."""
+        entries) after it; empty without ``KURA_NAMESPACE_RULES``, measuring nothing (only rules
+        need it, and the scan needs their index, ``storage.schema``). Raises
+        ``ResourceExhausted`` while the index is read-only."""
         self._check_writable()
+        if not self.namespace_rules:
+            return {}
 
         def run() -> dict[str, tuple[int, int]]:
             self._evict_over_quota_sync("", self._eviction_floor_ms())

@@ -10,9 +10,10 @@ seconds; a pass records what is still in memory before it selects anything
 
 **Per namespace.** With ``KURA_NAMESPACE_RULES`` each namespace has its own age (its rule's
 ``max_age``, else ``KURA_MAX_AGE``; none for 0), and a pass deletes each namespace's entries
-past it, one namespace at a time (a seek on ``artifacts_by_namespace_access``). Every pass
-first measures each namespace's usage and evicts what is over a quota
-(``CacheService.enforce_quotas``), so quotas hold within one interval while the disk has room.
+past it, one namespace at a time (a seek on ``artifacts_by_namespace_access``, which exists
+only while rules are set: ``storage.schema``). Every pass with rules first measures each
+namespace's usage and evicts what is over a quota (``CacheService.enforce_quotas``; nothing
+without rules), so quotas hold within one interval while the disk has room.
 
 **Local, never replicated.** Each node applies the rule to its own access times; an expiry is
 not a tombstone and is not shipped to peers, exactly like an LRU eviction. Reads touch only the
@@ -143,7 +144,7 @@ class Expiry:
         await every(one_pass, self.interval_seconds, what="expiry pass", log=log, sleep=self._sleep)
 
     async def expiry_pass(self) -> int:
-        """Measure every namespace's usage and enforce the quotas (``enforce_quotas``), then
+        """With rules, measure every namespace's usage and enforce the quotas (``enforce_quotas``), then
         delete every artifact last used before now - its max age (its namespace's rule's, else
         ``KURA_MAX_AGE``; none for 0), at the bounded rate (module docstring). Returns how
         many were deleted for age. Raises ``ResourceExhausted`` (read-only index) before

@@ -49,6 +49,7 @@ from kura.storage.schema import (
     SCHEMA,
     SCHEMA_VERSION,
     migrate_schema,
+    namespace_access_index,
     row_to_manifest,
     write_transaction,
 )
@@ -127,6 +128,11 @@ class MetadataIndex:
             conn.execute("PRAGMA busy_timeout=5000")
             self._local.conn = conn
         return conn
+
+    def keep_namespace_access_index(self, wanted: bool) -> None:
+        """Create or drop the per-namespace index (``schema.namespace_access_index``). Call on
+        the writer thread of a writable index."""
+        namespace_access_index(self._conn(), wanted)
 
     def group_commits(self) -> Callable[[], None]:
         """Call on the writer thread: its COMMITs stop fsyncing (``synchronous=NORMAL``). Returns

@@ -3,9 +3,10 @@ what each namespace holds, and the clause that keeps a namespace's young entries
 eviction (its ``min_age``).
 
 Usage is measured by one scan of the covering index ``artifacts_by_namespace_access``,
-``GROUP BY namespace_id`` (0.2 to 0.25 s per million rows measured here, on the writer thread): at every expiry pass while rules or ``KURA_MAX_AGE`` are set, and at
-every eviction pass while rules are set, never per request. The gauges show the last
-measurement (``StorageStats.namespace_usage``).
+``GROUP BY namespace_id`` (0.2 to 0.25 s per million rows measured here, on the writer
+thread), at every expiry and eviction pass, only while rules are set (the index exists only
+then: ``storage.schema``), never per request. The gauges show the last measurement
+(``StorageStats.namespace_usage``): empty without rules.
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ def usage(conn: sqlite3.Connection) -> dict[str, tuple[int, int]]:
         "SELECT namespace_id, SUM(size), COUNT(*) FROM artifacts GROUP BY namespace_id"
     ).fetchall()
     return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
-
-
-def namespaces(conn: sqlite3.Connection) -> list[str]:
-    """Every namespace with at least one entry, in order (a walk of ``artifacts_by_namespace_access``)."""
-    return [str(r[0]) for r in conn.execute("SELECT DISTINCT namespace_id FROM artifacts")]
 
 
 def protected(rules: NamespaceRules, present: Sequence[str], now_ms: int) -> Protected:

@@ -47,21 +47,13 @@ CREATE TABLE IF NOT EXISTS artifacts (
     xxh3_128       TEXT,
     seq            INTEGER
 );
--- artifacts_by_namespace_access (below) starts with namespace_id: it serves every query the
--- namespace_id-only index served (a clean, a namespace's newest version), so that one goes.
-DROP INDEX IF EXISTS artifacts_by_namespace;
+CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
 -- Eviction order, ties (a bootstrap stamps its copies alike) by oldest version: the whole order
 -- in the index, so a batch reads O(batch) rows however large a tie is. It replaces the
 -- last_access_ms-only index; the DROP is a no-op after the first open.
 DROP INDEX IF EXISTS artifacts_by_access;
 CREATE INDEX IF NOT EXISTS artifacts_by_access_version
     ON artifacts(last_access_ms, version_ms, artifact_id);
--- Age expiry and quota eviction of one namespace (KURA_NAMESPACE_RULES, storage.eviction); with
--- size it covers the usage scan (namespace_usage.usage: 0.2 s per million rows, against 2 s
--- through artifacts_by_namespace and the table). Its cost: a touch updates it too (a flush of
--- 10k touches in 500k rows took 1.6-2.1 s against 1.4-1.6 s without it, measured here).
-CREATE INDEX IF NOT EXISTS artifacts_by_namespace_access
-    ON artifacts(namespace_id, last_access_ms, version_ms, artifact_id, size);
 -- Bootstrap pages newest first (mesh.bootstrap_budget). Indexes, not a schema change: a file of
 -- any schema version gets them at its next writable open (built once, O(rows)).
 CREATE INDEX IF NOT EXISTS artifacts_by_version ON artifacts(version_ms DESC, artifact_id);
@@ -83,6 +75,25 @@ CREATE INDEX IF NOT EXISTS outbox_by_peer ON outbox(peer, id);
 -- Eviction skips artifacts with a pending object-tier upload (paging.least_recently_used).
 CREATE INDEX IF NOT EXISTS outbox_by_artifact ON outbox(artifact_id);
 """
+
+# Age expiry and quota eviction of one namespace (KURA_NAMESPACE_RULES, storage.eviction); with
+# size it covers the usage scan (namespace_usage.usage: 0.2 s per million rows, against 2 s
+# through artifacts_by_namespace and the table). Every touch flush updates it too, so it exists
+# only while rules are set (``namespace_access_index``; docs/durability.md has the figures).
+NAMESPACE_ACCESS_INDEX = (
+    "CREATE INDEX IF NOT EXISTS artifacts_by_namespace_access "
+    "ON artifacts(namespace_id, last_access_ms, version_ms, artifact_id, size)"
+)
+
+
+def namespace_access_index(conn: sqlite3.Connection, wanted: bool) -> None:
+    """Create ``artifacts_by_namespace_access`` when ``wanted`` (``KURA_NAMESPACE_RULES`` is
+    set; built once, O(rows log rows)), else drop it: a node without rules pays no per-touch
+    cost for it. Idempotent; call on the writer's connection of a writable index."""
+    conn.execute(
+        NAMESPACE_ACCESS_INDEX if wanted else "DROP INDEX IF EXISTS artifacts_by_namespace_access"
+    )
+
 
 COLUMNS = (
     "artifact_id, producer, namespace_id, key, content_type, size, sha256, version_ms, "

@@ -213,6 +213,8 @@ class CacheService(ReplicaApply):
         self._index, self.start_report = open_storage(self.files)
         if not self._index.read_only:
             self._writer.set_sync(self._index.group_commits())
+            # Only rules need it, and every touch flush pays for it (storage.schema).
+            self._index.keep_namespace_access_index(bool(self.namespace_rules))
         self.quarantine.open()
         latest = self._index.max_version_ms()
         self.versions.observe(latest)  # a restart never goes backwards
