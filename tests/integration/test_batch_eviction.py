@@ -91,6 +91,37 @@ async def test_every_blob_a_batch_writes_is_queued_for_every_peer(tmp_path: Path
         await service.close()
 
 
+async def test_a_batch_never_fills_a_peer_queue_past_its_cap(tmp_path: Path) -> None:
+    """KURA_OUTBOX_MAX_DEPTH is a cap, not a threshold: a batch arriving with room for 3 more
+    messages queues its first 3 blobs for the peer and skips the rest (counted, the peer
+    marked to catch up). The cap was checked once per batch, so a queue one message short of
+    it took the whole batch: 21 of a cap of 20 in a full test run."""
+    clock = ManualClock()
+    service = store(tmp_path, clock, targets=lambda: ("peer-a",), outbox_max_depth=5)
+    await service.start()
+    try:
+        first = [os.urandom(100) for _ in range(2)]
+        then = [os.urandom(100) for _ in range(4)]
+        for bodies in (first, then):
+            results = await service.put_batch(
+                batch(bodies), limit_bytes=BUDGET, content_type="application/octet-stream"
+            )
+            assert all(isinstance(r, PutResult) for r in results)
+        queued = [
+            aid
+            for (aid,) in service._require_index()
+            .connection()
+            .execute("SELECT artifact_id FROM outbox WHERE peer = 'peer-a' ORDER BY id")
+        ]
+        ids = [service.artifact_id(b.ref) for b in batch(first + then)]
+        assert queued == ids[:5]  # the first batch, and the first 3 of the second
+        assert service.queues.depth("peer-a") == 5
+        assert service.queues.skipped_total == {"peer-a": 1}
+        assert "peer-a" in service.queues.marks  # to catch up on what it missed
+    finally:
+        await service.close()
+
+
 # -- a kill between a batch's publish and its commit -------------------------------------------
 
 

@@ -236,7 +236,9 @@ class BatchWrite(WritePath):
                 results.append(PutResult(manifest, old is None, outcome))
             if published:
                 failpoint("storage.after_publish")  # files published, no row yet (crash tests)
-            admitted = self.queues.admit(index.connection(), peers, self.clock.now_ms())
+            admitted = self.queues.admit_many(
+                index.connection(), peers, self.clock.now_ms(), len(rows)
+            )
             index.upsert_many(rows, self.clock.now_ms(), admitted)
         except BaseException:
             for path in published:
@@ -249,7 +251,7 @@ class BatchWrite(WritePath):
             if old is None:
                 self.stats.artifacts += 1
         self.hot.invalidate([m.artifact_id for m, *_ in rows], replaced=any(olds))
-        self.queues.enqueued(admitted, per_peer=len(rows))
+        self.queues.enqueued(admitted)
         return results
 
 

@@ -34,7 +34,7 @@ import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from kura.core.manifest import Manifest
@@ -296,17 +296,19 @@ class MetadataIndex:
         and enqueue it for ``outbox_peers``, atomically; return the size it replaced (None if
         new)."""
         return self.upsert_many(
-            [(manifest, inline_body, stat_sig, xxh3_128)], now_ms, outbox_peers
+            [(manifest, inline_body, stat_sig, xxh3_128)], now_ms, dict.fromkeys(outbox_peers, 1)
         )[0]
 
     def upsert_many(
         self,
         rows: Sequence[tuple[Manifest, bytes | None, str | None, str | None]],
         now_ms: int,
-        outbox_peers: Sequence[str] = (),
+        outbox: Mapping[str, int] | None = None,
     ) -> list[int | None]:
         """``upsert`` for many ``(manifest, inline body, stat signature, XXH3-128)`` rows in one
-        transaction (one durable commit); return the sizes they replaced, in order. The rows
+        transaction (one durable commit), each of ``outbox``'s peers enqueued the first as many
+        rows as it maps to (``PeerQueues.admit_many``); return the sizes they replaced, in
+        order. The rows
         they replace are read in one statement per 500, the change numbers taken at once and
         the range digests folded once for the whole batch; a row given twice replaces the
         first."""
@@ -367,8 +369,8 @@ class MetadataIndex:
                 "VALUES (?, ?, ?, ?, ?)",
                 (
                     (p, UPSERT, m.artifact_id, m.version_ms, now_ms)
-                    for m, *_ in rows
-                    for p in outbox_peers
+                    for p, n in (outbox or {}).items()
+                    for m, *_ in rows[:n]
                 ),
             )
         return replaced

@@ -27,7 +27,7 @@ so the event loop may read them at any time.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from kura.core.errors import ResourceExhausted
@@ -118,27 +118,46 @@ class PeerQueues:
         ]
 
     def admit(self, conn: sqlite3.Connection, peers: Sequence[str], now_ms: int) -> list[str]:
-        """Writer thread, before a local write's transaction: the ``peers`` whose queue has room.
-        A peer at its cap is skipped (counted) and, if it was not yet, marked ``overflow``."""
-        kept = []
+        """Writer thread, before a local write's transaction: the ``peers`` whose queue has room
+        for its one message (``admit_many``)."""
+        return list(self.admit_many(conn, peers, now_ms, 1))
+
+    def admit_many(
+        self, conn: sqlite3.Connection, peers: Sequence[str], now_ms: int, count: int
+    ) -> dict[str, int]:
+        """Writer thread, before a transaction that enqueues ``count`` messages per peer (a
+        group commit's batch): how many of them each of ``peers`` takes, the first ones, up to
+        the room its queue has, so no queue ever holds more than its cap. A peer with no room
+        is left out; what a peer does not take is skipped (counted) and, if it was not yet,
+        the peer is marked ``overflow``."""
+        taken: dict[str, int] = {}
         for peer in peers:
             # The object tier's queue is never skipped: check_room refused the write instead.
-            if peer == OUTBOX_TARGET or self.depth(peer) < self.max_depth_per_peer:
-                kept.append(peer)
+            room = self.max_depth_per_peer - self.depth(peer)
+            n = count if peer == OUTBOX_TARGET else max(0, min(count, room))
+            if n:
+                taken[peer] = n
+            if n == count:
                 continue
-            self.skipped_total = {**self.skipped_total, peer: self.skipped_total.get(peer, 0) + 1}
+            skipped = count - n
+            self.skipped_total = {
+                **self.skipped_total,
+                peer: self.skipped_total.get(peer, 0) + skipped,
+            }
             if peer not in self.marks:
                 self._write_mark(
                     conn, CatchUpMark(peer, OVERFLOW, now_ms, now_ms - SINCE_MARGIN_MS, None, 0)
                 )
-        return kept
+        return taken
 
-    def enqueued(self, peers: Iterable[str], per_peer: int = 1) -> None:
-        """Writer thread, after a committed transaction enqueued ``per_peer`` rows per peer."""
+    def enqueued(self, peers: Iterable[str] | Mapping[str, int], per_peer: int = 1) -> None:
+        """Writer thread, after a committed transaction enqueued ``per_peer`` rows per peer of
+        ``peers``, or, for a mapping, as many as it maps each peer to."""
+        counts = peers if isinstance(peers, Mapping) else dict.fromkeys(peers, per_peer)
         depths = dict(self.depths)
-        for peer in peers:
-            depths[peer] = depths.get(peer, 0) + per_peer
-            self._gauge().outbox_depth += per_peer
+        for peer, n in counts.items():
+            depths[peer] = depths.get(peer, 0) + n
+            self._gauge().outbox_depth += n
         self.depths = depths
 
     def acked(self, conn: sqlite3.Connection, ids: Sequence[int]) -> int:
