@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kura.core.errors import NotFound
-from kura.core.manifest import Manifest
 from kura.storage.artifact import ArtifactRef, StoredBody
 from kura.storage.ports import ArtifactReader
-from kura.storage.verify import ReadVerifier
+from kura.storage.reader_wrapper import ReaderWrapper
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class FillSource(Protocol):
         ...
 
 
-class FillingReader:
+class FillingReader(ReaderWrapper):
     """``inner`` with its misses asked of ``source`` (module docstring)."""
 
     def __init__(
@@ -58,16 +57,9 @@ class FillingReader:
         """``note_read(artifact_id)``: a read served from a body in memory, to be noted as a
         use like any other read (the LRU, ``KURA_MAX_AGE`` and the bucket's touch markers);
         a stored fill is read back from ``inner``, which notes it."""
-        self._inner = inner
+        super().__init__(inner)
         self._source = source
         self._note_read = note_read
-
-    @property
-    def verifier(self) -> ReadVerifier:
-        return self._inner.verifier
-
-    def artifact_id(self, ref: ArtifactRef) -> str:
-        return self._inner.artifact_id(ref)
 
     async def exists(self, ref: ArtifactRef) -> bool:
         return await self._inner.exists(ref)
@@ -113,20 +105,3 @@ class FillingReader:
                 still.extend(miss[n:])
                 break
         return still
-
-    async def read_manifest(self, aid: str) -> Manifest | None:
-        return await self._inner.read_manifest(aid)
-
-    async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
-        return await self._inner.read_by_id(aid, hashed=hashed)
-
-    async def read_many(
-        self, aids: Sequence[str], *, as_reads: bool = False
-    ) -> list[StoredBody | None]:
-        return await self._inner.read_many(aids, as_reads=as_reads)
-
-    async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
-        return await self._inner.report_corrupt(manifest, detected_by)
-
-    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
-        self._inner.record_xxh3_128(found)

@@ -20,10 +20,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kura.core.errors import NotFound
-from kura.core.manifest import Manifest
 from kura.storage.artifact import ArtifactRef, StoredBody
 from kura.storage.ports import ArtifactReader
-from kura.storage.verify import ReadVerifier
+from kura.storage.reader_wrapper import ReaderWrapper
 
 
 def each_namespace(reader: ArtifactReader, ref: ArtifactRef) -> list[ArtifactRef]:
@@ -42,12 +41,12 @@ def overlay_reader(inner: ArtifactReader, reads: tuple[str, ...]) -> ArtifactRea
     return inner if len(reads) < 2 else OverlayReader(inner, reads)
 
 
-class OverlayReader:
+class OverlayReader(ReaderWrapper):
     """``inner`` with refs of ``reads[0]`` read in each of ``reads`` in turn (module
     docstring). Safe to call concurrently when ``inner`` is."""
 
     def __init__(self, inner: ArtifactReader, reads: tuple[str, ...]) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._reads = reads
 
     def each(self, ref: ArtifactRef) -> list[ArtifactRef]:
@@ -55,13 +54,6 @@ class OverlayReader:
         if ref.namespace_id != self._reads[0]:
             return [ref]
         return [ref, *(replace(ref, namespace_id=ns) for ns in self._reads[1:])]
-
-    @property
-    def verifier(self) -> ReadVerifier:
-        return self._inner.verifier
-
-    def artifact_id(self, ref: ArtifactRef) -> str:
-        return self._inner.artifact_id(ref)
 
     async def exists(self, ref: ArtifactRef) -> bool:
         for each in self.each(ref):
@@ -101,20 +93,3 @@ class OverlayReader:
                 if r.namespace_id != self._reads[0] or (r.producer, r.key) not in gone
             ]
         return left
-
-    async def read_manifest(self, aid: str) -> Manifest | None:
-        return await self._inner.read_manifest(aid)
-
-    async def read_by_id(self, aid: str, *, hashed: bool = False) -> StoredBody:
-        return await self._inner.read_by_id(aid, hashed=hashed)
-
-    async def read_many(
-        self, aids: Sequence[str], *, as_reads: bool = False
-    ) -> list[StoredBody | None]:
-        return await self._inner.read_many(aids, as_reads=as_reads)
-
-    async def report_corrupt(self, manifest: Manifest, detected_by: str) -> bool:
-        return await self._inner.report_corrupt(manifest, detected_by)
-
-    def record_xxh3_128(self, found: Sequence[tuple[Manifest, str]]) -> None:
-        self._inner.record_xxh3_128(found)
