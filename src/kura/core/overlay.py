@@ -107,7 +107,10 @@ class NamespaceView(NamedTuple):  # a tuple, as ``Asked``
     def writable(self) -> str:
         """``write``, or ``Forbidden`` when this request may not write."""
         if self.write is None:
-            raise Forbidden("this credential may not write the namespace this request names")
+            raise Forbidden(
+                "this request would store content, and its credential writes nothing here: "
+                "it names a namespace the credential only reads, or the credential writes none"
+            )
         return self.write
 
 
