@@ -58,6 +58,10 @@ class Manifest:
     created_at_ms: int
     inline: bool = False
     headers: dict[str, str] = field(default_factory=dict)
+    # Who wrote it (issue 29 item 4, ``kura.core.provenance``): the credential of the local write
+    # that made this version, carried unchanged by replicas, bootstrap and the bucket tier. ""
+    # for versions written before provenance was recorded, or by a peer that does not send it.
+    writer: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """Every field, by name, with ``headers`` copied: what ``dataclasses.asdict`` gives, at
@@ -103,9 +107,23 @@ class Manifest:
                 created_at_ms=int(data["created_at_ms"]),
                 inline=bool(data.get("inline", False)),
                 headers=parsed,
+                writer=_writer_of(data.get("writer", "")),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"invalid manifest: {exc}") from exc
 
 
 _FIELDS = tuple(f.name for f in fields(Manifest))
+
+MAX_WRITER_CHARS = 200
+# A writer is shown to operators and matched by ``kura admin``: visible ASCII only, so a peer's
+# manifest cannot carry a control character into a log line or a terminal.
+_WRITER = re.compile(rf"[\x21-\x7e]{{0,{MAX_WRITER_CHARS}}}")
+
+
+def _writer_of(value: object) -> str:
+    if not isinstance(value, str) or not _WRITER.fullmatch(value):
+        raise ValueError(
+            f"writer must be at most {MAX_WRITER_CHARS} visible ASCII characters (no space)"
+        )
+    return value

@@ -4,7 +4,7 @@ write (``PutResult``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from kura.core.manifest import Manifest
@@ -13,11 +13,14 @@ from kura.core.version import ApplyOutcome
 
 @dataclass(frozen=True)
 class ArtifactRef:
-    """What a protocol names: producer (protocol family), namespace and key."""
+    """What a protocol names: producer (protocol family), namespace and key; and, for a write,
+    ``writer``: who makes it (``kura.core.provenance``, recorded in the manifest). Two refs name
+    the same artifact whoever writes it: ``writer`` takes no part in equality."""
 
     producer: str
     namespace_id: str
     key: str
+    writer: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,7 @@ class WritePath(Eviction):
             created_at_ms=self.clock.now_ms(),
             inline=inline,
             headers=headers,
+            writer=ref.writer,
         )
 
     def _commit_sync(
