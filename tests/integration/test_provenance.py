@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from kura.storage.artifact import ArtifactRef
+from kura.storage.artifact import ArtifactRef, WriterUsage
+from kura.storage.service import CacheService
 from tests.conftest import NodeProcess, node_env
 from tests.e2e.mesh import Mesh, wait_for
 from tests.inprocess import InProcessNode, start_in_process
+from tests.integration.test_fill import make_store
 
 T = TypeVar("T")
 CI, EVIL = "token:ci-main", "token:evil"
@@ -89,3 +91,41 @@ def test_the_writer_arrives_unchanged_through_the_outbox_and_a_bootstrap(
         assert {v for _w, v, _s in rows(newcomer).values()} == {"bootstrap"}
     finally:
         assert newcomer.stop() == 0
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[CacheService]:
+    service = make_store(tmp_path)
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.close()
+
+
+async def _put(service: CacheService, writer: str, key: str, body: bytes, ns: str = "main") -> int:
+    ref = ArtifactRef("nx", ns, key, writer=writer)
+    return (await service.put_inline(ref, body, "application/octet-stream")).manifest.version_ms
+
+
+async def test_writers_lists_each_writer_by_bytes_and_written_by_its_entries_newest_first(
+    store: CacheService,
+) -> None:
+    await _put(store, CI, "a", b"1" * 10)
+    await _put(store, CI, "b", b"2" * 20)
+    evil_first = await _put(store, EVIL, "c", b"3" * 100)
+    evil_last = await _put(store, EVIL, "d", b"4" * 5)
+    await _put(store, EVIL, "other", b"5" * 7, ns="pr-1")  # another namespace: not counted
+    usage = await store.writers("main")
+    assert usage == [
+        WriterUsage(EVIL, 2, 105, evil_last, ("local",)),
+        WriterUsage(CI, 2, 30, usage[1].last_version_ms, ("local",)),
+    ]
+    assert await store.writers("nothing-here") == []
+    got = await store.written_by("main", EVIL, 10)
+    assert [(m.key, m.version_ms, m.writer) for m in got] == [
+        ("d", evil_last, EVIL),
+        ("c", evil_first, EVIL),
+    ]
+    assert [m.key for m in await store.written_by("main", EVIL, 1)] == ["d"]
+    assert await store.written_by("main", "token:nobody", 10) == []
