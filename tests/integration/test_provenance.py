@@ -208,3 +208,23 @@ def test_a_purge_removes_exactly_one_writers_entries_on_every_node_and_stays_pur
     assert version > purge.version_ms
     for node in mesh3.nodes:
         assert wait_for(lambda n=node: _holdings(n).get("evil-0") == (EVIL, 11), 30)
+
+
+async def test_a_peer_no_pull_catches_up_is_re_offered_the_purges_with_the_tombstones(
+    store: CacheService,
+) -> None:
+    """A marked peer that no pull will catch up (the bucket tier, a peer that does not list
+    this node) gets the cleans it missed through its queue (``OutboxLog.reoffer_tombstones``):
+    a purge of a writer is one of them, or that peer would keep serving the writer's entries."""
+    await _put(store, EVIL, "e", b"evil")
+    await store.delete_namespace("cleaned")
+    purge = await store.purge_writer("main", EVIL)
+    peer = "http://127.0.0.1:9"
+    assert await store.replica_log.reoffer_tombstones(peer, 0) == 2
+    batch = await store.replica_log.outbox_batch(peer, 10)
+    assert sorted((m.kind, m.namespace_id, m.writer) for m in batch) == [
+        ("delete_namespace", "cleaned", ""),
+        ("purge_writer", "main", EVIL),
+    ]
+    assert next(m for m in batch if m.writer).version_ms == purge.version_ms
+    assert await store.replica_log.reoffer_tombstones(peer, purge.version_ms + 1) == 0

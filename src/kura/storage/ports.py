@@ -436,8 +436,9 @@ class OutboxLog(Protocol):
         ...
 
     async def reoffer_tombstones(self, peer: str, since_ms: int) -> int:
-        """Enqueue for ``peer`` every namespace tombstone at or above version ``since_ms``, in
-        one transaction; how many (the object-storage tier's catch-up, ``mesh.catch_up``)."""
+        """Enqueue for ``peer`` every namespace tombstone and every purge of a writer's entries
+        at or above version ``since_ms``, in one transaction; how many (the catch-up of a peer
+        no pull catches up, the object-storage tier's among them, ``mesh.catch_up``)."""
         ...
 
     async def clear_mark(self, peer: str, skipped_at_start: int) -> bool:
