@@ -9,22 +9,29 @@ routes do from the request's credential.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from kit.clock import ManualClock
+from kit.wait import wait_until_async
 from kura.core.version import ApplyOutcome
+from kura.mesh.catch_up import CatchUp
+from kura.mesh.client import PeerClient
 from kura.mesh.wire import MANIFEST_HEADER, OUTCOME_HEADER, encode_manifest
 from kura.storage.artifact import ArtifactRef, WriterUsage
+from kura.storage.outbox import PURGE_WRITER
 from kura.storage.service import CacheService
 from tests import oneshot
 from tests.conftest import NodeProcess, node_env
 from tests.e2e.mesh import Mesh, wait_for
 from tests.inprocess import InProcessNode, start_in_process
 from tests.integration.test_fill import make_store
+from tests.integration.test_replica_log import one_peer
 
 T = TypeVar("T")
 CI, EVIL = "token:ci-main", "token:evil"
@@ -228,3 +235,46 @@ async def test_a_peer_no_pull_catches_up_is_re_offered_the_purges_with_the_tombs
     ]
     assert next(m for m in batch if m.writer).version_ms == purge.version_ms
     assert await store.replica_log.reoffer_tombstones(peer, purge.version_ms + 1) == 0
+
+
+@pytest.mark.in_process
+async def test_a_marked_peer_told_to_pull_is_re_offered_the_purges_the_feed_does_not_carry(
+    store: CacheService, start_node: Callable[..., NodeProcess], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer whose queue was dropped catches up by pulling this node's change feed, which
+    carries tombstones but not purges: once told to pull (a real peer that lists this node
+    answers 204), it is re-offered the purges since its mark through its queue, once."""
+    me = start_node("me").internal_url  # a real node the peer lists, so it takes the request
+    peer = start_node("peer", peers=me).internal_url
+    client = PeerClient("t", None)
+    await client.start()
+    try:
+        catch_up = CatchUp(
+            store.replica_log,
+            one_peer(client, me, peer),
+            ManualClock(),
+            forget_after_seconds=3600,
+            ask_to_pull=lambda p: client.ask_to_pull(p, me),
+        )
+        await store.replica_log.forget_peer(peer)  # marked
+        await _put(store, EVIL, "e", b"evil")
+        purge = await store.purge_writer("main", EVIL)  # a purge it missed (not queued for it)
+        assert store.replica_log.queues.depth(peer) == 0
+        told = f"re-offered {peer} 1 purges"
+
+        async def check() -> bool:  # until the peer's discovery has seen this node
+            await catch_up.check_once()
+            return told in caplog.text
+
+        with caplog.at_level(logging.INFO, logger="kura.mesh.catch_up"):
+            assert await wait_until_async(check, 30), caplog.text[-2000:]
+            await catch_up.check_once()  # told once: re-offered once
+        [message] = await store.replica_log.outbox_batch(peer, 10)
+        assert (message.kind, message.writer, message.version_ms) == (
+            PURGE_WRITER,
+            EVIL,
+            purge.version_ms,
+        )
+        assert peer in store.replica_log.queues.marks  # cleared by its pull, as before
+    finally:
+        await client.close()

@@ -215,17 +215,25 @@ class PeerQueues:
         return int(n)
 
     def enqueue_tombstones(
-        self, conn: sqlite3.Connection, peer: str, since_ms: int, now_ms: int
+        self,
+        conn: sqlite3.Connection,
+        peer: str,
+        since_ms: int,
+        now_ms: int,
+        *,
+        tombstones: bool = True,
     ) -> int:
-        """Writer thread: enqueue for ``peer`` every namespace tombstone and every purge of a
-        writer's entries (provenance) at or above ``since_ms`` (few: one per cleaned namespace
-        or purged writer), in one transaction. Returns how many."""
+        """Writer thread: enqueue for ``peer`` every namespace tombstone (unless not
+        ``tombstones``) and every purge of a writer's entries (provenance) at or above
+        ``since_ms`` (few: one per cleaned namespace or purged writer), in one transaction.
+        Returns how many."""
         with write_transaction(conn):
             rows = conn.execute(
-                "SELECT ?, '', namespace_id, version_ms FROM tombstones WHERE version_ms >= ? "
+                "SELECT ?, '', namespace_id, version_ms FROM tombstones "
+                "WHERE ? AND version_ms >= ? "
                 "UNION ALL SELECT ?, writer, namespace_id, version_ms FROM purges "
                 "WHERE version_ms >= ?",
-                (DELETE_NAMESPACE, since_ms, PURGE_WRITER, since_ms),
+                (DELETE_NAMESPACE, tombstones, since_ms, PURGE_WRITER, since_ms),
             ).fetchall()
             conn.executemany(
                 "INSERT INTO outbox (peer, kind, artifact_id, namespace_id, version_ms, "

@@ -441,6 +441,12 @@ class OutboxLog(Protocol):
         no pull catches up, the object-storage tier's among them, ``mesh.catch_up``)."""
         ...
 
+    async def reoffer_purges(self, peer: str, since_ms: int) -> int:
+        """Enqueue for ``peer`` every purge of a writer's entries at or above version
+        ``since_ms``, in one transaction; how many (a marked peer told to pull: the change feed
+        carries tombstones, not purges, ``mesh.catch_up``)."""
+        ...
+
     async def clear_mark(self, peer: str, skipped_at_start: int) -> bool:
         """Remove ``peer``'s catch-up mark, unless messages were skipped for it since
         ``queues.skipped_total[peer]`` was ``skipped_at_start``: then False (catch up again)."""
