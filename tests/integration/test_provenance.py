@@ -86,10 +86,10 @@ def test_the_writer_arrives_unchanged_through_the_outbox_and_a_bootstrap(
     write(a, EVIL, "k-evil", b"evil bytes")
     want = {"k-ci": CI, "k-evil": EVIL}
     assert rows(a) == {"k-ci": (CI, "", 8), "k-evil": (EVIL, "", 10)}
-    for peer in mesh3.nodes[1:]:  # the outbox push
+    for peer in mesh3.nodes[1:]:  # the outbox push, naming the node it came from
         assert wait_for(lambda p=peer: len(rows(p)) == 2, 30), peer.log()[-2000:]
         assert {k: w for k, (w, _v, _s) in rows(peer).items()} == want
-        assert {v for _w, v, _s in rows(peer).values()} == {"replication"}
+        assert {v for _w, v, _s in rows(peer).values()} == {a.internal_url}
 
     # A node no peer ships to (not in their KURA_PEERS) gets everything by its bootstrap.
     env = node_env(tmp_path / "newcomer", read_through="never")
@@ -98,7 +98,10 @@ def test_the_writer_arrives_unchanged_through_the_outbox_and_a_bootstrap(
     try:
         assert wait_for(lambda: len(rows(newcomer)) == 2, 30), newcomer.log()[-2000:]
         assert {k: w for k, (w, _v, _s) in rows(newcomer).items()} == want
-        assert {v for _w, v, _s in rows(newcomer).values()} == {"bootstrap"}
+        assert {v for _w, v, _s in rows(newcomer).values()} <= set(mesh3.internal_urls)
+        usage = on(newcomer, lambda n: n.service.writers("main"))
+        assert {u.writer: u.vias for u in usage}.keys() == {CI, EVIL}
+        assert all(set(u.vias) <= set(mesh3.internal_urls) for u in usage), usage
     finally:
         assert newcomer.stop() == 0
 

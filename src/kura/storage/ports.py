@@ -216,11 +216,13 @@ class ReplicaApplier(Protocol):
         source: str,
         reservation: Reservation | None = None,
         background: bool = False,
+        via: str = "",
     ) -> ApplyOutcome:
         """Apply a peer's copy at the peer's version (last writer wins, ``core.version``), never
         enqueued for other peers; staged under ``reservation`` (else a fail-fast one) and, with
         ``background``, on the low-priority background threads. ``FutureVersion`` for a version
-        more than ``KURA_MAX_CLOCK_SKEW_MS`` ahead."""
+        more than ``KURA_MAX_CLOCK_SKEW_MS`` ahead. ``via``: the peer it came from (its
+        internal URL), recorded with the row (provenance); ``source`` when unknown."""
         ...
 
 
@@ -315,10 +317,11 @@ class ReplicaSink(ReplicaApplier, Protocol):
         ...
 
     async def apply_small_replicas(
-        self, items: Sequence[tuple[Manifest, bytes]], *, source: str
+        self, items: Sequence[tuple[Manifest, bytes]], *, source: str, via: str = ""
     ) -> list[ApplyOutcome | KuraError]:
         """Apply many small copies inline in one transaction: per item its outcome or the
-        error that refused it; ``ResourceExhausted``/``Unavailable`` when none could be."""
+        error that refused it; ``ResourceExhausted``/``Unavailable`` when none could be.
+        ``via``: the peer they came from, as ``apply_replica``'s."""
         ...
 
     async def delete_namespace(
