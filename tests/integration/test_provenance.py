@@ -281,3 +281,29 @@ async def test_a_marked_peer_told_to_pull_is_re_offered_the_purges_the_feed_does
         assert peer in store.replica_log.queues.marks  # cleared by its pull, as before
     finally:
         await client.close()
+
+
+@pytest.mark.in_process
+def test_a_malformed_purge_from_a_peer_is_refused_and_purges_nothing(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node("node")
+    write(node, EVIL, "e", b"evil")
+    url = node.internal_url + "/_internal/replicate/writer"
+    for params, message in [
+        ({"namespace_id": "main", "version_ms": "9" * 15}, "writer is required"),
+        ({"namespace_id": "main", "writer": "a b", "version_ms": "9"}, "visible ASCII"),
+        ({"namespace_id": "main", "writer": "x\x1b[31m", "version_ms": "9"}, "visible ASCII"),
+        ({"namespace_id": "main", "writer": EVIL}, "version_ms is required"),
+        ({"namespace_id": "main", "writer": EVIL, "version_ms": "0"}, "version_ms"),
+    ]:
+        r = oneshot.request("DELETE", url, params=params, timeout=10)
+        assert r.status_code == 400, (params, r.text)
+        assert message in r.json()["message"], (params, r.text)
+    assert rows(node) == {"e": (EVIL, "", 4)}
+    assert on(node, lambda n: n.service.writers("main"))[0].entries == 1
+    r = oneshot.request(
+        "DELETE", url, params={"namespace_id": "main", "writer": EVIL, "version_ms": "1"}
+    )
+    assert r.status_code == 204  # older than the entry: recorded, deletes nothing
+    assert rows(node) == {"e": (EVIL, "", 4)}
