@@ -188,8 +188,9 @@ class ArtifactWriter(Protocol):
 class Provenance(Protocol):
     """Who wrote what in a namespace, on this node (``storage.provenance``): the writers are
     those recorded at each write (``ArtifactRef.writer``) and carried by every copy. Each call
-    scans the namespace's rows once on a reader thread (O(its rows)); ``Unavailable`` never:
-    an index older than schema version 4 answers every entry as writer ``""``."""
+    scans the namespace's rows once on a reader thread (O(its rows)). An index older than
+    schema version 4 (opened read-only, so not migrated) answers every entry as writer
+    ``""``."""
 
     async def writers(self, namespace_id: str) -> list[WriterUsage]:
         """Every writer of ``namespace_id`` with its entries, bytes, newest version (unix ms)
