@@ -7,11 +7,12 @@ is ``core.bucket_expiry``; ``storage.bucket_touch`` writes the markers. This mod
 
 * A pass starts every ``interval_seconds`` (``KURA_EXPIRY_INTERVAL``, beside the local
   ``storage.expiry`` pass, which keeps dropping local copies unused here). It lists the tenant's
-  prefix once (objects and markers, held in memory for the pass: about 100 bytes per object),
-  reads which uploads are pending on this node, and selects the victims: those past their
-  age (``select_expired``), then, of what is left, those that bring each namespace over its
-  quota back within it, its own least recently used objects (``select_over_quota``; the
-  listing's sizes are the bytes), each group oldest use first.
+  prefix once (objects with their sizes and markers, held in memory for the pass: about 280
+  bytes per object with a 64-hex id, measured with tracemalloc), reads which uploads are
+  pending on this node, and selects the victims: those past their age (``select_expired``),
+  then, of what is left, those that bring each namespace over its quota back within it, its
+  own least recently used objects (``select_over_quota``; the listing's sizes are the
+  bytes), each group oldest use first.
 * Deletions are paced like local expiry: at most ``max_deletes_per_second`` artifacts per
   second on average (``KURA_EXPIRY_MAX_DELETES_PER_SECOND``), in batches of ``batch_size``.
   Just before a batch is deleted every victim is checked again (a HEAD of object and marker,
