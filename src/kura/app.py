@@ -68,6 +68,7 @@ from kura.api.object_store_metrics import ObjectStoreCollector
 from kura.api.peer_auth import PeerAuth
 from kura.api.public_tls import PublicTls
 from kura.api.storage_metrics import StoreCollector, commit_collector, uploads_collector
+from kura.core.bucket_expiry import retention_in_bucket
 from kura.grpc.server import GrpcServer
 from kura.mesh.anti_entropy import AntiEntropy
 from kura.mesh.bootstrap import Bootstrapper
@@ -265,7 +266,7 @@ class Node:
         self.metrics = KuraMetrics(settings.region, settings.tenant_id)
         # The object-storage tier (docs/object-storage.md), off without KURA_OBJECT_STORE_URL.
         self.object_tier: ObjectTier | None = None
-        self.bucket_expiry: BucketExpiry | None = None  # with the tier and KURA_MAX_AGE
+        self.bucket_expiry: BucketExpiry | None = None  # with the tier and an age or quota
         self.bucket_toucher: BucketToucher | None = None
         if settings.object_store_url:
             config = ObjectStoreConfig.from_env(
@@ -281,8 +282,8 @@ class Node:
                 self.clock,
                 backoff_max_seconds=settings.replication_backoff_max_ms / 1000,
             )
-            # bucket expiry (docs/object-storage.md#expiry), with ages per namespace too
-            if settings.namespace_rules.expires(settings.max_age_seconds):
+            # bucket expiry (docs/object-storage.md#expiry), with ages and quotas per namespace
+            if retention_in_bucket(settings.namespace_rules, settings.max_age_seconds):
                 self.bucket_toucher, self.bucket_expiry = bucket_aging(
                     self.service,
                     self.object_tier.store,

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import time
 
-from kura.core.object_layout import object_key, touch_key
+from kura.core.object_layout import is_object_key, object_key, touch_key
 from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.conftest import NodeProcess
 from tests.e2e.mesh import wait_for
@@ -93,3 +93,24 @@ def test_artifacts_no_node_uses_leave_both_tiers_and_used_ones_stay(
         assert tier_metric(node, "kura_expiry_bucket_touches_total", result="error") == 0
         assert tier_metric(node, "kura_expiry_bucket_pass_failures_total") == 0
         assert tier_metric(node, "kura_expiry_bucket_passes_total") >= 1
+
+
+def test_a_quota_alone_starts_the_bucket_pass_and_holds_the_namespace_to_it(
+    seaweedfs: SeaweedFS, tier_node: TierNode
+) -> None:
+    """No age at all, a quota of 2.5 artifacts for every namespace: the node runs the bucket
+    pass (on main only an age started it, and the bucket kept all three), which brings the
+    namespace's objects back within the quota and counts the deletion as ``quota``."""
+    node = tier_node("quota", prefix="quota", namespace_rules="*:quota=75000", expiry_interval="1s")
+    for key in ("a", "b", "c"):
+        assert put(node, key, os.urandom(30_000)) in (200, 201)
+    assert wait_for(lambda: drained(node), 30), node.log()[-2000:]
+
+    def objects() -> list[str]:
+        keys = bucket_keys(seaweedfs, "quota", "default/")
+        return [k for k in keys if is_object_key("default", k)]
+
+    assert wait_for(lambda: len(objects()) == 2, 30, interval=0.3), node.log()[-2000:]
+    evicted = "kura_expiry_bucket_evictions_total"
+    assert tier_metric(node, evicted, rule="*", reason="quota") == 1
+    assert tier_metric(node, "kura_expiry_bucket_evicted_bytes_total") > 30_000

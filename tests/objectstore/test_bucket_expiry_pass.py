@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from kit.clock import ManualClock
+from kit.wait import wait_until_async
+from kura.core.namespace_rule import NamespaceRules
 from kura.core.object_layout import object_key, touch_key
 from kura.settings_rules import parse_namespace_rules
 from kura.storage.bucket_expiry import BucketExpiry, bucket_aging
@@ -23,6 +25,7 @@ from kura.storage.object_store import ObjectStore, ObjectStoreConfig, ObjectStor
 from kura.storage.service import ArtifactRef, CacheService
 from kura_harness.launch.seaweedfs import SeaweedFS
 from tests.objectstore.faultproxy import FaultProxy
+from tests.objectstore.test_client import manifest_of
 
 DAY_MS = 86_400_000
 
@@ -58,11 +61,11 @@ async def keys(store: ObjectStore) -> set[str]:
     return {o.key async for page in store.list_prefix("t/") for o in page}
 
 
-async def write_local(service: CacheService, key: str) -> str:
+async def write_local(service: CacheService, key: str, namespace: str = "") -> str:
     async def body() -> AsyncIterator[bytes]:
         yield b"local body"
 
-    ref = ArtifactRef("http", "", key)
+    ref = ArtifactRef("http", namespace, key)
     await service.put_stream(
         ref,
         body(),
@@ -176,6 +179,22 @@ async def test_an_unreachable_store_fails_markers_and_passes_without_losing_the_
     assert await keys(store_for(seaweedfs, "down")) == {touch_key("t", "", aid)}
 
 
+def with_rules(
+    service: CacheService, store: ObjectStore, clock: ManualClock, rules: NamespaceRules
+) -> tuple[BucketToucher, BucketExpiry]:
+    """``bucket_aging`` with ``rules`` alone (no KURA_MAX_AGE), 30 s passes, 100 deletions/s."""
+    return bucket_aging(
+        service,
+        store,
+        clock,
+        max_age_seconds=0,
+        interval_seconds=30,
+        max_deletes_per_second=100,
+        batch_size=10,
+        rules=rules,
+    )
+
+
 async def test_a_pass_honours_each_namespace_s_max_age(
     seaweedfs: SeaweedFS, service: CacheService, clock: ManualClock
 ) -> None:
@@ -190,16 +209,7 @@ async def test_a_pass_honours_each_namespace_s_max_age(
     pr_marker = touch_key("t", "pr-0", "a0")
     await store.put_marker(pr_marker)
     rules = parse_namespace_rules("main:max_age=30d;pr-*:max_age=1h")
-    toucher, expiry = bucket_aging(
-        service,
-        store,
-        clock,
-        max_age_seconds=0,
-        interval_seconds=30,
-        max_deletes_per_second=100,
-        batch_size=10,
-        rules=rules,
-    )
+    toucher, expiry = with_rules(service, store, clock, rules)
     assert toucher.refresh_ms == 900_000  # a quarter of the shortest age, 1 h
     assert await expiry.expiry_pass() == 3
     assert await keys(store) == set(kept)
@@ -216,17 +226,54 @@ async def test_a_pass_deletes_an_orphan_marker_at_its_namespace_s_age(
     kept = touch_key("t", "main", "gone")  # main's 30 d: a day-old orphan stays
     for key in (orphan, kept):
         await store.put_marker(key)
-    _, expiry = bucket_aging(
-        service,
-        store,
-        clock,
-        max_age_seconds=0,
-        interval_seconds=30,
-        max_deletes_per_second=100,
-        batch_size=10,
-        rules=parse_namespace_rules("main:max_age=30d;pr-*:max_age=1h"),
+    _, expiry = with_rules(
+        service, store, clock, parse_namespace_rules("main:max_age=30d;pr-*:max_age=1h")
     )
     assert await expiry.expiry_pass() == 0  # no object deleted: only the marker
     assert await keys(store) == {kept}
     assert expiry.stats.markers_deleted_total == 1
     assert expiry.stats.kept_total == 0
+
+
+async def test_a_namespace_over_its_quota_in_the_bucket_loses_its_own_least_recently_used(
+    seaweedfs: SeaweedFS, service: CacheService, clock: ManualClock
+) -> None:
+    """``pr-*`` may hold 3.5 objects' bytes in the bucket and ``pr-1`` holds 5: its two least
+    recently used go, with their markers; ``a0`` and ``a1`` are as old but were used since
+    (their markers are newer), the one whose upload is pending here is as old and stays.
+    ``main`` holds more than ``pr-1`` and is within its own quota: it keeps everything. On main
+    the bucket had no quota: nothing was deleted (and with no age, no pass ran at all)."""
+    store = store_for(seaweedfs, "quota")
+    body = b"x" * 1000
+
+    async def put(namespace: str, artifact_id: str) -> str:
+        key = object_key("t", namespace, artifact_id)
+        await store.put_file(key, manifest_of(body, namespace), body)
+        return key
+
+    pending = await put("pr-1", await write_local(service, "pending", "pr-1"))
+    used = [await put("pr-1", f"a{i}") for i in range(2)]  # sort before b*: taken if not used
+    unused = [await put("pr-1", f"b{i}") for i in range(2)]
+    main = [await put("main", f"m{i}") for i in range(6)]
+    size = await store.head(pending)
+    assert size is not None
+    assert size > len(body)
+    # The store's times are whole seconds: use a0 and a1 once its clock has moved past.
+    written = await store.modified_ms(unused[-1])
+    assert written is not None
+
+    async def touched() -> bool:
+        for i in range(2):
+            await store.put_marker(touch_key("t", "pr-1", f"a{i}"))
+        return ((await store.modified_ms(touch_key("t", "pr-1", "a1"))) or 0) > written
+
+    assert await wait_until_async(touched, 10, interval=0.2)
+    rules = parse_namespace_rules(f"pr-*:quota={size * 7 // 2};main:quota={size * 8}")
+    toucher, expiry = with_rules(service, store, clock, rules)
+    assert toucher.refresh_ms == 30_000  # no age: markers at the pace of the passes
+    assert await expiry.expiry_pass() == 2
+    markers = {touch_key("t", "pr-1", f"a{i}") for i in range(2)}
+    assert await keys(store) == {pending, *used, *markers, *main}
+    assert expiry.stats.evictions_total == {("pr-*", "quota"): 2}
+    assert expiry.stats.evicted_bytes_total == {("pr-*", "quota"): 2 * size}
+    assert await expiry.expiry_pass() == 0  # within its quota now

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from kura.core.bucket_expiry import (
+    FORCED,
+    QUOTA,
     Victim,
     bucket_cutoff_ms,
     last_use_ms,
+    marker_age_seconds,
     marker_refresh_ms,
+    retention_in_bucket,
     select_expired,
+    select_over_quota,
 )
+from kura.core.namespace_rule import NO_RULES, NamespaceRule, NamespaceRules
 from kura.core.object_layout import (
     is_object_key,
     marker_object_key,
@@ -91,3 +97,137 @@ def test_markers_live_outside_every_namespace_prefix_and_map_back_to_their_objec
         assert not is_object_key("t", marker)
     assert marker_object_key("t", object_key("t", "n", "abc")) is None
     assert not is_object_key("t", "t/ns-n")  # a namespace segment alone is no object
+
+
+# -- quotas in the bucket (select_over_quota) ------------------------------------------------
+
+HOUR_MS = 3_600_000
+REFRESH = 60_000
+SIZE = 100  # bytes of every object below
+
+
+def bucket(spec: dict[str, list[int]]) -> tuple[dict[str, int], dict[str, int]]:
+    """namespace -> last-modified ms of its objects ``a0``, ``a1``, ...: (objects, sizes)."""
+    objects = {
+        object_key("t", namespace, f"a{i}"): ms
+        for namespace, times in spec.items()
+        for i, ms in enumerate(times)
+    }
+    return objects, dict.fromkeys(objects, SIZE)
+
+
+def over_quota(
+    objects: dict[str, int],
+    sizes: dict[str, int],
+    rules: NamespaceRules,
+    *,
+    markers: dict[str, tuple[str, int]] | None = None,
+    pending: set[str] | None = None,
+    leaving: set[str] | None = None,
+) -> list[Victim]:
+    return select_over_quota(
+        "t", objects, sizes, markers or {}, rules, NOW, REFRESH, pending or set(), leaving or set()
+    )
+
+
+PR_QUOTA = NamespaceRules((NamespaceRule("pr-*", quota_bytes=2 * SIZE),))
+
+
+def test_a_namespace_over_its_quota_loses_its_own_oldest_and_another_keeps_all() -> None:
+    objects, sizes = bucket(
+        {
+            "pr-1": [NOW - 5 * HOUR_MS, NOW - 9 * HOUR_MS, NOW - HOUR_MS, NOW - 7 * HOUR_MS],
+            "main": [NOW - 99 * HOUR_MS] * 10,  # older and larger, but no quota
+        }
+    )
+    got = over_quota(objects, sizes, PR_QUOTA)
+    assert got == [
+        Victim(object_key("t", "pr-1", "a1"), None, NOW - 9 * HOUR_MS, QUOTA),
+        Victim(object_key("t", "pr-1", "a3"), None, NOW - 7 * HOUR_MS, QUOTA),
+    ]
+
+
+def test_each_namespace_a_pattern_matches_has_its_own_quota() -> None:
+    objects, sizes = bucket({"pr-1": [NOW - HOUR_MS] * 3, "pr-2": [NOW - 2 * HOUR_MS] * 2})
+    got = over_quota(objects, sizes, PR_QUOTA)
+    assert [v.object_key for v in got] == [object_key("t", "pr-1", "a0")]  # pr-2 holds 2
+
+
+def test_a_namespace_within_its_quota_or_without_a_rule_gives_nothing() -> None:
+    objects, sizes = bucket({"pr-1": [NOW - HOUR_MS] * 2, "docs": [NOW - HOUR_MS] * 50})
+    assert over_quota(objects, sizes, PR_QUOTA) == []
+    assert over_quota(objects, sizes, NO_RULES) == []
+    assert over_quota({}, {}, PR_QUOTA) == []
+
+
+def test_a_recent_marker_makes_an_object_recently_used() -> None:
+    objects, sizes = bucket({"pr-1": [NOW - 9 * HOUR_MS, NOW - 5 * HOUR_MS, NOW - 5 * HOUR_MS]})
+    marker = touch_key("t", "pr-1", "a0")
+    markers = {object_key("t", "pr-1", "a0"): (marker, NOW - HOUR_MS)}
+    got = over_quota(objects, sizes, PR_QUOTA, markers=markers)
+    assert [v.object_key for v in got] == [object_key("t", "pr-1", "a1")]
+    # ... and a victim's marker goes with it.
+    markers = {object_key("t", "pr-1", "a0"): (marker, NOW - 8 * HOUR_MS)}
+    got = over_quota(objects, sizes, PR_QUOTA, markers=markers)
+    assert got == [Victim(object_key("t", "pr-1", "a0"), marker, NOW - 8 * HOUR_MS, QUOTA)]
+
+
+def test_an_object_whose_upload_is_pending_here_is_kept_and_still_counts() -> None:
+    objects, sizes = bucket({"pr-1": [NOW - 9 * HOUR_MS, NOW - 5 * HOUR_MS, NOW - HOUR_MS]})
+    got = over_quota(objects, sizes, PR_QUOTA, pending={"a0"})
+    assert [v.object_key for v in got] == [object_key("t", "pr-1", "a1")]
+    # Only pending ones left to take: the namespace stays over until the uploads land.
+    assert over_quota(objects, sizes, PR_QUOTA, pending={"a0", "a1", "a2"}) == []
+
+
+def test_objects_expired_in_the_same_pass_no_longer_count() -> None:
+    objects, sizes = bucket({"pr-1": [NOW - 9 * HOUR_MS, NOW - 5 * HOUR_MS, NOW - HOUR_MS]})
+    assert over_quota(objects, sizes, PR_QUOTA, leaving={object_key("t", "pr-1", "a0")}) == []
+
+
+def test_sizes_are_the_listed_bytes() -> None:
+    objects, sizes = bucket({"pr-1": [NOW - 9 * HOUR_MS, NOW - 5 * HOUR_MS, NOW - HOUR_MS]})
+    sizes[object_key("t", "pr-1", "a0")] = 1  # the oldest is tiny: the next must go too
+    got = over_quota(objects, sizes, NamespaceRules((NamespaceRule("pr-*", quota_bytes=SIZE),)))
+    assert [v.object_key for v in got] == [
+        object_key("t", "pr-1", "a0"),
+        object_key("t", "pr-1", "a1"),
+    ]
+
+
+def test_min_age_is_respected_while_older_objects_suffice_then_forced() -> None:
+    rule = NamespaceRule("pr-*", quota_bytes=2 * SIZE, min_age_seconds=3600)
+    rules = NamespaceRules((rule,))
+    # a0 9 h old, a1 and a2 used 30 min ago (inside the 1 h min_age), a3 5 h old.
+    times = [NOW - 9 * HOUR_MS, NOW - HOUR_MS // 2, NOW - HOUR_MS // 2, NOW - 5 * HOUR_MS]
+    objects, sizes = bucket({"pr-1": times})
+    got = over_quota(objects, sizes, rules)
+    assert [(v.object_key, v.reason) for v in got] == [
+        (object_key("t", "pr-1", "a0"), QUOTA),
+        (object_key("t", "pr-1", "a3"), QUOTA),
+    ]
+    # With the old ones pending, only young ones can bring it under: a hard cap, forced.
+    got = over_quota(objects, sizes, rules, pending={"a0", "a3"})
+    assert [(v.object_key, v.reason) for v in got] == [
+        (object_key("t", "pr-1", "a1"), FORCED),
+        (object_key("t", "pr-1", "a2"), FORCED),
+    ]
+
+
+def test_min_age_leaves_the_markers_refresh_as_slack() -> None:
+    rules = NamespaceRules((NamespaceRule("pr-*", quota_bytes=SIZE, min_age_seconds=3600),))
+    just_outside = NOW - HOUR_MS - REFRESH  # the marker may lag a use by the refresh
+    objects, sizes = bucket({"pr-1": [just_outside, NOW - 2 * HOUR_MS]})
+    got = over_quota(objects, sizes, rules)
+    assert [(v.object_key, v.reason) for v in got] == [(object_key("t", "pr-1", "a1"), QUOTA)]
+    got = over_quota(objects, sizes, rules, pending={"a1"})
+    assert [(v.object_key, v.reason) for v in got] == [(object_key("t", "pr-1", "a0"), FORCED)]
+
+
+def test_quotas_alone_turn_the_bucket_pass_on_and_pace_markers_at_the_interval() -> None:
+    assert retention_in_bucket(PR_QUOTA, 0)
+    assert not retention_in_bucket(NO_RULES, 0)
+    assert retention_in_bucket(NO_RULES, 60)
+    assert marker_age_seconds(PR_QUOTA, 0, 30) == 120  # refreshed once per 30 s pass
+    assert marker_refresh_ms(marker_age_seconds(PR_QUOTA, 0, 30)) == 30_000
+    assert marker_age_seconds(PR_QUOTA, 3600, 30) == 3600  # an age sets the pace

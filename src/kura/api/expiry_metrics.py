@@ -11,6 +11,10 @@ With the object-storage tier (``bucket_expiry_collector``, ``storage.bucket_expi
 ``kura_expiry_bucket_deleted_total`` (artifacts deleted from the bucket by this node's passes),
 ``kura_expiry_bucket_markers_deleted_total`` (touch markers left without their object),
 ``kura_expiry_bucket_kept_total`` (victims a re-check kept: used meanwhile),
+``kura_expiry_bucket_evictions_total{rule,reason}`` and
+``kura_expiry_bucket_evicted_bytes_total{rule,reason}`` (those deletions by their namespace's
+rule, ``(default)`` for none, and reason: ``max_age``, ``quota``, or ``forced`` when over the
+quota inside the rule's ``min_age``: the labels of the local ``kura_namespace_evictions_total``),
 ``kura_expiry_bucket_passes_total``, ``kura_expiry_bucket_pass_failures_total``,
 ``kura_expiry_bucket_touches_total{result}`` (touch markers, result in ``ok``, ``error``,
 ``dropped``) and the gauge ``kura_expiry_bucket_touch_queue_artifacts``.
@@ -18,7 +22,12 @@ With the object-storage tier (``bucket_expiry_collector``, ``storage.bucket_expi
 
 from __future__ import annotations
 
-from kura.api.metrics import Scraped, counter, counts, gauge
+from collections.abc import Callable, Mapping
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from kura.api.metrics import Family, Scraped, counter, counts, gauge
 from kura.storage.bucket_expiry import BucketExpiry
 from kura.storage.bucket_touch import BucketToucher
 from kura.storage.expiry import ExpiryStats
@@ -61,13 +70,28 @@ def expiry_collector(stats: ExpiryStats) -> Scraped:
     )
 
 
+def by_rule_and_reason(
+    name: str, documentation: str, values: Callable[[], Mapping[tuple[str, str], int]]
+) -> Family:
+    """A counter ``name``_total with one series per (rule, reason) of ``values()``."""
+
+    def family() -> Metric:
+        found = CounterMetricFamily(name, documentation, labels=["rule", "reason"])
+        for (rule, reason), n in sorted(values().items()):
+            found.add_metric([rule, reason], n)
+        return found
+
+    return family
+
+
 def bucket_expiry_collector(expiry: BucketExpiry, toucher: BucketToucher) -> Scraped:
     """The ``kura_expiry_bucket_*`` families (``storage.bucket_expiry``, ``.bucket_touch``)."""
     stats = expiry.stats
     return Scraped(
         counter(
             "kura_expiry_bucket_deleted",
-            "Artifacts this node deleted from the bucket: unused on every node past KURA_MAX_AGE.",
+            "Artifacts this node deleted from the bucket: unused on every node past their max age, "
+            "or over their namespace's quota.",
             lambda: stats.deleted_total,
         ),
         counter(
@@ -79,6 +103,17 @@ def bucket_expiry_collector(expiry: BucketExpiry, toucher: BucketToucher) -> Scr
             "kura_expiry_bucket_kept",
             "Bucket expiry victims kept by the re-check before deletion (used meanwhile).",
             lambda: stats.kept_total,
+        ),
+        by_rule_and_reason(
+            "kura_expiry_bucket_evictions",
+            "Artifacts this node deleted from the bucket, by their namespace's rule and the "
+            "reason (max_age, quota, forced: over the quota inside min_age).",
+            lambda: dict(stats.evictions_total),
+        ),
+        by_rule_and_reason(
+            "kura_expiry_bucket_evicted_bytes",
+            "Bytes of artifacts this node deleted from the bucket, by rule and reason.",
+            lambda: dict(stats.evicted_bytes_total),
         ),
         counter(
             "kura_expiry_bucket_passes",

@@ -5,8 +5,9 @@ A rule names a namespace, or a pattern of them (``pr-*``: shell-style, ``fnmatch
 
 * ``max_age``: what no node has used for that long is deleted (the rule's own ``KURA_MAX_AGE``;
   ``0`` = never, even with ``KURA_MAX_AGE`` set);
-* ``quota``: the bytes each matching namespace may hold on a node; eviction takes from a
-  namespace over its quota first, its own least recently used entries;
+* ``quota``: the bytes each matching namespace may hold on a node, and in the object-storage
+  tier's bucket (``core.bucket_expiry.select_over_quota``); eviction takes from a namespace over
+  its quota first, its own least recently used entries;
 * ``min_age``: what was used more recently than that is evicted only when nothing else is left
   to keep the disk within its budget (counted as ``forced``).
 

@@ -1,4 +1,5 @@
-"""Bucket expiry: the shared tier drops artifacts no node has used for ``KURA_MAX_AGE``.
+"""Bucket expiry: the shared tier drops artifacts no node has used for ``KURA_MAX_AGE``, and
+keeps each namespace of the bucket within its rule's quota (``KURA_NAMESPACE_RULES``).
 
 The rule (last use = the later of the object's and its touch marker's last-modified time; the
 cut-off leaves the markers' refresh slack; pending uploads and newer objects are never taken)
@@ -6,17 +7,24 @@ is ``core.bucket_expiry``; ``storage.bucket_touch`` writes the markers. This mod
 
 * A pass starts every ``interval_seconds`` (``KURA_EXPIRY_INTERVAL``, beside the local
   ``storage.expiry`` pass, which keeps dropping local copies unused here). It lists the tenant's
-  prefix once (objects and markers, held in memory for the pass: about 100 bytes per object),
-  reads which uploads are pending on this node, and selects the victims, oldest use first.
+  prefix once (objects with their sizes and markers, held in memory for the pass: about 280
+  bytes per object with a 64-hex id, measured with tracemalloc), reads which uploads are
+  pending on this node, and selects the victims: those past their age (``select_expired``),
+  then, of what is left, those that bring each namespace over its quota back within it, its
+  own least recently used objects (``select_over_quota``; the listing's sizes are the
+  bytes), each group oldest use first.
 * Deletions are paced like local expiry: at most ``max_deletes_per_second`` artifacts per
   second on average (``KURA_EXPIRY_MAX_DELETES_PER_SECOND``), in batches of ``batch_size``.
   Just before a batch is deleted every victim is checked again (a HEAD of object and marker,
-  and the pending uploads re-read), so a use or write since the listing keeps it; the window
-  left is the time of one HEAD (S3 has no conditional delete).
+  and the pending uploads re-read), so a use or write since the listing keeps it (an
+  over-quota namespace then waits for the next pass); the window left is the time of one HEAD
+  (S3 has no conditional delete).
 * Several nodes may run passes at once: deleting an absent key is a success, so the passes are
   idempotent; an object another pass deleted before the re-check is not counted again, but
   two passes that re-check at the same moment both count it (``deleted_total`` counts
-  deletions sent, an upper bound on the objects removed).
+  deletions sent, an upper bound on the objects removed). Deletions are also counted by
+  their namespace's rule and reason (``max_age``, ``quota``, ``forced``: the labels of the
+  local ``kura_namespace_*``), with their bytes.
 * A failed pass (store down, a refused request) is logged and counted and retried at the next
   interval; a pass never touches the local tier.
 """
@@ -32,11 +40,15 @@ from kit.backoff import every
 from kit.clock import Clock
 from kit.pace import Pace
 from kura.core.bucket_expiry import (
+    MAX_AGE,
     Victim,
     artifact_of,
     bucket_cutoff_ms,
     last_use_ms,
+    marker_age_seconds,
     marker_refresh_ms,
+    retention_in_bucket,
+    select_over_quota,
 )
 from kura.core.bucket_expiry import select_expired as select
 from kura.core.namespace_rule import NO_RULES, NamespaceRules
@@ -69,10 +81,14 @@ class BucketExpiryStats:
         self.kept_total = 0  # victims a re-check before deletion kept (used meanwhile)
         self.passes_total = 0
         self.failures_total = 0
+        # (rule label, reason) -> artifacts and bytes deleted (labels: core.namespace_rule)
+        self.evictions_total: dict[tuple[str, str], int] = {}
+        self.evicted_bytes_total: dict[tuple[str, str], int] = {}
 
 
 class BucketExpiry:
-    """See module docstring. ``run()`` in the app's TaskGroup; ``max_age_seconds`` 0: off."""
+    """See module docstring. ``run()`` in the app's TaskGroup; off without an age
+    (``max_age_seconds`` 0 and no rule's ``max_age``) and without a rule's ``quota``."""
 
     def __init__(
         self,
@@ -95,7 +111,9 @@ class BucketExpiry:
         self.max_age_seconds = max_age_seconds
         self.rules = rules
         # Markers are refreshed at the pace of the shortest age (bucket_aging's toucher).
-        self.refresh_ms = marker_refresh_ms(rules.shortest_max_age_seconds(max_age_seconds))
+        self.refresh_ms = marker_refresh_ms(
+            marker_age_seconds(rules, max_age_seconds, interval_seconds)
+        )
         self.interval_seconds = interval_seconds
         self.max_deletes_per_second = max_deletes_per_second
         self.batch_size = min(batch_size, max_deletes_per_second)
@@ -103,9 +121,9 @@ class BucketExpiry:
         self.stats = BucketExpiryStats()
 
     async def run(self) -> None:
-        """Forever: sleep one interval, run a pass. Returns at once when expiry is off (no
-        ``KURA_MAX_AGE``, no rule with a ``max_age``)."""
-        if not self.rules.expires(self.max_age_seconds):
+        """Forever: sleep one interval, run a pass. Returns at once when there is nothing to
+        enforce (no ``KURA_MAX_AGE``, no rule with a ``max_age`` or a ``quota``)."""
+        if not retention_in_bucket(self.rules, self.max_age_seconds):
             return
 
         async def one_pass() -> None:
@@ -148,6 +166,7 @@ class BucketExpiry:
             return cutoffs[namespace]
 
         objects: dict[str, int] = {}
+        sizes: dict[str, int] = {}
         markers: dict[str, tuple[str, int]] = {}
         async for page in self._store.list_prefix(f"{tenant}/"):
             for obj in page:
@@ -157,34 +176,54 @@ class BucketExpiry:
                     markers[stands_for] = (obj.key, modified_ms)
                 elif is_object_key(tenant, obj.key):
                     objects[obj.key] = modified_ms
+                    sizes[obj.key] = obj.size
         pending = await self._service._read_index(pending_uploads)
         victims = select(objects, markers, cutoff_ms, pending)
+        expired = {v.object_key for v in victims if v.object_key is not None}
+        victims += select_over_quota(
+            tenant, objects, sizes, markers, self.rules, now_ms, self.refresh_ms, pending, expired
+        )
+        aged = 0  # deleted for age; the rest of ``deleted`` for a quota
         deleted = 0
         for start in range(0, len(victims), self.batch_size):
             batch = await self._recheck(victims[start : start + self.batch_size], cutoff_ms)
             keys = [k for v in batch for k in (v.object_key, v.marker_key) if k is not None]
             if keys:
                 await self._store.delete_many(keys)
-            gone = sum(1 for v in batch if v.object_key is not None)
-            self.stats.deleted_total += gone
-            self.stats.markers_deleted_total += len(batch) - gone
-            deleted += gone
+            gone = [(v.object_key, v.reason) for v in batch if v.object_key is not None]
+            for key, reason in gone:
+                self._count(namespace_of(tenant, key), reason, sizes[key])
+            self.stats.deleted_total += len(gone)
+            self.stats.markers_deleted_total += len(batch) - len(gone)
+            deleted += len(gone)
+            aged += sum(1 for _key, reason in gone if reason == MAX_AGE)
             done = min(start + self.batch_size, len(victims))
             await pace.wait(done)
         self.stats.passes_total += 1
         if deleted:
             log.info(
-                "bucket expiry pass: %d artifacts unused on every node for longer than their "
-                "max age deleted in %.1f s",
+                "bucket expiry pass: %d artifacts deleted (%d unused on every node for longer "
+                "than their max age, %d over their namespace's quota) in %.1f s",
                 deleted,
+                aged,
+                deleted - aged,
                 self._clock.monotonic() - started,
             )
         return deleted
 
+    def _count(self, namespace: str, reason: str, size: int) -> None:
+        """Count one deletion by its namespace's rule label and ``reason``, with its bytes."""
+        label = (self.rules.label(namespace), reason)
+        counts, nbytes = self.stats.evictions_total, self.stats.evicted_bytes_total
+        counts[label] = counts.get(label, 0) + 1
+        nbytes[label] = nbytes.get(label, 0) + size
+
     async def _recheck(
         self, batch: list[Victim], cutoff_ms: Callable[[str], int | None]
     ) -> list[Victim]:
-        """The victims of ``batch`` still unused and not pending now (fresh HEADs)."""
+        """The victims of ``batch`` still to delete now (fresh HEADs): not pending, and for
+        an expired one still unused past its cut-off, for an over-quota one not used since the
+        listing."""
         pending = await self._service._read_index(pending_uploads)
         sem = asyncio.Semaphore(CHECKS)
 
@@ -202,8 +241,11 @@ class BucketExpiry:
             )
             if v.object_key is not None and object_ms is None:  # another pass deleted it
                 return None if v.marker_key is None else Victim(None, v.marker_key, 0)
+            used_ms = last_use_ms(object_ms or 0, marker_ms)
+            if v.reason != MAX_AGE:  # over its quota: kept if used since the listing
+                return None if used_ms > v.last_use_ms else v
             cutoff = cutoff_ms(v.object_key or v.marker_key or "")
-            if cutoff is None or last_use_ms(object_ms or 0, marker_ms) >= cutoff:
+            if cutoff is None or used_ms >= cutoff:
                 return None
             return v
 
@@ -226,12 +268,13 @@ def bucket_aging(
 ) -> tuple[BucketToucher, BucketExpiry]:
     """The two halves of bucket expiry for one node: its touch-marker writer (at most
     ``max_deletes_per_second`` markers per second, each marker refreshed within a quarter of
-    the shortest age ``rules`` and ``max_age_seconds`` give) and its pass."""
+    the shortest age ``rules`` and ``max_age_seconds`` give, or with quotas only once per
+    ``interval_seconds``: ``core.bucket_expiry.marker_age_seconds``) and its pass."""
     toucher = BucketToucher(
         service,
         store,
         clock,
-        max_age_seconds=rules.shortest_max_age_seconds(max_age_seconds),
+        max_age_seconds=marker_age_seconds(rules, max_age_seconds, interval_seconds),
         max_writes_per_second=max_deletes_per_second,
     )
     expiry = BucketExpiry(
