@@ -42,11 +42,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeAlias
 
 import grpc
 
+from kit.read_ahead import read_ahead
 from kura.api.action_cache import EMPTY_SHA256
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
@@ -134,16 +135,30 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             pieces = _verified_range(self.gc, body, request.read_offset, end)
             if name.compressor != IDENTITY:
                 pieces = zstd_stream.compressed(pieces, end - request.read_offset)
-            pool = self.gc.reader.verifier.pool
-            loop = asyncio.get_running_loop()
-            async for piece in pieces:
-                self.gc.metrics.bytes_out_child("grpc").inc(len(piece))
-                if len(piece) < ENCODE_IN_THREAD_BYTES:
-                    yield read_response(piece)
-                else:  # the copy releases the GIL: the event loop sends the last one meanwhile
-                    yield await loop.run_in_executor(pool, read_response, piece)
+            messages = read_ahead(self._encoded(pieces))
+            try:
+                async for message, size in messages:
+                    self.gc.metrics.bytes_out_child("grpc").inc(size)
+                    yield message
+            finally:
+                await messages.aclose()  # type: ignore[attr-defined]
         finally:
             body.close()
+
+    async def _encoded(
+        self, pieces: AsyncIterator[bytes]
+    ) -> AsyncGenerator[tuple[bytes, int], None]:
+        """Each piece's ``ReadResponse`` wire form (``read_response``) and the piece's size."""
+        pool = self.gc.reader.verifier.pool
+        loop = asyncio.get_running_loop()
+        try:
+            async for piece in pieces:
+                if len(piece) < ENCODE_IN_THREAD_BYTES:
+                    yield read_response(piece), len(piece)
+                else:  # the copy releases the GIL: the event loop sends the last one meanwhile
+                    yield await loop.run_in_executor(pool, read_response, piece), len(piece)
+        finally:
+            await pieces.aclose()  # type: ignore[attr-defined]
 
     @rpc("Write")
     async def Write(
