@@ -309,7 +309,14 @@ class TolerantDecoding(grpc.aio.ServerInterceptor):
     """Decode each request message so that a malformed one reaches the servicer as
     ``Undecodable`` (then INVALID_ARGUMENT from ``rpc``/``streaming_rpc``) instead of raising
     inside grpcio, which answers UNKNOWN and logs an ERROR traceback per message. Methods kura
-    does not serve stay grpcio's (UNIMPLEMENTED, not logged)."""
+    does not serve stay grpcio's (UNIMPLEMENTED, not logged).
+
+    The methods in ``pre_encoded`` yield their responses already encoded (``bytes``): their
+    serializer is replaced by one that sends those as they are (``ByteStream.Read``,
+    ``kura.grpc.bytestream.read_response``)."""
+
+    def __init__(self, pre_encoded: frozenset[str] = frozenset()) -> None:
+        self.pre_encoded = pre_encoded
 
     async def intercept_service(
         self,
@@ -323,10 +330,18 @@ class TolerantDecoding(grpc.aio.ServerInterceptor):
         if handler is None or decode is None:
             return handler
         # grpcio's handlers are named tuples (grpc._utilities.RpcMethodHandler).
+        changes: dict[str, Any] = {"request_deserializer": _tolerant(decode)}
+        if handler_call_details.method in self.pre_encoded:
+            changes["response_serializer"] = _as_encoded
         replaced: grpc.RpcMethodHandler[Any, Any] = handler._replace(  # type: ignore[attr-defined]
-            request_deserializer=_tolerant(decode)
+            **changes
         )
         return replaced
+
+
+def _as_encoded(response: bytes) -> bytes:
+    """The serializer of a method whose responses are encoded already: each as it is."""
+    return response
 
 
 def _tolerant(decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:

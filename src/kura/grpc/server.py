@@ -21,7 +21,7 @@ from kura.api.metrics import KuraMetrics, Scraped, gauge
 from kura.api.public_tls import PublicTls
 from kura.grpc.action_cache import ActionCache
 from kura.grpc.asset import AssetRecords, Fetch, Push
-from kura.grpc.bytestream import ByteStream
+from kura.grpc.bytestream import READ_METHOD, ByteStream
 from kura.grpc.cas import Capabilities, ContentAddressableStorage
 from kura.grpc.common import GrpcContext, TolerantDecoding
 from kura.protos.build.bazel.remote.asset.v1 import remote_asset_pb2_grpc as ra_grpc
@@ -73,7 +73,7 @@ class GrpcServer:
         # Created here, in the running loop: grpc.aio binds a server to the loop it was made in.
         limit = s.grpc_max_message_bytes
         self._server = grpc.aio.server(
-            interceptors=[TolerantDecoding()],
+            interceptors=[TolerantDecoding(frozenset({READ_METHOD}))],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
