@@ -36,6 +36,7 @@ from kura.storage.ports import (
     OutboxLog,
     PeerPages,
     PeerQueueView,
+    Provenance,
     ReplicaApplier,
     ReplicaSink,
     ReplicaStore,
@@ -60,6 +61,7 @@ IMPLEMENTATIONS: dict[type[Any], list[type[Any]]] = {
     OutboxLog: [IndexReplicaLog],
     ChangeLog: [IndexReplicaLog],
     PeerQueueView: [PeerQueues],
+    Provenance: [CacheService],
 }
 
 
@@ -76,9 +78,10 @@ def _conformance(
     OutboxLog,
     ChangeLog,
     PeerQueueView,
+    Provenance,
 ]:
     """Never called: mypy checks that each assignment to a port type is accepted."""
-    return store.reads, worker.reads, store, store, store, store, store, log, log, queues
+    return store.reads, worker.reads, store, store, store, store, store, log, log, queues, store
 
 
 def port_classes() -> list[type[Any]]:

@@ -1,6 +1,6 @@
 """What ``CacheService`` takes and returns: the name of an artifact (``ArtifactRef``), a body
-ready to send (``StoredBody``), one body of a batch write (``BatchBlob``) and the outcome of a
-write (``PutResult``)."""
+ready to send (``StoredBody``), one body of a batch write (``BatchBlob``), the outcome of a
+write (``PutResult``), and provenance's answers (``WriterUsage``, ``Purge``)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,31 @@ class PutResult:
     manifest: Manifest
     created: bool
     outcome: ApplyOutcome
+
+
+@dataclass(frozen=True)
+class WriterUsage:
+    """What one writer holds in one namespace on this node (``storage.ports.Provenance``):
+    ``writer`` as recorded (``""`` for entries written before provenance was recorded), its
+    ``entries`` and their ``bytes``, the newest version's ``last_version_ms`` (unix ms), and
+    ``vias``: how this node got them, sorted (``"local"`` for writes made here, else the apply
+    path that brought the copy: ``replication``, ``bootstrap``, ``anti_entropy``,
+    ``read_through``, ``object_store``)."""
+
+    writer: str
+    entries: int
+    bytes: int
+    last_version_ms: int
+    vias: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Purge:
+    """A purge of one writer's entries of one namespace (``ArtifactWriter.purge_writer``): its
+    ``version_ms`` (every entry of that writer at or below it is gone, on every node, and a
+    late copy at or below it is ignored), and the ``entries`` and ``bytes`` it deleted on this
+    node."""
+
+    version_ms: int
+    entries: int
+    bytes: int

@@ -45,9 +45,11 @@ from kura.storage.outbox_queries import OutboxQueries
 from kura.storage.paging import PagingQueries
 from kura.storage.schema import (
     COLUMNS,
+    N_COLUMNS,
     READABLE_SCHEMA_VERSIONS,
     SCHEMA,
     SCHEMA_VERSION,
+    compat_view,
     migrate_schema,
     namespace_access_index,
     row_to_manifest,
@@ -120,6 +122,7 @@ class MetadataIndex:
             conn = sqlite3.connect(uri, isolation_level=None, check_same_thread=False, uri=True)
             self._local.conn = conn
             self._keep(conn)
+            compat_view(conn)  # a file older than version 4 reads every writer as ''
         else:
             conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
             self._keep(conn)
@@ -185,7 +188,8 @@ class MetadataIndex:
         )
         if row is None:
             return None
-        return row_to_manifest(row), row[11], row[12], row[13]
+        n = N_COLUMNS
+        return row_to_manifest(row), row[n], row[n + 1], row[n + 2]
 
     def get_many(
         self, artifact_ids: Sequence[str]
@@ -203,7 +207,8 @@ class MetadataIndex:
                 f"FROM artifacts WHERE artifact_id IN ({marks})",
                 chunk,
             ):
-                found[str(row[0])] = (row_to_manifest(row), row[11], row[12], row[13])
+                n = N_COLUMNS
+                found[str(row[0])] = (row_to_manifest(row), row[n], row[n + 1], row[n + 2])
         return found
 
     def exists(self, artifact_id: str) -> bool:
@@ -291,12 +296,16 @@ class MetadataIndex:
         outbox_peers: Sequence[str] = (),
         *,
         xxh3_128: str | None = None,
+        via: str = "",
     ) -> int | None:
         """Insert or replace one manifest (with the XXH3-128 of its file's bytes, if known)
         and enqueue it for ``outbox_peers``, atomically; return the size it replaced (None if
-        new)."""
+        new). ``via``: how the copy came (``''`` for a local write, else the apply path)."""
         return self.upsert_many(
-            [(manifest, inline_body, stat_sig, xxh3_128)], now_ms, dict.fromkeys(outbox_peers, 1)
+            [(manifest, inline_body, stat_sig, xxh3_128)],
+            now_ms,
+            dict.fromkeys(outbox_peers, 1),
+            via=via,
         )[0]
 
     def upsert_many(
@@ -304,6 +313,8 @@ class MetadataIndex:
         rows: Sequence[tuple[Manifest, bytes | None, str | None, str | None]],
         now_ms: int,
         outbox: Mapping[str, int] | None = None,
+        *,
+        via: str = "",
     ) -> list[int | None]:
         """``upsert`` for many ``(manifest, inline body, stat signature, XXH3-128)`` rows in one
         transaction (one durable commit), each of ``outbox``'s peers enqueued the first as many
@@ -311,7 +322,7 @@ class MetadataIndex:
         order. The rows
         they replace are read in one statement per 500, the change numbers taken at once and
         the range digests folded once for the whole batch; a row given twice replaces the
-        first."""
+        first. Each row records its manifest's ``writer`` and ``via`` (schema version 4)."""
         conn = self._conn()
         replaced: list[int | None] = []
         if not rows:
@@ -350,13 +361,15 @@ class MetadataIndex:
                         stat_sig,
                         xxh3_128,
                         seq + n,
+                        manifest.writer,
+                        via,
                     )
                 )
             conn.executemany(
                 "INSERT OR REPLACE INTO artifacts (artifact_id, producer, namespace_id, key, "
                 "content_type, size, sha256, version_ms, created_at_ms, last_access_ms, "
-                "inline_body, headers, stat_sig, xxh3_128, seq) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "inline_body, headers, stat_sig, xxh3_128, seq, writer, via) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 values,
             )
             # A row given twice: the second removes the first (``current``), so the fold of

@@ -26,6 +26,8 @@ them), satisfied structurally:
 * ``ReplicaSink``: where peers' copies and tombstones land when this node pulls them (the
   bootstrap, its small-body batches, anti-entropy): what applying each would do, applying
   them, the disk budget they are fetched within (the primary's store only).
+* ``Provenance``: who wrote what in a namespace (issue 29 item 4): each writer's usage and a
+  writer's entries (the primary's store; the purge itself is ``ArtifactWriter.purge_writer``).
 * ``WorkerSupport``: what the primary does with its workers' reports (their hits for the LRU,
   entries that failed a check there, checksums computed there) and shares with them.
 
@@ -42,7 +44,7 @@ from typing import Protocol
 from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
-from kura.storage.artifact import ArtifactRef, BatchBlob, PutResult, StoredBody
+from kura.storage.artifact import ArtifactRef, BatchBlob, PutResult, StoredBody, WriterUsage
 from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.hotcache import HotCache
 from kura.storage.outbox import CatchUpMark, ChangesPage, OutboxMessage, PeerCursor, RangeDigests
@@ -159,6 +161,24 @@ class ArtifactWriter(Protocol):
         self, namespace_id: str, version_ms: int | None = None, *, source: str = "local"
     ) -> int:
         """Tombstone a namespace and delete its artifacts; the tombstone's version (ms)."""
+        ...
+
+
+class Provenance(Protocol):
+    """Who wrote what in a namespace, on this node (``storage.provenance``): the writers are
+    those recorded at each write (``ArtifactRef.writer``) and carried by every copy. Each call
+    scans the namespace's rows once on a reader thread (O(its rows)); ``Unavailable`` never:
+    an index older than schema version 4 answers every entry as writer ``""``."""
+
+    async def writers(self, namespace_id: str) -> list[WriterUsage]:
+        """Every writer of ``namespace_id`` with its entries, bytes, newest version (unix ms)
+        and how the copies came (``WriterUsage.vias``), most bytes first; empty for a
+        namespace with no entry."""
+        ...
+
+    async def written_by(self, namespace_id: str, writer: str, limit: int) -> list[Manifest]:
+        """At most ``limit`` (>= 1) manifests ``writer`` wrote in ``namespace_id``, newest
+        version first."""
         ...
 
 

@@ -224,7 +224,7 @@ class ReplicaApply(BatchWrite):
             return outcomes
         floor = self._eviction_floor_ms()  # a bootstrap copy counts as used when it began
         stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
-        index.upsert_many(rows, stamp_ms)
+        index.upsert_many(rows, stamp_ms, via=source)
         ids = [m.artifact_id for m, _d, _s, _x in rows]
         self.hot.invalidate(ids, replaced=any(old is not None for old in replaced))
         for (manifest, _d, _s, _x), old in zip(rows, replaced, strict=True):

@@ -9,7 +9,13 @@ written before it): an ``ALTER TABLE ... ADD COLUMN``, which rewrites no row
 (https://www.sqlite.org/lang_altertable.html#altertabaddcol). A version-1 file opened read-only
 (a full disk) is read as it is, every row without a checksum. Version 3 added the change
 sequence (``artifacts.seq``, ``tombstones.seq``, ``meta['change_seq']``, ``meta['epoch']``) and
-the ``peer_cursors`` table: ``storage.change_seq`` owns them and their migration.
+the ``peer_cursors`` table: ``storage.change_seq`` owns them and their migration. Version 4
+added provenance (issue 29): ``artifacts.writer`` (who wrote the version, carried by every
+manifest read from the index) and ``artifacts.via`` (how a copy reached this node: ``''`` for a
+local write, else the apply path's source, ``replication``, ``bootstrap``, ...; local only,
+never replicated), both NULL for older rows and read as ``''``; and the ``purges`` table
+(``storage.purges``). A version-3 or older file opened read-only reads through a temporary view
+that adds the two columns as ``''`` (``compat_view``).
 
 Nothing here opens a connection: every function takes the caller's.
 """
@@ -24,9 +30,9 @@ from collections.abc import Iterator
 from kura.core.manifest import Manifest
 from kura.storage import change_seq
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Versions a read-only open accepts as they are (it cannot migrate).
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -45,7 +51,9 @@ CREATE TABLE IF NOT EXISTS artifacts (
     headers        TEXT NOT NULL DEFAULT '{}',
     stat_sig       TEXT,
     xxh3_128       TEXT,
-    seq            INTEGER
+    seq            INTEGER,
+    writer         TEXT,
+    via            TEXT
 );
 CREATE INDEX IF NOT EXISTS artifacts_by_namespace ON artifacts(namespace_id);
 -- Eviction order, ties (a bootstrap stamps its copies alike) by oldest version: the whole order
@@ -70,6 +78,13 @@ CREATE TABLE IF NOT EXISTS outbox (
     namespace_id   TEXT NOT NULL DEFAULT '',
     version_ms     INTEGER NOT NULL,
     enqueued_at_ms INTEGER NOT NULL
+);
+-- One row per purge of a writer's entries (storage.purges): held in memory, a handful of rows.
+CREATE TABLE IF NOT EXISTS purges (
+    namespace_id TEXT NOT NULL,
+    writer       TEXT NOT NULL,
+    version_ms   INTEGER NOT NULL,
+    PRIMARY KEY (namespace_id, writer)
 );
 CREATE INDEX IF NOT EXISTS outbox_by_peer ON outbox(peer, id);
 -- Eviction skips artifacts with a pending object-tier upload (paging.least_recently_used).
@@ -97,8 +112,10 @@ def namespace_access_index(conn: sqlite3.Connection, wanted: bool) -> None:
 
 COLUMNS = (
     "artifact_id, producer, namespace_id, key, content_type, size, sha256, version_ms, "
-    "created_at_ms, inline_body IS NOT NULL, headers"
+    "created_at_ms, inline_body IS NOT NULL, headers, COALESCE(writer, '')"
 )
+# How many columns ``COLUMNS`` selects (a query selecting more reads them from this position).
+N_COLUMNS = 12
 
 
 def row_to_manifest(row: tuple[object, ...]) -> Manifest:
@@ -114,17 +131,38 @@ def row_to_manifest(row: tuple[object, ...]) -> Manifest:
         created_at_ms=int(row[8]),  # type: ignore[call-overload]
         inline=bool(row[9]),
         headers=json.loads(str(row[10])),
+        writer=str(row[11]),
     )
 
 
+def compat_view(conn: sqlite3.Connection) -> None:
+    """On a read-only connection to a file older than version 4 (no ``writer``/``via``
+    columns), shadow ``artifacts`` with a temporary view that adds them as ``''``: unqualified
+    names resolve to the ``temp`` schema first (https://www.sqlite.org/lang_naming.html), so
+    every query reads the file as it is. Call before ``PRAGMA query_only``; a no-op on a
+    version-4 file."""
+    columns = {str(r[1]) for r in conn.execute("PRAGMA main.table_info(artifacts)")}
+    if columns and "writer" not in columns:
+        conn.execute(
+            "CREATE TEMP VIEW IF NOT EXISTS artifacts AS "
+            "SELECT *, '' AS writer, '' AS via FROM main.artifacts"
+        )
+
+
 def migrate_schema(conn: sqlite3.Connection) -> None:
-    """Version 1 or 2 to 3 in one transaction: add ``artifacts.xxh3_128`` (NULL for every row)
-    if missing, then the change sequence (``change_seq.migrate``)."""
+    """Version 1, 2 or 3 to 4 in one transaction: add ``artifacts.xxh3_128`` (NULL for every
+    row) if missing, the change sequence (``change_seq.migrate``), then ``artifacts.writer`` and
+    ``artifacts.via`` (NULL for every row: ``ADD COLUMN`` rewrites none)."""
     with write_transaction(conn):
         columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(artifacts)")}
         if "xxh3_128" not in columns:
             conn.execute("ALTER TABLE artifacts ADD COLUMN xxh3_128 TEXT")
-        change_seq.migrate(conn)
+        version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+        if int(version[0]) < 3:  # numbers every row under a new epoch: only once
+            change_seq.migrate(conn)
+        for column in ("writer", "via"):
+            if column not in columns:
+                conn.execute(f"ALTER TABLE artifacts ADD COLUMN {column} TEXT")
         conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION),))
 
 

@@ -83,8 +83,8 @@ from kura.core.manifest import Manifest
 from kura.core.namespace_rule import NO_RULES, NamespaceRules
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.core.version import ahead_of_skew_ms
-from kura.storage import namespace_usage, retention
-from kura.storage.artifact import ArtifactRef, PutResult, StoredBody
+from kura.storage import namespace_usage, provenance, retention
+from kura.storage.artifact import ArtifactRef, PutResult, StoredBody, WriterUsage
 from kura.storage.budget import TmpBudget
 from kura.storage.fsync import process_shortage, shortage_reason
 from kura.storage.group_commit import GroupCommitWriter, GroupStats
@@ -353,6 +353,16 @@ class CacheService(ReplicaApply):
         index = self._require_index()
         with contextlib.suppress(RuntimeError):  # the writer pool is shutting down
             self._writer.submit(index.set_xxh3_128, list(found))
+
+    # -- provenance (storage.ports.Provenance) --------------------------------------------------
+
+    async def writers(self, namespace_id: str) -> list[WriterUsage]:
+        """Every writer of ``namespace_id``, most bytes first (``provenance.writers``)."""
+        return await self._read_index(provenance.writers, namespace_id)
+
+    async def written_by(self, namespace_id: str, writer: str, limit: int) -> list[Manifest]:
+        """``writer``'s manifests in ``namespace_id``, newest first, at most ``limit``."""
+        return await self._read_index(provenance.written_by, namespace_id, writer, limit)
 
     # -- paging for peers ----------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from kura.storage.hot_generation import SharedGeneration
 from kura.storage.index import MetadataIndex
 from kura.storage.read_side import open_reads
 from kura.storage.recovery import INDEX_NAME
-from kura.storage.schema import READABLE_SCHEMA_VERSIONS
+from kura.storage.schema import READABLE_SCHEMA_VERSIONS, compat_view
 
 
 class SharedReadIndex(MetadataIndex):
@@ -74,6 +74,7 @@ class SharedReadIndex(MetadataIndex):
             uri = f"file:{self._path}?{'immutable=1' if self._immutable else 'mode=ro'}"
             conn = sqlite3.connect(uri, isolation_level=None, check_same_thread=True, uri=True)
             conn.execute("PRAGMA busy_timeout=5000")
+            compat_view(conn)  # a file older than version 4 reads every writer as ''
             conn.execute("PRAGMA query_only=1")
             self._local.conn = conn
         return conn

@@ -334,7 +334,15 @@ class WritePath(Eviction):
         floor = self._eviction_floor_ms()
         stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
         try:
-            index.upsert(manifest, inline_body, sig, stamp_ms, outbox_peers, xxh3_128=xxh3_128)
+            index.upsert(
+                manifest,
+                inline_body,
+                sig,
+                stamp_ms,
+                outbox_peers,
+                xxh3_128=xxh3_128,
+                via="" if source == "local" else source,
+            )
         except BaseException:
             if new is not None and new != old:
                 new.unlink(missing_ok=True)  # never acknowledged

@@ -1,0 +1,47 @@
+"""The index queries of provenance (issue 29 item 4): who wrote what in a namespace
+(``artifacts.writer``, schema version 4), and the purges of one writer's entries (table
+``purges``, one row per (namespace, writer), ``storage.index.MetadataIndex.apply_purge``).
+
+Each query scans the namespace's rows through ``artifacts_by_namespace`` (no index on the
+writer: a write pays nothing for provenance, an operator's question costs O(rows of the
+namespace) on a reader thread). Every function takes the caller's connection.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from kura.core.manifest import Manifest
+from kura.storage.artifact import WriterUsage
+from kura.storage.schema import COLUMNS, row_to_manifest
+
+LOCAL_VIA = "local"
+
+
+def writers(conn: sqlite3.Connection, namespace_id: str) -> list[WriterUsage]:
+    """Every writer with an entry in ``namespace_id``, most bytes first (ties by writer)."""
+    totals: dict[str, tuple[int, int, int]] = {}
+    vias: dict[str, set[str]] = {}
+    for writer, via, entries, size, last in conn.execute(
+        "SELECT COALESCE(writer, ''), COALESCE(via, ''), COUNT(*), COALESCE(SUM(size), 0), "
+        "MAX(version_ms) FROM artifacts WHERE namespace_id = ? GROUP BY 1, 2",
+        (namespace_id,),
+    ):
+        e, b, v = totals.get(str(writer), (0, 0, 0))
+        totals[str(writer)] = (e + int(entries), b + int(size), max(v, int(last)))
+        vias.setdefault(str(writer), set()).add(str(via) or LOCAL_VIA)
+    usage = [WriterUsage(w, e, b, v, tuple(sorted(vias[w]))) for w, (e, b, v) in totals.items()]
+    return sorted(usage, key=lambda u: (-u.bytes, u.writer))
+
+
+def written_by(
+    conn: sqlite3.Connection, namespace_id: str, writer: str, limit: int
+) -> list[Manifest]:
+    """The manifests ``writer`` wrote in ``namespace_id``, newest version first, at most
+    ``limit``."""
+    rows = conn.execute(
+        f"SELECT {COLUMNS} FROM artifacts WHERE namespace_id = ? AND COALESCE(writer, '') = ? "
+        "ORDER BY version_ms DESC, artifact_id LIMIT ?",
+        (namespace_id, writer, limit),
+    ).fetchall()
+    return [row_to_manifest(r) for r in rows]
