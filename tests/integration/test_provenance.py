@@ -16,8 +16,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from kura.core.version import ApplyOutcome
+from kura.mesh.wire import MANIFEST_HEADER, OUTCOME_HEADER, encode_manifest
 from kura.storage.artifact import ArtifactRef, WriterUsage
 from kura.storage.service import CacheService
+from tests import oneshot
 from tests.conftest import NodeProcess, node_env
 from tests.e2e.mesh import Mesh, wait_for
 from tests.inprocess import InProcessNode, start_in_process
@@ -129,3 +132,79 @@ async def test_writers_lists_each_writer_by_bytes_and_written_by_its_entries_new
     ]
     assert [m.key for m in await store.written_by("main", EVIL, 1)] == ["d"]
     assert await store.written_by("main", "token:nobody", 10) == []
+
+
+def _holdings(node: NodeProcess) -> dict[str, tuple[str, int]]:
+    """key -> (writer, size) of ``node``'s entries of ``main``."""
+    return {k: (w, s) for k, (w, _v, s) in rows(node).items()}
+
+
+def test_a_purge_removes_exactly_one_writers_entries_on_every_node_and_stays_purged(
+    mesh3: Mesh,
+) -> None:
+    """The must-show of issue 29 item 4 at the storage level: ``token:evil`` poisons ``main``
+    beside ``token:ci-main``, including one key both wrote (evil's version newer), and one
+    purge on node 0 removes exactly evil's entries on all three nodes, one of them down while
+    it ran. LWW keeps one version per key, so the key evil overwrote is a miss afterwards (not
+    ci-main's older bytes, which no node holds any more): the safe answer, since a miss only
+    rebuilds. A late copy of evil's at its old version is ignored; a new write by evil is
+    stored, at a newer version."""
+    a, b, c = mesh3.nodes
+    good = {f"ci-{i}": bytes([65 + i]) * (100 + i) for i in range(4)}
+    for key, body in good.items():
+        write(a, CI, key, body)
+    write(a, CI, "shared", b"main's bytes")
+    mesh3.wait_drained()
+    bad = {f"evil-{i}": bytes([97 + i]) * (50 + i) for i in range(3)}
+    for key, body in bad.items():
+        write(b, EVIL, key, body)
+    write(b, EVIL, "shared", b"poisoned bytes")  # newer than ci-main's: wins everywhere
+    mesh3.wait_drained()
+    poisoned = {**{k: (CI, len(v)) for k, v in good.items()}, "shared": (EVIL, 14)}
+    poisoned |= {k: (EVIL, len(v)) for k, v in bad.items()}
+    for node in mesh3.nodes:
+        assert _holdings(node) == poisoned
+    evil_old = on(a, lambda n: n.service.written_by("main", EVIL, 10))
+    assert {m.key for m in evil_old} == {*bad, "shared"}
+    assert c.stop() == 0  # down while the purge runs
+
+    purge = on(a, lambda n: n.service.purge_writer("main", EVIL))
+    assert (purge.entries, purge.bytes) == (4, sum(map(len, bad.values())) + 14)
+    assert purge.version_ms > max(m.version_ms for m in evil_old)
+    clean = {k: (CI, len(v)) for k, v in good.items()}
+    assert _holdings(a) == clean  # "shared" is a miss: LWW kept only evil's version
+    assert wait_for(lambda: _holdings(b) == clean, 30), (_holdings(b), b.log()[-3000:])
+    c = mesh3.restart(2)  # the durable outbox delivers the purge once it is back
+    assert wait_for(lambda: _holdings(c) == clean, 60), (_holdings(c), c.log()[-3000:])
+    mesh3.wait_drained()
+    for node in mesh3.nodes:
+        usage = on(node, lambda n: n.service.writers("main"))
+        assert [u.writer for u in usage] == [CI], usage
+        assert usage[0].entries == len(good)
+        assert usage[0].bytes == sum(map(len, good.values()))
+        assert on(node, lambda n: n.service.written_by("main", EVIL, 10)) == []
+        assert "purged writer 'token:evil' in namespace 'main'" in node.log()
+    assert a.metrics()['kura_writer_purges_total{source="local"}'] == 1
+    for node in (b, c):
+        assert node.metrics()['kura_writer_purges_total{source="replication"}'] == 1
+    for key, body in good.items():  # ci-main's bytes, untouched
+        got = on(c, lambda n, k=key: n.service.reads.read(ArtifactRef("nx", "main", k)))
+        assert got.data == body
+
+    # A late copy of evil's at its old version (a replica push replayed, say) is ignored.
+    late = next(m for m in evil_old if m.key == "evil-0")
+    r = oneshot.put(
+        a.internal_url + "/_internal/replicate/artifact",
+        content=bad["evil-0"],
+        headers={MANIFEST_HEADER: encode_manifest(late)},
+        timeout=10,
+    )
+    assert r.status_code == 204
+    assert r.headers[OUTCOME_HEADER] == ApplyOutcome.IGNORED_TOMBSTONE.value
+    assert "evil-0" not in _holdings(a)
+
+    # A new write by the purged writer is stored, at a newer version, and replicates.
+    version = write(b, EVIL, "evil-0", b"later bytes")
+    assert version > purge.version_ms
+    for node in mesh3.nodes:
+        assert wait_for(lambda n=node: _holdings(n).get("evil-0") == (EVIL, 11), 30)

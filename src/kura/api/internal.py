@@ -11,6 +11,9 @@ now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason
   applied or ignored (``Kura-Outcome`` says which); 400 bad manifest or body; 403 other tenant;
   413/503 budget. The body is not read when the copy would be ignored.
 * ``DELETE /_internal/replicate/namespace?namespace_id=&version_ms=`` → 204.
+* ``DELETE /_internal/replicate/writer?namespace_id=&writer=&version_ms=`` → 204: a peer's purge
+  of one writer's entries of a namespace (``ArtifactWriter.purge_writer``); 400 for a missing
+  or invalid writer or version.
 * ``GET /_internal/bootstrap/manifests?after=&limit=`` and ``.../namespace_tombstones`` —
   cursor-paged in key order; ``next_after`` is null on the last page. Without ``after`` a page
   starts at the first key; with it (even ``after=``) strictly after it, because ``""`` is a real
@@ -41,6 +44,7 @@ from kura.api.http import artifact_response, ctx, declared_length, endpoint, req
 from kura.api.query import query_int
 from kura.core.errors import Forbidden, InvalidRequest
 from kura.core.keys import HEX_SHA256, NAMESPACE, PRODUCERS, validate
+from kura.core.manifest import writer_of
 from kura.mesh.peer_pace import PeerPace
 from kura.mesh.wire import (
     MANIFEST_HEADER,
@@ -113,6 +117,25 @@ async def replicate_namespace(request: web.Request) -> web.StreamResponse:
     namespace = validate(request.query.get("namespace_id", ""), NAMESPACE, "namespace_id")
     version_ms = query_int(request, "version_ms", default=None, low=1, high=2**63 - 1)
     await ctx(request).peer_pages().delete_namespace(namespace, version_ms, source="replication")
+    return web.Response(status=204)
+
+
+@endpoint(PROTOCOL, None)
+async def replicate_writer_purge(request: web.Request) -> web.StreamResponse:
+    _check_tenant(request)
+    namespace = validate(request.query.get("namespace_id", ""), NAMESPACE, "namespace_id")
+    if "writer" not in request.query:
+        raise InvalidRequest("writer is required")
+    try:
+        writer = writer_of(request.query["writer"])
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    version_ms = query_int(request, "version_ms", default=0, low=1, high=2**63 - 1)
+    if not version_ms:
+        raise InvalidRequest("version_ms is required")
+    await (
+        ctx(request).peer_pages().purge_writer(namespace, writer, version_ms, source="replication")
+    )
     return web.Response(status=204)
 
 
@@ -277,6 +300,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/_internal/status", status),
         web.put("/_internal/replicate/artifact", replicate_artifact),
         web.delete("/_internal/replicate/namespace", replicate_namespace),
+        web.delete("/_internal/replicate/writer", replicate_writer_purge),
         web.get("/_internal/bootstrap/manifests", manifests),
         web.get("/_internal/bootstrap/namespace_tombstones", tombstones),
         web.get("/_internal/bootstrap/artifacts/{artifact_id}", artifact, allow_head=True),

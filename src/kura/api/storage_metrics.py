@@ -162,6 +162,15 @@ class StoreCollector(Collector):
         for (source, reason), n in sorted(s.rejected_total.items()):
             rejected.add_metric([source, reason], n)
         yield rejected
+        purges = CounterMetricFamily(
+            "kura_writer_purges",
+            "Purges of one writer's entries of a namespace applied (provenance), by source "
+            "(local: this node's, replication: a peer's).",
+            labels=["source"],
+        )
+        for source, n in sorted(s.writer_purges_total.items()):
+            purges.add_metric([source], n)
+        yield purges
         yield GaugeMetricFamily(
             "kura_tmp_reserved_bytes",
             "Bytes reserved in the tmp staging budget.",

@@ -107,7 +107,7 @@ class Manifest:
                 created_at_ms=int(data["created_at_ms"]),
                 inline=bool(data.get("inline", False)),
                 headers=parsed,
-                writer=_writer_of(data.get("writer", "")),
+                writer=writer_of(data.get("writer", "")),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"invalid manifest: {exc}") from exc
@@ -121,7 +121,9 @@ MAX_WRITER_CHARS = 200
 _WRITER = re.compile(rf"[\x21-\x7e]{{0,{MAX_WRITER_CHARS}}}")
 
 
-def _writer_of(value: object) -> str:
+def writer_of(value: object) -> str:
+    """``value`` if it is a valid writer (at most ``MAX_WRITER_CHARS`` visible ASCII
+    characters, ``""`` allowed), else ValueError."""
     if not isinstance(value, str) or not _WRITER.fullmatch(value):
         raise ValueError(
             f"writer must be at most {MAX_WRITER_CHARS} visible ASCII characters (no space)"

@@ -157,6 +157,12 @@ class PeerClient:
         params = {"namespace_id": namespace_id, "version_ms": str(version_ms)}
         await self._send("DELETE", url, "/_internal/replicate/namespace", "delete", params=params)
 
+    async def push_purge(self, url: str, namespace_id: str, writer: str, version_ms: int) -> None:
+        """Send a purge of ``writer``'s entries of ``namespace_id`` at ``version_ms`` (``DELETE
+        /_internal/replicate/writer``). PeerError unless it answered 2xx."""
+        params = {"namespace_id": namespace_id, "writer": writer, "version_ms": str(version_ms)}
+        await self._send("DELETE", url, "/_internal/replicate/writer", "purge", params=params)
+
     async def ask_to_pull(self, url: str, node_url: str) -> None:
         """Tell the peer to pull this node's change feed now (``POST /_internal/changes/pull``
         naming this node in ``Kura-Node``; ``mesh.catch_up``). PeerError unless it answered

@@ -34,7 +34,7 @@ from kura.core.errors import NotFound
 from kura.core.object_layout import OUTBOX_TARGET
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import FUTURE_VERSION
-from kura.storage.outbox import DELETE_NAMESPACE, OutboxMessage
+from kura.storage.outbox import DELETE_NAMESPACE, PURGE_WRITER, OutboxMessage
 from kura.storage.ports import ArtifactReader, OutboxLog
 
 log = logging.getLogger(__name__)
@@ -268,6 +268,16 @@ class Shipper:
         return True
 
     async def _send(self, state: PeerShipping, msg: OutboxMessage) -> None:
+        if msg.kind == PURGE_WRITER:
+            try:
+                await self._client.push_purge(
+                    msg.peer, msg.namespace_id, msg.writer, msg.version_ms
+                )
+            except PeerError as exc:
+                state.count(PURGE_WRITER, _failure(exc))
+                raise
+            state.count(PURGE_WRITER, "ok")
+            return
         if msg.kind == DELETE_NAMESPACE:
             try:
                 await self._client.push_tombstone(msg.peer, msg.namespace_id, msg.version_ms)
@@ -305,11 +315,11 @@ def _failure(exc: PeerError) -> str:
 
 def _drop(state: PeerShipping, msg: OutboxMessage, reason: str, exc: PeerError) -> None:
     state.dropped_total[reason] = state.dropped_total.get(reason, 0) + 1
-    what = (
-        f"tombstone of namespace {msg.namespace_id!r} at version {msg.version_ms}"
-        if msg.kind == DELETE_NAMESPACE
-        else f"artifact {msg.artifact_id}"
-    )
+    what = {
+        DELETE_NAMESPACE: f"tombstone of namespace {msg.namespace_id!r} at version {msg.version_ms}",
+        PURGE_WRITER: f"purge of writer {msg.writer!r} in namespace {msg.namespace_id!r} at "
+        f"version {msg.version_ms}",
+    }.get(msg.kind, f"artifact {msg.artifact_id}")
     log.warning(
         "replication to %s dropped %s: the peer refused it for good with %s (%s): %s",
         state.peer,

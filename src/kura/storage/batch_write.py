@@ -198,11 +198,13 @@ class BatchWrite(WritePath):
         self._evict_sync(_added_bytes(pending, existing), "")
         if self.stats.evictions_total != evictions:  # a row of the batch may have gone
             existing = index.get_many(ids)
-        tombstones = {ns: index.tombstone(ns) for ns in {p.manifest.namespace_id for p in pending}}
+        # The tombstone, or the purge of the writer when newer, per (namespace, writer).
+        scopes = {(p.manifest.namespace_id, p.manifest.writer) for p in pending}
+        covers = {scope: index.covered(*scope) for scope in scopes}
         version = self.versions.issue(
             self.clock.now_ms(),
             max((row[0].version_ms for row in existing.values()), default=None),
-            max((t for t in tombstones.values() if t is not None), default=None),
+            max((t for t in covers.values() if t is not None), default=None),
         )
         results: list[PutResult | KuraError | None] = []
         rows: list[tuple[Manifest, bytes | None, str | None, str | None]] = []
@@ -219,7 +221,7 @@ class BatchWrite(WritePath):
                 outcome = decide_apply(
                     version,
                     None if old is None else old.version_ms,
-                    tombstones[manifest.namespace_id],
+                    covers[manifest.namespace_id, manifest.writer],
                     manifest.sha256,
                     "" if old is None else old.sha256,
                 )

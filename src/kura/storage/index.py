@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from kura.core.manifest import Manifest
-from kura.storage import change_seq, digests, retention
+from kura.storage import change_seq, digests, provenance, retention
 from kura.storage.fsync import WalSync, descriptor_shortage
-from kura.storage.outbox import DELETE_NAMESPACE, UPSERT
+from kura.storage.outbox import DELETE_NAMESPACE, PURGE_WRITER, UPSERT
 from kura.storage.outbox_queries import OutboxQueries
 from kura.storage.paging import PagingQueries
 from kura.storage.schema import (
@@ -74,8 +74,13 @@ class MetadataIndex:
         self.outbox = OutboxQueries(self._conn)
         # The expression ``get`` selects for the fast checksum (NULL on a version-1 file).
         self._xxh3_column = "xxh3_128"
+        # Every purge of a writer's entries, (namespace, writer) -> version: a handful of rows,
+        # held in memory so the version rule's look-up (``covered``) costs no query. Replaced,
+        # never changed in place, by the writer thread (``apply_purge``).
+        self.purges: dict[tuple[str, str], int] = {}
         conn = self._conn()
         if read_only:
+            self.purges = provenance.load_purges(conn)
             row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
             if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
                 raise RuntimeError(f"metadata schema {row} cannot be opened read-only")
@@ -99,6 +104,7 @@ class MetadataIndex:
         conn.commit()
         digests.ensure(conn)  # anti-entropy range digests, outside the schema version
         retention.ensure(conn)  # promises to keep (storage.retention), outside it too
+        self.purges = provenance.load_purges(conn)
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -259,6 +265,17 @@ class MetadataIndex:
             .fetchone()
         )
         return None if row is None else int(row[0])
+
+    def covered(self, namespace_id: str, writer: str) -> int | None:
+        """The version at or below which a copy of ``writer``'s in ``namespace_id`` is ignored:
+        the larger of the namespace tombstone and the purge of that writer there (None when
+        neither exists). What the version rule (``core.version.decide_apply``) takes as the
+        tombstone, and what a local write's version is issued above."""
+        tombstone = self.tombstone(namespace_id)
+        purge = self.purges.get((namespace_id, writer))
+        if purge is None or (tombstone is not None and tombstone >= purge):
+            return tombstone
+        return purge
 
     def max_version_ms(self, namespace_id: str | None = None) -> int:
         """The largest version stored for ``namespace_id``'s artifacts, or with None for any
@@ -435,6 +452,36 @@ class MetadataIndex:
                 ((p, DELETE_NAMESPACE, namespace_id, version_ms, now_ms) for p in outbox_peers),
             )
             return victims
+
+    def apply_purge(
+        self,
+        namespace_id: str,
+        writer: str,
+        version_ms: int,
+        now_ms: int,
+        outbox_peers: Sequence[str] = (),
+    ) -> list[tuple[str, int, bool]] | None:
+        """Record the purge of ``writer``'s entries of ``namespace_id`` at ``version_ms``,
+        delete them at or below it and enqueue the purge for ``outbox_peers``, in one
+        transaction: ``apply_tombstone`` for one writer's rows. Returns the deleted
+        (artifact_id, size, inline) rows, or None when a purge of that writer there at or above
+        ``version_ms`` already existed (nothing changes, nothing is enqueued)."""
+        conn = self._conn()
+        with write_transaction(conn):
+            victims = provenance.apply_purge(conn, namespace_id, writer, version_ms)
+            if victims is None:
+                return None
+            digests.apply(conn, digests.rows_of(conn, [v[0] for v in victims]), ())
+            conn.executemany(
+                "DELETE FROM artifacts WHERE artifact_id = ?", ((v[0],) for v in victims)
+            )
+            conn.executemany(
+                "INSERT INTO outbox (peer, kind, artifact_id, namespace_id, version_ms, "
+                "enqueued_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                ((p, PURGE_WRITER, writer, namespace_id, version_ms, now_ms) for p in outbox_peers),
+            )
+        self.purges = {**self.purges, (namespace_id, writer): version_ms}  # once committed
+        return victims
 
     def touch(self, accesses: dict[str, int]) -> None:
         """Record last access times (batched from memory)."""

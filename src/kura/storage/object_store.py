@@ -194,6 +194,12 @@ class ObjectStore:
         None when absent, or 0 when it is not a kura object (no or a malformed header), so that
         any upload replaces it and any clean of its namespace deletes it, instead of a pass
         failing on it for ever. Raises ObjectStoreError when the store fails."""
+        found = await self.stored_header(key)
+        return None if found is None else found[0]
+
+    async def stored_header(self, key: str) -> tuple[int, str] | None:
+        """``(version_ms, writer)`` of the object at ``key``, as ``stored_version_ms`` reads it
+        (``(0, "")`` for an object that is not kura's, None when absent)."""
         try:
             result = await self._call(
                 "get",
@@ -209,12 +215,12 @@ class ObjectStore:
                 got = await self.get(key)  # a header above 64 KiB (stored headers): read it whole
             except NotKuraObject as exc:
                 log.warning("%s; a write or clean replaces it", exc)
-                return 0
+                return 0, ""
             if got is None:
                 return None
             manifest = got[0]
             await got[1].aclose()  # type: ignore[attr-defined]
-        return manifest.version_ms
+        return manifest.version_ms, manifest.writer
 
     async def get(self, key: str) -> tuple[Manifest, AsyncIterator[bytes]] | None:
         """The stored manifest and an iterator over exactly the artifact's bytes, or None when

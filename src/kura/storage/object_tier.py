@@ -41,6 +41,10 @@ The rules (docs/object-storage.md states them for operators):
 * **Cleans.** A clean's outbox message lists the namespace's prefix and deletes each object
   last modified at or before the tombstone's version; a later one is deleted only if its own
   header says its version is at or below the tombstone (a newer write by another node stays).
+  A purge of one writer's entries (``CacheService.purge_writer``) lists the same prefix and
+  reads each object's header: those of that writer at or below the purge's version are
+  deleted (one ranged GET per object of the namespace: a purge is an operator's rare act). A
+  fill of an older copy of that writer is then ignored by the version rule, as under a clean.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from kura.core.version import ApplyOutcome, ahead_of_skew_ms
 from kura.storage.bucket_heal import BucketHeal
 from kura.storage.fill import Filled
 from kura.storage.object_store import CircuitOpen, ObjectStore, ObjectStoreError
-from kura.storage.outbox import DELETE_NAMESPACE, UPSERT, OutboxMessage
+from kura.storage.outbox import DELETE_NAMESPACE, PURGE_WRITER, UPSERT, OutboxMessage
 from kura.storage.ports import OutboxLog
 from kura.storage.service import CacheService
 
@@ -283,13 +287,13 @@ class ObjectTier:
 
         async def upload(artifact_id: str) -> bool:
             async with sem:
-                return await self._send(UPSERT, artifact_id, "", 0)
+                return await self._send(UPSERT, artifact_id, "", 0, "")
 
         i = 0
         while i < len(batch):
             if batch[i].kind != UPSERT:
                 msg = batch[i]
-                if not await self._send(msg.kind, "", msg.namespace_id, msg.version_ms):
+                if not await self._send(msg.kind, "", msg.namespace_id, msg.version_ms, msg.writer):
                     return done
                 done.append(msg.id)
                 i += 1
@@ -307,17 +311,23 @@ class ObjectTier:
             i = j
         return done
 
-    async def _send(self, kind: str, artifact_id: str, namespace_id: str, version_ms: int) -> bool:
+    async def _send(
+        self, kind: str, artifact_id: str, namespace_id: str, version_ms: int, writer: str
+    ) -> bool:
         try:
             if kind == UPSERT:
                 await self._upload(artifact_id)
             elif kind == DELETE_NAMESPACE:
                 await self._delete_namespace(namespace_id, version_ms)
+            elif kind == PURGE_WRITER:
+                await self._purge_writer(namespace_id, writer, version_ms)
             return True
         except (ObjectStoreError, OSError) as exc:  # OSError: the local file went away mid-read
             log.warning(
                 "object store upload queue: %s %s failed (retrying with backoff): %s",
-                "upload of" if kind == UPSERT else "clean of namespace",
+                {UPSERT: "upload of", DELETE_NAMESPACE: "clean of namespace"}.get(
+                    kind, "purge of a writer in namespace"
+                ),
                 artifact_id or repr(namespace_id),
                 exc.message if isinstance(exc, ObjectStoreError) else exc,
             )
@@ -360,6 +370,24 @@ class ObjectTier:
         await self.store.delete_many(victims)
         if victims:
             log.info("object store: cleaned namespace %r (%d objects)", namespace_id, len(victims))
+
+    async def _purge_writer(self, namespace_id: str, writer: str, version_ms: int) -> None:
+        """Delete ``writer``'s objects of ``namespace_id`` at or below ``version_ms`` (each
+        object's header says whose it is)."""
+        prefix = namespace_prefix(self.service.tenant_id, namespace_id)
+        victims = []
+        async for page in self.store.list_prefix(prefix):
+            for obj in page:
+                header = await self.store.stored_header(obj.key)
+                if header is not None and header[1] == writer and header[0] <= version_ms:
+                    victims.append(obj.key)
+        await self.store.delete_many(victims)
+        log.info(
+            "object store: purged writer %r in namespace %r (%d objects)",
+            writer,
+            namespace_id,
+            len(victims),
+        )
 
     def _disk_full(self) -> bool:
         """Writes are refused for want of disk space (at or near the free-space floor)."""

@@ -18,6 +18,11 @@ from kura.core.manifest import Manifest
 
 UPSERT = "upsert_artifact"
 DELETE_NAMESPACE = "delete_namespace"
+# A purge of one writer's entries of a namespace (``ArtifactWriter.purge_writer``): its row
+# carries the namespace and the purge version, and the writer in ``artifact_id`` (unused by a
+# namespace-wide message; no artifact id looks like a writer, so the eviction's look-up of
+# pending uploads by artifact id never matches it).
+PURGE_WRITER = "purge_writer"
 
 # The lengths of the hex prefixes that have a range digest: everything, 256 and 65,536 ranges.
 DIGEST_LEVELS = (0, 2, 4)
@@ -26,7 +31,8 @@ DIGEST_DEEPEST = DIGEST_LEVELS[-1]
 
 @dataclass(frozen=True)
 class OutboxMessage:
-    """One pending delivery to one peer. ``kind`` is UPSERT or DELETE_NAMESPACE."""
+    """One pending delivery to one peer. ``kind`` is UPSERT, DELETE_NAMESPACE or
+    PURGE_WRITER (whose writer is ``writer``)."""
 
     id: int
     peer: str
@@ -35,6 +41,11 @@ class OutboxMessage:
     namespace_id: str
     version_ms: int
     enqueued_at_ms: int
+
+    @property
+    def writer(self) -> str:
+        """The writer a PURGE_WRITER message purges (stored in ``artifact_id``), else ``""``."""
+        return self.artifact_id if self.kind == PURGE_WRITER else ""
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,14 @@ from typing import Protocol
 from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
-from kura.storage.artifact import ArtifactRef, BatchBlob, PutResult, StoredBody, WriterUsage
+from kura.storage.artifact import (
+    ArtifactRef,
+    BatchBlob,
+    Purge,
+    PutResult,
+    StoredBody,
+    WriterUsage,
+)
 from kura.storage.budget import Reservation, TmpBudget
 from kura.storage.hotcache import HotCache
 from kura.storage.outbox import CatchUpMark, ChangesPage, OutboxMessage, PeerCursor, RangeDigests
@@ -163,6 +170,20 @@ class ArtifactWriter(Protocol):
         """Tombstone a namespace and delete its artifacts; the tombstone's version (ms)."""
         ...
 
+    async def purge_writer(
+        self,
+        namespace_id: str,
+        writer: str,
+        version_ms: int | None = None,
+        *,
+        source: str = "local",
+    ) -> Purge:
+        """Delete ``writer``'s entries of ``namespace_id`` on every node and the bucket (a
+        replicated clean of one writer, ``storage.write_path``); copies at or below the purge's
+        version are ignored from then on. The purge: version (ms), entries and bytes deleted
+        here."""
+        ...
+
 
 class Provenance(Protocol):
     """Who wrote what in a namespace, on this node (``storage.provenance``): the writers are
@@ -241,6 +262,17 @@ class PeerPages(ReplicaApplier, Protocol):
         self, namespace_id: str, version_ms: int | None = None, *, source: str = "local"
     ) -> int:
         """A peer's tombstone (``source`` names it), as ``ArtifactWriter.delete_namespace``."""
+        ...
+
+    async def purge_writer(
+        self,
+        namespace_id: str,
+        writer: str,
+        version_ms: int | None = None,
+        *,
+        source: str = "local",
+    ) -> Purge:
+        """A peer's purge of one writer's entries, as ``ArtifactWriter.purge_writer``."""
         ...
 
     @property

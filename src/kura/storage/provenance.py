@@ -1,6 +1,7 @@
 """The index queries of provenance (issue 29 item 4): who wrote what in a namespace
 (``artifacts.writer``, schema version 4), and the purges of one writer's entries (table
-``purges``, one row per (namespace, writer), ``storage.index.MetadataIndex.apply_purge``).
+``purges``, one row per (namespace, writer) holding the latest purge's version; written by
+``storage.index.MetadataIndex.apply_purge``, which holds them all in memory).
 
 Each query scans the namespace's rows through ``artifacts_by_namespace`` (no index on the
 writer: a write pays nothing for provenance, an operator's question costs O(rows of the
@@ -16,6 +17,42 @@ from kura.storage.artifact import WriterUsage
 from kura.storage.schema import COLUMNS, row_to_manifest
 
 LOCAL_VIA = "local"
+
+
+def load_purges(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
+    """Every purge recorded, (namespace, writer) -> version (empty on a file without the
+    table: older than schema version 4, opened read-only)."""
+    try:
+        rows = conn.execute("SELECT namespace_id, writer, version_ms FROM purges").fetchall()
+    except sqlite3.OperationalError:
+        return {}
+    return {(str(ns), str(w)): int(v) for ns, w, v in rows}
+
+
+def apply_purge(
+    conn: sqlite3.Connection, namespace_id: str, writer: str, version_ms: int
+) -> list[tuple[str, int, bool]] | None:
+    """Inside the caller's transaction: record the purge and return the rows it covers,
+    (artifact_id, size, inline), for the caller to delete; None (nothing recorded) when a purge
+    of ``writer`` in ``namespace_id`` at or above ``version_ms`` exists already."""
+    row = conn.execute(
+        "SELECT version_ms FROM purges WHERE namespace_id = ? AND writer = ?",
+        (namespace_id, writer),
+    ).fetchone()
+    if row is not None and int(row[0]) >= version_ms:
+        return None
+    conn.execute(
+        "INSERT OR REPLACE INTO purges(namespace_id, writer, version_ms) VALUES (?, ?, ?)",
+        (namespace_id, writer, version_ms),
+    )
+    return [
+        (str(r[0]), int(r[1]), bool(r[2]))
+        for r in conn.execute(
+            "SELECT artifact_id, size, length(inline_body) IS NOT NULL FROM artifacts "
+            "WHERE namespace_id = ? AND COALESCE(writer, '') = ? AND version_ms <= ?",
+            (namespace_id, writer, version_ms),
+        )
+    ]
 
 
 def writers(conn: sqlite3.Connection, namespace_id: str) -> list[WriterUsage]:

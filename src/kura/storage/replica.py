@@ -149,15 +149,15 @@ class ReplicaApply(BatchWrite):
     def _precheck_many_sync(self, manifests: list[Manifest]) -> list[ApplyOutcome]:
         index = self._require_index()
         stored = index.versions([m.artifact_id for m in manifests])
-        tombstones: dict[str, int | None] = {}
+        # The tombstone, or the purge of the writer when newer, per (namespace, writer).
+        covers: dict[tuple[str, str], int | None] = {}
         outcomes = []
         for m in manifests:
-            if m.namespace_id not in tombstones:
-                tombstones[m.namespace_id] = index.tombstone(m.namespace_id)
+            scope = (m.namespace_id, m.writer)
+            if scope not in covers:
+                covers[scope] = index.covered(*scope)
             version, sha = stored.get(m.artifact_id, (None, ""))
-            outcomes.append(
-                decide_apply(m.version_ms, version, tombstones[m.namespace_id], m.sha256, sha)
-            )
+            outcomes.append(decide_apply(m.version_ms, version, covers[scope], m.sha256, sha))
         return outcomes
 
     async def apply_small_replicas(

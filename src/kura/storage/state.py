@@ -330,11 +330,12 @@ class StorageState:
 
 
 def decide(index: MetadataIndex, incoming: Manifest, stored: Manifest | None) -> ApplyOutcome:
-    """Last-writer-wins against what is stored and the namespace tombstone (core.version)."""
+    """Last-writer-wins against what is stored and the namespace tombstone, or the purge of the
+    incoming copy's writer there when it is newer (``MetadataIndex.covered``, core.version)."""
     return decide_apply(
         incoming.version_ms,
         None if stored is None else stored.version_ms,
-        index.tombstone(incoming.namespace_id),
+        index.covered(incoming.namespace_id, incoming.writer),
         incoming.sha256,
         "" if stored is None else stored.sha256,
     )

@@ -43,3 +43,5 @@ class StorageStats:
     apply_outcomes_total: dict[tuple[str, str], int] = field(default_factory=dict)
     # (source, reason) -> copies from peers refused before applying; reason "future_version".
     rejected_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    # source ("local", "replication") -> purges of a writer's entries applied (provenance).
+    writer_purges_total: dict[str, int] = field(default_factory=dict)

@@ -62,6 +62,7 @@ class SharedReadIndex(MetadataIndex):
         self._immutable = immutable
         self._local = threading.local()
         self._xxh3_column = "xxh3_128"
+        self.purges = {}  # a worker applies nothing: the version rule runs on the primary
         row = self._conn().execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
         if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
             raise RuntimeError(f"metadata schema {row} cannot be read by a worker")

@@ -13,12 +13,16 @@ write's version is issued on the writer thread above the stored copy's and the n
 tombstone's, so an acknowledged local write always wins. A failed or rejected write leaves no
 blob, no index row and no reserved bytes. Eviction makes room first (``storage.eviction``).
 A namespace clean (``delete_namespace``) is a write too: a tombstone and the deletion of every
-artifact under it, in one transaction with its outbox messages.
+artifact under it, in one transaction with its outbox messages. So is a purge of one writer's
+entries of a namespace (``purge_writer``, provenance): the same clean, of that writer's rows
+only, recorded as a purge whose version then rules that writer's copies there as a tombstone
+does (``MetadataIndex.covered``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -27,13 +31,15 @@ from kit.failpoint import failpoint
 from kura.core.errors import InsufficientStorage, PayloadTooLarge, Unavailable
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
-from kura.storage.artifact import ArtifactRef, PutResult
+from kura.storage.artifact import ArtifactRef, Purge, PutResult
 from kura.storage.blobs import GROW_STEP_BYTES, Staged, concatenate, stage_body
 from kura.storage.eviction import Eviction
 from kura.storage.fsync import fsync_path
 from kura.storage.offload import OFFLOAD_BLOCK_BYTES
 from kura.storage.small_body import buffer_small, check_digest, fits_inline
 from kura.storage.state import decide as _decide
+
+log = logging.getLogger(__name__)
 
 # A declared body of at least this many bytes is staged off the event loop (``put_stream``).
 OFFLOAD_MIN_BYTES = 2 * OFFLOAD_BLOCK_BYTES
@@ -203,14 +209,87 @@ class WritePath(Eviction):
         victims = index.apply_tombstone(namespace_id, version_ms, self.clock.now_ms(), peers)
         if victims is None:
             return False, version_ms
-        self.hot.invalidate([v[0] for v in victims])
+        self._drop_victims(victims)
         self.queues.enqueued(peers)
+        return True, version_ms
+
+    async def purge_writer(
+        self,
+        namespace_id: str,
+        writer: str,
+        version_ms: int | None = None,
+        *,
+        source: str = "local",
+    ) -> Purge:
+        """Delete every entry ``writer`` wrote in ``namespace_id`` at or below ``version_ms``
+        (default: a new local version) and record the purge, in one transaction; a local purge
+        is enqueued for every replication target (the peers, which apply the same purge, and
+        the bucket, which deletes that writer's objects), a peer's is not. From then on a copy
+        of that writer's in that namespace at or below the version is ignored, wherever it
+        comes from (a replica in flight, a bootstrap page, anti-entropy, the bucket), as a
+        namespace tombstone ignores older copies; a later write by the writer gets a newer
+        version and is stored. LWW keeps one version per key: a key whose newest version was
+        the writer's is a miss afterwards, even if another writer's older version existed.
+
+        Returns the purge (its version, the entries and bytes deleted here); logged at INFO
+        and counted (``StorageStats.writer_purges_total``). A local purge's version is issued
+        above every version of the namespace held here; a peer's too far ahead raises
+        ``FutureVersion``; a local purge not applied (an equal one exists) ``Unavailable``;
+        ``ResourceExhausted`` while the index is read-only."""
+        self._check_writable()
+        if source != "local" and version_ms is not None:
+            self._admit(version_ms, source, f"purge of {writer!r} in namespace {namespace_id!r}")
+        peers: Sequence[str] = self._replication_targets() if source == "local" else ()
+        purge = await self._in(
+            self._writer, self._purge_writer_sync, namespace_id, writer, version_ms, peers
+        )
+        if purge is None:
+            self._count(source + "_purge", "ignored_older")
+            if source == "local":
+                raise Unavailable("the purge was not applied (an equal purge exists); retry it")
+            return Purge(version_ms or 0, 0, 0)
+        self._count(source + "_purge", "applied")
+        self.stats.writer_purges_total[source] = self.stats.writer_purges_total.get(source, 0) + 1
+        log.info(
+            "purged writer %r in namespace %r at version %d: %d entries, %d bytes (source %s)",
+            writer,
+            namespace_id,
+            purge.version_ms,
+            purge.entries,
+            purge.bytes,
+            source,
+        )
+        if peers:
+            self._outbox_written()
+        return purge
+
+    def _purge_writer_sync(
+        self, namespace_id: str, writer: str, version_ms: int | None, peers: Sequence[str]
+    ) -> Purge | None:
+        index = self._require_index()
+        if version_ms is None:
+            version_ms = self.versions.issue(
+                self.clock.now_ms(),
+                index.max_version_ms(namespace_id),
+                index.covered(namespace_id, writer),
+            )
+        peers = self.queues.admit(index.connection(), peers, self.clock.now_ms())
+        victims = index.apply_purge(namespace_id, writer, version_ms, self.clock.now_ms(), peers)
+        if victims is None:
+            return None
+        self._drop_victims(victims)
+        self.queues.enqueued(peers)
+        return Purge(version_ms, len(victims), sum(size for _aid, size, _inline in victims))
+
+    def _drop_victims(self, victims: Sequence[tuple[str, int, bool]]) -> None:
+        """Writer thread: what a clean deleted from the index, gone from the hot cache, the
+        blob files (once durable) and the counters."""
+        self.hot.invalidate([v[0] for v in victims])
         for aid, size, inline in victims:
             if not inline:
                 self._unlink_artifact_later(aid)
             self.stats.used_bytes -= size
             self.stats.artifacts -= 1
-        return True, version_ms
 
     async def _commit_staged(
         self,
@@ -311,7 +390,7 @@ class WritePath(Eviction):
             version = self.versions.issue(
                 self.clock.now_ms(),
                 None if existing is None else existing[0].version_ms,
-                index.tombstone(manifest.namespace_id),
+                index.covered(manifest.namespace_id, manifest.writer),
             )
             manifest = dataclasses.replace(manifest, version_ms=version)
         outcome = _decide(index, manifest, None if existing is None else existing[0])
