@@ -167,7 +167,7 @@ def _admin_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="operator commands: namespaces, their writers, a writer's entries, purge",
         description="Lists namespaces (bytes, entries, rules, shed age), the writers of one, "
         "what one writer wrote, and purges one writer's entries of a namespace on every node "
-        "(docs/operations.md#kura-admin). Exit 0 done, 1 unreachable, 2 usage, 3 refused, "
+        "(docs/security.md#kura-admin). Exit 0 done, 1 unreachable, 2 usage, 3 refused, "
         "4 not found.",
     )
     options(admin, True)

@@ -39,6 +39,9 @@ What it grants (``Grant``), from two claims:
   only; ``read_namespaces`` alone writes none. A token with these and ``namespaces`` too is
   refused (401): the overlay already says which namespaces it may touch.
 
+Who it is: ``sub`` (optional) names the writer of what the token writes and of its refusals
+in the log (``jwt:<sub>``, ``kura.core.provenance``; without one, the token's fingerprint).
+
 JWKS keys are fetched at start and every ``KURA_AUTH_JWT_JWKS_REFRESH_SECONDS``, and sooner
 (at most every ``UNKNOWN_KID_REFETCH_SECONDS``) when a token names a ``kid`` not in the set, so
 a rotated signing key is picked up. A failed fetch keeps the last good set and is logged.
