@@ -15,12 +15,13 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kit.unix_socket import socket_address
 from tests.conftest import NodeProcess, node_env
-from tests.e2e.mesh import wait_for
+from tests.e2e.mesh import Mesh, wait_for
 from tests.inprocess import start_in_process
 
 pytestmark = pytest.mark.in_process
@@ -38,14 +39,21 @@ GOOD_KEYS, EVIL_KEYS = ("good-1", "good-2"), ("poisoned-1",)
 
 @dataclass
 class Admin:
-    node: NodeProcess
+    """``kura admin`` pointed at a node: its data directory (the socket) and public URL."""
+
+    data_dir: Path
+    url: str
+
+    @classmethod
+    def of(cls, node: NodeProcess) -> Admin:
+        return cls(node.data_dir, node.url)
 
     def run(self, *args: str, via: str = "socket", token: str | None = ADMIN) -> Ran:
         """``kura admin ARGS`` over ``via`` ("socket": --data-dir; "url": --url and token)."""
         where = (
-            ["--data-dir", str(self.node.data_dir)]
+            ["--data-dir", str(self.data_dir)]
             if via == "socket"
-            else ["--url", self.node.url, *(["--token", token] if token else [])]
+            else ["--url", self.url, *(["--token", token] if token else [])]
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("KURA_")}
         done = subprocess.run(
@@ -66,7 +74,8 @@ class Ran:
     out: str
     err: str
 
-    def json(self) -> dict[str, object]:
+    def json(self) -> Any:
+        """The printed JSON document (``--json``), once the command succeeded."""
         assert self.code == 0, self.err
         doc = json.loads(self.out)
         assert isinstance(doc, dict)
@@ -84,8 +93,19 @@ def held(node: NodeProcess, key: str) -> bool:
         return c.get(f"/ns/main/cache/ccache/{key}").status_code == 200
 
 
+@dataclass
+class Served:
+    """The fixture's node, and ``kura admin`` pointed at it."""
+
+    node: NodeProcess
+    cli: Admin
+
+    def run(self, *args: str, via: str = "socket", token: str | None = ADMIN) -> Ran:
+        return self.cli.run(*args, via=via, token=token)
+
+
 @pytest.fixture
-def admin(tmp_path: Path) -> Iterator[Admin]:
+def admin(tmp_path: Path) -> Iterator[Served]:
     credentials = tmp_path / "credentials"
     credentials.write_text(CREDENTIALS)
     env = node_env(
@@ -99,7 +119,7 @@ def admin(tmp_path: Path) -> Iterator[Admin]:
         put(node, GOOD, key)
     for key in EVIL_KEYS:
         put(node, EVIL, key)
-    yield Admin(node)
+    yield Served(node, Admin.of(node))
     assert node.stop() == 0, node.log()[-3000:]
 
 
@@ -107,15 +127,15 @@ VIAS = ("socket", "url")
 
 
 @pytest.mark.parametrize("via", VIAS)
-def test_admin_lists_namespaces_writers_and_a_writers_entries(admin: Admin, via: str) -> None:
+def test_admin_lists_namespaces_writers_and_a_writers_entries(admin: Served, via: str) -> None:
     def measured() -> bool:
         doc = admin.run("namespaces", "--json", via=via).json()
-        return any(n["namespace"] == "main" for n in doc["namespaces"])  # type: ignore[attr-defined]
+        return any(n["namespace"] == "main" for n in doc["namespaces"])
 
     assert wait_for(measured, 15), "the retention pass never measured main"
     (main,) = [
         n
-        for n in admin.run("namespaces", "--json", via=via).json()["namespaces"]  # type: ignore[attr-defined]
+        for n in admin.run("namespaces", "--json", via=via).json()["namespaces"]
         if n["namespace"] == "main"
     ]
     assert main["artifacts"] == 3
@@ -127,7 +147,7 @@ def test_admin_lists_namespaces_writers_and_a_writers_entries(admin: Admin, via:
     assert any(line.split()[:3] == ["main", "main", "-"] for line in table.out.splitlines())
 
     writers = admin.run("writers", "main", "--json", via=via).json()["writers"]
-    assert [(w["writer"], w["entries"]) for w in writers] == [  # type: ignore[attr-defined]
+    assert [(w["writer"], w["entries"]) for w in writers] == [
         ("token:good", 2),
         ("token:evil", 1),
     ]
@@ -137,14 +157,14 @@ def test_admin_lists_namespaces_writers_and_a_writers_entries(admin: Admin, via:
     assert rows["token:good"][-3] == "2", table.out
 
     entries = admin.run("entries", "main", "token:evil", "--json", via=via).json()["entries"]
-    assert [e["key"] for e in entries] == [f"ccache/{k}" for k in EVIL_KEYS]  # type: ignore[attr-defined]
+    assert [e["key"] for e in entries] == [f"ccache/{k}" for k in EVIL_KEYS]
     table = admin.run("entries", "main", "token:evil", via=via)
     assert "poisoned-1" in table.out
     assert "good-1" not in table.out
 
 
 @pytest.mark.parametrize("via", VIAS)
-def test_admin_purges_exactly_the_malicious_writers_entries(admin: Admin, via: str) -> None:
+def test_admin_purges_exactly_the_malicious_writers_entries(admin: Served, via: str) -> None:
     refused = admin.run("purge", "main", "--writer", "token:evil", via=via)
     assert refused.code == 2, refused  # no --yes: nothing done
     assert "--yes" in refused.err
@@ -154,14 +174,14 @@ def test_admin_purges_exactly_the_malicious_writers_entries(admin: Admin, via: s
     assert not held(admin.node, "poisoned-1")
     assert all(held(admin.node, key) for key in GOOD_KEYS)
     writers = admin.run("writers", "main", "--json", via=via).json()["writers"]
-    assert [w["writer"] for w in writers] == ["token:good"]  # type: ignore[attr-defined]
+    assert [w["writer"] for w in writers] == ["token:good"]
     table = admin.run("purge", "main", "--writer", "token:good", "--yes", via=via)
     assert table.out.startswith("purged writer token:good from namespace main: 2 entries")
 
 
 @pytest.mark.parametrize("token", [None, GOOD, "not-a-token"])
 def test_admin_over_the_port_without_a_clean_token_is_refused_and_changes_nothing(
-    admin: Admin, token: str | None
+    admin: Served, token: str | None
 ) -> None:
     for args in (("writers", "main"), ("purge", "main", "--writer", "token:evil", "--yes")):
         ran = admin.run(*args, via="url", token=token)
@@ -179,7 +199,7 @@ def test_admin_over_the_port_without_a_clean_token_is_refused_and_changes_nothin
 
 
 def test_admin_answers_unknown_names_and_an_unreachable_node_with_their_own_exit_codes(
-    admin: Admin, tmp_path: Path
+    admin: Served, tmp_path: Path
 ) -> None:
     unknown = admin.run("writers", "nobody-here")
     assert unknown.code == 4, unknown
@@ -189,15 +209,13 @@ def test_admin_answers_unknown_names_and_an_unreachable_node_with_their_own_exit
     assert admin.run("writers", "bad/namespace").code == 2
     empty = tmp_path / "not-a-node"
     empty.mkdir()
-    gone = Admin(NodeProcess("", empty, empty, None, empty / "log", {}))  # type: ignore[arg-type]
-    ran = gone.run("namespaces")
+    ran = Admin(empty, "").run("namespaces")
     assert ran.code == 1, ran
     assert f"no socket at {empty / 'admin.sock'}" in ran.err
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    gone.node.url = closed
-    ran = gone.run("namespaces", via="url")
+    ran = Admin(empty, closed).run("namespaces", via="url")
     assert ran.code == 1, ran
     assert "connection refused" in ran.err
 
@@ -223,8 +241,49 @@ def test_the_admin_socket_is_its_owners_replaces_a_stale_one_and_goes_at_stop(
         mode = (data / "admin.sock").stat().st_mode
         assert stat.S_ISSOCK(mode)
         assert stat.S_IMODE(mode) == 0o600
-        ran = Admin(node).run("namespaces", "--json")
+        ran = Admin.of(node).run("namespaces", "--json")
         assert ran.json()["namespaces"] == []
     finally:
         assert node.stop() == 0, node.log()[-3000:]
     assert not (data / "admin.sock").exists()
+
+
+def test_a_malicious_writers_entries_are_found_and_purged_on_every_node_of_a_mesh(
+    tmp_path: Path,
+) -> None:
+    """Issue 29's provenance scenario end to end: ``good`` writes into ``main`` through node 0,
+    ``evil`` through node 1, and replication gives all three nodes both. The operator lists
+    main's writers and evil's entries with ``kura admin`` over node 0's port, purges evil, and
+    on every node evil's entries are gone while good's are served (``kura admin`` over each
+    node's own socket shows good alone)."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(CREDENTIALS)
+    mesh = Mesh(tmp_path, 3, in_process=True, read_through="never", tokens_file=credentials)
+    try:
+        a, b, _c = mesh.nodes
+        for key in GOOD_KEYS:
+            put(a, GOOD, key)
+        for key in EVIL_KEYS:
+            put(b, EVIL, key)
+        everything = (*GOOD_KEYS, *EVIL_KEYS)
+        for node in mesh.nodes:
+            assert wait_for(lambda n=node: all(held(n, k) for k in everything), 30)
+        operator = Admin.of(a)
+        writers = operator.run("writers", "main", "--json", via="url").json()["writers"]
+        assert {(w["writer"], w["entries"]) for w in writers} == {
+            ("token:good", 2),
+            ("token:evil", 1),
+        }
+        listed = operator.run("entries", "main", "token:evil", "--json", via="url").json()
+        assert [e["key"] for e in listed["entries"]] == ["ccache/poisoned-1"]
+        purged = operator.run(
+            "purge", "main", "--writer", "token:evil", "--yes", "--json", via="url"
+        ).json()
+        assert purged["entries"] == 1
+        for node in mesh.nodes:
+            assert wait_for(lambda n=node: not held(n, "poisoned-1"), 30), node.log()[-2000:]
+            assert all(held(node, key) for key in GOOD_KEYS)
+            here = Admin.of(node).run("writers", "main", "--json").json()["writers"]
+            assert [(w["writer"], w["entries"]) for w in here] == [("token:good", 2)]
+    finally:
+        assert mesh.stop_all() == [0, 0, 0]
