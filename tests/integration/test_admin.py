@@ -12,7 +12,7 @@ import socket
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -287,3 +287,24 @@ def test_a_malicious_writers_entries_are_found_and_purged_on_every_node_of_a_mes
             assert [(w["writer"], w["entries"]) for w in here] == [("token:good", 2)]
     finally:
         assert mesh.stop_all() == [0, 0, 0]
+
+
+def test_with_workers_writes_are_recorded_by_the_primary_and_admin_is_the_primarys(
+    start_node: Callable[..., NodeProcess], tmp_path: Path
+) -> None:
+    """With ``KURA_WORKERS=2`` the port is shared by the primary and a worker, which forwards
+    writes (and ``/_admin/``) to the primary: each write records its credential's writer
+    whichever process took its connection, and ``kura admin`` answers over the port and over
+    the primary's socket alike."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(CREDENTIALS)
+    node = start_node(workers=2, tokens_file=credentials)
+    keys = [f"w-{i}" for i in range(8)]
+    for key in keys:  # one connection each: the kernel spreads them over both processes
+        put(node, GOOD if key != "w-7" else EVIL, key)
+    for via in VIAS:
+        writers = Admin.of(node).run("writers", "main", "--json", via=via).json()["writers"]
+        assert [(w["writer"], w["entries"]) for w in writers] == [
+            ("token:good", 7),
+            ("token:evil", 1),
+        ], via
