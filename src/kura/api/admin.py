@@ -21,7 +21,8 @@ that. ``kura admin`` (``kura.admin_client``) is their client; every answer is JS
   replicated clean (``ArtifactWriter.purge_writer``): ``{"namespace", "writer", "version_ms",
   "entries", "bytes"}``, the last two counted on this node.
 
-``namespace=`` (empty) is the default namespace ``""``. A namespace outside the alphabet, a
+``namespace=`` (empty) is the default namespace ``""``; ``writer=`` (empty) the writer of the
+entries stored before provenance was recorded. A namespace outside the alphabet, a
 writer that is not one (``kura.core.manifest``: visible ASCII, at most 200), or a limit out of
 range is 400; a namespace with no entry on this node, or a writer with none in it, is 404.
 
@@ -91,7 +92,7 @@ def _namespace(request: web.Request) -> str:
 
 def _writer(request: web.Request) -> str:
     value = request.query.get("writer")
-    if not value:
+    if value is None:  # empty: the entries written before provenance was recorded
         raise InvalidRequest("name the writer: ?writer=IDENTITY (as `kura admin writers` shows)")
     if len(value) > MAX_WRITER_CHARS or not all("\x21" <= c <= "\x7e" for c in value):
         raise InvalidRequest(
