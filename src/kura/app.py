@@ -189,6 +189,7 @@ class Node:
             client_ssl,
             peer_token=settings.internal_tokens[0] if settings.internal_tokens else None,
             pace=self.peer_pace if self.peer_pace.enabled else None,
+            node_url=lambda: self.node_url,
         )
         self.node_url = settings.node_url or ""
         self.membership = Membership(

@@ -9,22 +9,29 @@ routes do from the request's credential.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from kit.clock import ManualClock
+from kit.wait import wait_until_async
 from kura.core.version import ApplyOutcome
+from kura.mesh.catch_up import CatchUp
+from kura.mesh.client import PeerClient
 from kura.mesh.wire import MANIFEST_HEADER, OUTCOME_HEADER, encode_manifest
 from kura.storage.artifact import ArtifactRef, WriterUsage
+from kura.storage.outbox import PURGE_WRITER
 from kura.storage.service import CacheService
 from tests import oneshot
 from tests.conftest import NodeProcess, node_env
 from tests.e2e.mesh import Mesh, wait_for
 from tests.inprocess import InProcessNode, start_in_process
 from tests.integration.test_fill import make_store
+from tests.integration.test_replica_log import one_peer
 
 T = TypeVar("T")
 CI, EVIL = "token:ci-main", "token:evil"
@@ -79,10 +86,10 @@ def test_the_writer_arrives_unchanged_through_the_outbox_and_a_bootstrap(
     write(a, EVIL, "k-evil", b"evil bytes")
     want = {"k-ci": CI, "k-evil": EVIL}
     assert rows(a) == {"k-ci": (CI, "", 8), "k-evil": (EVIL, "", 10)}
-    for peer in mesh3.nodes[1:]:  # the outbox push
+    for peer in mesh3.nodes[1:]:  # the outbox push, naming the node it came from
         assert wait_for(lambda p=peer: len(rows(p)) == 2, 30), peer.log()[-2000:]
         assert {k: w for k, (w, _v, _s) in rows(peer).items()} == want
-        assert {v for _w, v, _s in rows(peer).values()} == {"replication"}
+        assert {v for _w, v, _s in rows(peer).values()} == {a.internal_url}
 
     # A node no peer ships to (not in their KURA_PEERS) gets everything by its bootstrap.
     env = node_env(tmp_path / "newcomer", read_through="never")
@@ -91,7 +98,10 @@ def test_the_writer_arrives_unchanged_through_the_outbox_and_a_bootstrap(
     try:
         assert wait_for(lambda: len(rows(newcomer)) == 2, 30), newcomer.log()[-2000:]
         assert {k: w for k, (w, _v, _s) in rows(newcomer).items()} == want
-        assert {v for _w, v, _s in rows(newcomer).values()} == {"bootstrap"}
+        assert {v for _w, v, _s in rows(newcomer).values()} <= set(mesh3.internal_urls)
+        usage = on(newcomer, lambda n: n.service.writers("main"))
+        assert {u.writer: u.vias for u in usage}.keys() == {CI, EVIL}
+        assert all(set(u.vias) <= set(mesh3.internal_urls) for u in usage), usage
     finally:
         assert newcomer.stop() == 0
 
@@ -208,3 +218,92 @@ def test_a_purge_removes_exactly_one_writers_entries_on_every_node_and_stays_pur
     assert version > purge.version_ms
     for node in mesh3.nodes:
         assert wait_for(lambda n=node: _holdings(n).get("evil-0") == (EVIL, 11), 30)
+
+
+async def test_a_peer_no_pull_catches_up_is_re_offered_the_purges_with_the_tombstones(
+    store: CacheService,
+) -> None:
+    """A marked peer that no pull will catch up (the bucket tier, a peer that does not list
+    this node) gets the cleans it missed through its queue (``OutboxLog.reoffer_tombstones``):
+    a purge of a writer is one of them, or that peer would keep serving the writer's entries."""
+    await _put(store, EVIL, "e", b"evil")
+    await store.delete_namespace("cleaned")
+    purge = await store.purge_writer("main", EVIL)
+    peer = "http://127.0.0.1:9"
+    assert await store.replica_log.reoffer_tombstones(peer, 0) == 2
+    batch = await store.replica_log.outbox_batch(peer, 10)
+    assert sorted((m.kind, m.namespace_id, m.writer) for m in batch) == [
+        ("delete_namespace", "cleaned", ""),
+        ("purge_writer", "main", EVIL),
+    ]
+    assert next(m for m in batch if m.writer).version_ms == purge.version_ms
+    assert await store.replica_log.reoffer_tombstones(peer, purge.version_ms + 1) == 0
+
+
+@pytest.mark.in_process
+async def test_a_marked_peer_told_to_pull_is_re_offered_the_purges_the_feed_does_not_carry(
+    store: CacheService, start_node: Callable[..., NodeProcess], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer whose queue was dropped catches up by pulling this node's change feed, which
+    carries tombstones but not purges: once told to pull (a real peer that lists this node
+    answers 204), it is re-offered the purges since its mark through its queue, once."""
+    me = start_node("me").internal_url  # a real node the peer lists, so it takes the request
+    peer = start_node("peer", peers=me).internal_url
+    client = PeerClient("t", None)
+    await client.start()
+    try:
+        catch_up = CatchUp(
+            store.replica_log,
+            one_peer(client, me, peer),
+            ManualClock(),
+            forget_after_seconds=3600,
+            ask_to_pull=lambda p: client.ask_to_pull(p, me),
+        )
+        await store.replica_log.forget_peer(peer)  # marked
+        await _put(store, EVIL, "e", b"evil")
+        purge = await store.purge_writer("main", EVIL)  # a purge it missed (not queued for it)
+        assert store.replica_log.queues.depth(peer) == 0
+        told = f"re-offered {peer} 1 purges"
+
+        async def check() -> bool:  # until the peer's discovery has seen this node
+            await catch_up.check_once()
+            return told in caplog.text
+
+        with caplog.at_level(logging.INFO, logger="kura.mesh.catch_up"):
+            assert await wait_until_async(check, 30), caplog.text[-2000:]
+            await catch_up.check_once()  # told once: re-offered once
+        [message] = await store.replica_log.outbox_batch(peer, 10)
+        assert (message.kind, message.writer, message.version_ms) == (
+            PURGE_WRITER,
+            EVIL,
+            purge.version_ms,
+        )
+        assert peer in store.replica_log.queues.marks  # cleared by its pull, as before
+    finally:
+        await client.close()
+
+
+@pytest.mark.in_process
+def test_a_malformed_purge_from_a_peer_is_refused_and_purges_nothing(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node("node")
+    write(node, EVIL, "e", b"evil")
+    url = node.internal_url + "/_internal/replicate/writer"
+    for params, message in [
+        ({"namespace_id": "main", "version_ms": "9" * 15}, "writer is required"),
+        ({"namespace_id": "main", "writer": "a b", "version_ms": "9"}, "visible ASCII"),
+        ({"namespace_id": "main", "writer": "x\x1b[31m", "version_ms": "9"}, "visible ASCII"),
+        ({"namespace_id": "main", "writer": EVIL}, "version_ms is required"),
+        ({"namespace_id": "main", "writer": EVIL, "version_ms": "0"}, "version_ms"),
+    ]:
+        r = oneshot.request("DELETE", url, params=params, timeout=10)
+        assert r.status_code == 400, (params, r.text)
+        assert message in r.json()["message"], (params, r.text)
+    assert rows(node) == {"e": (EVIL, "", 4)}
+    assert on(node, lambda n: n.service.writers("main"))[0].entries == 1
+    r = oneshot.request(
+        "DELETE", url, params={"namespace_id": "main", "writer": EVIL, "version_ms": "1"}
+    )
+    assert r.status_code == 204  # older than the entry: recorded, deletes nothing
+    assert rows(node) == {"e": (EVIL, "", 4)}

@@ -108,6 +108,24 @@ async def test_the_mesh_ships_pulls_compares_and_catches_up_through_the_replica_
     assert second not in log.queues.marks
 
 
+def one_peer(client: PeerClient, self_url: str, peer: str) -> Membership:
+    """A membership (no discovery run) that knows one peer, ``peer``, healthy."""
+    membership = Membership(
+        self_url=lambda: self_url,
+        tenant_id="t",
+        seeds=(),
+        dns_name=None,
+        client=client,
+        clock=ManualClock(),
+        interval_seconds=1,
+        settle_seconds=0,
+        initial_timeout_seconds=0,
+        tls=False,
+    )
+    membership.peers[peer] = Peer(peer, healthy=True)
+    return membership
+
+
 @pytest.mark.in_process
 async def test_a_marked_peer_that_will_not_pull_is_told_then_warned_and_re_offered_its_cleans(
     service: CacheService, start_node: Callable[..., NodeProcess], caplog: pytest.LogCaptureFixture
@@ -120,19 +138,7 @@ async def test_a_marked_peer_that_will_not_pull_is_told_then_warned_and_re_offer
     client = PeerClient("t", None)
     await client.start()
     try:
-        membership = Membership(
-            self_url=lambda: "http://127.0.0.1:9",
-            tenant_id="t",
-            seeds=(),
-            dns_name=None,
-            client=client,
-            clock=ManualClock(),
-            interval_seconds=1,
-            settle_seconds=0,
-            initial_timeout_seconds=0,
-            tls=False,
-        )
-        membership.peers[peer] = Peer(peer, healthy=True)
+        membership = one_peer(client, "http://127.0.0.1:9", peer)
         clock = ManualClock()
         catch_up = CatchUp(
             service.replica_log,

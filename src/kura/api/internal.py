@@ -7,7 +7,8 @@ node's clock answers 400 (``FutureVersion``) with ``Kura-Refusal: future_version
 now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason``).
 
 * ``GET /_internal/status`` → ``{"region", "tenant_id", "node_url"}`` (discovery probes).
-* ``PUT /_internal/replicate/artifact`` — raw body, manifest in ``Kura-Manifest``. 204 whether
+* ``PUT /_internal/replicate/artifact`` — raw body, manifest in ``Kura-Manifest``, the sender's
+  internal URL in ``Kura-Node`` (recorded as the copy's ``via``; optional). 204 whether
   applied or ignored (``Kura-Outcome`` says which); 400 bad manifest or body; 403 other tenant;
   413/503 budget. The body is not read when the copy would be ignored.
 * ``DELETE /_internal/replicate/namespace?namespace_id=&version_ms=`` → 204.
@@ -48,6 +49,7 @@ from kura.core.manifest import writer_of
 from kura.mesh.peer_pace import PeerPace
 from kura.mesh.wire import (
     MANIFEST_HEADER,
+    NODE_HEADER,
     ORDER_NEWEST,
     OUTCOME_HEADER,
     PAGE_LIMIT_DEFAULT,
@@ -102,11 +104,16 @@ async def replicate_artifact(request: web.Request) -> web.StreamResponse:
     service = ctx(request).peer_pages()
     if service.artifact_id_of(manifest) != manifest.artifact_id:
         raise InvalidRequest("artifact_id does not match producer, namespace and key")
+    try:  # who pushed it, for provenance only: visible ASCII, bounded, else not recorded
+        via = writer_of(request.headers.get(NODE_HEADER, ""))
+    except ValueError:
+        via = ""
     outcome = await service.apply_replica(
         manifest,
         request_body(request, PROTOCOL),
         declared_length=declared_length(request),
         source="replication",
+        via=via,
     )
     return web.Response(status=204, headers={OUTCOME_HEADER: outcome.value})
 

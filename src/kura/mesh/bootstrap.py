@@ -672,6 +672,7 @@ class Bootstrapper:
                     declared_length=declared,
                     source="bootstrap",
                     reservation=reservation,
+                    via=peer,
                 )
             finally:
                 await fetched.close()

@@ -135,7 +135,9 @@ class BatchFetcher:
                 for asked in wanted.values():
                     record(asked, None, "the peer's answer left it out")
                 wanted.clear()
-                results = await self._service.apply_small_replicas(items, source="bootstrap")
+                results = await self._service.apply_small_replicas(
+                    items, source="bootstrap", via=peer
+                )
         except (PeerError, KuraError, TimeoutError, OSError) as exc:
             for m in [*wanted.values(), *(m for m, _body in items)]:
                 record(m, None, str(exc))

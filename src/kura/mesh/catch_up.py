@@ -12,7 +12,9 @@ Rules, checked every ``interval_seconds``:
   not seen healthy, local writes are not enqueued for it (``targets``): the mark covers them.
 * A marked peer seen healthy is told to pull: ``POST /_internal/changes/pull`` naming this node
   (``ask_to_pull``, ``kura.api.changes``) makes it pull our change feed from its durable cursor
-  now (``mesh.incremental``). A failed request is retried at the next check. A peer that was
+  now (``mesh.incremental``). The feed does not carry purges of a writer's entries
+  (provenance): once told, the peer is re-offered those since its mark through its queue
+  (``OutboxLog.reoffer_purges``). A failed request is retried at the next check. A peer that was
   down pulls when it returns anyway (its start-up pass, or the pass ``kura.app`` starts when it
   sees this node healthy again), and every kura polls its peers' feeds
   (``KURA_CHANGES_POLL_INTERVAL``).
@@ -248,6 +250,12 @@ class CatchUp:
             log.info("outbox: could not tell %s to pull (retried next check): %s", peer, exc)
             return
         self._asked.add(peer)
+        # The feed carries tombstones, not purges of a writer's entries: those it missed go
+        # through its queue (few, applied idempotently).
+        since_ms = self._queues.marks[peer].since_ms
+        if sent := await self._log.reoffer_purges(peer, since_ms):
+            self._wake_shipper()
+            log.info("outbox: re-offered %s %d purges at or above version %d", peer, sent, since_ms)
         log.info("outbox: told %s to pull our change feed", peer)
 
     def feed_read(self, peer: str) -> Callable[[int, ChangesPage], Awaitable[None]]:

@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -90,8 +90,12 @@ class PeerClient:
         request_timeout_seconds: float = 30.0,
         peer_token: str | None = None,
         pace: PeerPace | None = None,
+        node_url: Callable[[], str] = lambda: "",
     ) -> None:
         self._tenant_id = tenant_id
+        # This node's internal URL, named in each pushed copy (``Kura-Node``): the receiver
+        # records which peer a copy came from (provenance's ``via``).
+        self._node_url = node_url
         # Paces pushed and fetched bodies (not read-through fetches); None: unpaced.
         self.pace = pace
         self._peer_token = peer_token
@@ -135,6 +139,8 @@ class PeerClient:
             "Content-Type": "application/octet-stream",
             "Content-Length": str(manifest.size),
         }
+        if node_url := self._node_url():
+            headers[NODE_HEADER] = node_url
         if self.pace is not None:
             await self.pace.acquire(manifest.size)
         try:

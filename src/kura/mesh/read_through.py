@@ -185,7 +185,7 @@ class ReadThrough:
                         continue
                     body = await self._from_memory(fetched) if in_memory else None
                     if body is not None:
-                        self._store_later(body)
+                        self._store_later(body, peer)
                         self.stats.count("hit")
                         return Filled(body)
                     try:
@@ -201,6 +201,7 @@ class ReadThrough:
                                 declared_length=fetched.content_length,
                                 source="read_through",
                                 reservation=reservation,
+                                via=peer,
                             )
                     finally:
                         await fetched.close()
@@ -253,13 +254,14 @@ class ReadThrough:
         check_sha256(digest.hexdigest(), manifest.sha256)
         return StoredBody(manifest, data=data)
 
-    def _store_later(self, body: StoredBody) -> None:
-        """Store ``body`` in the background; its bytes stay counted as held until then."""
-        task = asyncio.create_task(self._store(body), name="kura-read-through-store")
+    def _store_later(self, body: StoredBody, peer: str) -> None:
+        """Store ``body`` (from ``peer``) in the background; its bytes stay counted as held
+        until then."""
+        task = asyncio.create_task(self._store(body, peer), name="kura-read-through-store")
         self._storing.add(task)
         task.add_done_callback(self._storing.discard)
 
-    async def _store(self, body: StoredBody) -> None:
+    async def _store(self, body: StoredBody, peer: str) -> None:
         manifest, data = body.manifest, body.data
         assert data is not None  # read whole into memory (_read_verified)
         try:
@@ -272,6 +274,7 @@ class ReadThrough:
                     source="read_through",
                     reservation=reservation,
                     background=True,
+                    via=peer,
                 )
         except (KuraError, OSError) as exc:
             # Served already; only this copy is lost: the next read fetches it again.

@@ -70,9 +70,10 @@ class WriterUsage:
     """What one writer holds in one namespace on this node (``storage.ports.Provenance``):
     ``writer`` as recorded (``""`` for entries written before provenance was recorded), its
     ``entries`` and their ``bytes``, the newest version's ``last_version_ms`` (unix ms), and
-    ``vias``: how this node got them, sorted (``"local"`` for writes made here, else the apply
-    path that brought the copy: ``replication``, ``bootstrap``, ``anti_entropy``,
-    ``read_through``, ``object_store``)."""
+    ``vias``: how this node got them, sorted: ``"local"`` for writes made here, else the
+    internal URL of the peer each copy came from (pushed, bootstrapped, pulled, read through),
+    or the apply path when no peer is known (``object_store`` for a bucket fill,
+    ``replication`` for a push from a kura that does not name itself)."""
 
     writer: str
     entries: int

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from kura.core.errors import ResourceExhausted
 from kura.core.object_layout import OUTBOX_TARGET
-from kura.storage.outbox import DELETE_NAMESPACE, CatchUpMark
+from kura.storage.outbox import DELETE_NAMESPACE, PURGE_WRITER, CatchUpMark
 from kura.storage.schema import write_transaction
 
 SCHEMA = """
@@ -215,19 +215,30 @@ class PeerQueues:
         return int(n)
 
     def enqueue_tombstones(
-        self, conn: sqlite3.Connection, peer: str, since_ms: int, now_ms: int
+        self,
+        conn: sqlite3.Connection,
+        peer: str,
+        since_ms: int,
+        now_ms: int,
+        *,
+        tombstones: bool = True,
     ) -> int:
-        """Writer thread: enqueue for ``peer`` every namespace tombstone at or above
-        ``since_ms`` (few: one per cleaned namespace), in one transaction. Returns how many."""
+        """Writer thread: enqueue for ``peer`` every namespace tombstone (unless not
+        ``tombstones``) and every purge of a writer's entries (provenance) at or above
+        ``since_ms`` (few: one per cleaned namespace or purged writer), in one transaction.
+        Returns how many."""
         with write_transaction(conn):
             rows = conn.execute(
-                "SELECT namespace_id, version_ms FROM tombstones WHERE version_ms >= ?",
-                (since_ms,),
+                "SELECT ?, '', namespace_id, version_ms FROM tombstones "
+                "WHERE ? AND version_ms >= ? "
+                "UNION ALL SELECT ?, writer, namespace_id, version_ms FROM purges "
+                "WHERE version_ms >= ?",
+                (DELETE_NAMESPACE, tombstones, since_ms, PURGE_WRITER, since_ms),
             ).fetchall()
             conn.executemany(
-                "INSERT INTO outbox (peer, kind, namespace_id, version_ms, enqueued_at_ms) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [(peer, DELETE_NAMESPACE, str(r[0]), int(r[1]), now_ms) for r in rows],
+                "INSERT INTO outbox (peer, kind, artifact_id, namespace_id, version_ms, "
+                "enqueued_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                [(peer, str(r[0]), str(r[1]), str(r[2]), int(r[3]), now_ms) for r in rows],
             )
         self.enqueued([peer], len(rows))
         return len(rows)

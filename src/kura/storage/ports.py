@@ -188,8 +188,9 @@ class ArtifactWriter(Protocol):
 class Provenance(Protocol):
     """Who wrote what in a namespace, on this node (``storage.provenance``): the writers are
     those recorded at each write (``ArtifactRef.writer``) and carried by every copy. Each call
-    scans the namespace's rows once on a reader thread (O(its rows)); ``Unavailable`` never:
-    an index older than schema version 4 answers every entry as writer ``""``."""
+    scans the namespace's rows once on a reader thread (O(its rows)). An index older than
+    schema version 4 (opened read-only, so not migrated) answers every entry as writer
+    ``""``."""
 
     async def writers(self, namespace_id: str) -> list[WriterUsage]:
         """Every writer of ``namespace_id`` with its entries, bytes, newest version (unix ms)
@@ -216,11 +217,13 @@ class ReplicaApplier(Protocol):
         source: str,
         reservation: Reservation | None = None,
         background: bool = False,
+        via: str = "",
     ) -> ApplyOutcome:
         """Apply a peer's copy at the peer's version (last writer wins, ``core.version``), never
         enqueued for other peers; staged under ``reservation`` (else a fail-fast one) and, with
         ``background``, on the low-priority background threads. ``FutureVersion`` for a version
-        more than ``KURA_MAX_CLOCK_SKEW_MS`` ahead."""
+        more than ``KURA_MAX_CLOCK_SKEW_MS`` ahead. ``via``: the peer it came from (its
+        internal URL), recorded with the row (provenance); ``source`` when unknown."""
         ...
 
 
@@ -315,10 +318,11 @@ class ReplicaSink(ReplicaApplier, Protocol):
         ...
 
     async def apply_small_replicas(
-        self, items: Sequence[tuple[Manifest, bytes]], *, source: str
+        self, items: Sequence[tuple[Manifest, bytes]], *, source: str, via: str = ""
     ) -> list[ApplyOutcome | KuraError]:
         """Apply many small copies inline in one transaction: per item its outcome or the
-        error that refused it; ``ResourceExhausted``/``Unavailable`` when none could be."""
+        error that refused it; ``ResourceExhausted``/``Unavailable`` when none could be.
+        ``via``: the peer they came from, as ``apply_replica``'s."""
         ...
 
     async def delete_namespace(
@@ -436,8 +440,15 @@ class OutboxLog(Protocol):
         ...
 
     async def reoffer_tombstones(self, peer: str, since_ms: int) -> int:
-        """Enqueue for ``peer`` every namespace tombstone at or above version ``since_ms``, in
-        one transaction; how many (the object-storage tier's catch-up, ``mesh.catch_up``)."""
+        """Enqueue for ``peer`` every namespace tombstone and every purge of a writer's entries
+        at or above version ``since_ms``, in one transaction; how many (the catch-up of a peer
+        no pull catches up, the object-storage tier's among them, ``mesh.catch_up``)."""
+        ...
+
+    async def reoffer_purges(self, peer: str, since_ms: int) -> int:
+        """Enqueue for ``peer`` every purge of a writer's entries at or above version
+        ``since_ms``, in one transaction; how many (a marked peer told to pull: the change feed
+        carries tombstones, not purges, ``mesh.catch_up``)."""
         ...
 
     async def clear_mark(self, peer: str, skipped_at_start: int) -> bool:

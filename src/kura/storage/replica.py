@@ -72,8 +72,10 @@ class ReplicaApply(BatchWrite):
         source: str,
         reservation: Reservation | None = None,
         background: bool = False,
+        via: str = "",
     ) -> ApplyOutcome:
         """Apply a peer's copy of an artifact at the peer's version (last writer wins).
+        ``via`` names the peer it came from (recorded with the row; ``source`` when empty).
 
         The body must be exactly ``manifest.size`` bytes hashing to ``manifest.sha256``
         (``DigestMismatch``/``IncompleteBody``/``InvalidRequest`` otherwise); a copy that is not
@@ -105,7 +107,7 @@ class ReplicaApply(BatchWrite):
             data = b"".join([chunk async for chunk in _capped(body, manifest.size)])
             if len(data) != manifest.size or hashlib.sha256(data).hexdigest() != manifest.sha256:
                 raise DigestMismatch("inline body does not match its manifest")
-            return (await self._commit(manifest, None, data, source=source)).outcome
+            return (await self._commit(manifest, None, data, source=source, via=via)).outcome
         own = reservation is None
         held = self.budget.try_reserve(max(1, manifest.size)) if own else reservation
         assert held is not None
@@ -130,7 +132,12 @@ class ReplicaApply(BatchWrite):
             try:
                 await self._in(self._syncer, fsync_path, staged.path)
                 result = await self._commit(
-                    manifest, staged.path, None, source=source, xxh3_128=staged.xxh3_128
+                    manifest,
+                    staged.path,
+                    None,
+                    source=source,
+                    xxh3_128=staged.xxh3_128,
+                    via=via,
                 )
                 return result.outcome
             finally:
@@ -161,7 +168,7 @@ class ReplicaApply(BatchWrite):
         return outcomes
 
     async def apply_small_replicas(
-        self, items: Sequence[tuple[Manifest, bytes]], *, source: str
+        self, items: Sequence[tuple[Manifest, bytes]], *, source: str, via: str = ""
     ) -> list[ApplyOutcome | KuraError]:
         """Apply many peers' copies of small artifacts, each at the peer's version (last writer
         wins), stored inline in the index in ONE transaction: one durable commit for the batch
@@ -190,7 +197,12 @@ class ReplicaApply(BatchWrite):
             return results
         self._check_free_disk(sum(m.size for _i, m, _d in accepted))
         outcomes = await self._in(
-            self._writer, self._commit_many_sync, accepted, self._take_touches(), source
+            self._writer,
+            self._commit_many_sync,
+            accepted,
+            self._take_touches(),
+            source,
+            via or source,
         )
         for (i, _m, _d), outcome in zip(accepted, outcomes, strict=True):
             results[i] = outcome
@@ -201,6 +213,7 @@ class ReplicaApply(BatchWrite):
         items: list[tuple[int, Manifest, bytes]],
         touches: dict[str, int],
         source: str,
+        via: str,
     ) -> list[ApplyOutcome]:
         """Writer thread: the version rule for each item, eviction for the whole batch, then
         every applied row in one transaction; replaced files are unlinked after the commit."""
@@ -224,7 +237,7 @@ class ReplicaApply(BatchWrite):
             return outcomes
         floor = self._eviction_floor_ms()  # a bootstrap copy counts as used when it began
         stamp_ms = floor if source == "bootstrap" and floor is not None else self.clock.now_ms()
-        index.upsert_many(rows, stamp_ms, via=source)
+        index.upsert_many(rows, stamp_ms, via=via)
         ids = [m.artifact_id for m, _d, _s, _x in rows]
         self.hot.invalidate(ids, replaced=any(old is not None for old in replaced))
         for (manifest, _d, _s, _x), old in zip(rows, replaced, strict=True):

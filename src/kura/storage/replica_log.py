@@ -129,6 +129,12 @@ class IndexReplicaLog:
         now_ms = self._clock.now_ms()
         return await self._on(self._writer, self._queues.enqueue_tombstones, peer, since_ms, now_ms)
 
+    async def reoffer_purges(self, peer: str, since_ms: int) -> int:
+        now_ms = self._clock.now_ms()
+        return await self._on(
+            self._writer, self._queues.enqueue_tombstones, peer, since_ms, now_ms, tombstones=False
+        )
+
     async def clear_mark(self, peer: str, skipped_at_start: int) -> bool:
         return await self._on(self._writer, self._queues.clear, peer, skipped_at_start)
 

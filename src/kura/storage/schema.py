@@ -12,8 +12,8 @@ sequence (``artifacts.seq``, ``tombstones.seq``, ``meta['change_seq']``, ``meta[
 the ``peer_cursors`` table: ``storage.change_seq`` owns them and their migration. Version 4
 added provenance (issue 29): ``artifacts.writer`` (who wrote the version, carried by every
 manifest read from the index) and ``artifacts.via`` (how a copy reached this node: ``''`` for a
-local write, else the apply path's source, ``replication``, ``bootstrap``, ...; local only,
-never replicated), both NULL for older rows and read as ``''``; and the ``purges`` table
+local write, else the internal URL of the peer it came from, or the apply path when no peer
+is known, ``object_store``, ``replication``; local only, never replicated), both NULL for older rows and read as ``''``; and the ``purges`` table
 (``storage.purges``). A version-3 or older file opened read-only reads through a temporary view
 that adds the two columns as ``''`` (``compat_view``).
 

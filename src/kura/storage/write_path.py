@@ -323,6 +323,7 @@ class WritePath(Eviction):
         *,
         source: str,
         xxh3_128: str | None = None,
+        via: str = "",
     ) -> PutResult:
         peers: Sequence[str] = self._artifact_targets() if source == "local" else ()
         self.queues.check_room(peers)  # a full object-tier upload queue refuses the write
@@ -336,6 +337,7 @@ class WritePath(Eviction):
             peers,
             source,
             xxh3_128,
+            "" if source == "local" else via or source,
         )
         if peers and result.outcome is ApplyOutcome.APPLIED:
             self._outbox_written()
@@ -379,9 +381,11 @@ class WritePath(Eviction):
         outbox_peers: Sequence[str],
         source: str,
         xxh3_128: str | None = None,
+        via: str = "",
     ) -> PutResult:
         """Writer thread: LWW check, eviction, publish the file, record the row (with the
-        file's XXH3-128) and the outbox messages in one transaction."""
+        file's XXH3-128 and how the copy came, ``via``: ``""`` for a local write) and the outbox
+        messages in one transaction."""
         index = self._require_index()
         if touches:
             index.touch(touches)
@@ -420,7 +424,7 @@ class WritePath(Eviction):
                 stamp_ms,
                 outbox_peers,
                 xxh3_128=xxh3_128,
-                via="" if source == "local" else source,
+                via=via,
             )
         except BaseException:
             if new is not None and new != old:
