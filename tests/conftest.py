@@ -126,6 +126,15 @@ class NodeProcess:
         finally:
             conn.close()
 
+    def artifact_ids(self) -> set[str]:
+        """Every artifact id in the metadata index (read-only connection, as ``index_rows``)."""
+        db = self.data_dir / "index.sqlite3"
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return {str(aid) for (aid,) in conn.execute("SELECT artifact_id FROM artifacts")}
+        finally:
+            conn.close()
+
     def blob_files(self) -> list[Path]:
         return sorted(p for p in (self.data_dir / "blobs").rglob("*") if p.is_file())
 

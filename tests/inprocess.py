@@ -29,8 +29,10 @@ import itertools
 import logging
 import signal
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from kit import event_loop
 from kura.app import Node
@@ -44,6 +46,7 @@ THREAD_PREFIX = "kura-node-"
 NEEDS_A_PROCESS = ("KURA_FAILPOINTS", "KURA_OBJECT_STORE_URL")
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s %(threadName)s %(message)s"
 _numbers = itertools.count(1)
+T = TypeVar("T")
 LEAK_GRACE_SECONDS = 2.0
 
 
@@ -73,6 +76,18 @@ class InProcessNode(NodeProcess):
         default_factory=concurrent.futures.Future, repr=False
     )
     node: Node | None = field(default=None, repr=False)
+
+    def call(self, work: Callable[[Node], Awaitable[T]], timeout: float = 30.0) -> T:
+        """``await work(node)`` on the node's own loop (its storage API, say), from the test's
+        thread; what it returns or raises."""
+        node, loop = self.node, self.loop
+        assert node is not None, "the node is not running"
+        assert loop is not None
+
+        async def run() -> T:
+            return await work(node)
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Stop it gracefully, as SIGTERM stops ``kura serve``: 0 when clean, 1 when the node

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -32,7 +33,9 @@ from kit.allocator import start_trimming
 from kit.backoff import every
 from kit.clock import Clock, SystemClock
 from kit.log_ring import LogRing
+from kit.unix_socket import socket_address
 from kura.api import (
+    admin,
     anti_entropy_routes,
     bazel_http,
     changes,
@@ -55,8 +58,9 @@ from kura.api import (
     webdav,
     xcode,
 )
+from kura.api.admin import ADMIN_KEY, AdminContext
 from kura.api.anti_entropy_metrics import anti_entropy_collector
-from kura.api.auth import token_auth_from
+from kura.api.auth import TokenAuth, token_auth_from
 from kura.api.auth_metrics import auth_collector, peer_auth_collector
 from kura.api.expiry_metrics import bucket_expiry_collector, expiry_collector
 from kura.api.http import ApiContext, serving_app, wait_for_handlers
@@ -323,6 +327,7 @@ class Node:
         self.public_url = ""
         self.event_loop = ""  # set by start()
         self._runners: list[web.AppRunner] = []
+        self._admin_socket: Path | None = None  # kura.api.admin's, once this node made it
         self._public_runner: web.AppRunner | None = None
         # The REAPI v2 services over gRPC (kura.grpc), when KURA_GRPC_PORT is set.
         self.grpc = (
@@ -462,8 +467,10 @@ class Node:
         app[probes.WARNINGS_KEY] = self.warnings
         app[probes.MEMBERS_KEY] = self.membership.members
         app[probes.STATUS_KEY] = self.status
+        app[ADMIN_KEY] = self._admin_context()
         s = self.settings
         for module_routes in (
+            admin.routes(),
             probes.routes(),
             nx.routes(),
             metro.routes(),
@@ -485,6 +492,53 @@ class Node:
                 expect.guarded(namespace.root_routes(cache) + namespace.root_routes(dav))
             )
         return app
+
+    def _admin_context(self) -> AdminContext:
+        return AdminContext(
+            self.service.stats, self.settings.namespace_rules, self.service, self.service
+        )
+
+    def build_admin_socket_app(self) -> web.Application:
+        """The admin routes (``kura.api.admin``) on the data directory's unix socket, where
+        the socket file's mode (0600) is the access control: no token asked."""
+        context = dataclasses.replace(self._context(), auth=TokenAuth((), ()))
+        app = serving_app(context, [], client_max_size=CLIENT_MAX_SIZE_BYTES, public=False)
+        app[ADMIN_KEY] = self._admin_context()
+        app.add_routes(admin.routes())
+        return app
+
+    async def _listen_admin_socket(self) -> None:
+        """Serve ``build_admin_socket_app`` on ``admin.sock`` in the data directory, mode 0600
+        before it listens; a file left there (a crash) is replaced. Called with the data
+        directory's lock held; ``stop`` removes the file."""
+        runner = connections.GuardedAppRunner(
+            self.build_admin_socket_app(),
+            self.connections,
+            access_log=None,
+            shutdown_timeout=float(self.settings.shutdown_timeout_seconds),
+            handle_signals=False,
+        )
+        await runner.setup()
+        self._runners.append(runner)
+        path, fd = socket_address(Path(self.settings.data_dir), admin.ADMIN_SOCKET)
+        try:
+            sock = connections.unix_listening_socket(self.connections, path)
+            try:
+                os.chmod(path, 0o600)  # before listen(): nobody connects before it holds
+            except OSError:
+                sock.close()
+                raise
+            self._admin_socket = Path(self.settings.data_dir) / admin.ADMIN_SOCKET
+        finally:
+            if fd is not None:
+                os.close(fd)
+        await web.SockSite(runner, sock, backlog=64).start()
+
+    def _remove_admin_socket(self) -> None:
+        if self._admin_socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._admin_socket)  # any length: unlink takes a whole path
+            self._admin_socket = None
 
     def build_internal_app(self) -> web.Application:
         app = serving_app(
@@ -541,6 +595,7 @@ class Node:
         await self.peer_client.start()
         if self.auth.jwt is not None:
             await self.auth.jwt.start()  # the JWKS, before the first request
+        await self._listen_admin_socket()  # the data dir is this process's (service.start)
         host = self.settings.host
         with _naming_the_port("KURA_INTERNAL_PORT", host, self.settings.internal_port):
             internal_port = await self._listen(
@@ -672,6 +727,7 @@ class Node:
             await self._drain(deadline)
             for runner in reversed(self._runners):
                 await runner.cleanup()
+            self._remove_admin_socket()
             await self._stop_background()
             await self.read_through.close()  # the copies it is still storing
             self.uploads.abort_all()
@@ -731,6 +787,7 @@ class Node:
             await self.workers.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
+        self._remove_admin_socket()
         if self.grpc is not None:
             await self.grpc.stop(0)
         await self.peer_client.close()

@@ -2,6 +2,10 @@
 
 Exit codes: 0 clean stop; 1 the node failed at run time (data dir in use, a background task
 died); 2 invalid configuration (every problem listed on stderr).
+
+``kura admin`` (``admin``): 0 done; 1 the node could not be reached or answered nonsense; 2 a
+usage error (a purge without ``--yes``, a malformed namespace or writer: 400); 3 refused (401,
+403: a token without ``clean``); 4 not found (a namespace with no entry, a writer with none).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from kit.pipes import quiet_broken_pipe
 from kit.settings import Environment, SettingsError, add_arguments, print_problems
 from kura import __version__
 from kura.core.errors import KuraError
-from kura.settings import Settings, describe_auth, environment, load_settings
+from kura.settings import ADMIN_SOCKET, Settings, describe_auth, environment, load_settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "environment, e.g. `kubectl exec`, the first of KURA_READ_ONLY_TOKENS or "
         "KURA_READ_WRITE_TOKENS)",
     )
+    _admin_parser(sub)
     dev = sub.add_parser("dev", help="run an N-node mesh on 127.0.0.1 for trying replication")
     dev.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
     dev.add_argument(
@@ -127,6 +132,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _admin_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``kura admin [--data-dir D | --url URL --token T] [--json] ACTION ...``; the options may
+    also follow the action (each is declared on both, ``SUPPRESS`` keeping the first)."""
+
+    def options(parser: argparse.ArgumentParser, default: bool) -> None:
+        def d(value: object) -> object:
+            return value if default else argparse.SUPPRESS
+
+        where = parser.add_mutually_exclusive_group()
+        where.add_argument(
+            "--data-dir",
+            default=d(None),
+            help="the node's data directory: talk over its admin.sock, where the file's "
+            "permission is the access control (default: KURA_DATA_DIR, else .kura/data)",
+        )
+        where.add_argument(
+            "--url", default=d(None), help="the node's public URL (needs a clean token)"
+        )
+        parser.add_argument(
+            "--token",
+            default=d(os.environ.get("KURA_ADMIN_TOKEN")),
+            help="with --url: a bearer token with the right clean (env KURA_ADMIN_TOKEN)",
+        )
+        parser.add_argument(
+            "--json", action="store_true", default=d(False), help="print the answer's JSON"
+        )
+        parser.add_argument(
+            "--timeout", type=float, default=d(30.0), help="seconds to wait (default 30)"
+        )
+
+    admin = sub.add_parser(
+        "admin",
+        help="operator commands: namespaces, their writers, a writer's entries, purge",
+        description="Lists namespaces (bytes, entries, rules, shed age), the writers of one, "
+        "what one writer wrote, and purges one writer's entries of a namespace on every node "
+        "(docs/security.md#kura-admin). Exit 0 done, 1 unreachable, 2 usage, 3 refused, "
+        "4 not found.",
+    )
+    options(admin, True)
+    actions = admin.add_subparsers(dest="action", required=True)
+    options(actions.add_parser("namespaces", help="every namespace measured here"), False)
+    writers = actions.add_parser("writers", help='who wrote into NAMESPACE ("" the default)')
+    writers.add_argument("namespace")
+    options(writers, False)
+    entries = actions.add_parser("entries", help="what WRITER wrote in NAMESPACE, newest first")
+    entries.add_argument("namespace")
+    entries.add_argument("writer")
+    entries.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+    options(entries, False)
+    purge = actions.add_parser(
+        "purge", help="delete every entry WRITER wrote in NAMESPACE, on every node"
+    )
+    purge.add_argument("namespace")
+    purge.add_argument("--writer", required=True, help="as `kura admin writers` shows it")
+    purge.add_argument("--yes", action="store_true", help="really purge (else: exit 2)")
+    options(purge, False)
+
+
 def _own_token(env: Mapping[str, str]) -> str | None:
     for name in ("KURA_READ_ONLY_TOKENS", "KURA_READ_WRITE_TOKENS"):
         tokens = [t.strip() for t in env.get(name, "").split(",") if t.strip()]
@@ -149,6 +212,8 @@ def _main(argv: Sequence[str] | None = None, stops: list[int] | None = None) -> 
         return serve(args, [] if stops is None else stops)
     if args.command == "status":
         return status(args)
+    if args.command == "admin":
+        return admin(args)
     if args.command == "dev":
         from kura_harness.devmesh import restart_node, run_dev_mesh
 
@@ -252,6 +317,78 @@ def status(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(data, indent=2) if args.json else render_status(data))
     return 0 if data.get("ready") else 3
+
+
+# kura admin's exit code for an HTTP status (kura.api.admin), and for no answer.
+ADMIN_EXIT = {400: 2, 401: 3, 403: 3, 404: 4}
+
+
+def admin(args: argparse.Namespace) -> int:
+    """``kura admin``: one request to ``kura.api.admin``, printed (``kura.console``)."""
+    import json
+    from urllib.parse import urlencode
+
+    from kit.fetch import FetchError, Hints, fetch_json
+    from kura import console
+
+    query: dict[str, object] = {}
+    if args.action != "namespaces":
+        query["namespace"] = args.namespace
+    if args.action == "entries":
+        query.update(writer=args.writer, limit=args.limit)
+    if args.action == "purge":
+        query["writer"] = args.writer
+        if not args.yes:
+            print(
+                f"kura admin: purge deletes every entry {args.writer!r} wrote in namespace "
+                f"{args.namespace!r}, on every node and the bucket: add --yes to do it",
+                file=sys.stderr,
+            )
+            return 2
+    route = {"namespaces": "namespaces", "writers": "writers", "entries": "entries"}
+    target = f"/_admin/{route.get(args.action, 'purge')}" + (
+        f"?{urlencode(query)}" if query else ""
+    )
+    method = "POST" if args.action == "purge" else "GET"
+    try:
+        if args.url:
+            hints = Hints("a kura node", "--url", "--token or KURA_ADMIN_TOKEN", "clean")
+            url = args.url.rstrip("/") + target
+            data = fetch_json(url, hints, args.token, args.timeout, method=method)
+        else:
+            data = _admin_over_socket(args, target, method)
+    except FetchError as exc:
+        print(f"kura admin: {exc.message}", file=sys.stderr)
+        return 1 if exc.status is None else ADMIN_EXIT.get(exc.status, 1)
+    except OSError as exc:  # the data directory itself cannot be opened
+        print(f"kura admin: {exc}: pass the node's data directory with --data-dir", file=sys.stderr)
+        return 1
+    render = {
+        "namespaces": console.render_namespaces,
+        "writers": console.render_writers,
+        "entries": console.render_entries,
+        "purge": console.render_purge,
+    }[args.action]
+    print(json.dumps(data, indent=2) if args.json else render(data))
+    return 0
+
+
+def _admin_over_socket(args: argparse.Namespace, target: str, method: str) -> object:
+    """``kura admin``'s request over the data directory's ``admin.sock``."""
+    from pathlib import Path
+
+    from kit.fetch import Hints, fetch_json_unix
+    from kit.unix_socket import socket_address
+
+    data_dir = Path(args.data_dir or os.environ.get("KURA_DATA_DIR") or ".kura/data")
+    hints = Hints("kura serve", "--data-dir")
+    path, fd = socket_address(data_dir, ADMIN_SOCKET)
+    try:
+        shown = str(data_dir / ADMIN_SOCKET)
+        return fetch_json_unix(path, target, hints, args.timeout, method=method, shown=shown)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""Terminal views of a node: ``kura status`` renders ``GET /status`` for a human.
+"""Terminal views of a node: ``kura status`` renders ``GET /status`` for a human, ``kura admin``
+the operator routes' answers (``kura.api.admin``) as tables. The table is ours (``table``, a
+dozen lines): the one table library in the environment, rich, is there only as
+import-linter's dependency, and a runtime dependency for aligned columns would not earn it.
 
 Pure formatting of the JSON a node serves; no network here (``cli`` fetches it).
 """
@@ -6,6 +9,7 @@ Pure formatting of the JSON a node serves; no network here (``cli`` fetches it).
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from typing import Any
 
 BAR_WIDTH = 30
@@ -150,3 +154,112 @@ def render_status(status: dict[str, Any]) -> str:
                 + ")"
             )
     return "\n".join(lines)
+
+
+# --- kura admin (kura.api.admin's answers): a table for people; --json prints the answer.
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: int = 0) -> str:
+    """``rows`` under ``headers`` in columns two spaces apart, each as wide as its widest cell;
+    the last ``numeric`` columns right-aligned. The last column is not padded (no trailing
+    spaces)."""
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=True)]
+    first_numeric = len(headers) - numeric
+    lines = []
+    for row in (headers, *rows):
+        cells = [
+            str(c).rjust(w) if i >= first_numeric else str(c).ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def human_seconds(seconds: float | None) -> str:
+    """``90s``, ``15m``, ``3h``, ``2d`` (the largest whole unit); ``-`` for None."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _shown(namespace: str) -> str:
+    return namespace if namespace else '""'
+
+
+def render_namespaces(doc: dict[str, Any]) -> str:
+    """``GET /_admin/namespaces`` as a table."""
+    rows = []
+    for n in doc["namespaces"]:
+        rule = n["rule"]
+        quota = rule["quota_bytes"]
+        rows.append(
+            (
+                _shown(n["namespace"]),
+                rule["pattern"],
+                human_seconds(rule["max_age_seconds"]),
+                "-" if quota is None else human_bytes(quota),
+                human_seconds(rule["min_age_seconds"] or None),
+                human_seconds(n["shed_age_youngest_seconds"]),
+                human_seconds(n["shed_age_median_seconds"]),
+                str(n["artifacts"]),
+                human_bytes(n["used_bytes"]),
+            )
+        )
+    headers = (
+        "NAMESPACE",
+        "RULE",
+        "MAX AGE",
+        "QUOTA",
+        "MIN AGE",
+        "SHED YOUNGEST",
+        "SHED MEDIAN",
+        "ENTRIES",
+        "BYTES",
+    )
+    measured = doc.get("measured_at")
+    note = (
+        f"as measured at {measured} by the retention pass"
+        if measured
+        else "not measured yet: namespaces are measured by the retention pass while "
+        "KURA_NAMESPACE_RULES is set"
+    )
+    return table(headers, rows, numeric=2) + "\n" + note
+
+
+def render_writers(doc: dict[str, Any]) -> str:
+    """``GET /_admin/writers`` as a table."""
+    rows = [
+        (
+            w["writer"] or "(unrecorded)",
+            ",".join(w["vias"]),
+            w["last_version_at"],
+            str(w["entries"]),
+            human_bytes(w["bytes"]),
+        )
+        for w in doc["writers"]
+    ]
+    headers = ("WRITER", "VIA", "LAST WRITE", "ENTRIES", "BYTES")
+    return f"namespace {_shown(doc['namespace'])}\n" + table(headers, rows, numeric=2)
+
+
+def render_entries(doc: dict[str, Any]) -> str:
+    """``GET /_admin/entries`` as a table."""
+    rows = [
+        (e["producer"], e["key"], e["version_at"], human_bytes(e["size_bytes"]))
+        for e in doc["entries"]
+    ]
+    headers = ("PRODUCER", "KEY", "WRITTEN", "SIZE")
+    title = f"namespace {_shown(doc['namespace'])}, writer {doc['writer']}"
+    return title + "\n" + table(headers, rows, numeric=1)
+
+
+def render_purge(doc: dict[str, Any]) -> str:
+    """``POST /_admin/purge``'s answer as one sentence."""
+    return (
+        f"purged writer {doc['writer']} from namespace {_shown(doc['namespace'])}: "
+        f"{doc['entries']} entries ({human_bytes(doc['bytes'])}) here, and on every peer and "
+        f"the bucket as they take the purge (version {doc['version_ms']})"
+    )

@@ -439,9 +439,13 @@ class Settings:
 
 # KURA_* variables that are not node settings but that kura's other commands and tools read, so
 # that `kura serve` in the same environment does not refuse them as misspelt settings.
+# The operator socket in KURA_DATA_DIR (kura.api.admin, ``kura admin --data-dir``).
+ADMIN_SOCKET = "admin.sock"
+
 NOT_NODE_SETTINGS = (
     "KURA_URL",  # kura status --url
     "KURA_TOKEN",  # kura status --token
+    "KURA_ADMIN_TOKEN",  # kura admin --token
     "KURA_FAILPOINTS",  # kit.failpoint (tests inject faults)
     "KURA_WORKER_PARENT_PID",  # set by the supervisor for its worker processes
     "KURA_TOOLS",  # the build tools of tests/clients and the rolling demo

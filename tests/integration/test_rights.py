@@ -27,6 +27,7 @@ import grpc
 import pytest
 import zstandard
 
+from kura.app import Node
 from kura.core.rights import Access
 from kura.protos.build.bazel.remote.asset.v1 import remote_asset_pb2 as ra
 from kura.protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as reapi
@@ -36,7 +37,8 @@ from tests.conftest import NodeProcess, node_env
 from tests.e2e.mesh import wait_for
 from tests.grpc_api.client import Reapi, blob_name, digest, new_upload, write_requests
 from tests.grpc_api.test_asset_origin import Origin
-from tests.inprocess import start_in_process
+from tests.inprocess import InProcessNode, start_in_process
+from tests.integration import jwt_keys
 from tests.reapi import action_result
 
 pytestmark = pytest.mark.in_process
@@ -54,6 +56,9 @@ CREDENTIALS = {
 # then the namespaces the routes below store in ("team", "app") and clean ("doomed").
 OVERLAY_TOKEN = "tok-overlay-abcdefgh"
 WRITES, FOREIGN = "ovl", "other"
+# The refusal-log test's named token.
+LOGGED_TOKEN = "tok-logged-abcdefghij"
+JWT_KEY = jwt_keys.rsa_key()
 TOKENS_FILE = "".join(
     f"{token} {fields}\n"
     for token, fields in (
@@ -63,6 +68,8 @@ TOKENS_FILE = "".join(
         (OVERLAY_TOKEN, f"name=pr rights=read,write,clean read={WRITES},team,app,doomed write=ovl"),
     )
 )
+# A read-write token file line with a name (issue 29 item 4: a token file may name its tokens).
+FILE_TOKEN = "tok-file-abcdefghij"
 SEED = "seed"  # the key suffix of what the fixture stores for the reads
 
 
@@ -346,6 +353,8 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     directory = tmp_path_factory.mktemp("rights")
     tokens_file = directory / "credentials"
     tokens_file.write_text(TOKENS_FILE)
+    rw_file = directory / "rw-tokens"
+    rw_file.write_text(f"{FILE_TOKEN} name=ci-main\n")
     port = free_port()
     origin = Origin()
     ORIGINS.append(origin)
@@ -354,8 +363,12 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
         read_write_tokens="tok-rw",
         read_only_tokens="tok-ro",
         tokens_file=tokens_file,
+        read_write_tokens_file=rw_file,
         grpc_port=port,
         asset_fetch_allowed_hosts=f"127.0.0.1:{origin.port}",
+        auth_jwt_public_key=jwt_keys.write_public_key(JWT_KEY, directory / "signer.pem"),
+        auth_jwt_issuer=jwt_keys.ISSUER,
+        auth_jwt_audience=jwt_keys.AUDIENCE,
     )
     node = start_in_process(directory, env)
     clients = {kind: Reapi(f"127.0.0.1:{port}", token) for kind, (token, _r) in CREDENTIALS.items()}
@@ -733,3 +746,189 @@ def test_splices_and_pushes_find_content_in_the_namespaces_read_and_store_where_
         call(overlay, k, "")
         assert held_in(matrix, WRITES) > stored, call.__name__
     assert held_in(matrix, "team") == team
+
+
+# --- every refused write is logged once, by the credential's identity, never its token
+# (issue 29 item 4, kura.api.auth.TokenAuth.log_refusal), over HTTP and gRPC alike.
+
+
+def test_each_refused_write_is_logged_once_by_writer_and_reason_never_the_token(
+    tmp_path: Path,
+) -> None:
+    """A named write:cas token and a namespace-limited write:cas JWT each ask for an entry
+    write over HTTP and over gRPC (one reason: one line for both), then write a blob into a
+    namespace they may not (another reason: one more line). Asked again, nothing more. A node
+    of its own: the refusal lines of a node are rate-limited, and the matrix's other tests
+    refuse plenty."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"{LOGGED_TOKEN} name=logged rights=read,write:cas read=ns write=ns\n")
+    port = free_port()
+    env = node_env(
+        tmp_path,
+        tokens_file=credentials,
+        grpc_port=port,
+        auth_jwt_public_key=jwt_keys.write_public_key(JWT_KEY, tmp_path / "signer.pem"),
+        auth_jwt_issuer=jwt_keys.ISSUER,
+        auth_jwt_audience=jwt_keys.AUDIENCE,
+    )
+    node = start_in_process(tmp_path, env)
+    jwt = jwt_keys.token(JWT_KEY, scope="cache:write:cas", sub="pr-bot 7", namespaces=["pr-7"])
+    try:
+        for _round in range(2):
+            for token in (LOGGED_TOKEN, jwt):
+                client = Reapi(f"127.0.0.1:{port}", token)
+                try:
+                    with node.client(headers=bearer(token)) as c:
+                        r = c.put(f"/cache/ac/{sha(b'logged')}", content=action_result({}))
+                    assert r.status_code == 403, r.text
+                    with pytest.raises(grpc.RpcError) as refused:
+                        _update_action_result(client, "logged")
+                    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+                    with pytest.raises(grpc.RpcError) as refused:
+                        client.batch_update([b"logged elsewhere"], "elsewhere")
+                    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+                finally:
+                    client.close()
+    finally:
+        assert node.stop() == 0, node.log()[-3000:]
+    log = node.log()
+    lines = [line for line in log.splitlines() if " refused: " in line]
+    wanted = [
+        "writer 'token:logged', asking for 'write': this token lacks the right 'write'",
+        "writer 'token:logged', asking for 'write:cas': this credential is not valid for "
+        "namespace 'elsewhere'",
+        "writer 'jwt:pr-bot%207', asking for 'write': this token lacks the right 'write' "
+        "(JWT scope cache:write)",
+        "writer 'jwt:pr-bot%207', asking for 'write:cas': this token is not valid for "
+        "namespace 'elsewhere'",
+    ]
+    assert len(lines) == len(wanted), lines
+    for line, text in zip(lines, wanted, strict=True):
+        assert text in line, (line, text)
+        assert " WARNING " in line, line
+    assert LOGGED_TOKEN not in log
+    assert jwt not in log
+    assert jwt.split(".")[2] not in log  # nor the JWT's signature alone
+
+
+# --- who writes (issue 29 item 4): every write, by every route and RPC, records the writer
+# identity of its credential (kura.core.provenance) in its manifest, read back through the
+# storage API.
+
+
+def fingerprint(token: str) -> str:
+    return "token:#" + hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+WRITER_JWT = jwt_keys.token(JWT_KEY, scope="cache:read cache:write", sub="ci/main bot")
+# Each kind of credential: its token, rights, and the writer its writes record.
+WRITERS: dict[str, tuple[str, set[Access], str]] = {
+    "named": (CREDENTIALS["write"][0], {W, WC}, "token:w"),
+    "unnamed": ("tok-rw", {R, WC, W, C}, fingerprint("tok-rw")),
+    "token file": (FILE_TOKEN, {R, WC, W, C}, "token:ci-main"),
+    "jwt": (WRITER_JWT, {R, WC, W, C}, "jwt:ci/main%20bot"),
+    "overlay": (OVERLAY_TOKEN, {R, WC, W, C}, "token:pr"),
+}
+HTTP_WRITES = [n for n, r in HTTP.items() if r.right in (W, WC) and r.grows]
+
+
+def _written(m: Matrix, write: Callable[[], object]) -> list[str]:
+    """The writers recorded in the manifests of what ``write()`` added to the index, each read
+    back through the storage API (``ArtifactReader.read_manifest``)."""
+    before = m.node.artifact_ids()
+    write()
+    added = sorted(m.node.artifact_ids() - before)
+    assert isinstance(m.node, InProcessNode)
+
+    async def writers(node: Node) -> list[str]:
+        manifests = [await node.service.reads.read_manifest(aid) for aid in added]
+        return [mf.writer for mf in manifests if mf is not None]
+
+    return m.node.call(writers)
+
+
+@pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.parametrize("route", [*HTTP_WRITES, "module upload"])
+def test_each_http_write_records_its_credentials_writer(
+    matrix: Matrix, route: str, kind: str
+) -> None:
+    token, _rights, writer = WRITERS[kind]
+    k = "p" + sha(f"{route} {kind}".encode())[:12]
+
+    def write() -> None:
+        with matrix.node.client(headers=bearer(token)) as c:
+            if route == "module upload":
+                start = f"/api/cache/module/start?{SCOPE}&hash=h{k}&name=n"
+                if kind == "overlay":
+                    start = naming(start, None)
+                upload = c.post(start).json()["upload_id"]
+                r = c.post(f"/api/cache/module/part?upload_id={upload}&part_number=1", content=b"x")
+                assert r.status_code < 300, r.text
+                r = c.post(
+                    f"/api/cache/module/complete?upload_id={upload}", content=b'{"parts":[1]}'
+                )
+            else:
+                method, path, data = HTTP[route].request(k, matrix.upload)
+                r = c.request(
+                    method, naming(path, None) if kind == "overlay" else path, content=data
+                )
+            assert r.status_code < 300, r.text
+
+    assert _written(matrix, write) == [writer]
+
+
+def _split_fresh(c: Reapi, k: str, instance: str = "") -> object:
+    """SplitBlob of a blob of several chunks that nobody split before (stored by another)."""
+    return c.split(digest(big(k)), instance)
+
+
+def big(k: str) -> bytes:
+    return hashlib.shake_256(k.encode()).digest(2 * 1024 * 1024)
+
+
+def _write_small(c: Reapi, k: str, instance: str = "") -> object:
+    """A ByteStream Write of one message carrying a small blob (``kura.grpc.batch.store_whole``)."""
+    data = f"small-{k}".encode()
+    return c.write(blob_name(data, instance, upload=new_upload()), data)
+
+
+RPC_WRITES: dict[str, tuple[Callable[..., object], set[Access]]] = {
+    "ByteStream.Write": (_write, {WC}),
+    "ByteStream.Write, one message": (_write_small, {WC}),
+    "BatchUpdateBlobs": (_batch_update, {WC}),
+    "SpliceBlob": (_splice, {WC}),
+    "SplitBlob": (_split_fresh, {R}),
+    "UpdateActionResult": (_update_action_result, {W}),
+    "PushBlob": (_push_blob, {W}),
+    "PushDirectory": (_push_directory, {W}),
+    "FetchBlob download": (RPCS["FetchBlob download"][0], {R, W}),
+    "FetchBlob download, checksum.sri": (RPCS["FetchBlob download, checksum.sri"][0], {R}),
+}
+
+
+@pytest.mark.parametrize(
+    ("rpc", "kind"),
+    [
+        (rpc, kind)
+        for rpc in RPC_WRITES
+        for kind in WRITERS
+        if RPC_WRITES[rpc][1] <= WRITERS[kind][1]
+    ],
+)
+def test_each_rpc_write_records_its_credentials_writer(matrix: Matrix, rpc: str, kind: str) -> None:
+    """Each with every kind of credential that may make it (refusals: the matrix above)."""
+    token, _rights, writer = WRITERS[kind]
+    call, _needs = RPC_WRITES[rpc]
+    k = "r" + sha(f"{rpc} {kind}".encode())[:12]
+    # What the call names must be stored, by another writer, where the credential reads it.
+    where = WRITES if kind == "overlay" else ""
+    seeds = matrix.clients["read-write"]
+    seeds.batch_update([*chunks(k), asset(k), directory_blob(k)], where)
+    seeds.write(blob_name(big(k), where, upload=new_upload()), big(k))
+    client = Reapi(matrix.clients["read-write"].target, token)
+    try:
+        written = _written(matrix, lambda: call(client, k))
+    finally:
+        client.close()
+    assert written, f"{rpc} stored nothing"
+    assert set(written) == {writer}, written

@@ -161,7 +161,9 @@ def test_a_credential_passes_for_its_rights_only_and_the_refusal_names_the_right
     for _ in range(3):  # a refusal is logged by name, once per credential and right
         with pytest.raises(Forbidden):
             auth.check(f"Bearer cas-{SECRET}", Access.WRITE)
-    assert caplog.text.count("refused: credential 'pr' lacks the right 'write'") == 1
+    assert (
+        caplog.text.count("refused: writer 'token:pr', asking for 'write': this token lacks") == 1
+    )
     assert SECRET not in caplog.text
 
 
@@ -471,7 +473,7 @@ def test_an_overlay_refusal_is_logged_once_by_name_with_its_reason_never_the_tok
     auth = TokenAuth((), (), files=[TokenFile(path)])
     header = f"Bearer {SECRET}"
     assert auth.view(header, W, lambda: Asked(None, "nx")) == NamespaceView(
-        ("pr-123", "main"), "pr-123"
+        ("pr-123", "main"), "pr-123", "token:pr-123"
     )
     for _ in range(2):
         with pytest.raises(Forbidden, match="writes only its write namespace, not 'main'"):
@@ -480,6 +482,7 @@ def test_an_overlay_refusal_is_logged_once_by_name_with_its_reason_never_the_tok
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(lines) == 1, lines
     assert (
-        "refused: credential 'pr-123', asking for 'write': this credential writes only" in lines[0]
+        "refused: writer 'token:pr-123', asking for 'write': this credential writes only"
+        in lines[0]
     )
     assert SECRET not in caplog.text

@@ -62,14 +62,16 @@ class TreesTooCostly(NotFound):
     """The completeness check passed a ``TreeBounds`` bound: the entry is answered as a miss."""
 
 
-def cas_ref(namespace: str, sha256: str) -> ArtifactRef:
-    """The CAS blob ``sha256`` (64 lowercase hex digits) of ``namespace``."""
-    return ArtifactRef(PRODUCER, namespace, f"cas/{sha256}")
+def cas_ref(namespace: str, sha256: str, writer: str = "") -> ArtifactRef:
+    """The CAS blob ``sha256`` (64 lowercase hex digits) of ``namespace``; for a write, as
+    written by ``writer`` (``NamespaceView.writer``, ``kura.core.provenance``)."""
+    return ArtifactRef(PRODUCER, namespace, f"cas/{sha256}", writer)
 
 
-def ac_ref(namespace: str, sha256: str) -> ArtifactRef:
-    """The action-cache entry of the action digest ``sha256`` in ``namespace``."""
-    return ArtifactRef(PRODUCER, namespace, f"ac/{sha256}")
+def ac_ref(namespace: str, sha256: str, writer: str = "") -> ArtifactRef:
+    """The action-cache entry of the action digest ``sha256`` in ``namespace``; for a write,
+    as written by ``writer``."""
+    return ArtifactRef(PRODUCER, namespace, f"ac/{sha256}", writer)
 
 
 async def find_action_result(

@@ -18,7 +18,10 @@ change (``kura.api.token_file``) by ``TokenAuth.run`` in every process of the no
 ``share``). A token is listed in one place only: one in two sources (the two lists, the files)
 is refused at start, and a re-read that would list one twice is a failed re-read (the last
 good set kept), so narrowing a token's rights in one place cannot leave it wider in another;
-a refusal of a listed credential is logged with its ``name=``, never its token. A bearer
+a refused request is logged once per (writer, right, reason) with the credential's identity
+(``kura.core.provenance``: ``token:NAME``, ``token:#fingerprint``, ``jwt:SUB``), never its
+token (``TokenAuth.log_refusal``), and the same identity is the writer a request's writes
+record (``NamespaceView.writer``). A bearer
 token that is not a listed plain token but has the JWT shape goes to the ``JwtVerifier`` when
 one is configured (``kura.api.jwt_auth``: its ``scope`` names the rights): a bad token → 401;
 a grant without the right asked for, or for another namespace → 403.
@@ -43,6 +46,7 @@ from kit.log_limit import LogLimit
 from kura.api.token_file import STAT_INTERVAL_SECONDS, Credential, TokenFile
 from kura.core.errors import Forbidden, Unauthenticated
 from kura.core.overlay import Asked, NamespaceView, Overlay, view_of
+from kura.core.provenance import ANONYMOUS
 from kura.core.rights import READ_ONLY, READ_WRITE, Rights
 from kura.core.rights import Access as Access  # the routes declare their right from here
 from kura.settings import Settings
@@ -54,6 +58,9 @@ if TYPE_CHECKING:  # PyJWT and cryptography cost each process ~10 MiB: loaded on
     from kura.api.jwt_auth import JwtVerifier
 
 TOKEN_GENERATION = ".kura.token-generation"  # in the data dir, with KURA_WORKERS > 1
+# Refusals remembered as logged (``TokenAuth.log_refusal``): a bound on memory, since a
+# reason may name a namespace the client chose.
+REFUSALS_REMEMBERED = 4096
 
 # The request's namespace for a namespace-limited grant: None = the route has none.
 NamespaceOf = Callable[[], str | None]
@@ -79,7 +86,7 @@ class TokenAuth:
         self._listed = self._lists[0][1] + self._lists[1][1]
         self._files = tuple(files)
         _refuse_overlap([*self._lists, *((str(f.path), f.credentials()) for f in self._files)])
-        self._refusals_logged: set[tuple[str | None, int, Access, bool]] = set()
+        self._refusals_logged: set[tuple[str, Access, str]] = set()
         self._refusal_log = LogLimit(lines=10, interval_seconds=60.0)
         self.jwt = jwt
         self.enabled = bool(self._listed or self._files or jwt is not None)
@@ -183,11 +190,13 @@ class TokenAuth:
         self, authorization: str | None, access: Access, asked: Callable[[], Asked]
     ) -> NamespaceView | None:
         """``check``, then what the request reads and writes (``kura.core.overlay.view_of``,
-        through the credential's overlay if it has one); None when it touches no namespace.
-        ``asked`` is called once, after the rights check (it may raise its route's own
-        ``KuraError``). A refusal of the overlay's rules is a ``Forbidden`` counted as one."""
+        through the credential's overlay if it has one) and who it is (``NamespaceView.writer``,
+        ``kura.core.provenance``: ``anonymous`` with access control off); None when it touches
+        no namespace. ``asked`` is called once, after the rights check (it may raise its route's
+        own ``KuraError``). A refusal of the overlay's rules is a ``Forbidden`` counted and
+        logged as one."""
         if not self.enabled:
-            return view_of(None, asked(), access)
+            return view_of(None, asked(), access, ANONYMOUS)
         if self._follow:
             self._catch_up()
         once: Asked | None = None
@@ -198,12 +207,11 @@ class TokenAuth:
             return once.namespace
 
         try:
-            overlay, listed = self._check(authorization, access, named, log_refusal=True)
+            overlay, writer = self._check(authorization, access, named, log_refusal=True)
             try:
-                return view_of(overlay, asked() if once is None else once, access)
+                return view_of(overlay, asked() if once is None else once, access, writer)
             except Forbidden as exc:
-                if listed is not None:
-                    self._log_refusal(listed, access, exc.message)
+                self.log_refusal(writer, access, exc.message)
                 raise
         except (Unauthenticated, Forbidden) as exc:
             self._count(exc, authorization)
@@ -239,35 +247,37 @@ class TokenAuth:
         namespace: NamespaceOf | None,
         *,
         log_refusal: bool,
-    ) -> tuple[Overlay | None, Credential | None]:
-        """Raise unless allowed; the credential's overlay (None: none), and the credential
-        when it is a listed one."""
+    ) -> tuple[Overlay | None, str]:
+        """Raise unless allowed (a ``Forbidden`` logged when ``log_refusal``: not for
+        ``allows``, describing a caller refuses nothing); the credential's overlay (None: none)
+        and its writer identity (``kura.core.provenance``)."""
         token = _token_from(authorization)
         if token is None:
             raise Unauthenticated("missing credentials: send Authorization: Bearer <token>")
         credential = self._listing_of(token)
         if credential is not None:
             if access not in credential.rights:
-                if log_refusal:  # not for ``allows``: describing a caller refuses nothing
-                    self._log_refusal(credential, access)
-                raise Forbidden(_lacking(access, credential.rights))
-            return credential.overlay, credential
+                reason = _lacking(access, credential.rights)
+                raise self._refused(credential.writer, access, reason, log_refusal)
+            return credential.overlay, credential.writer
         if self.jwt is not None and self.jwt.looks_like_jwt(token):
-            return self._check_grant(token, access, namespace), None
+            grant = self.jwt.verify(token)
+            if access not in grant.rights:
+                reason = f"{_lacking(access, grant.rights)} ({grant.scopes_granting(access)})"
+                raise self._refused(grant.writer, access, reason, log_refusal)
+            if grant.namespaces is not None and namespace is not None:
+                wanted = namespace()
+                if wanted is not None and wanted not in grant.namespaces:
+                    reason = f"this token is not valid for namespace {wanted!r}"
+                    raise self._refused(grant.writer, access, reason, log_refusal)
+            return grant.overlay, grant.writer
         raise Unauthenticated("invalid token")
 
-    def _check_grant(
-        self, token: str, access: Access, namespace: NamespaceOf | None
-    ) -> Overlay | None:
-        assert self.jwt is not None
-        grant = self.jwt.verify(token)
-        if access not in grant.rights:
-            raise Forbidden(f"{_lacking(access, grant.rights)} ({grant.scopes_granting(access)})")
-        if grant.namespaces is not None and namespace is not None:
-            wanted = namespace()
-            if wanted is not None and wanted not in grant.namespaces:
-                raise Forbidden(f"this token is not valid for namespace {wanted!r}")
-        return grant.overlay
+    def _refused(self, writer: str, access: Access, reason: str, log_refusal: bool) -> Forbidden:
+        """The ``Forbidden`` of ``reason``, logged (``log_refusal``) by ``log_refusal``."""
+        if log_refusal:
+            self.log_refusal(writer, access, reason)
+        return Forbidden(reason)
 
     def _listing_of(self, token: str) -> Credential | None:
         """The listed credential of ``token`` (a token is listed once, ``_refuse_overlap``),
@@ -280,35 +290,30 @@ class TokenAuth:
                 found = credential
         return found
 
-    def _log_refusal(
-        self, credential: Credential, access: Access, overlay_refusal: str | None = None
-    ) -> None:
-        """Log a listed credential's refusal once per credential and right (and once more for
-        its overlay's, ``overlay_refusal`` the reason), by its ``name=`` (never its token),
-        within a ``LogLimit``: a client can cause refusals at will."""
-        seen = (credential.name, credential.line, access, overlay_refusal is not None)
+    def log_refusal(self, writer: str, access: Access, reason: str) -> None:
+        """Log a refusal (issue 29 item 4: every refused write, and every other refusal of a
+        credential this node believes) as one WARNING line naming ``writer`` (the credential's
+        identity, ``kura.core.provenance``: its name, ``sub`` or fingerprint, never its token),
+        the right asked for and ``reason`` (a ``Forbidden``'s message, which names no token).
+        Each (writer, right, reason) is logged once per process (``REFUSALS_REMEMBERED`` of
+        them at most, then forgotten all at once), and all of them within a ``LogLimit``: a
+        client can cause refusals at will. Every refusal is counted in ``refusals_total``
+        whether logged or not. Call it for a refusal decided outside this class too."""
+        seen = (writer, access, reason)
         if seen in self._refusals_logged:
             return
         left_out = self._refusal_log.admit()
         if left_out is None:
             return
+        if len(self._refusals_logged) >= REFUSALS_REMEMBERED:
+            self._refusals_logged.clear()
         self._refusals_logged.add(seen)
-        who = f"credential {credential.name!r}" if credential.name else "an unnamed credential"
-        if overlay_refusal is not None:
-            log.warning(
-                "refused: %s, asking for %r: %s (logged once per credential and right; "
-                "%d refusal lines left out before this one)",
-                who,
-                access.value,
-                overlay_refusal,
-                left_out,
-            )
-            return
         log.warning(
-            "refused: %s lacks the right %r (logged once per credential and right; "
+            "refused: writer %r, asking for %r: %s (logged once per writer, right and reason; "
             "%d refusal lines left out before this one)",
-            who,
+            writer,
             access.value,
+            reason,
             left_out,
         )
 

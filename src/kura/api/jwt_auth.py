@@ -39,6 +39,9 @@ What it grants (``Grant``), from two claims:
   only; ``read_namespaces`` alone writes none. A token with these and ``namespaces`` too is
   refused (401): the overlay already says which namespaces it may touch.
 
+Who it is: ``sub`` (optional) names the writer of what the token writes and of its refusals
+in the log (``jwt:<sub>``, ``kura.core.provenance``; without one, the token's fingerprint).
+
 JWKS keys are fetched at start and every ``KURA_AUTH_JWT_JWKS_REFRESH_SECONDS``, and sooner
 (at most every ``UNKNOWN_KID_REFETCH_SECONDS``) when a token names a ``kid`` not in the set, so
 a rotated signing key is picked up. A failed fetch keeps the last good set and is logged.
@@ -54,7 +57,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
+from kura.core import provenance
 from kura.core.errors import ForwardToPrimary, Unauthenticated
 from kura.core.overlay import Overlay, overlay_from
 from kura.core.rights import READ_WRITE, Access, Rights
@@ -88,11 +92,12 @@ _EC_ALGORITHM = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512
 @dataclass(frozen=True)
 class Grant:
     """What a believed token allows: its ``rights``, in ``namespaces`` (None = all), through
-    its ``overlay`` (None: none)."""
+    its ``overlay`` (None: none); ``writer``, who it is (``kura.core.provenance.of_jwt``)."""
 
     rights: Rights
     namespaces: frozenset[str] | None
     overlay: Overlay | None = None
+    writer: str = field(default="", compare=False)
 
     @staticmethod
     def scopes_granting(access: Access) -> str:
@@ -194,7 +199,7 @@ class JwtVerifier:
             )
         except jwt.PyJWTError as exc:
             raise Unauthenticated(f"invalid token: {exc}") from None
-        return grant_from(claims)
+        return grant_from(claims, token)
 
     def _key_for(self, header: dict[str, Any]) -> Any:
         if self._public_key is not None:
@@ -269,8 +274,9 @@ class JwtVerifier:
         return 1 if self._public_key is not None else len(self._jwks)
 
 
-def grant_from(claims: dict[str, Any]) -> Grant:
-    """The ``Grant`` in verified claims; ``Unauthenticated`` for a malformed grant claim."""
+def grant_from(claims: dict[str, Any], token: str = "") -> Grant:
+    """The ``Grant`` in verified claims of ``token``; ``Unauthenticated`` for a malformed grant
+    claim. Its writer is ``jwt:<sub>`` (``kura.core.provenance.of_jwt``)."""
     scope = claims.get("scope", "")
     if not isinstance(scope, str):
         raise Unauthenticated("invalid token: scope must be a space-separated string")
@@ -281,7 +287,12 @@ def grant_from(claims: dict[str, Any]) -> Grant:
     ):
         raise Unauthenticated("invalid token: namespaces must be an array of strings")
     rights: Rights = frozenset().union(*(SCOPE_RIGHTS.get(s, frozenset()) for s in scopes))
-    return Grant(rights, None if namespaces is None else frozenset(namespaces), _overlay(claims))
+    return Grant(
+        rights,
+        None if namespaces is None else frozenset(namespaces),
+        _overlay(claims),
+        provenance.of_jwt(claims.get("sub"), token),
+    )
 
 
 def _overlay(claims: dict[str, Any]) -> Overlay | None:

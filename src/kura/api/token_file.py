@@ -3,16 +3,19 @@
 Two formats, one parser (``parse_credentials``); in both, blank lines and lines starting with
 ``#`` are ignored (a comment is a whole line) and surrounding whitespace is stripped:
 
-* a token file (``KURA_READ_WRITE_TOKENS_FILE``, ``KURA_READ_ONLY_TOKENS_FILE``): one bare
-  token a line, every one with the file's rights;
+* a token file (``KURA_READ_WRITE_TOKENS_FILE``, ``KURA_READ_ONLY_TOKENS_FILE``): one token a
+  line, every one with the file's rights, optionally followed by ``name=`` (as below), so that
+  its writes and refusals are told by name (issue 29 item 4: ``tok... name=ci-main``);
 * the credentials file (``KURA_TOKENS_FILE``): one credential a line, the token (at least
   ``MIN_TOKEN_CHARS``; a first field shaped ``key=`` is "the token is missing", as a template
   whose token variable was empty writes) then whitespace-separated ``key=value`` fields:
 
   - ``rights=`` (required): comma-separated rights, ``read``, ``write:cas``, ``write``,
     ``clean`` (``kura.core.rights``; ``write`` implies ``write:cas``);
-  - ``name=`` (optional): a label of ``[A-Za-z0-9._-]`` naming the credential's refusals in
-    the log (``kura.api.auth``), never the token; two tokens sharing one get a warning;
+  - ``name=`` (optional): a label of ``[A-Za-z0-9._-]`` naming the credential (never the
+    token) in its refusals in the log (``kura.api.auth``) and as the writer of what it writes
+    (``token:NAME``, ``kura.core.provenance``); two tokens sharing one get a warning, and their
+    writes are one writer's;
   - ``read=`` and ``write=`` (optional, issue 29 item 2): an overlay (``kura.core.overlay``),
     the comma-separated namespaces read in order and the one written, which must be one of
     them (``read=pr-123,main write=pr-123``); ``write=`` alone reads that namespace only,
@@ -40,8 +43,10 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
+from kura.core import provenance
 from kura.core.overlay import Overlay, overlay_from
 from kura.core.rights import Rights, parse_rights
 
@@ -68,6 +73,12 @@ class Credential:
     name: str | None = None
     line: int = field(default=0, compare=False)  # its line in the file (0: not from a file)
     overlay: Overlay | None = None  # read= and write= (kura.core.overlay); None: none
+
+    @cached_property
+    def writer(self) -> str:
+        """Its writer identity (``kura.core.provenance.of_token``), computed once: it is asked
+        on every request."""
+        return provenance.of_token(self.name, self.token)
 
 
 def _name(value: str) -> str:
@@ -103,9 +114,7 @@ def parse_credentials(text: str, rights: Rights | None = None) -> tuple[Credenti
             continue
         token, *fields = line.split()
         if rights is not None:
-            if fields:
-                raise ValueError(f"line {number}: a token must not contain whitespace")
-            credential = Credential(token, rights, line=number)
+            credential = Credential(token, rights, _bare_name(number, fields), number)
         else:
             credential = _credential(number, token, fields)
         if token in found:
@@ -118,6 +127,21 @@ def parse_credentials(text: str, rights: Rights | None = None) -> tuple[Credenti
             continue
         found[token] = (number, credential)
     return tuple(c for _n, c in found.values())
+
+
+def _bare_name(number: int, fields: list[str]) -> str | None:
+    """A token file line's optional ``name=`` (its only field), else ``ValueError``."""
+    if not fields:
+        return None
+    if len(fields) == 1 and fields[0].startswith("name="):
+        try:
+            return _name(fields[0].removeprefix("name="))
+        except ValueError as exc:
+            raise ValueError(f"line {number}: key 'name': {exc}") from None
+    raise ValueError(
+        f"line {number}: a token must not contain whitespace (a token file line is a token "
+        "and an optional name=)"
+    )
 
 
 def _credential(number: int, token: str, fields: list[str]) -> Credential:

@@ -93,10 +93,12 @@ class Asked(NamedTuple):  # a tuple: built on every request, at a fraction of a 
 
 class NamespaceView(NamedTuple):  # a tuple, as ``Asked``
     """The namespaces one request reads (``reads``, in order, not empty) and writes
-    (``write``; None: it may not write, cleans included)."""
+    (``write``; None: it may not write, cleans included), and who writes (``writer``, its
+    credential's identity, ``kura.core.provenance``; "" where none was decided)."""
 
     reads: tuple[str, ...]
     write: str | None
+    writer: str = ""
 
     @property
     def home(self) -> str:
@@ -114,9 +116,12 @@ class NamespaceView(NamedTuple):  # a tuple, as ``Asked``
         return self.write
 
 
-def view_of(overlay: Overlay | None, asked: Asked, access: Access) -> NamespaceView | None:
+def view_of(
+    overlay: Overlay | None, asked: Asked, access: Access, writer: str = ""
+) -> NamespaceView | None:
     """What a request that asks ``asked`` with the right ``access`` reads and writes (module
-    rules); None when it touches no namespace (no overlay, nothing named, no default).
+    rules), its credential's identity ``writer`` carried along; None when it touches no
+    namespace (no overlay, nothing named, no default).
     ``Forbidden`` naming the credential's namespaces (never its token) for a write to a
     namespace it may only read, or anything in one it does not read; ``InvalidRequest`` for a
     named namespace outside the alphabet (a credential without an overlay)."""
@@ -126,12 +131,12 @@ def view_of(overlay: Overlay | None, asked: Asked, access: Access) -> NamespaceV
             return None
         if asked.named is not None:
             validate(ns, NAMESPACE, asked.label)
-        return NamespaceView((ns,), ns)
+        return NamespaceView((ns,), ns, writer)
     named = asked.named
     if named is None or named == overlay.write:
         if access in WRITING and overlay.write is None:
             raise Forbidden(f"this credential writes no namespace: it {overlay.describe()}")
-        return NamespaceView(overlay.reads, overlay.write)
+        return NamespaceView(overlay.reads, overlay.write, writer)
     if named not in overlay.reads:
         raise Forbidden(
             f"this credential is not valid for namespace {named[:80]!r}: it {overlay.describe()}"
@@ -141,4 +146,4 @@ def view_of(overlay: Overlay | None, asked: Asked, access: Access) -> NamespaceV
             f"this credential writes only its write namespace, not {named!r}: it "
             f"{overlay.describe()}"
         )
-    return NamespaceView((named,), None)
+    return NamespaceView((named,), None, writer)

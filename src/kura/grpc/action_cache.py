@@ -50,8 +50,8 @@ class ActionCache(reapi_grpc.ActionCacheServicer):
     async def UpdateActionResult(
         self, request: reapi.UpdateActionResultRequest, context: Ctx
     ) -> reapi.ActionResult:
-        ns = self.gc.authorize(context, Access.WRITE, request.instance_name).writable
-        ref = ac_ref(ns, check_digest(request.action_digest))
+        view = self.gc.authorize(context, Access.WRITE, request.instance_name)
+        ref = ac_ref(view.writable, check_digest(request.action_digest), view.writer)
         data = request.action_result.SerializeToString()
         limit = min(MAX_ACTION_RESULT_BYTES, self.gc.settings.max_artifact_bytes)
         if len(data) > limit:

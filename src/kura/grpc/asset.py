@@ -80,6 +80,7 @@ from kura.core.asset import (
     unsupported,
 )
 from kura.core.errors import InvalidRequest, NotFound
+from kura.core.overlay import NamespaceView
 from kura.grpc.cas import MAX_INLINE_PARSE_BYTES, read_blob
 from kura.grpc.common import GrpcContext, check_digest, rpc, stored_blob
 from kura.grpc.origin import OriginDownloads, OriginFailed
@@ -174,11 +175,15 @@ class AssetRecords:
         finally:
             body.close()
 
-    async def store(self, ns: str, query: AssetQuery, uri: str, record: AssetRecord) -> None:
-        """Record ``record`` for ``uri`` (a new version of its key: last writer wins).
-        ``InvalidRequest`` for a record over ``MAX_RECORD_BYTES`` (``encoded``)."""
+    async def store(
+        self, ns: str, query: AssetQuery, uri: str, record: AssetRecord, *, writer: str
+    ) -> None:
+        """Record ``record`` for ``uri`` (a new version of its key: last writer wins), written
+        by ``writer`` (``kura.core.provenance``). ``InvalidRequest`` for a record over
+        ``MAX_RECORD_BYTES`` (``encoded``)."""
         data = encoded(record)
-        await self.gc.writer.put_inline(_ref(record.kind, ns, uri, query), data, "application/json")
+        ref = _ref(record.kind, ns, uri, query, writer)
+        await self.gc.writer.put_inline(ref, data, "application/json")
 
     async def missing(
         self, ns: str, digests: tuple[Digest, ...], reader: ArtifactReader | None = None
@@ -230,8 +235,8 @@ def encoded(record: AssetRecord) -> bytes:
     return data
 
 
-def _ref(kind: str, ns: str, uri: str, query: AssetQuery) -> ArtifactRef:
-    return ArtifactRef(PRODUCER, ns, record_key(kind, uri, query.qualifiers))
+def _ref(kind: str, ns: str, uri: str, query: AssetQuery, writer: str = "") -> ArtifactRef:
+    return ArtifactRef(PRODUCER, ns, record_key(kind, uri, query.qualifiers), writer)
 
 
 def _query(request: Any) -> AssetQuery:
@@ -316,11 +321,12 @@ class Fetch(ra_grpc.FetchServicer):
         if query.sri is None:  # the record would be trusted later, unverified: a write
             view = self.gc.authorize(context, Access.WRITE, request.instance_name)
         # Stored where the call writes: never into a namespace an overlay only reads.
-        return await self._download(view.writable, query, _seconds(request), context)
+        return await self._download(view, query, _seconds(request), context)
 
     async def _download(
-        self, ns: str, query: AssetQuery, seconds: float, context: Ctx
+        self, view: NamespaceView, query: AssetQuery, seconds: float, context: Ctx
     ) -> ra.FetchBlobResponse:
+        ns, writer = self.gc.writable(view, Access.WRITE_CAS), view.writer
         names = unsupported(query)
         if names:  # remote_asset.proto: INVALID_ARGUMENT, naming each unsupported qualifier
             raise InvalidRequest(
@@ -344,11 +350,13 @@ class Fetch(ra_grpc.FetchServicer):
         if remaining is not None:
             seconds = max(0.0, min(seconds, remaining))
         try:
-            uri, digest = await self.origins.first(ns, query.uris, query.sri, seconds)
+            uri, digest = await self.origins.first(
+                ns, query.uris, query.sri, seconds, writer=writer
+            )
         except OriginFailed as failed:
             return ra.FetchBlobResponse(status=_status(failed.code, failed.message), uri=failed.uri)
         await self.records.store(
-            ns, query, uri, AssetRecord(BLOB, uri, query.qualifiers, digest, sri=sri)
+            ns, query, uri, AssetRecord(BLOB, uri, query.qualifiers, digest, sri=sri), writer=writer
         )
         return ra.FetchBlobResponse(
             status=_status(grpc.StatusCode.OK), uri=uri, blob_digest=_digest(digest)
@@ -448,7 +456,7 @@ class Push(ra_grpc.PushServicer):
         for record in records:  # all or nothing: every record fits before one is stored
             encoded(record)
         for uri, record in zip(query.uris, records, strict=True):
-            await self.records.store(ns, query, uri, record)
+            await self.records.store(ns, query, uri, record, writer=view.writer)
 
     async def _check_directory(
         self, ns: str, root: reapi.Digest, reader: ArtifactReader | None = None

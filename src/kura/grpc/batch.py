@@ -26,9 +26,10 @@ CONTENT_TYPE = "application/octet-stream"
 
 
 async def store_blobs(
-    gc: GrpcContext, ns: str, blobs: Sequence[tuple[Digest, bytes]]
+    gc: GrpcContext, ns: str, blobs: Sequence[tuple[Digest, bytes]], *, writer: str
 ) -> list[KuraError | None]:
-    """Store each ``(digest, data)`` of namespace ``ns``; per blob, in order, None when it is
+    """Store each ``(digest, data)`` of namespace ``ns``, written by ``writer``
+    (``kura.core.provenance``); per blob, in order, None when it is
     stored (or was already, or is the empty blob) or the error that refused it
     (``InvalidRequest`` for a bad digest or a length that is not the digest's,
     ``DigestMismatch``, and what ``put_batch`` raises)."""
@@ -47,7 +48,7 @@ async def store_blobs(
             answers[i] = exc
             continue
         if not is_empty(digest):
-            batch.append(BatchBlob(cas_ref(ns, sha256), data, sha256))
+            batch.append(BatchBlob(cas_ref(ns, sha256, writer), data, sha256))
             at.append(i)
     if not batch:
         return answers
@@ -62,12 +63,12 @@ async def store_blobs(
     return answers
 
 
-async def store_whole(gc: GrpcContext, ns: str, sha256: str, data: bytes) -> None:
+async def store_whole(gc: GrpcContext, ns: str, sha256: str, data: bytes, *, writer: str) -> None:
     """Store a blob whose whole ``data`` came in one message (a ByteStream ``Write`` of one
     message with ``finish_write``) as a batch of one: no upload task, and an inline blob's
     "already stored" check made by the writer. Raises what ``store_blobs`` answers."""
     (result,) = await gc.writer.put_batch(
-        [BatchBlob(cas_ref(ns, sha256), data, sha256)],
+        [BatchBlob(cas_ref(ns, sha256, writer), data, sha256)],
         limit_bytes=gc.settings.max_artifact_bytes,
         content_type=CONTENT_TYPE,
     )

@@ -178,14 +178,14 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                 data = request.data  # each read of the field copies the bytes (upb)
                 if first is None:
                     first = request
-                    name = self._writable(context, parse_write(request.resource_name))
+                    name, writer = self._writable(context, parse_write(request.resource_name))
                     if self._whole(name, request, len(data)):  # one message: no upload
-                        await store_whole(self.gc, name.namespace, name.sha256, data)
+                        await store_whole(self.gc, name.namespace, name.sha256, data, writer=writer)
                         self.gc.metrics.bytes_in_child("grpc").inc(len(data))
                         return bs.WriteResponse(committed_size=name.size_bytes)
                     if await self._stored(name):
                         return bs.WriteResponse(committed_size=_done_size(name))
-                    upload = self._open(name, request.write_offset)
+                    upload = self._open(name, request.write_offset, writer)
                 elif request.resource_name and request.resource_name != first.resource_name:
                     raise InvalidRequest("resource_name changed in the middle of a Write stream")
                 assert upload is not None
@@ -230,7 +230,7 @@ class ByteStream(bs_grpc.ByteStreamServicer):
     async def QueryWriteStatus(
         self, request: bs.QueryWriteStatusRequest, context: Ctx
     ) -> bs.QueryWriteStatusResponse:
-        name = self._writable(context, parse_write(request.resource_name))
+        name, _writer = self._writable(context, parse_write(request.resource_name))
         upload = self.uploads.get(name.session_key) if name.upload_id else None
         if upload is not None and not upload.task.done():
             return bs.QueryWriteStatusResponse(committed_size=upload.committed_bytes)
@@ -238,11 +238,14 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             return bs.QueryWriteStatusResponse(committed_size=name.size_bytes, complete=True)
         raise NotFound(f"no upload {request.resource_name[:200]!r} is in progress")
 
-    def _writable(self, context: Ctx, name: BlobName) -> BlobName:
+    def _writable(self, context: Ctx, name: BlobName) -> tuple[BlobName, str]:
         """``name`` in the namespace the call writes (its own, or its token's overlay's:
-        ``kura.core.overlay``), once its token may write blobs there."""
-        ns = self.gc.view(context, Access.WRITE_CAS, name.namespace).writable
-        return name if ns == name.namespace else dataclasses.replace(name, namespace=ns)
+        ``kura.core.overlay``), once its token may write blobs there; and who writes
+        (``kura.core.provenance``)."""
+        view = self.gc.view(context, Access.WRITE_CAS, name.namespace)
+        ns = view.writable
+        named = name if ns == name.namespace else dataclasses.replace(name, namespace=ns)
+        return named, view.writer
 
     def _whole(self, name: BlobName, request: bs.WriteRequest, data_bytes: int) -> bool:
         """Whether the stream's first message is the whole blob, uncompressed and small enough
@@ -266,8 +269,9 @@ class ByteStream(bs_grpc.ByteStreamServicer):
             return True
         return await self.gc.writer.intact(cas_ref(name.namespace, name.sha256), name.size_bytes)
 
-    def _open(self, name: BlobName, offset: int) -> Upload:
-        """The upload this stream writes: a parked one to resume, or a new one at offset 0."""
+    def _open(self, name: BlobName, offset: int, writer: str) -> Upload:
+        """The upload this stream writes: a parked one to resume (its writer the one that
+        opened it), or a new one at offset 0 written by ``writer``."""
         if not name.upload_id:  # not resumable: a key no other stream can name
             name = dataclasses.replace(name, upload_id="~" + os.urandom(8).hex())
         upload = self.uploads.get(name.session_key)
@@ -279,14 +283,16 @@ class ByteStream(bs_grpc.ByteStreamServicer):
                 f"write_offset {offset}: no upload of this name is in progress, so a write "
                 "starts at 0"
             )
-        return self.uploads.open(name.session_key, lambda chunks: self._store(name, chunks))
+        return self.uploads.open(name.session_key, lambda chunks: self._store(name, chunks, writer))
 
-    def _store(self, name: BlobName, chunks: AsyncIterator[bytes]) -> asyncio.Future[PutResult]:
+    def _store(
+        self, name: BlobName, chunks: AsyncIterator[bytes], writer: str
+    ) -> asyncio.Future[PutResult]:
         if name.compressor != IDENTITY:
             chunks = zstd_stream.decompressed(chunks, name.size_bytes)
         return asyncio.ensure_future(
             self.gc.writer.put_stream(
-                cas_ref(name.namespace, name.sha256),
+                cas_ref(name.namespace, name.sha256, writer),
                 chunks,
                 declared_length=name.size_bytes,
                 limit_bytes=self.gc.settings.max_artifact_bytes,

@@ -52,7 +52,7 @@ from google.rpc import code_pb2, status_pb2
 
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access
-from kura.core.errors import Forbidden, InvalidRequest, KuraError, NotFound
+from kura.core.errors import InvalidRequest, KuraError, NotFound
 from kura.grpc import chunking
 from kura.grpc.batch import blob_bytes, read_blobs, store_blobs
 from kura.grpc.common import (
@@ -162,7 +162,8 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
     async def BatchUpdateBlobs(
         self, request: reapi.BatchUpdateBlobsRequest, context: Ctx
     ) -> reapi.BatchUpdateBlobsResponse:
-        ns = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name).writable
+        view = self.gc.authorize(context, Access.WRITE_CAS, request.instance_name)
+        ns = view.writable
         # A compressed blob counts at its declared size: that is what it grows to in memory.
         total = sum(
             len(r.data) if r.compressor == IDENTITY else max(len(r.data), r.digest.size_bytes)
@@ -182,7 +183,7 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
                 blobs.append((r.digest, await inflated(r.compressor, r.data, r.digest)))
             except KuraError as exc:
                 failed[i] = exc
-        stored = iter(await store_blobs(self.gc, ns, blobs))
+        stored = iter(await store_blobs(self.gc, ns, blobs, writer=view.writer))
         errors = [failed.get(i) or next(stored) for i in range(len(request.requests))]
         return reapi.BatchUpdateBlobsResponse(
             responses=[
@@ -233,16 +234,23 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         ``pr-123`` splits main's blob into pr-123, and one that writes nothing here is refused
         (PERMISSION_DENIED) rather than adding chunks to a namespace it may only read."""
         view = self.gc.authorize(context, Access.READ, request.instance_name)
-        if view.write is None:
-            raise Forbidden(
-                "SplitBlob stores the chunks it cuts, and this call writes no namespace: name "
-                "the credential's write namespace, or none, as the instance name"
-            )
+        into = self.gc.writable(
+            view,
+            Access.WRITE_CAS,
+            "SplitBlob stores the chunks it cuts, and this call writes no namespace: name "
+            "the credential's write namespace, or none, as the instance name",
+        )
         d = request.blob_digest
         reader = self.gc.reader_for(view)
         with self.chunking.one():
             chunks = await chunking.split(
-                self.gc, view.home, check_digest(d), d.size_bytes, reader, into=view.write
+                self.gc,
+                view.home,
+                check_digest(d),
+                d.size_bytes,
+                reader,
+                into=into,
+                writer=view.writer,
             )
         return reapi.SplitBlobResponse(
             chunk_digests=[reapi.Digest(hash=h, size_bytes=n) for h, n in chunks],
@@ -262,7 +270,9 @@ class ContentAddressableStorage(reapi_grpc.ContentAddressableStorageServicer):
         chunks = [(check_digest(c), c.size_bytes) for c in request.chunk_digests]
         reading = (view.home, self.gc.reader_for(view))  # chunks main has count as stored
         with self.chunking.one():
-            await chunking.splice(self.gc, ns, sha256, d.size_bytes, chunks, reading)
+            await chunking.splice(
+                self.gc, ns, sha256, d.size_bytes, chunks, reading, writer=view.writer
+            )
         return reapi.SpliceBlobResponse(blob_digest=d)
 
     @streaming_rpc("GetTree")

@@ -143,9 +143,12 @@ async def split(
     size_bytes: int,
     reader: ArtifactReader | None = None,
     into: str | None = None,
+    *,
+    writer: str,
 ) -> list[Chunk]:
     """The chunks of the stored blob ``sha256`` (of ``size_bytes``) in namespace ``ns``, in
-    order, each stored in the CAS of ``into`` (default ``ns``; module docstring); ``[]`` for
+    order, each stored in the CAS of ``into`` (default ``ns``; module docstring) as written by
+    ``writer`` (``kura.core.provenance``: the caller, whose call cut them); ``[]`` for
     the empty blob. ``reader`` (default the node's) reads the blob: through a call's
     namespaces in order (``kura.storage.overlay``), so a pull request splits main's blob into
     its own namespace.
@@ -183,13 +186,13 @@ async def split(
                         )
                     if storing is not None:
                         await storing
-                    storing = group.create_task(_store_missing(gc, store, window, decided))
+                    storing = group.create_task(_store_missing(gc, store, window, decided, writer))
                     rest = window[sum(size for _, size, _ in decided) :]
                     pending, pending_bytes = [rest], len(rest)
             window = b"".join(pending)
             decided = await asyncio.to_thread(cut, window, True)
             if chunks or len(decided) > 1:  # else its one chunk is the blob itself
-                group.create_task(_store_missing(gc, store, window, decided))
+                group.create_task(_store_missing(gc, store, window, decided, writer))
             chunks.extend((h, size) for _, size, h in decided)
     except ExceptionGroup as failed:
         raise failed.exceptions[0] from None
@@ -197,14 +200,14 @@ async def split(
 
 
 async def _store_missing(
-    gc: GrpcContext, ns: str, window: bytes, decided: Sequence[tuple[int, int, str]]
+    gc: GrpcContext, ns: str, window: bytes, decided: Sequence[tuple[int, int, str]], writer: str
 ) -> None:
     """Store the chunks of ``decided`` (slices of ``window``) that are not stored yet; the
     stored ones are touched (``ArtifactReader.missing``)."""
     first: dict[str, tuple[int, int]] = {}
     for offset, size, sha256 in decided:
         first.setdefault(sha256, (offset, size))
-    refs = [cas_ref(ns, sha256) for sha256 in first]
+    refs = [cas_ref(ns, sha256, writer) for sha256 in first]
     missing = await gc.reader.missing(refs, [size for _, size in first.values()])
     # Stored together, so their commits share durable syncs (``storage.group_commit``); the
     # first failure cancels the others and is raised as itself.
@@ -215,7 +218,7 @@ async def _store_missing(
                 offset, size = first[sha256]
                 group.create_task(
                     gc.writer.put_stream(
-                        ref,
+                        cas_ref(ns, sha256, writer),  # not ``ref``: a reader may drop its writer
                         one_piece(window[offset : offset + size]),
                         declared_length=size,
                         limit_bytes=gc.settings.max_artifact_bytes,
@@ -234,8 +237,11 @@ async def splice(
     size_bytes: int,
     chunks: Sequence[Chunk],
     reading: tuple[str, ArtifactReader] | None = None,
+    *,
+    writer: str,
 ) -> None:
-    """Store blob ``sha256`` (of ``size_bytes``) in ``ns`` as the concatenation of the stored
+    """Store blob ``sha256`` (of ``size_bytes``) in ``ns``, written by ``writer``
+    (``kura.core.provenance``), as the concatenation of the stored
     ``chunks`` (module docstring); a no-op when it is stored already. ``reading`` (namespace,
     reader), default (``ns``, the node's): where the chunks are looked up and read, through a
     call's namespaces in order (``kura.storage.overlay``), so a pull request splices main's
@@ -268,7 +274,7 @@ async def splice(
     if missing:
         names = ", ".join(ref.key.removeprefix("cas/") for ref in missing[:3])
         raise NotFound(f"{len(missing)} of the chunks are not stored: {names}")
-    blob = cas_ref(ns, sha256)
+    blob = cas_ref(ns, sha256, writer)
     if not await gc.reader.missing([blob], [size_bytes]):
         return  # stored already (and touched)
     try:

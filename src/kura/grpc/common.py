@@ -161,6 +161,18 @@ class GrpcContext:
         (``kura.storage.overlay``): the reader itself for one namespace."""
         return overlay_reader(self.reader, view.reads)
 
+    def writable(self, view: NamespaceView, access: Access, refusal: str | None = None) -> str:
+        """The namespace ``view`` writes, for a call whose right (``read``) let it through but
+        which stores (SplitBlob's chunks, a verified download); else ``Forbidden`` (its message
+        ``refusal`` when given), logged as a refusal of ``access`` by ``TokenAuth.log_refusal``
+        like every other."""
+        try:
+            return view.writable
+        except e.Forbidden as exc:
+            refused = exc if refusal is None else e.Forbidden(refusal)
+            self.auth.log_refusal(view.writer, access, refused.message)
+            raise refused from None
+
     def allows(self, context: grpc.aio.ServicerContext[Any, Any], access: Access, ns: str) -> bool:
         """Whether the call's token allows ``access`` to ``ns`` (``TokenAuth.allows``)."""
         return self.auth.allows(_authorization(context), access, lambda: ns)

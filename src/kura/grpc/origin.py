@@ -119,9 +119,10 @@ class OriginDownloads:
         self.slots = asyncio.Semaphore(self.limit)
 
     async def first(
-        self, ns: str, uris: Sequence[str], sri: Sri | None, seconds: float
+        self, ns: str, uris: Sequence[str], sri: Sri | None, seconds: float, *, writer: str
     ) -> tuple[str, Digest]:
-        """The first of ``uris`` (in order) downloaded into ``ns``'s CAS, and its digest, all
+        """The first of ``uris`` (in order) downloaded into ``ns``'s CAS, stored as written by
+        ``writer`` (``kura.core.provenance``: the caller), and its digest, all
         within ``seconds`` (one deadline for the call, however many URIs). The call first takes
         one of the node's ``KURA_ASSET_FETCH_MAX_DOWNLOADS`` slots, waiting at most
         ``SLOT_WAIT_SECONDS`` (and its deadline) for one: ``ResourceExhausted`` past that, with
@@ -141,7 +142,7 @@ class OriginDownloads:
             failed = OriginFailed(grpc.StatusCode.NOT_FOUND, "no URI")
             for uri in uris:
                 try:
-                    return uri, await self.download(ns, uri, sri, deadline, seconds)
+                    return uri, await self.download(ns, uri, sri, deadline, seconds, writer)
                 except OriginFailed as exc:
                     failed, failed.uri = exc, uri
                     if exc.code is grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -151,7 +152,7 @@ class OriginDownloads:
             self.slots.release()
 
     async def download(
-        self, ns: str, uri: str, sri: Sri | None, deadline: float, seconds: float
+        self, ns: str, uri: str, sri: Sri | None, deadline: float, seconds: float, writer: str
     ) -> Digest:
         """Download ``uri`` into namespace ``ns``'s CAS by ``deadline`` (event-loop time, the
         end of the call's ``seconds``); its (sha256 hex, size). Raises ``OriginFailed`` (module
@@ -162,7 +163,7 @@ class OriginDownloads:
             )
         try:
             async with asyncio.timeout_at(deadline):
-                digest = await self._follow(ns, uri, sri)
+                digest = await self._follow(ns, uri, sri, writer)
         except TimeoutError:
             self.downloads.labels("failed").inc()
             raise OriginFailed(
@@ -181,7 +182,7 @@ class OriginDownloads:
         self.downloads.labels("stored").inc()
         return digest
 
-    async def _follow(self, ns: str, uri: str, sri: Sri | None) -> Digest:
+    async def _follow(self, ns: str, uri: str, sri: Sri | None, writer: str) -> Digest:
         for _hop in range(MAX_REDIRECTS + 1):
             origin = origin_of(uri)
             if origin is None:
@@ -227,16 +228,18 @@ class OriginDownloads:
                     raise OriginFailed(
                         grpc.StatusCode.UNAVAILABLE, f"the origin answered {response.status}"
                     )
-                return await self._store(ns, response, sri)
+                return await self._store(ns, response, sri, writer)
         raise OriginFailed(
             grpc.StatusCode.UNAVAILABLE, f"more than {MAX_REDIRECTS} redirects from the origin"
         )
 
-    async def _store(self, ns: str, response: aiohttp.ClientResponse, sri: Sri | None) -> Digest:
+    async def _store(
+        self, ns: str, response: aiohttp.ClientResponse, sri: Sri | None, writer: str
+    ) -> Digest:
         body = _checked(self._paced(response.content), sri)
         try:
             result = await self.gc.writer.put_stream(
-                lambda sha256: cas_ref(ns, sha256),
+                lambda sha256: cas_ref(ns, sha256, writer),
                 body,
                 declared_length=response.content_length,
                 limit_bytes=self.gc.settings.max_artifact_bytes,
