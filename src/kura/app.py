@@ -495,7 +495,11 @@ class Node:
 
     def _admin_context(self) -> AdminContext:
         return AdminContext(
-            self.service.stats, self.settings.namespace_rules, self.service, self.service
+            self.service.stats,
+            self.settings.namespace_rules,
+            self.service,
+            self.service,
+            self.clock,
         )
 
     def build_admin_socket_app(self) -> web.Application:

@@ -8,7 +8,6 @@ routes do from the request's credential.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -38,11 +37,9 @@ CI, EVIL = "token:ci-main", "token:evil"
 
 
 def on(node: NodeProcess, make: Any) -> Any:
-    """Run ``make(node.node)`` (a coroutine) on the in-process node's own event loop."""
+    """``InProcessNode.call`` for the mesh's nodes (typed ``NodeProcess``)."""
     assert isinstance(node, InProcessNode)
-    assert node.node is not None
-    assert node.loop is not None
-    return asyncio.run_coroutine_threadsafe(make(node.node), node.loop).result(30)
+    return node.call(make)
 
 
 def write(node: NodeProcess, writer: str, key: str, body: bytes, namespace: str = "main") -> int:

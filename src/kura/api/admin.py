@@ -2,10 +2,9 @@
 wrote into one (provenance, issue 29 item 4), what one writer wrote, and the purge of exactly
 that. ``kura admin`` (``kura.admin_client``) is their client; every answer is JSON.
 
-* ``GET /_admin/namespaces``: ``{"namespaces": [...], "measured_at"}``, each namespace as last
-  measured by the retention pass (``StorageStats.namespace_usage``: every expiry and eviction
-  pass while ``KURA_NAMESPACE_RULES`` is set; ``measured_at`` None before the first one, and
-  always without rules), largest first: ``namespace``, ``used_bytes``, ``artifacts``, its
+* ``GET /_admin/namespaces``: ``{"namespaces": [...], "measured_at"}``, every namespace with an
+  entry on this node, measured when asked (``Provenance.namespaces``, one scan of the index,
+  O(rows); ``measured_at`` is then), largest first: ``namespace``, ``used_bytes``, ``artifacts``, its
   ``rule`` (``kura.core.namespace_rule``: pattern or ``(default)``, ``max_age_seconds``,
   ``quota_bytes``, ``min_age_seconds``) and the shed age of that rule since the node started
   (``kura_namespace_shed_age_seconds``' histogram, read as it is: the upper bound of the bucket
@@ -46,6 +45,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kit.clock import Clock
 from kura.api.auth import Access
 from kura.api.http import endpoint
 from kura.api.query import parse_decimal
@@ -73,6 +73,7 @@ class AdminContext:
     rules: NamespaceRules
     provenance: Provenance
     writer: ArtifactWriter  # purge_writer
+    clock: Clock  # when a namespace list was measured
 
 
 ADMIN_KEY: web.AppKey[AdminContext] = web.AppKey("kura_admin_context")
@@ -140,8 +141,8 @@ def _rule(rules: NamespaceRules, namespace: str) -> dict[str, Any]:
 @endpoint(PROTOCOL, Access.CLEAN, namespace=lambda _request: None)
 async def list_namespaces(request: web.Request) -> web.StreamResponse:
     a = _admin(request)
-    usage = a.stats.namespace_usage
-    measured = a.stats.namespace_usage_measured_ms
+    measured = a.clock.now_ms()
+    usage = await a.provenance.namespaces()
     rows = []
     for ns, (size, entries) in sorted(usage.items(), key=lambda kv: (-kv[1][0], kv[0])):
         label = a.rules.label(ns)
@@ -158,7 +159,7 @@ async def list_namespaces(request: web.Request) -> web.StreamResponse:
             }
         )
     return web.json_response(
-        {"namespaces": rows, "measured_at": _at(measured) if measured else None}
+        {"namespaces": rows, "measured_at": _at(measured)}
     )
 
 

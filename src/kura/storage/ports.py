@@ -203,6 +203,12 @@ class Provenance(Protocol):
         version first."""
         ...
 
+    async def namespaces(self) -> dict[str, tuple[int, int]]:
+        """Every namespace holding an entry on this node -> (bytes, entries), measured now by
+        one scan of the index (O(rows): about 2 s per million rows without rules, 0.2 s with
+        them, ``storage.namespace_usage``)."""
+        ...
+
 
 class ReplicaApplier(Protocol):
     """Where one streamed copy made elsewhere lands (a peer's, or the bucket's on a fill): the

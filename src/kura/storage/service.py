@@ -364,6 +364,10 @@ class CacheService(ReplicaApply):
         """``writer``'s manifests in ``namespace_id``, newest first, at most ``limit``."""
         return await self._read_index(provenance.written_by, namespace_id, writer, limit)
 
+    async def namespaces(self) -> dict[str, tuple[int, int]]:
+        """Namespace -> (bytes, entries), measured now (``namespace_usage.usage``)."""
+        return await self._read_index(namespace_usage.usage)
+
     # -- paging for peers ----------------------------------------------------------------------
 
     async def manifests_page(self, after: str | None, limit: int) -> list[Manifest]:
