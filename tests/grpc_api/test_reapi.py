@@ -291,3 +291,35 @@ def test_a_blob_stored_with_one_size_is_not_present_for_a_digest_of_another_size
     }
     assert node.staging_files() == []
     assert node.metric("kura_tmp_reserved_bytes") == 0
+
+
+@pytest.mark.parametrize(("offset", "limit"), [(0, 0), (0, 1024 * 1024), (5, 0)])
+def test_a_damaged_blob_is_never_read_whole(
+    grpc_node: tuple[NodeProcess, Reapi], offset: int, limit: int
+) -> None:
+    """A whole Read (each message made on a verifier thread) and ranged ones: damage at the
+    blob's last byte ends the stream NOT_FOUND before its last message, and quarantines the
+    blob (a miss from then on)."""
+    node, c = grpc_node
+    data = os.urandom(3 * 1024 * 1024 + 7)
+    name = blob_name(data)
+    c.write(name, data, chunk=1024 * 1024)
+    assert c.read(name) == data
+    (path,) = node.blob_files()
+    with path.open("r+b") as f:
+        f.seek(len(data) - 1)
+        f.write(bytes([data[-1] ^ 1]))
+    got: list[bytes] = []
+    request = bs.ReadRequest(resource_name=name, read_offset=offset, read_limit=limit)
+
+    def read() -> None:
+        for response in c.bytestream.Read(request, metadata=c.metadata):
+            got.append(response.data)
+
+    with pytest.raises(grpc.RpcError) as info:
+        read()
+    assert info.value.code() is grpc.StatusCode.NOT_FOUND, info.value
+    wanted = data[offset : offset + limit] if limit else data[offset:]
+    assert len(b"".join(got)) < len(wanted)
+    assert wanted.startswith(b"".join(got))
+    assert digest(data).hash in c.find_missing([data])

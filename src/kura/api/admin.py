@@ -158,9 +158,7 @@ async def list_namespaces(request: web.Request) -> web.StreamResponse:
                 "shed_age_median_seconds": _finite(a.stats.shed_ages.quantile_seconds(label, 0.5)),
             }
         )
-    return web.json_response(
-        {"namespaces": rows, "measured_at": _at(measured)}
-    )
+    return web.json_response({"namespaces": rows, "measured_at": _at(measured)})
 
 
 @endpoint(PROTOCOL, Access.CLEAN, namespace=_namespace)

@@ -34,14 +34,14 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import BinaryIO, NoReturn
 
 import aiohttp
 from aiohttp import web
 
 from kura.storage.artifact import StoredBody
-from kura.storage.checksum import SHA256, XXH3_128, new_hasher
+from kura.storage.checksum import SHA256, XXH3_128, Hasher, new_hasher
 from kura.storage.ports import ArtifactReader
 from kura.storage.verify import DigestShare, FileDigest, digest_fd
 
@@ -192,9 +192,25 @@ async def verified_chunks(
     peer download). Raises ``DamagedBlob`` (after reporting the entry) instead of yielding the
     last chunk when the file is short or does not hash to its row's XXH3-128 (when it has one)
     or else its manifest's SHA-256."""
+    async for chunk, _size in verified_frames(service, body, None, chunk_bytes):
+        yield chunk
+
+
+async def verified_frames(
+    service: ArtifactReader,
+    body: StoredBody,
+    frame: Callable[[bytes], bytes] | None,
+    chunk_bytes: int = READ_CHUNK_BYTES,
+) -> AsyncIterator[tuple[bytes, int]]:
+    """``verified_chunks``, each chunk given as ``(frame(chunk), len(chunk))`` (``frame`` None:
+    the chunk itself). A file's chunk is read, hashed and framed in one call on a verifier
+    thread: a sender whose message is a copy of the chunk with a head (``ByteStream.Read``'s
+    ``ReadResponse``) makes that copy there, with the GIL released for large ones, and the
+    event loop hands over one result per chunk."""
     if body.data is not None:
         for i in range(0, len(body.data), chunk_bytes):
-            yield body.data[i : i + chunk_bytes]
+            chunk = body.data[i : i + chunk_bytes]
+            yield (frame(chunk) if frame is not None else chunk), len(chunk)
         return
     f = body.file
     assert f is not None
@@ -204,18 +220,32 @@ async def verified_chunks(
     h = new_hasher(algorithm)
     done = 0
     while done < size:
-        chunk = await loop.run_in_executor(
-            service.verifier.pool, os.pread, f.fileno(), min(chunk_bytes, size - done), done
+        out, n = await loop.run_in_executor(
+            service.verifier.pool,
+            _read_piece,
+            f.fileno(),
+            min(chunk_bytes, size - done),
+            done,
+            h,
+            frame,
         )
-        if not chunk:
+        if not n:
             await report(service, body, f"the file ended after {done} of {size} bytes")
             raise DamagedBlob("short file")
-        h.update(chunk)
-        done += len(chunk)
+        done += n
         if done >= size and h.hexdigest() != want:
             await report(service, body, f"the file hashes to {algorithm} {h.hexdigest()}")
             raise DamagedBlob("digest mismatch")
-        yield chunk
+        yield out, n
+
+
+def _read_piece(
+    fd: int, count: int, offset: int, h: Hasher, frame: Callable[[bytes], bytes] | None
+) -> tuple[bytes, int]:
+    """Verifier thread: ``count`` bytes at ``offset`` of ``fd``, added to ``h``, framed."""
+    chunk = os.pread(fd, count, offset)
+    h.update(chunk)
+    return (frame(chunk) if frame is not None else chunk), len(chunk)
 
 
 def _digest_here(fd: int, size: int, tail: int) -> asyncio.Future[FileDigest]:
