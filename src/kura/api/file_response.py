@@ -40,6 +40,7 @@ from typing import BinaryIO, NoReturn
 import aiohttp
 from aiohttp import web
 
+from kit.thread_calls import finished_in_thread
 from kura.storage.artifact import StoredBody
 from kura.storage.checksum import SHA256, XXH3_128, Hasher, new_hasher
 from kura.storage.ports import ArtifactReader
@@ -76,8 +77,10 @@ async def send_file(
         pass
     sent = 0
     while sent < count:
-        chunk = await asyncio.to_thread(
-            os.pread, f.fileno(), min(READ_CHUNK_BYTES, count - sent), offset + sent
+        chunk = await finished_in_thread(
+            asyncio.to_thread(
+                os.pread, f.fileno(), min(READ_CHUNK_BYTES, count - sent), offset + sent
+            )
         )
         if not chunk:
             break
@@ -220,14 +223,16 @@ async def verified_frames(
     h = new_hasher(algorithm)
     done = 0
     while done < size:
-        out, n = await loop.run_in_executor(
-            service.verifier.pool,
-            _read_piece,
-            f.fileno(),
-            min(chunk_bytes, size - done),
-            done,
-            h,
-            frame,
+        out, n = await finished_in_thread(
+            loop.run_in_executor(
+                service.verifier.pool,
+                _read_piece,
+                f.fileno(),
+                min(chunk_bytes, size - done),
+                done,
+                h,
+                frame,
+            )
         )
         if not n:
             await report(service, body, f"the file ended after {done} of {size} bytes")

@@ -17,6 +17,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import BinaryIO
 
+from kit.thread_calls import finished_in_thread
 from kura.core.manifest import Manifest
 
 MAGIC = b"kura-object 1 "
@@ -40,7 +41,7 @@ async def encode_body(manifest: Manifest, body: bytes | BinaryIO) -> bytes | Asy
     if isinstance(body, bytes):
         return header + body
     if manifest.size <= SINGLE_PUT_BYTES:
-        return header + await asyncio.to_thread(_read_all, body)
+        return header + await finished_in_thread(asyncio.to_thread(_read_all, body))
     return _file_chunks(header, body)
 
 
@@ -91,6 +92,6 @@ def _read_all(f: BinaryIO) -> bytes:
 
 async def _file_chunks(header: bytes, f: BinaryIO) -> AsyncIterator[bytes]:
     yield header
-    await asyncio.to_thread(f.seek, 0)
-    while chunk := await asyncio.to_thread(f.read, READ_CHUNK_BYTES):
+    await finished_in_thread(asyncio.to_thread(f.seek, 0))
+    while chunk := await finished_in_thread(asyncio.to_thread(f.read, READ_CHUNK_BYTES)):
         yield chunk
