@@ -219,7 +219,11 @@ def test_admin_answers_unknown_names_and_an_unreachable_node_with_their_own_exit
     assert unknown.code == 4, unknown
     assert "holds no entry" in unknown.err
     assert admin.run("entries", "main", "token:nobody").code == 4
-    assert admin.run("purge", "main", "--writer", "token:nobody", "--yes").code == 4
+    # A purge is recorded even where the writer holds nothing: its entries may be on a peer
+    # only, and the purge must reach them and block their late copies.
+    nothing = admin.run("purge", "main", "--writer", "token:nobody", "--yes", "--json").json()
+    assert (nothing["entries"], nothing["writer"]) == (0, "token:nobody")
+    assert nothing["version_ms"] > 0
     assert admin.run("writers", "bad/namespace").code == 2
     empty = tmp_path / "not-a-node"
     empty.mkdir()
@@ -322,3 +326,33 @@ def test_with_workers_writes_are_recorded_by_the_primary_and_admin_is_the_primar
             ("token:good", 7),
             ("token:evil", 1),
         ], via
+
+
+OVERLAY_CLEAN = "tok-pr-clean-abcdefghij"
+
+
+def test_an_overlay_credential_with_clean_sees_only_the_namespace_it_writes(
+    tmp_path: Path,
+) -> None:
+    """A pull request's credential that may clean its own namespace lists that one alone, not
+    every team's names, sizes and rules; a node's unlimited admin credential lists them all."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        CREDENTIALS + f"{OVERLAY_CLEAN} name=pr rights=read,write,clean read=pr-123,main "
+        "write=pr-123\n"
+    )
+    node = start_in_process(tmp_path, node_env(tmp_path, tokens_file=credentials))
+    try:
+        put(node, GOOD, "good-1")  # into main
+        with node.client(headers={"Authorization": f"Bearer {OVERLAY_CLEAN}"}) as c:
+            r = c.put("/cache/ccache/pr-1", content=b"the PR's own")  # into pr-123, its overlay
+            assert r.status_code in (200, 201), r.text
+            listed = c.get("/_admin/namespaces")
+            assert listed.status_code == 200, listed.text
+            assert [n["namespace"] for n in listed.json()["namespaces"]] == ["pr-123"]
+            assert c.post("/_admin/purge?namespace=main&writer=token:good").status_code == 403
+        every = Admin.of(node).run("namespaces", "--json", via="url").json()["namespaces"]
+        assert sorted(n["namespace"] for n in every) == ["main", "pr-123"]
+        assert held(node, "good-1")
+    finally:
+        assert node.stop() == 0, node.log()[-3000:]

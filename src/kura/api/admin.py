@@ -23,13 +23,15 @@ that. ``kura admin`` (``kura.admin_client``) is their client; every answer is JS
 ``namespace=`` (empty) is the default namespace ``""``; ``writer=`` (empty) the writer of the
 entries stored before provenance was recorded. A namespace outside the alphabet, a
 writer that is not one (``kura.core.manifest``: visible ASCII, at most 200), or a limit out of
-range is 400; a namespace with no entry on this node, or a writer with none in it, is 404.
+range is 400; the writers of a namespace with no entry on this node, or the entries of a writer
+with none in it, 404 (a purge is recorded whatever this node holds).
 
 Two ways in, one set of handlers:
 
 * on the public port, with a credential holding ``clean`` (401 without one, 403 with another;
   ``kura.api.auth``): an overlay or namespace-limited credential may name only the namespace it
-  writes, as for a clean; nothing changes on a refusal;
+  writes, as for a clean, and its namespace list shows only those (``_visible_to``); nothing
+  changes on a refusal;
 * on the unix socket ``admin.sock`` in the data directory (``ADMIN_SOCKET``), mode 0600,
   created by the primary at start (a stale one, from a crash, replaced) and removed at stop:
   who may open it may administer the node, and no token is asked. A data directory whose path
@@ -39,6 +41,7 @@ Two ways in, one set of handlers:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -47,11 +50,11 @@ from aiohttp import web
 
 from kit.clock import Clock
 from kura.api.auth import Access
-from kura.api.http import endpoint
+from kura.api.http import VIEW_KEY, ctx, endpoint
 from kura.api.query import parse_decimal
 from kura.core.errors import InvalidRequest, NotFound
 from kura.core.keys import NAMESPACE, validate
-from kura.core.manifest import MAX_WRITER_CHARS, Manifest
+from kura.core.manifest import Manifest, writer_of
 from kura.core.namespace_rule import DEFAULT_RULE, NamespaceRules
 from kura.settings import ADMIN_SOCKET as ADMIN_SOCKET  # the app binds it
 from kura.storage.ports import ArtifactWriter, Provenance
@@ -95,11 +98,10 @@ def _writer(request: web.Request) -> str:
     value = request.query.get("writer")
     if value is None:  # empty: the entries written before provenance was recorded
         raise InvalidRequest("name the writer: ?writer=IDENTITY (as `kura admin writers` shows)")
-    if len(value) > MAX_WRITER_CHARS or not all("\x21" <= c <= "\x7e" for c in value):
-        raise InvalidRequest(
-            f"a writer is at most {MAX_WRITER_CHARS} visible ASCII characters (no space)"
-        )
-    return value
+    try:
+        return writer_of(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"a {exc}") from None
 
 
 def _limit(request: web.Request) -> int:
@@ -138,13 +140,27 @@ def _rule(rules: NamespaceRules, namespace: str) -> dict[str, Any]:
     }
 
 
+def _visible_to(request: web.Request) -> Callable[[str], bool]:
+    """Which namespaces the caller's ``clean`` covers, so that the list names only those: with
+    an overlay, the one it writes (its clean's namespace, ``kura.core.overlay``); with a JWT
+    limited to namespaces, those; else every one (the admin socket included)."""
+    view = request.get(VIEW_KEY)
+    if view is not None:  # an overlay credential (a plain one asks no namespace here)
+        return lambda ns: ns == view.write
+    auth, authorization = ctx(request).auth, request.headers.get("Authorization")
+    return lambda ns: auth.allows(authorization, Access.CLEAN, lambda: ns)
+
+
 @endpoint(PROTOCOL, Access.CLEAN, namespace=lambda _request: None)
 async def list_namespaces(request: web.Request) -> web.StreamResponse:
     a = _admin(request)
     measured = a.clock.now_ms()
     usage = await a.provenance.namespaces()
+    visible = _visible_to(request)
     rows = []
     for ns, (size, entries) in sorted(usage.items(), key=lambda kv: (-kv[1][0], kv[0])):
+        if not visible(ns):
+            continue
         label = a.rules.label(ns)
         rows.append(
             {
@@ -210,13 +226,12 @@ async def list_entries(request: web.Request) -> web.StreamResponse:
 
 @endpoint(PROTOCOL, Access.CLEAN, namespace=_namespace)
 async def purge(request: web.Request) -> web.StreamResponse:
-    """Every entry ``writer`` wrote in the namespace, deleted on every node: 404 (nothing
-    deleted) when the writer holds none here."""
+    """Every entry ``writer`` wrote in the namespace, deleted on every node. Recorded and
+    replicated even when the writer holds no entry here (``entries`` 0): its entries may sit
+    on a peer only, not replicated yet, or evicted here, and the purge must still reach them
+    and block their late copies."""
     ns, writer = _namespace(request), _writer(request)
-    a = _admin(request)
-    if not any(w.writer == writer for w in await a.provenance.writers(ns)):
-        raise NotFound(f"writer {writer!r} holds no entry in namespace {ns!r} on this node")
-    done = await a.writer.purge_writer(ns, writer)
+    done = await _admin(request).writer.purge_writer(ns, writer)
     return web.json_response(
         {
             "namespace": ns,
