@@ -172,20 +172,38 @@ def _admin_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     options(admin, True)
     actions = admin.add_subparsers(dest="action", required=True)
-    options(actions.add_parser("namespaces", help="every namespace measured here"), False)
+    namespace_help = 'a namespace, as `kura admin namespaces` shows it ("" the default one)'
+    writer_help = (
+        "a writer, as `kura admin writers` shows it: token:NAME, token:#FINGERPRINT, jwt:SUB, "
+        'anonymous, or "" for the entries shown as (unrecorded)'
+    )
+    listed = actions.add_parser("namespaces", help="every namespace here (what you may clean)")
+    listed.description = "Every namespace with an entry on this node, measured now: bytes, "
+    listed.description += "entries, its rule and shed age (largest first)."
+    options(listed, False)
     writers = actions.add_parser("writers", help='who wrote into NAMESPACE ("" the default)')
-    writers.add_argument("namespace")
+    writers.description = "Each writer of NAMESPACE on this node: entries, bytes, last write."
+    writers.add_argument("namespace", help=namespace_help)
     options(writers, False)
     entries = actions.add_parser("entries", help="what WRITER wrote in NAMESPACE, newest first")
-    entries.add_argument("namespace")
-    entries.add_argument("writer")
-    entries.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+    entries.description = "The newest entries WRITER wrote in NAMESPACE on this node."
+    entries.add_argument("namespace", help=namespace_help)
+    entries.add_argument("writer", help=writer_help)
+    entries.add_argument(
+        "--limit", type=int, default=100, help="at most this many, 1 to 10000 (default 100)"
+    )
     options(entries, False)
     purge = actions.add_parser(
         "purge", help="delete every entry WRITER wrote in NAMESPACE, on every node"
     )
-    purge.add_argument("namespace")
-    purge.add_argument("--writer", required=True, help="as `kura admin writers` shows it")
+    purge.description = (
+        "Deletes every entry WRITER wrote in NAMESPACE at or before now, here, on every peer "
+        "and in the bucket (a replicated clean of that writer; recorded even when this node "
+        "holds none of them). Late copies of them are ignored; the writer's later writes are "
+        "stored as usual (docs/durability.md)."
+    )
+    purge.add_argument("namespace", help=namespace_help)
+    purge.add_argument("--writer", required=True, help=writer_help)
     purge.add_argument("--yes", action="store_true", help="really purge (else: exit 2)")
     options(purge, False)
 
@@ -331,6 +349,13 @@ def admin(args: argparse.Namespace) -> int:
     from kit.fetch import FetchError, Hints, fetch_json
     from kura import console
 
+    if args.token and not args.url and args.token != os.environ.get("KURA_ADMIN_TOKEN"):
+        print(
+            "kura admin: --token is used only with --url (over the data directory's socket no "
+            "token is asked): pass the node's --url too",
+            file=sys.stderr,
+        )
+        return 2
     query: dict[str, object] = {}
     if args.action != "namespaces":
         query["namespace"] = args.namespace

@@ -219,14 +219,7 @@ def render_namespaces(doc: dict[str, Any]) -> str:
         "ENTRIES",
         "BYTES",
     )
-    measured = doc.get("measured_at")
-    note = (
-        f"as measured at {measured} by the retention pass"
-        if measured
-        else "not measured yet: namespaces are measured by the retention pass while "
-        "KURA_NAMESPACE_RULES is set"
-    )
-    return table(headers, rows, numeric=2) + "\n" + note
+    return table(headers, rows, numeric=2) + f"\nmeasured at {doc['measured_at']}"
 
 
 def render_writers(doc: dict[str, Any]) -> str:
@@ -258,8 +251,10 @@ def render_entries(doc: dict[str, Any]) -> str:
 
 def render_purge(doc: dict[str, Any]) -> str:
     """``POST /_admin/purge``'s answer as one sentence."""
+    entries = doc["entries"]
     return (
-        f"purged writer {doc['writer']} from namespace {_shown(doc['namespace'])}: "
-        f"{doc['entries']} entries ({human_bytes(doc['bytes'])}) here, and on every peer and "
-        f"the bucket as they take the purge (version {doc['version_ms']})"
+        f"purged writer {_shown(doc['writer'])} from namespace {_shown(doc['namespace'])} at "
+        f"version {doc['version_ms']}: {entries} {'entry' if entries == 1 else 'entries'} "
+        f"({human_bytes(doc['bytes'])}) deleted here; the purge is queued for this node's "
+        "peers and its bucket, if it has them, which apply it as it reaches them"
     )

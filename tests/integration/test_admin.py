@@ -190,7 +190,8 @@ def test_admin_purges_exactly_the_malicious_writers_entries(admin: Served, via: 
     writers = admin.run("writers", "main", "--json", via=via).json()["writers"]
     assert [w["writer"] for w in writers] == ["token:good"]
     table = admin.run("purge", "main", "--writer", "token:good", "--yes", via=via)
-    assert table.out.startswith("purged writer token:good from namespace main: 2 entries")
+    assert table.out.startswith("purged writer token:good from namespace main at version ")
+    assert ": 2 entries (" in table.out, table.out
 
 
 @pytest.mark.parametrize("token", [None, GOOD, "not-a-token"])
@@ -356,3 +357,11 @@ def test_an_overlay_credential_with_clean_sees_only_the_namespace_it_writes(
         assert held(node, "good-1")
     finally:
         assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_a_token_without_a_url_is_refused_not_ignored(admin: Served) -> None:
+    """``--token`` goes with ``--url``: over the socket it would be silently unused, so a user
+    who meant to reach another node is told (exit 2) instead of being answered by this one."""
+    ran = admin.cli.run("--token", ADMIN, "namespaces", via="socket")
+    assert ran.code == 2, ran
+    assert "--url" in ran.err

@@ -138,6 +138,11 @@ def _bare_name(number: int, fields: list[str]) -> str | None:
             return _name(fields[0].removeprefix("name="))
         except ValueError as exc:
             raise ValueError(f"line {number}: key 'name': {exc}") from None
+    if fields[0].startswith("name="):  # never echoed: a field may be part of a token
+        raise ValueError(
+            f"line {number}: field {len(fields) + 1} follows name=: a token file line is a "
+            "token and an optional name=NAME, a name being one word"
+        )
     raise ValueError(
         f"line {number}: a token must not contain whitespace (a token file line is a token "
         "and an optional name=)"
