@@ -71,7 +71,7 @@ def test_a_token_file_line_may_name_its_token() -> None:
         with pytest.raises(ValueError, match="line 1") as refused:
             parse_credentials(bad, READ_WRITE)
         assert SECRET not in str(refused.value)
-    with pytest.raises(ValueError, match="follows name=: .* a name being one word"):
+    with pytest.raises(ValueError, match=r"follows name=: .* a name being one word"):
         parse_credentials(f"{SECRET} name=ci main\n", READ_WRITE)  # the name, not the token
 
 
