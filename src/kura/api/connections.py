@@ -58,6 +58,7 @@ import logging
 import os
 import resource
 import socket
+import stat
 import time
 from typing import Any
 
@@ -394,11 +395,23 @@ def listening_sockets(
 
 
 def unix_listening_socket(guard: ConnectionGuard, path: str) -> socket.socket:
-    """A bound (not yet listening) ``GuardedSocket`` on the unix socket ``path`` (an old file
-    there is removed first), so the connections made to it count against ``guard``: the
-    workers' forwarded requests (``kura.workers``) hold the primary's descriptors too, and
-    without it N workers could make the primary hold N times its cap. Raises OSError."""
-    with contextlib.suppress(FileNotFoundError):
+    """A bound (not yet listening) ``GuardedSocket`` on the unix socket ``path`` (an old socket
+    there, left by a crash, is removed first), so the connections made to it count against
+    ``guard``: the workers' forwarded requests (``kura.workers``) hold the primary's
+    descriptors too, and without it N workers could make the primary hold N times its cap.
+    Raises OSError, one that names the path when something other than a socket is there (a
+    file, a directory, a symlink: never removed, it is not what a crash leaves)."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(found.st_mode):
+            raise OSError(
+                errno.EEXIST,
+                "something other than a socket is there: move it away, kura makes this socket",
+                path,
+            )
         os.unlink(path)
     sock = GuardedSocket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.guard = guard

@@ -11,10 +11,13 @@ The identity is decided once per request, where its credential is checked
   line): ``token:#`` and the first ``FINGERPRINT_HEX_CHARS`` hex digits of the token's
   SHA-256, a fingerprint an operator can compute from the token they hold
   (``printf %s TOKEN | sha256sum``) and that tells tokens apart without revealing one;
-* a JWT: ``jwt:`` and its ``sub`` claim, visible ASCII with ``%`` and every other byte
-  percent-encoded (so two subjects never share an identity), cut to ``MAX_WRITER_CHARS``
-  characters in all; a JWT without a usable ``sub`` (absent, empty, not a string):
-  ``jwt:#`` and the token's fingerprint;
+* a JWT: ``jwt:`` and its ``sub`` claim, visible ASCII with ``%``, ``#`` and every other
+  byte percent-encoded (so no subject reads as a fingerprint, and two subjects never share an
+  identity); one longer than ``MAX_WRITER_CHARS`` characters in all is cut and ends with
+  ``~`` and the fingerprint of the whole subject (two subjects that differ only past the cut,
+  such as two long branch names, stay apart); a JWT without a usable ``sub`` (absent,
+  empty): ``jwt:#`` and the token's fingerprint (a ``sub`` that is not a string is refused
+  by the JWT check itself, 401: RFC 7519 section 4.1.2 makes it a string);
 * no access control configured: ``anonymous``.
 
 Every identity is at most ``MAX_WRITER_CHARS`` visible ASCII characters, the shape a manifest
@@ -30,8 +33,9 @@ from kura.core.manifest import MAX_WRITER_CHARS
 
 ANONYMOUS = "anonymous"
 FINGERPRINT_HEX_CHARS = 12
-# What a JWT subject keeps as it is: visible ASCII but '%', the escape character itself.
-_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+# What a JWT subject keeps as it is: visible ASCII but '%', the escape character itself, and
+# '#', which marks a fingerprint.
+_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in "%#")
 
 
 def fingerprint(token: str) -> str:
@@ -52,6 +56,9 @@ def of_jwt(subject: object, token: str) -> str:
     """A JWT's identity from its ``sub`` claim (any JSON value: only a non-empty string is
     used), else from the token's fingerprint."""
     if isinstance(subject, str) and subject:
-        encoded = quote(subject, safe=_SAFE, encoding="utf-8", errors="surrogateescape")
-        return f"jwt:{encoded}"[:MAX_WRITER_CHARS]
+        encoded = f"jwt:{quote(subject, safe=_SAFE, encoding='utf-8', errors='surrogateescape')}"
+        if len(encoded) <= MAX_WRITER_CHARS:
+            return encoded
+        tail = f"~{fingerprint(subject)}"
+        return encoded[: MAX_WRITER_CHARS - len(tail)] + tail
     return f"jwt:#{fingerprint(token)}"
