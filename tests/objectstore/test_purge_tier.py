@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -101,16 +102,16 @@ class WrittenAfterListing(ObjectStore):
 
 @contextlib.asynccontextmanager
 async def two_nodes(
-    tmp_path: Path, bucket: ObjectStore
+    tmp_path: Path, bucket: ObjectStore, **tier_settings: int
 ) -> AsyncIterator[tuple[list[CacheService], list[ObjectTier], Callable[[int], Awaitable[None]]]]:
-    """Nodes a and b sharing ``bucket``, their tiers not running; ``drain(i)`` runs node i's
-    uploader until its queue is empty (it keeps running)."""
+    """Nodes a and b sharing ``bucket``, their tiers (``tier_settings``) not running;
+    ``drain(i)`` runs node i's uploader until its queue is empty (it keeps running)."""
     tiers: list[ObjectTier] = []
     nodes = [
         make_store(tmp_path / name, bucket=True, outbox_written=lambda i=i: tiers[i].wake())
         for i, name in enumerate("ab")
     ]
-    tiers += [ObjectTier(n, bucket, SystemClock()) for n in nodes]
+    tiers += [ObjectTier(n, bucket, SystemClock(), **tier_settings) for n in nodes]
     running: dict[int, asyncio.Task[None]] = {}
 
     async def drain(i: int) -> None:
@@ -203,3 +204,21 @@ async def test_a_purge_of_the_empty_writer_keeps_objects_that_are_not_kuras(
         assert (await a.purge_writer("main", "")).entries == 1
         await drain(0)
         assert await _writers(bucket, "main") == {foreign: None}  # the anonymous one went
+
+
+async def test_a_bucket_purge_deletes_at_the_expiry_pace(
+    seaweedfs: SeaweedFS, tmp_path: Path
+) -> None:
+    """KURA_EXPIRY_MAX_DELETES_PER_SECOND=2, batches of one: three victims take 1.5 s at least
+    (unpaced, one request deleted them all at once)."""
+    bucket = store_for(seaweedfs, "paced")
+    paced = {"max_deletes_per_second": 2, "delete_batch_size": 1}
+    async with two_nodes(tmp_path, bucket, **paced) as ([a, _b], _tiers, drain):
+        for i in range(3):
+            await _put(a, EVIL, f"evil-{i}", b"bad %d" % i)
+        await drain(0)
+        await a.purge_writer("main", EVIL)
+        started = time.monotonic()
+        await drain(0)
+        assert time.monotonic() - started >= 1.5
+        assert await _writers(bucket, "main") == {}
