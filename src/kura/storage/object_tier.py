@@ -413,8 +413,8 @@ class ObjectTier:
         async for batch in batches:
             deleted += len(batch)
         log.info(
-            "object store: purged writer %r in namespace %r (%d objects, %d kept: written "
-            "again since the listing)",
+            "object store: purged writer %r in namespace %r (%d objects; %d more were written "
+            "again or deleted since the listing)",
             writer,
             namespace_id,
             deleted,
