@@ -285,6 +285,8 @@ class Node:
                 ObjectStore(config, clock=self.clock),
                 self.clock,
                 backoff_max_seconds=settings.replication_backoff_max_ms / 1000,
+                max_deletes_per_second=settings.expiry_max_deletes_per_second,
+                delete_batch_size=settings.expiry_batch_size,
             )
             # bucket expiry (docs/object-storage.md#expiry), with ages and quotas per namespace
             if retention_in_bucket(settings.namespace_rules, settings.max_age_seconds):

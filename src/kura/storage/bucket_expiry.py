@@ -34,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
 
 from kit.backoff import every
 from kit.clock import Clock
@@ -60,7 +61,45 @@ from kura.storage.service import CacheService
 
 log = logging.getLogger(__name__)
 
-CHECKS = 8  # HEADs in flight while a batch is re-checked
+CHECKS = 8  # victims re-checked at once (each with one or two requests) before a batch
+
+T = TypeVar("T")
+
+
+async def rechecked(batch: Sequence[T], still: Callable[[T], Awaitable[T | None]]) -> list[T]:
+    """What ``still`` answers for each victim of ``batch`` (``CHECKS`` at once), in order,
+    without the None ones: the victims a fresh read just before their deletion keeps doomed.
+    Raises what ``still`` raises (ObjectStoreError)."""
+    sem = asyncio.Semaphore(CHECKS)
+
+    async def one(victim: T) -> T | None:
+        async with sem:
+            return await still(victim)
+
+    return [v for v in await asyncio.gather(*(one(v) for v in batch)) if v is not None]
+
+
+async def paced_deletes(
+    store: ObjectStore,
+    victims: Sequence[T],
+    recheck: Callable[[list[T]], Awaitable[list[T]]],
+    keys: Callable[[T], Iterable[str | None]],
+    pace: Pace,
+    batch_size: int,
+) -> AsyncIterator[list[T]]:
+    """Delete ``victims`` from ``store`` in batches of ``batch_size``, in order: each batch is
+    re-checked just before (``recheck`` returns the victims still to delete; the window left is
+    one read, as S3 has no conditional delete), its survivors' ``keys`` deleted in one request,
+    and the batch yielded; then ``pace`` waits so that at most its rate of victims per second go
+    (``KURA_EXPIRY_MAX_DELETES_PER_SECOND``). Bucket expiry and a writer's purge
+    (``ObjectTier``) both delete this way. Raises ObjectStoreError (what was deleted stays)."""
+    for start in range(0, len(victims), batch_size):
+        batch = await recheck(list(victims[start : start + batch_size]))
+        doomed = [k for v in batch for k in keys(v) if k is not None]
+        if doomed:
+            await store.delete_many(doomed)
+        yield batch
+        await pace.wait(min(start + batch_size, len(victims)))
 
 
 def pending_uploads(conn: sqlite3.Connection) -> set[str]:
@@ -185,11 +224,15 @@ class BucketExpiry:
         )
         aged = 0  # deleted for age; the rest of ``deleted`` for a quota
         deleted = 0
-        for start in range(0, len(victims), self.batch_size):
-            batch = await self._recheck(victims[start : start + self.batch_size], cutoff_ms)
-            keys = [k for v in batch for k in (v.object_key, v.marker_key) if k is not None]
-            if keys:
-                await self._store.delete_many(keys)
+        batches = paced_deletes(
+            self._store,
+            victims,
+            lambda batch: self._recheck(batch, cutoff_ms),
+            lambda v: (v.object_key, v.marker_key),
+            pace,
+            self.batch_size,
+        )
+        async for batch in batches:
             gone = [(v.object_key, v.reason) for v in batch if v.object_key is not None]
             for key, reason in gone:
                 self._count(namespace_of(tenant, key), reason, sizes[key])
@@ -197,8 +240,6 @@ class BucketExpiry:
             self.stats.markers_deleted_total += len(batch) - len(gone)
             deleted += len(gone)
             aged += sum(1 for _key, reason in gone if reason == MAX_AGE)
-            done = min(start + self.batch_size, len(victims))
-            await pace.wait(done)
         self.stats.passes_total += 1
         if deleted:
             log.info(
@@ -225,13 +266,9 @@ class BucketExpiry:
         an expired one still unused past its cut-off, for an over-quota one not used since the
         listing."""
         pending = await self._service._read_index(pending_uploads)
-        sem = asyncio.Semaphore(CHECKS)
 
         async def modified(key: str | None) -> int | None:
-            if key is None:
-                return None
-            async with sem:
-                return await self._store.modified_ms(key)
+            return None if key is None else await self._store.modified_ms(key)
 
         async def still(v: Victim) -> Victim | None:
             if v.object_key is not None and artifact_of(v.object_key) in pending:
@@ -249,8 +286,7 @@ class BucketExpiry:
                 return None
             return v
 
-        checked = await asyncio.gather(*(still(v) for v in batch))
-        kept = [v for v in checked if v is not None]
+        kept = await rechecked(batch, still)
         self.stats.kept_total += len(batch) - len(kept)
         return kept
 

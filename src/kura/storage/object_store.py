@@ -197,9 +197,10 @@ class ObjectStore:
         found = await self.stored_header(key)
         return None if found is None else found[0]
 
-    async def stored_header(self, key: str) -> tuple[int, str] | None:
+    async def stored_header(self, key: str) -> tuple[int, str | None] | None:
         """``(version_ms, writer)`` of the object at ``key``, as ``stored_version_ms`` reads it
-        (``(0, "")`` for an object that is not kura's, None when absent)."""
+        (``(0, None)`` for an object that is not kura's: no writer, not even ``""``, the
+        anonymous one; None when absent)."""
         try:
             result = await self._call(
                 "get",
@@ -215,7 +216,7 @@ class ObjectStore:
                 got = await self.get(key)  # a header above 64 KiB (stored headers): read it whole
             except NotKuraObject as exc:
                 log.warning("%s; a write or clean replaces it", exc)
-                return 0, ""
+                return 0, None
             if got is None:
                 return None
             manifest = got[0]

@@ -43,8 +43,14 @@ The rules (docs/object-storage.md states them for operators):
   header says its version is at or below the tombstone (a newer write by another node stays).
   A purge of one writer's entries (``CacheService.purge_writer``) lists the same prefix and
   reads each object's header: those of that writer at or below the purge's version are
-  deleted (one ranged GET per object of the namespace: a purge is an operator's rare act). A
-  fill of an older copy of that writer is then ignored by the version rule, as under a clean.
+  deleted (one ranged GET per object of the namespace: a purge is an operator's rare act;
+  an object without kura's header is nobody's and stays). They are deleted as bucket expiry
+  deletes, in batches paced by ``KURA_EXPIRY_MAX_DELETES_PER_SECOND``, each victim's header
+  read again just before, so another writer's newer upload of the key since the listing is
+  kept. A fill of an older copy of that writer is then ignored by the version rule, as under
+  a clean. Every node that applies a purge, a peer's too, sends it to the bucket
+  (``purge_writer``): an upload queued on a peer before the purge reached it lands after the
+  first bucket purge, and its own purge, queued behind that upload, deletes it.
 """
 
 from __future__ import annotations
@@ -55,9 +61,11 @@ import logging
 
 from kit.backoff import Backoff, every
 from kit.clock import Clock
+from kit.pace import Pace
 from kura.core.errors import KuraError, NotFound
 from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
 from kura.core.version import ApplyOutcome, ahead_of_skew_ms
+from kura.storage.bucket_expiry import paced_deletes, rechecked
 from kura.storage.bucket_heal import BucketHeal
 from kura.storage.fill import Filled
 from kura.storage.object_store import CircuitOpen, ObjectStore, ObjectStoreError
@@ -83,8 +91,14 @@ class ObjectTier:
         store: ObjectStore,
         clock: Clock,
         backoff_max_seconds: float = 30.0,
+        *,
+        max_deletes_per_second: int = 200,
+        delete_batch_size: int = 100,
     ) -> None:
         self.service = service
+        # A purge's deletions, paced as bucket expiry's (KURA_EXPIRY_MAX_DELETES_PER_SECOND)
+        self.max_deletes_per_second = max_deletes_per_second
+        self.delete_batch_size = min(delete_batch_size, max_deletes_per_second)
         self._outbox: OutboxLog = service.replica_log  # its queue of uploads (OUTBOX_TARGET)
         self.store = store
         self.clock = clock
@@ -373,20 +387,38 @@ class ObjectTier:
 
     async def _purge_writer(self, namespace_id: str, writer: str, version_ms: int) -> None:
         """Delete ``writer``'s objects of ``namespace_id`` at or below ``version_ms`` (each
-        object's header says whose it is)."""
+        object's header says whose it is; an object without kura's header is nobody's). Paced
+        and re-checked as bucket expiry deletes (``bucket_expiry.paced_deletes``): an object
+        another writer replaced since the listing is kept."""
         prefix = namespace_prefix(self.service.tenant_id, namespace_id)
+
+        async def still(key: str) -> str | None:
+            header = await self.store.stored_header(key)
+            doomed = header is not None and header[1] == writer and header[0] <= version_ms
+            return key if doomed else None
+
         victims = []
         async for page in self.store.list_prefix(prefix):
-            for obj in page:
-                header = await self.store.stored_header(obj.key)
-                if header is not None and header[1] == writer and header[0] <= version_ms:
-                    victims.append(obj.key)
-        await self.store.delete_many(victims)
+            victims += await rechecked([obj.key for obj in page], still)
+        pace = Pace(self.max_deletes_per_second, self.clock.monotonic)
+        deleted = 0
+        batches = paced_deletes(
+            self.store,
+            victims,
+            lambda batch: rechecked(batch, still),
+            lambda key: (key,),
+            pace,
+            self.delete_batch_size,
+        )
+        async for batch in batches:
+            deleted += len(batch)
         log.info(
-            "object store: purged writer %r in namespace %r (%d objects)",
+            "object store: purged writer %r in namespace %r (%d objects; %d more were written "
+            "again or deleted since the listing)",
             writer,
             namespace_id,
-            len(victims),
+            deleted,
+            len(victims) - deleted,
         )
 
     def _disk_full(self) -> bool:

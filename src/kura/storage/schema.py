@@ -14,7 +14,7 @@ added provenance (issue 29): ``artifacts.writer`` (who wrote the version, carrie
 manifest read from the index) and ``artifacts.via`` (how a copy reached this node: ``''`` for a
 local write, else the internal URL of the peer it came from, or the apply path when no peer
 is known, ``object_store``, ``replication``; local only, never replicated), both NULL for older rows and read as ``''``; and the ``purges`` table
-(``storage.purges``). A version-3 or older file opened read-only reads through a temporary view
+(``storage.provenance``). A version-3 or older file opened read-only reads through a temporary view
 that adds the two columns as ``''`` (``compat_view``).
 
 Nothing here opens a connection: every function takes the caller's.
@@ -79,7 +79,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     version_ms     INTEGER NOT NULL,
     enqueued_at_ms INTEGER NOT NULL
 );
--- One row per purge of a writer's entries (storage.purges): held in memory, a handful of rows.
+-- One row per purge of a writer's entries (storage.provenance): held in memory, a handful of rows.
 CREATE TABLE IF NOT EXISTS purges (
     namespace_id TEXT NOT NULL,
     writer       TEXT NOT NULL,

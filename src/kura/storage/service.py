@@ -142,6 +142,7 @@ class CacheService(ReplicaApply):
         # goes to it too, and an artifact write to it alone.
         self._replication_targets = (lambda: [*targets(), OUTBOX_TARGET]) if bucket else targets
         self._artifact_targets = (lambda: (OUTBOX_TARGET,)) if bucket else targets
+        self._bucket_targets = (OUTBOX_TARGET,) if bucket else ()
         self._outbox_written = outbox_written
         self._eviction_floor_ms = eviction_floor_ms
         self._touched = touched

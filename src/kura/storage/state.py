@@ -133,6 +133,7 @@ class StorageState:
     # What replication asks of a local write, given at construction (``CacheService``).
     _replication_targets: Callable[[], Sequence[str]]
     _artifact_targets: Callable[[], Sequence[str]]
+    _bucket_targets: Sequence[str]  # (OUTBOX_TARGET,) with the object-storage tier, else ()
     _outbox_written: Callable[[], None]
     _eviction_floor_ms: Callable[[], int | None]
     _touched: Callable[[Mapping[str, int]], None]

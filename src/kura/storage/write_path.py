@@ -224,11 +224,14 @@ class WritePath(Eviction):
         """Delete every entry ``writer`` wrote in ``namespace_id`` at or below ``version_ms``
         (default: a new local version) and record the purge, in one transaction; a local purge
         is enqueued for every replication target (the peers, which apply the same purge, and
-        the bucket, which deletes that writer's objects), a peer's is not. From then on a copy
-        of that writer's in that namespace at or below the version is ignored, wherever it
-        comes from (a replica in flight, a bootstrap page, anti-entropy, the bucket), as a
-        namespace tombstone ignores older copies; a later write by the writer gets a newer
-        version and is stored. LWW keeps one version per key: a key whose newest version was
+        the bucket, which deletes that writer's objects), a peer's for the bucket only: an
+        upload of that writer's queued here before the purge arrived may have reached the
+        bucket after the first node's bucket purge, and this node's queue drains in order, so
+        its purge runs after that upload (a repeated bucket purge deletes nothing more). From
+        then on a copy of that writer's in that namespace at or below the version is ignored,
+        wherever it comes from (a replica in flight, a bootstrap page, anti-entropy, the
+        bucket), as a namespace tombstone ignores older copies; a later write by the writer
+        gets a newer version and is stored. LWW keeps one version per key: a key whose newest version was
         the writer's is a miss afterwards, even if another writer's older version existed.
 
         Returns the purge (its version, the entries and bytes deleted here); logged at INFO
@@ -239,7 +242,8 @@ class WritePath(Eviction):
         self._check_writable()
         if source != "local" and version_ms is not None:
             self._admit(version_ms, source, f"purge of {writer!r} in namespace {namespace_id!r}")
-        peers: Sequence[str] = self._replication_targets() if source == "local" else ()
+        local = source == "local"
+        peers: Sequence[str] = self._replication_targets() if local else self._bucket_targets
         purge = await self._in(
             self._writer, self._purge_writer_sync, namespace_id, writer, version_ms, peers
         )
