@@ -290,6 +290,18 @@ class TokenAuth:
                 found = credential
         return found
 
+    def writable(self, view: NamespaceView, access: Access, refusal: str | None = None) -> str:
+        """The namespace ``view`` writes, for a request whose right let it through and which
+        stores (an HTTP route's ``write_ref``; SplitBlob's chunks, a verified download over
+        gRPC); else ``Forbidden`` (its message ``refusal`` when given), logged as a refusal of
+        ``access`` (``log_refusal``) like every other."""
+        try:
+            return view.writable
+        except Forbidden as exc:
+            refused = exc if refusal is None else Forbidden(refusal)
+            self.log_refusal(view.writer, access, refused.message)
+            raise refused from None
+
     def log_refusal(self, writer: str, access: Access, reason: str) -> None:
         """Log a refusal (issue 29 item 4: every refused write, and every other refusal of a
         credential this node believes) as one WARNING line naming ``writer`` (the credential's

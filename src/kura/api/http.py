@@ -40,7 +40,6 @@ from kura.api.malformed import (
 from kura.api.metrics import KuraMetrics
 from kura.api.query import parse_decimal
 from kura.core.errors import (
-    Forbidden,
     ForwardToPrimary,
     IncompleteBody,
     InvalidRequest,
@@ -159,12 +158,7 @@ def write_ref(request: web.Request, producer: str, key: str) -> ArtifactRef:
     """``key`` of ``producer`` in the namespace the request writes, written by the request's
     credential (``NamespaceView.writer``, recorded in the manifest: ``kura.core.provenance``)."""
     view = namespaces(request)
-    try:
-        ns = view.writable
-    except Forbidden as exc:  # a route whose right let it through stores (every refusal logged)
-        ctx(request).auth.log_refusal(view.writer, Access.WRITE, exc.message)
-        raise
-    return ArtifactRef(producer, ns, key, view.writer)
+    return ArtifactRef(producer, ctx(request).auth.writable(view, Access.WRITE), key, view.writer)
 
 
 SPEC_ATTR = "kura_endpoint_spec"

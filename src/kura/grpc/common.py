@@ -162,16 +162,10 @@ class GrpcContext:
         return overlay_reader(self.reader, view.reads)
 
     def writable(self, view: NamespaceView, access: Access, refusal: str | None = None) -> str:
-        """The namespace ``view`` writes, for a call whose right (``read``) let it through but
-        which stores (SplitBlob's chunks, a verified download); else ``Forbidden`` (its message
-        ``refusal`` when given), logged as a refusal of ``access`` by ``TokenAuth.log_refusal``
-        like every other."""
-        try:
-            return view.writable
-        except e.Forbidden as exc:
-            refused = exc if refusal is None else e.Forbidden(refusal)
-            self.auth.log_refusal(view.writer, access, refused.message)
-            raise refused from None
+        """``TokenAuth.writable``: the namespace ``view`` writes, for a call whose right
+        (``read``) let it through but which stores (SplitBlob's chunks, a verified download);
+        a refusal logged like every other."""
+        return self.auth.writable(view, access, refusal)
 
     def allows(self, context: grpc.aio.ServicerContext[Any, Any], access: Access, ns: str) -> bool:
         """Whether the call's token allows ``access`` to ``ns`` (``TokenAuth.allows``)."""
