@@ -23,16 +23,17 @@ from kura.storage.artifact import StoredBody
 
 
 def test_a_cancelled_caller_waits_for_its_threads_call_to_end() -> None:
-    ended = threading.Event()
+    started, ended = threading.Event(), threading.Event()
 
     def slow() -> int:
+        started.set()
         time.sleep(0.3)
         ended.set()
         return 1
 
     async def main() -> None:
         task = asyncio.ensure_future(finished_in_thread(asyncio.to_thread(slow)))
-        await asyncio.sleep(0.05)  # the call is running on its thread
+        await asyncio.to_thread(started.wait, 10)  # the call is running on its thread
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -46,9 +47,12 @@ def test_a_read_closed_mid_blob_leaves_no_thread_reading_its_file(tmp_path: Path
     path = tmp_path / "blob"
     path.write_bytes(data)
     framing: list[str] = []
+    second = threading.Event()
 
     def slow_frame(chunk: bytes) -> bytes:  # runs on the verifier thread, as read_response does
         framing.append("start")
+        if len(framing) > 2:
+            second.set()
         time.sleep(0.2)
         framing.append("end")
         return chunk
@@ -66,7 +70,7 @@ def test_a_read_closed_mid_blob_leaves_no_thread_reading_its_file(tmp_path: Path
                 frames = read_ahead(verified_frames(service, body, slow_frame, 1024 * 1024))
                 first, size = await anext(frames)
                 assert size == len(first) == 1024 * 1024
-                await asyncio.sleep(0.05)  # the next chunk is being framed on the thread
+                await asyncio.to_thread(second.wait, 10)  # the next chunk is being framed
                 await frames.aclose()  # type: ignore[attr-defined]
                 assert framing[-1] == "end", framing  # nothing runs on the file from here
 
