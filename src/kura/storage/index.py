@@ -409,10 +409,7 @@ class MetadataIndex:
         conn = self._conn()
         artifact_ids = list(artifact_ids)
         with write_transaction(conn):
-            digests.apply(conn, digests.rows_of(conn, artifact_ids), ())
-            conn.executemany(
-                "DELETE FROM artifacts WHERE artifact_id = ?", ((a,) for a in artifact_ids)
-            )
+            _drop_rows(conn, artifact_ids)
 
     def apply_tombstone(
         self, namespace_id: str, version_ms: int, now_ms: int, outbox_peers: Sequence[str] = ()
@@ -442,10 +439,7 @@ class MetadataIndex:
                     (namespace_id, version_ms),
                 )
             ]
-            digests.apply(conn, digests.rows_of(conn, [v[0] for v in victims]), ())
-            conn.executemany(
-                "DELETE FROM artifacts WHERE artifact_id = ?", ((v[0],) for v in victims)
-            )
+            _drop_rows(conn, [v[0] for v in victims])
             conn.executemany(
                 "INSERT INTO outbox (peer, kind, namespace_id, version_ms, enqueued_at_ms) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -471,10 +465,7 @@ class MetadataIndex:
             victims = provenance.apply_purge(conn, namespace_id, writer, version_ms)
             if victims is None:
                 return None
-            digests.apply(conn, digests.rows_of(conn, [v[0] for v in victims]), ())
-            conn.executemany(
-                "DELETE FROM artifacts WHERE artifact_id = ?", ((v[0],) for v in victims)
-            )
+            _drop_rows(conn, [v[0] for v in victims])
             conn.executemany(
                 "INSERT INTO outbox (peer, kind, artifact_id, namespace_id, version_ms, "
                 "enqueued_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
@@ -516,3 +507,10 @@ class MetadataIndex:
                 "AND sha256 = ? AND size = ? AND xxh3_128 IS NULL",
                 rows,
             )
+
+
+def _drop_rows(conn: sqlite3.Connection, artifact_ids: list[str]) -> None:
+    """Inside the caller's transaction: delete the rows of ``artifact_ids`` and take them out of
+    the range digests (a delete, a namespace tombstone's victims, a purge's)."""
+    digests.apply(conn, digests.rows_of(conn, artifact_ids), ())
+    conn.executemany("DELETE FROM artifacts WHERE artifact_id = ?", ((a,) for a in artifact_ids))
