@@ -18,10 +18,12 @@ import pytest
 
 from kit.clock import ManualClock
 from kit.wait import wait_until_async
+from kura.core.errors import InsufficientStorage
 from kura.core.version import ApplyOutcome
 from kura.mesh.catch_up import CatchUp
 from kura.mesh.client import PeerClient
 from kura.mesh.wire import MANIFEST_HEADER, OUTCOME_HEADER, encode_manifest
+from kura.storage import provenance
 from kura.storage.artifact import ArtifactRef, WriterUsage
 from kura.storage.outbox import PURGE_WRITER
 from kura.storage.service import CacheService
@@ -304,3 +306,50 @@ def test_a_malformed_purge_from_a_peer_is_refused_and_purges_nothing(
     )
     assert r.status_code == 204  # older than the entry: recorded, deletes nothing
     assert rows(node) == {"e": (EVIL, "", 4)}
+
+
+async def test_a_node_records_at_most_its_cap_of_purges_and_a_clean_drops_those_it_covers(
+    store: CacheService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Purges are recorded even when nothing matches (module docstring of
+    ``storage.provenance``), so a caller with ``clean`` naming made-up writers could add rows
+    without limit: past ``MAX_RECORDED_PURGES`` a local purge of a new pair is refused (507)
+    and records nothing; purging a pair again, and a peer's purge, still go through. A
+    namespace clean drops the namespace's purges at or below it, which frees the room, and a
+    purge at or below the clean is not recorded again."""
+    monkeypatch.setattr(provenance, "MAX_RECORDED_PURGES", 3)
+    await _put(store, EVIL, "k", b"evil")
+    for i in range(2):
+        await store.purge_writer("pr-1", f"token:made-up-{i}")
+    first = await store.purge_writer("main", EVIL)
+    assert first.entries == 1
+    with pytest.raises(InsufficientStorage, match="recorded 3 purges, the most it keeps"):
+        await store.purge_writer("main", "token:one-more")
+    assert len(_purge_rows(store)) == 3
+    assert ("main", "token:one-more") not in store._require_index().purges
+    again = await store.purge_writer("main", EVIL)  # the same pair: replaced, allowed
+    assert again.version_ms > first.version_ms
+    peers = await store.purge_writer("main", "token:from-a-peer", again.version_ms, source="peer")
+    assert peers.version_ms == again.version_ms
+    assert len(_purge_rows(store)) == 4
+    # A clean of pr-1 covers its two purges: dropped, in the table and in memory.
+    clean = await store.delete_namespace("pr-1")
+    assert set(_purge_rows(store)) == {("main", EVIL), ("main", "token:from-a-peer")}
+    assert set(store._require_index().purges) == set(_purge_rows(store))
+    assert store._require_index().covered("pr-1", "token:made-up-0") == clean
+    # A peer's purge of pr-1 at or below the clean is covered already: not recorded.
+    late = await store.purge_writer("pr-1", "token:late", clean - 1, source="peer")
+    assert late.entries == 0
+    assert ("pr-1", "token:late") not in _purge_rows(store)
+    # Below the cap again (2 rows of 3): a new local purge goes through.
+    await store.purge_writer("main", "token:one-more")
+    assert ("main", "token:one-more") in _purge_rows(store)
+
+
+def _purge_rows(store: CacheService) -> dict[tuple[str, str], int]:
+    """The ``purges`` table as it is on disk."""
+    conn = sqlite3.connect(f"file:{store.files.data_dir / 'index.sqlite3'}?mode=ro", uri=True)
+    try:
+        return {(str(n), str(w)): int(v) for n, w, v in conn.execute("SELECT * FROM purges")}
+    finally:
+        conn.close()

@@ -414,8 +414,9 @@ class MetadataIndex:
     def apply_tombstone(
         self, namespace_id: str, version_ms: int, now_ms: int, outbox_peers: Sequence[str] = ()
     ) -> list[tuple[str, int, bool]] | None:
-        """Raise the namespace tombstone to ``version_ms``, delete the namespace's artifacts at or
-        below it and enqueue the delete for ``outbox_peers``, in one transaction.
+        """Raise the namespace tombstone to ``version_ms``, delete the namespace's artifacts and
+        the purges it covers at or below it (``provenance.drop_covered``) and enqueue the
+        delete for ``outbox_peers``, in one transaction.
 
         Returns the deleted (artifact_id, size, inline) rows, or None when a tombstone at or
         above ``version_ms`` already existed (nothing changes, nothing is enqueued).
@@ -440,12 +441,16 @@ class MetadataIndex:
                 )
             ]
             _drop_rows(conn, [v[0] for v in victims])
+            provenance.drop_covered(conn, namespace_id, version_ms)
             conn.executemany(
                 "INSERT INTO outbox (peer, kind, namespace_id, version_ms, enqueued_at_ms) "
                 "VALUES (?, ?, ?, ?, ?)",
                 ((p, DELETE_NAMESPACE, namespace_id, version_ms, now_ms) for p in outbox_peers),
             )
-            return victims
+        self.purges = {  # once committed
+            key: v for key, v in self.purges.items() if key[0] != namespace_id or v > version_ms
+        }
+        return victims
 
     def apply_purge(
         self,

@@ -11,12 +11,21 @@ namespace) on a reader thread). Every function takes the caller's connection.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 
+from kura.core.errors import InsufficientStorage
 from kura.core.manifest import Manifest
 from kura.storage.artifact import WriterUsage
 from kura.storage.schema import COLUMNS, row_to_manifest
 
 LOCAL_VIA = "local"
+# The most purges a node records by its own hand: every purge is held in memory and enqueued
+# for every peer, and one is recorded even when nothing matches it (the writer's entries may
+# sit on a peer only), so without a bound a caller with ``clean`` could add rows without
+# limit by naming writers that never wrote. A peer's purge is applied past it, so that the
+# mesh agrees; the mesh then holds at most this many per node. A namespace clean drops the
+# purges it covers (``drop_covered``).
+MAX_RECORDED_PURGES = 10_000
 
 
 def load_purges(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
@@ -29,17 +38,42 @@ def load_purges(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
     return {(str(ns), str(w)): int(v) for ns, w, v in rows}
 
 
+def check_room(purges: Mapping[tuple[str, str], int], namespace_id: str, writer: str) -> None:
+    """Before a local purge: ``InsufficientStorage`` (507) when ``purges`` (the node's
+    recorded purges) already holds ``MAX_RECORDED_PURGES`` and none of ``writer`` in
+    ``namespace_id`` (purging again replaces that row)."""
+    if (namespace_id, writer) in purges or len(purges) < MAX_RECORDED_PURGES:
+        return
+    raise InsufficientStorage(
+        f"this node has recorded {len(purges)} purges, the most it keeps "
+        f"({MAX_RECORDED_PURGES}); a namespace clean drops the purges recorded in that "
+        "namespace (DELETE /ns/<namespace>/cache), and purging a writer already purged "
+        "there is allowed"
+    )
+
+
+def drop_covered(conn: sqlite3.Connection, namespace_id: str, version_ms: int) -> None:
+    """Inside the caller's transaction (a namespace tombstone raised to ``version_ms``): delete
+    the namespace's purges at or below it, which the tombstone covers (every copy at or
+    below ``version_ms`` is ignored anyway)."""
+    conn.execute(
+        "DELETE FROM purges WHERE namespace_id = ? AND version_ms <= ?", (namespace_id, version_ms)
+    )
+
+
 def apply_purge(
     conn: sqlite3.Connection, namespace_id: str, writer: str, version_ms: int
 ) -> list[tuple[str, int, bool]] | None:
     """Inside the caller's transaction: record the purge and return the rows it covers,
     (artifact_id, size, inline), for the caller to delete; None (nothing recorded) when a purge
-    of ``writer`` in ``namespace_id`` at or above ``version_ms`` exists already."""
+    of ``writer`` in ``namespace_id`` at or above ``version_ms`` exists already, or the
+    namespace's tombstone is at or above it (it covers the purge: ``drop_covered``)."""
     row = conn.execute(
-        "SELECT version_ms FROM purges WHERE namespace_id = ? AND writer = ?",
-        (namespace_id, writer),
+        "SELECT MAX(version_ms) FROM (SELECT version_ms FROM purges WHERE namespace_id = ? "
+        "AND writer = ? UNION ALL SELECT version_ms FROM tombstones WHERE namespace_id = ?)",
+        (namespace_id, writer, namespace_id),
     ).fetchone()
-    if row is not None and int(row[0]) >= version_ms:
+    if row[0] is not None and int(row[0]) >= version_ms:
         return None
     conn.execute(
         "INSERT OR REPLACE INTO purges(namespace_id, writer, version_ms) VALUES (?, ?, ?)",

@@ -31,6 +31,7 @@ from kit.failpoint import failpoint
 from kura.core.errors import InsufficientStorage, PayloadTooLarge, Unavailable
 from kura.core.manifest import Manifest
 from kura.core.version import ApplyOutcome
+from kura.storage import provenance
 from kura.storage.artifact import ArtifactRef, Purge, PutResult
 from kura.storage.blobs import GROW_STEP_BYTES, Staged, concatenate, stage_body
 from kura.storage.eviction import Eviction
@@ -238,14 +239,16 @@ class WritePath(Eviction):
         and counted (``StorageStats.writer_purges_total``). A local purge's version is issued
         above every version of the namespace held here; a peer's too far ahead raises
         ``FutureVersion``; a local purge not applied (an equal one exists) ``Unavailable``;
-        ``ResourceExhausted`` while the index is read-only."""
+        a local purge of a new (namespace, writer) pair once the node holds
+        ``provenance.MAX_RECORDED_PURGES`` ``InsufficientStorage``; ``ResourceExhausted``
+        while the index is read-only."""
         self._check_writable()
         if source != "local" and version_ms is not None:
             self._admit(version_ms, source, f"purge of {writer!r} in namespace {namespace_id!r}")
         local = source == "local"
         peers: Sequence[str] = self._replication_targets() if local else self._bucket_targets
         purge = await self._in(
-            self._writer, self._purge_writer_sync, namespace_id, writer, version_ms, peers
+            self._writer, self._purge_writer_sync, namespace_id, writer, version_ms, peers, local
         )
         if purge is None:
             self._count(source + "_purge", "ignored_older")
@@ -268,9 +271,16 @@ class WritePath(Eviction):
         return purge
 
     def _purge_writer_sync(
-        self, namespace_id: str, writer: str, version_ms: int | None, peers: Sequence[str]
+        self,
+        namespace_id: str,
+        writer: str,
+        version_ms: int | None,
+        peers: Sequence[str],
+        local: bool,
     ) -> Purge | None:
         index = self._require_index()
+        if local:
+            provenance.check_room(index.purges, namespace_id, writer)
         if version_ms is None:
             version_ms = self.versions.issue(
                 self.clock.now_ms(),
