@@ -46,7 +46,7 @@ import dataclasses
 import re
 import shlex
 from collections.abc import Mapping
-from datetime import UTC, time
+from datetime import UTC, time, timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -70,10 +70,13 @@ from kit.settings import (
     options_of,
     screen_environment,
 )
+from kured.core.cron_window import CronWindow
+from kured.core.errors import ConfigurationError
 from kured.core.window import EVERY_DAY, RebootWindow
 from kured.settings_rules import (
     Argv,
     ClockTime,
+    CronExpression,
     Days,
     Labels,
     NotifyUrl,
@@ -86,6 +89,7 @@ from kured.settings_rules import (
     Zone,
     parse_argv,
     validate_settings,
+    window_mix_problems,
 )
 
 DEFAULT_REBOOT_COMMAND = ("/bin/systemctl", "reboot")
@@ -250,6 +254,16 @@ class Settings:
     start_time: ClockTime = option(time(0, 0), "window start, local to --time-zone")
     end_time: ClockTime = option(time(23, 59, 59), "window end, inclusive through that second")
     time_zone: Zone = option(UTC, "zone of the window: an IANA name, UTC or Local")
+    # Not kured's (kured #891): a cron window instead of the days and times above.
+    window_cron: CronExpression = option(
+        "",
+        "cron expression (minute hour day-of-month month day-of-week, in --time-zone) for when "
+        "each window opening starts, e.g. '0 3 * * sun#1'; replaces --reboot-days, --start-time "
+        "and --end-time ('' = off)",
+    )
+    window_duration: Duration = option(
+        0.0, "how long each --window-cron opening lasts, in elapsed time (required with it)"
+    )
     prometheus_url: OptionalUrl = option(
         "", "Prometheus base URL; firing alerts block reboots ('' = off)"
     )
@@ -324,8 +338,17 @@ class Settings:
         for name in ("pre_reboot_node_labels", "post_reboot_node_labels"):
             object.__setattr__(self, name, _flatten(getattr(self, name)))
 
-    def window(self) -> RebootWindow:
-        """The reboot window these settings describe."""
+    def window(self) -> RebootWindow | CronWindow:
+        """The reboot window these settings describe: the cron window when ``--window-cron``
+        is set, else days and times. Raises ``ConfigurationError`` when both are given (which
+        ``load_settings`` already refuses)."""
+        if self.window_cron or self.window_duration:
+            problems = window_mix_problems(self)
+            if problems:
+                raise ConfigurationError(problems)
+            return CronWindow(
+                self.window_cron, timedelta(seconds=self.window_duration), self.time_zone
+            )
         return RebootWindow(self.reboot_days, self.start_time, self.end_time, self.time_zone)
 
 

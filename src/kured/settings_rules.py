@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 from kit.local_zone import local_zone
 from kit.settings import checked, parse_http_url, parse_positive_int, split_list
-from kured.core.window import parse_days, parse_time, parse_zone
+from kured.core.cron_window import check_expression
+from kured.core.window import EVERY_DAY, parse_days, parse_time, parse_zone
 
 if TYPE_CHECKING:
     from kured.settings import Settings
@@ -129,10 +130,51 @@ ClockTime: TypeAlias = Annotated[time, parse_time]
 Zone: TypeAlias = Annotated[tzinfo, functools.partial(parse_zone, local=local_zone)]
 
 
+def _cron_expression(text: str) -> str:
+    """``--window-cron``: empty (off) or a cron expression ``kured.core.cron_window`` takes."""
+    return check_expression(text) if text.strip() else ""
+
+
+CronExpression: TypeAlias = Annotated[str, _cron_expression]
+
+
+def window_mix_problems(s: Settings) -> list[str]:
+    """The problems of mixing the cron window (``--window-cron``, ``--window-duration``) with
+    the days-and-times window: one window at a time, and the cron one needs both flags."""
+    days_window = [
+        flag
+        for flag, given in (
+            ("--reboot-days", s.reboot_days != EVERY_DAY),
+            ("--start-time", s.start_time != time(0, 0)),
+            ("--end-time", s.end_time != time(23, 59, 59)),
+        )
+        if given
+    ]
+    problems = []
+    if s.window_cron and days_window:
+        problems.append(
+            f"KURED_WINDOW_CRON / --window-cron cannot be combined with {', '.join(days_window)}: "
+            "the window is either a cron expression plus --window-duration, or days plus start "
+            "and end times (--time-zone applies to both)"
+        )
+    if s.window_cron and not s.window_duration:
+        problems.append(
+            "KURED_WINDOW_DURATION / --window-duration is required with --window-cron: how long "
+            "each opening lasts (e.g. 2h); a cron expression only names when it starts"
+        )
+    if s.window_duration and not s.window_cron:
+        problems.append(
+            "KURED_WINDOW_DURATION / --window-duration is only meaningful with --window-cron"
+        )
+    if s.window_duration and s.window_duration < 1:
+        problems.append("KURED_WINDOW_DURATION / --window-duration must be at least 1s")
+    return problems
+
+
 def validate_settings(s: Settings) -> list[str]:
     """Cross-field rules; returns every problem found (empty when the settings are usable)."""
-    problems: list[str] = []
-    if s.start_time == s.end_time:
+    problems: list[str] = window_mix_problems(s)
+    if s.start_time == s.end_time and not s.window_cron:
         # kured (pkg/timewindow) makes this a one-second window, silently; nobody means that.
         problems.append(
             f"KURED_START_TIME / --start-time and KURED_END_TIME / --end-time are both "

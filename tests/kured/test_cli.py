@@ -9,7 +9,10 @@ import re
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
+from datetime import time as dtime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import httpx
 
@@ -250,3 +253,84 @@ def test_log_format_json_writes_one_json_object_per_line(tmp_path: Path) -> None
     assert lines[-1]["message"] == "kured stopped"
     for line in lines:
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"]), line
+
+
+def first_sunday_openings(after: datetime) -> tuple[datetime | None, datetime]:
+    """For "the first Sunday of the month 03:00-05:00, Europe/Berlin", computed here by walking
+    the calendar (no cron library, no kured code): (the opening in force at ``after`` or None,
+    the start of the next one), both in UTC."""
+    berlin = ZoneInfo("Europe/Berlin")
+    day = after.astimezone(berlin).date() - timedelta(days=1)
+    current = None
+    while True:
+        if day.isoweekday() == 7 and day.day <= 7:
+            # 03:00 exists on every first Sunday in Berlin (its changes are on last Sundays).
+            start = datetime.combine(day, dtime(3, 0), tzinfo=berlin).astimezone(UTC)
+            if start <= after < start + timedelta(hours=2):
+                current = start
+            elif start > after:
+                return current, start
+        day += timedelta(days=1)
+
+
+def test_kured_status_names_the_next_opening_of_a_cron_window(tmp_path: Path) -> None:
+    """The must-show of issue 31 item 4: a real agent with "first Sunday of the month
+    03:00-05:00, Europe/Berlin" (``--window-cron '0 3 * * sun#1' --window-duration 2h``), and
+    ``kured status`` naming the next opening, checked against the calendar walked here."""
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("00000000-0000-0000-0000-000000000001\n")
+    stderr = tmp_path / "kured.log"
+    before = datetime.now(UTC)
+    proc, url = spawn_kured(
+        ["--node-id", "n1",
+         "--window-cron", "0 3 * * sun#1", "--window-duration", "2h",
+         "--time-zone", "Europe/Berlin",
+         "--etcd-endpoints", "http://127.0.0.1:1", "--reboot-command", "/bin/true",
+         "--reboot-sentinel", str(tmp_path / "never-created"),
+         "--boot-id-file", str(boot_id), "--state-dir", str(tmp_path / "state"),
+         "--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+        stderr,
+    )  # fmt: skip
+    try:
+
+        def window_shown() -> bool:
+            status = oneshot.get(url + "/status", timeout=10).json()
+            return any(c["name"] == "window" for c in status["conditions"])
+
+        assert wait_until(window_shown, 30, interval=0.2, ignoring=(httpx.HTTPError,)), (
+            stderr.read_text()
+        )
+        out = subprocess.run(
+            [sys.executable, "-m", "kured.cli", "status", "--url", url],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        after = datetime.now(UTC)
+    finally:
+        stop(proc, timeout=30)
+    print(out.stdout)
+    line = next(x for x in out.stdout.splitlines() if x.strip()[3:].startswith("window"))
+    description = (
+        "cron '0 3 * * sun#1' (At 03:00 on the first Sunday of the month), each opening 2h, "
+        "Europe/Berlin"
+    )
+    assert description in line, out.stdout
+    # The agent read its clock between ``before`` and ``after``: the line is right for one of
+    # them (both, unless an opening began or ended in between).
+    expected = []
+    for moment in (before, after):
+        current, upcoming = first_sunday_openings(moment)
+        if current is not None:
+            expected.append(f"ok window           open ({description})")
+        else:
+            expected.append(
+                f"-- window           closed ({description}), next opening {upcoming.isoformat()}"
+            )
+    assert line.strip() in expected, (line, expected)
+    # And the next opening is in the next five weeks, on a Sunday, 03:00 in Berlin.
+    _, upcoming = first_sunday_openings(after)
+    local = upcoming.astimezone(ZoneInfo("Europe/Berlin"))
+    assert (local.isoweekday(), local.day <= 7, local.time()) == (7, True, dtime(3, 0))
+    assert timedelta(0) < upcoming - after <= timedelta(days=35)

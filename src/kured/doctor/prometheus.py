@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from kured.core.cron_window import CronWindow
 from kured.core.errors import SensorError
 from kured.core.window import RebootWindow, weekday_of
 from kured.doctor.finding import Finding, fail, ok, warn
@@ -65,17 +66,26 @@ def prometheus_duration(seconds: float) -> str:
     return out
 
 
-def longest_closed_seconds(window: RebootWindow, today: date | None = None) -> float:
+def longest_closed_seconds(window: RebootWindow | CronWindow, today: date | None = None) -> float:
     """The longest stretch, in seconds, during which ``window`` stays closed (over the two
-    weeks from ``today``); the whole fortnight when it never opens."""
+    weeks from ``today`` for days and times; over about 400 days, at most 5,000 openings, for a
+    cron window, whose openings may be a month or more apart); the whole span when it never
+    opens."""
     start = today or datetime.now(UTC).date()
-    openings = sorted(
-        window.opening(start + timedelta(days=i))
-        for i in range(15)
-        if weekday_of(start + timedelta(days=i)) in window.days
-    )
-    if not openings:
-        return 15 * 86400.0
+    if isinstance(window, CronWindow):
+        since = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
+        horizon = since + timedelta(days=400)
+        openings = [o for o in window.openings(since, 5000) if o[0] <= horizon]
+        if not openings:
+            return (horizon - since).total_seconds()
+    else:
+        openings = sorted(
+            window.opening(start + timedelta(days=i))
+            for i in range(15)
+            if weekday_of(start + timedelta(days=i)) in window.days
+        )
+        if not openings:
+            return 15 * 86400.0
     longest, reach = 0.0, openings[0][1]
     for open_at, close_at in openings[1:]:
         longest = max(longest, (open_at - reach).total_seconds())
@@ -159,7 +169,10 @@ def check_scrape(
 
 
 def check_retention(
-    rules: list[dict[str, Any]], retention: float | None, written: str, window: RebootWindow
+    rules: list[dict[str, Any]],
+    retention: float | None,
+    written: str,
+    window: RebootWindow | CronWindow,
 ) -> list[Finding]:
     if retention is None:
         return [

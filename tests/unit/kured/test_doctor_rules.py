@@ -164,3 +164,16 @@ def test_a_kernel_from_no_apt_source_cannot_be_replaced() -> None:
     finding = kernel_origin(config, apt.parse_policy(POLICY), "Debian", "bookworm", "6.18-fc", {})
     assert finding.level == "OK"
     assert "comes from no APT source" in finding.message
+
+
+def test_a_monthly_cron_window_stays_closed_for_weeks() -> None:
+    from datetime import timedelta
+
+    from kured.core.cron_window import CronWindow
+
+    monthly = CronWindow("0 3 * * sun#1", timedelta(hours=2))
+    # From 2026-12-01: first Sundays 12-06, 2027-01-03, ... the longest gap between two of
+    # them (five weeks, e.g. 2027-01-03 to 2027-02-07) less the 2h opening, over 400 days.
+    assert longest_closed_seconds(monthly, date(2026, 12, 1)) == 35 * 86400 - 2 * 3600
+    every_hour = CronWindow("0 * * * *", timedelta(hours=1))
+    assert longest_closed_seconds(every_hour, date(2026, 12, 1)) == 0

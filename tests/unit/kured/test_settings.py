@@ -404,3 +404,62 @@ def test_help_prints_a_percent_in_a_help_text_as_written() -> None:
     text = " ".join(parser.format_help().split())
     assert "message sent before the drain; %s is the node name" in text
     assert "0x" not in text
+
+
+# --- the cron window (not kured's: kured #891) -------------------------------------------------
+
+
+def test_the_cron_flags_give_a_cron_window_in_the_time_zone() -> None:
+    from kured.core.cron_window import CronWindow
+
+    s = settings_from(
+        NODE,
+        "--window-cron", "0 3 * * sun#1",
+        "--window-duration", "2h",
+        "--time-zone", "Europe/Berlin",
+    )  # fmt: skip
+    w = s.window()
+    assert w == CronWindow("0 3 * * sun#1", timedelta(hours=2), ZoneInfo("Europe/Berlin"))
+    # 2026-12-06 is the first Sunday of December: 03:00 CET is 02:00Z.
+    assert w.next_open(datetime(2026, 12, 1, tzinfo=UTC)) == datetime(2026, 12, 6, 2, tzinfo=UTC)
+    from_env = settings_from(
+        {**NODE, "KURED_WINDOW_CRON": "0 3 * * sun#1", "KURED_WINDOW_DURATION": "2h"}
+    ).window()
+    assert from_env == CronWindow("0 3 * * sun#1", timedelta(hours=2), UTC)
+
+
+def test_without_the_cron_flags_the_window_is_kureds_days_and_times() -> None:
+    s = settings_from(NODE, "--reboot-days", "fri", "--start-time", "22:00", "--end-time", "2am")
+    assert s.window() == RebootWindow(frozenset({FRIDAY}), time(22), time(2), UTC)
+    assert (s.window_cron, s.window_duration) == ("", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (("--window-cron", "0 3 * * sun#1", "--window-duration", "2h", "--reboot-days", "sun"),
+         ["cannot be combined with --reboot-days"]),
+        (("--window-cron", "0 3 * * *", "--window-duration", "2h", "--start-time", "03:00",
+          "--end-time", "05:00"),
+         ["cannot be combined with --start-time, --end-time"]),
+        (("--window-cron", "0 3 * * sun#1"), ["--window-duration is required"]),
+        (("--window-duration", "2h"), ["only meaningful with --window-cron"]),
+        (("--window-cron", "0 3 1-7 * sun", "--window-duration", "2h"), ["sun#1"]),
+        (("--window-cron", "0 3 30 2 *", "--window-duration", "2h"), ["30th of February"]),
+    ],
+)  # fmt: skip
+def test_cron_flags_mixed_or_incomplete_are_refused_with_every_reason(
+    flags: tuple[str, ...], needles: list[str]
+) -> None:
+    problems = problems_from(NODE, *flags)
+    assert len(problems) == len(needles), problems
+    for problem, needle in zip(problems, needles, strict=True):
+        assert needle in problem, problems
+
+
+def test_settings_built_directly_refuse_a_mixed_window() -> None:
+    from kured.core.errors import ConfigurationError
+
+    s = Settings(node_id="n1", window_cron="0 3 * * *", window_duration=3600.0, start_time=time(3))
+    with pytest.raises(ConfigurationError, match="cannot be combined with --start-time"):
+        s.window()
