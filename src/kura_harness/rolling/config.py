@@ -109,7 +109,15 @@ class HostReport:
     routable_at: float | None = None  # the demo's router sends it traffic again
     agent_boot_at: float | None = None
     ready_at: float | None = None  # first /ready 200 after the restart (when it was asked for)
+    # When the last refusal of /ready before that 200 was asked for: the node was still not
+    # ready at some moment at or after it. Its switch to ready lies in (this, ready_at].
     last_not_ready_at: float | None = None
+
+    def surely_not_ready_at(self) -> float | None:
+        """The latest moment the observer knows the node was not ready yet after its restart:
+        its last refused ``/ready``, else its listen line (None before it restarted)."""
+        return self.last_not_ready_at if self.last_not_ready_at is not None else self.kura_up_at
+
     refill_bytes: int = 0  # disk_used_bytes gained between the restart and /ready 200
     bootstrap_applied_artifacts: int = 0
     bootstrap_seconds: float | None = None

@@ -329,7 +329,7 @@ class Host:
                 # switch later than kured's own probe saw it.
                 rep.ready_at = asked_at
                 break
-            rep.last_not_ready_at = time.time()
+            rep.last_not_ready_at = asked_at
             m = BOOTSTRAP_PCT.search(body.decode(errors="replace"))
             time.sleep(0.02 if m is not None and int(m.group(1)) < 90 else 0.002)
         if conn is not None:
