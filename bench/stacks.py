@@ -245,6 +245,8 @@ def summarise(rows: list[dict], names: list[str], processes: dict[str, int]) -> 
     for case in CASES:
         entry: dict[str, Any] = {}
         mine = [r for r in rows if r["case"] == case.name]
+        if not mine:
+            continue
         for name in names:
             of = [r for r in mine if r["server"] == name]
             if not of:
@@ -309,6 +311,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="wrk connections: one number for every case, or per body size as in cachebench "
         "(default 32 for 1 KiB, 8 for 1 MiB)",
     )
+    p.add_argument(
+        "--cases",
+        default=",".join(c.name for c in CASES),
+        help="comma-separated case names (default: all)",
+    )
     p.add_argument("--json-out", help="write the JSON object to this file too")
     p.add_argument("--md-out", help="write the Markdown table to this file too")
     a = p.parse_args(argv)
@@ -326,6 +333,11 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"unknown servers: {', '.join(unknown)} (known: {', '.join(STACKS)})")
     processes = [int(n) for n in a.processes.split(",") if n.strip()]
+    cases = [c for c in CASES if c.name in {x.strip() for x in a.cases.split(",")}]
+    if not cases:
+        raise SystemExit(
+            f"no known case in {a.cases!r} (known: {', '.join(c.name for c in CASES)})"
+        )
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     atexit.register(stop_all)
 
@@ -357,10 +369,7 @@ def main(argv: list[str] | None = None) -> None:
                 check(peer, keys)
                 peers.append(peer)
                 log(f"[{peer.name}] up on port {peer.port} (pid {peer.proc.pid})")
-        run["servers"] = {
-            p.name: p.describe() if isinstance(p, StackPeer) else f"{p.version}: {p.describe()}"
-            for p in peers
-        }
+        run["servers"] = {p.name: p.describe() for p in peers}
         warm = argparse.Namespace(**{**vars(a), "duration": WARMUP_SECONDS})
         for p in peers:
             run_case(p, CASES[0], keys, warm)
@@ -368,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         rows: list[dict] = []
         for rep in range(a.repeat):
             order = peers[rep % len(peers) :] + peers[: rep % len(peers)]
-            for case in CASES:
+            for case in cases:
                 for p in order:
                     row = dict(run_case(p, case, keys, a), rep=rep)
                     rows.append(row)
