@@ -14,6 +14,8 @@ Starts ``granian --interface rsgi --workers 1 --http1-header-read-timeout 2000``
   growth (the loop ending at once with +256 MiB = no back-pressure on ``send_bytes``).
 * ``file_syscalls``: the system calls (``strace -c``) of the worker while it serves a 64 MiB
   ``response_file``: ``sendfile`` (zero-copy) or ``read``/``write`` (copied through memory).
+* ``short_response``: a 200 promising 1 MiB whose app raises after 512 KiB: what the client
+  gets (the bytes, then a reset or a clean end of the connection).
 * ``idle_keepalive``: after one answered request, whether an idle keep-alive connection is
   closed within 6 s (granian offers no HTTP/1 idle timeout option; the header-read timeout is
   2 s here).
@@ -161,6 +163,31 @@ def file_syscalls(port: int, size: int) -> dict:
     return {"status": status, "bytes": len(body), "file_bytes": size, "calls": counts}
 
 
+def short_response(port: int) -> dict:
+    with connect(port) as s:
+        s.sendall(b"GET /short HTTP/1.1\r\nHost: probe\r\n\r\n")
+        s.settimeout(5.0)
+        got, end = b"", "timeout (connection left open)"
+        try:
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    end = "clean end (FIN)"
+                    break
+                got += data
+        except ConnectionResetError:
+            end = "reset (RST)"
+        except TimeoutError:
+            pass
+    head, _, body = got.partition(b"\r\n\r\n")
+    return {
+        "status": head.split(b"\r\n")[0].decode(errors="replace"),
+        "body_bytes": len(body),
+        "promised": 1 << 20,
+        "connection": end,
+    }
+
+
 def idle_keepalive(port: int) -> dict:
     with connect(port) as s:
         s.sendall(b"GET /stats HTTP/1.1\r\nHost: probe\r\n\r\n")
@@ -225,6 +252,7 @@ def main() -> None:
         run["request_backpressure"] = request_backpressure(port)
         run["response_backpressure"] = response_backpressure(port)
         run["file_syscalls"] = file_syscalls(port, 64 * MiB)
+        run["short_response"] = short_response(port)
         run["idle_keepalive"] = idle_keepalive(port)
         run["slowloris"] = slowloris(port)
         run["load_end"] = cb.loadavg()

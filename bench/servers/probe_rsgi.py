@@ -6,6 +6,8 @@ PUT /slow-read     reads the body chunk by chunk, 50 ms per chunk, answers 201 w
 GET /flood/{mib}   ``response_stream``: {mib} x ``send_bytes`` of 1 MiB; records how long the
                    sending loop took and the worker's RSS before and after (GET /stats)
 GET /file          ``response_file`` of ``PROBE_FILE`` (environment)
+GET /short         ``response_stream`` promising 1 MiB, 512 KiB sent, then the app raises (what
+                   kura does when a digest does not match: the client must not get a clean end)
 GET /stats         JSON: the last flood's seconds, rss_kib_before, rss_kib_after; this worker's
                    pid and rss_kib now
 """
@@ -51,6 +53,11 @@ async def app(scope: Any, protocol: Any) -> None:
         for _ in range(mib):
             await transport.send_bytes(chunk)
         LAST.update(seconds=time.monotonic() - t0, rss_kib_before=before, rss_kib_after=rss_kib())
+    elif path == "/short":
+        transport = protocol.response_stream(200, [("content-length", str(1 << 20))])
+        await transport.send_bytes(b"x" * (1 << 19))
+        await asyncio.sleep(0.2)
+        raise RuntimeError("digest mismatch (probe)")
     elif path == "/file":
         protocol.response_file(200, [], os.environ["PROBE_FILE"])
     elif path == "/stats":
