@@ -43,6 +43,7 @@ import urllib.parse
 HERE = os.path.dirname(os.path.abspath(__file__))
 LUA_GET = os.path.join(HERE, "lua", "get.lua")
 LUA_PUT = os.path.join(HERE, "lua", "put.lua")
+LUA_PUT_ONE = os.path.join(HERE, "lua", "put_one.lua")
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SUFFIX_LEN = 16  # every body = prefix(size-16) + "%016x" % index
@@ -332,6 +333,30 @@ def run_put(
         shutil.rmtree(tmpdir, ignore_errors=True)
         if cleanup:
             cleanup(keys)
+    return _result(target, "PUT", size, threads, conns, raw)
+
+
+def run_put_one(
+    target: Target,
+    size: int,
+    *,
+    threads: int = 2,
+    conns: int | None = None,
+    duration: float = 10,
+) -> dict:
+    """PUT one `size`-byte body to one key for `duration` seconds: for a server that reads a
+    body and keeps nothing (no fresh keys needed; wrk sends one prepared request)."""
+    conns = conns or default_conns(size)
+    blobs = BlobSet(size, "put-one")
+    with tempfile.NamedTemporaryFile("wb", suffix=".body", delete=False) as f:
+        f.write(blobs.body(0))
+        body_file = f.name
+    try:
+        raw = _run_wrk(
+            target, LUA_PUT_ONE, [target.path(blobs.key(0)), body_file], threads, conns, duration
+        )
+    finally:
+        os.unlink(body_file)
     return _result(target, "PUT", size, threads, conns, raw)
 
 
