@@ -30,6 +30,9 @@ EXTERNAL_METRICS = {
     "that fails its scrape)",
     "kube_node_info": "kube-state-metrics, one series per Node: KuredNodeCoverageGap (nodes "
     "without a kured agent; absent() cannot see one missing node)",
+    "kube_node_spec_unschedulable": "kube-state-metrics, one series per Node, 1 while it is "
+    "cordoned: KuredNodeCordonedTooLong (a node out of service longer than a reboot cycle; "
+    "kured's own cordon state is not a metric of ours, and an operator's cordon counts too)",
 }
 
 

@@ -28,6 +28,7 @@ EXPECTED_ALERTS = {
     "KuredRebootPending",
     "KuredLockHeldTooLong",
     "KuredRebootLoopTripped",
+    "KuredNodeCordonedTooLong",
     "KuraBootstrapNotFinished",
     "KuraReadinessFlapping",
     "KuraOutboxGrowing",

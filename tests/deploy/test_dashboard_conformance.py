@@ -19,12 +19,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from kured.doctor.prometheus import parse_prometheus_duration
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.promql import metric_names
 
 DASHBOARDS = sorted((DEPLOY / "grafana").glob("*.json"))
 LABEL_VALUES = re.compile(r"^\s*label_values\((?P<selector>.*),\s*\w+\s*\)\s*$", re.DOTALL)
+
+# Metrics the dashboards may use although neither program exports them (as EXTERNAL_METRICS in
+# test_alert_conformance.py): who writes each and which panel needs it.
+EXTERNAL_METRICS = {
+    "kube_node_spec_unschedulable": "kube-state-metrics, one series per Node: kured.json's "
+    "'Unschedulable nodes'",
+    "ALERTS_FOR_STATE": "Prometheus' rule manager, when each pending or firing alert became "
+    "active: kured.json's time cordoned, by KuredNodeCordonedTooLong's own clock",
+}
 
 # What each dashboard must show (issue: request rate, hit ratio and latency per protocol; disk
 # and tmp; outbox and replication lag; bootstrap; kured's blocking reasons, lock holders and
@@ -49,6 +60,8 @@ REQUIRED = {
         "kured_lock_holder_info",
         "kured_last_reboot_timestamp_seconds",
         "kured_reboot_required",
+        "kube_node_spec_unschedulable",
+        "ALERTS_FOR_STATE",
     },
 }
 
@@ -76,7 +89,7 @@ def queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
 def dashboard_problems(path: Path, dashboard: dict[str, Any], exported: set[str]) -> list[str]:
     problems = []
     for where, expr in queries(dashboard):
-        unknown = sorted(metric_names(expr) - exported)
+        unknown = sorted(metric_names(expr) - exported - set(EXTERNAL_METRICS))
         if unknown:
             problems.append(f"{path.name}: {where} uses {', '.join(unknown)}: not exported")
     return problems
@@ -136,3 +149,31 @@ def test_a_misspelled_dashboard_metric_fails(exported_metrics: set[str]) -> None
     assert dashboard_problems(path, bad, exported_metrics) == [
         "kured.json: variable 'node' uses kured_reboot_requierd: not exported"
     ]
+
+
+def test_the_external_allow_list_is_needed_and_is_not_our_own(exported_metrics: set[str]) -> None:
+    used = set().union(*(used_metrics(load(p)) for p in DASHBOARDS))
+    assert sorted(set(EXTERNAL_METRICS) - used) == [], "allow-listed but no panel uses it"
+    assert sorted(set(EXTERNAL_METRICS) & exported_metrics) == [], "exported by us after all"
+
+
+def alert_rule(name: str) -> dict[str, Any]:
+    doc = yaml.safe_load((DEPLOY / "alerts" / "kured.rules.yml").read_text())
+    [rule] = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == name]
+    return dict(rule)
+
+
+def test_the_time_cordoned_panel_marks_the_alerts_for_duration() -> None:
+    # The red line is where KuredNodeCordonedTooLong fires: change the for: and the line moves
+    # with it, or this fails.
+    [panel] = [
+        p for p in panels(load(DEPLOY / "grafana" / "kured.json")) if "Time cordoned" in p["title"]
+    ]
+    [target] = panel["targets"]
+    assert 'ALERTS_FOR_STATE{alertname="KuredNodeCordonedTooLong"' in target["expr"]
+    defaults = panel["fieldConfig"]["defaults"]
+    assert defaults["unit"] == "s"
+    assert defaults["custom"]["thresholdsStyle"]["mode"] == "line"
+    steps = [s["value"] for s in defaults["thresholds"]["steps"] if s["value"] is not None]
+    for_seconds = parse_prometheus_duration(str(alert_rule("KuredNodeCordonedTooLong")["for"]))
+    assert steps == [for_seconds]

@@ -1,15 +1,22 @@
 """``kured doctor``'s Prometheus checks against a real Prometheus (Debian ``prometheus``, as the
 agent and rolling-reboot tests launch it) scraping real ``kured`` agents: 3 agents, then 2
 (count mismatch: FAIL); ``for:`` against the retention read from the API; the alerts that block
-now under the agent's filter, and the gate loop on kured's own alerts (deploy/alerts)."""
+now under the agent's filter, and the gate loop on kured's own alerts (deploy/alerts); the
+cordon alert (``KuredNodeCordonedTooLong``) loaded or not, blind or not (a real HTTP target
+serving kube-state-metrics' ``kube_node_spec_unschedulable``), and its ``for:`` against the
+agent's drain and reboot flags."""
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kit.wait import wait_until
 from tests import oneshot
@@ -21,7 +28,9 @@ from tests.kured.prom import ALWAYS_FIRING, Prometheus
 __all__ = ["good_apt", "release"]
 pytestmark = [pytest.mark.usefixtures("good_apt"), pytest.mark.timeout(240)]
 
-KURED_RULES = Path(__file__).resolve().parents[2] / "deploy" / "alerts" / "kured.rules.yml"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+KURED_RULES = DEPLOY / "alerts" / "kured.rules.yml"
+KURED_DASHBOARD = DEPLOY / "grafana" / "kured.json"
 HOSTS = ("host0", "host1", "host2")
 
 
@@ -183,3 +192,152 @@ def test_for_durations_longer_than_the_retention_fail(
         "check": "scrape",
         "reason": "no --node-count and no Kubernetes API to count the nodes",
     } in report["skipped"]
+
+
+# ------------------------------------------------------------------------- the cordon alert
+
+CORDON = "KuredNodeCordonedTooLong"
+KSM_CORDONED = """# HELP kube_node_spec_unschedulable Whether a node can schedule new pods.
+# TYPE kube_node_spec_unschedulable gauge
+kube_node_spec_unschedulable{node="n1"} 1
+kube_node_spec_unschedulable{node="n2"} 0
+"""
+
+
+@pytest.fixture
+def ksm() -> Iterator[dict[str, str]]:
+    """A real HTTP target standing in for kube-state-metrics: it serves ``state["body"]`` as
+    its exposition (empty at first: kube-state-metrics is scraped but reports no node)."""
+    state = {"body": ""}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = state["body"].encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state["target"] = f"127.0.0.1:{server.server_address[1]}"
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def rules_without(name: str) -> str:
+    doc = yaml.safe_load(KURED_RULES.read_text())
+    for group in doc["groups"]:
+        group["rules"] = [r for r in group["rules"] if r.get("alert") != name]
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def test_a_prometheus_without_the_cordon_alert_is_warned_about_loudly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], release: str, etcd: str
+) -> None:
+    prom = Prometheus(tmp_path / "prom", rules_without(CORDON))
+    try:
+        names = [r["name"] for r in prom.rules()]
+        assert "KuredLockHeldTooLong" in names  # kured's other rules are loaded
+        assert CORDON not in names
+        args = ["--prometheus-url", prom.url, "--alert-filter-regexp", "^Kured"]
+        code, report = in_process(capsys, release, *args, etcd=etcd)
+    finally:
+        prom.stop()
+    [(level, message)] = findings(report, "cordon")
+    assert level == "WARN"
+    assert message.startswith(f"alert {CORDON} is NOT loaded in Prometheus at {prom.url}: "), (
+        message
+    )
+    [fix] = [f["fix"] for f in report["findings"] if f["check"] == "cordon"]
+    assert "deploy/alerts/kured.rules.yml" in fix
+    assert code == 0, report  # a WARN: kured still reboots correctly without the alert
+
+
+def test_the_cordon_alert_must_see_nodes_and_outlast_a_reboot_cycle(
+    tmp_path: Path,
+    ksm: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    release: str,
+    etcd: str,
+) -> None:
+    prom = Prometheus(tmp_path / "prom", KURED_RULES.read_text(), scrape_targets=[ksm["target"]])
+    try:
+        assert wait_for(lambda: prom.query(f'up{{instance="{ksm["target"]}"}} == 1'), 60)
+        base = ["--prometheus-url", prom.url, "--alert-filter-regexp", "^Kured"]
+
+        # Scraped, but no node series: the alert is loaded and blind.
+        _code, report = in_process(capsys, release, *base, "--drain-timeout", "30m", etcd=etcd)
+        assert findings(report, "cordon") == [
+            (
+                "WARN",
+                f"alert {CORDON} is loaded but Prometheus at {prom.url} has no "
+                "kube_node_spec_unschedulable series: it can never fire.",
+            )
+        ]
+
+        ksm["body"] = KSM_CORDONED
+        assert wait_for(lambda: len(prom.query("kube_node_spec_unschedulable")) == 2, 60)
+        # deploy/kured's --drain-timeout 30m and a 10m boot: the 1h for: outlasts them.
+        code, report = in_process(capsys, release, *base, "--drain-timeout", "30m", etcd=etcd)
+        assert findings(report, "cordon") == [
+            (
+                "OK",
+                f"alert {CORDON} is loaded, sees 2 nodes, and its for: 1h outlasts one reboot's "
+                "cordon (--drain-delay 0 + --drain-timeout 30m + --reboot-delay 0 + "
+                "--reboot-duration 10m = 40m)",
+            )
+        ]
+        assert code == 0, report
+
+        # A drain allowed 1h: a normal reboot outlasts the for:, the alert would page.
+        _code, report = in_process(
+            capsys, release, *base, "--drain-timeout", "1h", "--reboot-delay", "5m", etcd=etcd
+        )
+        [(level, message)] = findings(report, "cordon")
+        assert level == "WARN"
+        assert message == (
+            f"alert {CORDON} has for: 1h, not longer than one reboot keeps a node cordoned "
+            "(--drain-delay 0 + --drain-timeout 1h + --reboot-delay 5m + --reboot-duration 10m"
+            " = 1h15m): it fires during normal reboots whose drain runs to its timeout."
+        )
+
+        # No filter: the alert (pending from the first minute of any cordon) blocks reboots.
+        _code, report = in_process(
+            capsys, release, "--prometheus-url", prom.url, "--drain-timeout", "30m", etcd=etcd
+        )
+        [(level, message)] = findings(report, "cordon")
+        assert level == "WARN"
+        assert message.startswith(f"alert {CORDON} would block reboots while only pending"), message
+        # ... and --alert-firing-only lets pending ones through: gating on it is then deliberate.
+        _code, report = in_process(
+            capsys,
+            release,
+            *["--prometheus-url", prom.url, "--drain-timeout", "30m", "--alert-firing-only"],
+            etcd=etcd,
+        )
+        assert [level for level, _ in findings(report, "cordon")] == ["OK"], report
+
+        # The cordoned node's alert is pending (n2 is schedulable), and the dashboard's
+        # "Time cordoned" query reads its clock from this Prometheus.
+        pending = prom.query(f'ALERTS{{alertname="{CORDON}"}}')
+        assert [(a["metric"]["node"], a["metric"]["alertstate"]) for a in pending] == [
+            ("n1", "pending")
+        ]
+        dashboard = json.loads(KURED_DASHBOARD.read_text())
+        [expr] = [
+            t["expr"]
+            for p in dashboard["panels"]
+            if p["title"].startswith("Time cordoned")
+            for t in p["targets"]
+        ]
+        [series] = prom.query(expr.replace("$node", ".*"))
+        assert series["metric"] == {"node": "n1"}
+        assert 0 <= float(series["value"][1]) < 240, series
+    finally:
+        prom.stop()

@@ -4,7 +4,8 @@ It takes the agent's own flags and ``KURED_*`` environment (``kured.settings``, 
 winning as for the agent), so it checks the configuration the agent really runs with, plus:
 
     --node-count N        nodes Prometheus must see (default: the Nodes of the Kubernetes API)
-    --reboot-duration D   how long a reboot keeps a node down, boot included (default 10m)
+    --reboot-duration D   how long a reboot keeps a node down, boot included (default 10m;
+                          the lock TTL and cordon-alert checks)
     --kernel-release R    the running kernel (default: uname -r)
     --host-root DIR       where the host's files are (default /; e.g. /host in a pod)
     --json                print the findings as JSON (``kured.doctor.finding``)
@@ -76,8 +77,8 @@ def parser() -> argparse.ArgumentParser:
         "--reboot-duration",
         type=_duration,
         default=_duration(DEFAULT_REBOOT_DURATION),
-        help="how long one reboot keeps a node down, boot included, for the lock TTL check "
-        f"(default {DEFAULT_REBOOT_DURATION})",
+        help="how long one reboot keeps a node down, boot included, for the lock TTL and "
+        f"cordon-alert checks (default {DEFAULT_REBOOT_DURATION})",
     )
     doctor.add_argument(
         "--kernel-release",
@@ -149,9 +150,13 @@ async def diagnose(s: Settings, args: argparse.Namespace) -> Report:
         if expected is None:
             report.skip("scrape", "no --node-count and no Kubernetes API to count the nodes")
         async with aiohttp.ClientSession() as session:
-            report.add(await prometheus.check_prometheus(session, s, expected, names))
+            report.add(
+                await prometheus.check_prometheus(session, s, expected, names, args.reboot_duration)
+            )
     else:
-        report.skip("prometheus", "no --prometheus-url (scrape, retention and alerts checks)")
+        report.skip(
+            "prometheus", "no --prometheus-url (scrape, retention, alerts and cordon checks)"
+        )
     return report
 
 

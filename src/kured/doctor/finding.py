@@ -34,8 +34,8 @@ EXIT_CONFIGURATION = 2
 @dataclasses.dataclass(frozen=True)
 class Finding:
     """One result: ``check`` names the group (``sentinel``, ``apt``, ``kernel``, ``scrape``,
-    ``retention``, ``alerts``, ``lock``, ``pdb``, ``config``); ``message`` says what was found
-    and where it was read; ``fix`` what to change (empty for OK)."""
+    ``retention``, ``alerts``, ``cordon``, ``lock``, ``pdb``, ``config``); ``message`` says
+    what was found and where it was read; ``fix`` what to change (empty for OK)."""
 
     level: Level
     check: str

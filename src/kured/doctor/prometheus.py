@@ -18,6 +18,16 @@
   block is a FAIL: it would block the very reboot that clears it (the gate loop that
   ``deploy/alerts/kured.rules.yml`` warns about).
 
+* **cordon**: kured's alert on a node left cordoned, ``KuredNodeCordonedTooLong``
+  (``deploy/alerts/kured.rules.yml``), must be loaded (``/api/v1/rules``), else a WARN: a
+  stuck drain, a node that did not come back or a cordon kured left behind (kured #1129) goes
+  unnoticed. Loaded, it must see nodes (``kube_node_spec_unschedulable``, kube-state-metrics':
+  no series, no alert ever), and its ``for:`` must outlast one reboot cycle under the agent's
+  flags, ``--drain-delay`` + ``--drain-timeout`` + ``--reboot-delay`` + ``--reboot-duration``
+  (the node is uncordoned before ``--lock-release-delay``), or it fires during normal reboots;
+  each a WARN. So is a filter that lets it block reboots while it is only pending (no
+  ``--alert-firing-only``): it is pending through every cordon, kured's own included.
+
 A Prometheus that cannot be reached is a FAIL: the agent's gate is fail-closed, so no node
 reboots while it is down.
 """
@@ -37,9 +47,10 @@ from kured.core.window import RebootWindow, weekday_of
 from kured.doctor.finding import Finding, fail, ok, warn
 from kured.sensors.alerts import PrometheusAlertGate, active_alerts
 from kured.sensors.failure import unreachable
-from kured.settings import Settings
+from kured.settings import Settings, go_duration
 
 DEFAULT_RETENTION_SECONDS = 15 * 86400.0
+CORDON_ALERT = "KuredNodeCordonedTooLong"
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _UNITS["y"] = 365 * 86400.0
 _PROM_DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
@@ -280,13 +291,104 @@ def check_alerts(s: Settings, data: Any, rules: list[dict[str, Any]]) -> list[Fi
     return findings
 
 
+def cordoned_seconds(s: Settings, reboot_seconds: float) -> float:
+    """How long one reboot keeps the node cordoned when its drain takes ``--drain-timeout``:
+    the cordon comes after ``--drain-delay``, the uncordon at the agent's first check after
+    the boot, before ``--lock-release-delay``."""
+    return s.drain_delay + s.drain_timeout + s.reboot_delay + reboot_seconds
+
+
+def check_cordon(
+    rules: list[dict[str, Any]],
+    cordon_nodes: int,
+    url: str,
+    s: Settings,
+    reboot_seconds: float,
+) -> list[Finding]:
+    """``cordon_nodes``: how many nodes ``kube_node_spec_unschedulable`` reports."""
+    rule = next((r for r in rules if r.get("name") == CORDON_ALERT), None)
+    if rule is None:
+        return [
+            warn(
+                "cordon",
+                f"alert {CORDON_ALERT} is NOT loaded in Prometheus at {url}: a node left "
+                "cordoned (a drain that never ends, a node that did not come back, an uncordon "
+                "that keeps failing, a cordon an earlier kured left, kured #1129) keeps the "
+                "cluster a node short and nothing tells you.",
+                "load deploy/alerts/kured.rules.yml into this Prometheus (the PrometheusRule "
+                "deploy/alerts/prometheusrule-kured.yaml, with the label your Prometheus "
+                "selects), and scrape kube-state-metrics.",
+            )
+        ]
+    findings = []
+    if cordon_nodes == 0:
+        findings.append(
+            warn(
+                "cordon",
+                f"alert {CORDON_ALERT} is loaded but Prometheus at {url} has no "
+                "kube_node_spec_unschedulable series: it can never fire.",
+                "scrape kube-state-metrics (kube-prometheus-stack does), with its node "
+                "metrics enabled.",
+            )
+        )
+    seconds = float(rule.get("duration") or 0)
+    cycle = cordoned_seconds(s, reboot_seconds)
+    parts = (
+        f"--drain-delay {go_duration(s.drain_delay)} + --drain-timeout "
+        f"{go_duration(s.drain_timeout)} + --reboot-delay {go_duration(s.reboot_delay)} + "
+        f"--reboot-duration {go_duration(reboot_seconds)} = {go_duration(cycle)}"
+    )
+    if seconds <= cycle:
+        findings.append(
+            warn(
+                "cordon",
+                f"alert {CORDON_ALERT} has for: {prometheus_duration(seconds)}, not longer "
+                f"than one reboot keeps a node cordoned ({parts}): it fires during normal "
+                "reboots whose drain runs to its timeout.",
+                f"raise its for: above {prometheus_duration(cycle)} (with some margin for slow "
+                "boots), or shorten --drain-timeout.",
+            )
+        )
+    regexp, only = s.alert_filter_regexp, s.alert_filter_match_only
+    if not s.alert_firing_only and active_alerts(_synthetic(CORDON_ALERT), regexp, only, False):
+        findings.append(
+            warn(
+                "cordon",
+                f"alert {CORDON_ALERT} would block reboots while only pending (no "
+                "--alert-firing-only), and it is pending from the first minute of every "
+                "cordon: kured's own cordon of one node holds every other node's reboot, and "
+                "an operator's cordon holds them all.",
+                "keep it out of the gate like kured's other alerts (--alert-filter-regexp "
+                "'^Kured'), or gate on it on purpose with --alert-firing-only.",
+            )
+        )
+    if not findings:
+        unbounded = (
+            " (--drain-timeout 0: a drain may last for ever, and this alert is what notices "
+            "one that does)"
+            if s.drain_timeout == 0
+            else ""
+        )
+        findings.append(
+            ok(
+                "cordon",
+                f"alert {CORDON_ALERT} is loaded, sees {cordon_nodes} nodes, and its for: "
+                f"{prometheus_duration(seconds)} outlasts one reboot's cordon ({parts})"
+                f"{unbounded}",
+            )
+        )
+    return findings
+
+
 async def check_prometheus(
     session: aiohttp.ClientSession,
     s: Settings,
     expected: int | None,
     names: list[str] | None,
+    reboot_seconds: float = 600.0,
 ) -> list[Finding]:
-    """Every Prometheus finding; ``expected`` None skips the scrape count."""
+    """Every Prometheus finding; ``expected`` None skips the scrape count; ``reboot_seconds``
+    is ``--reboot-duration`` (the cordon check)."""
     api = PrometheusApi(session, s.prometheus_url, s.prometheus_timeout)
     gate = PrometheusAlertGate(
         session,
@@ -306,6 +408,10 @@ async def check_prometheus(
         retention, written = await api.retention_seconds()
         findings += check_retention(rules, retention, written, s.window())
         findings += check_alerts(s, await gate.query(), rules)
+        nodes = 0
+        if any(r.get("name") == CORDON_ALERT for r in rules):
+            nodes = len(await api.vector("max by (node) (kube_node_spec_unschedulable)"))
+        findings += check_cordon(rules, nodes, api.url, s, reboot_seconds)
     except SensorError as exc:
         findings.append(
             fail(
