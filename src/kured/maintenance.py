@@ -150,6 +150,7 @@ class MaintenanceSteps:
         the lock back at once, and make the reason the decision."""
         log.error("%s", text)
         self.view.fail(kind)
+        self.view.decision = Decision(Action.RELEASE, (Reason(why, text),))  # shown at once
         await self._abandon_maintenance("the reboot was blocked")
         try:
             await self.lock.release(self.config.node_id)
@@ -159,7 +160,6 @@ class MaintenanceSteps:
         else:
             log.info("lock released by %s", self.config.node_id)
         await self._reread_lock()
-        self.view.decision = Decision(Action.RELEASE, (Reason(why, text),))
 
     # -- keep ------------------------------------------------------------------------------------
 

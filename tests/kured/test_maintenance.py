@@ -195,7 +195,7 @@ async def test_the_silence_covers_drain_and_reboot_outlives_its_duration_and_is_
         alertmanager.url,
         *MATCHERS,
         "--alertmanager-silence-duration",
-        "3s",
+        "10s",  # longer than a boot of the agent on a loaded machine, shorter than the wait
         "--gate-url",
         receiver.url("/gate"),
         "--pre-drain-hook-command",
@@ -216,11 +216,11 @@ async def test_the_silence_covers_drain_and_reboot_outlives_its_duration_and_is_
             (m["name"], m["value"], m["isRegex"], m["isEqual"]) for m in silence["matchers"]
         ) == [("instance", "n1(:[0-9]+)?", True, True), ("severity", "critical", False, False)]
         assert kube.pod("default", "web-1") is None  # the drain evicted it
-        # Back from the reboot, the gate blocks: the silence stays active well past its 3 s
-        # duration, extended by the agent, and kured status says what it waits for.
+        # Back from the reboot, the gate blocks: the silence stays active (the same one) well
+        # past its 10 s duration, extended by the agent, and kured status says what it waits for.
         assert await _until(lambda: _lease_holder(kube) is None, 30), host.log()
         assert not kube.node("n1")["spec"].get("unschedulable")
-        await asyncio.sleep(7)
+        await asyncio.sleep(12)
         assert [s["id"] for s in _active(alertmanager.silences())] == [silence["id"]]
         status = host.status()
         assert status["maintenance"]["active"] is True, status
@@ -397,7 +397,7 @@ async def test_a_failing_pre_drain_hook_keeps_the_node_from_rebooting_with_the_r
         tmp_path,
         kubeconfig,
         "--period",
-        "1s",
+        "2s",
         *hook,
         "--notify-url",
         f"generic+http://127.0.0.1:{receiver.port}/notify",
@@ -409,14 +409,25 @@ async def test_a_failing_pre_drain_hook_keeps_the_node_from_rebooting_with_the_r
             host.log()
         )
         await asyncio.sleep(3)  # several checks: each one blocked again
-        out = await asyncio.to_thread(  # the receiver runs on this loop: keep it free
-            subprocess.run,
-            [sys.executable, "-m", "kured.cli", "status", "--url", host.url],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        said: list[subprocess.CompletedProcess[str]] = []
+
+        async def status_says_why() -> bool:
+            # Between two checks (not while one runs the hook again) status shows the block.
+            out = await asyncio.to_thread(  # the receiver runs on this loop: keep it free
+                subprocess.run,
+                [sys.executable, "-m", "kured.cli", "status", "--url", host.url],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            said.append(out)
+            return "pre-drain hook failed" in out.stdout
+
+        for _ in range(10):
+            if await status_says_why():
+                break
+        out = said[-1]
         assert "pre-drain hook failed" in out.stdout, out.stdout
         assert "maintenance system says no" in out.stdout, out.stdout
         assert "exited 3" in out.stdout if kind == "command" else "answered 500" in out.stdout
@@ -432,3 +443,54 @@ async def test_a_failing_pre_drain_hook_keeps_the_node_from_rebooting_with_the_r
         assert [p for p in receiver.paths() if p == "/notify"] == []
     finally:
         host.stop()
+
+
+async def test_at_start_a_silence_of_ours_that_no_state_recorded_is_expired_and_no_other(
+    tmp_path: Path, kube: KubeDouble, kubeconfig: Path, alertmanager: Alertmanager
+) -> None:
+    """An agent killed between creating its silence and writing its state file left a silence
+    that only its mark (createdBy, comment) names: the next start expires it, and leaves the
+    silences of another node (n10: a name that starts like ours) and of people alone."""
+    kube.add_node("n1")
+
+    def create(created_by: str, comment: str) -> str:
+        now = time.time()
+        body = {
+            "matchers": [{"name": "instance", "value": "x", "isRegex": False, "isEqual": True}],
+            "startsAt": _iso(now),
+            "endsAt": _iso(now + 3600),
+            "createdBy": created_by,
+            "comment": comment,
+        }
+        answer = oneshot.post(alertmanager.url + "/api/v2/silences", json=body, timeout=10)
+        return str(answer.json()["silenceID"])
+
+    orphan = create("kured", "kured: reboot of node n1 (drained since 2026-01-01T00:00:00Z)")
+    others = [
+        create("kured", "kured: reboot of node n10 (drained since 2026-01-01T00:00:00Z)"),
+        create("alice", "kured: reboot of node n1 (copied by hand)"),
+    ]
+    host = _host(
+        tmp_path, kubeconfig, "--period", "1h", "--alertmanager-url", alertmanager.url, *MATCHERS
+    )
+    host.start()  # no sentinel: nothing to reboot
+    try:
+        assert await _until(
+            lambda: (
+                {s["id"]: s["status"]["state"] for s in alertmanager.silences()}[orphan]
+                == "expired"
+            ),
+            15,
+        ), host.log()
+        state = {s["id"]: s["status"]["state"] for s in alertmanager.silences()}
+        assert [state[i] for i in others] == ["active", "active"]
+        assert f"alertmanager silence {orphan} expired" in host.log()
+        assert host.status()["maintenance"]["active"] is False
+    finally:
+        host.stop()
+
+
+def _iso(unix: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(unix, tz=UTC).isoformat().replace("+00:00", "Z")
