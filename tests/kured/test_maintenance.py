@@ -5,8 +5,8 @@ would), a real Alertmanager (Debian's ``prometheus-alertmanager``) and a real HT
 
 * The silence exists before the drain (seen by a pre-drain hook command) and when the reboot
   command runs (seen by the reboot command itself, after the drain); after the boot it is kept
-  while a gate blocks, longer than its duration (the agent extends it), and expired once the gate
-  passes.
+  while a gate blocks, longer than its duration (the agent extends it), also across a SIGKILL
+  of the agent then, and expired once the gate passes.
 * An agent killed mid-reboot (SIGKILL during ``--reboot-delay``, after the drain) and restarted
   expires that silence at start, before anything else; the reboot then runs again and its own
   silence is expired once the node is back.
@@ -227,6 +227,16 @@ async def test_the_silence_covers_drain_and_reboot_outlives_its_duration_and_is_
         assert "waiting for its gates" in status["maintenance"]["phase"], status
         assert f"gate {receiver.url('/gate')} answered 503" in status["maintenance"]["phase"]
         assert _metric(host.url, "kured_alertmanager_silence_active", node="n1") == 1
+        # Killed (SIGKILL) while it waits for the gate and started again: the machine did
+        # reboot within this maintenance (the state file says so), so the silence is kept.
+        boots = host.boots
+        assert host.proc is not None
+        os.killpg(host.proc.pid, signal.SIGKILL)
+        assert await _until(lambda: host.boots > boots, 30), host.log()
+        assert await _until(
+            lambda: "waiting for its gates" in host.status()["maintenance"]["phase"], 15
+        )
+        assert [s["id"] for s in _active(alertmanager.silences())] == [silence["id"]]
         # The gate passes: the silence is expired and the maintenance ends.
         gate_open.set()
         assert await _until(lambda: not _active(alertmanager.silences()), 15), host.log()
@@ -235,7 +245,7 @@ async def test_the_silence_covers_drain_and_reboot_outlives_its_duration_and_is_
         assert await _until(lambda: host.status()["maintenance"]["active"] is False, 10)
         assert _metric(host.url, "kured_maintenance_active", node="n1") == 0
         assert _metric(host.url, "kured_alertmanager_silence_active", node="n1") == 0
-        assert [what for _, _, what in read_events(events)] == ["boot", "reboot", "boot"]
+        assert [what for _, _, what in read_events(events)] == ["boot", "reboot", "boot", "boot"]
     finally:
         host.stop()
 
