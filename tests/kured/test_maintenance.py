@@ -504,3 +504,62 @@ def _iso(unix: float) -> str:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(unix, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+async def test_an_expiry_alertmanager_refuses_is_retried_until_it_succeeds(
+    tmp_path: Path,
+    kube: KubeDouble,
+    kubeconfig: Path,
+    alertmanager: Alertmanager,
+    receiver: Receiver,
+) -> None:
+    """Alertmanager is down when the node is back and its gates pass: the silence cannot be
+    expired; status says so and each check retries; once Alertmanager is up again (same data,
+    so the silence is still active there) the agent expires it."""
+    kube.add_node("n1")
+    events = tmp_path / "events"
+    gate_open = asyncio.Event()
+    receiver.gate_blocks = lambda: _rebooted(events) and not gate_open.is_set()
+    host = _host(
+        tmp_path,
+        kubeconfig,
+        "--period",
+        "1s",
+        "--alertmanager-url",
+        alertmanager.url,
+        *MATCHERS,
+        "--alertmanager-silence-duration",
+        "10m",  # it must not end by itself during the test
+        "--alertmanager-timeout",
+        "2s",
+        "--gate-url",
+        receiver.url("/gate"),
+    )
+    host.sentinel.touch()
+    host.start()
+    try:
+        assert await _until(lambda: host.boots >= 2 and _lease_holder(kube) is None, 60)
+        assert await _until(
+            lambda: "waiting for its gates" in host.status()["maintenance"]["phase"], 15
+        ), host.log()
+        (silence,) = _active(alertmanager.silences())
+        alertmanager.stop()
+        gate_open.set()
+        assert await _until(lambda: host.status()["maintenance"]["silence_expiry_pending"], 15), (
+            host.log()
+        )
+        status = host.status()
+        assert status["maintenance"]["active"] is True  # not over until the silence is gone
+        assert status["failures"].get("silence", 0) >= 1
+        await asyncio.sleep(2)  # several checks, each failing again
+        restarted = Alertmanager(alertmanager.dir, port=alertmanager.port).start()
+        try:
+            assert await _until(lambda: not _active(restarted.silences()), 20), host.log()
+            ours = {s["id"]: s["status"]["state"] for s in _ours(restarted.silences())}
+            assert ours == {silence["id"]: "expired"}, ours
+            assert await _until(lambda: host.status()["maintenance"]["active"] is False, 10)
+            assert host.status()["maintenance"]["silence_expiry_pending"] is False
+        finally:
+            restarted.stop()
+    finally:
+        host.stop()
