@@ -563,3 +563,47 @@ async def test_an_expiry_alertmanager_refuses_is_retried_until_it_succeeds(
             restarted.stop()
     finally:
         host.stop()
+
+
+async def test_a_failing_post_uncordon_hook_command_is_counted_and_the_node_is_back_all_the_same(
+    tmp_path: Path, kube: KubeDouble, kubeconfig: Path, receiver: Receiver
+) -> None:
+    """A command hook gets the document on its stdin and KURED_NODE/KURED_HOOK_EVENT; a failed
+    post-uncordon hook is logged and counted, not retried, and does not hold the rest up."""
+    kube.add_node("n1")
+    doc, env = tmp_path / "hook-stdin.json", tmp_path / "hook-env"
+    script = f'cat > {doc}; echo "$KURED_NODE $KURED_HOOK_EVENT" >> {env}; echo ticket system down; exit 4'
+    host = _host(
+        tmp_path,
+        kubeconfig,
+        "--period",
+        "1s",
+        "--post-uncordon-hook-command",
+        f"sh -c '{script}'",
+        "--notify-url",
+        f"generic+http://127.0.0.1:{receiver.port}/notify",
+        "--message-template-back",
+        "%s is back",
+    )
+    host.sentinel.touch()
+    host.start()
+    try:
+        assert await _until(lambda: "n1 is back" in str(receiver.received), 60), host.log()
+        assert await _until(lambda: host.status()["maintenance"]["active"] is False, 10)
+        await asyncio.sleep(3)  # several checks: the hook is not run again
+        body = json.loads(doc.read_text())
+        assert (body["node"], body["event"], body["lock_holder"]) == ("n1", "post-uncordon", "n1")
+        assert env.read_text() == "n1 post-uncordon\n"
+        scrape = oneshot.get(host.url + "/metrics", timeout=10).text
+        assert _metric("", "kured_hooks_total", scrape, event="post-uncordon", result="failed") == 1
+        assert _metric("", "kured_failures_total", scrape, kind="hook") == 1
+        failure = host.status()["maintenance"]["last_hook_failure"]
+        assert "exited 4: ticket system down" in failure["message"], failure
+        assert "post-uncordon hook failed (not retried)" in host.log()
+        assert [what for _, _, what in read_events(tmp_path / "events")] == [
+            "boot",
+            "reboot",
+            "boot",
+        ]
+    finally:
+        host.stop()
