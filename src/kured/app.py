@@ -23,9 +23,11 @@ from aiohttp import web
 from kit.clock import Clock, SystemClock
 from kured.actuators.deleted_nodes import DeletedHolders
 from kured.actuators.drain import DrainOptions
+from kured.actuators.hooks import Hook
 from kured.actuators.node import KubernetesNode, NodeOptions, label_keys_differ
 from kured.actuators.notify import Notifier
 from kured.actuators.reboot import CommandReboot, Rebooter, SignalReboot, wants_host_namespace
+from kured.actuators.silence import Silencer
 from kured.apiserver import ApiServer
 from kured.console import status_of
 from kured.core.errors import ConfigurationError, LockError, SensorError
@@ -33,6 +35,7 @@ from kured.core.notify_urls import translate
 from kured.locks.base import Lock
 from kured.lockview import READ_TIMEOUT_SECONDS
 from kured.loop import Agent, AgentConfig, Gate
+from kured.maintenance import MaintenanceKit
 from kured.metrics import AgentCollector, exposition, registry_for
 from kured.sensors.alerts import PrometheusAlertGate
 from kured.sensors.http_gate import HttpGate
@@ -132,9 +135,34 @@ def build_notifier(s: Settings) -> Notifier | None:
             "drain": s.message_template_drain,
             "reboot": s.message_template_reboot,
             "uncordon": s.message_template_uncordon,
+            "back": s.message_template_back,
         },
         s.node_id,
         s.notify_timeout,
+    )
+
+
+def build_maintenance(s: Settings, session: aiohttp.ClientSession) -> MaintenanceKit:
+    """The silencer and hooks around a reboot (``kured.maintenance``), on ``session``."""
+
+    def hook(event: str, url: str, command: tuple[str, ...]) -> Hook | None:
+        return Hook(session, event, url, command, s.hook_timeout) if url or command else None
+
+    return MaintenanceKit(
+        silencer=(
+            Silencer(
+                session,
+                s.alertmanager_url,
+                s.alertmanager_silence_matcher,
+                s.node_id,
+                s.alertmanager_timeout,
+            )
+            if s.alertmanager_url
+            else None
+        ),
+        silence_duration_seconds=s.alertmanager_silence_duration,
+        pre_drain=hook("pre-drain", s.pre_drain_hook_url, s.pre_drain_hook_command),
+        post_uncordon=hook("post-uncordon", s.post_uncordon_hook_url, s.post_uncordon_hook_command),
     )
 
 
@@ -213,6 +241,7 @@ class AgentService:
                 if s.release_lock_of_deleted_nodes and self.api is not None
                 else None
             ),
+            maintenance=build_maintenance(s, session),
         )
 
     async def run(self) -> None:

@@ -44,6 +44,28 @@ def lock_read(agent: Agent) -> dict[str, Any]:
     }
 
 
+def maintenance_of(agent: Agent) -> dict[str, Any]:
+    """The maintenance around a reboot (``kured.maintenance``): since when, what it waits for,
+    the silence held, the last hook failure."""
+    m, st = agent.view.maintenance, agent.state
+    failure = m.last_hook_failure
+    return {
+        "active": st.maintenance_since is not None,
+        "since": _iso(st.maintenance_since) or None,
+        "rebooted": st.maintenance_rebooted,
+        "phase": m.phase,
+        "silence": (
+            {"id": m.silence_id, "ends_at": _iso(m.silence_ends_at) or None}
+            if m.silence_id
+            else None
+        ),
+        "silence_expiry_pending": agent.silence_sweep_pending,
+        "last_hook_failure": (
+            {"at": _iso(failure[0]), "message": failure[1]} if failure is not None else None
+        ),
+    }
+
+
 def status_of(agent: Agent, window_description: str) -> dict[str, Any]:
     """This node's conditions, the first thing blocking a reboot, and the lock holders."""
     view = agent.view
@@ -132,6 +154,7 @@ def status_of(agent: Agent, window_description: str) -> dict[str, Any]:
             if view.last_drain_failure is not None
             else None
         ),
+        "maintenance": maintenance_of(agent),
     }
 
 
@@ -162,4 +185,15 @@ def render(status: dict[str, Any]) -> str:
     drain = status.get("last_drain_failure")
     if drain:
         lines.append(f"last drain failure ({drain['action']}): {drain['message']}")
+    m = status.get("maintenance") or {}
+    if m.get("active"):
+        lines.append(f"maintenance since {m['since']}: {m['phase'] or 'in progress'}")
+    if m.get("silence"):
+        s = m["silence"]
+        lines.append(f"alertmanager silence {s['id']} until {s['ends_at']}")
+    if m.get("silence_expiry_pending"):
+        lines.append("alertmanager silence expiry PENDING (alertmanager unreachable; retried)")
+    if m.get("last_hook_failure"):
+        h = m["last_hook_failure"]
+        lines.append(f"last hook failure at {h['at']}: {h['message']}")
     return "\n".join(lines)

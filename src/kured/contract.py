@@ -52,6 +52,8 @@ class Notify(Protocol):
 
     def send(self, event: str) -> None: ...
 
+    def sends(self, event: str) -> bool: ...
+
     async def flush(self) -> None: ...
 
 
@@ -100,6 +102,23 @@ class DrainFailure:
 
 
 @dataclass
+class MaintenanceView:
+    """The maintenance around a reboot (``kured.maintenance``), for ``kured status`` and
+    metrics: the silence held (id, end in unix seconds), what the maintenance waits for, the
+    last hook failure, and hook runs by ``(event, result)``."""
+
+    silence_id: str = ""
+    silence_ends_at: float | None = None
+    phase: str = ""
+    last_hook_failure: tuple[float, str] | None = None
+    hooks_total: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def hook_ran(self, event: str, result: str) -> None:
+        key = (event, result)
+        self.hooks_total[key] = self.hooks_total.get(key, 0) + 1
+
+
+@dataclass
 class AgentView:
     """The last observation and decision, for ``kured status`` and metrics."""
 
@@ -110,6 +129,7 @@ class AgentView:
     last_tick_at: float | None = None
     next_check_at: float | None = None  # unix seconds of the next (or first) check
     last_drain_failure: DrainFailure | None = None
+    maintenance: MaintenanceView = field(default_factory=MaintenanceView)
 
     def fail(self, kind: str) -> None:
         self.failures_total[kind] = self.failures_total.get(kind, 0) + 1

@@ -39,6 +39,12 @@ uncordon (after the reboot, once the node is uncordoned; not when it stays cordo
 it was cordoned before the lock). Delivery never blocks or fails a reboot
 (``kured.actuators.notify``).
 
+Around a reboot (``kured.maintenance``, a base class of ``Agent`` too): before the drain the
+Alertmanager silence and the pre-drain hook (either failing blocks the reboot and gives the lock
+back), and once the node is back (uncordoned, its gates passing again, checked after each tick)
+the post-uncordon hook, the "back" message and the silence's expiry; a reboot given up, or not
+found on start, expires the silence.
+
 The node steps are in ``kured.choreography`` (a base class of ``Agent``); the protocols, the
 configuration and the view are in ``kured.contract`` and re-exported here.
 """
@@ -68,6 +74,7 @@ from kured.core.errors import KuredError, LockError, RebootError, SensorError
 from kured.core.policy import Action, Decision, Observation, Why, decide
 from kured.locks.base import Lock
 from kured.lockview import LockView
+from kured.maintenance import MaintenanceKit, MaintenanceSteps
 from kured.sensors.sentinel import Sentinel
 from kured.state import AgentState, StateStore, current_boot_id
 
@@ -85,7 +92,7 @@ __all__ = [
 ]
 
 
-class Agent(NodeSteps):
+class Agent(NodeSteps, MaintenanceSteps):
     def __init__(
         self,
         config: AgentConfig,
@@ -102,6 +109,7 @@ class Agent(NodeSteps):
         boot_id: Callable[[], str] = current_boot_id,
         notifier: Notify | None = None,
         deleted_holders: DeletedHolderCheck | None = None,
+        maintenance: MaintenanceKit | None = None,
     ) -> None:
         self.config = config
         self.window = window
@@ -125,6 +133,10 @@ class Agent(NodeSteps):
         self.tainted: bool | None = None  # our PreferNoSchedule taint as last set; None: unknown
         self.notifier = notifier
         self.deleted_holders = deleted_holders
+        self.maintenance = maintenance or MaintenanceKit()
+        self.back_uncordoned = True  # the last post-reboot restore uncordoned the node
+        self.silence_sweep_pending = False  # an expiry of our silences failed: retry each tick
+        self._keeper: asyncio.Task[None] | None = None  # extends the silence (kured.maintenance)
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, tz=UTC)
@@ -132,7 +144,12 @@ class Agent(NodeSteps):
     # -- start-up (kured's phase A) -------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Recognise a reboot this agent triggered before this start."""
+        """Recognise a reboot this agent triggered before this start, then carry on or abandon
+        the maintenance around it (``kured.maintenance``)."""
+        await self._recover_reboot()
+        await self._recover_maintenance()
+
+    async def _recover_reboot(self) -> None:
         self.state = self.store.load()
         if self.node is not None:
             try:
@@ -306,6 +323,7 @@ class Agent(NodeSteps):
             self._warn_held_elsewhere(obs.now)
         await self._prefer_no_schedule(decision)
         await self._act(decision)
+        await self._maintenance_step()
         return decision
 
     def _warn_held_elsewhere(self, now: datetime) -> None:
@@ -391,8 +409,12 @@ class Agent(NodeSteps):
     async def _release(self, after_reboot: bool) -> None:
         """Give the lock back: restore the node first (Kubernetes backend), then sleep the
         release delay only after a reboot (not after a failed drain: kured #1129)."""
-        if self.node is not None and await self._restore_node() and after_reboot:
-            self._notify("uncordon")
+        if self.node is not None:
+            uncordoned = await self._restore_node()
+            if after_reboot:
+                self.back_uncordoned = uncordoned
+                if uncordoned:
+                    self._notify("uncordon")
         delay = self.config.lock_release_delay_seconds
         if after_reboot and delay > 0:
             back = self.state.came_back_at
@@ -414,6 +436,8 @@ class Agent(NodeSteps):
         self._recovery_done()
         log.info("lock released by %s", self.config.node_id)
         await self._reread_lock()
+        if self.state.maintenance_since is not None and not self.state.maintenance_rebooted:
+            await self._abandon_maintenance("the lock was given back before the reboot")
 
     def _recovery_done(self) -> None:
         if self.state.came_back_at is not None:
@@ -421,6 +445,8 @@ class Agent(NodeSteps):
             self.store.save(self.state)
 
     async def _reboot(self) -> None:
+        if not await self._enter_maintenance():
+            return
         if self.node is not None and not await self._prepare_node():
             return
         if self.config.reboot_delay_seconds > 0:
@@ -431,6 +457,8 @@ class Agent(NodeSteps):
         if self.notifier is not None:
             self.notifier.send("reboot")
             await self.notifier.flush()  # bounded: the message must leave before the machine
+        if self.maintenance.silencer is not None:
+            await self._refresh_silence_quietly()  # a full duration to cover the boot
         self.state.reboot_triggered_at = self._unix()
         self.state.boot_id = self.boot_id()
         self.store.save(self.state)
@@ -467,6 +495,13 @@ class Agent(NodeSteps):
             datetime.fromtimestamp(self.view.next_check_at, tz=UTC).isoformat(),
             period,
         )
+        try:
+            await self._forever()
+        finally:
+            await self._stop_keeper()
+
+    async def _forever(self) -> None:
+        period = self.config.period_seconds
         delay = 0.0
         first = True
         while True:

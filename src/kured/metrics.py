@@ -19,7 +19,13 @@ users build alerts blind (kured-behaviour.md, "Little visibility"):
   node, reboot_loop) and ``kured_decisions_total{node,action}``;
 * with ``--notify-url``: ``kured_notifications_total{node,event,result}`` (event drain, reboot,
   uncordon; result sent, failed, timeout), every delivery to every URL;
-* with ``--release-lock-of-deleted-nodes``: ``kured_lock_releases_of_deleted_nodes_total{node}``.
+* with ``--release-lock-of-deleted-nodes``: ``kured_lock_releases_of_deleted_nodes_total{node}``;
+* ``kured_maintenance_active{node}`` (1 from the silence and pre-drain hook until the node is
+  back and its gates pass, or the reboot is abandoned); with ``--alertmanager-url``
+  ``kured_alertmanager_silence_active{node}`` (1 while this agent holds a silence) and
+  ``kured_alertmanager_silence_ends_timestamp_seconds{node}``; with a hook
+  ``kured_hooks_total{node,event,result}`` (event pre-drain, post-uncordon; result ok, failed).
+  Failures of either also count in ``kured_failures_total`` (kind silence, hook).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kured.actuators.hooks import EVENTS as HOOK_EVENTS
+from kured.actuators.hooks import RESULTS as HOOK_RESULTS
 from kured.actuators.notify import Notifier
 from kured.core.policy import Why
 from kured.loop import Agent
@@ -145,6 +153,7 @@ class AgentCollector(Collector):
             )
             reaped.add_metric([node], a.deleted_holders.released_total)
             yield reaped
+        yield from _maintenance(a)
         notifier = a.notifier
         if isinstance(notifier, Notifier):
             sent = CounterMetricFamily(
@@ -155,6 +164,39 @@ class AgentCollector(Collector):
             for (event, result), n in sorted(notifier.counts.items()):
                 sent.add_metric([node, event, result], n)
             yield sent
+
+
+def _maintenance(a: Agent) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    node = a.config.node_id
+    m = a.view.maintenance
+    yield _gauge(
+        "kured_maintenance_active",
+        "1 from the silence and pre-drain hook until the node is back and its gates pass.",
+        node,
+        1 if a.state.maintenance_since is not None else 0,
+    )
+    if a.maintenance.silencer is not None:
+        yield _gauge(
+            "kured_alertmanager_silence_active",
+            "1 while this agent holds an Alertmanager silence for its node.",
+            node,
+            1 if m.silence_id else 0,
+        )
+        if m.silence_ends_at is not None:
+            yield _gauge(
+                "kured_alertmanager_silence_ends_timestamp_seconds",
+                "When the silence held ends unless extended (unix time).",
+                node,
+                m.silence_ends_at,
+            )
+    if a.maintenance.pre_drain is not None or a.maintenance.post_uncordon is not None:
+        hooks = CounterMetricFamily(
+            "kured_hooks", "Hook runs by event and result.", labels=["node", "event", "result"]
+        )
+        for event in HOOK_EVENTS:
+            for result in HOOK_RESULTS:
+                hooks.add_metric([node, event, result], m.hooks_total.get((event, result), 0))
+        yield hooks
 
 
 def _gauge(name: str, doc: str, node: str, value: float) -> GaugeMetricFamily:

@@ -83,6 +83,7 @@ from kured.settings_rules import (
     OptionalUrl,
     Regexp,
     Signal,
+    SilenceMatcher,
     Stripped,
     TaintKey,
     Template,
@@ -297,9 +298,54 @@ class Settings:
         "Node %s rebooted & uncordoned successfully!",
         "message sent after the reboot once the node is uncordoned; %s is the node name",
     )
+    message_template_back: Template = option(
+        "",
+        "message sent once the node is uncordoned after the reboot and its gates pass again, "
+        "e.g. 'Node %s is back' (not kured's; '' = none, as kured); %s is the node name",
+    )
     notify_timeout: PositiveDuration = option(
         10.0, "bound of one notification delivery (and of the wait for the reboot message)"
     )
+    alertmanager_url: OptionalUrl = option(
+        "",
+        "Alertmanager base URL: a silence with --alertmanager-silence-matcher is created before "
+        "the drain and expired once the node is back and its gates pass, or the reboot is "
+        "abandoned; an unreachable Alertmanager blocks the reboot ('' = off)",
+    )
+    alertmanager_silence_matcher: tuple[SilenceMatcher, ...] = option(
+        (),
+        "matcher of the silence: name=value, name!=value, name=~regex or name!~regex; %s is the "
+        "node name (repeatable, ANDed; in the environment separate matchers with ';')",
+        repeatable=True,
+        separator=";",
+    )
+    alertmanager_silence_duration: PositiveDuration = option(
+        1800.0,
+        "the silence ends this long after its last extension: kured extends it every third of "
+        "it and right before the reboot, so the silence of a dead agent ends by itself",
+    )
+    alertmanager_timeout: PositiveDuration = option(10.0, "timeout of one Alertmanager request")
+    pre_drain_hook_url: OptionalUrl = option(
+        "",
+        "POST a JSON document (node, event, time, lock_holder) here after the lock is taken, "
+        "before the drain; a failure (no 2xx, timeout) blocks the reboot ('' = off)",
+    )
+    pre_drain_hook_command: Argv = option(
+        (),
+        "command run (split like a shell, no shell; the JSON document on its stdin) after the "
+        "lock is taken, before the drain; a non-zero exit or timeout blocks the reboot",
+    )
+    post_uncordon_hook_url: OptionalUrl = option(
+        "",
+        "POST the JSON document here once the node is uncordoned after the reboot and its "
+        "gates pass again; a failure is logged and counted ('' = off)",
+    )
+    post_uncordon_hook_command: Argv = option(
+        (),
+        "command run (the JSON document on its stdin) once the node is uncordoned after the "
+        "reboot and its gates pass again; a failure is logged and counted",
+    )
+    hook_timeout: PositiveDuration = option(30.0, "bound of one hook (its POST or its command)")
     prometheus_timeout: PositiveDuration = option(10.0, "timeout of one Prometheus query")
     metrics_host: Stripped = option("", "bind address for /metrics ('' = all)")
     metrics_port: Port = option(8080, "bind port for /metrics")

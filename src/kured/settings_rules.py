@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 from kit.local_zone import local_zone
 from kit.settings import checked, parse_http_url, parse_positive_int, split_list
+from kured.actuators.silence import Matcher, parse_matcher
 from kured.core.cron_window import check_expression
 from kured.core.window import EVERY_DAY, parse_days, parse_time, parse_zone
 
@@ -53,6 +54,9 @@ def _template(text: str) -> str:
 
 
 Template: TypeAlias = Annotated[str, _template]
+
+
+SilenceMatcher: TypeAlias = Annotated[Matcher, parse_matcher]
 
 
 def parse_argv(text: str) -> tuple[str, ...]:
@@ -191,6 +195,14 @@ def validate_settings(s: Settings) -> list[str]:
             "KURED_ETCD_ENDPOINTS / --etcd-endpoints must name at least one URL "
             "with --lock-backend=etcd"
         )
+    if s.alertmanager_url and not s.alertmanager_silence_matcher:
+        problems.append(
+            "KURED_ALERTMANAGER_URL / --alertmanager-url needs at least one "
+            "--alertmanager-silence-matcher (e.g. instance=~%s(:[0-9]+)?): a silence without "
+            "matchers would silence everything"
+        )
+    if s.alertmanager_silence_matcher and not s.alertmanager_url:
+        problems.append("--alertmanager-silence-matcher needs --alertmanager-url")
     if s.lock_backend not in KUBERNETES_BACKENDS:
         needs = [
             flag

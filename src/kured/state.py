@@ -20,6 +20,11 @@ and B40); it is cleared as soon as no reboot is required.
 ``came_back_at`` is when the agent first started after a confirmed reboot (unix seconds); it is
 cleared once the lock is released. ``--lock-release-delay`` counts from it, so an agent restarted
 during the delay sleeps only what is left instead of skipping the delay (issue 15).
+
+``maintenance_since``, ``maintenance_rebooted`` and ``back_announced`` follow the maintenance
+around a reboot (``kured.maintenance``: the Alertmanager silence, the hooks, the "node is back"
+message). A start that finds a maintenance whose reboot did not happen abandons it (expires the
+silence); one that finds the machine rebooted within it carries it on to the end.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ class AgentState:
     last_reboot_at: float | None = None
     came_back_at: float | None = None  # unix seconds; set while post-reboot recovery runs
     held_off_until: float | None = None  # unix seconds; no reboot attempt before it
+    # The maintenance around a reboot (kured.maintenance): since when (unix seconds; None: none
+    # in progress), whether the machine rebooted within it (the "back" phase runs then; else a
+    # restart abandons it), and whether the back message and post-uncordon hook went out.
+    maintenance_since: float | None = None
+    maintenance_rebooted: bool = False
+    back_announced: bool = False
 
 
 class StateStore:

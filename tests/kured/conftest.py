@@ -1,4 +1,5 @@
-"""Fixtures for kured's tests: a real etcd server on 127.0.0.1, and the Kubernetes API double.
+"""Fixtures for kured's tests: a real etcd server on 127.0.0.1, a real Alertmanager, and the
+Kubernetes API double.
 
 One etcd (Debian's ``etcd``, 3.4) serves the whole test run (``etcd_session``, started the
 first time a test asks for it: about a second saved per test). Tests share it through a key
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from kura_harness.launch import LaunchError
+from kura_harness.launch.alertmanager import Alertmanager
 from kura_harness.launch.etcd import Etcd
 from tests import oneshot
 from tests.kured.k8s_double import KubeDouble
@@ -99,6 +101,21 @@ def etcd_server(tmp_path: Path) -> Iterator[Etcd]:
     """A fresh single-member etcd of this test's own (``kura_harness.launch.etcd.Etcd``: ``url``,
     ``stop()``), for a test that stops it. Fails, never skips, if etcd is missing."""
     server = _start_etcd(tmp_path / "etcd")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
+    """A real Alertmanager of this test's own (Debian's ``prometheus-alertmanager``,
+    ``kura_harness.launch.alertmanager``: ``url``, ``silences()``). Fails, never skips, when
+    it is not installed: the silence tests are the proof that no silence is left behind."""
+    try:
+        server = Alertmanager(tmp_path / "alertmanager").start()
+    except LaunchError as exc:
+        pytest.fail(f"{exc} (the silence tests need a real Alertmanager)")
     try:
         yield server
     finally:

@@ -1,4 +1,5 @@
 """Process launchers for real servers on 127.0.0.1: kura nodes, kured agents, etcd, Prometheus,
+Alertmanager (``alertmanager``: kured's silences),
 SeaweedFS (the object-storage tier's S3 store, ``seaweedfs``).
 
 One place for starting, waiting until ready and stopping these processes, shared by

@@ -87,6 +87,10 @@ class Notifier:
     def enabled(self) -> bool:
         return bool(self._targets)
 
+    def sends(self, event: str) -> bool:
+        """Whether ``event`` has a message (the "back" message is off with an empty template)."""
+        return bool(self._templates.get(event))
+
     def send(self, event: str) -> None:
         """Start delivering the ``event`` message (drain, reboot, uncordon) to every URL."""
         if event not in self._templates:

@@ -39,7 +39,8 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-EVENTS = ("drain", "reboot", "uncordon")
+# "back" is ours (kured #585): once the node is uncordoned after the reboot and its gates pass.
+EVENTS = ("drain", "reboot", "uncordon", "back")
 # kured 1.23's defaults (cmd/kured/main.go).
 DEFAULT_TEMPLATES = {
     "drain": "Draining node %s",

@@ -88,6 +88,11 @@ class Why(enum.Enum):
     # Set by the agent: the uncordon before a release failed; it is retried with backoff and
     # the lock is kept meanwhile.
     UNCORDON_FAILED = "uncordon_failed"
+    # Set by the agent (kured.maintenance), after the lock is taken and before the drain: the
+    # Alertmanager silence could not be created, or the pre-drain hook failed. The lock is
+    # given back at once, nothing was touched on the node, the next check tries again.
+    SILENCE_FAILED = "silence_failed"
+    PRE_DRAIN_HOOK_FAILED = "pre_drain_hook_failed"
 
 
 @dataclass(frozen=True)

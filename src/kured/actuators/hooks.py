@@ -1,0 +1,134 @@
+"""Maintenance hooks around a reboot (kured #501): ``pre-drain`` (after the lock is taken and
+the silence set, before the cordon and drain) and ``post-uncordon`` (once the node is back:
+uncordoned and its gates pass again).
+
+Each hook is an HTTP POST of a JSON document (``--pre-drain-hook-url``,
+``--post-uncordon-hook-url``), a command (``--pre-drain-hook-command``,
+``--post-uncordon-hook-command``: split like a shell, run without one, the same document on its
+standard input and ``KURED_NODE``/``KURED_HOOK_EVENT`` in its environment), or both (the URL
+first). The document::
+
+    {"node": "n1", "event": "pre-drain", "time": "2026-12-07T03:00:00+00:00",
+     "lock_holder": "n1", "kured": "kura"}
+
+A hook succeeds when the URL answers 2xx and the command exits 0, both within
+``--hook-timeout``; anything else is a ``HookError`` whose message says what happened. The
+agent treats a failed pre-drain hook as a blocked reboot (the lock is given back, the reason is
+shown by ``kured status``, ``kured_failures_total{kind="hook"}`` counts it, and the next check
+tries again); a failed post-uncordon hook is logged and counted, and not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Sequence
+from datetime import datetime
+
+import aiohttp
+
+from kured.core.errors import KuredError
+
+EVENTS = ("pre-drain", "post-uncordon")
+RESULTS = ("ok", "failed")
+OUTPUT_SHOWN_CHARS = 300
+
+
+class HookError(KuredError):
+    """A hook failed: no 2xx answer, a non-zero exit, or the timeout."""
+
+
+def document(node: str, event: str, at: datetime, lock_holder: str) -> dict[str, str]:
+    return {
+        "node": node,
+        "event": event,
+        "time": at.isoformat(),
+        "lock_holder": lock_holder,
+        "kured": "kura",
+    }
+
+
+class Hook:
+    """One event's hook: a URL, a command, or both."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        event: str,
+        url: str,
+        command: Sequence[str],
+        timeout_seconds: float,
+    ) -> None:
+        self.session = session
+        self.event = event
+        self.url = url
+        self.command = tuple(command)
+        self.timeout = timeout_seconds
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.url or self.command)
+
+    def describe(self) -> str:
+        parts = ([f"POST {self.url}"] if self.url else []) + (
+            [f"command {self.command[0]}"] if self.command else []
+        )
+        return " and ".join(parts)
+
+    async def run(self, doc: dict[str, str]) -> None:
+        """Run the URL then the command; raises ``HookError`` at the first failure."""
+        if self.url:
+            await self._post(doc)
+        if self.command:
+            await self._exec(doc)
+
+    async def _post(self, doc: dict[str, str]) -> None:
+        try:
+            async with self.session.post(
+                self.url, json=doc, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            ) as response:
+                body = await response.text()
+                if response.status // 100 != 2:
+                    raise HookError(
+                        f"{self.event} hook {self.url} answered {response.status}: "
+                        f"{body.strip()[:OUTPUT_SHOWN_CHARS]}"
+                    )
+        except TimeoutError:
+            raise HookError(
+                f"{self.event} hook {self.url} did not answer within {self.timeout:g}s"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise HookError(f"{self.event} hook {self.url}: {type(exc).__name__}: {exc}") from None
+
+    async def _exec(self, doc: dict[str, str]) -> None:
+        env = dict(os.environ, KURED_NODE=doc["node"], KURED_HOOK_EVENT=self.event)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise HookError(f"{self.event} hook command {self.command[0]}: {exc}") from None
+        try:
+            async with asyncio.timeout(self.timeout):
+                out, _ = await proc.communicate(json.dumps(doc).encode())
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            await proc.wait()
+            raise HookError(
+                f"{self.event} hook command {self.command[0]} did not finish within "
+                f"{self.timeout:g}s (killed)"
+            ) from None
+        if proc.returncode != 0:
+            shown = out.decode(errors="replace").strip()[-OUTPUT_SHOWN_CHARS:]
+            raise HookError(
+                f"{self.event} hook command {self.command[0]} exited {proc.returncode}"
+                + (f": {shown}" if shown else "")
+            )

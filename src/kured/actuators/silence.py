@@ -1,0 +1,174 @@
+"""Alertmanager silences for the node being rebooted (``--alertmanager-url``; kured #499).
+
+Through Alertmanager's API v2 (https://prometheus.io/docs/alerting/latest/alertmanager/,
+``api/v2/openapi.yaml``): ``POST /api/v2/silences`` creates a silence, or with the ``id`` of an
+active one updates it in place (Alertmanager may instead expire it and answer a new id: the
+answer's id is the one kept); ``GET /api/v2/silences`` lists them; ``DELETE
+/api/v2/silence/{id}`` expires one.
+
+A silence of ours is recognised by its ``createdBy`` (``kured``) and the start of its
+``comment`` (``kured: reboot of node <node> ``), not only by an id kept somewhere: an agent
+killed between the POST and writing its state file still finds (and expires) its silence at the
+next start. ``expire_ours`` expires every active or pending one of this node's.
+
+The matchers (``--alertmanager-silence-matcher``) are ``name=value``, ``name!=value``,
+``name=~regex`` or ``name!~regex`` (Alertmanager's ``amtool`` spelling), each templated with
+the node name like the notification templates (``%s``). Every call is bounded by the timeout
+and raises ``SilenceError`` for anything but a 2xx answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import aiohttp
+
+from kured.core.errors import KuredError
+from kured.core.notify_urls import render
+
+CREATED_BY = "kured"
+_MATCHER = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
+
+
+class SilenceError(KuredError):
+    """Alertmanager could not be reached or refused a request."""
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One silence matcher: ``name``, operator, ``value`` (a template: ``%s`` is the node)."""
+
+    name: str
+    op: str
+    value: str
+
+    def for_node(self, node: str) -> dict[str, Any]:
+        """The API v2 matcher object for ``node``."""
+        return {
+            "name": self.name,
+            "value": render(self.value, node),
+            "isRegex": self.op in ("=~", "!~"),
+            "isEqual": self.op in ("=", "=~"),
+        }
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.op}{self.value}"
+
+
+def parse_matcher(text: str) -> Matcher:
+    """``name=value``, ``name!=value``, ``name=~regex`` or ``name!~regex``; ValueError else."""
+    m = _MATCHER.match(text)
+    if m is None:
+        raise ValueError(
+            f"{text!r} is not a matcher: write name=value, name!=value, name=~regex or "
+            "name!~regex (%s is the node name)"
+        )
+    name, op, value = m.groups()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    if op in ("=~", "!~"):
+        try:
+            re.compile(render(value, "node"))
+        except re.error as exc:
+            raise ValueError(f"{text!r}: invalid regular expression: {exc}") from None
+    return Matcher(name, op, value)
+
+
+def _iso(at: datetime) -> str:
+    return at.isoformat().replace("+00:00", "Z")
+
+
+class Silencer:
+    """This node's silences in the Alertmanager at ``url``."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        matchers: Sequence[Matcher],
+        node: str,
+        timeout_seconds: float,
+    ) -> None:
+        self.session = session
+        self.url = url.rstrip("/")
+        self.matchers = tuple(matchers)
+        self.node = node
+        self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self.marker = f"kured: reboot of node {node} "
+
+    def comment(self, since: datetime) -> str:
+        return (
+            f"{self.marker}(drained since {_iso(since)}); kured expires it once the node is "
+            "back and its gates pass"
+        )
+
+    async def _call(self, method: str, path: str, body: object | None = None) -> Any:
+        try:
+            async with self.session.request(
+                method, self.url + path, json=body, timeout=self.timeout
+            ) as response:
+                text = await response.text()
+                if response.status // 100 != 2:
+                    raise SilenceError(
+                        f"alertmanager {self.url} answered {response.status} to {method} {path}: "
+                        f"{text.strip()[:200]}"
+                    )
+                return await response.json(content_type=None) if text.strip() else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise SilenceError(
+                f"alertmanager {self.url} ({method} {path}): {type(exc).__name__}: {exc}"
+            ) from None
+
+    async def ours(self) -> list[dict[str, Any]]:
+        """This node's active or pending silences made by kured."""
+        answer = await self._call("GET", "/api/v2/silences")
+        if not isinstance(answer, list):
+            raise SilenceError(f"alertmanager {self.url}: GET /api/v2/silences is not a list")
+        return [
+            s
+            for s in answer
+            if isinstance(s, dict)
+            and s.get("createdBy") == CREATED_BY
+            and str(s.get("comment", "")).startswith(self.marker)
+            and (s.get("status") or {}).get("state") in ("active", "pending")
+        ]
+
+    async def ensure(self, now: datetime, ends_at: datetime, since: datetime) -> str:
+        """Create this node's silence, or move the end of the active one to ``ends_at``.
+        Returns its id."""
+        current = await self.ours()
+        body: dict[str, Any] = {
+            "matchers": [m.for_node(self.node) for m in self.matchers],
+            "startsAt": _iso(now),
+            "endsAt": _iso(ends_at),
+            "createdBy": CREATED_BY,
+            "comment": self.comment(since),
+        }
+        if current:
+            body["id"] = current[0]["id"]
+            body["startsAt"] = current[0].get("startsAt", body["startsAt"])
+        answer = await self._call("POST", "/api/v2/silences", body)
+        silence_id = str((answer or {}).get("silenceID", ""))
+        if not silence_id:
+            raise SilenceError(f"alertmanager {self.url}: no silenceID in {answer!r}")
+        for extra in current[1:]:  # two of ours (a race of restarts): one is enough
+            await self.expire(str(extra["id"]))
+        return silence_id
+
+    async def expire(self, silence_id: str) -> None:
+        await self._call("DELETE", f"/api/v2/silence/{silence_id}")
+
+    async def expire_ours(self) -> list[str]:
+        """Expire every active or pending silence of this node's; their ids."""
+        ids = [str(s["id"]) for s in await self.ours()]
+        for silence_id in ids:
+            await self.expire(silence_id)
+        return ids
+
+
+def ends_at(now: datetime, duration_seconds: float) -> datetime:
+    return now + timedelta(seconds=duration_seconds)
