@@ -74,7 +74,14 @@ def violations_after(change) -> list[str]:  # type: ignore[no-untyped-def]
         (lambda r: setattr(r.hosts[2], "reboot_at", None), "host2 was never rebooted"),
         (lambda r: setattr(r.hosts[1], "reboots", 2), "host1 was rebooted 2 times"),
         (lambda r: r.lock_history[1].update(acquired=13.0), "lock overlap"),
-        (lambda r: setattr(r.hosts[0], "ready_at", 20.5), "host1 rebooted at 20.000 before host0"),
+        (
+            lambda r: setattr(r.hosts[0], "last_not_ready_at", 20.2),
+            "host1 rebooted at 20.000 before host0",
+        ),
+        (
+            lambda r: setattr(r.hosts[0], "kura_up_at", 20.5),
+            "host1 rebooted at 20.000 before host0",
+        ),
         (lambda r: setattr(r.hosts[1], "reboot_at", 25.0), "outside its lock"),
         (lambda r: r.lost.append("nx 1 on host1: 404"), "artifact copies lost"),
         (lambda r: setattr(r, "verified_reads", 29), "verified 29 of 30"),
@@ -125,3 +132,14 @@ def test_log_times_and_percentile() -> None:
     assert percentile([], 99) is None
     assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
     assert percentile([5.0], 50) == 5.0
+
+
+def test_a_reboot_between_the_last_refusal_and_the_first_200_is_not_a_violation() -> None:
+    """The observer knows the previous node's switch to ready only to within one poll: after
+    its last refused ``/ready`` and at or before its first 200. A reboot in between cannot be
+    told from a correct one (kured's own probe may have seen the 200 first), so it is not
+    named; one before the last refusal is (``test_each_violation_is_named``)."""
+    res = copy.deepcopy(good())
+    res.hosts[0].last_not_ready_at = 19.9
+    res.hosts[0].ready_at = 20.1  # host1 rebooted at 20.0, inside (19.9, 20.1]
+    assert evaluate(res) == []
