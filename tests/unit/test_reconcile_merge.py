@@ -8,7 +8,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from kura.core.manifest import Manifest
+from kura.storage import blobs
 from kura.storage.blobs import BlobFiles, stat_signature
 from kura.storage.reconcile import reconcile
 from kura.storage.recovery import open_storage
@@ -37,9 +40,13 @@ def _write(files: BlobFiles, m: Manifest, data: bytes) -> Path:
     return path
 
 
+@pytest.mark.parametrize("ahead", [1, 2, 64])
 def test_reconcile_keeps_every_current_file_and_removes_or_drops_the_rest(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int
 ) -> None:
+    # Bucket listings are read ahead (blobs.LIST_AHEAD): the merge must see them in order
+    # whether the window is one bucket, a few, or more than the data dir has.
+    monkeypatch.setattr(blobs, "LIST_AHEAD", ahead)
     files = BlobFiles(tmp_path / "data", tmp_path / "tmp")
     index, _report = open_storage(files)
     ids = [f"{i:02x}" * 32 for i in (0x10, 0x11, 0x20, 0x21, 0x30, 0xA0, 0xA1, 0xFF)]

@@ -32,8 +32,9 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, Protocol
@@ -51,6 +52,10 @@ LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
 SUPPORTED_LAYOUTS = ("1", "2")
 STAGING_AREAS = ("uploads", "parts", "bootstrap")
+# Bucket directories listed ahead of the start-up walk (``BlobFiles.stored_names``), by so
+# many threads: a bound on the listings held in memory, and on the disk reads in flight.
+LIST_AHEAD = 64
+LIST_THREADS = 8
 # In the name of a publish leftover under ``blobs/`` (``BlobFiles.persist``, ``put_concatenated``).
 INCOMING = ".incoming-"
 # Bodies without a Content-Length grow their reservation in steps of this many bytes.
@@ -212,8 +217,9 @@ class BlobFiles:
         """Every blob file under ``blobs/`` (any name starting with a 64-hex artifact id),
         grouped by artifact id, as strings: ``StoredVersions`` (the directory, the names and
         whether the directory is the id's ``bucket``), in ascending artifact_id order, holding
-        one bucket directory's listing in memory at a time (a million files must not cost a
-        path each in RAM at start-up). Files in a directory that is not their id's bucket (no
+        at most ``LIST_AHEAD`` bucket directories' listings in memory (read ahead in
+        ``LIST_THREADS`` threads; a million files must not cost a name each in RAM at
+        start-up). Files in a directory that is not their id's bucket (no
         row names them) come first in their directory's turn, out of that order; the order of
         the others is kept.
 
@@ -223,24 +229,19 @@ class BlobFiles:
         is passed to it as the walk meets it (start-up removes them: ``storage.reconcile``).
         Only while nothing publishes: at run time such a file may be a publish in flight."""
         blobs = os.fspath(self.blobs_dir)
-        for top in _sorted_dir_names(blobs, incoming):
-            top_dir = os.path.join(blobs, top)
-            for sub in _sorted_dir_names(top_dir, incoming):
-                directory = os.path.join(top_dir, sub)
-                found: dict[str, list[str]] = {}
-                with os.scandir(directory) as entries:
-                    for entry in entries:
-                        name = entry.name
-                        if INCOMING in name:
-                            if incoming is not None and not entry.is_dir(follow_symlinks=False):
-                                incoming(entry.path)
-                        elif len(name) >= 64 and entry.is_file(follow_symlinks=False):
-                            found.setdefault(name[:64], []).append(name)
-                misplaced = [a for a in found if a[:2] != top or a[2:4] != sub]
-                for artifact_id in misplaced:
-                    yield StoredVersions(artifact_id, directory, found.pop(artifact_id), False)
-                for artifact_id in sorted(found):
-                    yield StoredVersions(artifact_id, directory, found[artifact_id], True)
+        # Bucket listings are read ahead in threads: cold, each is a disk read, and one at a
+        # time a big walk is mostly waiting (issue 31: 51,000 buckets at 10^5 artifacts).
+        pool = ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="kura-walk")
+        ahead: deque[tuple[str, str, str, Future[_Listing]]] = deque()
+        try:
+            for top, sub, directory in _bucket_dirs(blobs, incoming):
+                ahead.append((top, sub, directory, pool.submit(_list_bucket, directory)))
+                if len(ahead) >= LIST_AHEAD:
+                    yield from _grouped(*ahead.popleft(), incoming)
+            while ahead:
+                yield from _grouped(*ahead.popleft(), incoming)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def stored_files(
         self, incoming: Callable[[str], None] | None = None
@@ -428,6 +429,57 @@ def concatenate(parts: Sequence[Path], out: Path) -> Staged:
         out.unlink(missing_ok=True)
         raise
     return Staged(out, size, h.sha256, h.xxh3_128)
+
+
+# (names of the files of at least 64 characters, paths of ``.incoming-`` non-directories)
+_Listing = tuple[list[str], list[str]]
+
+
+def _list_bucket(directory: str) -> _Listing:
+    """One bucket's listing (``BlobFiles.stored_names``; run in a thread)."""
+    names: list[str] = []
+    leftovers: list[str] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            name = entry.name
+            if INCOMING in name:
+                if not entry.is_dir(follow_symlinks=False):
+                    leftovers.append(entry.path)
+            elif len(name) >= 64 and entry.is_file(follow_symlinks=False):
+                names.append(name)
+    return names, leftovers
+
+
+def _bucket_dirs(
+    blobs: str, incoming: Callable[[str], None] | None
+) -> Iterator[tuple[str, str, str]]:
+    """``(top, sub, blobs/top/sub)`` for every bucket directory, by name."""
+    for top in _sorted_dir_names(blobs, incoming):
+        top_dir = os.path.join(blobs, top)
+        for sub in _sorted_dir_names(top_dir, incoming):
+            yield top, sub, os.path.join(top_dir, sub)
+
+
+def _grouped(
+    top: str,
+    sub: str,
+    directory: str,
+    listing: Future[_Listing],
+    incoming: Callable[[str], None] | None,
+) -> Iterator[StoredVersions]:
+    """One bucket's ``StoredVersions`` in ``stored_names`` order; its leftovers to ``incoming``."""
+    names, leftovers = listing.result()
+    if incoming is not None:
+        for path in leftovers:
+            incoming(path)
+    found: dict[str, list[str]] = {}
+    for name in names:
+        found.setdefault(name[:64], []).append(name)
+    misplaced = [a for a in found if a[:2] != top or a[2:4] != sub]
+    for artifact_id in misplaced:
+        yield StoredVersions(artifact_id, directory, found.pop(artifact_id), False)
+    for artifact_id in sorted(found):
+        yield StoredVersions(artifact_id, directory, found[artifact_id], True)
 
 
 def _sorted_dir_names(parent: str, incoming: Callable[[str], None] | None) -> list[str]:
