@@ -102,7 +102,8 @@ def reconcile(files: BlobFiles, index: MetadataIndex) -> ReconcileReport:
         report.swept_incoming += 1
 
     # A merge of two streams in artifact_id order, the rows and the files, so that memory
-    # holds one page of rows and one bucket of names, whatever the number of artifacts. Names
+    # holds one page of rows and a few bucket listings (``blobs.LIST_AHEAD``), whatever the
+    # number of artifacts. Names
     # and ids are compared as strings: no path object per file.
     on_disk = files.stored_names(incoming=leftover)
     missing: list[str] = []
