@@ -8,7 +8,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from kura.core.manifest import Manifest
+from kura.storage import blobs
 from kura.storage.blobs import BlobFiles, stat_signature
 from kura.storage.reconcile import reconcile
 from kura.storage.recovery import open_storage
@@ -37,9 +40,13 @@ def _write(files: BlobFiles, m: Manifest, data: bytes) -> Path:
     return path
 
 
+@pytest.mark.parametrize("ahead", [1, 2, 64])
 def test_reconcile_keeps_every_current_file_and_removes_or_drops_the_rest(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int
 ) -> None:
+    # Bucket listings are read ahead (blobs.LIST_AHEAD): the merge must see them in order
+    # whether the window is one bucket, a few, or more than the data dir has.
+    monkeypatch.setattr(blobs, "LIST_AHEAD", ahead)
     files = BlobFiles(tmp_path / "data", tmp_path / "tmp")
     index, _report = open_storage(files)
     ids = [f"{i:02x}" * 32 for i in (0x10, 0x11, 0x20, 0x21, 0x30, 0xA0, 0xA1, 0xFF)]
@@ -85,5 +92,57 @@ def test_reconcile_keeps_every_current_file_and_removes_or_drops_the_rest(
     # 3 superseded versions, 1 stray beside the inline row, 4 orphans, 1 misplaced.
     assert report.removed_files == 3 + 1 + 4 + 1
     assert [aid for aid, _v in files.stored_files()] == sorted(kept)
+    index.close_thread_connection()
+    files.close()
+
+
+def test_start_up_removes_incoming_leftovers_in_the_one_walk_and_never_lists_them(
+    tmp_path: Path,
+) -> None:
+    """``*.incoming-*`` files a publish left under ``blobs/`` (``BlobFiles.persist`` across
+    filesystems, ``put_concatenated``) are removed at start-up by reconcile's own walk
+    (``sweep_staging`` no longer globs the blob tree). One named after the id of a row, in that
+    row's bucket, must not be taken for a version of it, one named after an id without a row
+    must not be listed as an artifact, and ones not named after an id (in a bucket, at the top
+    of ``blobs/``) must go too. The acknowledged file is untouched and is what the row names."""
+    files = BlobFiles(tmp_path / "data", tmp_path / "tmp")
+    index, _report = open_storage(files)
+    aid, stray_id = "ab" * 32, "ab" * 2 + "cd" * 30
+    current = _manifest(aid, b"acknowledged", 100)
+    kept = _write(files, current, b"acknowledged")
+    index.upsert(current, None, stat_signature(kept.stat()), 100)
+    index.close_thread_connection()
+    files.close()
+    bucket = files.bucket(aid)
+    leftovers = [
+        bucket / f"{aid}.incoming-{'1' * 32}",  # the row's id: sorts among its versions
+        bucket / f"{stray_id}.incoming-{'2' * 32}",  # an id that has no row
+        bucket / f"x.incoming-{'3' * 32}",  # not named after an id
+        files.blobs_dir / f"multipart.incoming-{'4' * 16}",  # put_concatenated's, at the top
+    ]
+    for path in leftovers:
+        path.write_bytes(b"partial")
+    (tmp_path / "tmp" / "uploads" / "upload-left").write_bytes(b"staged")
+    # Listed without removal (as at run time), a leftover is never an artifact or a version.
+    assert list(files.stored_files()) == [(aid, [kept])]
+    assert all(path.exists() for path in leftovers)
+
+    files = BlobFiles(tmp_path / "data", tmp_path / "tmp")
+    index, report = open_storage(files)
+
+    assert [path for path in leftovers if path.exists()] == []
+    assert report.swept_files == 1 + len(leftovers)
+    assert report.reconciled.swept_incoming == len(leftovers)
+    assert report.reconciled.removed_files == 0  # no leftover was taken for a version
+    assert report.reconciled.dropped_rows == 0
+    assert list(files.stored_files()) == [(aid, [kept])]
+    assert list(files.artifact_ids()) == [aid]
+    got = index.get(aid)
+    assert got is not None
+    assert files.blob_path(got[0]) == kept
+    with files.open_blob(got[0]) as body:
+        assert body.read() == b"acknowledged"
+    assert index.get(stray_id) is None
+    assert sorted(p.name for p in (tmp_path / "tmp" / "uploads").iterdir()) == []
     index.close_thread_connection()
     files.close()

@@ -12,7 +12,9 @@ Layout (``LAYOUT_VERSION`` is written to ``DATA_DIR/layout`` and checked at star
     TMP_DIR/bootstrap/bootstrap-<uuid> bodies fetched from peers
 
 Staging files are worthless after a restart, so ``sweep_staging`` deletes them at start-up
-(upstream Kura does the same; leftover files had filled disks). A blob becomes visible only by
+(upstream Kura does the same; leftover files had filled disks), and so does the start-up walk
+of ``blobs/`` (``stored_names``, in ``storage.reconcile``) with the ``*.incoming-*`` files a
+publish left there. A blob becomes visible only by
 ``os.replace`` of a fully written, fsynced staging file, so a reader never sees a partial blob.
 
 Each version has its own file name (layout 2), so an overwrite publishes the new version
@@ -25,15 +27,17 @@ before the row committed, and a crash in that window lost the old version (issue
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from concurrent.futures import Executor
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, NamedTuple, Protocol
 
 from kit import flock
 from kura.core.errors import KuraError, ResourceExhausted
@@ -48,6 +52,12 @@ LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
 SUPPORTED_LAYOUTS = ("1", "2")
 STAGING_AREAS = ("uploads", "parts", "bootstrap")
+# Bucket directories listed ahead of the start-up walk (``BlobFiles.stored_names``), by so
+# many threads: a bound on the listings held in memory, and on the disk reads in flight.
+LIST_AHEAD = 64
+LIST_THREADS = 8
+# In the name of a publish leftover under ``blobs/`` (``BlobFiles.persist``, ``put_concatenated``).
+INCOMING = ".incoming-"
 # Bodies without a Content-Length grow their reservation in steps of this many bytes.
 GROW_STEP_BYTES = 1024 * 1024
 HASH_CHUNK_BYTES = 1024 * 1024
@@ -182,43 +192,65 @@ class BlobFiles:
         return self.tmp_dir / area / f"{prefix}-{uuid.uuid4().hex}"
 
     def sweep_staging(self) -> int:
-        """Delete every staging file left by an earlier process. Returns the number removed."""
+        """Delete every staging file an earlier process left in the tmp dir's staging areas.
+        Returns the number removed. The data dir's publish leftovers (``*.incoming-*``) are
+        removed by the start-up walk of the blob tree instead (``stored_names`` with
+        ``incoming``, in ``storage.reconcile``), so that start-up lists that tree once."""
         removed = 0
         for area in STAGING_AREAS:
-            d = self.tmp_dir / area
-            if d.exists():
-                for entry in d.iterdir():
-                    if entry.is_dir():
-                        shutil.rmtree(entry, ignore_errors=True)
-                    else:
-                        entry.unlink(missing_ok=True)
-                    removed += 1
-        for pattern in ("*.incoming-*", "*/*/*.incoming-*"):
-            for leftover in self.blobs_dir.glob(pattern):
-                leftover.unlink(missing_ok=True)
+            try:
+                entries = list(os.scandir(self.tmp_dir / area))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
                 removed += 1
         return removed
 
-    def stored_files(self) -> Iterator[tuple[str, list[Path]]]:
-        """``(artifact_id, its version files)`` for every blob file under ``blobs/`` (any name
-        starting with a 64-hex artifact id; staging leftovers are swept before), in ascending
-        artifact_id order, holding one bucket directory's listing in memory at a time (a
-        million files must not cost a path each in RAM at start-up). Files whose name does not
-        match their bucket (``bucket``; no row names them) come first in their bucket's turn, out
-        of that order; the order of the others is kept."""
-        for top in _sorted_dirs(self.blobs_dir):
-            for bucket in _sorted_dirs(top):
-                found: dict[str, list[Path]] = {}
-                with os.scandir(bucket) as entries:
-                    for entry in entries:
-                        if len(entry.name) >= 64 and entry.is_file(follow_symlinks=False):
-                            found.setdefault(entry.name[:64], []).append(Path(entry.path))
-                prefix = top.name + bucket.name
-                for artifact_id in sorted(found, key=lambda a: a[:4] == prefix):
-                    if artifact_id[:4] != prefix:
-                        yield artifact_id, found.pop(artifact_id)
-                for artifact_id in sorted(found):
-                    yield artifact_id, found[artifact_id]
+    def stored_names(
+        self, incoming: Callable[[str], None] | None = None
+    ) -> Iterator[StoredVersions]:
+        """Every blob file under ``blobs/`` (any name starting with a 64-hex artifact id),
+        grouped by artifact id, as strings: ``StoredVersions`` (the directory, the names and
+        whether the directory is the id's ``bucket``), in ascending artifact_id order, holding
+        at most ``LIST_AHEAD`` bucket directories' listings in memory (read ahead in
+        ``LIST_THREADS`` threads; a million files must not cost a name each in RAM at
+        start-up). Files in a directory that is not their id's bucket (no
+        row names them) come first in their directory's turn, out of that order; the order of
+        the others is kept.
+
+        Names holding ``.incoming-`` are publish leftovers (``persist``'s copy across
+        filesystems, ``put_concatenated``'s staging), never a version: they are not listed,
+        even when they start with a 64-hex id, and when ``incoming`` is given each one's path
+        is passed to it as the walk meets it (start-up removes them: ``storage.reconcile``).
+        Only while nothing publishes: at run time such a file may be a publish in flight."""
+        blobs = os.fspath(self.blobs_dir)
+        # Bucket listings are read ahead in threads: cold, each is a disk read, and one at a
+        # time a big walk is mostly waiting (issue 31: 51,000 buckets at 10^5 artifacts).
+        pool = ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="kura-walk")
+        ahead: deque[tuple[str, str, str, Future[_Listing]]] = deque()
+        try:
+            for top, sub, directory in _bucket_dirs(blobs, incoming):
+                ahead.append((top, sub, directory, pool.submit(_list_bucket, directory)))
+                if len(ahead) >= LIST_AHEAD:
+                    yield from _grouped(*ahead.popleft(), incoming)
+            while ahead:
+                yield from _grouped(*ahead.popleft(), incoming)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def stored_files(
+        self, incoming: Callable[[str], None] | None = None
+    ) -> Iterator[tuple[str, list[Path]]]:
+        """``(artifact_id, its version files)`` for every blob file, as ``stored_names`` lists
+        them (same order, same ``incoming``), with a ``Path`` per file."""
+        for stored in self.stored_names(incoming):
+            directory = Path(stored.directory)
+            yield stored.artifact_id, [directory / name for name in stored.names]
 
     def persist(self, staged_path: Path, manifest: Manifest) -> os.stat_result:
         """Publish a fsynced staging file as ``blob_path(manifest)`` (rename, then fsync the
@@ -271,8 +303,8 @@ class BlobFiles:
         return self.blob_path(manifest).open("rb")
 
     def artifact_ids(self) -> Iterator[str]:
-        """``BlobStore.artifact_ids``: the ids of ``stored_files``."""
-        return (artifact_id for artifact_id, _versions in self.stored_files())
+        """``BlobStore.artifact_ids``: the ids of ``stored_names``."""
+        return (stored.artifact_id for stored in self.stored_names())
 
     def remove(self, manifest: Manifest) -> None:
         """Unlink this version's file (a reader that has it open keeps reading it)."""
@@ -292,6 +324,16 @@ class BlobFiles:
         except FileNotFoundError:
             return []
         return [bucket / name for name in names if name.startswith(artifact_id)]
+
+
+class StoredVersions(NamedTuple):
+    """One artifact's version files in one directory (``BlobFiles.stored_names``): their names
+    in ``directory``, and whether that directory is the id's bucket (``BlobFiles.bucket``)."""
+
+    artifact_id: str
+    directory: str
+    names: list[str]
+    placed: bool
 
 
 class PublishGroup(Protocol):
@@ -389,11 +431,68 @@ def concatenate(parts: Sequence[Path], out: Path) -> Staged:
     return Staged(out, size, h.sha256, h.xxh3_128)
 
 
-def _sorted_dirs(parent: Path) -> list[Path]:
-    """The subdirectories of ``parent`` by name (none when it is missing)."""
+# (names of the files of at least 64 characters, paths of ``.incoming-`` non-directories)
+_Listing = tuple[list[str], list[str]]
+
+
+def _list_bucket(directory: str) -> _Listing:
+    """One bucket's listing (``BlobFiles.stored_names``; run in a thread)."""
+    names: list[str] = []
+    leftovers: list[str] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            name = entry.name
+            if INCOMING in name:
+                if not entry.is_dir(follow_symlinks=False):
+                    leftovers.append(entry.path)
+            elif len(name) >= 64 and entry.is_file(follow_symlinks=False):
+                names.append(name)
+    return names, leftovers
+
+
+def _bucket_dirs(
+    blobs: str, incoming: Callable[[str], None] | None
+) -> Iterator[tuple[str, str, str]]:
+    """``(top, sub, blobs/top/sub)`` for every bucket directory, by name."""
+    for top in _sorted_dir_names(blobs, incoming):
+        top_dir = os.path.join(blobs, top)
+        for sub in _sorted_dir_names(top_dir, incoming):
+            yield top, sub, os.path.join(top_dir, sub)
+
+
+def _grouped(
+    top: str,
+    sub: str,
+    directory: str,
+    listing: Future[_Listing],
+    incoming: Callable[[str], None] | None,
+) -> Iterator[StoredVersions]:
+    """One bucket's ``StoredVersions`` in ``stored_names`` order; its leftovers to ``incoming``."""
+    names, leftovers = listing.result()
+    if incoming is not None:
+        for path in leftovers:
+            incoming(path)
+    found: dict[str, list[str]] = {}
+    for name in names:
+        found.setdefault(name[:64], []).append(name)
+    misplaced = [a for a in found if a[:2] != top or a[2:4] != sub]
+    for artifact_id in misplaced:
+        yield StoredVersions(artifact_id, directory, found.pop(artifact_id), False)
+    for artifact_id in sorted(found):
+        yield StoredVersions(artifact_id, directory, found[artifact_id], True)
+
+
+def _sorted_dir_names(parent: str, incoming: Callable[[str], None] | None) -> list[str]:
+    """The names of the subdirectories of ``parent``, sorted (none when it is missing); each
+    ``.incoming-`` file met on the way is passed to ``incoming`` (``stored_names``)."""
     try:
         with os.scandir(parent) as entries:
-            names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+            names = []
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    names.append(entry.name)
+                elif incoming is not None and INCOMING in entry.name:
+                    incoming(entry.path)
     except FileNotFoundError:
         return []
-    return [parent / name for name in sorted(names)]
+    return sorted(names)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from kura.core.manifest import Manifest
 from kura.core.object_layout import OUTBOX_TARGET
@@ -16,6 +16,9 @@ from kura.storage.namespace_usage import Protected, protect_clause
 from kura.storage.retention import PROMISED_SINCE, UNPROMISED_SINCE
 from kura.storage.schema import COLUMNS as _COLUMNS
 from kura.storage.schema import row_to_manifest as _row_to_manifest
+
+# (artifact_id, version_ms, sha256, inline: 0 or 1) of a row: ``current_versions_after``.
+CurrentVersion = tuple[str, int, str, int]
 
 
 class Victim(NamedTuple):
@@ -55,6 +58,25 @@ class PagingQueries:
             .fetchall()
         )
         return [_row_to_manifest(r) for r in rows]
+
+    def current_versions_after(self, after: str | None, limit: int) -> list[CurrentVersion]:
+        """What start-up reconciliation needs of each row (``storage.reconcile``), with
+        artifact_id > ``after`` (every one when ``after`` is None), in artifact_id order, at
+        most ``limit``: no ``Manifest`` is built, and an inline body is not read (its length
+        is in the row header)."""
+        where, args = _cursor("artifact_id", after)
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT artifact_id, version_ms, sha256, length(inline_body) IS NOT NULL "
+                f"FROM artifacts WHERE {where} ORDER BY artifact_id LIMIT ?",
+                (*args, limit),
+            )
+            .fetchall()
+        )
+        # SQLite returns TEXT, INTEGER, TEXT and 0/1 for these columns (schema): no per-row
+        # conversion, which is most of the cost at a million rows.
+        return cast("list[CurrentVersion]", rows)
 
     def manifests_newest(self, after: tuple[int, str] | None, limit: int) -> list[Manifest]:
         """At most ``limit`` manifests ordered by (version_ms descending, artifact_id), strictly

@@ -9,7 +9,10 @@ publish the new version's file beside the old one, commit the row, then unlink t
 
 ``reconcile`` makes files and rows agree again: every blob file that is not the file of its
 row's *current* manifest is removed (it was never acknowledged, or it was superseded), and every
-file-backed row whose file is missing is dropped (logged at WARNING and counted). Acknowledged
+file-backed row whose file is missing is dropped (logged at WARNING and counted). The
+``*.incoming-*`` files a publish left under ``blobs/`` are removed on the same walk of the blob
+tree (``BlobFiles.stored_names``), never taken for a version even when named after an id, so
+start-up lists that tree once. Acknowledged
 versions are never touched: their row is durable before the answer (``storage.group_commit``), so
 their file is the one the row names.
 
@@ -21,20 +24,21 @@ before the node serves.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from kura.core.manifest import Manifest
-from kura.storage.blobs import BlobFiles
+from kura.storage.blobs import BlobFiles, StoredVersions, blob_name
 from kura.storage.fsync import fsync_path
 from kura.storage.index import MetadataIndex
+from kura.storage.paging import CurrentVersion
 
 log = logging.getLogger(__name__)
 
+# Rows per page of the index walk: memory holds one page (four short columns a row).
 PAGE_ROWS = 1000
 
 
@@ -47,13 +51,20 @@ class ReconcileReport:
     dropped_rows: int = 0
     # Rows that should have been dropped but could not (index read-only or disk full).
     rows_left: int = 0
+    # ``*.incoming-*`` publish leftovers removed on the walk (``BlobFiles.stored_names``).
+    swept_incoming: int = 0
 
 
-def _manifests(index: MetadataIndex) -> Iterator[Manifest]:
-    after = ""
-    while page := index.paging.manifests_after(after, PAGE_ROWS):
+def _current_versions(index: MetadataIndex) -> Iterator[CurrentVersion]:
+    after = None
+    while page := index.paging.current_versions_after(after, PAGE_ROWS):
         yield from page
-        after = page[-1].artifact_id
+        after = page[-1][0]
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def migrate_layout_1(files: BlobFiles, index: MetadataIndex) -> int:
@@ -64,16 +75,16 @@ def migrate_layout_1(files: BlobFiles, index: MetadataIndex) -> int:
     """
     renamed = 0
     buckets = set()
-    for m in _manifests(index):
-        if m.inline:
+    for artifact_id, version_ms, sha256, inline in _current_versions(index):
+        if inline:
             continue
-        legacy = files.legacy_blob_path(m.artifact_id)
+        bucket = files.bucket(artifact_id)
         try:
-            os.rename(legacy, files.blob_path(m))
+            os.rename(bucket / artifact_id, bucket / blob_name(artifact_id, version_ms, sha256))
         except FileNotFoundError:
             continue
         renamed += 1
-        buckets.add(legacy.parent)
+        buckets.add(bucket)
     for bucket in buckets:
         fsync_path(bucket)
     return renamed
@@ -81,43 +92,52 @@ def migrate_layout_1(files: BlobFiles, index: MetadataIndex) -> int:
 
 def reconcile(files: BlobFiles, index: MetadataIndex) -> ReconcileReport:
     """Remove blob files no current row names and drop rows whose file is missing (see module
-    docstring). Raises ``sqlite3.DatabaseError`` if the index cannot be read (damage)."""
+    docstring), and the ``*.incoming-*`` leftovers of publishes met on the same walk (so it
+    runs before anything publishes). Raises ``sqlite3.DatabaseError`` if the index cannot be
+    read (damage)."""
     report = ReconcileReport()
+
+    def leftover(path: str) -> None:
+        _unlink(path)
+        report.swept_incoming += 1
+
     # A merge of two streams in artifact_id order, the rows and the files, so that memory
-    # holds one page of rows and one bucket of names, whatever the number of artifacts.
-    on_disk = files.stored_files()
+    # holds one page of rows and a few bucket listings (``blobs.LIST_AHEAD``), whatever the
+    # number of artifacts. Names
+    # and ids are compared as strings: no path object per file.
+    on_disk = files.stored_names(incoming=leftover)
     missing: list[str] = []
 
-    def remove(versions: list[Path], keep: Path | None = None) -> None:
-        for path in versions:
-            if path != keep:
-                path.unlink(missing_ok=True)
+    def remove(stored: StoredVersions, keep: str | None = None) -> None:
+        for name in stored.names:
+            if name != keep:
+                _unlink(os.path.join(stored.directory, name))
                 report.removed_files += 1
 
-    def next_placed() -> tuple[str, list[Path]] | None:
+    def next_placed() -> StoredVersions | None:
         """The next files in order; a file outside its id's bucket, which no row names and
         which is out of order in the stream, is removed on the way."""
-        for artifact_id, versions in on_disk:
-            if versions[0].parent == files.bucket(artifact_id):
-                return artifact_id, versions
-            remove(versions)
+        for stored in on_disk:
+            if stored.placed:
+                return stored
+            remove(stored)
         return None
 
     pending = next_placed()
-    for m in _manifests(index):
-        while pending is not None and pending[0] < m.artifact_id:
-            remove(pending[1])  # files of artifacts with no row at all
+    for artifact_id, version_ms, sha256, inline in _current_versions(index):
+        while pending is not None and pending.artifact_id < artifact_id:
+            remove(pending)  # files of artifacts with no row at all
             pending = next_placed()
-        versions: list[Path] = []
-        if pending is not None and pending[0] == m.artifact_id:
-            versions = pending[1]
+        keep = None if inline else blob_name(artifact_id, version_ms, sha256)
+        if pending is not None and pending.artifact_id == artifact_id:
+            remove(pending, keep)
+            if keep is not None and keep not in pending.names:
+                missing.append(artifact_id)
             pending = next_placed()
-        keep = None if m.inline else files.blob_path(m)
-        if keep is not None and keep not in versions:
-            missing.append(m.artifact_id)
-        remove(versions, keep)
+        elif keep is not None:
+            missing.append(artifact_id)
     while pending is not None:
-        remove(pending[1])
+        remove(pending)
         pending = next_placed()
     if missing:
         log.warning(

@@ -1,7 +1,8 @@
 """Opening a data dir at start-up so that a full disk or a damaged index never crash-loops.
 
-``open_storage`` takes the data dir (``BlobFiles.open``), sweeps staging leftovers, opens the
-index, migrates the layout and reconciles files with rows (``storage.reconcile``). Two faults
+``open_storage`` takes the data dir (``BlobFiles.open``), sweeps the tmp dir's staging
+leftovers, opens the index, migrates the layout and reconciles files with rows
+(``storage.reconcile``, which also removes the publish leftovers under ``blobs/``). Two faults
 are handled instead of exiting (issue 10: a node on a full disk exited with an SQLite I/O error,
 and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
 
@@ -57,6 +58,7 @@ class IndexDamaged(Exception):
 class StartReport:
     """What start-up found and did. ``warnings`` are for an operator (``/ready``)."""
 
+    # Staging files in the tmp dir and ``*.incoming-*`` publish leftovers under ``blobs/``.
     swept_files: int = 0
     reconciled: ReconcileReport = field(default_factory=ReconcileReport)
     read_only_reason: str = ""
@@ -89,6 +91,7 @@ def open_storage(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
         migrated = _migrate(files, index, None, report)
         report.reconciled = reconcile(files, index)
     report.reconciled.migrated_files = migrated
+    report.swept_files += report.reconciled.swept_incoming
     return index, report
 
 
@@ -201,7 +204,7 @@ def _start_fresh(files: BlobFiles, path: Path, reason: str, report: StartReport)
             aside = _aside_name(part)
             os.rename(part, aside)
             moved.append(aside.name)
-    kept = sum(len(versions) for _id, versions in files.stored_files())
+    kept = sum(len(stored.names) for stored in files.stored_names())
     blobs_aside = ""
     if kept:
         target = _aside_name(files.blobs_dir)
