@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from bench.cachebench import loadavg
 from bench.peers import machine_info
 from bench.seed import seed
 from kura_harness.launch.node import kura_env
-from kura_harness.launch.process import free_port
+from kura_harness.launch.process import free_port, stop
 
 
 def log(*a: object) -> None:
@@ -102,12 +101,7 @@ def start_once(where: Path, poll_seconds: float, timeout: float) -> dict[str, An
                 ready = time.monotonic() - t0
             time.sleep(poll_seconds)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout=60)
     said = [
         line.strip()
         for line in log_path.read_text().splitlines()
