@@ -353,3 +353,24 @@ def _purge_rows(store: CacheService) -> dict[tuple[str, str], int]:
         return {(str(n), str(w)): int(v) for n, w, v in conn.execute("SELECT * FROM purges")}
     finally:
         conn.close()
+
+
+async def test_one_namespace_cannot_use_up_the_room_of_the_others(
+    store: CacheService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A credential limited to one namespace with ``clean`` can fill only that namespace's
+    room (``MAX_PURGES_PER_NAMESPACE``), and peers' purges count toward it: another namespace
+    still takes purges, and the refusal names the namespace's bound."""
+    monkeypatch.setattr(provenance, "MAX_PURGES_PER_NAMESPACE", 2)
+    await store.purge_writer("tenant-a", "token:made-up-0")
+    await store.purge_writer("tenant-a", "token:from-a-peer", 1, source="peer")
+    with pytest.raises(InsufficientStorage, match="namespace 'tenant-a' has 2 recorded purges"):
+        await store.purge_writer("tenant-a", "token:made-up-1")
+    assert ("tenant-a", "token:made-up-1") not in _purge_rows(store)
+    await store.purge_writer("tenant-b", "token:ci")  # another namespace: room left
+    await store.purge_writer("tenant-a", "token:made-up-0")  # the same pair again: allowed
+    assert set(_purge_rows(store)) == {
+        ("tenant-a", "token:made-up-0"),
+        ("tenant-a", "token:from-a-peer"),
+        ("tenant-b", "token:ci"),
+    }

@@ -19,12 +19,16 @@ from kura.storage.artifact import WriterUsage
 from kura.storage.schema import COLUMNS, row_to_manifest
 
 LOCAL_VIA = "local"
-# The most purges a node records by its own hand: every purge is held in memory and enqueued
-# for every peer, and one is recorded even when nothing matches it (the writer's entries may
-# sit on a peer only), so without a bound a caller with ``clean`` could add rows without
-# limit by naming writers that never wrote. A peer's purge is applied past it, so that the
-# mesh agrees; the mesh then holds at most this many per node. A namespace clean drops the
-# purges it covers (``drop_covered``).
+# Bounds on the purges a node records (each is held in memory, and a local one is enqueued for
+# every peer; one is recorded even when nothing matches it, as the writer's entries may sit on
+# a peer only). Without them a caller with ``clean`` could add rows without limit by naming
+# writers that never wrote. A local purge of a new (namespace, writer) pair is refused past
+# either bound; both count every recorded purge, those applied from peers too (the table does
+# not say where a purge came from), and a peer's purge is applied past them, so that the mesh
+# agrees. The one per namespace keeps a credential limited to one namespace from using up the
+# node's whole room: it fills only its own namespace's. A namespace clean drops the purges it
+# covers (``drop_covered``).
+MAX_PURGES_PER_NAMESPACE = 1_000
 MAX_RECORDED_PURGES = 10_000
 
 
@@ -40,16 +44,26 @@ def load_purges(conn: sqlite3.Connection) -> dict[tuple[str, str], int]:
 
 def check_room(purges: Mapping[tuple[str, str], int], namespace_id: str, writer: str) -> None:
     """Before a local purge: ``InsufficientStorage`` (507) when ``purges`` (the node's
-    recorded purges) already holds ``MAX_RECORDED_PURGES`` and none of ``writer`` in
-    ``namespace_id`` (purging again replaces that row)."""
-    if (namespace_id, writer) in purges or len(purges) < MAX_RECORDED_PURGES:
+    recorded purges) holds none of ``writer`` in ``namespace_id`` (purging again replaces that
+    row) and already ``MAX_PURGES_PER_NAMESPACE`` in that namespace or ``MAX_RECORDED_PURGES``
+    in all."""
+    if (namespace_id, writer) in purges:
         return
-    raise InsufficientStorage(
-        f"this node has recorded {len(purges)} purges, the most it keeps "
-        f"({MAX_RECORDED_PURGES}); a namespace clean drops the purges recorded in that "
-        "namespace (DELETE /ns/<namespace>/cache), and purging a writer already purged "
-        "there is allowed"
-    )
+    here = sum(1 for ns, _w in purges if ns == namespace_id)
+    if here >= MAX_PURGES_PER_NAMESPACE:
+        raise InsufficientStorage(
+            f"namespace {namespace_id!r} has {here} recorded purges, the most one namespace "
+            f"keeps ({MAX_PURGES_PER_NAMESPACE}); a clean of the namespace drops them "
+            "(DELETE /ns/<namespace>/cache), and purging a writer already purged there is "
+            "allowed"
+        )
+    if len(purges) >= MAX_RECORDED_PURGES:
+        raise InsufficientStorage(
+            f"this node has recorded {len(purges)} purges, the most it keeps "
+            f"({MAX_RECORDED_PURGES}, those applied from peers included); a namespace clean "
+            "drops the purges recorded in that namespace (DELETE /ns/<namespace>/cache), and "
+            "purging a writer already purged there is allowed"
+        )
 
 
 def drop_covered(conn: sqlite3.Connection, namespace_id: str, version_ms: int) -> None:

@@ -239,8 +239,8 @@ class WritePath(Eviction):
         and counted (``StorageStats.writer_purges_total``). A local purge's version is issued
         above every version of the namespace held here; a peer's too far ahead raises
         ``FutureVersion``; a local purge not applied (an equal one exists) ``Unavailable``;
-        a local purge of a new (namespace, writer) pair once the node holds
-        ``provenance.MAX_RECORDED_PURGES`` ``InsufficientStorage``; ``ResourceExhausted``
+        a local purge of a new (namespace, writer) pair past the recorded purges' bounds
+        (``provenance.check_room``) ``InsufficientStorage``; ``ResourceExhausted``
         while the index is read-only."""
         self._check_writable()
         if source != "local" and version_ms is not None:
