@@ -142,6 +142,12 @@ def _cron_expression(text: str) -> str:
 CronExpression: TypeAlias = Annotated[str, _cron_expression]
 
 
+# The longest --window-duration: 366 days, a yearly opening ('0 3 1 1 *') lasting until the next
+# one in a leap year. Longer is a slip of the unit, not a window (it is open for good after the
+# first opening); and far longer ones (100000000h) end past year 9999, where datetimes end.
+MAX_WINDOW_DURATION_SECONDS = 366 * 86400
+
+
 def window_mix_problems(s: Settings) -> list[str]:
     """The problems of mixing the cron window (``--window-cron``, ``--window-duration``) with
     the days-and-times window: one window at a time, and the cron one needs both flags."""
@@ -172,6 +178,13 @@ def window_mix_problems(s: Settings) -> list[str]:
         )
     if s.window_duration and s.window_duration < 1:
         problems.append("KURED_WINDOW_DURATION / --window-duration must be at least 1s")
+    if s.window_duration > MAX_WINDOW_DURATION_SECONDS:
+        problems.append(
+            f"KURED_WINDOW_DURATION / --window-duration is {s.window_duration:.0f}s, more than "
+            f"{MAX_WINDOW_DURATION_SECONDS // 86400} days: an opening that long outlasts even a "
+            "yearly expression's gap, so the window would never close (check the unit: 2h, not "
+            "2000000h)"
+        )
     return problems
 
 

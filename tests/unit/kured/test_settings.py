@@ -446,6 +446,9 @@ def test_without_the_cron_flags_the_window_is_kureds_days_and_times() -> None:
         (("--window-duration", "2h"), ["only meaningful with --window-cron"]),
         (("--window-cron", "0 3 1-7 * sun", "--window-duration", "2h"), ["sun#1"]),
         (("--window-cron", "0 3 30 2 *", "--window-duration", "2h"), ["30th of February"]),
+        # Before: loaded, then every contains() raised OverflowError (the agent crash-looped).
+        (("--window-cron", "0 3 * * *", "--window-duration", "100000000h"), ["more than 366 days"]),
+        (("--window-cron", "0 3 * * *", "--window-duration", "8785h"), ["more than 366 days"]),
     ],
 )  # fmt: skip
 def test_cron_flags_mixed_or_incomplete_are_refused_with_every_reason(
@@ -455,6 +458,12 @@ def test_cron_flags_mixed_or_incomplete_are_refused_with_every_reason(
     assert len(problems) == len(needles), problems
     for problem, needle in zip(problems, needles, strict=True):
         assert needle in problem, problems
+
+
+def test_a_window_duration_of_366_days_is_the_longest_accepted() -> None:
+    s = settings_from(NODE, "--window-cron", "0 3 1 1 *", "--window-duration", "8784h")
+    assert s.window_duration == 366 * 86400
+    assert s.window().contains(datetime(2027, 6, 1, tzinfo=UTC))
 
 
 def test_settings_built_directly_refuse_a_mixed_window() -> None:
