@@ -183,6 +183,10 @@ def day_field(draw: st.DrawFn) -> tuple[str, str, tuple[object, ...]]:
         return "*", "*", ("any",)
     if kind == "dom":
         text, days = draw(field(1, 28))
+        if text.startswith("*"):
+            # '*' and '*/n' reach the 31st, not field()'s 28 (cron(5): the whole field).
+            step = int(text.partition("/")[2] or 1)
+            days = frozenset(range(1, 32, step))
         return text, "*", ("dom", days)
     if kind == "dow":
         text, days = draw(field(0, 6, DAY_NAMES))
