@@ -200,3 +200,24 @@ def test_sparse_cron_windows_are_walked_only_to_the_horizon() -> None:
     fifth = CronWindow("0 3 * * sun#5", timedelta(hours=2))
     assert longest_closed_seconds(fifth, date(2026, 12, 1)) == 119 * 86400 - 2 * 3600
     assert clock.monotonic() - began < 0.5
+
+
+@pytest.mark.parametrize("expression", ["0 3 29 2 *", "0 3 * * sun#5"])
+def test_doctor_retention_on_a_sparse_cron_window_warns_quickly(expression: str) -> None:
+    import time as clock
+    from datetime import timedelta
+
+    from kured.core.cron_window import CronWindow
+    from kured.doctor.prometheus import check_retention
+
+    rule = {"name": "KuredRebootPending", "duration": 3600, "query": "kured_reboot_required > 0"}
+    began = clock.monotonic()
+    # Before: '0 3 29 2 *' raised OverflowError (a traceback); 'sun#5' took about 1.8 s.
+    findings = check_retention(
+        [rule], 30 * 86400, "30d", CronWindow(expression, timedelta(hours=2))
+    )
+    assert clock.monotonic() - began < 0.5
+    # Closed for months either way (at least 62 days between fifth Sundays): the 1h for: warns.
+    [finding] = findings
+    assert finding.level == "WARN", finding
+    assert "the window stays closed" in finding.message, finding
