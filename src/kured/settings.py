@@ -74,6 +74,7 @@ from kured.core.cron_window import CronWindow
 from kured.core.errors import ConfigurationError
 from kured.core.window import EVERY_DAY, RebootWindow
 from kured.settings_rules import (
+    DAYS_WINDOW_SETTINGS,
     Argv,
     ClockTime,
     CronExpression,
@@ -260,10 +261,12 @@ class Settings:
         "",
         "cron expression (minute hour day-of-month month day-of-week, in --time-zone) for when "
         "each window opening starts, e.g. '0 3 * * sun#1'; replaces --reboot-days, --start-time "
-        "and --end-time ('' = off)",
+        "and --end-time, which may not be given with it ('' = off)",
     )
     window_duration: Duration = option(
-        0.0, "how long each --window-cron opening lasts, in elapsed time (required with it)"
+        0.0,
+        "how long each --window-cron opening lasts, in elapsed time (required with it, "
+        "at most 366 days)",
     )
     prometheus_url: OptionalUrl = option(
         "", "Prometheus base URL; firing alerts block reboots ('' = off)"
@@ -483,12 +486,20 @@ def load_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     ``KURED_*`` variable that names no flag (and is not in ``NOT_AGENT_SETTINGS`` or a
     Kubernetes service link) unless KURED_ALLOW_UNKNOWN_SETTINGS is true.
     """
+    # Which days-and-times settings were given at all (a flag, or a variable even if empty):
+    # given with --window-cron, even at their defaults, they are refused, not silently ignored.
+    given = frozenset(
+        f.name
+        for f, opt in options_of(Settings)
+        if f.name in {name for name, _, _ in DAYS_WINDOW_SETTINGS}
+        and (getattr(args, f.name, None) is not None or opt.env in environ)
+    )
     return load(
         Settings,
         args,
         environ,
         precedence="env-over-flag",
-        validate=validate_settings,
+        validate=lambda s: validate_settings(s, given),
         screen=True,
         also_known=NOT_AGENT_SETTINGS,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 import shlex
+from collections.abc import Collection
 from datetime import time, tzinfo
 from typing import TYPE_CHECKING, Annotated, TypeAlias
 
@@ -142,17 +143,31 @@ def _cron_expression(text: str) -> str:
 CronExpression: TypeAlias = Annotated[str, _cron_expression]
 
 
-def window_mix_problems(s: Settings) -> list[str]:
+# The longest --window-duration: 366 days, a yearly opening ('0 3 1 1 *') lasting until the next
+# one in a leap year. Longer is a slip of the unit, not a window (it is open for good after the
+# first opening); and far longer ones (100000000h) end past year 9999, where datetimes end.
+MAX_WINDOW_DURATION_SECONDS = 366 * 86400
+
+
+# The days-and-times window's settings: field, flag, default.
+DAYS_WINDOW_SETTINGS = (
+    ("reboot_days", "--reboot-days", EVERY_DAY),
+    ("start_time", "--start-time", time(0, 0)),
+    ("end_time", "--end-time", time(23, 59, 59)),
+)
+
+
+def window_mix_problems(s: Settings, given: Collection[str] | None = None) -> list[str]:
     """The problems of mixing the cron window (``--window-cron``, ``--window-duration``) with
-    the days-and-times window: one window at a time, and the cron one needs both flags."""
+    the days-and-times window: one window at a time, and the cron one needs both flags.
+
+    ``given``: the names of the fields set by a flag or an environment variable (``load_settings``
+    knows): one of the days-and-times settings given at all, even to its default, is mixing.
+    Without it (settings built directly), one set to other than its default is."""
     days_window = [
         flag
-        for flag, given in (
-            ("--reboot-days", s.reboot_days != EVERY_DAY),
-            ("--start-time", s.start_time != time(0, 0)),
-            ("--end-time", s.end_time != time(23, 59, 59)),
-        )
-        if given
+        for name, flag, default in DAYS_WINDOW_SETTINGS
+        if (name in given if given is not None else getattr(s, name) != default)
     ]
     problems = []
     if s.window_cron and days_window:
@@ -172,12 +187,20 @@ def window_mix_problems(s: Settings) -> list[str]:
         )
     if s.window_duration and s.window_duration < 1:
         problems.append("KURED_WINDOW_DURATION / --window-duration must be at least 1s")
+    if s.window_duration > MAX_WINDOW_DURATION_SECONDS:
+        problems.append(
+            f"KURED_WINDOW_DURATION / --window-duration is {s.window_duration:.0f}s, more than "
+            f"{MAX_WINDOW_DURATION_SECONDS // 86400} days: an opening that long outlasts even a "
+            "yearly expression's gap, so the window would never close (check the unit: 2h, not "
+            "2000000h)"
+        )
     return problems
 
 
-def validate_settings(s: Settings) -> list[str]:
-    """Cross-field rules; returns every problem found (empty when the settings are usable)."""
-    problems: list[str] = window_mix_problems(s)
+def validate_settings(s: Settings, given: Collection[str] | None = None) -> list[str]:
+    """Cross-field rules; returns every problem found (empty when the settings are usable).
+    ``given``: as for ``window_mix_problems``."""
+    problems: list[str] = window_mix_problems(s, given)
     if s.start_time == s.end_time and not s.window_cron:
         # kured (pkg/timewindow) makes this a one-second window, silently; nobody means that.
         problems.append(

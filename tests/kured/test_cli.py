@@ -105,6 +105,18 @@ def test_invalid_flags_are_all_listed_and_exit_2(tmp_path: Path) -> None:
         assert needle in out.stderr, (needle, out.stderr)
 
 
+def test_a_window_duration_past_a_year_exits_2_instead_of_crash_looping() -> None:
+    # Before: the agent started, then every contains() raised OverflowError.
+    out = subprocess.run(
+        [sys.executable, "-m", "kured.cli", "--node-id", "n1", "--window-cron", "0 3 * * *",
+         "--window-duration", "100000000h"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "--window-duration is 360000000000s, more than 366 days" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 STUCK_REBOOT = """#!/bin/sh
 # A reboot after which the sentinel is still there (a package that keeps asking).
 echo "$(date +%s.%N) $1 reboot" >> "$2"

@@ -87,8 +87,9 @@ def check_expression(expression: str) -> str:
             f"({fields[4]}): cron(5) opens on either, so '0 3 1-7 * sun' would be days 1-7 and "
             "every Sunday. Restrict one of them: the first Sunday of the month is '0 3 * * sun#1'"
         )
-    # cronsim reads a one-value range with a step (``3-3/2``) as ``3/2`` (3 to the end of the
-    # field, every 2nd); cron(5) reads it as the range, 3 alone. Hand cronsim the range's value.
+    # cronsim 2.8 (the version installed and the oldest allowed) reads a one-value range with a
+    # step (``3-3/2``) as ``3/2``: 3 to the end of the field, every 2nd. cron(5), and cronsim
+    # 2.9, read it as the range, 3 alone. Handing cronsim the range's value is right for both.
     normal = " ".join(
         ",".join(_ONE_VALUE_STEP.sub(r"\1", term) for term in f.split(",")) for f in fields
     )
@@ -126,14 +127,17 @@ class CronWindow:
 
     def _after(self, wall: datetime) -> Iterator[datetime]:
         """Matching naive wall readings strictly after ``wall``, ascending."""
-        return CronSim(self.expression, wall.replace(tzinfo=None, microsecond=0))
+        return _until_overflow(CronSim(self.expression, wall.replace(tzinfo=None, microsecond=0)))
 
     def _at_or_before(self, wall: datetime) -> Iterator[datetime]:
         """Matching naive wall readings at or before ``wall``, descending."""
         # cronsim's reverse iteration yields readings strictly before a whole-second start;
         # matches are whole minutes, so one second past ``wall``'s second includes ``wall``.
-        start = wall.replace(tzinfo=None, microsecond=0) + _ONE_SECOND
-        return CronSim(self.expression, start, reverse=True)
+        try:
+            start = wall.replace(tzinfo=None, microsecond=0) + _ONE_SECOND
+        except OverflowError:  # the last second of year 9999: nothing matches after it anyway
+            start = wall.replace(tzinfo=None, microsecond=0)
+        return _until_overflow(CronSim(self.expression, start, reverse=True))
 
     def _highest_reading(self, at: datetime) -> datetime:
         """An upper bound, tight outside a repeated hour, of the highest reading the clock has
@@ -170,8 +174,9 @@ class CronWindow:
         """Whether the window is open at ``instant`` (timezone-aware; ValueError if naive)."""
         at = _utc(instant)
         start = self.last_start(at)
-        # Every opening lasts the same: the latest start ends last.
-        return start is not None and at < start + self.duration
+        # Every opening lasts the same: the latest start ends last. (A difference, not an end:
+        # an end past year 9999 cannot be a datetime.)
+        return start is not None and at - start < self.duration
 
     def next_open(self, after: datetime) -> datetime | None:
         """The first instant at or after ``after`` when the window is open, in UTC: ``after``
@@ -197,7 +202,11 @@ class CronWindow:
             if start <= at or start == previous:
                 continue
             previous = start
-            yield start, start + self.duration
+            try:
+                close = start + self.duration
+            except OverflowError:  # an opening that ends past year 9999 stays open to its end
+                close = datetime.max.replace(tzinfo=UTC)
+            yield start, close
             count += 1
             if count >= limit:
                 return
@@ -213,6 +222,17 @@ class CronWindow:
             f"cron '{self.expression}'{explained}, each opening "
             f"{_duration_text(self.duration)}, {self.zone}"
         )
+
+
+def _until_overflow(readings: Iterator[datetime]) -> Iterator[datetime]:
+    """``readings``, ended where cronsim steps past year 1 or 9999 (``datetime``'s range): it
+    raises OverflowError there (``0 3 29 2 *`` from year 9997 on), which means no further match."""
+    while True:
+        try:
+            reading = next(readings)
+        except (StopIteration, OverflowError):
+            return
+        yield reading
 
 
 def _duration_text(duration: timedelta) -> str:

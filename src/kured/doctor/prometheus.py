@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import UTC, date, datetime, timedelta
+from itertools import takewhile
 from typing import Any
 
 import aiohttp
@@ -80,13 +81,15 @@ def prometheus_duration(seconds: float) -> str:
 def longest_closed_seconds(window: RebootWindow | CronWindow, today: date | None = None) -> float:
     """The longest stretch, in seconds, during which ``window`` stays closed (over the two
     weeks from ``today`` for days and times; over about 400 days, at most 5,000 openings, for a
-    cron window, whose openings may be a month or more apart); the whole span when it never
-    opens."""
+    cron window, whose openings may be a month or more apart, counting the stretch from the last
+    opening's end to the horizon too); the whole span when it never opens."""
     start = today or datetime.now(UTC).date()
     if isinstance(window, CronWindow):
         since = datetime.combine(start, datetime.min.time(), tzinfo=UTC)
         horizon = since + timedelta(days=400)
-        openings = [o for o in window.openings(since, 5000) if o[0] <= horizon]
+        # Stop at the first opening past the horizon: a leap-day cron ('0 3 29 2 *') would
+        # otherwise be walked 5,000 openings (20,000 years) on, past what a datetime can hold.
+        openings = list(takewhile(lambda o: o[0] <= horizon, window.openings(since, 5000)))
         if not openings:
             return (horizon - since).total_seconds()
     else:
@@ -101,6 +104,11 @@ def longest_closed_seconds(window: RebootWindow | CronWindow, today: date | None
     for open_at, close_at in openings[1:]:
         longest = max(longest, (open_at - reach).total_seconds())
         reach = max(reach, close_at)
+    if isinstance(window, CronWindow) and len(openings) < 5000:
+        # From the last opening's end to the horizon: with one opening in 400 days (the 29th of
+        # February) the gaps between openings alone would say 0; the stretch is at least this.
+        # (Not when the 5,000 ran out first: the horizon was not reached.)
+        longest = max(longest, (horizon - reach).total_seconds())
     return longest
 
 

@@ -183,6 +183,10 @@ def day_field(draw: st.DrawFn) -> tuple[str, str, tuple[object, ...]]:
         return "*", "*", ("any",)
     if kind == "dom":
         text, days = draw(field(1, 28))
+        if text.startswith("*"):
+            # '*' and '*/n' reach the 31st, not field()'s 28 (cron(5): the whole field).
+            step = int(text.partition("/")[2] or 1)
+            days = frozenset(range(1, 32, step))
         return text, "*", ("dom", days)
     if kind == "dow":
         text, days = draw(field(0, 6, DAY_NAMES))
@@ -456,3 +460,28 @@ def test_describe() -> None:
     assert (
         cron("30 22 * * fri", timedelta(minutes=90)).describe().endswith("each opening 1h30m, UTC")
     )
+
+
+def test_the_ends_of_the_calendar_are_no_further_opening_not_an_error() -> None:
+    # cronsim raises OverflowError when its search steps past year 9999 (or before year 1).
+    leap = cron("0 3 29 2 *", timedelta(hours=2))
+    assert leap.next_open(datetime(9997, 1, 1, tzinfo=UTC)) is None
+    assert list(leap.openings(datetime(9997, 1, 1, tzinfo=UTC), 5)) == []
+    assert leap.last_start(datetime(1, 2, 1, tzinfo=UTC)) is None
+    assert not leap.contains(datetime(1, 2, 1, tzinfo=UTC))
+    # The last opening before the end still counts, and one ending past it is open to its end.
+    last = cron("0 23 31 12 *", timedelta(hours=2))
+    assert last.next_open(datetime(9999, 12, 1, tzinfo=UTC)) == datetime(
+        9999, 12, 31, 23, tzinfo=UTC
+    )
+    assert last.contains(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC))
+    assert list(last.openings(datetime(9999, 12, 1, tzinfo=UTC), 5)) == [
+        (datetime(9999, 12, 31, 23, tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
+    ]
+
+
+def test_a_one_value_range_with_a_step_is_that_value_as_in_cron5() -> None:
+    # cronsim 2.8 reads '3-3/2' as '3/2' (the 3rd, 5th, 7th, ...); cron(5) as the 3rd alone.
+    w = cron("0 3 3-3/2 * *", timedelta(hours=1))
+    starts = [o[0] for o in w.openings(datetime(2024, 1, 1, tzinfo=UTC), 3)]
+    assert starts == [datetime(2024, m, 3, 3, tzinfo=UTC) for m in (1, 2, 3)]

@@ -177,3 +177,47 @@ def test_a_monthly_cron_window_stays_closed_for_weeks() -> None:
     assert longest_closed_seconds(monthly, date(2026, 12, 1)) == 35 * 86400 - 2 * 3600
     every_hour = CronWindow("0 * * * *", timedelta(hours=1))
     assert longest_closed_seconds(every_hour, date(2026, 12, 1)) == 0
+
+
+def test_sparse_cron_windows_are_walked_only_to_the_horizon() -> None:
+    import time as clock
+    from datetime import timedelta
+
+    from kured.core.cron_window import CronWindow
+
+    # Before: all 5,000 openings were built first; for the 29th of February that is 20,000
+    # years on, and cronsim raised OverflowError (a traceback from `kured doctor`).
+    leap = CronWindow("0 3 29 2 *", timedelta(hours=2))
+    began = clock.monotonic()
+    # No 29th of February from 2026-12-01 to the horizon (2028-01-05): closed throughout.
+    assert longest_closed_seconds(leap, date(2026, 12, 1)) == 400 * 86400
+    # One, 2028-02-29 03:00-05:00, from 2027-12-01: closed from its end to the horizon, 400
+    # days on (2029-01-04, 2028 being a leap year).
+    after = (date(2029, 1, 4) - date(2028, 2, 29)).days * 86400 - 5 * 3600
+    assert longest_closed_seconds(leap, date(2027, 12, 1)) == after
+    # Fifth Sundays from 2026-12-01: 2027-01-31, 05-30, 08-29, 10-31 before the horizon; the
+    # longest gap is 2027-01-31 to 2027-05-30 (119 days) less the 2h opening.
+    fifth = CronWindow("0 3 * * sun#5", timedelta(hours=2))
+    assert longest_closed_seconds(fifth, date(2026, 12, 1)) == 119 * 86400 - 2 * 3600
+    assert clock.monotonic() - began < 0.5
+
+
+@pytest.mark.parametrize("expression", ["0 3 29 2 *", "0 3 * * sun#5"])
+def test_doctor_retention_on_a_sparse_cron_window_warns_quickly(expression: str) -> None:
+    import time as clock
+    from datetime import timedelta
+
+    from kured.core.cron_window import CronWindow
+    from kured.doctor.prometheus import check_retention
+
+    rule = {"name": "KuredRebootPending", "duration": 3600, "query": "kured_reboot_required > 0"}
+    began = clock.monotonic()
+    # Before: '0 3 29 2 *' raised OverflowError (a traceback); 'sun#5' took about 1.8 s.
+    findings = check_retention(
+        [rule], 30 * 86400, "30d", CronWindow(expression, timedelta(hours=2))
+    )
+    assert clock.monotonic() - began < 0.5
+    # Closed for months either way (at least 62 days between fifth Sundays): the 1h for: warns.
+    [finding] = findings
+    assert finding.level == "WARN", finding
+    assert "the window stays closed" in finding.message, finding

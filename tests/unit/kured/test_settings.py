@@ -442,10 +442,20 @@ def test_without_the_cron_flags_the_window_is_kureds_days_and_times() -> None:
         (("--window-cron", "0 3 * * *", "--window-duration", "2h", "--start-time", "03:00",
           "--end-time", "05:00"),
          ["cannot be combined with --start-time, --end-time"]),
+        # Given at all, even at their defaults: refused, not silently ignored.
+        (("--window-cron", "0 3 * * *", "--window-duration", "2h",
+          "--reboot-days", "su,mo,tu,we,th,fr,sa"),
+         ["cannot be combined with --reboot-days"]),
+        (("--window-cron", "0 3 * * *", "--window-duration", "2h", "--start-time", "00:00",
+          "--end-time", "23:59:59"),
+         ["cannot be combined with --start-time, --end-time"]),
         (("--window-cron", "0 3 * * sun#1"), ["--window-duration is required"]),
         (("--window-duration", "2h"), ["only meaningful with --window-cron"]),
         (("--window-cron", "0 3 1-7 * sun", "--window-duration", "2h"), ["sun#1"]),
         (("--window-cron", "0 3 30 2 *", "--window-duration", "2h"), ["30th of February"]),
+        # Before: loaded, then every contains() raised OverflowError (the agent crash-looped).
+        (("--window-cron", "0 3 * * *", "--window-duration", "100000000h"), ["more than 366 days"]),
+        (("--window-cron", "0 3 * * *", "--window-duration", "8785h"), ["more than 366 days"]),
     ],
 )  # fmt: skip
 def test_cron_flags_mixed_or_incomplete_are_refused_with_every_reason(
@@ -455,6 +465,23 @@ def test_cron_flags_mixed_or_incomplete_are_refused_with_every_reason(
     assert len(problems) == len(needles), problems
     for problem, needle in zip(problems, needles, strict=True):
         assert needle in problem, problems
+
+
+def test_days_window_variables_at_their_defaults_with_a_cron_window_are_refused() -> None:
+    cron_env = {**NODE, "KURED_WINDOW_CRON": "0 3 * * *", "KURED_WINDOW_DURATION": "2h"}
+    problems = problems_from({**cron_env, "KURED_START_TIME": "00:00"})
+    assert len(problems) == 1
+    assert "cannot be combined with --start-time" in problems[0], problems
+    problems = problems_from({**cron_env, "KURED_REBOOT_DAYS": "su,mo,tu,we,th,fr,sa"})
+    assert "cannot be combined with --reboot-days" in problems[0], problems
+    # Not given at all: the cron window alone loads.
+    assert settings_from(cron_env).window_cron == "0 3 * * *"
+
+
+def test_a_window_duration_of_366_days_is_the_longest_accepted() -> None:
+    s = settings_from(NODE, "--window-cron", "0 3 1 1 *", "--window-duration", "8784h")
+    assert s.window_duration == 366 * 86400
+    assert s.window().contains(datetime(2027, 6, 1, tzinfo=UTC))
 
 
 def test_settings_built_directly_refuse_a_mixed_window() -> None:
