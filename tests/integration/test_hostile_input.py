@@ -188,3 +188,28 @@ def test_malformed_requests_get_a_400_and_no_traceback_in_the_log(
     assert "Traceback" not in node.log()
     # The quiet policy's budget of lines per process (kura.api.malformed), the rest left out.
     assert 1 <= node.log().count("rejected a malformed HTTP request") <= 2 * LOG_LINES
+
+
+def test_a_malformed_credential_header_never_puts_its_token_in_the_log(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """aiohttp's message about a malformed header quotes the header, and its value: a space
+    before the colon, a control character in the value, or a value past the parser's limit
+    once put a whole bearer token (or its first hundred characters) in the INFO line. Each on
+    its own connection of a node with 2 processes, so both get some."""
+    node = start_node(workers=2)
+    secret = "writerwriterwrit0002"
+    for raw in 4 * (
+        f"GET /up HTTP/1.1\r\nHost: x\r\nAuthorization : Bearer {secret}\r\n\r\n".encode(),
+        f"GET /up HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\x01\r\n\r\n".encode(),
+        f"GET /up HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}{'a' * 9000}\r\n\r\n".encode(),
+        f"GET /up HTTP/1.1\r\nHost: x\r\nCookie : token={secret}\r\n\r\n".encode(),
+    ):
+        sock = rawhttp.connect(node.url)
+        with sock:
+            sock.sendall(raw)
+            status, _h, _b = rawhttp.read_response(sock)
+        assert status in (400, 431), status
+    said = node.log()
+    assert "rejected a malformed HTTP request" in said
+    assert secret not in said, [line for line in said.splitlines() if secret in line]

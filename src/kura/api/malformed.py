@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -86,13 +87,41 @@ def _suffix(suppressed: int) -> str:
     return f" ({suppressed} more malformed requests not logged)" if suppressed else ""
 
 
+# From a credential header's name on, a parser's message about a malformed request may quote
+# the header's value (aiohttp: "Invalid header token: b'Authorization : Bearer ...'", or the
+# start of an over-long one): cut there, so a token never reaches a log line.
+# A line past the parser's limit is quoted without its header's name ("Got more than 8190
+# bytes when reading ...: b'Bearer ...'"): nothing after "reading" is shown, nor any word that
+# follows an authentication scheme's name.
+_CREDENTIAL = re.compile(
+    r"((?:proxy-)?authorization|cookie|x-api-key)\b.*", re.IGNORECASE | re.DOTALL
+)
+_TOO_LONG = re.compile(r"(Got more than \d+ bytes(?: \(\d+\))? when reading)\b.*", re.DOTALL)
+_SCHEME = re.compile(r"\b(bearer|basic|token)\s+\S+", re.IGNORECASE)
+
+
+def without_credentials(message: str) -> str:
+    """``message`` cut at the first credential header's name, or after "when reading" of a
+    line past the parser's limit, and with no word after an authentication scheme's name: a
+    value that may be a credential is not shown."""
+    message = _TOO_LONG.sub(r"\1 a line (not logged)", message)
+    message = _CREDENTIAL.sub(r"\1 (value not logged)", message)
+    return _SCHEME.sub(r"\1 (not logged)", message)
+
+
 def log_malformed(listener: str, message: str) -> None:
     """One INFO line for a malformed request on ``listener`` (``"gRPC"``, ``"HTTP"``) within the
     process's budget (module docstring); nothing once the budget of the interval is spent.
-    Safe to call from any thread."""
+    A credential header's value is never shown (``without_credentials``). Safe to call from
+    any thread."""
     suppressed = _LIMIT.admit()
     if suppressed is not None:
-        log.info("rejected a malformed %s request: %s%s", listener, message, _suffix(suppressed))
+        log.info(
+            "rejected a malformed %s request: %s%s",
+            listener,
+            without_credentials(message),
+            _suffix(suppressed),
+        )
 
 
 class _MalformedRequestFilter(logging.Filter):
@@ -112,7 +141,7 @@ class _MalformedRequestFilter(logging.Filter):
         if suppressed is None:
             return False
         record.msg = "rejected a malformed HTTP request: %s%s"
-        record.args = (exc.message, _suffix(suppressed))
+        record.args = (without_credentials(str(exc.message)), _suffix(suppressed))
         record.levelno, record.levelname = logging.INFO, "INFO"
         record.exc_info, record.exc_text = None, None
         return True
