@@ -213,3 +213,40 @@ def test_a_malformed_credential_header_never_puts_its_token_in_the_log(
     said = node.log()
     assert "rejected a malformed HTTP request" in said
     assert secret not in said, [line for line in said.splitlines() if secret in line]
+
+
+def test_a_write_from_another_sites_web_page_is_refused_and_changes_nothing(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A browser attaches the status page's Basic credentials to requests other sites' pages
+    make (a form's POST needs no CORS preflight): every request that is not GET, HEAD or
+    OPTIONS and says, by ``Sec-Fetch-Site`` or ``Origin``, that it comes from another site is
+    refused with 403 and stores nothing, on both processes; the same requests without those
+    headers (as build tools send them), or from this origin, go through, and reads are not
+    affected."""
+    node = start_node(workers=2)
+    here = node.url  # http://127.0.0.1:PORT, the Host a client sends
+    cross = [
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site", "Origin": here},
+        {"Origin": here.replace("127.0.0.1", "localhost")},
+    ]
+    for round_ in range(4):  # new connections: the kernel spreads them over both processes
+        for i, headers in enumerate(cross):
+            with node.client() as c:
+                r = c.put(f"/cache/csrf-{round_}-{i}", content=b"poison", headers=headers)
+                assert r.status_code == 403, (headers, r.status_code, r.text)
+                assert "another site" in r.text
+                r = c.post("/_admin/purge?namespace=&writer=anonymous", headers=headers)
+                assert r.status_code == 403, (headers, r.status_code, r.text)
+                r = c.delete("/cache", headers=headers)
+                assert r.status_code == 403, (headers, r.status_code, r.text)
+                assert c.get(f"/cache/csrf-{round_}-{i}").status_code == 404  # nothing stored
+    with node.client() as c:
+        assert c.put("/cache/kept", content=b"ok").status_code in (200, 201)  # a build tool
+        same = {"Origin": here, "Sec-Fetch-Site": "same-origin"}
+        assert c.put("/cache/kept2", content=b"ok", headers=same).status_code in (200, 201)
+        got = c.get("/cache/kept", headers={"Origin": "http://evil.example"})
+        assert (got.status_code, got.content) == (200, b"ok")  # a read is not a write

@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from kura.api import upload_rate
+from kura.api import cross_site, upload_rate
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
 from kura.api.file_response import DamagedBlob, OpenFileResponse
@@ -297,12 +297,14 @@ def serving_app(
     """An app of a process that serves kura's listeners: the primary's public and internal
     apps, and each worker's public one. What every such app needs is set here, so that no
     process can miss a piece (a worker once lost the log filter with an import it dropped):
-    ``track_handlers`` outermost, then ``middlewares``; ``context`` under ``CTX_KEY``; the
-    process's malformed-request log filter; on a public app, ``no_active_content``."""
+    ``track_handlers`` outermost, then on a public app ``cross_site``'s refusal of cross-site
+    writes, then ``middlewares``; ``context`` under ``CTX_KEY``; the process's
+    malformed-request log filter; on a public app, ``no_active_content``."""
     quiet_malformed_requests()
+    guard = [cross_site.middleware()] if public else []
     app = web.Application(
         client_max_size=client_max_size,
-        middlewares=[track_handlers(context.handlers), *middlewares],
+        middlewares=[track_handlers(context.handlers), *guard, *middlewares],
     )
     if public:
         app.on_response_prepare.append(no_active_content)
