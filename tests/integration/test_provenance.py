@@ -366,6 +366,8 @@ async def test_one_namespace_cannot_use_up_the_room_of_the_others(
     await store.purge_writer("tenant-a", "token:from-a-peer", 1, source="peer")
     with pytest.raises(InsufficientStorage, match="namespace 'tenant-a' has 2 recorded purges"):
         await store.purge_writer("tenant-a", "token:made-up-1")
+    assert provenance.clean_route("tenant-a") == "DELETE /ns/tenant-a/cache"
+    assert provenance.clean_route("") == "DELETE /cache"
     assert ("tenant-a", "token:made-up-1") not in _purge_rows(store)
     await store.purge_writer("tenant-b", "token:ci")  # another namespace: room left
     await store.purge_writer("tenant-a", "token:made-up-0")  # the same pair again: allowed

@@ -54,16 +54,22 @@ def check_room(purges: Mapping[tuple[str, str], int], namespace_id: str, writer:
         raise InsufficientStorage(
             f"namespace {namespace_id!r} has {here} recorded purges, the most one namespace "
             f"keeps ({MAX_PURGES_PER_NAMESPACE}); a clean of the namespace drops them "
-            "(DELETE /ns/<namespace>/cache), and purging a writer already purged there is "
+            f"({clean_route(namespace_id)}), and purging a writer already purged there is "
             "allowed"
         )
     if len(purges) >= MAX_RECORDED_PURGES:
         raise InsufficientStorage(
             f"this node has recorded {len(purges)} purges, the most it keeps "
             f"({MAX_RECORDED_PURGES}, those applied from peers included); a namespace clean "
-            "drops the purges recorded in that namespace (DELETE /ns/<namespace>/cache), and "
-            "purging a writer already purged there is allowed"
+            "drops the purges recorded in that namespace (DELETE /ns/<namespace>/cache; "
+            "DELETE /cache for the default one), and purging a writer already purged there "
+            "is allowed"
         )
+
+
+def clean_route(namespace_id: str) -> str:
+    """The HTTP request that cleans ``namespace_id`` (the default one, "", has no /ns/ path)."""
+    return "DELETE /cache" if namespace_id == "" else f"DELETE /ns/{namespace_id}/cache"
 
 
 def drop_covered(conn: sqlite3.Connection, namespace_id: str, version_ms: int) -> None:
