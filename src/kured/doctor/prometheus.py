@@ -23,8 +23,9 @@
   stuck drain, a node that did not come back or a cordon kured left behind (kured #1129) goes
   unnoticed. Loaded, it must see nodes (``kube_node_spec_unschedulable``, kube-state-metrics':
   no series, no alert ever), and its ``for:`` must outlast one reboot cycle under the agent's
-  flags, ``--drain-delay`` + ``--drain-timeout`` + ``--reboot-delay`` + ``--reboot-duration``
-  (the node is uncordoned before ``--lock-release-delay``), or it fires during normal reboots;
+  flags, ``--drain-timeout`` + ``--reboot-delay`` + ``--reboot-duration`` (``--drain-delay``
+  is slept before the cordon, and the node is uncordoned before ``--lock-release-delay``), or
+  it fires during normal reboots;
   each a WARN. So is a filter that lets it block reboots while it is only pending (no
   ``--alert-firing-only``): it is pending through every cordon, kured's own included.
 
@@ -301,9 +302,9 @@ def check_alerts(s: Settings, data: Any, rules: list[dict[str, Any]]) -> list[Fi
 
 def cordoned_seconds(s: Settings, reboot_seconds: float) -> float:
     """How long one reboot keeps the node cordoned when its drain takes ``--drain-timeout``:
-    the cordon comes after ``--drain-delay``, the uncordon at the agent's first check after
-    the boot, before ``--lock-release-delay``."""
-    return s.drain_delay + s.drain_timeout + s.reboot_delay + reboot_seconds
+    the cordon comes after ``--drain-delay`` (so that does not count), the uncordon at the
+    agent's first check after the boot, before ``--lock-release-delay``."""
+    return s.drain_timeout + s.reboot_delay + reboot_seconds
 
 
 def check_cordon(
@@ -342,9 +343,9 @@ def check_cordon(
     seconds = float(rule.get("duration") or 0)
     cycle = cordoned_seconds(s, reboot_seconds)
     parts = (
-        f"--drain-delay {go_duration(s.drain_delay)} + --drain-timeout "
-        f"{go_duration(s.drain_timeout)} + --reboot-delay {go_duration(s.reboot_delay)} + "
-        f"--reboot-duration {go_duration(reboot_seconds)} = {go_duration(cycle)}"
+        f"--drain-timeout {go_duration(s.drain_timeout)} + --reboot-delay "
+        f"{go_duration(s.reboot_delay)} + --reboot-duration {go_duration(reboot_seconds)} = "
+        f"{go_duration(cycle)}"
     )
     if seconds <= cycle:
         findings.append(

@@ -221,3 +221,15 @@ def test_doctor_retention_on_a_sparse_cron_window_warns_quickly(expression: str)
     [finding] = findings
     assert finding.level == "WARN", finding
     assert "the window stays closed" in finding.message, finding
+
+
+def test_a_reboots_cordon_does_not_count_the_drain_delay() -> None:
+    """``--drain-delay`` is slept before the cordon (``choreography``), so the cordon that
+    ``KuredNodeCordonedTooLong`` sees lasts the drain, the reboot delay and the boot: with 45m
+    of drain delay, 30m of drain and a 10m boot, 40m (counting the delay gave 85m, and a WARN
+    against the 1h default)."""
+    from kured.doctor.prometheus import cordoned_seconds
+    from kured.settings import Settings
+
+    s = Settings(node_id="n1", drain_delay=2700.0, drain_timeout=1800.0, reboot_delay=0.0)
+    assert cordoned_seconds(s, 600.0) == 2400.0
