@@ -89,6 +89,7 @@ __all__ = [
     "Gate",
     "NodeActuator",
     "Window",
+    "until_window",
 ]
 
 
@@ -512,6 +513,7 @@ class Agent(NodeSteps, MaintenanceSteps):
                 log.error("tick failed: %s", exc.message)
                 self.view.fail("tick")
             delay = self.rng.uniform(0.5, 1.5) * period if first else period
+            delay = until_window(self.window, self.now(), delay)
             self.view.next_check_at = self._unix() + delay
             if first:
                 log.info(
@@ -519,3 +521,16 @@ class Agent(NodeSteps, MaintenanceSteps):
                     datetime.fromtimestamp(self.view.next_check_at, tz=UTC).isoformat(),
                 )
             first = False
+
+
+def until_window(window: Window, now: datetime, delay: float) -> float:
+    """``delay`` (seconds to the next check), or less when ``window`` is closed at ``now`` and
+    opens sooner: the agent checks at the opening, so a window shorter than ``--period`` is not
+    slept through. kured checks only on its ticks, and a 30-minute window with its 1-hour
+    period was missed about half the time (a hostile tester's reading of the loop)."""
+    if window.contains(now):
+        return delay
+    opens = window.next_open(now)
+    if opens is None:
+        return delay
+    return min(delay, max(0.0, (opens - now).total_seconds()))
