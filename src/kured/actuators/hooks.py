@@ -5,7 +5,9 @@ uncordoned and its gates pass again).
 Each hook is an HTTP POST of a JSON document (``--pre-drain-hook-url``,
 ``--post-uncordon-hook-url``), a command (``--pre-drain-hook-command``,
 ``--post-uncordon-hook-command``: split like a shell, run without one, the same document on its
-standard input and ``KURED_NODE``/``KURED_HOOK_EVENT`` in its environment), or both (the URL
+standard input, an environment of ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TZ`` (those the
+agent has) and ``KURED_NODE``/``KURED_HOOK_EVENT``; a timeout or a stopped agent kills its
+whole process group), or both (the URL
 first). The document::
 
     {"node": "n1", "event": "pre-drain", "time": "2026-12-07T03:00:00+00:00",
@@ -20,8 +22,6 @@ tries again); a failed post-uncordon hook is logged and counted, and not retried
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -29,11 +29,15 @@ from datetime import datetime
 
 import aiohttp
 
+from kit import command
 from kured.core.errors import KuredError
 
 EVENTS = ("pre-drain", "post-uncordon")
 RESULTS = ("ok", "failed")
 OUTPUT_SHOWN_CHARS = 300
+# The only variables of the agent's environment a hook command gets (plus KURED_NODE and
+# KURED_HOOK_EVENT): not the agent's credentials or tokens.
+HOOK_ENV_PASSED = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "TZ"})
 
 
 class HookError(KuredError):
@@ -103,32 +107,28 @@ class Hook:
             raise HookError(f"{self.event} hook {self.url}: {type(exc).__name__}: {exc}") from None
 
     async def _exec(self, doc: dict[str, str]) -> None:
-        env = dict(os.environ, KURED_NODE=doc["node"], KURED_HOOK_EVENT=self.event)
+        # Through kit.command.run: a timeout or a cancelled agent (SIGTERM, stop) kills the
+        # hook's whole process group and reaps it; the spawn is shielded.
+        env = {k: v for k, v in os.environ.items() if k in HOOK_ENV_PASSED}
+        env.update(KURED_NODE=doc["node"], KURED_HOOK_EVENT=self.event)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+            done = await command.run(
+                self.command,
+                self.timeout,
+                merge_stderr=True,
+                input=json.dumps(doc).encode(),
                 env=env,
-                start_new_session=True,
             )
-        except OSError as exc:
-            raise HookError(f"{self.event} hook command {self.command[0]}: {exc}") from None
-        try:
-            async with asyncio.timeout(self.timeout):
-                out, _ = await proc.communicate(json.dumps(doc).encode())
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            await proc.wait()
+        except command.NotStarted as exc:
+            raise HookError(f"{self.event} hook command: {exc}") from None
+        except command.TimedOut:
             raise HookError(
                 f"{self.event} hook command {self.command[0]} did not finish within "
                 f"{self.timeout:g}s (killed)"
             ) from None
-        if proc.returncode != 0:
-            shown = out.decode(errors="replace").strip()[-OUTPUT_SHOWN_CHARS:]
+        if done.returncode != 0:
+            shown = done.stdout.strip()[-OUTPUT_SHOWN_CHARS:]
             raise HookError(
-                f"{self.event} hook command {self.command[0]} exited {proc.returncode}"
+                f"{self.event} hook command {self.command[0]} exited {done.returncode}"
                 + (f": {shown}" if shown else "")
             )

@@ -1,0 +1,80 @@
+"""The hooks (``kured.actuators.hooks``): a hook command never outlives the agent, and a failed
+hook's message is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kit.wait import wait_until_async
+from kured.actuators.hooks import OUTPUT_SHOWN_CHARS, Hook, HookError
+
+DOC = {"node": "n1", "event": "pre-drain", "time": "t", "lock_holder": "n1", "kured": "kura"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0): it is gone for our purpose once reaped or defunct
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _hook(command: list[str], timeout: float = 60.0) -> Hook:
+    session: Any = None  # a command-only hook never uses the HTTP session
+    return Hook(session, "pre-drain", "", command, timeout)
+
+
+async def test_a_cancelled_agent_kills_the_hook_and_its_children(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"sleep 60 & echo $$ $! > {pids}; wait"
+    task = asyncio.create_task(_hook(["sh", "-c", script]).run(DOC))
+    await wait_until_async(lambda: pids.exists() and len(pids.read_text().split()) == 2, 10.0)
+    shell, sleeper = (int(x) for x in pids.read_text().split())
+    assert _alive(shell)
+    assert _alive(sleeper)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not _alive(shell)
+    await wait_until_async(lambda: not _alive(sleeper), 5.0)  # killed with its group
+
+
+async def test_a_hook_command_sees_the_document_and_a_minimal_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KURED_SECRET_TOKEN", "hunter2")
+    out = tmp_path / "out"
+    code = (
+        "import os, sys; open(sys.argv[1], 'w').write(sys.stdin.read() + '\\n' + "
+        "repr(sorted(k for k in os.environ if k.startswith('KURED'))))"
+    )
+    await _hook([sys.executable, "-c", code, str(out)]).run(DOC)
+    doc, env = out.read_text().splitlines()
+    assert '"node": "n1"' in doc
+    assert env == repr(["KURED_HOOK_EVENT", "KURED_NODE"])
+
+
+async def test_a_failed_hook_shows_only_the_end_of_its_output() -> None:
+    code = "import sys; sys.stdout.write('x' * 100000 + 'END'); sys.exit(3)"
+    with pytest.raises(HookError) as err:
+        await _hook([sys.executable, "-c", code]).run(DOC)
+    assert "exited 3" in err.value.message
+    assert err.value.message.endswith("END")
+    assert len(err.value.message) < OUTPUT_SHOWN_CHARS + 100
+
+
+async def test_a_hook_command_that_cannot_start_or_overruns_is_a_hook_error() -> None:
+    with pytest.raises(HookError, match="could not start"):
+        await _hook(["/nonexistent/hook"]).run(DOC)
+    with pytest.raises(HookError, match=r"did not finish within 0\.2s"):
+        await _hook(["sleep", "30"], timeout=0.2).run(DOC)
