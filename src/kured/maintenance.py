@@ -86,7 +86,6 @@ class MaintenanceSteps:
     maintenance: MaintenanceKit
     rebooted_holding_lock: bool
     reboot_triggered: bool
-    back_uncordoned: bool
     silence_sweep_pending: bool
     _keeper: asyncio.Task[None] | None
 
@@ -108,6 +107,7 @@ class MaintenanceSteps:
             st.maintenance_since = self._unix()
             st.maintenance_rebooted = False
             st.back_announced = False
+            st.back_uncordoned = True
             self.store.save(st)
         self.view.maintenance.phase = "entering: silence, pre-drain hook"
         if self.maintenance.silencer is not None:
@@ -219,8 +219,14 @@ class MaintenanceSteps:
             log.warning("maintenance abandoned (%s): expiring the silence", why)
         await self._stop_keeper()
         await self._expire_silences(why)
-        if st.maintenance_since is not None or st.maintenance_rebooted or st.back_announced:
+        if (
+            st.maintenance_since is not None
+            or st.maintenance_rebooted
+            or st.back_announced
+            or not st.back_uncordoned
+        ):
             st.maintenance_since, st.maintenance_rebooted, st.back_announced = None, False, False
+            st.back_uncordoned = True
             self.store.save(st)
         self.view.maintenance.phase = ""
 
@@ -295,13 +301,14 @@ class MaintenanceSteps:
             self._start_keeper()  # keep it alive until the expiry succeeds
             return
         st.maintenance_since, st.maintenance_rebooted, st.back_announced = None, False, False
+        st.back_uncordoned = True
         self.store.save(st)
         m.phase = ""
         log.info("maintenance of node %s done", self.config.node_id)
 
     async def _announce_back(self) -> None:
         """The post-uncordon hook, then the "back" message (after the messages in flight)."""
-        if not self.back_uncordoned:
+        if not self.state.back_uncordoned:
             log.info(
                 "node %s stays cordoned (it was before the lock): no post-uncordon hook, no "
                 "back message",

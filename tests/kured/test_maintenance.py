@@ -607,3 +607,52 @@ async def test_a_failing_post_uncordon_hook_command_is_counted_and_the_node_is_b
         ]
     finally:
         host.stop()
+
+
+async def test_an_operator_cordoned_node_gets_no_hook_and_no_back_message_across_a_restart(
+    tmp_path: Path, kube: KubeDouble, kubeconfig: Path, receiver: Receiver
+) -> None:
+    """A node an operator cordoned before the lock stays cordoned after the reboot and gets
+    neither the post-uncordon hook nor the "back" message, also when the agent is killed
+    (SIGKILL) after the lock release, while the maintenance waits for its gates: the state file
+    says the node was not uncordoned."""
+    kube.add_node("n1", unschedulable=True)
+    events = tmp_path / "events"
+    gate_open = asyncio.Event()
+    receiver.gate_blocks = lambda: _rebooted(events) and not gate_open.is_set()
+    host = _host(
+        tmp_path,
+        kubeconfig,
+        "--period",
+        "1s",
+        "--gate-url",
+        receiver.url("/gate"),
+        "--post-uncordon-hook-url",
+        receiver.url("/hooks/post-uncordon"),
+        "--notify-url",
+        f"generic+http://127.0.0.1:{receiver.port}/notify",
+        "--message-template-back",
+        "%s is back in service",
+    )
+    host.sentinel.touch()
+    host.start()
+    try:
+        assert await _until(lambda: host.boots >= 2 and _lease_holder(kube) is None, 60), host.log()
+        assert await _until(
+            lambda: "waiting for its gates" in host.status()["maintenance"]["phase"], 15
+        ), host.log()
+        boots = host.boots
+        assert host.proc is not None
+        os.killpg(host.proc.pid, signal.SIGKILL)
+        assert await _until(lambda: host.boots > boots, 30), host.log()
+        assert await _until(
+            lambda: "waiting for its gates" in host.status()["maintenance"]["phase"], 15
+        ), host.log()
+        gate_open.set()
+        assert await _until(lambda: host.status()["maintenance"]["active"] is False, 15), host.log()
+        assert "stays cordoned (it was before the lock)" in host.log()
+        assert "/hooks/post-uncordon" not in receiver.paths()
+        assert "n1 is back in service" not in str(receiver.received)
+        assert kube.node("n1")["spec"].get("unschedulable") is True
+    finally:
+        host.stop()
