@@ -185,11 +185,15 @@ class MaintenanceSteps:
         self.silence_sweep_pending = False
 
     async def _refresh_silence_quietly(self) -> None:
-        """Extend the silence; a failure is logged and counted (the silence still runs)."""
+        """Extend the silence; a failure is logged and counted (the silence still runs). Any
+        failure: an unexpected one (a bug) must not stop the keeper or the agent either."""
         try:
             await self._refresh_silence()
         except SilenceError as exc:
             log.warning("cannot extend the alertmanager silence: %s", exc.message)
+            self.view.fail("silence")
+        except Exception:
+            log.exception("cannot extend the alertmanager silence (unexpected error)")
             self.view.fail("silence")
 
     def _start_keeper(self) -> None:
@@ -197,6 +201,14 @@ class MaintenanceSteps:
             self._keeper = asyncio.get_running_loop().create_task(
                 self._keep_silence(), name="silence-keeper"
             )
+            self._keeper.add_done_callback(self._keeper_ended)
+
+    def _keeper_ended(self, task: asyncio.Task[None]) -> None:
+        """The keeper ends only when cancelled; anything else is logged and counted, and
+        ``_maintenance_step`` starts it again at the next check."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the silence keeper stopped", exc_info=task.exception())
+            self.view.fail("silence")
 
     async def _keep_silence(self) -> None:
         while True:
@@ -281,6 +293,7 @@ class MaintenanceSteps:
             return
         if not st.maintenance_rebooted or self.rebooted_holding_lock or self.reboot_triggered:
             return
+        self._start_keeper()  # again, if it stopped (it should not)
         results = await asyncio.gather(*(g.check() for g in self.gates))
         waiting = [r for r in results if r.blocking is not False]
         m = self.view.maintenance

@@ -124,18 +124,29 @@ class Silencer:
             ) from None
 
     async def ours(self) -> list[dict[str, Any]]:
-        """This node's active or pending silences made by kured."""
+        """This node's active or pending silences made by kured (each with a string ``id``).
+        ``SilenceError`` when the answer is not API v2's shape: not a list, or a silence of ours
+        without an ``id`` or a ``status`` object."""
         answer = await self._call("GET", "/api/v2/silences")
         if not isinstance(answer, list):
             raise SilenceError(f"alertmanager {self.url}: GET /api/v2/silences is not a list")
-        return [
-            s
-            for s in answer
-            if isinstance(s, dict)
-            and s.get("createdBy") == CREATED_BY
-            and str(s.get("comment", "")).startswith(self.marker)
-            and (s.get("status") or {}).get("state") in ("active", "pending")
-        ]
+        found = []
+        for s in answer:
+            if not (
+                isinstance(s, dict)
+                and s.get("createdBy") == CREATED_BY
+                and str(s.get("comment", "")).startswith(self.marker)
+            ):
+                continue  # not ours: its shape is not our business
+            status, silence_id = s.get("status"), s.get("id")
+            if not isinstance(status, dict) or not isinstance(silence_id, str) or not silence_id:
+                raise SilenceError(
+                    f"alertmanager {self.url}: GET /api/v2/silences: a silence of ours without "
+                    "an id or a status object (not Alertmanager's API v2)"
+                )
+            if status.get("state") in ("active", "pending"):
+                found.append(s)
+        return found
 
     async def ensure(self, now: datetime, ends_at: datetime, since: datetime) -> str:
         """Create this node's silence, or move the end of the active one to ``ends_at``.
@@ -152,11 +163,14 @@ class Silencer:
             body["id"] = current[0]["id"]
             body["startsAt"] = current[0].get("startsAt", body["startsAt"])
         answer = await self._call("POST", "/api/v2/silences", body)
-        silence_id = str((answer or {}).get("silenceID", ""))
-        if not silence_id:
-            raise SilenceError(f"alertmanager {self.url}: no silenceID in {answer!r}")
+        silence_id = answer.get("silenceID") if isinstance(answer, dict) else None
+        if not isinstance(silence_id, str) or not silence_id:
+            raise SilenceError(
+                f"alertmanager {self.url}: POST /api/v2/silences answered no silenceID "
+                "(not Alertmanager's API v2)"
+            )
         for extra in current[1:]:  # two of ours (a race of restarts): one is enough
-            await self.expire(str(extra["id"]))
+            await self.expire(extra["id"])
         return silence_id
 
     async def expire(self, silence_id: str) -> None:
@@ -164,7 +178,7 @@ class Silencer:
 
     async def expire_ours(self) -> list[str]:
         """Expire every active or pending silence of this node's; their ids."""
-        ids = [str(s["id"]) for s in await self.ours()]
+        ids = [s["id"] for s in await self.ours()]
         for silence_id in ids:
             await self.expire(silence_id)
         return ids

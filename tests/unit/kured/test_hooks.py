@@ -38,7 +38,9 @@ async def test_a_cancelled_agent_kills_the_hook_and_its_children(tmp_path: Path)
     pids = tmp_path / "pids"
     script = f"sleep 60 & echo $$ $! > {pids}; wait"
     task = asyncio.create_task(_hook(["sh", "-c", script]).run(DOC))
-    await wait_until_async(lambda: pids.exists() and len(pids.read_text().split()) == 2, 10.0)
+    assert await wait_until_async(
+        lambda: pids.exists() and len(pids.read_text().split()) == 2, 10.0
+    )
     shell, sleeper = (int(x) for x in pids.read_text().split())
     assert _alive(shell)
     assert _alive(sleeper)
@@ -46,7 +48,7 @@ async def test_a_cancelled_agent_kills_the_hook_and_its_children(tmp_path: Path)
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not _alive(shell)
-    await wait_until_async(lambda: not _alive(sleeper), 5.0)  # killed with its group
+    assert await wait_until_async(lambda: not _alive(sleeper), 5.0)  # killed with its group
 
 
 async def test_a_hook_command_sees_the_document_and_a_minimal_environment(
