@@ -656,3 +656,51 @@ async def test_an_operator_cordoned_node_gets_no_hook_and_no_back_message_across
         assert kube.node("n1")["spec"].get("unschedulable") is True
     finally:
         host.stop()
+
+
+SECRETS = ("alice", "s3cr3t-pass", "PATH-TOKEN-42", "QUERY-TOKEN-43")
+
+
+@pytest.mark.parametrize("where", ["alertmanager", "hook"])
+async def test_secrets_in_the_hook_and_alertmanager_urls_reach_no_log_and_no_status(
+    tmp_path: Path, kube: KubeDouble, kubeconfig: Path, receiver: Receiver, where: str
+) -> None:
+    """A URL with a user and password, a token in its path and one in its query: the start-up
+    flag dump, the errors (the receiver answers 404 to Alertmanager's API and 500 to the hook)
+    and ``kured status`` show ``scheme://host:port`` only."""
+    kube.add_node("n1")
+    receiver.fail.add("/PATH-TOKEN-42/hook")
+    secret = f"http://alice:s3cr3t-pass@127.0.0.1:{receiver.port}/PATH-TOKEN-42"
+    flags = (
+        ("--alertmanager-url", f"{secret}/?token=QUERY-TOKEN-43", *MATCHERS)
+        if where == "alertmanager"
+        else (
+            "--pre-drain-hook-url",
+            f"{secret}/hook?token=QUERY-TOKEN-43",
+            "--post-uncordon-hook-url",
+            f"{secret}/hook?token=QUERY-TOKEN-43",
+        )
+    )
+    host = _host(tmp_path, kubeconfig, "--period", "1s", *flags)
+    host.sentinel.touch()
+    host.start()
+    reason = "silence_failed" if where == "alertmanager" else "pre_drain_hook_failed"
+    try:
+        assert await _until(lambda: host.status()["reason"] == reason, 30), host.log()
+        shown = f"http://127.0.0.1:{receiver.port}"
+        status = host.status()
+        assert shown in status["blocked_by"], status
+        out = await asyncio.to_thread(  # the receiver runs on this loop: keep it free
+            subprocess.run,
+            [sys.executable, "-m", "kured.cli", "status", "--url", host.url],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        everything = host.log() + json.dumps(status) + out.stdout + out.stderr
+        assert f"={shown}" in host.log()  # the flag dump shows the endpoint
+        for secret_part in SECRETS:
+            assert secret_part not in everything, (secret_part, everything)
+    finally:
+        host.stop()

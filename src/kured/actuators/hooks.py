@@ -31,6 +31,8 @@ import aiohttp
 
 from kit import command
 from kured.core.errors import KuredError
+from kured.core.notify_urls import endpoint
+from kured.sensors.failure import unreachable
 
 EVENTS = ("pre-drain", "post-uncordon")
 RESULTS = ("ok", "failed")
@@ -68,6 +70,7 @@ class Hook:
         self.session = session
         self.event = event
         self.url = url
+        self.shown_url = endpoint(url) if url else ""  # what messages show: no secrets
         self.command = tuple(command)
         self.timeout = timeout_seconds
 
@@ -76,7 +79,7 @@ class Hook:
         return bool(self.url or self.command)
 
     def describe(self) -> str:
-        parts = ([f"POST {self.url}"] if self.url else []) + (
+        parts = ([f"POST {self.shown_url}"] if self.url else []) + (
             [f"command {self.command[0]}"] if self.command else []
         )
         return " and ".join(parts)
@@ -89,6 +92,7 @@ class Hook:
             await self._exec(doc)
 
     async def _post(self, doc: dict[str, str]) -> None:
+        who = f"{self.event} hook {self.shown_url}"
         try:
             async with self.session.post(
                 self.url, json=doc, timeout=aiohttp.ClientTimeout(total=self.timeout)
@@ -96,15 +100,10 @@ class Hook:
                 body = await response.text()
                 if response.status // 100 != 2:
                     raise HookError(
-                        f"{self.event} hook {self.url} answered {response.status}: "
-                        f"{body.strip()[:OUTPUT_SHOWN_CHARS]}"
+                        f"{who} answered {response.status}: {body.strip()[:OUTPUT_SHOWN_CHARS]}"
                     )
-        except TimeoutError:
-            raise HookError(
-                f"{self.event} hook {self.url} did not answer within {self.timeout:g}s"
-            ) from None
-        except aiohttp.ClientError as exc:
-            raise HookError(f"{self.event} hook {self.url}: {type(exc).__name__}: {exc}") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise HookError(unreachable(who, exc, self.timeout)) from None
 
     async def _exec(self, doc: dict[str, str]) -> None:
         # Through kit.command.run: a timeout or a cancelled agent (SIGTERM, stop) kills the

@@ -28,7 +28,8 @@ from typing import Any
 import aiohttp
 
 from kured.core.errors import KuredError
-from kured.core.notify_urls import render
+from kured.core.notify_urls import endpoint, render
+from kured.sensors.failure import unreachable
 
 CREATED_BY = "kured"
 _MATCHER = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
@@ -95,8 +96,10 @@ class Silencer:
     ) -> None:
         self.session = session
         self.url = url.rstrip("/")
+        self.shown_url = endpoint(url)  # what messages show: no user info, path or query
         self.matchers = tuple(matchers)
         self.node = node
+        self.seconds = timeout_seconds
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self.marker = f"kured: reboot of node {node} "
 
@@ -114,13 +117,13 @@ class Silencer:
                 text = await response.text()
                 if response.status // 100 != 2:
                     raise SilenceError(
-                        f"alertmanager {self.url} answered {response.status} to {method} {path}: "
+                        f"alertmanager {self.shown_url} answered {response.status} to {method} {path}: "
                         f"{text.strip()[:200]}"
                     )
                 return await response.json(content_type=None) if text.strip() else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise SilenceError(
-                f"alertmanager {self.url} ({method} {path}): {type(exc).__name__}: {exc}"
+                unreachable(f"alertmanager {self.shown_url} ({method} {path})", exc, self.seconds)
             ) from None
 
     async def ours(self) -> list[dict[str, Any]]:
@@ -129,7 +132,7 @@ class Silencer:
         without an ``id`` or a ``status`` object."""
         answer = await self._call("GET", "/api/v2/silences")
         if not isinstance(answer, list):
-            raise SilenceError(f"alertmanager {self.url}: GET /api/v2/silences is not a list")
+            raise SilenceError(f"alertmanager {self.shown_url}: GET /api/v2/silences is not a list")
         found = []
         for s in answer:
             if not (
@@ -141,7 +144,7 @@ class Silencer:
             status, silence_id = s.get("status"), s.get("id")
             if not isinstance(status, dict) or not isinstance(silence_id, str) or not silence_id:
                 raise SilenceError(
-                    f"alertmanager {self.url}: GET /api/v2/silences: a silence of ours without "
+                    f"alertmanager {self.shown_url}: GET /api/v2/silences: a silence of ours without "
                     "an id or a status object (not Alertmanager's API v2)"
                 )
             if status.get("state") in ("active", "pending"):
@@ -166,7 +169,7 @@ class Silencer:
         silence_id = answer.get("silenceID") if isinstance(answer, dict) else None
         if not isinstance(silence_id, str) or not silence_id:
             raise SilenceError(
-                f"alertmanager {self.url}: POST /api/v2/silences answered no silenceID "
+                f"alertmanager {self.shown_url}: POST /api/v2/silences answered no silenceID "
                 "(not Alertmanager's API v2)"
             )
         for extra in current[1:]:  # two of ours (a race of restarts): one is enough
