@@ -30,13 +30,14 @@ from datetime import datetime
 import aiohttp
 
 from kit import command
-from kured.core.errors import KuredError
+from kured.core.errors import KuredError, printable
 from kured.core.notify_urls import endpoint
-from kured.sensors.failure import unreachable
+from kured.sensors.failure import read_at_most, unreachable
 
 EVENTS = ("pre-drain", "post-uncordon")
 RESULTS = ("ok", "failed")
-OUTPUT_SHOWN_CHARS = 300
+OUTPUT_SHOWN_CHARS = 300  # of a failed hook's answer or output (control characters escaped)
+BODY_READ_BYTES = 4096  # of a failed hook URL's answer, this much is read
 # The only variables of the agent's environment a hook command gets (plus KURED_NODE and
 # KURED_HOOK_EVENT): not the agent's credentials or tokens.
 HOOK_ENV_PASSED = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "TZ"})
@@ -97,10 +98,13 @@ class Hook:
             async with self.session.post(
                 self.url, json=doc, timeout=aiohttp.ClientTimeout(total=self.timeout)
             ) as response:
-                body = await response.text()
                 if response.status // 100 != 2:
+                    # Bounded: a hook answering megabytes costs BODY_READ_BYTES; control
+                    # characters escaped: the answer cannot forge log lines.
+                    body = (await read_at_most(response, BODY_READ_BYTES)).decode(errors="replace")
                     raise HookError(
-                        f"{who} answered {response.status}: {body.strip()[:OUTPUT_SHOWN_CHARS]}"
+                        f"{who} answered {response.status}: "
+                        f"{printable(body.strip()[:OUTPUT_SHOWN_CHARS])}"
                     )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise HookError(unreachable(who, exc, self.timeout)) from None
@@ -126,7 +130,7 @@ class Hook:
                 f"{self.timeout:g}s (killed)"
             ) from None
         if done.returncode != 0:
-            shown = done.stdout.strip()[-OUTPUT_SHOWN_CHARS:]
+            shown = printable(done.stdout.strip()[-OUTPUT_SHOWN_CHARS:])
             raise HookError(
                 f"{self.event} hook command {self.command[0]} exited {done.returncode}"
                 + (f": {shown}" if shown else "")

@@ -19,6 +19,7 @@ and raises ``SilenceError`` for anything but a 2xx answer.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,11 +28,14 @@ from typing import Any
 
 import aiohttp
 
-from kured.core.errors import KuredError
+from kured.core.errors import KuredError, printable
 from kured.core.notify_urls import endpoint, render
-from kured.sensors.failure import unreachable
+from kured.sensors.failure import read_at_most, unreachable
 
 CREATED_BY = "kured"
+ANSWER_LIMIT_BYTES = 16 << 20  # an answer read whole (the list of silences) is at most this
+ERROR_READ_BYTES = 4096  # of a refusal, this much is read
+ERROR_SHOWN_CHARS = 200  # and this much shown (control characters escaped)
 _MATCHER = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
 
 
@@ -114,13 +118,20 @@ class Silencer:
             async with self.session.request(
                 method, self.url + path, json=body, timeout=self.timeout
             ) as response:
-                text = await response.text()
+                # Bounded reads: at most ANSWER_LIMIT_BYTES of an answer, a little of a refusal.
                 if response.status // 100 != 2:
+                    text = (await read_at_most(response, ERROR_READ_BYTES)).decode(errors="replace")
                     raise SilenceError(
-                        f"alertmanager {self.shown_url} answered {response.status} to {method} {path}: "
-                        f"{text.strip()[:200]}"
+                        f"alertmanager {self.shown_url} answered {response.status} to {method} "
+                        f"{path}: {printable(text.strip()[:ERROR_SHOWN_CHARS])}"
                     )
-                return await response.json(content_type=None) if text.strip() else None
+                raw = await read_at_most(response, ANSWER_LIMIT_BYTES + 1)
+                if len(raw) > ANSWER_LIMIT_BYTES:
+                    raise SilenceError(
+                        f"alertmanager {self.shown_url} ({method} {path}): the answer is larger "
+                        f"than {ANSWER_LIMIT_BYTES} bytes"
+                    )
+                return json.loads(raw) if raw.strip() else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise SilenceError(
                 unreachable(f"alertmanager {self.shown_url} ({method} {path})", exc, self.seconds)

@@ -46,6 +46,20 @@ def reason(exc: BaseException, timeout_seconds: float) -> str:
     return str(exc) or "request failed"
 
 
+async def read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``response``'s body (fewer only at its end): an answer of
+    any size, or one that never ends, costs no more memory or time than that."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await response.content.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def unreachable(who: str, exc: BaseException, timeout_seconds: float) -> str:
     """``"<who> unreachable: <reason>"`` (see ``reason``)."""
     return f"{who} unreachable: {reason(exc, timeout_seconds)}"

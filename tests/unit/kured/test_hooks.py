@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from kit.wait import wait_until_async
 from kured.actuators.hooks import OUTPUT_SHOWN_CHARS, Hook, HookError
@@ -80,3 +83,50 @@ async def test_a_hook_command_that_cannot_start_or_overruns_is_a_hook_error() ->
         await _hook(["/nonexistent/hook"]).run(DOC)
     with pytest.raises(HookError, match=r"did not finish within 0\.2s"):
         await _hook(["sleep", "30"], timeout=0.2).run(DOC)
+
+
+async def _refusing_server(endless: bool, done: asyncio.Event) -> tuple[web.AppRunner, str]:
+    """Answers 500: a forged log line, then 10 MB (``endless``: then nothing until ``done``)."""
+
+    async def post(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=500)
+        await response.prepare(request)
+        await response.write(b"no\nFAKE LOG LINE\x1b[2J" + b"x" * (10 << 20))
+        if endless:
+            await done.wait()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/hook", post)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
+
+
+@pytest.mark.parametrize("endless", [False, True])
+async def test_a_refusing_hook_url_is_read_bounded_and_shown_escaped(endless: bool) -> None:
+    done = asyncio.Event()
+    runner, url = await _refusing_server(endless, done)
+    try:
+        async with aiohttp.ClientSession() as session:
+            hook = Hook(session, "pre-drain", url, (), 30.0)
+            started = time.monotonic()
+            with pytest.raises(HookError) as err:
+                await hook.run(DOC)
+            assert time.monotonic() - started < 10  # not the 30 s timeout: the read stopped
+    finally:
+        done.set()
+        await runner.cleanup()
+    message = err.value.message
+    assert "answered 500: no\\nFAKE LOG LINE\\x1b[2J" in message, message
+    assert "\n" not in message
+    assert "\x1b" not in message
+    assert len(message) < OUTPUT_SHOWN_CHARS + 100
+
+
+async def test_a_failed_hook_commands_output_is_escaped() -> None:
+    with pytest.raises(HookError) as err:
+        await _hook(["sh", "-c", "printf 'no\\nFAKE LOG LINE'; exit 2"]).run(DOC)
+    assert err.value.message.endswith("exited 2: no\\nFAKE LOG LINE"), err.value.message

@@ -5,6 +5,7 @@ silence keeper of the agent survives an unexpected error."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from kit.wait import wait_until_async
+from kured.actuators import silence
 from kured.actuators.silence import Matcher, SilenceError, Silencer
 from kured.contract import AgentConfig, AgentView
 from kured.maintenance import MaintenanceKit, MaintenanceSteps
@@ -148,3 +150,45 @@ async def test_the_keeper_survives_a_non_conforming_answer_and_an_unexpected_err
             assert not steps._keeper.done()
         finally:
             await steps._stop_keeper()
+
+
+async def test_answers_are_read_bounded_and_refusals_shown_escaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refusal that sends a forged log line then never ends; an answer larger than the
+    limit (lowered to 1 MB here; the server sends 10 MB)."""
+    monkeypatch.setattr(silence, "ANSWER_LIMIT_BYTES", 1 << 20)
+    done = asyncio.Event()
+
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=500)
+        await response.prepare(request)
+        await response.write(b"no\nFAKE LOG LINE" + b"x" * 100000)
+        await done.wait()  # the answer never ends while the client reads
+        return response
+
+    async def huge(_request: web.Request) -> web.Response:
+        return web.Response(body=b"[" + b" " * (10 << 20) + b"]")
+
+    app = web.Application()
+    app.router.add_post("/api/v2/silences", refuse)
+    app.router.add_get("/api/v2/silences", huge)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            silencer = Silencer(session, url, [Matcher("instance", "=", "%s")], "n1", 30)
+            with pytest.raises(SilenceError, match="larger than 1048576 bytes"):
+                await silencer.expire_ours()
+            started = time.monotonic()
+            with pytest.raises(SilenceError) as err:
+                await silencer._call("POST", "/api/v2/silences", {})
+            assert time.monotonic() - started < 10  # not the 30 s timeout
+    finally:
+        done.set()
+        await runner.cleanup()
+    assert "answered 500 to POST /api/v2/silences: no\\nFAKE LOG LINE" in err.value.message
+    assert "\n" not in err.value.message
+    assert len(err.value.message) < 400
