@@ -315,7 +315,8 @@ class Settings:
     alertmanager_silence_matcher: tuple[SilenceMatcher, ...] = option(
         (),
         "matcher of the silence: name=value, name!=value, name=~regex or name!~regex; %s is the "
-        "node name (repeatable, ANDed; in the environment separate matchers with ';')",
+        "node name (escaped in a regex), needed in one matcher at least (repeatable, ANDed; in "
+        "the environment separate matchers with ';')",
         repeatable=True,
         separator=";",
     )

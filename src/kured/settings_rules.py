@@ -201,6 +201,14 @@ def validate_settings(s: Settings) -> list[str]:
             "--alertmanager-silence-matcher (e.g. instance=~%s(:[0-9]+)?): a silence without "
             "matchers would silence everything"
         )
+    if s.alertmanager_silence_matcher and not any(
+        m.names_the_node for m in s.alertmanager_silence_matcher
+    ):
+        problems.append(
+            "--alertmanager-silence-matcher: at least one matcher must name the node with %s "
+            "(e.g. instance=~%s(:[0-9]+)?): matchers without it silence their alerts on every "
+            "node, cluster-wide, during each reboot"
+        )
     if s.alertmanager_silence_matcher and not s.alertmanager_url:
         problems.append("--alertmanager-silence-matcher needs --alertmanager-url")
     if s.lock_backend not in KUBERNETES_BACKENDS:

@@ -51,17 +51,37 @@ class Matcher:
     op: str
     value: str
 
+    @property
+    def is_regex(self) -> bool:
+        return self.op in ("=~", "!~")
+
+    @property
+    def names_the_node(self) -> bool:
+        """True when the value holds the node name (``%s``): the matcher ties the silence to
+        this node."""
+        return render(self.value, "a") != render(self.value, "b")
+
     def for_node(self, node: str) -> dict[str, Any]:
-        """The API v2 matcher object for ``node``."""
+        """The API v2 matcher object for ``node`` (in a regex, the node name is escaped: the
+        ``.`` of ``ip-10-0-0-1.ec2.internal`` matches a dot only)."""
         return {
             "name": self.name,
-            "value": render(self.value, node),
-            "isRegex": self.op in ("=~", "!~"),
+            "value": render(self.value, regex_escape(node) if self.is_regex else node),
+            "isRegex": self.is_regex,
             "isEqual": self.op in ("=", "=~"),
         }
 
     def __str__(self) -> str:
         return f"{self.name}{self.op}{self.value}"
+
+
+_REGEX_META = re.compile(r"[\\.+*?()|\[\]{}^$]")
+
+
+def regex_escape(text: str) -> str:
+    """``text`` as a literal in a regular expression, RE2's (Alertmanager's) and Python's: each
+    metacharacter behind a backslash (not ``-``, which RE2 takes literally outside a class)."""
+    return _REGEX_META.sub(lambda m: "\\" + m.group(0), text)
 
 
 def parse_matcher(text: str) -> Matcher:
