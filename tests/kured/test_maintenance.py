@@ -123,6 +123,30 @@ def _metric(url: str, name: str, text: str = "", **labels: str) -> float:
     raise AssertionError(f"{name} {labels} not in /metrics:\n{text}")
 
 
+def _decisions(url: str) -> float:
+    """How many checks the agent at ``url`` has decided (``kured_decisions_total``, all
+    actions): its own tick counter."""
+    text = oneshot.get(url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kured_decisions_total{")
+    )
+
+
+async def _after_checks(host: Host, n: int, within: float = 60) -> None:
+    """Return once the agent ran ``n`` whole checks after this call (its decision counter
+    advanced ``n + 1`` times: the check under way may have decided already). A negative
+    assertion after it ("not run again", "never rebooted") has been tested by ``n`` checks,
+    however slow the machine; a sleep would prove nothing on a loaded one."""
+    start = await asyncio.to_thread(_decisions, host.url)
+
+    async def advanced() -> bool:  # scraped off the loop: the receiver runs on it
+        return await asyncio.to_thread(_decisions, host.url) >= start + n + 1
+
+    assert await wait_until_async(advanced, within, interval=0.2), host.log()
+
+
 @dataclass
 class Receiver:
     """One HTTP receiver for hooks, notifications and a gate: every POST as (path, JSON), in
@@ -322,7 +346,7 @@ async def test_an_unreachable_alertmanager_blocks_the_reboot_loudly(
         status = host.status()
         assert "cannot silence this node's alerts before the drain" in status["blocked_by"]
         assert status["failures"].get("silence", 0) >= 1
-        await asyncio.sleep(2)
+        await _after_checks(host, 2)
         assert read_events(tmp_path / "events")[-1][2] == "boot"  # never rebooted
         assert not _rebooted(tmp_path / "events")
         assert not kube.node("n1")["spec"].get("unschedulable")  # never cordoned
@@ -357,7 +381,7 @@ async def test_hooks_and_the_back_message_reach_one_receiver_in_order(
             receiver.received,
             host.log(),
         )
-        await asyncio.sleep(1)  # nothing else arrives
+        await _after_checks(host, 2)  # nothing else arrives
         said = [
             (path, body["message"] if path == "/notify" else body["event"])
             for path, body in receiver.received
@@ -418,7 +442,7 @@ async def test_a_failing_pre_drain_hook_keeps_the_node_from_rebooting_with_the_r
         assert await _until(lambda: host.status()["reason"] == "pre_drain_hook_failed", 30), (
             host.log()
         )
-        await asyncio.sleep(3)  # several checks: each one blocked again
+        await _after_checks(host, 2)  # more checks: each one blocked again
         said: list[subprocess.CompletedProcess[str]] = []
 
         async def status_says_why() -> bool:
@@ -447,7 +471,7 @@ async def test_a_failing_pre_drain_hook_keeps_the_node_from_rebooting_with_the_r
         assert _lease_holder(kube) is None
         scrape = oneshot.get(host.url + "/metrics", timeout=10).text  # one scrape: both agree
         failed = _metric("", "kured_hooks_total", scrape, event="pre-drain", result="failed")
-        assert failed >= 2
+        assert failed >= 3  # the first failure, then one in each of the two checks waited for
         assert _metric("", "kured_failures_total", scrape, kind="hook") == failed
         # No drain message: nothing was drained.
         assert [p for p in receiver.paths() if p == "/notify"] == []
@@ -551,7 +575,7 @@ async def test_an_expiry_alertmanager_refuses_is_retried_until_it_succeeds(
         status = host.status()
         assert status["maintenance"]["active"] is True  # not over until the silence is gone
         assert status["failures"].get("silence", 0) >= 1
-        await asyncio.sleep(2)  # several checks, each failing again
+        await _after_checks(host, 2)  # more checks, each failing again
         restarted = Alertmanager(alertmanager.dir, port=alertmanager.port).start()
         try:
             assert await _until(lambda: not _active(restarted.silences()), 20), host.log()
@@ -590,7 +614,7 @@ async def test_a_failing_post_uncordon_hook_command_is_counted_and_the_node_is_b
     try:
         assert await _until(lambda: "n1 is back" in str(receiver.received), 60), host.log()
         assert await _until(lambda: host.status()["maintenance"]["active"] is False, 10)
-        await asyncio.sleep(3)  # several checks: the hook is not run again
+        await _after_checks(host, 2)  # more checks: the hook is not run again
         body = json.loads(doc.read_text())
         assert (body["node"], body["event"], body["lock_holder"]) == ("n1", "post-uncordon", "n1")
         assert env.read_text() == "n1 post-uncordon\n"
