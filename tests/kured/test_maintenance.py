@@ -5,8 +5,8 @@ would), a real Alertmanager (Debian's ``prometheus-alertmanager``) and a real HT
 
 * The silence exists before the drain (seen by a pre-drain hook command) and when the reboot
   command runs (seen by the reboot command itself, after the drain); after the boot it is kept
-  while a gate blocks, longer than its duration (the agent extends it), also across a SIGKILL
-  of the agent then, and expired once the gate passes.
+  while a gate blocks, its end moved forward by the agent over two keeper periods, also across
+  a SIGKILL of the agent then, and expired once the gate passes.
 * An agent killed mid-reboot (SIGKILL during ``--reboot-delay``, after the drain) and restarted
   expires that silence at start, before anything else; the reboot then runs again and its own
   silence is expired once the node is back.
@@ -191,6 +191,12 @@ async def receiver() -> AsyncIterator[Receiver]:
     await runner.cleanup()
 
 
+def _ends_at(am: Alertmanager, silence_id: str) -> float:
+    """The ``endsAt`` of an active silence (unix seconds); 0 when it is not active."""
+    found = [s["endsAt"] for s in _active(am.silences()) if s["id"] == silence_id]
+    return _unix(found[0]) if found else 0.0
+
+
 def _rebooted(events: Path) -> bool:
     return any(what == "reboot" for _, _, what in read_events(events))
 
@@ -219,7 +225,7 @@ async def test_the_silence_covers_drain_and_reboot_outlives_its_duration_and_is_
         alertmanager.url,
         *MATCHERS,
         "--alertmanager-silence-duration",
-        "10s",  # longer than a boot of the agent on a loaded machine, shorter than the wait
+        "30s",  # extended every 10 s: a restart of the agent has 20 s before it could lapse
         "--gate-url",
         receiver.url("/gate"),
         "--pre-drain-hook-command",
@@ -240,11 +246,18 @@ async def test_the_silence_covers_drain_and_reboot_outlives_its_duration_and_is_
             (m["name"], m["value"], m["isRegex"], m["isEqual"]) for m in silence["matchers"]
         ) == [("instance", "n1(:[0-9]+)?", True, True), ("severity", "critical", False, False)]
         assert kube.pod("default", "web-1") is None  # the drain evicted it
-        # Back from the reboot, the gate blocks: the silence stays active (the same one) well
-        # past its 10 s duration, extended by the agent, and kured status says what it waits for.
+        # Back from the reboot, the gate blocks: the silence stays active (the same one), its
+        # end moved forward by the agent over two keeper periods, and kured status says what it
+        # waits for.
         assert await _until(lambda: _lease_holder(kube) is None, 30), host.log()
         assert not kube.node("n1")["spec"].get("unschedulable")
-        await asyncio.sleep(12)
+        ends = [_ends_at(alertmanager, silence["id"])]
+        for _ in range(2):
+            assert await _until(lambda: _ends_at(alertmanager, silence["id"]) > ends[-1], 30), (
+                ends,
+                host.log(),
+            )
+            ends.append(_ends_at(alertmanager, silence["id"]))
         assert [s["id"] for s in _active(alertmanager.silences())] == [silence["id"]]
         status = host.status()
         assert status["maintenance"]["active"] is True, status
