@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 from kit.local_zone import local_zone
 from kit.settings import checked, parse_http_url, parse_positive_int, split_list
-from kured.actuators.silence import Matcher, parse_matcher
 from kured.core.cron_window import check_expression
+from kured.core.silence_matchers import Matcher, parse_matcher
 from kured.core.window import EVERY_DAY, parse_days, parse_time, parse_zone
 
 if TYPE_CHECKING:

@@ -30,9 +30,9 @@ from datetime import datetime
 import aiohttp
 
 from kit import command
+from kured.client_errors import read_at_most, unreachable
 from kured.core.errors import KuredError, printable
 from kured.core.notify_urls import endpoint
-from kured.sensors.failure import read_at_most, unreachable
 
 EVENTS = ("pre-drain", "post-uncordon")
 RESULTS = ("ok", "failed")

@@ -18,8 +18,9 @@ from aiohttp import web
 
 from kit.wait import wait_until_async
 from kured.actuators import silence
-from kured.actuators.silence import Matcher, SilenceError, Silencer
+from kured.actuators.silence import SilenceError, Silencer
 from kured.contract import AgentConfig, AgentView
+from kured.core.silence_matchers import Matcher
 from kured.maintenance import MaintenanceKit, MaintenanceSteps
 from kured.state import AgentState, StateStore
 

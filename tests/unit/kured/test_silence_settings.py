@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
+import sys
 
 import pytest
 
 from kit.settings import SettingsError
-from kured.actuators.silence import Matcher, parse_matcher
+from kured.core.silence_matchers import Matcher, parse_matcher
 from kured.settings import Settings, add_arguments, load_settings
 
 
@@ -113,3 +115,10 @@ def test_the_node_name_in_a_regex_matcher_is_a_literal() -> None:
     assert not re.fullmatch(regex, "ip-10-0-0-1xec2xinternal:9100")  # "." is no wildcard
     assert parse_matcher("instance!~%s").for_node("a+b")["value"] == r"a\+b"
     assert parse_matcher("instance=%s").for_node(node)["value"] == node  # no regex: unescaped
+
+
+def test_parsing_the_settings_imports_no_http_client() -> None:
+    """The matchers are a value type of kured.core: the settings need no aiohttp."""
+    code = "import sys, kured.settings; print(sorted(m for m in sys.modules if 'aiohttp' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out

@@ -1,4 +1,4 @@
-"""Client exceptions turned into the sentences ``kured status`` shows (issue 15: "Gate errors
+"""HTTP client exceptions turned into the sentences ``kured status`` shows (issue 15: "Gate errors
 are human sentences, not a raw client exception repr").
 
 ``unreachable(who, exc, timeout_seconds)`` answers e.g. ``"Prometheus at http://p:9090
