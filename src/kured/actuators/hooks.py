@@ -121,6 +121,7 @@ class Hook:
                 merge_stderr=True,
                 input=json.dumps(doc).encode(),
                 env=env,
+                tail_bytes=4 * OUTPUT_SHOWN_CHARS,  # UTF-8: at most 4 bytes a character
             )
         except command.NotStarted as exc:
             raise HookError(f"{self.event} hook command: {exc}") from None

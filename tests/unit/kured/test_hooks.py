@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from kit import command
 from kit.wait import wait_until_async
 from kured.actuators.hooks import OUTPUT_SHOWN_CHARS, Hook, HookError
 
@@ -130,3 +131,12 @@ async def test_a_failed_hook_commands_output_is_escaped() -> None:
     with pytest.raises(HookError) as err:
         await _hook(["sh", "-c", "printf 'no\\nFAKE LOG LINE'; exit 2"]).run(DOC)
     assert err.value.message.endswith("exited 2: no\\nFAKE LOG LINE"), err.value.message
+
+
+async def test_a_hook_commands_output_is_not_kept_whole() -> None:
+    """kit.command.run with tail_bytes keeps the end only, read as it comes."""
+    code = "import sys; [sys.stdout.write('y' * 65536) for _ in range(800)]; print('END')"
+    done = await command.run([sys.executable, "-c", code], 30, merge_stderr=True, tail_bytes=100)
+    assert done.returncode == 0
+    assert len(done.stdout) == 100
+    assert done.stdout.endswith("END\n")
