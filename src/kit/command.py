@@ -6,8 +6,8 @@ whole process group (the child and whatever it started: a ``sh`` script's ``slee
 ``nsenter``'s command) and reaps the child before it returns: no zombie, no orphan holding the
 pipes open. Killing only the direct child and not waiting for it is what this replaces.
 
-The one runner of kured's host commands (the reboot command, the sentinel command, ``kured
-doctor``'s apt and dpkg queries). Callers translate its two errors into their own.
+The one runner of kured's host commands (the reboot command, the sentinel command, the hook
+commands, ``kured doctor``'s apt and dpkg queries). Callers translate its two errors into their own.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["CommandError", "Completed", "NotStarted", "TimedOut", "run"]
 
@@ -51,10 +51,15 @@ async def run(
     *,
     merge_stderr: bool = False,
     keep_stdout: bool = True,
+    input: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    tail_bytes: int | None = None,
 ) -> Completed:
-    """Run ``argv`` (stdin from /dev/null) and wait for it, at most ``timeout_seconds`` (None:
-    no bound). ``merge_stderr``: stderr goes into ``stdout``; ``keep_stdout=False``: stdout goes
-    to /dev/null. The environment is inherited.
+    """Run ``argv`` and wait for it, at most ``timeout_seconds`` (None: no bound).
+    ``merge_stderr``: stderr goes into ``stdout``; ``keep_stdout=False``: stdout goes to
+    /dev/null. ``input``: written to its stdin (else stdin is /dev/null). ``env``: its whole
+    environment (else the environment is inherited). ``tail_bytes``: of its output only the last
+    that many bytes are kept, read as it comes (a command printing gigabytes costs that much).
 
     Raises ``NotStarted`` when the command cannot start and ``TimedOut`` when it ran out of
     time: by then its process group has been killed and the child reaped. A cancelled caller
@@ -65,10 +70,11 @@ async def run(
     spawn = asyncio.ensure_future(
         asyncio.create_subprocess_exec(
             *argv,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if input is None else pipe,
             stdout=pipe if keep_stdout else asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.STDOUT if merge_stderr else pipe,
             start_new_session=True,
+            env=None if env is None else dict(env),
         )
     )
     try:
@@ -84,7 +90,15 @@ async def run(
         raise
     try:
         async with asyncio.timeout(timeout_seconds):
-            out, err = await proc.communicate()
+            if tail_bytes is None:
+                out, err = await proc.communicate(input)
+            else:
+                out, err, _ = await asyncio.gather(
+                    _tail(proc.stdout, tail_bytes),
+                    _tail(proc.stderr, tail_bytes),
+                    _feed(proc, input),
+                )
+                await proc.wait()
     except TimeoutError as exc:
         await _kill_and_reap(proc)
         raise TimedOut(f"{argv[0]} gave no answer within {timeout_seconds:g}s (killed)") from exc
@@ -97,6 +111,30 @@ async def run(
         (out or b"").decode(errors="replace"),
         (err or b"").decode(errors="replace"),
     )
+
+
+async def _tail(stream: asyncio.StreamReader | None, limit: int) -> bytes:
+    """The last ``limit`` bytes of ``stream``, read to its end."""
+    if stream is None:
+        return b""
+    kept = bytearray()
+    while chunk := await stream.read(1 << 16):
+        kept += chunk
+        if len(kept) > limit:
+            del kept[:-limit]
+    return bytes(kept)
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
+    """Write ``data`` to the child's stdin and close it (a child that does not read it is no
+    error)."""
+    if proc.stdin is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        if data:
+            proc.stdin.write(data)
+            await proc.stdin.drain()
+        proc.stdin.close()
 
 
 async def _kill_and_reap(proc: asyncio.subprocess.Process) -> None:

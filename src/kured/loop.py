@@ -135,7 +135,6 @@ class Agent(NodeSteps, MaintenanceSteps):
         self.notifier = notifier
         self.deleted_holders = deleted_holders
         self.maintenance = maintenance or MaintenanceKit()
-        self.back_uncordoned = True  # the last post-reboot restore uncordoned the node
         self.silence_sweep_pending = False  # an expiry of our silences failed: retry each tick
         self._keeper: asyncio.Task[None] | None = None  # extends the silence (kured.maintenance)
 
@@ -413,7 +412,11 @@ class Agent(NodeSteps, MaintenanceSteps):
         if self.node is not None:
             uncordoned = await self._restore_node()
             if after_reboot:
-                self.back_uncordoned = uncordoned
+                # Saved: an agent restarted while the maintenance waits for its gates still
+                # knows whether the node was uncordoned (no hook, no "back" message if not).
+                if self.state.back_uncordoned != uncordoned:
+                    self.state.back_uncordoned = uncordoned
+                    self.store.save(self.state)
                 if uncordoned:
                     self._notify("uncordon")
         delay = self.config.lock_release_delay_seconds

@@ -86,7 +86,6 @@ class MaintenanceSteps:
     maintenance: MaintenanceKit
     rebooted_holding_lock: bool
     reboot_triggered: bool
-    back_uncordoned: bool
     silence_sweep_pending: bool
     _keeper: asyncio.Task[None] | None
 
@@ -108,6 +107,7 @@ class MaintenanceSteps:
             st.maintenance_since = self._unix()
             st.maintenance_rebooted = False
             st.back_announced = False
+            st.back_uncordoned = True
             self.store.save(st)
         self.view.maintenance.phase = "entering: silence, pre-drain hook"
         if self.maintenance.silencer is not None:
@@ -185,11 +185,15 @@ class MaintenanceSteps:
         self.silence_sweep_pending = False
 
     async def _refresh_silence_quietly(self) -> None:
-        """Extend the silence; a failure is logged and counted (the silence still runs)."""
+        """Extend the silence; a failure is logged and counted (the silence still runs). Any
+        failure: an unexpected one (a bug) must not stop the keeper or the agent either."""
         try:
             await self._refresh_silence()
         except SilenceError as exc:
             log.warning("cannot extend the alertmanager silence: %s", exc.message)
+            self.view.fail("silence")
+        except Exception:
+            log.exception("cannot extend the alertmanager silence (unexpected error)")
             self.view.fail("silence")
 
     def _start_keeper(self) -> None:
@@ -197,6 +201,14 @@ class MaintenanceSteps:
             self._keeper = asyncio.get_running_loop().create_task(
                 self._keep_silence(), name="silence-keeper"
             )
+            self._keeper.add_done_callback(self._keeper_ended)
+
+    def _keeper_ended(self, task: asyncio.Task[None]) -> None:
+        """The keeper ends only when cancelled; anything else is logged and counted, and
+        ``_maintenance_step`` starts it again at the next check."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the silence keeper stopped", exc_info=task.exception())
+            self.view.fail("silence")
 
     async def _keep_silence(self) -> None:
         while True:
@@ -219,8 +231,14 @@ class MaintenanceSteps:
             log.warning("maintenance abandoned (%s): expiring the silence", why)
         await self._stop_keeper()
         await self._expire_silences(why)
-        if st.maintenance_since is not None or st.maintenance_rebooted or st.back_announced:
+        if (
+            st.maintenance_since is not None
+            or st.maintenance_rebooted
+            or st.back_announced
+            or not st.back_uncordoned
+        ):
             st.maintenance_since, st.maintenance_rebooted, st.back_announced = None, False, False
+            st.back_uncordoned = True
             self.store.save(st)
         self.view.maintenance.phase = ""
 
@@ -275,6 +293,7 @@ class MaintenanceSteps:
             return
         if not st.maintenance_rebooted or self.rebooted_holding_lock or self.reboot_triggered:
             return
+        self._start_keeper()  # again, if it stopped (it should not)
         results = await asyncio.gather(*(g.check() for g in self.gates))
         waiting = [r for r in results if r.blocking is not False]
         m = self.view.maintenance
@@ -295,13 +314,14 @@ class MaintenanceSteps:
             self._start_keeper()  # keep it alive until the expiry succeeds
             return
         st.maintenance_since, st.maintenance_rebooted, st.back_announced = None, False, False
+        st.back_uncordoned = True
         self.store.save(st)
         m.phase = ""
         log.info("maintenance of node %s done", self.config.node_id)
 
     async def _announce_back(self) -> None:
         """The post-uncordon hook, then the "back" message (after the messages in flight)."""
-        if not self.back_uncordoned:
+        if not self.state.back_uncordoned:
             log.info(
                 "node %s stays cordoned (it was before the lock): no post-uncordon hook, no "
                 "back message",

@@ -318,7 +318,8 @@ class Settings:
     alertmanager_silence_matcher: tuple[SilenceMatcher, ...] = option(
         (),
         "matcher of the silence: name=value, name!=value, name=~regex or name!~regex; %s is the "
-        "node name (repeatable, ANDed; in the environment separate matchers with ';')",
+        "node name (escaped in a regex), needed in one matcher at least (repeatable, ANDed; in "
+        "the environment separate matchers with ';')",
         repeatable=True,
         separator=";",
     )
@@ -447,15 +448,24 @@ def flag_text(opt: Option, value: Any) -> str:
     return text if text else EMPTY
 
 
+# Settings whose URL may hold a secret: logged as scheme://host[:port] only.
+SECRET_URL_SETTINGS = frozenset(
+    {"pre_drain_hook_url", "post_uncordon_hook_url", "alertmanager_url"}
+)
+
+
 def describe(s: Settings) -> str:
     """Every setting as ``--flag=value``, for the start-up log (notify URLs as
-    ``scheme://host``: their tokens are secrets)."""
-    from kured.core.notify_urls import redact
+    ``scheme://host``, the hook and Alertmanager URLs as ``scheme://host[:port]``: their user
+    info, paths and queries may hold secrets)."""
+    from kured.core.notify_urls import endpoint, redact
 
     def text(name: str, opt: Option) -> str:
         value = getattr(s, name)
         if name == "notify_url" and value:
             value = tuple(redact(u) for u in value)
+        elif name in SECRET_URL_SETTINGS and value:
+            value = endpoint(value)
         return flag_text(opt, value)
 
     return " ".join(f"{o.flag}={text(f.name, o)}" for f, o in options_of(Settings))

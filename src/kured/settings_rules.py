@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 from kit.local_zone import local_zone
 from kit.settings import checked, parse_http_url, parse_positive_int, split_list
-from kured.actuators.silence import Matcher, parse_matcher
 from kured.core.cron_window import check_expression
+from kured.core.silence_matchers import Matcher, parse_matcher
 from kured.core.window import EVERY_DAY, parse_days, parse_time, parse_zone
 
 if TYPE_CHECKING:
@@ -223,6 +223,14 @@ def validate_settings(s: Settings, given: Collection[str] | None = None) -> list
             "KURED_ALERTMANAGER_URL / --alertmanager-url needs at least one "
             "--alertmanager-silence-matcher (e.g. instance=~%s(:[0-9]+)?): a silence without "
             "matchers would silence everything"
+        )
+    if s.alertmanager_silence_matcher and not any(
+        m.names_the_node for m in s.alertmanager_silence_matcher
+    ):
+        problems.append(
+            "--alertmanager-silence-matcher: at least one matcher must name the node with %s "
+            "(e.g. instance=~%s(:[0-9]+)?): matchers without it silence their alerts on every "
+            "node, cluster-wide, during each reboot"
         )
     if s.alertmanager_silence_matcher and not s.alertmanager_url:
         problems.append("--alertmanager-silence-matcher needs --alertmanager-url")

@@ -21,9 +21,9 @@ and B40); it is cleared as soon as no reboot is required.
 cleared once the lock is released. ``--lock-release-delay`` counts from it, so an agent restarted
 during the delay sleeps only what is left instead of skipping the delay (issue 15).
 
-``maintenance_since``, ``maintenance_rebooted`` and ``back_announced`` follow the maintenance
-around a reboot (``kured.maintenance``: the Alertmanager silence, the hooks, the "node is back"
-message). A start that finds a maintenance whose reboot did not happen abandons it (expires the
+``maintenance_since``, ``maintenance_rebooted``, ``back_uncordoned`` and ``back_announced``
+follow the maintenance around a reboot (``kured.maintenance``: the Alertmanager silence, the
+hooks, the "node is back" message). A start that finds a maintenance whose reboot did not happen abandons it (expires the
 silence); one that finds the machine rebooted within it carries it on to the end.
 """
 
@@ -50,6 +50,10 @@ class AgentState:
     maintenance_since: float | None = None
     maintenance_rebooted: bool = False
     back_announced: bool = False
+    # Whether the lock release after the reboot uncordoned the node (False: an operator had
+    # cordoned it before the lock; it stays cordoned and gets no post-uncordon hook and no
+    # "back" message). Saved so that an agent restarted while waiting for its gates knows.
+    back_uncordoned: bool = True
 
 
 class StateStore:

@@ -5,8 +5,8 @@ would), a real Alertmanager (Debian's ``prometheus-alertmanager``) and a real HT
 
 * The silence exists before the drain (seen by a pre-drain hook command) and when the reboot
   command runs (seen by the reboot command itself, after the drain); after the boot it is kept
-  while a gate blocks, longer than its duration (the agent extends it), also across a SIGKILL
-  of the agent then, and expired once the gate passes.
+  while a gate blocks, its end moved forward by the agent over two keeper periods, also across
+  a SIGKILL of the agent then, and expired once the gate passes.
 * An agent killed mid-reboot (SIGKILL during ``--reboot-delay``, after the drain) and restarted
   expires that silence at start, before anything else; the reboot then runs again and its own
   silence is expired once the node is back.
@@ -123,6 +123,30 @@ def _metric(url: str, name: str, text: str = "", **labels: str) -> float:
     raise AssertionError(f"{name} {labels} not in /metrics:\n{text}")
 
 
+def _decisions(url: str) -> float:
+    """How many checks the agent at ``url`` has decided (``kured_decisions_total``, all
+    actions): its own tick counter."""
+    text = oneshot.get(url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kured_decisions_total{")
+    )
+
+
+async def _after_checks(host: Host, n: int, within: float = 60) -> None:
+    """Return once the agent ran ``n`` whole checks after this call (its decision counter
+    advanced ``n + 1`` times: the check under way may have decided already). A negative
+    assertion after it ("not run again", "never rebooted") has been tested by ``n`` checks,
+    however slow the machine; a sleep would prove nothing on a loaded one."""
+    start = await asyncio.to_thread(_decisions, host.url)
+
+    async def advanced() -> bool:  # scraped off the loop: the receiver runs on it
+        return await asyncio.to_thread(_decisions, host.url) >= start + n + 1
+
+    assert await wait_until_async(advanced, within, interval=0.2), host.log()
+
+
 @dataclass
 class Receiver:
     """One HTTP receiver for hooks, notifications and a gate: every POST as (path, JSON), in
@@ -167,6 +191,12 @@ async def receiver() -> AsyncIterator[Receiver]:
     await runner.cleanup()
 
 
+def _ends_at(am: Alertmanager, silence_id: str) -> float:
+    """The ``endsAt`` of an active silence (unix seconds); 0 when it is not active."""
+    found = [s["endsAt"] for s in _active(am.silences()) if s["id"] == silence_id]
+    return _unix(found[0]) if found else 0.0
+
+
 def _rebooted(events: Path) -> bool:
     return any(what == "reboot" for _, _, what in read_events(events))
 
@@ -195,7 +225,7 @@ async def test_the_silence_covers_drain_and_reboot_outlives_its_duration_and_is_
         alertmanager.url,
         *MATCHERS,
         "--alertmanager-silence-duration",
-        "10s",  # longer than a boot of the agent on a loaded machine, shorter than the wait
+        "30s",  # extended every 10 s: a restart of the agent has 20 s before it could lapse
         "--gate-url",
         receiver.url("/gate"),
         "--pre-drain-hook-command",
@@ -216,11 +246,18 @@ async def test_the_silence_covers_drain_and_reboot_outlives_its_duration_and_is_
             (m["name"], m["value"], m["isRegex"], m["isEqual"]) for m in silence["matchers"]
         ) == [("instance", "n1(:[0-9]+)?", True, True), ("severity", "critical", False, False)]
         assert kube.pod("default", "web-1") is None  # the drain evicted it
-        # Back from the reboot, the gate blocks: the silence stays active (the same one) well
-        # past its 10 s duration, extended by the agent, and kured status says what it waits for.
+        # Back from the reboot, the gate blocks: the silence stays active (the same one), its
+        # end moved forward by the agent over two keeper periods, and kured status says what it
+        # waits for.
         assert await _until(lambda: _lease_holder(kube) is None, 30), host.log()
         assert not kube.node("n1")["spec"].get("unschedulable")
-        await asyncio.sleep(12)
+        ends = [_ends_at(alertmanager, silence["id"])]
+        for _ in range(2):
+            assert await _until(lambda: _ends_at(alertmanager, silence["id"]) > ends[-1], 30), (
+                ends,
+                host.log(),
+            )
+            ends.append(_ends_at(alertmanager, silence["id"]))
         assert [s["id"] for s in _active(alertmanager.silences())] == [silence["id"]]
         status = host.status()
         assert status["maintenance"]["active"] is True, status
@@ -322,7 +359,7 @@ async def test_an_unreachable_alertmanager_blocks_the_reboot_loudly(
         status = host.status()
         assert "cannot silence this node's alerts before the drain" in status["blocked_by"]
         assert status["failures"].get("silence", 0) >= 1
-        await asyncio.sleep(2)
+        await _after_checks(host, 2)
         assert read_events(tmp_path / "events")[-1][2] == "boot"  # never rebooted
         assert not _rebooted(tmp_path / "events")
         assert not kube.node("n1")["spec"].get("unschedulable")  # never cordoned
@@ -357,7 +394,7 @@ async def test_hooks_and_the_back_message_reach_one_receiver_in_order(
             receiver.received,
             host.log(),
         )
-        await asyncio.sleep(1)  # nothing else arrives
+        await _after_checks(host, 2)  # nothing else arrives
         said = [
             (path, body["message"] if path == "/notify" else body["event"])
             for path, body in receiver.received
@@ -418,7 +455,7 @@ async def test_a_failing_pre_drain_hook_keeps_the_node_from_rebooting_with_the_r
         assert await _until(lambda: host.status()["reason"] == "pre_drain_hook_failed", 30), (
             host.log()
         )
-        await asyncio.sleep(3)  # several checks: each one blocked again
+        await _after_checks(host, 2)  # more checks: each one blocked again
         said: list[subprocess.CompletedProcess[str]] = []
 
         async def status_says_why() -> bool:
@@ -447,7 +484,7 @@ async def test_a_failing_pre_drain_hook_keeps_the_node_from_rebooting_with_the_r
         assert _lease_holder(kube) is None
         scrape = oneshot.get(host.url + "/metrics", timeout=10).text  # one scrape: both agree
         failed = _metric("", "kured_hooks_total", scrape, event="pre-drain", result="failed")
-        assert failed >= 2
+        assert failed >= 3  # the first failure, then one in each of the two checks waited for
         assert _metric("", "kured_failures_total", scrape, kind="hook") == failed
         # No drain message: nothing was drained.
         assert [p for p in receiver.paths() if p == "/notify"] == []
@@ -551,7 +588,7 @@ async def test_an_expiry_alertmanager_refuses_is_retried_until_it_succeeds(
         status = host.status()
         assert status["maintenance"]["active"] is True  # not over until the silence is gone
         assert status["failures"].get("silence", 0) >= 1
-        await asyncio.sleep(2)  # several checks, each failing again
+        await _after_checks(host, 2)  # more checks, each failing again
         restarted = Alertmanager(alertmanager.dir, port=alertmanager.port).start()
         try:
             assert await _until(lambda: not _active(restarted.silences()), 20), host.log()
@@ -590,7 +627,7 @@ async def test_a_failing_post_uncordon_hook_command_is_counted_and_the_node_is_b
     try:
         assert await _until(lambda: "n1 is back" in str(receiver.received), 60), host.log()
         assert await _until(lambda: host.status()["maintenance"]["active"] is False, 10)
-        await asyncio.sleep(3)  # several checks: the hook is not run again
+        await _after_checks(host, 2)  # more checks: the hook is not run again
         body = json.loads(doc.read_text())
         assert (body["node"], body["event"], body["lock_holder"]) == ("n1", "post-uncordon", "n1")
         assert env.read_text() == "n1 post-uncordon\n"
@@ -605,5 +642,102 @@ async def test_a_failing_post_uncordon_hook_command_is_counted_and_the_node_is_b
             "reboot",
             "boot",
         ]
+    finally:
+        host.stop()
+
+
+async def test_an_operator_cordoned_node_gets_no_hook_and_no_back_message_across_a_restart(
+    tmp_path: Path, kube: KubeDouble, kubeconfig: Path, receiver: Receiver
+) -> None:
+    """A node an operator cordoned before the lock stays cordoned after the reboot and gets
+    neither the post-uncordon hook nor the "back" message, also when the agent is killed
+    (SIGKILL) after the lock release, while the maintenance waits for its gates: the state file
+    says the node was not uncordoned."""
+    kube.add_node("n1", unschedulable=True)
+    events = tmp_path / "events"
+    gate_open = asyncio.Event()
+    receiver.gate_blocks = lambda: _rebooted(events) and not gate_open.is_set()
+    host = _host(
+        tmp_path,
+        kubeconfig,
+        "--period",
+        "1s",
+        "--gate-url",
+        receiver.url("/gate"),
+        "--post-uncordon-hook-url",
+        receiver.url("/hooks/post-uncordon"),
+        "--notify-url",
+        f"generic+http://127.0.0.1:{receiver.port}/notify",
+        "--message-template-back",
+        "%s is back in service",
+    )
+    host.sentinel.touch()
+    host.start()
+    try:
+        assert await _until(lambda: host.boots >= 2 and _lease_holder(kube) is None, 60), host.log()
+        assert await _until(
+            lambda: "waiting for its gates" in host.status()["maintenance"]["phase"], 15
+        ), host.log()
+        boots = host.boots
+        assert host.proc is not None
+        os.killpg(host.proc.pid, signal.SIGKILL)
+        assert await _until(lambda: host.boots > boots, 30), host.log()
+        assert await _until(
+            lambda: "waiting for its gates" in host.status()["maintenance"]["phase"], 15
+        ), host.log()
+        gate_open.set()
+        assert await _until(lambda: host.status()["maintenance"]["active"] is False, 15), host.log()
+        assert "stays cordoned (it was before the lock)" in host.log()
+        assert "/hooks/post-uncordon" not in receiver.paths()
+        assert "n1 is back in service" not in str(receiver.received)
+        assert kube.node("n1")["spec"].get("unschedulable") is True
+    finally:
+        host.stop()
+
+
+SECRETS = ("alice", "s3cr3t-pass", "PATH-TOKEN-42", "QUERY-TOKEN-43")
+
+
+@pytest.mark.parametrize("where", ["alertmanager", "hook"])
+async def test_secrets_in_the_hook_and_alertmanager_urls_reach_no_log_and_no_status(
+    tmp_path: Path, kube: KubeDouble, kubeconfig: Path, receiver: Receiver, where: str
+) -> None:
+    """A URL with a user and password, a token in its path and one in its query: the start-up
+    flag dump, the errors (the receiver answers 404 to Alertmanager's API and 500 to the hook)
+    and ``kured status`` show ``scheme://host:port`` only."""
+    kube.add_node("n1")
+    receiver.fail.add("/PATH-TOKEN-42/hook")
+    secret = f"http://alice:s3cr3t-pass@127.0.0.1:{receiver.port}/PATH-TOKEN-42"
+    flags = (
+        ("--alertmanager-url", f"{secret}/?token=QUERY-TOKEN-43", *MATCHERS)
+        if where == "alertmanager"
+        else (
+            "--pre-drain-hook-url",
+            f"{secret}/hook?token=QUERY-TOKEN-43",
+            "--post-uncordon-hook-url",
+            f"{secret}/hook?token=QUERY-TOKEN-43",
+        )
+    )
+    host = _host(tmp_path, kubeconfig, "--period", "1s", *flags)
+    host.sentinel.touch()
+    host.start()
+    reason = "silence_failed" if where == "alertmanager" else "pre_drain_hook_failed"
+    try:
+        assert await _until(lambda: host.status()["reason"] == reason, 30), host.log()
+        shown = f"http://127.0.0.1:{receiver.port}"
+        status = host.status()
+        assert shown in status["blocked_by"], status
+        out = await asyncio.to_thread(  # the receiver runs on this loop: keep it free
+            subprocess.run,
+            [sys.executable, "-m", "kured.cli", "status", "--url", host.url],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        everything = host.log() + json.dumps(status) + out.stdout + out.stderr
+        assert f"={shown}" in host.log()  # the flag dump shows the endpoint
+        for secret_part in SECRETS:
+            assert secret_part not in everything, (secret_part, everything)
     finally:
         host.stop()

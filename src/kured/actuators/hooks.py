@@ -5,7 +5,9 @@ uncordoned and its gates pass again).
 Each hook is an HTTP POST of a JSON document (``--pre-drain-hook-url``,
 ``--post-uncordon-hook-url``), a command (``--pre-drain-hook-command``,
 ``--post-uncordon-hook-command``: split like a shell, run without one, the same document on its
-standard input and ``KURED_NODE``/``KURED_HOOK_EVENT`` in its environment), or both (the URL
+standard input, an environment of ``PATH``, ``HOME``, ``LANG``, ``LC_ALL``, ``TZ`` (those the
+agent has) and ``KURED_NODE``/``KURED_HOOK_EVENT``; a timeout or a stopped agent kills its
+whole process group), or both (the URL
 first). The document::
 
     {"node": "n1", "event": "pre-drain", "time": "2026-12-07T03:00:00+00:00",
@@ -20,8 +22,6 @@ tries again); a failed post-uncordon hook is logged and counted, and not retried
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -29,11 +29,18 @@ from datetime import datetime
 
 import aiohttp
 
-from kured.core.errors import KuredError
+from kit import command
+from kured.client_errors import read_at_most, unreachable
+from kured.core.errors import KuredError, printable
+from kured.core.notify_urls import endpoint
 
 EVENTS = ("pre-drain", "post-uncordon")
 RESULTS = ("ok", "failed")
-OUTPUT_SHOWN_CHARS = 300
+OUTPUT_SHOWN_CHARS = 300  # of a failed hook's answer or output (control characters escaped)
+BODY_READ_BYTES = 4096  # of a failed hook URL's answer, this much is read
+# The only variables of the agent's environment a hook command gets (plus KURED_NODE and
+# KURED_HOOK_EVENT): not the agent's credentials or tokens.
+HOOK_ENV_PASSED = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "TZ"})
 
 
 class HookError(KuredError):
@@ -64,6 +71,7 @@ class Hook:
         self.session = session
         self.event = event
         self.url = url
+        self.shown_url = endpoint(url) if url else ""  # what messages show: no secrets
         self.command = tuple(command)
         self.timeout = timeout_seconds
 
@@ -72,7 +80,7 @@ class Hook:
         return bool(self.url or self.command)
 
     def describe(self) -> str:
-        parts = ([f"POST {self.url}"] if self.url else []) + (
+        parts = ([f"POST {self.shown_url}"] if self.url else []) + (
             [f"command {self.command[0]}"] if self.command else []
         )
         return " and ".join(parts)
@@ -85,50 +93,46 @@ class Hook:
             await self._exec(doc)
 
     async def _post(self, doc: dict[str, str]) -> None:
+        who = f"{self.event} hook {self.shown_url}"
         try:
             async with self.session.post(
                 self.url, json=doc, timeout=aiohttp.ClientTimeout(total=self.timeout)
             ) as response:
-                body = await response.text()
                 if response.status // 100 != 2:
+                    # Bounded: a hook answering megabytes costs BODY_READ_BYTES; control
+                    # characters escaped: the answer cannot forge log lines.
+                    body = (await read_at_most(response, BODY_READ_BYTES)).decode(errors="replace")
                     raise HookError(
-                        f"{self.event} hook {self.url} answered {response.status}: "
-                        f"{body.strip()[:OUTPUT_SHOWN_CHARS]}"
+                        f"{who} answered {response.status}: "
+                        f"{printable(body.strip()[:OUTPUT_SHOWN_CHARS])}"
                     )
-        except TimeoutError:
-            raise HookError(
-                f"{self.event} hook {self.url} did not answer within {self.timeout:g}s"
-            ) from None
-        except aiohttp.ClientError as exc:
-            raise HookError(f"{self.event} hook {self.url}: {type(exc).__name__}: {exc}") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise HookError(unreachable(who, exc, self.timeout)) from None
 
     async def _exec(self, doc: dict[str, str]) -> None:
-        env = dict(os.environ, KURED_NODE=doc["node"], KURED_HOOK_EVENT=self.event)
+        # Through kit.command.run: a timeout or a cancelled agent (SIGTERM, stop) kills the
+        # hook's whole process group and reaps it; the spawn is shielded.
+        env = {k: v for k, v in os.environ.items() if k in HOOK_ENV_PASSED}
+        env.update(KURED_NODE=doc["node"], KURED_HOOK_EVENT=self.event)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+            done = await command.run(
+                self.command,
+                self.timeout,
+                merge_stderr=True,
+                input=json.dumps(doc).encode(),
                 env=env,
-                start_new_session=True,
+                tail_bytes=4 * OUTPUT_SHOWN_CHARS,  # UTF-8: at most 4 bytes a character
             )
-        except OSError as exc:
-            raise HookError(f"{self.event} hook command {self.command[0]}: {exc}") from None
-        try:
-            async with asyncio.timeout(self.timeout):
-                out, _ = await proc.communicate(json.dumps(doc).encode())
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            await proc.wait()
+        except command.NotStarted as exc:
+            raise HookError(f"{self.event} hook command: {exc}") from None
+        except command.TimedOut:
             raise HookError(
                 f"{self.event} hook command {self.command[0]} did not finish within "
                 f"{self.timeout:g}s (killed)"
             ) from None
-        if proc.returncode != 0:
-            shown = out.decode(errors="replace").strip()[-OUTPUT_SHOWN_CHARS:]
+        if done.returncode != 0:
+            shown = printable(done.stdout.strip()[-OUTPUT_SHOWN_CHARS:])
             raise HookError(
-                f"{self.event} hook command {self.command[0]} exited {proc.returncode}"
+                f"{self.event} hook command {self.command[0]} exited {done.returncode}"
                 + (f": {shown}" if shown else "")
             )

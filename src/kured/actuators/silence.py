@@ -19,63 +19,26 @@ and raises ``SilenceError`` for anything but a 2xx answer.
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
 
-from kured.core.errors import KuredError
-from kured.core.notify_urls import render
+from kured.client_errors import read_at_most, unreachable
+from kured.core.errors import KuredError, printable
+from kured.core.notify_urls import endpoint
+from kured.core.silence_matchers import Matcher
 
 CREATED_BY = "kured"
-_MATCHER = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
+ANSWER_LIMIT_BYTES = 16 << 20  # an answer read whole (the list of silences) is at most this
+ERROR_READ_BYTES = 4096  # of a refusal, this much is read
+ERROR_SHOWN_CHARS = 200  # and this much shown (control characters escaped)
 
 
 class SilenceError(KuredError):
     """Alertmanager could not be reached or refused a request."""
-
-
-@dataclass(frozen=True)
-class Matcher:
-    """One silence matcher: ``name``, operator, ``value`` (a template: ``%s`` is the node)."""
-
-    name: str
-    op: str
-    value: str
-
-    def for_node(self, node: str) -> dict[str, Any]:
-        """The API v2 matcher object for ``node``."""
-        return {
-            "name": self.name,
-            "value": render(self.value, node),
-            "isRegex": self.op in ("=~", "!~"),
-            "isEqual": self.op in ("=", "=~"),
-        }
-
-    def __str__(self) -> str:
-        return f"{self.name}{self.op}{self.value}"
-
-
-def parse_matcher(text: str) -> Matcher:
-    """``name=value``, ``name!=value``, ``name=~regex`` or ``name!~regex``; ValueError else."""
-    m = _MATCHER.match(text)
-    if m is None:
-        raise ValueError(
-            f"{text!r} is not a matcher: write name=value, name!=value, name=~regex or "
-            "name!~regex (%s is the node name)"
-        )
-    name, op, value = m.groups()
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        value = value[1:-1]
-    if op in ("=~", "!~"):
-        try:
-            re.compile(render(value, "node"))
-        except re.error as exc:
-            raise ValueError(f"{text!r}: invalid regular expression: {exc}") from None
-    return Matcher(name, op, value)
 
 
 def _iso(at: datetime) -> str:
@@ -95,8 +58,10 @@ class Silencer:
     ) -> None:
         self.session = session
         self.url = url.rstrip("/")
+        self.shown_url = endpoint(url)  # what messages show: no user info, path or query
         self.matchers = tuple(matchers)
         self.node = node
+        self.seconds = timeout_seconds
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self.marker = f"kured: reboot of node {node} "
 
@@ -111,31 +76,49 @@ class Silencer:
             async with self.session.request(
                 method, self.url + path, json=body, timeout=self.timeout
             ) as response:
-                text = await response.text()
+                # Bounded reads: at most ANSWER_LIMIT_BYTES of an answer, a little of a refusal.
                 if response.status // 100 != 2:
+                    text = (await read_at_most(response, ERROR_READ_BYTES)).decode(errors="replace")
                     raise SilenceError(
-                        f"alertmanager {self.url} answered {response.status} to {method} {path}: "
-                        f"{text.strip()[:200]}"
+                        f"alertmanager {self.shown_url} answered {response.status} to {method} "
+                        f"{path}: {printable(text.strip()[:ERROR_SHOWN_CHARS])}"
                     )
-                return await response.json(content_type=None) if text.strip() else None
+                raw = await read_at_most(response, ANSWER_LIMIT_BYTES + 1)
+                if len(raw) > ANSWER_LIMIT_BYTES:
+                    raise SilenceError(
+                        f"alertmanager {self.shown_url} ({method} {path}): the answer is larger "
+                        f"than {ANSWER_LIMIT_BYTES} bytes"
+                    )
+                return json.loads(raw) if raw.strip() else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise SilenceError(
-                f"alertmanager {self.url} ({method} {path}): {type(exc).__name__}: {exc}"
+                unreachable(f"alertmanager {self.shown_url} ({method} {path})", exc, self.seconds)
             ) from None
 
     async def ours(self) -> list[dict[str, Any]]:
-        """This node's active or pending silences made by kured."""
+        """This node's active or pending silences made by kured (each with a string ``id``).
+        ``SilenceError`` when the answer is not API v2's shape: not a list, or a silence of ours
+        without an ``id`` or a ``status`` object."""
         answer = await self._call("GET", "/api/v2/silences")
         if not isinstance(answer, list):
-            raise SilenceError(f"alertmanager {self.url}: GET /api/v2/silences is not a list")
-        return [
-            s
-            for s in answer
-            if isinstance(s, dict)
-            and s.get("createdBy") == CREATED_BY
-            and str(s.get("comment", "")).startswith(self.marker)
-            and (s.get("status") or {}).get("state") in ("active", "pending")
-        ]
+            raise SilenceError(f"alertmanager {self.shown_url}: GET /api/v2/silences is not a list")
+        found = []
+        for s in answer:
+            if not (
+                isinstance(s, dict)
+                and s.get("createdBy") == CREATED_BY
+                and str(s.get("comment", "")).startswith(self.marker)
+            ):
+                continue  # not ours: its shape is not our business
+            status, silence_id = s.get("status"), s.get("id")
+            if not isinstance(status, dict) or not isinstance(silence_id, str) or not silence_id:
+                raise SilenceError(
+                    f"alertmanager {self.shown_url}: GET /api/v2/silences: a silence of ours without "
+                    "an id or a status object (not Alertmanager's API v2)"
+                )
+            if status.get("state") in ("active", "pending"):
+                found.append(s)
+        return found
 
     async def ensure(self, now: datetime, ends_at: datetime, since: datetime) -> str:
         """Create this node's silence, or move the end of the active one to ``ends_at``.
@@ -152,11 +135,14 @@ class Silencer:
             body["id"] = current[0]["id"]
             body["startsAt"] = current[0].get("startsAt", body["startsAt"])
         answer = await self._call("POST", "/api/v2/silences", body)
-        silence_id = str((answer or {}).get("silenceID", ""))
-        if not silence_id:
-            raise SilenceError(f"alertmanager {self.url}: no silenceID in {answer!r}")
+        silence_id = answer.get("silenceID") if isinstance(answer, dict) else None
+        if not isinstance(silence_id, str) or not silence_id:
+            raise SilenceError(
+                f"alertmanager {self.shown_url}: POST /api/v2/silences answered no silenceID "
+                "(not Alertmanager's API v2)"
+            )
         for extra in current[1:]:  # two of ours (a race of restarts): one is enough
-            await self.expire(str(extra["id"]))
+            await self.expire(extra["id"])
         return silence_id
 
     async def expire(self, silence_id: str) -> None:
@@ -164,7 +150,7 @@ class Silencer:
 
     async def expire_ours(self) -> list[str]:
         """Expire every active or pending silence of this node's; their ids."""
-        ids = [str(s["id"]) for s in await self.ours()]
+        ids = [s["id"] for s in await self.ours()]
         for silence_id in ids:
             await self.expire(silence_id)
         return ids

@@ -11,6 +11,13 @@ class KuredError(Exception):
         self.message = message
 
 
+def printable(text: str) -> str:
+    """``text`` with every non-printable character escaped as Python writes it (``\\n``,
+    ``\\x1b``): remote text (an answer, a command's output) in a message stays one line and
+    cannot forge log lines or terminal escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class SensorError(KuredError):
     """A sensor could not answer (Prometheus down, sentinel command failed to launch...).
     The policy treats the condition as unknown, which blocks a reboot."""

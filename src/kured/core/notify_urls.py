@@ -75,6 +75,20 @@ def redact(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or ''}"
 
 
+def endpoint(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``: safe to log or show in ``kured status`` (a hook's or
+    Alertmanager's URL may carry a user and password, a token in its path or its query)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "(an invalid URL)"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
 def _query(text: str) -> dict[str, str]:
     return {k.lower(): v for k, v in parse_qsl(text, keep_blank_values=True)}
 

@@ -43,12 +43,12 @@ from typing import Any
 
 import aiohttp
 
+from kured.client_errors import unreachable
 from kured.core.cron_window import CronWindow
 from kured.core.errors import SensorError
 from kured.core.window import RebootWindow, weekday_of
 from kured.doctor.finding import Finding, fail, ok, warn
 from kured.sensors.alerts import PrometheusAlertGate, active_alerts
-from kured.sensors.failure import unreachable
 from kured.settings import Settings, go_duration
 
 DEFAULT_RETENTION_SECONDS = 15 * 86400.0

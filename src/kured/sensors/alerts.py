@@ -23,9 +23,9 @@ from typing import Any
 
 import aiohttp
 
+from kured.client_errors import unreachable
 from kured.core.errors import SensorError
 from kured.core.policy import GateResult
-from kured.sensors.failure import unreachable
 
 
 def active_alerts(

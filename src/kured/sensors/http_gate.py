@@ -13,8 +13,8 @@ import json
 
 import aiohttp
 
+from kured.client_errors import unreachable
 from kured.core.policy import GateResult
-from kured.sensors.failure import unreachable
 
 
 class HttpGate:

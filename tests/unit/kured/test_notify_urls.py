@@ -208,3 +208,12 @@ def test_the_cli_exits_2_on_an_unknown_scheme_and_help_lists_the_notify_flags() 
         "--deleted-node-grace",
     ):
         assert flag in help_text
+
+
+def test_endpoint_keeps_scheme_host_and_port_only() -> None:
+    from kured.core.notify_urls import endpoint
+
+    assert endpoint("https://u:pw@am.example:9093/TOKEN/x?t=Q") == "https://am.example:9093"
+    assert endpoint("http://hooks.example/p?token=T") == "http://hooks.example"
+    assert endpoint("http://[::1]:8080/s") == "http://[::1]:8080"
+    assert endpoint("http://h:notaport/s") == "(an invalid URL)"

@@ -4,11 +4,14 @@ template, the API v2 object it becomes, and the rules between the flags."""
 from __future__ import annotations
 
 import argparse
+import re
+import subprocess
+import sys
 
 import pytest
 
 from kit.settings import SettingsError
-from kured.actuators.silence import Matcher, parse_matcher
+from kured.core.silence_matchers import Matcher, parse_matcher
 from kured.settings import Settings, add_arguments, load_settings
 
 
@@ -83,3 +86,39 @@ def test_hook_flags_and_their_defaults() -> None:
     assert s.alertmanager_silence_duration == 1800.0
     with pytest.raises(SettingsError, match="pre-drain-hook-url"):
         _load("--pre-drain-hook-url", "ftp://x/")
+
+
+@pytest.mark.parametrize(
+    "matchers",
+    [("severity!=critical",), ("alertname=~Node.*", "severity!=critical"), ("instance=%%s",)],
+)
+def test_a_silence_must_name_the_node_in_one_matcher_at_least(matchers: tuple[str, ...]) -> None:
+    """Else it silences those alerts on every node, cluster-wide, during each reboot."""
+    flags = [f for m in matchers for f in ("--alertmanager-silence-matcher", m)]
+    with pytest.raises(SettingsError, match="at least one matcher must name the node with %s"):
+        _load("--alertmanager-url", "http://am:9093", *flags)
+    ok = _load(
+        "--alertmanager-url",
+        "http://am:9093",
+        *flags,
+        "--alertmanager-silence-matcher",
+        "instance=%v",
+    )
+    assert len(ok.alertmanager_silence_matcher) == len(matchers) + 1
+
+
+def test_the_node_name_in_a_regex_matcher_is_a_literal() -> None:
+    node = "ip-10-0-0-1.ec2.internal"
+    regex = parse_matcher("instance=~%s(:[0-9]+)?").for_node(node)["value"]
+    assert regex == r"ip-10-0-0-1\.ec2\.internal(:[0-9]+)?"
+    assert re.fullmatch(regex, node + ":9100")
+    assert not re.fullmatch(regex, "ip-10-0-0-1xec2xinternal:9100")  # "." is no wildcard
+    assert parse_matcher("instance!~%s").for_node("a+b")["value"] == r"a\+b"
+    assert parse_matcher("instance=%s").for_node(node)["value"] == node  # no regex: unescaped
+
+
+def test_parsing_the_settings_imports_no_http_client() -> None:
+    """The matchers are a value type of kured.core: the settings need no aiohttp."""
+    code = "import sys, kured.settings; print(sorted(m for m in sys.modules if 'aiohttp' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out

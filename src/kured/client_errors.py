@@ -1,4 +1,4 @@
-"""Client exceptions turned into the sentences ``kured status`` shows (issue 15: "Gate errors
+"""HTTP client exceptions turned into the sentences ``kured status`` shows (issue 15: "Gate errors
 are human sentences, not a raw client exception repr").
 
 ``unreachable(who, exc, timeout_seconds)`` answers e.g. ``"Prometheus at http://p:9090
@@ -44,6 +44,20 @@ def reason(exc: BaseException, timeout_seconds: float) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc) or "request failed"
+
+
+async def read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``response``'s body (fewer only at its end): an answer of
+    any size, or one that never ends, costs no more memory or time than that."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await response.content.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def unreachable(who: str, exc: BaseException, timeout_seconds: float) -> str:
