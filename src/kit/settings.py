@@ -398,11 +398,19 @@ _DURATION_SECONDS = {
 }
 
 
+# Go's time.Duration is an int64 of nanoseconds, so time.ParseDuration refuses anything past
+# 2^63 - 1 ns (about 292 years): "time: invalid duration". So does this parser: a value that
+# large is a slip of the unit, and one added to a date overflowed Python's datetime (a
+# 100000000h silence crashed kured with its reboot lock held; a hostile tester's find).
+MAX_DURATION_SECONDS = (2**63 - 1) / 1e9
+
+
 def parse_duration(text: str) -> float:
     """A Go-style duration (``30m``, ``1h30m``, ``1.5s``, ``0``) in seconds.
 
     Follows Go's time.ParseDuration: a sequence of decimal numbers each with a unit; a bare
-    ``0`` is allowed; an optional leading sign. Raises ValueError otherwise.
+    ``0`` is allowed; an optional leading sign; at most ``MAX_DURATION_SECONDS`` either way.
+    Raises ValueError otherwise.
     """
     s = text.strip()
     sign = 1.0
@@ -421,6 +429,10 @@ def parse_duration(text: str) -> float:
             raise ValueError("expected a duration such as 30s, 5m or 1h30m")
         total += float(m.group(1)) * _DURATION_SECONDS[m.group(2)]
         pos = m.end()
+    if total > MAX_DURATION_SECONDS:
+        raise ValueError(
+            "longer than a Go duration can be (about 292 years, 2^63 ns): check the unit"
+        )
     return sign * total
 
 

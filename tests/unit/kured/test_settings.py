@@ -490,3 +490,20 @@ def test_settings_built_directly_refuse_a_mixed_window() -> None:
     s = Settings(node_id="n1", window_cron="0 3 * * *", window_duration=3600.0, start_time=time(3))
     with pytest.raises(ConfigurationError, match="cannot be combined with --start-time"):
         s.window()
+
+
+@pytest.mark.parametrize(
+    "flag", ["--alertmanager-silence-duration", "--period", "--drain-timeout", "--lock-ttl"]
+)
+def test_a_duration_past_gos_limit_is_refused_at_start_up(flag: str) -> None:
+    """Go's time.ParseDuration refuses more than 2^63 - 1 ns (2562047h47m16.854775807s, about
+    292 years), and so do we: a ``--alertmanager-silence-duration 100000000h`` was accepted
+    and, added to a date, crashed the agent with its reboot lock held (a hostile tester's
+    find). The largest Go duration is still taken."""
+    with pytest.raises(SettingsError) as raised:
+        settings_from({}, "--node-id", "n1", flag, "100000000h")
+    assert "longer than a Go duration can be" in str(raised.value.problems)
+    with pytest.raises(SettingsError):
+        settings_from({}, "--node-id", "n1", flag, "2562048h")
+    largest = settings_from({}, "--node-id", "n1", flag, "2562047h47m16s")
+    assert getattr(largest, flag[2:].replace("-", "_")) == 2562047 * 3600 + 47 * 60 + 16
