@@ -11,14 +11,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from kit.wait import wait_until
 from kura_harness.launch.process import (
     START_TIMEOUT_SECONDS,
-    LaunchError,
     free_port,
     get_json,
-    http_get,
-    log_tail,
+    spawn_until_ready,
     stop,
     which,
 )
@@ -50,31 +47,20 @@ class Alertmanager:
         """Start it and wait until ready; raises LaunchError when it exits or times out."""
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "alertmanager.yml").write_text(CONFIG)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    self.binary,
-                    f"--config.file={self.dir / 'alertmanager.yml'}",
-                    f"--storage.path={self.dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--cluster.listen-address=",  # no gossip: a single instance
-                    "--log.level=warn",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        proc = self.proc
-        ready = wait_until(
-            lambda: http_get(self.url + "/-/ready", 2)[0] == 200,
+        self.proc = spawn_until_ready(
+            [
+                self.binary,
+                f"--config.file={self.dir / 'alertmanager.yml'}",
+                f"--storage.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",  # no gossip: a single instance
+                "--log.level=warn",
+            ],
+            self.log_path,
+            self.url + "/-/ready",
             self.timeout,
-            interval=0.2,
-            ignoring=(OSError, ValueError),
-            give_up=lambda: proc.poll() is not None,
+            "alertmanager",
         )
-        if not ready:
-            self.stop()
-            raise LaunchError("alertmanager did not become ready:\n" + log_tail(self.log_path))
         return self
 
     def silences(self) -> list[dict[str, Any]]:

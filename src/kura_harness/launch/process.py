@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kit.wait import wait_until
+
 START_TIMEOUT_SECONDS = 60.0
 LOG_TAIL_CHARS = 3000
 
@@ -179,6 +181,30 @@ def stop(
             _signal(proc, signal.SIGKILL, group)
             proc.wait()
     return proc.returncode
+
+
+def spawn_until_ready(
+    argv: Sequence[str], log_path: Path, ready_url: str, timeout: float, what: str
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (output appended to ``log_path``) and wait until ``ready_url`` answers
+    200, polling every 0.2 s: the one starter of the Debian servers the tests run (Prometheus,
+    Alertmanager). Raises LaunchError, naming ``what`` and the log's tail, when the process
+    exits first or ``timeout`` seconds pass (the process is then stopped)."""
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    ready = wait_until(
+        lambda: http_get(ready_url, 2)[0] == 200,
+        timeout,
+        interval=0.2,
+        ignoring=(OSError, ValueError),
+        give_up=lambda: proc.poll() is not None,
+    )
+    if not ready:
+        stop(proc)
+        raise LaunchError(f"{what} did not become ready:\n" + log_tail(log_path))
+    return proc
 
 
 def _signal(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:

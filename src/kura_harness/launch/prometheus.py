@@ -13,14 +13,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kit.wait import wait_until
 from kura_harness.launch.process import (
     START_TIMEOUT_SECONDS,
-    LaunchError,
     free_port,
     get_json,
-    http_get,
-    log_tail,
+    spawn_until_ready,
     stop,
     which,
 )
@@ -71,34 +68,20 @@ class Prometheus:
         """Start it and wait until ready; raises LaunchError when it exits or times out."""
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "prometheus.yml").write_text(self.config_text())
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    self.binary,
-                    f"--config.file={self.dir / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={self.dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--log.level=warn",
-                    *self.extra_args,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        proc = self.proc
-        ready = wait_until(
-            lambda: http_get(self.url + "/-/ready", 2)[0] == 200,
+        self.proc = spawn_until_ready(
+            [
+                self.binary,
+                f"--config.file={self.dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+                *self.extra_args,
+            ],
+            self.log_path,
+            self.url + "/-/ready",
             self.timeout,
-            interval=0.2,
-            ignoring=(OSError, ValueError),
-            give_up=lambda: proc.poll() is not None,
+            "prometheus (a rule file it cannot load?)",
         )
-        if not ready:
-            self.stop()
-            raise LaunchError(
-                "prometheus did not become ready (a rule file it cannot load?):\n"
-                + log_tail(self.log_path)
-            )
         return self
 
     def query(self, promql: str) -> list[dict[str, Any]]:
