@@ -19,6 +19,7 @@ import difflib
 import logging
 import re
 import sys
+import threading
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -402,7 +403,7 @@ _DURATION_SECONDS = {
 # 2^63 - 1 ns (about 292 years): "time: invalid duration". So does this parser: a value that
 # large is a slip of the unit, and one added to a date overflowed Python's datetime (a
 # 100000000h silence crashed kured with its reboot lock held; a hostile tester's find).
-MAX_DURATION_SECONDS = (2**63 - 1) / 1e9
+MAX_DURATION_SECONDS = min((2**63 - 1) / 1e9, threading.TIMEOUT_MAX)  # a thread's wait too
 
 
 def parse_duration(text: str) -> float:

@@ -55,7 +55,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from kit.clock import Clock
 from kured.actuators.reboot import Rebooter
@@ -91,6 +91,11 @@ __all__ = [
     "Window",
     "until_window",
 ]
+
+
+# How far into a window's opening an agent's check may fall (``until_window``), at most a
+# quarter of the period: enough to spread a fleet's lock and API requests, small against a window.
+WINDOW_SPREAD_SECONDS = 60.0
 
 
 class Agent(NodeSteps, MaintenanceSteps):
@@ -516,7 +521,8 @@ class Agent(NodeSteps, MaintenanceSteps):
                 log.error("tick failed: %s", exc.message)
                 self.view.fail("tick")
             delay = self.rng.uniform(0.5, 1.5) * period if first else period
-            delay = until_window(self.window, self.now(), delay)
+            spread = self.rng.uniform(0.0, min(period / 4, WINDOW_SPREAD_SECONDS))
+            delay = until_window(self.window, self.now(), delay, spread)
             self.view.next_check_at = self._unix() + delay
             if first:
                 log.info(
@@ -526,14 +532,22 @@ class Agent(NodeSteps, MaintenanceSteps):
             first = False
 
 
-def until_window(window: Window, now: datetime, delay: float) -> float:
+def until_window(window: Window, now: datetime, delay: float, spread: float = 0.0) -> float:
     """``delay`` (seconds to the next check), or less when ``window`` is closed at ``now`` and
-    opens sooner: the agent checks at the opening, so a window shorter than ``--period`` is not
-    slept through. kured checks only on its ticks, and a 30-minute window with its 1-hour
-    period was missed about half the time (a hostile tester's reading of the loop)."""
+    opens sooner: the agent checks ``spread`` seconds into the opening (or at it, when the
+    opening is shorter), so a window shorter than ``--period`` is not slept through, and a
+    fleet's agents do not all check at the same instant (the caller draws ``spread`` for each
+    check, up to ``WINDOW_SPREAD_SECONDS``, as the period's own jitter spreads them). kured
+    checks only on its ticks, and a 30-minute window with its 1-hour period was missed about
+    half the time (a hostile tester's reading of the loop)."""
     if window.contains(now):
         return delay
     opens = window.next_open(now)
     if opens is None:
         return delay
-    return min(delay, max(0.0, (opens - now).total_seconds()))
+    wait = max(0.0, (opens - now).total_seconds())
+    if wait >= delay:
+        return delay
+    if spread > 0 and window.contains(now + timedelta(seconds=wait + spread)):
+        wait += spread
+    return min(delay, wait)

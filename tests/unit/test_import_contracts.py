@@ -165,6 +165,15 @@ VIOLATIONS: Mapping[str, tuple[Breach, ...]] = {
             "kura_harness.launch.violation_http -> aiohttp",
         ),
     ),
+    "kured settings parsing takes the silence matchers from kured.core, not the Alertmanager "
+    "client": (
+        Breach(
+            "kured/settings_rules.py",
+            "\nimport kured.actuators.silence\nimport aiohttp\n",
+            "kured.settings_rules -> kured.actuators.silence",
+        ),
+        Breach("kured/settings_rules.py", "", "kured.settings_rules -> aiohttp"),
+    ),
     "only kured.apiserver imports the Kubernetes client": (
         Breach(
             "kured/locks/violation_kube.py",

@@ -297,14 +297,13 @@ def serving_app(
     """An app of a process that serves kura's listeners: the primary's public and internal
     apps, and each worker's public one. What every such app needs is set here, so that no
     process can miss a piece (a worker once lost the log filter with an import it dropped):
-    ``track_handlers`` outermost, then on a public app ``cross_site``'s refusal of cross-site
-    writes, then ``middlewares``; ``context`` under ``CTX_KEY``; the process's
+    ``track_handlers`` outermost, then ``cross_site``'s refusal of writes a web page made, then
+    ``middlewares``; ``context`` under ``CTX_KEY``; the process's
     malformed-request log filter; on a public app, ``no_active_content``."""
     quiet_malformed_requests()
-    guard = [cross_site.middleware()] if public else []
     app = web.Application(
         client_max_size=client_max_size,
-        middlewares=[track_handlers(context.handlers), *guard, *middlewares],
+        middlewares=[track_handlers(context.handlers), cross_site.middleware(), *middlewares],
     )
     if public:
         app.on_response_prepare.append(no_active_content)

@@ -87,41 +87,32 @@ def _suffix(suppressed: int) -> str:
     return f" ({suppressed} more malformed requests not logged)" if suppressed else ""
 
 
-# From a credential header's name on, a parser's message about a malformed request may quote
-# the header's value (aiohttp: "Invalid header token: b'Authorization : Bearer ...'", or the
-# start of an over-long one): cut there, so a token never reaches a log line.
-# A line past the parser's limit is quoted without its header's name ("Got more than 8190
-# bytes when reading ...: b'Bearer ...'"): nothing after "reading" is shown, nor any word that
-# follows an authentication scheme's name.
-_CREDENTIAL = re.compile(
-    r"((?:proxy-)?authorization|cookie|x-api-key)\b.*", re.IGNORECASE | re.DOTALL
-)
-_TOO_LONG = re.compile(r"(Got more than \d+ bytes(?: \(\d+\))? when reading)\b.*", re.DOTALL)
-_SCHEME = re.compile(r"\b(bearer|basic|token)\s+\S+", re.IGNORECASE)
+# A parser's message about a malformed request quotes the offending line after its description
+# ("Invalid header token: b'Authorization : Bearer ...'", "Unexpected whitespace after header
+# value: b' s3cr3t'" of a folded header, "Bad status line 'GET /?token=...'"), and that line
+# may hold a credential under any header name or in the query. Only the description is logged:
+# the message is cut where the quoted line starts.
+_QUOTED = re.compile(r"""(:\s*b?['"]|\sb?['"]|:\s*\n|\n)""")
 
 
 def without_credentials(message: str) -> str:
-    """``message`` cut at the first credential header's name, or after "when reading" of a
-    line past the parser's limit, and with no word after an authentication scheme's name: a
-    value that may be a credential is not shown."""
-    message = _TOO_LONG.sub(r"\1 a line (not logged)", message)
-    message = _CREDENTIAL.sub(r"\1 (value not logged)", message)
-    return _SCHEME.sub(r"\1 (not logged)", message)
+    """``message`` without the line a parser quoted after its description (module comment
+    above): a value that may be a credential is never shown."""
+    m = _QUOTED.search(message)
+    if m is not None:
+        return message[: m.start()] + " (the line is not logged)"
+    # aiohttp's Python parser gives some errors as the offending text alone (a bad URL).
+    return message if " " in message.strip() else "(the offending text is not logged)"
 
 
 def log_malformed(listener: str, message: str) -> None:
     """One INFO line for a malformed request on ``listener`` (``"gRPC"``, ``"HTTP"``) within the
     process's budget (module docstring); nothing once the budget of the interval is spent.
-    A credential header's value is never shown (``without_credentials``). Safe to call from
-    any thread."""
+    Safe to call from any thread. (An HTTP parser's message goes through
+    ``without_credentials`` first: ``_MalformedRequestFilter``.)"""
     suppressed = _LIMIT.admit()
     if suppressed is not None:
-        log.info(
-            "rejected a malformed %s request: %s%s",
-            listener,
-            without_credentials(message),
-            _suffix(suppressed),
-        )
+        log.info("rejected a malformed %s request: %s%s", listener, message, _suffix(suppressed))
 
 
 class _MalformedRequestFilter(logging.Filter):

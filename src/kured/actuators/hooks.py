@@ -40,7 +40,30 @@ OUTPUT_SHOWN_CHARS = 300  # of a failed hook's answer or output (control charact
 BODY_READ_BYTES = 4096  # of a failed hook URL's answer, this much is read
 # The only variables of the agent's environment a hook command gets (plus KURED_NODE and
 # KURED_HOOK_EVENT): not the agent's credentials or tokens.
-HOOK_ENV_PASSED = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "TZ"})
+# What a hook command gets of the agent's environment: the locale and path, and what in-cluster
+# clients (kubectl, client-go) and proxies need, so that a hook that reaches the API server or
+# another service through a proxy keeps working. Not the agent's own settings (KURED_*: a
+# notify URL may hold a password).
+HOOK_ENV_PASSED = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "TZ",
+        "KUBERNETES_SERVICE_HOST",
+        "KUBERNETES_SERVICE_PORT",
+        "KUBECONFIG",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+    }
+)
 
 
 class HookError(KuredError):

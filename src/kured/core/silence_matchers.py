@@ -32,9 +32,10 @@ class Matcher:
 
     @property
     def names_the_node(self) -> bool:
-        """True when the value holds the node name (``%s``): the matcher ties the silence to
-        this node."""
-        return render(self.value, "a") != render(self.value, "b")
+        """True when the matcher is positive (``=`` or ``=~``) and its value holds the node name
+        (``%s``): it ties the silence to this node. A negative one (``instance!=%s``) would
+        silence every other node instead (a reviewer's find)."""
+        return self.op in ("=", "=~") and render(self.value, "a") != render(self.value, "b")
 
     def for_node(self, node: str) -> dict[str, Any]:
         """The API v2 matcher object for ``node`` (in a regex, the node name is escaped: the

@@ -36,3 +36,15 @@ def test_the_days_and_times_window_wakes_the_agent_too_in_its_zone() -> None:
     assert until_window(window, now, HOUR) == 15 * 60
     never = RebootWindow(frozenset(), time(2, 0), time(3, 0), berlin)  # no days: never opens
     assert until_window(never, now, HOUR) == HOUR
+
+
+def test_the_check_falls_a_drawn_spread_into_the_opening_when_the_opening_is_long_enough() -> None:
+    """A fleet's agents do not all check at the opening's instant: each is ``spread`` seconds
+    into it; an opening shorter than the spread is checked at its start."""
+    now = datetime(2026, 12, 7, 2, 40, tzinfo=UTC)
+    long = parse_cron_window("0 3 * * *", 1800.0, "UTC")
+    assert until_window(long, now, HOUR, spread=37.0) == 20 * 60 + 37
+    short = parse_cron_window("0 3 * * *", 10.0, "UTC")  # 03:00:00-03:00:10
+    delay = until_window(short, now, HOUR, spread=37.0)
+    assert delay == 20 * 60
+    assert short.contains(now + timedelta(seconds=delay))

@@ -90,7 +90,13 @@ def test_hook_flags_and_their_defaults() -> None:
 
 @pytest.mark.parametrize(
     "matchers",
-    [("severity!=critical",), ("alertname=~Node.*", "severity!=critical"), ("instance=%%s",)],
+    [
+        ("severity!=critical",),
+        ("alertname=~Node.*", "severity!=critical"),
+        ("instance=%%s",),
+        ("instance!=%s",),  # negative: it would silence every other node
+        ("instance!~%s(:[0-9]+)?",),
+    ],
 )
 def test_a_silence_must_name_the_node_in_one_matcher_at_least(matchers: tuple[str, ...]) -> None:
     """Else it silences those alerts on every node, cluster-wide, during each reboot."""
