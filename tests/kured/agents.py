@@ -33,7 +33,7 @@ from kured.settings import add_arguments, load_settings
 from tests import oneshot
 from tests.kured.kube_agent import FakeReboot
 
-__all__ = ["Host", "Wired", "read_events", "released_at", "wired_agent"]
+__all__ = ["NO_ETCD", "Host", "Wired", "lease_host", "read_events", "released_at", "wired_agent"]
 
 
 REBOOT_SCRIPT = """#!/bin/sh
@@ -219,3 +219,22 @@ async def wired_agent(
                 await close()
             if service.api is not None:
                 await service.api.close()
+
+
+NO_ETCD = "http://127.0.0.1:9"  # the lease backend never uses it
+
+
+def lease_host(root: Path, kubeconfig: Path, *flags: str, node: str = "n1") -> Host:
+    """A ``Host`` for ``node`` on the Lease lock of the Kubernetes double at ``kubeconfig``
+    (no etcd), its events in ``root / "events"``; ``flags`` are further kured flags."""
+    return Host(
+        root,
+        node,
+        NO_ETCD,
+        root / "events",
+        "--lock-backend",
+        "lease",
+        "--kubeconfig",
+        str(kubeconfig),
+        *flags,
+    )

@@ -36,10 +36,9 @@ from aiohttp import web
 from kit.wait import wait_until_async
 from kura_harness.launch.alertmanager import Alertmanager
 from tests import oneshot
-from tests.kured.agents import Host, read_events
+from tests.kured.agents import Host, lease_host, read_events
 from tests.kured.k8s_double import KubeDouble
 
-NO_ETCD = "http://127.0.0.1:9"  # the lease backend never uses it
 NS = "kube-system"
 MATCHERS = ("--alertmanager-silence-matcher", "instance=~%s(:[0-9]+)?")
 MATCHERS += ("--alertmanager-silence-matcher", "severity!=critical")
@@ -85,20 +84,6 @@ def _lease_holder(kube: KubeDouble) -> str | None:
 
 async def _until(predicate: Callable[[], object], within: float) -> bool:
     return await wait_until_async(predicate, within, interval=0.1)
-
-
-def _host(tmp_path: Path, kubeconfig: Path, *flags: str) -> Host:
-    return Host(
-        tmp_path,
-        "n1",
-        NO_ETCD,
-        tmp_path / "events",
-        "--lock-backend",
-        "lease",
-        "--kubeconfig",
-        str(kubeconfig),
-        *flags,
-    )
 
 
 def _snapshot_before_reboot(host: Host, tmp_path: Path, am: Alertmanager, out: Path) -> None:
@@ -216,7 +201,7 @@ async def test_the_silence_covers_drain_and_reboot_outlives_its_duration_and_is_
     # The gate passes before the reboot, blocks after it until the test opens it: the node is
     # "back" only then.
     receiver.gate_blocks = lambda: _rebooted(events) and not gate_open.is_set()
-    host = _host(
+    host = lease_host(
         tmp_path,
         kubeconfig,
         "--period",
@@ -291,7 +276,7 @@ async def test_an_agent_killed_mid_reboot_expires_its_silence_when_restarted(
     tmp_path: Path, kube: KubeDouble, kubeconfig: Path, alertmanager: Alertmanager
 ) -> None:
     kube.add_node("n1")
-    host = _host(
+    host = lease_host(
         tmp_path,
         kubeconfig,
         "--period",
@@ -341,7 +326,7 @@ async def test_an_unreachable_alertmanager_blocks_the_reboot_loudly(
     tmp_path: Path, kube: KubeDouble, kubeconfig: Path
 ) -> None:
     kube.add_node("n1")
-    host = _host(
+    host = lease_host(
         tmp_path,
         kubeconfig,
         "--period",
@@ -372,7 +357,7 @@ async def test_hooks_and_the_back_message_reach_one_receiver_in_order(
     tmp_path: Path, kube: KubeDouble, kubeconfig: Path, receiver: Receiver
 ) -> None:
     kube.add_node("n1")
-    host = _host(
+    host = lease_host(
         tmp_path,
         kubeconfig,
         "--period",
@@ -440,7 +425,7 @@ async def test_a_failing_pre_drain_hook_keeps_the_node_from_rebooting_with_the_r
         if kind == "url"
         else ("--pre-drain-hook-command", "sh -c 'echo maintenance system says no; exit 3'")
     )
-    host = _host(
+    host = lease_host(
         tmp_path,
         kubeconfig,
         "--period",
@@ -517,7 +502,7 @@ async def test_at_start_a_silence_of_ours_that_no_state_recorded_is_expired_and_
         create("kured", "kured: reboot of node n10 (drained since 2026-01-01T00:00:00Z)"),
         create("alice", "kured: reboot of node n1 (copied by hand)"),
     ]
-    host = _host(
+    host = lease_host(
         tmp_path, kubeconfig, "--period", "1h", "--alertmanager-url", alertmanager.url, *MATCHERS
     )
     host.start()  # no sentinel: nothing to reboot
@@ -557,7 +542,7 @@ async def test_an_expiry_alertmanager_refuses_is_retried_until_it_succeeds(
     events = tmp_path / "events"
     gate_open = asyncio.Event()
     receiver.gate_blocks = lambda: _rebooted(events) and not gate_open.is_set()
-    host = _host(
+    host = lease_host(
         tmp_path,
         kubeconfig,
         "--period",
@@ -610,7 +595,7 @@ async def test_a_failing_post_uncordon_hook_command_is_counted_and_the_node_is_b
     kube.add_node("n1")
     doc, env = tmp_path / "hook-stdin.json", tmp_path / "hook-env"
     script = f'cat > {doc}; echo "$KURED_NODE $KURED_HOOK_EVENT" >> {env}; echo ticket system down; exit 4'
-    host = _host(
+    host = lease_host(
         tmp_path,
         kubeconfig,
         "--period",
@@ -657,7 +642,7 @@ async def test_an_operator_cordoned_node_gets_no_hook_and_no_back_message_across
     events = tmp_path / "events"
     gate_open = asyncio.Event()
     receiver.gate_blocks = lambda: _rebooted(events) and not gate_open.is_set()
-    host = _host(
+    host = lease_host(
         tmp_path,
         kubeconfig,
         "--period",
@@ -718,7 +703,7 @@ async def test_secrets_in_the_hook_and_alertmanager_urls_reach_no_log_and_no_sta
             f"{secret}/hook?token=QUERY-TOKEN-43",
         )
     )
-    host = _host(tmp_path, kubeconfig, "--period", "1s", *flags)
+    host = lease_host(tmp_path, kubeconfig, "--period", "1s", *flags)
     host.sentinel.touch()
     host.start()
     reason = "silence_failed" if where == "alertmanager" else "pre_drain_hook_failed"

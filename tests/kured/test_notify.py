@@ -28,10 +28,9 @@ from aiosmtpd.controller import Controller
 
 from kit.wait import wait_until_async
 from tests import oneshot
-from tests.kured.agents import Host, read_events
+from tests.kured.agents import Host, lease_host, read_events
 from tests.kured.k8s_double import KubeDouble
 
-NO_ETCD = "http://127.0.0.1:9"  # the lease backend never uses it
 NS = "kube-system"
 
 
@@ -103,19 +102,7 @@ def _metric(url: str, name: str, **labels: str) -> float:
 
 
 def _host(tmp_path: Path, kubeconfig: Path, *flags: str) -> Host:
-    return Host(
-        tmp_path,
-        "n1",
-        NO_ETCD,
-        tmp_path / "events",
-        "--lock-backend",
-        "lease",
-        "--kubeconfig",
-        str(kubeconfig),
-        "--period",
-        "1h",
-        *flags,
-    )
+    return lease_host(tmp_path, kubeconfig, "--period", "1h", *flags)
 
 
 async def test_a_reboot_cycle_delivers_three_templated_messages_to_a_webhook_and_smtp(
