@@ -7,6 +7,8 @@ built once per session from this repository's history) beside HEAD (issue 31 ite
   the whole mesh on HEAD. Every acknowledged write must be on every node with its bytes (SHA-256
   of what each node serves), every acknowledged clean must have taken effect on every node, and
   no read, during the run or after, may serve wrong bytes.
+* A wiped node bootstraps from a peer of the other version: HEAD from the previous release,
+  then the previous release from HEAD (the bootstrap's manifests and bodies cross versions).
 * One data dir forward and back: previous → HEAD → previous, and HEAD → previous → HEAD, with
   writes by each. A start on a data dir another version wrote either serves everything right or
   refuses with a message naming both versions, leaving the data dir byte-identical (then the
@@ -25,6 +27,7 @@ import hashlib
 import logging
 import os
 import random
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -43,8 +46,7 @@ from tests.e2e.previous import PREVIOUS_RELEASE, Release, build_release, statuse
 
 HEAD = kura.__version__
 RUN = os.urandom(3).hex()  # keys of one run never collide with another's
-# Protocols written through their own routes (get path, write method, write path or None when
-# it is the get path). The bodies are random; the Bazel CAS key is the body's SHA-256.
+# The protocols whose own routes the tests write and read through (``new_write``).
 PROTOCOLS = ("http", "nx", "turbo", "gradle", "xcode", "bazel")
 
 
@@ -378,10 +380,10 @@ def test_a_mixed_version_mesh_loses_no_acknowledged_write_and_serves_no_wrong_by
         total.lost += tally.lost
         total.wrong += tally.wrong
     not_cleaned = []
-    for clean in load.cleans:
-        for node, label in zip(mesh.nodes, load.labels, strict=True):
-            for path in clean.gone:
-                with node.client() as c:
+    for node, label in zip(mesh.nodes, load.labels, strict=True):
+        with node.client() as c:
+            for clean in load.cleans:
+                for path in clean.gone:
                     if not wait_for(functools.partial(gone, c, path), 30):
                         not_cleaned.append(f"{path} on {label} ({clean.how} via {clean.by})")
 
@@ -416,6 +418,53 @@ def test_a_mixed_version_mesh_loses_no_acknowledged_write_and_serves_no_wrong_by
     assert load.wrong_during == [], load.wrong_during[:20]
     assert not_cleaned == [], not_cleaned[:20]
     assert load.refused == [], load.refused[:20]
+
+
+def test_a_wiped_node_bootstraps_everything_from_a_peer_of_the_other_version(
+    tmp_path: Path, previous: Release
+) -> None:
+    prev = previous.version
+    mesh = Mesh(
+        tmp_path,
+        2,
+        in_process=True,
+        prefixes={0: previous.prefix},
+        discovery_settle_ms=200,
+        read_through="never",
+    )
+    try:
+        mesh.wait_ready()
+        assert versions(mesh.nodes) == [prev, HEAD]
+        rng = random.Random(7)
+        written = write_entries(mesh.nodes[0], f"n0 previous {prev}", 40, rng, 0)
+        mesh.wait_drained()
+        report = []
+        # n1 (HEAD) loses its data dir while down: only a bootstrap from n0 (previous) refills
+        # it (n0's outbox for it is empty).
+        for i, label, more in ((1, f"n1 HEAD {HEAD}", 40), (0, f"n0 previous {prev}", 0)):
+            assert mesh.nodes[i].stop() == 0
+            shutil.rmtree(tmp_path / f"n{i}" / "data")
+            shutil.rmtree(tmp_path / f"n{i}" / "tmp")
+            node = mesh.restart(i)
+            mesh.wait_ready()
+            tally = check_entries(node, label + " (wiped)", written, patience=30)
+            assert tally.lost == [], tally.lost
+            assert tally.wrong == [], tally.wrong
+            boot = statuses([node])[0]["bootstrap"]
+            assert isinstance(boot, dict)
+            applied = sum(int(p["artifacts_done"]) for p in boot["peers"])
+            report.append(
+                f"{label} wiped: bootstrapped {applied} artifacts, served "
+                f"{tally.checked} of {len(written)} right"
+            )
+            assert applied >= len(written), boot
+            # Then the wiped node writes, and the other one is wiped next (previous from HEAD).
+            written += write_entries(node, label, more, rng, len(written))
+            mesh.wait_drained()
+        print("\n" + "\n".join(report))
+    finally:
+        rcs = mesh.stop_all()
+        assert rcs == [0, 0], rcs
 
 
 # --- one data dir, forward and back -----------------------------------------------------------
