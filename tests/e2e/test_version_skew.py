@@ -41,7 +41,7 @@ import kura
 from kura_harness.launch import LaunchError
 from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
-from tests.e2e.mesh import Mesh, wait_for
+from tests.e2e.mesh import Mesh, manifests, wait_for
 from tests.e2e.previous import PREVIOUS_RELEASE, Release, build_release, statuses, versions
 
 HEAD = kura.__version__
@@ -412,12 +412,21 @@ def test_a_mixed_version_mesh_loses_no_acknowledged_write_and_serves_no_wrong_by
     assert len(load.acked) >= 100, "too little load to say anything"
     assert any("previous" in by for by in by_writer), by_writer
     assert len(load.cleans) >= 3, load.cleans
+    assert any("previous" in c.by for c in load.cleans), "no clean went through a previous node"
     assert total.checked == len(load.acked) * 3
     assert total.lost == [], total.lost[:20]
     assert total.wrong == [], total.wrong[:20]
     assert load.wrong_during == [], load.wrong_during[:20]
     assert not_cleaned == [], not_cleaned[:20]
     assert load.refused == [], load.refused[:20]
+    # Every node holds the same artifacts at the same versions (``inline`` aside: it says how
+    # each node stores its copy).
+    views = [
+        {aid: {k: v for k, v in m.items() if k != "inline"} for aid, m in manifests(n).items()}
+        for n in mesh.nodes
+    ]
+    assert views[0] == views[1] == views[2]
+    assert len(views[0]) >= len(load.acked)
 
 
 def test_a_wiped_node_bootstraps_everything_from_a_peer_of_the_other_version(
