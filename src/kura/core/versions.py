@@ -9,6 +9,7 @@ answer without one is wire 1. Version 2 is the same wire plus the two version he
 from __future__ import annotations
 
 from kura import __version__
+from kura.core.errors import KuraError
 
 # The wire version this kura speaks (2: the wire of 1 plus the two version headers) and the
 # oldest it still accepts (1: kura 0.1.0, which sends no version).
@@ -72,4 +73,25 @@ def unspoken_message(wire_version: int, kura_version: str | None) -> str:
             else "upgrade that node; this kura no longer speaks its wire version"
         )
         + " (docs/upgrading.md)"
+    )
+
+
+class DataDirTooNew(KuraError):
+    """The data directory was written by a newer kura in a format this kura cannot read (a
+    metadata schema or blob layout past its own). Raised before anything in it is written;
+    ``message`` names both versions and what to do (``too_new_message``)."""
+
+
+def too_new_message(part: str, found: str, readable: str, written_by: str | None) -> str:
+    """The refusal of a data directory whose ``part`` (``metadata schema``, ``blob layout``) is
+    ``found``, past the ``readable`` range of this kura, written (as its index records) by kura
+    ``written_by`` (None: not recorded, a kura that predates the record or a newer one)."""
+    writer = f"kura {written_by}" if written_by else "a newer kura"
+    run = (
+        f"run kura {written_by} or later" if written_by else f"run a kura that reads {part} {found}"
+    )
+    return (
+        f"this data directory was written by {writer} ({part} {found}); kura {__version__} "
+        f"reads {part}s {readable}: {run}, or move the data directory aside and let the node "
+        "bootstrap from its peers (docs/upgrading.md)"
     )
