@@ -104,8 +104,6 @@ class WireVersions:
 
     def __init__(self) -> None:
         self._logged_at: dict[tuple[str, int], float] = {}
-        # Requests refused for their wire version, by that version (since start).
-        self.refused_total: dict[int, int] = {}
 
     def wire_refusal(self, request: web.Request) -> web.Response | None:
         """The answer refusing ``request`` for its ``Kura-Wire-Version``, or None when this
@@ -121,7 +119,6 @@ class WireVersions:
         else:
             if speaks(theirs):
                 return None
-            self.refused_total[theirs] = self.refused_total.get(theirs, 0) + 1
             message = unspoken_message(
                 theirs, kura_version_of(request.headers.get(KURA_VERSION_HEADER))
             )
