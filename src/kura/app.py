@@ -564,10 +564,16 @@ class Node:
         app.add_routes(
             expect.guarded(
                 internal.routes() + internal_batch.routes() + anti_entropy_routes.routes(),
-                lambda r: self.peer_auth.refusal(r) or self.wire_versions.wire_refusal(r),
+                self._internal_precheck,
             )
         )
         return app
+
+    def _internal_precheck(self, request: web.Request) -> web.Response | None:
+        """The internal listener's answer before ``100 Continue``: peer credentials first, then
+        the wire version (the middlewares' order)."""
+        refused = self.peer_auth.refusal(request)
+        return refused if refused is not None else self.wire_versions.wire_refusal(request)
 
     async def _listen(
         self,
