@@ -163,7 +163,7 @@ def test_a_request_without_a_version_is_wire_1_and_served_one_of_an_unspoken_ver
         timeout=10,
     )
     assert garbled.status_code == 400
-    assert "refused peer requests from 127.0.0.1" in node.log()
+    assert "refused a peer request from 127.0.0.1" in node.log()
     assert f"kura {FUTURE} (wire 3)" in node.log()
 
 
@@ -204,7 +204,7 @@ def test_a_peer_of_an_unspoken_wire_is_reported_keeps_its_queue_and_catches_up_o
         assert isinstance(before, int)
         assert isinstance(after, int)
         assert after - before <= 3, (before, after)
-        assert future.log().count("refused peer requests from") == 1
+        assert future.log().count("refused a peer request from") == 1
         # Roll node 1 back to HEAD on the same data dir: both queues drain, both writes are
         # on both nodes, the warnings go.
         assert future.stop() == 0

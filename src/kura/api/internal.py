@@ -6,12 +6,13 @@ A replica or tombstone whose version is more than ``KURA_MAX_CLOCK_SKEW_MS`` ahe
 node's clock answers 400 (``FutureVersion``) with ``Kura-Refusal: future_version``: not applied
 now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason``).
 
-Versions (``kura.mesh.wire``): every answer carries ``Kura-Wire-Version`` and ``Kura-Version``
+Versions (the rules: ``kura.core.versions``; the headers: ``kura.mesh.wire``): every answer carries ``Kura-Wire-Version`` and ``Kura-Version``
 (``version_headers``). Every route but ``/_internal/status`` first checks the request's
 ``Kura-Wire-Version`` (absent: wire 1, kura 0.1.0): one this node does not speak answers 503
 with ``Kura-Refusal: wire_version`` and a message naming both versions (``wire_refusal``, run
 before any handler and before ``100 Continue``: nothing is read or changed), logged at ERROR at
-most once per ``LOG_INTERVAL_SECONDS`` per address and version; a malformed one answers 400.
+most once per ``LOG_INTERVAL_SECONDS`` (``kit.log_limit``: the line counts those left out); a
+malformed one answers 400.
 
 * ``GET /_internal/status`` → ``{"region", "tenant_id", "node_url", "wire_version",
   "kura_version"}`` (discovery probes; never refused for its version, so that the prober learns
@@ -44,12 +45,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from kit.log_limit import LogLimit
 from kit.pace import seconds_ahead
 from kura import __version__
 from kura.api import changes
@@ -103,7 +104,7 @@ class WireVersions:
     version headers on every answer (``stamp``, an ``on_response_prepare`` handler)."""
 
     def __init__(self) -> None:
-        self._logged_at: dict[tuple[str, int], float] = {}
+        self._log_limit = LogLimit(1, LOG_INTERVAL_SECONDS)
 
     def wire_refusal(self, request: web.Request) -> web.Response | None:
         """The answer refusing ``request`` for its ``Kura-Wire-Version``, or None when this
@@ -122,7 +123,7 @@ class WireVersions:
             message = unspoken_message(
                 theirs, kura_version_of(request.headers.get(KURA_VERSION_HEADER))
             )
-            self._log(request.remote or "unknown", theirs, message)
+            self._log(request.remote or "unknown", message)
             response = web.json_response(
                 {"message": message, "wire_version": WIRE_VERSION, "kura_version": __version__},
                 status=WIRE_REFUSAL_STATUS,
@@ -141,20 +142,16 @@ class WireVersions:
         """Every internal answer names this node's wire and kura versions."""
         response.headers.update(version_headers())
 
-    def _log(self, remote: str, theirs: int, message: str) -> None:
-        now = time.monotonic()
-        key = (remote, theirs)
-        last = self._logged_at.get(key)
-        if last is not None and now - last < LOG_INTERVAL_SECONDS:
+    def _log(self, remote: str, message: str) -> None:
+        left_out = self._log_limit.admit()
+        if left_out is None:
             return
-        if len(self._logged_at) > 1024:
-            self._logged_at.clear()
-        self._logged_at[key] = now
         log.error(
-            "refused peer requests from %s: %s; further refusals are logged at most every %.0f s",
+            "refused a peer request from %s: %s (%d more refused since the last such line; "
+            "at most one a minute)",
             remote,
             message,
-            LOG_INTERVAL_SECONDS,
+            left_out,
         )
 
 
