@@ -77,7 +77,8 @@ def test_a_data_dir_without_the_record_opens_and_gets_it(
     conn.close()
     again = start_node(process=True)
     assert again.data_dir == node.data_dir
-    assert again.client().get(KEPT).content == BODY
+    with again.client() as client:
+        assert client.get(KEPT).content == BODY
     assert again.stop() == 0
     assert meta(node.data_dir)["kura_version"] == __version__
 
