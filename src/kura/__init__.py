@@ -5,4 +5,4 @@ Layers (enforced by import-linter, see pyproject.toml): ``core`` holds pure rule
 ``app`` composes them and ``cli`` turns argv and environment into settings.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -177,6 +177,7 @@ class Node:
             server_ssl, client_ssl = server_ssl_context(*tls), client_ssl_context(*tls)
         self._server_ssl = server_ssl
         self.peer_auth = PeerAuth(settings.internal_tokens)
+        self.wire_versions = internal.WireVersions()
         self.auth = token_auth_from(settings)
         cert, key = settings.public_tls_cert_path, settings.public_tls_key_path
         self.public_tls = PublicTls(cert, key) if cert and key else None
@@ -371,10 +372,12 @@ class Node:
         """Problems that do not block readiness but need an operator: storage (a damaged
         index set aside at start-up; a full disk is a reason instead), bootstrap (an abandoned
         peer), replication (a peer that keeps failing, e.g. refusing this node's token) and
-        the object store (unreachable, uploads stalled) and a token file that fails to re-read."""
+        the object store (unreachable, uploads stalled), a token file that fails to re-read and
+        versions (a mixed mesh, a peer whose wire version this node does not speak:
+        ``Membership.version_warnings``)."""
         tier = [] if self.object_tier is None else self.object_tier.warnings()
         found = self.service.warnings() + self.bootstrapper.warnings() + self.shipper.warnings()
-        return found + tier + self.auth.warnings()
+        return found + tier + self.auth.warnings() + self.membership.version_warnings()
 
     def _read_through_enabled(self) -> bool:
         mode = self.settings.read_through
@@ -549,10 +552,11 @@ class Node:
     def build_internal_app(self) -> web.Application:
         app = serving_app(
             self._context(),
-            [self.peer_auth.middleware],
+            [self.peer_auth.middleware, self.wire_versions.middleware],
             client_max_size=CLIENT_MAX_SIZE_BYTES,
             public=False,
         )
+        app.on_response_prepare.append(self.wire_versions.stamp)
         app[internal.NODE_URL_KEY] = lambda: self.node_url
         app[changes.FEED_READ_KEY] = self.catch_up.feed_read
         if self.object_tier is None:  # with the tier no pass runs: a pull request is a 404
@@ -560,10 +564,16 @@ class Node:
         app.add_routes(
             expect.guarded(
                 internal.routes() + internal_batch.routes() + anti_entropy_routes.routes(),
-                self.peer_auth.refusal,
+                self._internal_precheck,
             )
         )
         return app
+
+    def _internal_precheck(self, request: web.Request) -> web.Response | None:
+        """The internal listener's answer before ``100 Continue``: peer credentials first, then
+        the wire version (the middlewares' order)."""
+        refused = self.peer_auth.refusal(request)
+        return refused if refused is not None else self.wire_versions.wire_refusal(request)
 
     async def _listen(
         self,

@@ -6,6 +6,8 @@ died); 2 invalid configuration (every problem listed on stderr).
 ``kura admin`` (``admin``): 0 done; 1 the node could not be reached or answered nonsense; 2 a
 usage error (a purge without ``--yes``, a malformed namespace or writer: 400); 3 refused (401,
 403: a token without ``clean``); 4 not found (a namespace with no entry, a writer with none).
+``kura admin rollout-gate`` (``kura.rollout_gate``): 0 caught up; 2 usage; 3 refused; 5 not
+caught up within ``--wait``.
 """
 
 from __future__ import annotations
@@ -206,6 +208,33 @@ def _admin_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     purge.add_argument("--writer", required=True, help=writer_help)
     purge.add_argument("--yes", action="store_true", help="really purge (else: exit 2)")
     options(purge, False)
+    gate = actions.add_parser(
+        "rollout-gate",
+        help="wait until the node at --url is ready and the mesh has caught up with it",
+    )
+    gate.description = (
+        "A rollout's step between two nodes (docs/upgrading.md): waits until the node at --url "
+        "answers /ready 200, holds no queued message for any peer and no peer holds one for "
+        "it (at most --max-queued), reading /status of it and of every --mesh-url node. Exit 0 "
+        "caught up, 3 a token refused, 5 not caught up within --wait (the reasons printed)."
+    )
+    gate.add_argument(
+        "--mesh-url",
+        action="append",
+        default=[],
+        help="public URL of a node of the mesh (repeatable or comma-separated; the gated "
+        "node's own URL may be among them); every peer of the node must be one",
+    )
+    gate.add_argument(
+        "--wait", type=float, default=600.0, help="seconds to wait for it (default 600)"
+    )
+    gate.add_argument(
+        "--max-queued",
+        type=int,
+        default=0,
+        help="outbox messages a peer may still hold for it, and it for a peer (default 0)",
+    )
+    options(gate, False)
 
 
 def _own_token(env: Mapping[str, str]) -> str | None:
@@ -349,6 +378,8 @@ def admin(args: argparse.Namespace) -> int:
     from kit.fetch import FetchError, Hints, fetch_json
     from kura import console
 
+    if args.action == "rollout-gate":
+        return rollout_gate(args)
     if args.token and not args.url and args.token != os.environ.get("KURA_ADMIN_TOKEN"):
         print(
             "kura admin: --token is used only with --url (over the data directory's socket no "
@@ -396,6 +427,33 @@ def admin(args: argparse.Namespace) -> int:
     }[args.action]
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 0
+
+
+def rollout_gate(args: argparse.Namespace) -> int:
+    """``kura admin rollout-gate`` (``kura.rollout_gate.run``). Reads ``/status``: a read token
+    from --token, KURA_ADMIN_TOKEN, KURA_TOKEN or, inside a node's own environment, its first
+    read token."""
+    from kura import rollout_gate
+
+    if args.data_dir:
+        print(
+            "kura admin rollout-gate: pass the node's public --url, not --data-dir", file=sys.stderr
+        )
+        return 2
+    if args.wait < 0 or args.max_queued < 0:
+        print("kura admin rollout-gate: --wait and --max-queued must be >= 0", file=sys.stderr)
+        return 2
+    url = args.url or os.environ.get("KURA_URL") or "http://127.0.0.1:4000"
+    token = args.token or os.environ.get("KURA_TOKEN") or _own_token(os.environ)
+    mesh = [u.strip() for item in args.mesh_url for u in item.split(",") if u.strip()]
+    return rollout_gate.run(
+        url,
+        mesh,
+        token,
+        wait_seconds=args.wait,
+        max_queued=args.max_queued,
+        request_timeout_seconds=args.timeout,
+    )
 
 
 def _admin_over_socket(args: argparse.Namespace, target: str, method: str) -> object:

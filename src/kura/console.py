@@ -76,6 +76,7 @@ def render_status(status: dict[str, Any]) -> str:
     lines = [
         f"node     {status['node_url']}  (public {status['public_url']}, "
         f"tenant {status['tenant_id']}, region {status['region']})",
+        f"version  kura {status.get('version', '?')}, wire {status.get('wire_version') or 1}",
         *wrapped(
             "ready    ", "yes" if status["ready"] else "NO: " + "; ".join(status["reasons"]), 9
         ),
@@ -124,13 +125,13 @@ def render_status(status: dict[str, Any]) -> str:
             )
         )
     lines.append(f"peers    {len(status['peers'])} (membership generation {status['generation']})")
-    header = f"  {'peer':<32} {'state':<10} {'outbox':>7} {'oldest':>8}  last error"
+    header = f"  {'peer':<32} {'state':<10} {'version':<12} {'outbox':>7} {'oldest':>8}  last error"
     lines.append(header)
     passes = {b["peer"]: b for b in (bootstrap or {}).get("peers", [])}
     for p in status["peers"]:
         state = "healthy" if p["healthy"] else ("down" if p["known"] else "unprobed")
         row = (
-            f"  {p['node_url']:<32} {state:<10} {p['outbox_messages']:>7} "
+            f"  {p['node_url']:<32} {state:<10} {peer_version(p):<12} {p['outbox_messages']:>7} "
             f"{p['outbox_oldest_age_seconds']:>7.1f}s  "
         )
         lines.extend(wrapped(row, p["last_error"], len(row)))
@@ -154,6 +155,15 @@ def render_status(status: dict[str, Any]) -> str:
                 + ")"
             )
     return "\n".join(lines)
+
+
+def peer_version(peer: dict[str, Any]) -> str:
+    """A peer's versions as last seen, ``0.2.0 w2``; ``? w1`` for kura 0.1.0, which reports
+    no kura version; ``-`` until seen (or from a node that predates the fields)."""
+    wire = peer.get("wire_version")
+    if wire is None:
+        return "-"
+    return f"{peer.get('kura_version') or '?'} w{wire}"
 
 
 # --- kura admin (kura.api.admin's answers): a table for people; --json prints the answer.

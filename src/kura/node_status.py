@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kura import __version__
 from kura.core.namespace_rule import DEFAULT_RULE, OTHER, REASONS, top_namespaces
+from kura.core.versions import WIRE_VERSION
 from kura.storage.fsync import process_shortage
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ def node_status(node: Node, lookups: dict[str, dict[str, int]]) -> dict[str, Any
         "tmp_reserved_bytes": node.budget.reserved_bytes,
         "tmp_capacity_bytes": node.budget.capacity_bytes,
         "version": __version__,
+        "wire_version": WIRE_VERSION,
         "event_loop": node.event_loop,
         "disk_limit_bytes": node.settings.max_disk_bytes,
         "namespaces": _namespaces(node),
@@ -125,6 +127,10 @@ def _peers(node: Node) -> list[dict[str, Any]]:
                 "known": peer is not None,
                 "healthy": bool(peer and peer.healthy),
                 "region": peer.region if peer else "",
+                # As its last answered probe reported them (None until then; kura 0.1.0
+                # reports no kura version and is wire 1).
+                "wire_version": peer.wire_version if peer else None,
+                "kura_version": peer.kura_version if peer else None,
                 "outbox_messages": node.service.queues.depth(url),
                 "outbox_oldest_age_seconds": (now_ms - oldest) / 1000 if oldest else 0.0,
                 "replication_failures_in_a_row": ship.failures if ship else 0,

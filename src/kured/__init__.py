@@ -7,4 +7,4 @@ overrides and lock JSON (docs/reference/kured-behaviour.md); where kured's users
 wrong, it does better and says why. It never imports ``kura``: it talks to kura over HTTP.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

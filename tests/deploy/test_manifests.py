@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -469,6 +471,71 @@ def test_kura_data_and_tmp_live_on_the_volume_and_the_budgets_fit_it(
 def test_kura_allows_one_pod_away_at_a_time(manifests: list[Manifest]) -> None:
     pdb = find(manifests, "PodDisruptionBudget", "kura", "kura")
     assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_kura_updates_wait_for_the_rollout_script_and_its_gate(manifests: list[Manifest]) -> None:
+    """A changed template waits at the partition until deploy/kura/rollout.sh lowers it; the
+    script is POSIX sh (dash, Debian's /bin/sh, parses it), and what it assumes of the
+    manifests and of ``kura admin rollout-gate`` holds."""
+    sts = find(manifests, "StatefulSet", "kura", "kura")
+    strategy = sts["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["partition"] == sts["spec"]["replicas"]
+    assert rollout_problems(sts, ROLLOUT.read_text()) == []
+
+
+ROLLOUT = DEPLOY / "kura" / "rollout.sh"
+
+
+def rollout_problems(sts: dict[str, Any], script: str) -> list[str]:
+    problems = []
+    if not os.access(ROLLOUT, os.X_OK):
+        problems.append("rollout.sh is not executable")
+    parsed = subprocess.run(
+        ["dash", "-n"], input=script, capture_output=True, text=True, check=False
+    )
+    if parsed.returncode != 0:
+        problems.append(f"dash -n: {parsed.stderr.strip()}")
+    defaults = dict(re.findall(r"^([A-Z_]+)=\$\{[A-Z_]+:-([^}]*)\}$", script, re.MULTILINE))
+    expected = {
+        "NAMESPACE": sts["metadata"]["namespace"],
+        "STATEFULSET": sts["metadata"]["name"],
+        "PEERS_SERVICE": sts["spec"]["serviceName"],
+        "PORT": str(container_port(container(sts, "kura"), "http")),
+    }
+    for name, value in expected.items():
+        if defaults.get(name) != value:
+            problems.append(
+                f"{name} defaults to {defaults.get(name)!r}, the manifests say {value!r}"
+            )
+    if "-c kura --" not in script:
+        problems.append("the gate does not run in the kura container")
+    gate = re.search(r"kura admin rollout-gate (.*?)\n(.*?)\n", script, re.DOTALL)
+    if gate is None:
+        return [*problems, "rollout.sh does not run kura admin rollout-gate"]
+    flags = re.findall(r"(--[a-z-]+) ", " ".join(gate.groups()))
+    argv = ["admin", "rollout-gate"]
+    for flag in flags:
+        argv += [flag, "1"]
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit:
+        problems.append(f"kura admin rollout-gate does not take {flags}")
+    return problems
+
+
+def test_the_rollout_check_fails_a_wrong_port_and_an_unknown_flag(
+    manifests: list[Manifest],
+) -> None:
+    sts = find(manifests, "StatefulSet", "kura", "kura")
+    script = ROLLOUT.read_text()
+    assert rollout_problems(sts, script.replace("PORT:-4000", "PORT:-8080")) == [
+        "PORT defaults to '8080', the manifests say '4000'"
+    ]
+    wrong = rollout_problems(sts, script.replace("--max-queued", "--max-depth"))
+    assert len(wrong) == 1
+    assert "does not take" in wrong[0]
+    assert rollout_problems(sts, script + "\nif then\n")[0].startswith("dash -n:")
 
 
 def test_kura_runs_unprivileged_with_resources(manifests: list[Manifest]) -> None:

@@ -241,6 +241,36 @@ def test_the_internal_listener_checks_peer_credentials_before_100(
     assert node.metric('kura_internal_auth_failures_total{reason="invalid"}') == 1
 
 
+def test_the_internal_listener_checks_the_wire_version_before_100(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """After the peer's credentials, its wire version (kura.api.internal): a wire this node does
+    not speak gets the final 503 naming both versions, never ``100`` first."""
+    node = start_node(internal_tokens="peer-secret")
+    peer = {"Kura-Manifest": _replica_manifest("w", 10), "Authorization": "Bearer peer-secret"}
+    status, h, body = _expect(
+        node.internal_url,
+        "PUT",
+        "/_internal/replicate/artifact",
+        10,
+        {**peer, "Kura-Wire-Version": "3", "Kura-Version": "0.3.0"},
+    )
+    assert (status, h.get("kura-refusal"), h.get("connection")) == (503, "wire_version", "close")
+    assert b"kura 0.3.0 (wire 3)" in body
+    # Credentials still come first: a wrong token is a 401 whatever the version.
+    status, _h, body = _expect(
+        node.internal_url,
+        "PUT",
+        "/_internal/replicate/artifact",
+        10,
+        {**peer, **PEER_WRONG, "Kura-Wire-Version": "3"},
+    )
+    assert status == 401, body
+    # No version at all is kura 0.1.0's wire: 100.
+    assert _expect(node.internal_url, "PUT", "/_internal/replicate/artifact", 10, peer)[0] == 100
+    assert node.index_rows() == 0
+
+
 def test_clients_that_leave_before_sending_the_body_are_not_errors(
     start_node: Callable[..., NodeProcess],
 ) -> None:

@@ -128,3 +128,21 @@ def test_kura_status_inside_a_node_uses_the_nodes_own_token(
     assert build_parser().parse_args(["status"]).token == "ro-1"
     monkeypatch.setenv("KURA_TOKEN", "mine")
     assert build_parser().parse_args(["status"]).token == "mine"
+
+
+def test_versions_are_printed_for_the_node_and_each_peer_as_last_seen() -> None:
+    doc = status()
+    doc.update(version="0.2.0", wire_version=2)
+    seen = {**doc["peers"][0], "wire_version": 2, "kura_version": "0.2.0"}
+    old = {**seen, "node_url": "http://127.0.0.1:4102", "wire_version": 1, "kura_version": None}
+    unseen = {**seen, "node_url": "http://127.0.0.1:4103", "wire_version": None}
+    doc["peers"] = [seen, old, unseen]
+    lines = render_status(doc).splitlines()
+    assert "version  kura 0.2.0, wire 2" in lines
+    rows = {line.split()[0]: line.split()[2] for line in lines if line.startswith("  http")}
+    assert rows == {
+        "http://127.0.0.1:4100": "0.2.0",
+        "http://127.0.0.1:4102": "?",
+        "http://127.0.0.1:4103": "-",
+    }
+    assert "? w1" in next(line for line in lines if "4102" in line)

@@ -6,7 +6,17 @@ A replica or tombstone whose version is more than ``KURA_MAX_CLOCK_SKEW_MS`` ahe
 node's clock answers 400 (``FutureVersion``) with ``Kura-Refusal: future_version``: not applied
 now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason``).
 
-* ``GET /_internal/status`` → ``{"region", "tenant_id", "node_url"}`` (discovery probes).
+Versions (the rules: ``kura.core.versions``; the headers: ``kura.mesh.wire``): every answer carries ``Kura-Wire-Version`` and ``Kura-Version``
+(``version_headers``). Every route but ``/_internal/status`` first checks the request's
+``Kura-Wire-Version`` (absent: wire 1, kura 0.1.0): one this node does not speak answers 503
+with ``Kura-Refusal: wire_version`` and a message naming both versions (``wire_refusal``, run
+before any handler and before ``100 Continue``: nothing is read or changed), logged at ERROR at
+most once per ``LOG_INTERVAL_SECONDS`` (``kit.log_limit``: the line counts those left out); a
+malformed one answers 400.
+
+* ``GET /_internal/status`` → ``{"region", "tenant_id", "node_url", "wire_version",
+  "kura_version"}`` (discovery probes; never refused for its version, so that the prober learns
+  the versions and reports them).
 * ``PUT /_internal/replicate/artifact`` — raw body, manifest in ``Kura-Manifest``, the sender's
   internal URL in ``Kura-Node`` (recorded as the copy's ``via``; optional). 204 whether
   applied or ignored (``Kura-Outcome`` says which); 400 bad manifest or body; 403 other tenant;
@@ -34,20 +44,35 @@ now, so the sender keeps it queued and retries it (``mesh.shipper.refusal_reason
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from kit.log_limit import LogLimit
 from kit.pace import seconds_ahead
+from kura import __version__
 from kura.api import changes
+from kura.api.errors import error_response
 from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.api.http import artifact_response, ctx, declared_length, endpoint, request_body
 from kura.api.query import query_int
 from kura.core.errors import Forbidden, InvalidRequest
 from kura.core.keys import HEX_SHA256, NAMESPACE, PRODUCERS, validate
 from kura.core.manifest import writer_of
+from kura.core.versions import (
+    UNSPOKEN_WIRE_VERSION,
+    WIRE_REFUSAL_STATUS,
+    WIRE_VERSION,
+    kura_version_of,
+    speaks,
+    unspoken_message,
+    wire_version_of,
+)
 from kura.mesh.peer_pace import PeerPace
 from kura.mesh.wire import (
+    KURA_VERSION_HEADER,
     MANIFEST_HEADER,
     NODE_HEADER,
     ORDER_NEWEST,
@@ -55,16 +80,79 @@ from kura.mesh.wire import (
     PAGE_LIMIT_DEFAULT,
     PAGE_LIMIT_MAX,
     READ_THROUGH_HEADER,
+    REFUSAL_HEADER,
     TENANT_HEADER,
+    WIRE_VERSION_HEADER,
     decode_manifest,
     decode_version_cursor,
     encode_manifest,
     encode_version_cursor,
+    version_headers,
 )
 from kura.storage.artifact import StoredBody
 
+log = logging.getLogger(__name__)
+
 PROTOCOL = "internal"
 NODE_URL_KEY: web.AppKey[Callable[[], str]] = web.AppKey("kura_node_url")
+STATUS_PATH = "/_internal/status"
+LOG_INTERVAL_SECONDS = 60.0
+
+
+class WireVersions:
+    """The internal listener's version check (``wire_refusal``, also the middleware) and the
+    version headers on every answer (``stamp``, an ``on_response_prepare`` handler)."""
+
+    def __init__(self) -> None:
+        self._log_limit = LogLimit(1, LOG_INTERVAL_SECONDS)
+
+    def wire_refusal(self, request: web.Request) -> web.Response | None:
+        """The answer refusing ``request`` for its ``Kura-Wire-Version``, or None when this
+        node speaks it (absent: wire 1) or the route is ``/_internal/status``. 400 for a
+        malformed header; ``WIRE_REFUSAL_STATUS`` with ``Kura-Refusal: wire_version`` and a
+        JSON ``{"message"}`` naming both versions for one outside this node's range."""
+        if request.path == STATUS_PATH:
+            return None
+        try:
+            theirs = wire_version_of(request.headers.get(WIRE_VERSION_HEADER))
+        except ValueError as exc:
+            response = error_response(InvalidRequest(str(exc)))
+        else:
+            if speaks(theirs):
+                return None
+            message = unspoken_message(
+                theirs, kura_version_of(request.headers.get(KURA_VERSION_HEADER))
+            )
+            self._log(request.remote or "unknown", message)
+            response = web.json_response(
+                {"message": message, "wire_version": WIRE_VERSION, "kura_version": __version__},
+                status=WIRE_REFUSAL_STATUS,
+                headers={REFUSAL_HEADER: UNSPOKEN_WIRE_VERSION},
+            )
+        if request.body_exists:
+            response.force_close()  # the unread body is never consumed
+        return response
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = self.wire_refusal(request)
+        return await handler(request) if refused is None else refused
+
+    async def stamp(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Every internal answer names this node's wire and kura versions."""
+        response.headers.update(version_headers())
+
+    def _log(self, remote: str, message: str) -> None:
+        left_out = self._log_limit.admit()
+        if left_out is None:
+            return
+        log.error(
+            "refused a peer request from %s: %s (%d more refused since the last such line; "
+            "at most one a minute)",
+            remote,
+            message,
+            left_out,
+        )
 
 
 def _check_tenant(request: web.Request) -> None:
@@ -84,7 +172,13 @@ def _page_args(request: web.Request) -> tuple[str | None, int]:
 async def status(request: web.Request) -> web.StreamResponse:
     s = ctx(request).settings
     return web.json_response(
-        {"region": s.region, "tenant_id": s.tenant_id, "node_url": request.app[NODE_URL_KEY]()}
+        {
+            "region": s.region,
+            "tenant_id": s.tenant_id,
+            "node_url": request.app[NODE_URL_KEY](),
+            "wire_version": WIRE_VERSION,
+            "kura_version": __version__,
+        }
     )
 
 
@@ -304,7 +398,7 @@ async def paced_write(
 
 def routes() -> list[web.RouteDef]:
     return [
-        web.get("/_internal/status", status),
+        web.get(STATUS_PATH, status),
         web.put("/_internal/replicate/artifact", replicate_artifact),
         web.delete("/_internal/replicate/namespace", replicate_namespace),
         web.delete("/_internal/replicate/writer", replicate_writer_purge),

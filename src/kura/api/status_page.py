@@ -31,7 +31,7 @@ from kura.api.auth import Access
 from kura.api.grant_scope import request_namespace
 from kura.api.http import ctx, endpoint
 from kura.api.probes import PROTOCOL, STATUS_KEY
-from kura.console import bootstrap_fraction, human_bytes
+from kura.console import bootstrap_fraction, human_bytes, peer_version
 from kura.core.errors import Forbidden, Unauthenticated
 from kura.core.namespace_rule import SHED_AGE_BUCKETS
 
@@ -67,7 +67,8 @@ progress{width:20em;height:1em;vertical-align:middle}code{font-size:.95em}
 </head>
 <body>
 <header>
-<h1>kura <span class="muted" id="version">$version</span></h1>
+<h1>kura <span class="muted" id="version">$version</span>
+<span class="muted" id="wire-version">wire $wire_version</span></h1>
 <p id="identity">node <code>$node_url</code> &middot; public <code>$public_url</code>
 &middot; tenant <code>$tenant_id</code> &middot; region <code>$region</code>
 &middot; membership generation $generation</p>
@@ -94,6 +95,7 @@ def render(status: dict[str, Any], rendered_at: datetime | None = None) -> str:
     return PAGE.substitute(
         refresh=REFRESH_SECONDS,
         version=_e(status.get("version", "")),
+        wire_version=_e(status.get("wire_version") or 1),
         node_url=_e(status["node_url"]),
         public_url=_e(status["public_url"]),
         tenant_id=_e(status["tenant_id"]),
@@ -206,14 +208,15 @@ def _peers(peers: list[dict[str, Any]]) -> str:
                 f"<code>{_e(p['node_url'])}</code>",
                 _e(p.get("region", "")),
                 _e(state),
+                _e(peer_version(p)),
                 _e(p["outbox_messages"]),
                 _e(f"{p['outbox_oldest_age_seconds']:.1f} s"),
                 _e(p.get("replication_failures_in_a_row", 0)),
                 _e(" · ".join(x for x in (catch_up, p.get("last_error") or "") if x)),
             ]
         )
-    headers = ["peer", "region", "state", "outbox", "oldest (lag)", "failures", "notes"]
-    return _table(headers, rows, {3, 4, 5}, "No peers.")
+    headers = ["peer", "region", "state", "version", "outbox", "oldest (lag)", "failures", "notes"]
+    return _table(headers, rows, {4, 5, 6}, "No peers.")
 
 
 def _lookups(lookups: dict[str, dict[str, int]]) -> str:

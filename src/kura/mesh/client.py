@@ -3,7 +3,10 @@
 Every call has a timeout (``asyncio.timeout``) and turns aiohttp's errors into ``PeerError``, so
 callers deal with one exception type. With mutual TLS configured, every connection presents this
 node's certificate and verifies the peer's against the shared CA; with a peer token configured
-(the first of ``KURA_INTERNAL_TOKENS``), every request carries it as a bearer token.
+(the first of ``KURA_INTERNAL_TOKENS``), every request carries it as a bearer token. Every
+request carries this node's wire and kura versions (``kura.mesh.wire.version_headers``); a
+peer that does not speak this node's wire version refuses with ``Kura-Refusal: wire_version``,
+which ``PeerError.refusal`` carries with the peer's message naming both versions.
 
 Metadata cost is counted here, per request kind (``METADATA_KINDS``, a closed set): how many
 metadata requests this node made to its peers and the bytes of their response bodies, exported
@@ -24,6 +27,7 @@ from typing import Any, BinaryIO
 import aiohttp
 
 from kura.core.manifest import Manifest
+from kura.core.versions import kura_version_of, wire_version_of
 from kura.mesh.peer_pace import PeerPace
 from kura.mesh.wire import (
     MANIFEST_HEADER,
@@ -36,6 +40,7 @@ from kura.mesh.wire import (
     decode_frames,
     decode_manifest,
     encode_manifest,
+    version_headers,
 )
 from kura.storage.outbox import ChangesPage
 
@@ -61,9 +66,14 @@ class PeerError(Exception):
 
 @dataclass(frozen=True)
 class PeerStatus:
+    """A peer's ``/_internal/status``: who it is, and the wire and kura versions it runs (wire
+    1 and no kura version for kura 0.1.0, whose answer names neither)."""
+
     node_url: str
     tenant_id: str
     region: str
+    wire_version: int = 1
+    kura_version: str | None = None
 
 
 def client_ssl_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
@@ -108,7 +118,7 @@ class PeerClient:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=64, limit_per_host=16, ssl=self._ssl or False)
-        headers = {TENANT_HEADER: self._tenant_id}
+        headers = {TENANT_HEADER: self._tenant_id, **version_headers()}
         if self._peer_token:
             # Set once here, so every peer request carries it (KURA_INTERNAL_TOKENS).
             headers["Authorization"] = f"Bearer {self._peer_token}"
@@ -128,8 +138,17 @@ class PeerClient:
     async def status(self, url: str, timeout_seconds: float = 2.0) -> PeerStatus:
         data = await self._get_json(url + "/_internal/status", timeout_seconds)
         try:
-            return PeerStatus(str(data["node_url"]), str(data["tenant_id"]), str(data["region"]))
-        except (KeyError, TypeError) as exc:
+            wire = wire_version_of(
+                None if data.get("wire_version") is None else str(data["wire_version"])
+            )
+            return PeerStatus(
+                str(data["node_url"]),
+                str(data["tenant_id"]),
+                str(data["region"]),
+                wire,
+                kura_version_of(data.get("kura_version")),
+            )
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise PeerError(f"{url}: malformed status: {exc}") from exc
 
     async def push_artifact(self, url: str, manifest: Manifest, body: bytes | BinaryIO) -> str:
@@ -151,7 +170,7 @@ class PeerClient:
                     text = await resp.text()
                     if resp.status // 100 != 2:
                         raise PeerError(
-                            f"{url}: replicate answered {resp.status}: {text[:200]}",
+                            f"{url}: replicate answered {resp.status}: {text[:400]}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
@@ -195,7 +214,7 @@ class PeerClient:
                     text = await resp.text()
                     if resp.status // 100 != 2:
                         raise PeerError(
-                            f"{url}: {what} answered {resp.status}: {text[:200]}",
+                            f"{url}: {what} answered {resp.status}: {text[:400]}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
@@ -295,7 +314,11 @@ class PeerClient:
         if resp.status != 200:
             text = await resp.text()
             resp.release()
-            raise PeerError(f"{url}: fetch answered {resp.status}: {text[:200]}", resp.status)
+            raise PeerError(
+                f"{url}: fetch answered {resp.status}: {text[:400]}",
+                resp.status,
+                resp.headers.get(REFUSAL_HEADER),
+            )
         try:
             manifest = decode_manifest(resp.headers.get(MANIFEST_HEADER, ""))
         except ValueError as exc:
@@ -321,7 +344,9 @@ class PeerClient:
                         await self.pace.acquire(len(payload))
                     if resp.status != 200:
                         raise PeerError(
-                            f"{url}: bodies answered {resp.status}: {payload[:200]!r}", resp.status
+                            f"{url}: bodies answered {resp.status}: {payload[:400]!r}",
+                            resp.status,
+                            resp.headers.get(REFUSAL_HEADER),
                         )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise PeerError(f"{url}: bodies request failed: {exc!r}") from exc
@@ -364,7 +389,11 @@ class PeerClient:
                     if kind is not None:
                         self.metadata_bytes_total[kind] += len(body)
                     if resp.status != 200:
-                        raise PeerError(f"{url} answered {resp.status}", resp.status)
+                        raise PeerError(
+                            f"{url} answered {resp.status}: {body[:400].decode(errors='replace')}",
+                            resp.status,
+                            resp.headers.get(REFUSAL_HEADER),
+                        )
                     return json.loads(body), len(body)
         except (aiohttp.ClientError, TimeoutError, OSError, json.JSONDecodeError) as exc:
             raise PeerError(f"{url}: {exc!r}") from exc

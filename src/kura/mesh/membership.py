@@ -10,6 +10,14 @@ Admitted peers stay known while they are down (their health flips), so writes ke
 for them and they catch up when they return. Every change (joined, left, healthy, unhealthy) is
 logged and counted, bumps ``generation`` and starts a settle window.
 
+Each probe also reads the wire and kura versions the peer runs (``kura.mesh.wire``; kura 0.1.0
+answers without them: wire 1). ``Peer.wire_version`` and ``Peer.kura_version`` hold them as last
+seen (None until seen), a change is logged, and a peer whose wire version this node does not
+speak is logged at ERROR and named in ``version_warnings`` (``/ready`` and ``/status``
+warnings): it stays a member, so writes keep being queued for it until the versions meet
+again. Versions that differ without that are a mixed mesh, a warning too, never a readiness
+reason: a rolling upgrade runs one for a while (docs/upgrading.md).
+
 Initial discovery is complete once every candidate has answered at least once (ourselves and
 other tenants included), or when there are no candidates, or — so that ``/ready`` can never wait
 forever on a seed that never answers — after ``initial_timeout_seconds``. Upstream Kura settles
@@ -28,7 +36,9 @@ from urllib.parse import urlsplit
 
 from kit.backoff import every
 from kit.clock import Clock
-from kura.mesh.client import PeerClient, PeerError
+from kura import __version__
+from kura.core.versions import WIRE_VERSION, describe, speaks, unspoken_message
+from kura.mesh.client import PeerClient, PeerError, PeerStatus
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +52,10 @@ class Peer:
     healthy: bool = False
     last_ok_at: float = 0.0  # monotonic seconds
     candidate_urls: set[str] = field(default_factory=set)
+    # As its last answered probe reported them; None until then (kura_version also for kura
+    # 0.1.0, which reports no version: wire 1).
+    wire_version: int | None = None
+    kura_version: str | None = None
 
 
 @dataclass
@@ -197,6 +211,7 @@ class Membership:
                 self._change("joined", result.node_url)
             peer.candidate_urls.add(candidate)
             peer.last_ok_at = self._clock.monotonic()
+            self._saw_versions(peer, result)
             if not peer.healthy:
                 peer.healthy = True
                 self._change("healthy", result.node_url)
@@ -222,6 +237,40 @@ class Membership:
                 len(self.peers),
                 f"; never answered: {', '.join(missing)}" if missing else "",
             )
+
+    def _saw_versions(self, peer: Peer, status: PeerStatus) -> None:
+        """Record the versions ``peer`` reported; log a change, at ERROR one this node cannot
+        talk to (once per change, not per probe)."""
+        seen = (status.wire_version, status.kura_version)
+        if seen == (peer.wire_version, peer.kura_version):
+            return
+        peer.wire_version, peer.kura_version = seen
+        if speaks(status.wire_version):
+            log.info("membership: peer %s runs %s", peer.node_url, describe(*seen))
+        else:
+            log.error("membership: peer %s: %s", peer.node_url, unspoken_message(*seen))
+
+    def version_warnings(self) -> list[str]:
+        """``/ready`` and ``/status`` warnings about versions (never readiness reasons): one
+        per peer whose wire version this node does not speak, and one naming every version
+        when the known peers and this node do not all run the same kura (a mixed mesh)."""
+        seen = [p for p in sorted(self.peers.values(), key=lambda p: p.node_url)]
+        out = [
+            f"peer {p.node_url}: {unspoken_message(p.wire_version, p.kura_version)}"
+            for p in seen
+            if p.wire_version is not None and not speaks(p.wire_version)
+        ]
+        mine = (WIRE_VERSION, __version__)
+        others = [p for p in seen if p.wire_version is not None]
+        if any((p.wire_version, p.kura_version) != mine for p in others):
+            listed = "; ".join(
+                f"{p.node_url} {describe(p.wire_version, p.kura_version)}" for p in others
+            )
+            out.append(
+                f"mixed versions in the mesh: this node {describe(*mine)}; {listed}: finish the "
+                "rollout or roll it back (docs/upgrading.md)"
+            )
+        return out
 
     def _count_probe(self, result: str) -> None:
         self.stats.probes_total[result] = self.stats.probes_total.get(result, 0) + 1

@@ -32,6 +32,7 @@ from kit.backoff import Backoff
 from kit.clock import Clock
 from kura.core.errors import NotFound
 from kura.core.object_layout import OUTBOX_TARGET
+from kura.core.versions import UNSPOKEN_WIRE_VERSION
 from kura.mesh.client import PeerClient, PeerError
 from kura.mesh.wire import FUTURE_VERSION
 from kura.storage.outbox import DELETE_NAMESPACE, PURGE_WRITER, OutboxMessage
@@ -72,8 +73,10 @@ def refusal_reason(status: int | None, refusal: str | None = None) -> str | None
     A copy refused with ``Kura-Refusal: future_version`` is not permanent either: the peer
     applies it once its clock is within its skew limit of the version, so it stays queued
     (dropping it lost the write for good, silently; the per-peer cap bounds the backlog).
+    Nor is one refused with ``Kura-Refusal: wire_version`` (a peer of a kura whose wire this
+    node does not speak, whatever the status): it applies it once the versions meet again.
     """
-    if refusal == FUTURE_VERSION:
+    if refusal in (FUTURE_VERSION, UNSPOKEN_WIRE_VERSION):
         return None
     if status is None:
         return None
@@ -252,7 +255,11 @@ class Shipper:
             long_pauses = state.backoff.ceiling(state.failures) >= 60
             error = str(failed[0])
             if state.last_error != error or state.failures in (1, 5, 10) or long_pauses:
-                log.warning(
+                # A peer that does not speak this node's wire version is loud: a rollout to
+                # finish or undo, not a passing fault.
+                unspoken = failed[0].refusal == UNSPOKEN_WIRE_VERSION
+                log.log(
+                    logging.ERROR if unspoken else logging.WARNING,
                     "replication to %s failed (%d in a row, retry in %.0fs): %s",
                     state.peer,
                     state.failures,

@@ -4,13 +4,23 @@ An artifact body travels as raw bytes with its manifest in the ``Kura-Manifest``
 (compact ASCII JSON, ``kura.core.manifest.Manifest.to_json``), so the receiver can verify size
 and SHA-256 and apply the sender's version. The sender's tenant travels in ``Kura-Tenant``; a
 receiver refuses a different tenant. ``Kura-Outcome`` tells the sender what the receiver did.
+
+Versions (issue 31, docs/upgrading.md): every internal request and every internal answer carries
+the sender's wire version (``Kura-Wire-Version``, an integer) and kura version
+(``Kura-Version``, ``kura.__version__``). A request without the header comes from kura 0.1.0,
+the release before the header existed: wire version 1, which this kura still speaks both ways
+(0.1.0 ignores headers it does not know). A receiver refuses a wire version outside
+``MIN_WIRE_VERSION``..``WIRE_VERSION`` with ``WIRE_REFUSAL_STATUS`` and ``Kura-Refusal:
+wire_version``, naming both versions (the rules: ``kura.core.versions``).
 """
 
 from __future__ import annotations
 
 import json
 
+from kura import __version__
 from kura.core.manifest import Manifest
+from kura.core.versions import WIRE_VERSION
 
 MANIFEST_HEADER = "Kura-Manifest"
 TENANT_HEADER = "Kura-Tenant"
@@ -23,8 +33,15 @@ FUTURE_VERSION = "future_version"
 # On a body fetch made for a client waiting on a miss (read-through): the serving peer does
 # not slow it for its own public load (``kura.mesh.peer_pace``), a client is waiting on it.
 READ_THROUGH_HEADER = "Kura-Read-Through"
+WIRE_VERSION_HEADER = "Kura-Wire-Version"
+KURA_VERSION_HEADER = "Kura-Version"
 PAGE_LIMIT_DEFAULT = 256
 PAGE_LIMIT_MAX = 1000
+
+
+def version_headers() -> dict[str, str]:
+    """The two headers every internal request and answer of this node carries."""
+    return {WIRE_VERSION_HEADER: str(WIRE_VERSION), KURA_VERSION_HEADER: __version__}
 
 
 def encode_manifest(manifest: Manifest) -> str:

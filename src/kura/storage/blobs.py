@@ -42,6 +42,7 @@ from typing import BinaryIO, NamedTuple, Protocol
 from kit import flock
 from kura.core.errors import KuraError, ResourceExhausted
 from kura.core.manifest import Manifest
+from kura.core.versions import DataDirTooNew, too_new_message
 from kura.storage.body_count import BodyCount, check_sha256
 from kura.storage.budget import Reservation
 from kura.storage.checksum import BodyDigests
@@ -120,17 +121,20 @@ class BlobFiles:
         # with the group. None: at once.
         self.group: PublishGroup | None = None
 
-    def open(self) -> str | None:
-        """Create directories, take the writer lock, read the layout version.
+    def open(self, written_by: Callable[[], str | None] = lambda: None) -> str | None:
+        """Take the writer lock, read the layout version, create the directories.
 
         Returns the layout found (one of ``SUPPORTED_LAYOUTS``), or None for a data dir that has
         none yet; the caller migrates it and calls ``write_layout``. Raises ``DataDirLocked`` if
         another process holds the lock (field report B32: two servers on one data directory
-        drift apart and serve entries the other deleted), ``KuraError`` for an unknown layout.
-        Writes nothing when the directories and lock files exist (start-up on a full disk).
+        drift apart and serve entries the other deleted), ``DataDirTooNew`` for a layout newer
+        than ``LAYOUT_VERSION`` (naming the kura ``written_by`` returns: the index's record of
+        the kura that last wrote it, read without writing), ``KuraError`` for another unknown
+        layout. The layout is read right after the lock is taken, so a refused data dir gets no
+        directory of this layout's. Writes nothing when the directories and lock files exist
+        (start-up on a full disk).
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.blobs_dir.mkdir(exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fds = [
             _exclusive_lock(self.data_dir / ".kura.writer.lock", f"data directory {self.data_dir}"),
@@ -144,17 +148,19 @@ class BlobFiles:
         except DataDirLocked:
             self.close()
             raise
+        layout = self.data_dir / "layout"
+        found = layout.read_text().strip() if layout.exists() else None
+        if found is not None and found not in SUPPORTED_LAYOUTS:
+            self.close()
+            if found.isascii() and found.isdigit() and int(found) > int(LAYOUT_VERSION):
+                readable = f"{SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}"
+                raise DataDirTooNew(too_new_message("blob layout", found, readable, written_by()))
+            raise KuraError(
+                f"data directory layout {found[:40]!r} is not supported (expected {LAYOUT_VERSION})"
+            )
+        self.blobs_dir.mkdir(exist_ok=True)
         for area in STAGING_AREAS:
             (self.tmp_dir / area).mkdir(parents=True, exist_ok=True)
-        layout = self.data_dir / "layout"
-        if not layout.exists():
-            return None
-        found = layout.read_text().strip()
-        if found not in SUPPORTED_LAYOUTS:
-            self.close()
-            raise KuraError(
-                f"data directory layout {found!r} is not supported (expected {LAYOUT_VERSION})"
-            )
         return found
 
     def write_layout(self) -> None:

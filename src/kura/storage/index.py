@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from kura.core.manifest import Manifest
+from kura.core.versions import DataDirTooNew
 from kura.storage import change_seq, digests, provenance, retention
 from kura.storage.fsync import WalSync, descriptor_shortage
 from kura.storage.outbox import DELETE_NAMESPACE, PURGE_WRITER, UPSERT
@@ -52,7 +53,10 @@ from kura.storage.schema import (
     compat_view,
     migrate_schema,
     namespace_access_index,
+    refuse_if_too_new,
     row_to_manifest,
+    stamp_written_by,
+    too_new,
     write_transaction,
 )
 
@@ -78,8 +82,12 @@ class MetadataIndex:
         # held in memory so the version rule's look-up (``covered``) costs no query. Replaced,
         # never changed in place, by the writer thread (``apply_purge``).
         self.purges: dict[tuple[str, str], int] = {}
+        if not read_only:
+            refuse_if_too_new(path)  # DataDirTooNew before the writing open changes anything
         conn = self._conn()
         if read_only:
+            if (message := too_new(conn)) is not None:
+                raise DataDirTooNew(message)
             self.purges = provenance.load_purges(conn)
             row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
             if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
@@ -94,12 +102,11 @@ class MetadataIndex:
                 "INSERT INTO meta(k, v) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
             change_seq.initialise(conn)
-        elif int(row[0]) > SCHEMA_VERSION:
-            raise RuntimeError(
-                f"metadata schema version {row[0]} is newer than this kura ({SCHEMA_VERSION})"
-            )
+        elif int(row[0]) > SCHEMA_VERSION:  # a newer kura wrote it since refuse_if_too_new
+            raise DataDirTooNew(too_new(conn) or f"metadata schema {row[0]} is too new")
         elif int(row[0]) < SCHEMA_VERSION:
             migrate_schema(conn)
+        stamp_written_by(conn)
         conn.executescript(change_seq.SCHEMA)
         conn.commit()
         digests.ensure(conn)  # anti-entropy range digests, outside the schema version

@@ -22,8 +22,12 @@ and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
   bootstrap), and a fresh index is created. Logged at ERROR.
 
 Every other such reason lands in ``StartReport.warnings`` (``/ready`` warnings). Other errors (an
-unknown layout, a schema newer than this code, a locked data dir, I/O errors on a disk with
-space) still stop the start: restarting would not help.
+unknown layout, a locked data dir, I/O errors on a disk with space) still stop the start:
+restarting would not help. A data dir a newer kura wrote (a layout or metadata schema past this
+code's) stops it with ``DataDirTooNew`` before anything in the data dir is written or removed
+(the layout is read before any directory is made, the schema before the index is opened for
+writing and before reconciliation removes orphans): its message names the kura that wrote it and
+what to do (docs/upgrading.md).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 from kura.storage.blobs import LAYOUT_VERSION, BlobFiles
 from kura.storage.index import MetadataIndex
 from kura.storage.reconcile import ReconcileReport, migrate_layout_1, reconcile
+from kura.storage.schema import peek_kura_version
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +78,9 @@ def open_storage(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
     Returns the index and the report. Raises ``DataDirLocked``/``KuraError`` from
     ``BlobFiles.open``, ``OSError``/``sqlite3.Error`` for faults that are neither of the two.
     """
-    layout = files.open()
-    report = StartReport(swept_files=files.sweep_staging())
     path = files.data_dir / INDEX_NAME
+    layout = files.open(written_by=lambda: peek_kura_version(path))
+    report = StartReport(swept_files=files.sweep_staging())
     index: MetadataIndex | None = None
     try:
         index = _open_checked(files, path, layout, report)

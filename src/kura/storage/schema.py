@@ -17,7 +17,13 @@ is known, ``object_store``, ``replication``; local only, never replicated), both
 (``storage.provenance``). A version-3 or older file opened read-only reads through a temporary view
 that adds the two columns as ``''`` (``compat_view``).
 
-Nothing here opens a connection: every function takes the caller's.
+Which kura last opened the index for writing is recorded in ``meta['kura_version']``
+(``stamp_written_by``, from kura 0.2.0 on; no schema change: kura 0.1.0 reads ``meta`` by key
+only and never sees the row, nor updates it). A schema newer than ``SCHEMA_VERSION`` is refused
+before anything is written (``refuse_if_too_new``), naming that kura and what to do.
+
+Only ``refuse_if_too_new`` opens a connection (its own, closed before it returns); every other
+function takes the caller's.
 """
 
 from __future__ import annotations
@@ -26,13 +32,18 @@ import contextlib
 import json
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
+from kura import __version__
 from kura.core.manifest import Manifest
+from kura.core.versions import DataDirTooNew, too_new_message
 from kura.storage import change_seq
 
 SCHEMA_VERSION = 4
 # Versions a read-only open accepts as they are (it cannot migrate).
 READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+# ``meta`` row: the kura version that last opened the index for writing.
+KURA_VERSION_KEY = "kura_version"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -147,6 +158,84 @@ def compat_view(conn: sqlite3.Connection) -> None:
             "CREATE TEMP VIEW IF NOT EXISTS artifacts AS "
             "SELECT *, '' AS writer, '' AS via FROM main.artifacts"
         )
+
+
+def written_by(conn: sqlite3.Connection) -> tuple[int | None, str | None]:
+    """``(schema_version, kura_version)`` as ``meta`` records them; None for what it does not
+    (a fresh file has no ``meta``; kura 0.1.0 recorded no kura version). Only reads."""
+    has_meta = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+    ).fetchone()
+    if has_meta is None:
+        return None, None
+    rows = dict(
+        conn.execute(
+            "SELECT k, v FROM meta WHERE k IN ('schema_version', ?)", (KURA_VERSION_KEY,)
+        ).fetchall()
+    )
+    schema = rows.get("schema_version")
+    return (int(schema) if schema is not None else None), rows.get(KURA_VERSION_KEY)
+
+
+def too_new(conn: sqlite3.Connection) -> str | None:
+    """The refusal message when the index's schema is newer than ``SCHEMA_VERSION``, else
+    None (``kura.core.versions.too_new_message``)."""
+    schema, kura = written_by(conn)
+    if schema is None or schema <= SCHEMA_VERSION:
+        return None
+    readable = f"{READABLE_SCHEMA_VERSIONS[0]}-{READABLE_SCHEMA_VERSIONS[-1]}"
+    return too_new_message("metadata schema", str(schema), readable, kura)
+
+
+def refuse_if_too_new(path: Path) -> None:
+    """Raise ``DataDirTooNew`` when the index at ``path`` has a schema newer than this kura,
+    before any writing open (which would create tables and indexes in it). Reads ``meta`` on a
+    connection of its own, closed before it returns: the last connection's close removes the
+    ``-wal`` and ``-shm`` files it made, so a refused file is left as it was
+    (https://www.sqlite.org/wal.html#the_wal_file). No-op when there is no file yet."""
+    if not path.exists():
+        return
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        message = too_new(conn)
+    finally:
+        conn.close()
+    if message is not None:
+        raise DataDirTooNew(message)
+
+
+def peek_kura_version(path: Path) -> str | None:
+    """The kura version the index at ``path`` records as its last writer, read with
+    ``immutable=1`` (no lock, no ``-shm``, nothing written; a commit still only in the WAL is
+    not seen); None when there is no file, no record, or it cannot be read."""
+    if not path.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        return written_by(conn)[1]
+    except (sqlite3.Error, ValueError):
+        return None
+    finally:
+        conn.close()
+
+
+def stamp_written_by(conn: sqlite3.Connection) -> None:
+    """Record this kura as the last one to open the index for writing (``KURA_VERSION_KEY``).
+    Writes only when the record differs (a restart writes nothing: a full disk must still
+    start, ``storage.recovery``); a write that fails for want of space leaves the old record,
+    which is advisory: only a refusal's message reads it."""
+    if written_by(conn)[1] == __version__:
+        return
+    try:
+        conn.execute(
+            "INSERT OR REPLACE INTO meta(k, v) VALUES (?, ?)", (KURA_VERSION_KEY, __version__)
+        )
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorname != "SQLITE_FULL":
+            raise
 
 
 def migrate_schema(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,136 @@
+"""A data directory across kura versions (issue 31, item 1; docs/upgrading.md).
+
+A node records in its index which kura last opened it for writing (``meta['kura_version']``,
+``kura.storage.schema``). A data directory a newer kura wrote, in a metadata schema or blob
+layout past this kura's, is refused at start-up by ``kura serve`` (exit 1) with a message that
+names both versions and what to do, and is left byte for byte as it was. The "newer kura" is
+what the next release would leave: HEAD's own data directory, then changed directly with
+sqlite3 (and the layout file) the way that release's migration would change it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from kura import __version__
+from kura.storage.blobs import LAYOUT_VERSION
+from kura.storage.schema import SCHEMA_VERSION
+from tests.conftest import NodeProcess, serve_refused
+
+FUTURE = "0.3.0"
+KEPT = "/cache/kept"  # the plain HTTP cache
+BODY = b"kept across versions " * 100
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Every entry under ``directory``: a file's SHA-256 and size, a directory as ``dir``."""
+    out = {}
+    for root, dirs, files in os.walk(directory):
+        for name in dirs:
+            out[os.path.relpath(Path(root, name), directory)] = "dir"
+        for name in files:
+            data = Path(root, name).read_bytes()
+            out[os.path.relpath(Path(root, name), directory)] = (
+                f"{hashlib.sha256(data).hexdigest()} {len(data)}"
+            )
+    return out
+
+
+def meta(data_dir: Path) -> dict[str, str]:
+    conn = sqlite3.connect(data_dir / "index.sqlite3")
+    try:
+        return dict(conn.execute("SELECT k, v FROM meta").fetchall())
+    finally:
+        conn.close()
+
+
+def written_by_head(start_node: Callable[..., NodeProcess]) -> NodeProcess:
+    """A data directory HEAD wrote, with one artifact in it; the node stopped."""
+    node = start_node(process=True)
+    with node.client() as c:
+        assert c.put(KEPT, content=BODY).status_code in (200, 201, 204)
+    assert node.stop() == 0
+    return node
+
+
+def test_a_node_records_its_kura_version_in_the_index(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = written_by_head(start_node)
+    recorded = meta(node.data_dir)
+    assert recorded["kura_version"] == __version__
+    assert recorded["schema_version"] == str(SCHEMA_VERSION)  # no schema bump for the record
+
+
+def test_a_data_dir_without_the_record_opens_and_gets_it(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """kura 0.1.0 writes no ``kura_version`` row (and never removes one)."""
+    node = written_by_head(start_node)
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3")
+    with conn:
+        conn.execute("DELETE FROM meta WHERE k = 'kura_version'")
+    conn.close()
+    again = start_node(process=True)
+    assert again.data_dir == node.data_dir
+    with again.client() as client:
+        assert client.get(KEPT).content == BODY
+    assert again.stop() == 0
+    assert meta(node.data_dir)["kura_version"] == __version__
+
+
+def test_a_metadata_schema_of_a_newer_kura_is_refused_and_left_untouched(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = written_by_head(start_node)
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("BEGIN")  # what the next release's migration would commit
+    conn.execute("ALTER TABLE artifacts ADD COLUMN next_release_column TEXT")
+    conn.execute("DROP INDEX artifacts_by_version")  # which this kura's schema would re-create
+    conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    conn.execute("UPDATE meta SET v = ? WHERE k = 'kura_version'", (FUTURE,))
+    conn.execute("COMMIT")
+    conn.close()
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)
+    assert (
+        f"this data directory was written by kura {FUTURE} (metadata schema "
+        f"{SCHEMA_VERSION + 1}); kura {__version__} reads metadata schemas 1-{SCHEMA_VERSION}: "
+        f"run kura {FUTURE} or later, or move the data directory aside and let the node "
+        "bootstrap from its peers"
+    ) in stderr, stderr
+    assert snapshot(node.data_dir) == before
+
+
+def test_a_blob_layout_of_a_newer_kura_is_refused_and_left_untouched(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = written_by_head(start_node)
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("UPDATE meta SET v = ? WHERE k = 'kura_version'", (FUTURE,))
+    conn.close()
+    future_layout = str(int(LAYOUT_VERSION) + 1)
+    (node.data_dir / "layout").write_text(future_layout + "\n")
+    # The next layout keeps its files elsewhere: a refused start must not make ``blobs/``.
+    (node.data_dir / "blobs").rename(node.data_dir / f"objects-{future_layout}")
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)
+    assert (
+        f"this data directory was written by kura {FUTURE} (blob layout {future_layout}); "
+        f"kura {__version__} reads blob layouts 1-{LAYOUT_VERSION}: run kura {FUTURE} or later"
+    ) in stderr, stderr
+    assert snapshot(node.data_dir) == before
+    # Without the index's record the message still says what to do.
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("DELETE FROM meta WHERE k = 'kura_version'")
+    conn.close()
+    stderr = serve_refused(node.env, exit_code=1)
+    assert (
+        f"written by a newer kura (blob layout {future_layout}); kura {__version__} reads blob "
+        f"layouts 1-{LAYOUT_VERSION}: run a kura that reads blob layout {future_layout}"
+    ) in stderr, stderr
