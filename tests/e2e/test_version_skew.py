@@ -38,6 +38,7 @@ import httpx
 import pytest
 
 import kura
+from kura.core.versions import WIRE_VERSION
 from kura_harness.launch import LaunchError
 from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
@@ -345,6 +346,13 @@ def roll(mesh: Mesh, load: Load, i: int, to: Release | None) -> None:
     load.back(i, label)
 
 
+def peer_versions(node: NodeProcess) -> dict[str, tuple[object, object]]:
+    """``{peer internal URL: (wire_version, kura_version)}`` as ``node``'s ``/status`` reports
+    them (HEAD's shape; None until a probe answered)."""
+    peers = statuses([node])[0]["peers"]
+    return {p["node_url"]: (p["wire_version"], p["kura_version"]) for p in peers}  # type: ignore[attr-defined]
+
+
 def test_a_mixed_version_mesh_loses_no_acknowledged_write_and_serves_no_wrong_byte(
     mixed_mesh: Mesh, previous: Release
 ) -> None:
@@ -353,6 +361,11 @@ def test_a_mixed_version_mesh_loses_no_acknowledged_write_and_serves_no_wrong_by
     prev = previous.version
     labels = [f"n0 HEAD {HEAD}", f"n1 HEAD {HEAD}", f"n2 previous {prev}"]
     assert versions(mesh.nodes) == [HEAD, HEAD, prev]
+    # HEAD reports each peer's wire and kura version as last seen, and the mix as a warning
+    # (0.1.0 sends no version: wire 1, kura version unknown).
+    seen = {mesh.nodes[1].internal_url: (WIRE_VERSION, HEAD), mesh.nodes[2].internal_url: (1, None)}
+    assert wait_for(lambda: peer_versions(mesh.nodes[0]) == seen, 20), peer_versions(mesh.nodes[0])
+    assert any("mixed versions" in w for w in statuses([mesh.nodes[0]])[0]["warnings"])  # type: ignore[attr-defined]
     load = Load(mesh, labels)
     phases = []
     load.start()
@@ -366,6 +379,8 @@ def test_a_mixed_version_mesh_loses_no_acknowledged_write_and_serves_no_wrong_by
         roll(mesh, load, 1, None)  # the upgrade again, then the last previous node's
         roll(mesh, load, 2, None)
         assert versions(mesh.nodes) == [HEAD, HEAD, HEAD]
+        alike = {n.internal_url: (WIRE_VERSION, HEAD) for n in mesh.nodes[1:]}
+        assert wait_for(lambda: peer_versions(mesh.nodes[0]) == alike, 20)
         time.sleep(3)  # HEAD everywhere
         phases.append(("HEAD, HEAD, HEAD", len(load.acked), len(load.cleans)))
     finally:
