@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import aiohttp
 
 from kura.core.manifest import Manifest
-from kura.core.versions import kura_version_of, wire_version_of
+from kura.core.versions import UNPARSEABLE_WIRE_VERSION, kura_version_of, wire_version_of
 from kura.mesh.peer_pace import PeerPace
 from kura.mesh.wire import (
     MANIFEST_HEADER,
@@ -138,9 +138,12 @@ class PeerClient:
     async def status(self, url: str, timeout_seconds: float = 2.0) -> PeerStatus:
         data = await self._get_json(url + "/_internal/status", timeout_seconds)
         try:
-            wire = wire_version_of(
-                None if data.get("wire_version") is None else str(data["wire_version"])
-            )
+            try:
+                wire = wire_version_of(
+                    None if data.get("wire_version") is None else str(data["wire_version"])
+                )
+            except ValueError:  # a later format: a peer this node cannot talk to, not down
+                wire = UNPARSEABLE_WIRE_VERSION
             return PeerStatus(
                 str(data["node_url"]),
                 str(data["tenant_id"]),
