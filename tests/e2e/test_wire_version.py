@@ -23,7 +23,7 @@ import pytest
 from kura import __version__
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
-from kura.core.versions import WIRE_VERSION
+from kura.core.versions import MIN_WIRE_VERSION, WIRE_VERSION
 from kura.mesh.wire import encode_manifest
 from tests import oneshot
 from tests.conftest import NodeProcess, spawn_node
@@ -90,6 +90,7 @@ def test_peers_report_each_others_versions_and_answer_with_theirs(tmp_path: Path
         a, b = mesh.nodes
         doc = status(a)
         assert (doc["version"], doc["wire_version"]) == (__version__, WIRE_VERSION)
+        assert doc["min_wire_version"] == MIN_WIRE_VERSION
         row = peer_row(a, b.internal_url)
         assert (row["wire_version"], row["kura_version"]) == (WIRE_VERSION, __version__)
         assert not [w for w in doc["warnings"] if "version" in w], doc["warnings"]
