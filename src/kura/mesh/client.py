@@ -64,6 +64,19 @@ class PeerError(Exception):
         self.refusal = refusal
 
 
+# How much of a peer's error body a PeerError quotes.
+EXCERPT_CHARS = 400
+
+
+def excerpt(body: str | bytes) -> str:
+    """The first ``EXCERPT_CHARS`` of a peer's error body as a Python literal (``repr``):
+    control characters, newlines and terminal escapes are escaped, never written as they are
+    into logs, ``/ready`` and ``/status`` warnings and ``kura status`` output (a peer's body is
+    not trusted). Bytes are decoded as UTF-8, undecodable ones replaced."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else body
+    return repr(text[:EXCERPT_CHARS])
+
+
 @dataclass(frozen=True)
 class PeerStatus:
     """A peer's ``/_internal/status``: who it is, and the wire and kura versions it runs (wire
@@ -173,7 +186,7 @@ class PeerClient:
                     text = await resp.text()
                     if resp.status // 100 != 2:
                         raise PeerError(
-                            f"{url}: replicate answered {resp.status}: {text[:400]}",
+                            f"{url}: replicate answered {resp.status}: {excerpt(text)}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
@@ -217,7 +230,7 @@ class PeerClient:
                     text = await resp.text()
                     if resp.status // 100 != 2:
                         raise PeerError(
-                            f"{url}: {what} answered {resp.status}: {text[:400]}",
+                            f"{url}: {what} answered {resp.status}: {excerpt(text)}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
@@ -318,7 +331,7 @@ class PeerClient:
             text = await resp.text()
             resp.release()
             raise PeerError(
-                f"{url}: fetch answered {resp.status}: {text[:400]}",
+                f"{url}: fetch answered {resp.status}: {excerpt(text)}",
                 resp.status,
                 resp.headers.get(REFUSAL_HEADER),
             )
@@ -347,7 +360,7 @@ class PeerClient:
                         await self.pace.acquire(len(payload))
                     if resp.status != 200:
                         raise PeerError(
-                            f"{url}: bodies answered {resp.status}: {payload[:400]!r}",
+                            f"{url}: bodies answered {resp.status}: {excerpt(payload)}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
@@ -393,7 +406,7 @@ class PeerClient:
                         self.metadata_bytes_total[kind] += len(body)
                     if resp.status != 200:
                         raise PeerError(
-                            f"{url} answered {resp.status}: {body[:400].decode(errors='replace')}",
+                            f"{url} answered {resp.status}: {excerpt(body)}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
