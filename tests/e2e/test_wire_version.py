@@ -201,15 +201,10 @@ def test_a_peer_of_an_unspoken_wire_is_reported_keeps_its_queue_and_catches_up_o
         assert wait_for(lambda: peer_row(future, head.internal_url).get("outbox_messages") == 1, 30)
         assert nx_get(future, "written-on-head") is None  # not applied by a wire it refused
         assert "cannot talk" in head.log()
-        # No retry storm: the shipper backs off (2 s doubling), and the receiver logs the
-        # refusals of one address and version once a minute.
-        before = peer_row(head, future.internal_url)["replication_failures_in_a_row"]
-        time.sleep(4)
-        after = peer_row(head, future.internal_url)["replication_failures_in_a_row"]
-        assert isinstance(before, int)
-        assert isinstance(after, int)
-        assert after - before <= 3, (before, after)
-        assert future.log().count("refused a peer request from") == 1
+        # The receiver logs its refusals (at most one line a minute for all senders) and the
+        # sender keeps the copy queued: its backoff and the log's limit are decided on an
+        # injected clock in tests/integration/test_wire_refusal_clock.py, not by sleeping here.
+        assert future.log().count("refused a peer request from") >= 1
         # Roll node 1 back to HEAD on the same data dir: both queues drain, both writes are
         # on both nodes, the warnings go.
         assert future.stop() == 0

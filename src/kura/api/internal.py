@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 
 from aiohttp import web
@@ -103,8 +104,10 @@ class WireVersions:
     """The internal listener's version check (``wire_refusal``, also the middleware) and the
     version headers on every answer (``stamp``, an ``on_response_prepare`` handler)."""
 
-    def __init__(self) -> None:
-        self._log_limit = LogLimit(1, LOG_INTERVAL_SECONDS)
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``monotonic``: the clock (seconds) of the refusal log's limit, one line per
+        ``LOG_INTERVAL_SECONDS`` across all senders (``kit.log_limit.LogLimit``)."""
+        self._log_limit = LogLimit(1, LOG_INTERVAL_SECONDS, monotonic)
 
     def wire_refusal(self, request: web.Request) -> web.Response | None:
         """The answer refusing ``request`` for its ``Kura-Wire-Version``, or None when this
