@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from kura.cli import build_parser, main
 from kura.rollout_gate import Look, behind
 
 ME, PEER = "http://10.0.0.1:4100", "http://10.0.0.2:4100"
@@ -90,3 +93,19 @@ def test_a_peer_the_node_cannot_talk_to_holds_the_gate_without_any_write() -> No
     assert mixed.status is not None
     mixed.status |= {"wire_version": 2, "min_wire_version": 1, "warnings": ["mixed versions"]}
     assert behind(mixed) == []
+
+
+def test_the_command_takes_a_read_token_and_has_no_json_nor_data_dir(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for ignored in ("--json", "--data-dir=/d"):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(["admin", "rollout-gate", ignored])
+        assert exited.value.code == 2
+    assert main(["admin", "--json", "rollout-gate"]) == 2  # the admin-level flag, refused too
+    assert "it has no --json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["admin", "rollout-gate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "a read token for /status" in shown
+    assert "clean token" not in shown
