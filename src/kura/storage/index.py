@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
 from kura.storage import change_seq, digests, provenance, retention
 from kura.storage.fsync import WalSync, descriptor_shortage
@@ -78,7 +79,13 @@ class MetadataIndex:
         # held in memory so the version rule's look-up (``covered``) costs no query. Replaced,
         # never changed in place, by the writer thread (``apply_purge``).
         self.purges: dict[tuple[str, str], int] = {}
+        # While set, only the thread that holds the index queries it (``hold``).
+        self._hold: _Hold | None = None
+        self._initialise()
+
+    def _initialise(self) -> None:
         conn = self._conn()
+        read_only = self.read_only
         if read_only:
             self.purges = provenance.load_purges(conn)
             row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
@@ -106,7 +113,40 @@ class MetadataIndex:
         retention.ensure(conn)  # promises to keep (storage.retention), outside it too
         self.purges = provenance.load_purges(conn)
 
+    def hold(self, released: threading.Event, wait_seconds: float, why: Callable[[], str]) -> None:
+        """Until ``released`` is set, a query from any thread but the one that claims the hold
+        (``claim_hold``; none before) waits for it, at most ``wait_seconds``, then raises
+        ``Unavailable`` (503 with ``Retry-After``) with the reason ``why()``: start-up checks
+        the index (``storage.startup_work``) with nobody else using it, so that a damaged one
+        can be replaced (``replace_with_fresh``). A thread's query already running is not
+        stopped: hold before anyone else queries."""
+        self._hold = _Hold(None, released, wait_seconds, why)
+
+    def claim_hold(self) -> None:
+        """This thread's queries no longer wait (``hold``)."""
+        if self._hold is not None:
+            self._hold.owner = threading.get_ident()
+
+    def replace_with_fresh(self, set_aside: Callable[[], None]) -> None:
+        """Holding thread (``hold``), nobody else querying: close every connection, call
+        ``set_aside`` (which moves the index files away, ``recovery``) and create a fresh
+        index at the same path, which every thread then opens anew. Closing first matters:
+        the last connection to close a WAL database deletes its ``-wal`` file by name, which
+        would be the fresh index's."""
+        self.close_all()
+        self._local = threading.local()
+        set_aside()
+        self._xxh3_column = "xxh3_128"
+        self._initialise()
+
+    def release(self) -> None:
+        """End ``hold`` (its event is set by the caller)."""
+        self._hold = None
+
     def _conn(self) -> sqlite3.Connection:
+        hold = self._hold
+        if hold is not None and hold.owner != threading.get_ident():
+            hold.wait()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
@@ -182,7 +222,8 @@ class MetadataIndex:
 
     def get(self, artifact_id: str) -> tuple[Manifest, bytes | None, str | None, str | None] | None:
         """(manifest, inline body or None, stat signature or None, XXH3-128 hex or None), or
-        None if absent."""
+        None if absent, or if the row found names another artifact (only a damaged index
+        answers so; ``get_many`` keys its answer by the row's own id)."""
         row = (
             self._conn()
             .execute(
@@ -192,7 +233,7 @@ class MetadataIndex:
             )
             .fetchone()
         )
-        if row is None:
+        if row is None or row[0] != artifact_id:  # a damaged index may answer another row
             return None
         n = N_COLUMNS
         return row_to_manifest(row), row[n], row[n + 1], row[n + 2]
@@ -519,3 +560,23 @@ def _drop_rows(conn: sqlite3.Connection, artifact_ids: list[str]) -> None:
     the range digests (a delete, a namespace tombstone's victims, a purge's)."""
     digests.apply(conn, digests.rows_of(conn, artifact_ids), ())
     conn.executemany("DELETE FROM artifacts WHERE artifact_id = ?", ((a,) for a in artifact_ids))
+
+
+class _Hold:
+    """``MetadataIndex.hold``: who holds the index, and the wait everyone else makes."""
+
+    def __init__(
+        self,
+        owner: int | None,
+        released: threading.Event,
+        wait_seconds: float,
+        why: Callable[[], str],
+    ) -> None:
+        self.owner = owner
+        self.released = released
+        self.wait_seconds = wait_seconds
+        self.why = why
+
+    def wait(self) -> None:
+        if not self.released.wait(self.wait_seconds):
+            raise Unavailable(self.why(), retry_after_seconds=5)
