@@ -73,6 +73,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -231,9 +232,15 @@ class CacheService(ReplicaApply):
         ``background`` only the cheap part (``recovery.open_index``) runs here and the caller
         runs ``finish_start`` once it listens (``storage.startup_work``: reads wait for the
         index check, writes for the reconciliation); else all of it runs before this returns."""
+        started = time.monotonic()
         await self._in(self._writer, self._open_sync)
         if not background:
             await self.finish_start()
+            return
+        log.info(
+            "data dir opened in %.2f s; checking the index and reconciling it in the background",
+            time.monotonic() - started,
+        )
 
     def _open_sync(self) -> None:
         self._index, self.start_report = open_index(self.files)
@@ -286,6 +293,11 @@ class CacheService(ReplicaApply):
             return  # stopping; the next start does it again
         note_reconciled(self.start_report, reconciled)
         self.startup.finish()
+        log.info(
+            "start-up work done: index checked in %.2f s, %d rows reconciled; writes are taken",
+            self.start_report.quick_check_seconds,
+            self.startup.rows_done,
+        )
         swept, rec = self.start_report.swept_files, self.start_report.reconciled
         if swept or rec.removed_files or rec.dropped_rows:
             orphans = rec.removed_files + rec.dropped_rows
