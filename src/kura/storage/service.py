@@ -314,6 +314,7 @@ class CacheService(ReplicaApply):
         index = self._require_index()
         index.claim_hold()
         replaced = False
+        self.startup.at("check")
         try:
             if self.start_report.checked:
                 count, used = index.totals()
@@ -333,6 +334,7 @@ class CacheService(ReplicaApply):
 
         def progress(rows: int) -> None:
             self.startup.rows_done = rows
+            self.startup.at("reconcile_page")
             if self._startup_stop.is_set():
                 raise _Stopped
 

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
+from kit.failpoint import failpoint
 from kura.core.errors import Unavailable
 
 CHECKING = "checking"
@@ -50,6 +52,8 @@ class StartupWork:
         # Set on the event loop: the index passed its check (or was replaced); all is done.
         self._checked = asyncio.Event()
         self._done = asyncio.Event()
+        # Called on the start-up thread at each point (``at``): tests pause the work there.
+        self.hook: Callable[[str], None] = lambda point: None
 
     @property
     def done(self) -> bool:
@@ -62,6 +66,14 @@ class StartupWork:
     async def wait_done(self) -> None:
         """Return once all of it ran (``finish``)."""
         await self._done.wait()
+
+    def at(self, point: str) -> None:
+        """Start-up thread, at ``point``: ``"check"`` (before ``PRAGMA quick_check``) or
+        ``"reconcile_page"`` (after each page of rows reconciled). The failpoint
+        ``startup.<point>`` fires there (``kit.failpoint``: a test kills the process
+        mid-reconcile), and ``hook(point)`` runs (an in-process test waits on an event)."""
+        failpoint(f"startup.{point}")
+        self.hook(point)
 
     def reconciling(self, rows_expected: int) -> None:
         """Start-up thread: the check is over, reconciliation of ``rows_expected`` rows begins."""
