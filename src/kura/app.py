@@ -746,6 +746,7 @@ class Node:
         task's failure is logged here, once, with its traceback.
         """
         self.draining = True
+        self.service.stop_startup()  # the background start-up work stops at its next page
         # One deadline for the whole stop, workers included (docs/operations.md).
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.shutdown_timeout_seconds

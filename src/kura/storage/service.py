@@ -394,6 +394,11 @@ class CacheService(ReplicaApply):
         found += [forced] if forced else []
         return found + ([self._writer.failure] if self._writer.failure else [])
 
+    def stop_startup(self) -> None:
+        """Stop the start-up reconciliation at its next page (``finish_start`` returns; the
+        next start does it again). ``close`` calls it too."""
+        self._startup_stop.set()
+
     async def close(self) -> None:
         """Flush access times and release the data dir. Safe to call once after start. Start-up
         work still running stops at its next page (``finish_start``)."""

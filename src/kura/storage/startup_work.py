@@ -108,6 +108,18 @@ class StartupWork:
             ]
         return []
 
+    def as_json(self) -> dict[str, object]:
+        """``/status``'s ``startup``: the phase (``checking``, ``reconciling`` or ``done``),
+        rows reconciled and expected, and the seconds the phase has run (null once done)."""
+        return {
+            "phase": self.phase or "done",
+            "rows_done": self.rows_done,
+            "rows_expected": self.rows_expected,
+            "phase_seconds": (
+                round(time.monotonic() - self._phase_started, 1) if self.phase else None
+            ),
+        }
+
     def unavailable(self) -> Unavailable:
         """The error a request gets when it waited ``wait_seconds`` in vain."""
         reason = self.reasons()[0] if self.reasons() else "start-up: finishing"
