@@ -20,12 +20,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
 from kura.app import Node
+from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess, spawn_node
 from tests.e2e.mesh import wait_for
+from tests.grpc_api.client import Reapi, blob_name
 from tests.inprocess import InProcessNode, start_in_process
 from tests.integration.test_recovery import assert_served, store_some
 
@@ -56,7 +59,7 @@ def stored(
 ) -> tuple[NodeProcess, dict[str, bytes]]:
     """A stopped node's directory holding small, large and inline artifacts (``store_some``),
     and those artifacts; the node restarted on it is the test's."""
-    node = start_node(inline_max_bytes=0, startup_wait_seconds=2)
+    node = start_node(inline_max_bytes=0, startup_wait_seconds=2, grpc_port=free_port())
     with node.client() as c:
         found = store_some(c)
     assert node.stop() == 0
@@ -132,6 +135,15 @@ def test_reads_are_served_and_writes_wait_while_files_are_reconciled(
             assert int(refused.headers["Retry-After"]) >= 1
             assert "reconciling files with the index" in refused.text
             assert c.get("/cache/rec/refused").status_code == 404
+            reapi = Reapi(f"127.0.0.1:{old.env['KURA_GRPC_PORT']}")  # REAPI ByteStream too
+            blob = os.urandom(2048)
+            try:
+                with pytest.raises(grpc.RpcError) as grpc_refused:
+                    reapi.write(blob_name(blob), blob)
+                assert grpc_refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "reconciling files with the index" in str(grpc_refused.value.details())
+            finally:
+                reapi.close()
             with ThreadPoolExecutor(1) as pool, node.client() as other:
                 waiting = pool.submit(other.put, "/cache/rec/waited", content=b"it waited")
                 # In flight: the PUT and this scrape.
