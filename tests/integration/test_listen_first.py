@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -231,3 +232,62 @@ def test_a_kill_9_mid_reconciliation_then_a_restart_serves_every_artifact_right(
         assert len(node.blob_files()) == sum(1 for p in found if "keyvalue" not in p)
     finally:
         assert node.stop() == 0
+
+
+def _damage_a_leaf_page(db: Path) -> None:
+    """Garble the cell pointers of one leaf page of the ``artifacts`` table in the middle of a
+    cleanly closed index: it still opens (its schema and the pages start-up reads first are
+    intact), and ``PRAGMA quick_check`` finds the damage."""
+    with sqlite3.connect(db) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        (middle,) = conn.execute(
+            "SELECT artifact_id FROM artifacts ORDER BY artifact_id LIMIT 1 OFFSET "
+            "(SELECT COUNT(*) / 2 FROM artifacts)"
+        ).fetchone()
+    conn.close()
+    data = bytearray(db.read_bytes())
+    needle = middle.encode()
+    pages = [
+        n
+        for n in range(1, len(data) // page_size)  # page 1 (the schema) is never touched
+        if data[n * page_size] == 0x0D and needle in data[n * page_size : (n + 1) * page_size]
+    ]
+    assert pages, "no table leaf page holds the middle row"
+    start = pages[0] * page_size
+    cells = int.from_bytes(data[start + 3 : start + 5], "big")
+    data[start + 8 : start + 8 + 2 * cells] = b"\xff" * (2 * cells)
+    db.write_bytes(bytes(data))
+
+
+def test_damage_the_background_check_finds_is_set_aside_with_the_node_listening(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    old = start_node(inline_max_bytes=0, startup_wait_seconds=10)
+    with old.client() as c:
+        for i in range(400):
+            assert c.put(f"/cache/rec/k{i:04d}", content=b"%d" % i * 50).status_code == 201
+    assert old.stop() == 0
+    _damage_a_leaf_page(old.data_dir / "index.sqlite3")
+    pause = Pause("check")
+    node = restart_held(old, pause)
+    try:
+        with node.client() as c, ThreadPoolExecutor(1) as pool, node.client() as other:
+            assert c.get("/up").status_code == 200
+            assert reasons(c)[0].startswith("start-up: PRAGMA quick_check running")
+            waiting = pool.submit(other.get, "/cache/rec/k0001")  # waits for the check
+            pause.released.set()
+            # The index it would have read from was set aside: a miss, never a wrong body.
+            assert waiting.result(30).status_code == 404
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
+            warnings = c.get("/ready").json()["warnings"]
+            assert any("PRAGMA quick_check" in w and "damaged" in w for w in warnings), warnings
+            assert node.metric("kura_storage_index_damaged") == 1
+            assert c.put("/cache/rec/after", content=b"after the damage").status_code == 201
+            assert c.get("/cache/rec/after").content == b"after the damage"
+        (kept,) = node.data_dir.glob("blobs.damaged-*")
+        assert sum(1 for p in kept.rglob("*") if p.is_file()) == 400  # never deleted
+        assert len(list(node.data_dir.glob("index.sqlite3.damaged-*"))) >= 1
+        assert node.index_rows() == 1
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
