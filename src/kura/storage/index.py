@@ -62,9 +62,16 @@ class MetadataIndex:
     """SQLite access. Thread-safe: each thread gets its own connection. Its paging and outbox
     queries are ``paging`` and ``outbox`` (``storage.paging``, ``storage.outbox_queries``)."""
 
-    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self, path: Path, *, read_only: bool = False, check_digests: bool = True
+    ) -> None:
+        """Open (creating or migrating) the index at ``path``. With ``check_digests`` False the
+        range digests are not checked against the row count nor back-filled here (an O(rows)
+        scan): the caller runs ``ensure_digests`` before anyone reads them (start-up does, in
+        the background, ``recovery.check_index``)."""
         self._path = path
         self.read_only = read_only
+        self._check_digests = check_digests
         self._local = threading.local()
         # Every thread's connection, so that close_all closes those of threads that are gone
         # (the reader pool's, the constructing thread's): a process exit would, a node
@@ -109,7 +116,8 @@ class MetadataIndex:
             migrate_schema(conn)
         conn.executescript(change_seq.SCHEMA)
         conn.commit()
-        digests.ensure(conn)  # anti-entropy range digests, outside the schema version
+        # anti-entropy range digests, outside the schema version
+        digests.ensure(conn, back_fill=self._check_digests)
         retention.ensure(conn)  # promises to keep (storage.retention), outside it too
         self.purges = provenance.load_purges(conn)
 
@@ -137,7 +145,14 @@ class MetadataIndex:
         self._local = threading.local()
         set_aside()
         self._xxh3_column = "xxh3_128"
+        self._check_digests = True  # a fresh index: nothing to scan
         self._initialise()
+
+    def ensure_digests(self) -> None:
+        """Check the range digests against the row count and back-fill them if they are not
+        complete (``digests.ensure``); O(rows). Nothing on a read-only index."""
+        if not self.read_only:
+            digests.ensure(self._conn())
 
     def release(self) -> None:
         """End ``hold`` (its event is set by the caller)."""
