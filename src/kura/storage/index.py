@@ -62,9 +62,7 @@ class MetadataIndex:
     """SQLite access. Thread-safe: each thread gets its own connection. Its paging and outbox
     queries are ``paging`` and ``outbox`` (``storage.paging``, ``storage.outbox_queries``)."""
 
-    def __init__(
-        self, path: Path, *, read_only: bool = False, check_digests: bool = True
-    ) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False, check_digests: bool = True) -> None:
         """Open (creating or migrating) the index at ``path``. With ``check_digests`` False the
         range digests are not checked against the row count nor back-filled here (an O(rows)
         scan): the caller runs ``ensure_digests`` before anyone reads them (start-up does, in
