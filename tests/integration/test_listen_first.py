@@ -28,7 +28,7 @@ import pytest
 from kura.app import Node
 from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess, spawn_node
-from tests.e2e.mesh import wait_for
+from tests.e2e.mesh import Mesh, peer_row, wait_for
 from tests.grpc_api.client import Reapi, blob_name
 from tests.inprocess import InProcessNode, start_in_process
 from tests.integration.test_recovery import assert_served, store_some
@@ -291,3 +291,36 @@ def test_damage_the_background_check_finds_is_set_aside_with_the_node_listening(
     finally:
         pause.released.set()
         assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_a_peers_replication_is_refused_while_the_node_reconciles_and_retried_after(
+    tmp_path: Path,
+) -> None:
+    mesh = Mesh(tmp_path, 2, in_process=True, startup_wait_seconds=1)
+    pause = Pause("reconcile_page")
+    try:
+        mesh.wait_ready()
+        a, b = mesh.nodes
+        with a.client() as c:  # a row to reconcile: the work pauses after a page of rows
+            assert c.put("/cache/rep/before", content=b"before").status_code == 201
+        mesh.wait_drained()
+        assert a.stop() == 0
+        a = mesh.restart(0, prepare=pause.install)
+        assert pause.reached.wait(30)
+        with b.client() as c:
+            assert c.put("/cache/rep/x", content=b"from the peer").status_code == 201
+        (aid,) = b.artifact_ids() - a.artifact_ids()
+        # The copy waits in b's outbox: a answers its replication 503 after the 1 s bound.
+        assert wait_for(
+            lambda: "503" in str(peer_row(b, mesh.internal_urls[0]).get("last_error")), 30
+        ), peer_row(b, mesh.internal_urls[0])
+        assert peer_row(b, mesh.internal_urls[0])["outbox_messages"] == 1
+        assert aid not in a.artifact_ids()
+        pause.released.set()
+        mesh.wait_drained()
+        assert aid in a.artifact_ids()
+        with a.client() as c:
+            assert c.get("/cache/rep/x").content == b"from the peer"
+    finally:
+        pause.released.set()
+        assert mesh.stop_all() == [0, 0]
