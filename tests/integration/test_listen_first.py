@@ -324,3 +324,25 @@ def test_a_peers_replication_is_refused_while_the_node_reconciles_and_retried_af
     finally:
         pause.released.set()
         assert mesh.stop_all() == [0, 0]
+
+
+def test_damage_marked_by_a_reconciliation_is_set_aside_at_the_next_start(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # What finish_start leaves when the reconciliation, reads already served, meets damage
+    # quick_check missed (recovery.mark_damaged): the next start sets the index aside first.
+    old, _found = stored
+    marker = old.data_dir / "index.sqlite3.damaged-found"
+    marker.write_text("database disk image is malformed (SQLITE_CORRUPT)\n")
+    node = start_in_process(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
+            warnings = c.get("/ready").json()["warnings"]
+            assert any("SQLITE_CORRUPT" in w and "damaged" in w for w in warnings), warnings
+            assert c.get("/cache/rec/s1").status_code == 404
+        assert not marker.exists()
+        assert list(node.data_dir.glob("blobs.damaged-*"))
+        assert node.metric("kura_storage_index_damaged") == 1
+    finally:
+        assert node.stop() == 0
