@@ -2,8 +2,11 @@
 
 ``open_storage`` takes the data dir (``BlobFiles.open``), sweeps the tmp dir's staging
 leftovers, opens the index, migrates the layout and reconciles files with rows
-(``storage.reconcile``, which also removes the publish leftovers under ``blobs/``). Two faults
-are handled instead of exiting (issue 10: a node on a full disk exited with an SQLite I/O error,
+(``storage.reconcile``, which also removes the publish leftovers under ``blobs/``). ``kura
+serve`` runs it in parts so that it listens at once whatever the cache size (issue 31 item 2):
+``open_index`` before it listens (cheap), then ``check_index`` and ``reconcile`` in the
+background (``storage.startup_work``, which replaces a damaged index in place with
+``replace_damaged``). Two faults are handled instead of exiting (issue 10: a node on a full disk exited with an SQLite I/O error,
 and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
 
 * **Full disk.** With a clean previous stop SQLite must create and size the ``-shm`` file for
@@ -14,7 +17,8 @@ and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
   writes nothing else then (directories and lock files exist; reconciliation only deletes).
 * **Damaged index.** A ``sqlite3.DatabaseError`` of the damage kind (``SQLITE_CORRUPT``,
   ``SQLITE_NOTADB``, ``SQLITE_CANTOPEN``) while opening, checking (``PRAGMA quick_check``) or
-  reconciling; a zero-length index file in a data dir that has a layout (it held rows once);
+  reconciling (behind the listener, reads being served: recorded by ``mark_damaged`` and
+  handled at the next start, before it listens); a zero-length index file in a data dir that has a layout (it held rows once);
   or a WAL whose header is not a WAL header. The damaged files are renamed to
   ``index.sqlite3.damaged-<UTC stamp>`` (and ``-wal``/``-shm`` likewise) for an operator to
   inspect, the blob files are moved aside with it to ``blobs.damaged-<UTC stamp>`` (without
