@@ -346,3 +346,25 @@ def test_damage_marked_by_a_reconciliation_is_set_aside_at_the_next_start(
         assert node.metric("kura_storage_index_damaged") == 1
     finally:
         assert node.stop() == 0
+
+
+def test_a_stop_during_the_index_check_stops_it_and_the_next_start_checks_again(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    old, found = stored
+    pause = Pause("check")
+    node = restart_held(old, pause)
+    with ThreadPoolExecutor(1) as pool:
+        stopping = pool.submit(node.stop)
+        assert wait_for(lambda: node.node is None or node.node.draining, 10)
+        pause.released.set()
+        assert stopping.result(60) == 0, node.log()[-3000:]
+    assert "stopped during the start-up index check" in node.log()
+    node = start_in_process(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30)
+        assert "PRAGMA quick_check" in node.log()
+        assert_served(node, found)
+    finally:
+        assert node.stop() == 0

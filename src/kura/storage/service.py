@@ -205,6 +205,7 @@ class CacheService(ReplicaApply):
         self._startup_pool = ThreadPoolExecutor(1, thread_name_prefix="kura-startup")
         self._index_released = threading.Event()
         self._startup_stop = threading.Event()
+        self._checking: sqlite3.Connection | None = None  # the check's, while it runs
         # The read path, one object over the pieces it shares with the rest (storage.reads).
         self.reads = open_reads(
             data_dir=data_dir,
@@ -284,6 +285,8 @@ class CacheService(ReplicaApply):
         started = time.monotonic()
         try:
             replaced = await self._in(self._startup_pool, self._check_sync)
+        except _Stopped:
+            return
         finally:
             self._release_index()
         self.startup.mark_checked()
@@ -323,14 +326,24 @@ class CacheService(ReplicaApply):
         index.claim_hold()
         replaced = False
         self.startup.at("check")
+        self._checking = index.connection()  # stop_startup interrupts its statement
         try:
+            if self._startup_stop.is_set():
+                raise sqlite3.OperationalError("interrupted")
             if self.start_report.checked:
                 count, used = index.totals()
             else:
                 count, used = check_index(index, self.start_report)
+        except sqlite3.OperationalError:
+            if not self._startup_stop.is_set():
+                raise
+            log.info("stopped during the start-up index check; the next start does it again")
+            raise _Stopped from None
         except IndexDamaged as exc:
             replace_damaged(self.files, index, str(exc), self.start_report)
             count, used, replaced = 0, 0, True
+        finally:
+            self._checking = None
         self.stats.artifacts, self.stats.used_bytes = count, used
         self.startup.reconciling(count)
         return replaced
@@ -403,9 +416,13 @@ class CacheService(ReplicaApply):
         return found + ([self._writer.failure] if self._writer.failure else [])
 
     def stop_startup(self) -> None:
-        """Stop the start-up reconciliation at its next page (``finish_start`` returns; the
-        next start does it again). ``close`` calls it too."""
+        """Stop the start-up work: the index check at once (its statement is interrupted,
+        ``sqlite3.Connection.interrupt``), the reconciliation at its next page
+        (``finish_start`` returns; the next start does it again). ``close`` calls it too."""
         self._startup_stop.set()
+        checking = self._checking
+        if checking is not None:
+            checking.interrupt()
 
     async def close(self) -> None:
         """Flush access times and release the data dir. Safe to call once after start. Start-up
