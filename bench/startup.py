@@ -105,7 +105,10 @@ def start_once(where: Path, poll_seconds: float, timeout: float) -> dict[str, An
     said = [
         line.strip()
         for line in log_path.read_text().splitlines()
-        if any(w in line for w in ("reconcil", "index check", "integrity", "migrat", "listening"))
+        if any(
+            w in line
+            for w in ("reconcil", "index check", "integrity", "migrat", "listening", "start-up")
+        )
     ]
     return {"up_s": up, "ready_s": ready, "log": said[:12]}
 

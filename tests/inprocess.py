@@ -102,9 +102,12 @@ class InProcessNode(NodeProcess):
         return rc
 
 
-def start_in_process(directory: Path, env: dict[str, str]) -> InProcessNode:
+def start_in_process(
+    directory: Path, env: dict[str, str], prepare: Callable[[Node], None] | None = None
+) -> InProcessNode:
     """Start a node with the ``KURA_*`` settings of ``env`` (``node_env``) in this process and
-    wait until it listens. Raises ``kit.settings.SettingsError`` for invalid settings, the
+    wait until it listens; ``prepare(node)`` runs once it is built, before it starts (on the
+    node's thread: a test sets a hook, e.g. ``service.startup.hook``). Raises ``kit.settings.SettingsError`` for invalid settings, the
     start's own error (a data dir in use, a port taken) when it fails, ``TypeError`` for
     settings only a process can have (``KURA_WORKERS`` > 1)."""
     settings = load_settings(build_parser().parse_args(["serve"]), env)
@@ -130,7 +133,10 @@ def start_in_process(directory: Path, env: dict[str, str]) -> InProcessNode:
     )
     started: concurrent.futures.Future[tuple[str, str]] = concurrent.futures.Future()
     thread = threading.Thread(
-        target=_run, args=(settings, env, handle, handler, started), name=name + "-", daemon=True
+        target=_run,
+        args=(settings, env, handle, handler, started, prepare),
+        name=name + "-",
+        daemon=True,
     )
     handle.thread = thread
     thread.start()
@@ -144,6 +150,7 @@ def _run(
     handle: InProcessNode,
     handler: logging.Handler,
     started: concurrent.futures.Future[tuple[str, str]],
+    prepare: Callable[[Node], None] | None,
 ) -> None:
     """The node's thread: its own loop (``KURA_EVENT_LOOP``), as ``kura serve`` runs it."""
     _name, factory = event_loop.choose(settings.event_loop)
@@ -152,7 +159,7 @@ def _run(
     _lower_level(root, handler.level)
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
-            rc = runner.run(_serve(settings, env, handle, started))
+            rc = runner.run(_serve(settings, env, handle, started, prepare))
     except BaseException as exc:  # the runner's own shutdown failed: a crash
         logging.getLogger(__name__).error("in-process node failed", exc_info=exc)
         rc = 1
@@ -177,6 +184,7 @@ async def _serve(
     env: dict[str, str],
     handle: InProcessNode,
     started: concurrent.futures.Future[tuple[str, str]],
+    prepare: Callable[[Node], None] | None,
 ) -> int:
     """``Node.serve_forever`` with an event instead of signal handlers (a thread cannot install
     them). The exit code ``kura serve`` would have: 0 clean, 1 failed."""
@@ -185,6 +193,8 @@ async def _serve(
     loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(thread_name_prefix=name))
     log_start_up(settings, environment(env))
     node = Node(settings)
+    if prepare is not None:
+        prepare(node)
     handle.node, handle.loop, handle.stop_event = node, loop, asyncio.Event()
     try:
         await node.start()

@@ -1,11 +1,14 @@
 """Composition root: builds a node's parts, starts them in order and stops them in reverse.
 
-Start: descriptor limit and connection cap (``api/connections``) → storage (takes the data-dir
-lock, sweeps staging leftovers and orphans) → peer client → internal listener (peer routes,
-optional mTLS) → public listener (both share the cap; with ``KURA_WORKERS > 1`` bound with
-``SO_REUSEPORT`` and shared with the worker processes, ``kura.workers``) → background tasks in one
-``TaskGroup`` (discovery, outbox shipper, storage maintenance, upload reaper, scrub, repair of
-quarantined artifacts from peers, anti-entropy, expiry). Stop (SIGTERM): mark draining
+Start: descriptor limit and connection cap (``api/connections``) → storage, its cheap part
+(takes the data-dir lock, sweeps staging leftovers, opens the index) → peer client → internal
+listener (peer routes, optional mTLS) → public listener (both share the cap; with
+``KURA_WORKERS > 1`` bound with ``SO_REUSEPORT`` and shared with the worker processes,
+``kura.workers``, started once the index passed its check) → background tasks in one
+``TaskGroup``: the rest of storage's start-up (``storage.startup_work``: the index check, then
+reconciliation; ``/ready`` names it while it runs), discovery and token files at once, and once
+that start-up work is done the others (outbox shipper, storage maintenance, upload reaper,
+scrub, repair of quarantined artifacts from peers, anti-entropy, expiry). Stop (SIGTERM): mark draining
 (``/ready`` 503), close the public listener, stop the workers (each stops accepting and
 drains first; they forward to this process meanwhile), stop accepting and let in-flight
 requests finish within ``KURA_SHUTDOWN_TIMEOUT_SECONDS``, cancel background tasks, abort open
@@ -21,6 +24,7 @@ import logging
 import os
 import signal
 import ssl
+from asyncio import FIRST_COMPLETED
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -104,6 +108,9 @@ from kura.workers.supervisor import Workers
 log = logging.getLogger(__name__)
 
 MAINTENANCE_INTERVAL_SECONDS = 60.0
+# ``start`` returns (and prints its listening line) once the background start-up work is done
+# or this long after the listeners came up, whichever is first (storage.startup_work).
+ANNOUNCE_WITHIN_SECONDS = 0.5
 # Request bodies are streamed; this only bounds what aiohttp itself would buffer.
 CLIENT_MAX_SIZE_BYTES = 1024 * 1024
 
@@ -141,6 +148,7 @@ class Node:
             eviction_floor_ms=lambda: self.bootstrapper.eviction_floor_ms,
             touched=self._touched,
             sent_again=self._sent_again,
+            startup_wait_seconds=settings.startup_wait_seconds,
         )
         self.scrubber = Scrubber(
             self.service,
@@ -332,6 +340,7 @@ class Node:
         self._runners: list[web.AppRunner] = []
         self._admin_socket: Path | None = None  # kura.api.admin's, once this node made it
         self._public_runner: web.AppRunner | None = None
+        self._public_port = 0
         # The REAPI v2 services over gRPC (kura.grpc), when KURA_GRPC_PORT is set.
         self.grpc = (
             GrpcServer(
@@ -359,6 +368,7 @@ class Node:
         reasons = []
         if self.draining:
             reasons.append("draining")
+        reasons.extend(self.service.startup.reasons())  # storage.startup_work, with progress
         if not self.membership.initial_discovery_completed:
             reasons.append("initial discovery incomplete")
         elif self.membership.settling():
@@ -603,7 +613,9 @@ class Node:
         self.event_loop = event_loop.running_loop_name()  # uvloop or asyncio (KURA_EVENT_LOOP)
         self.log_ring.attach()
         self.connections.apply_descriptor_limit()
-        await self.service.start()
+        # Only the cheap part of start-up before listening; the rest runs in the background
+        # (storage.startup_work), its progress a /ready reason.
+        await self.service.start(background=True)
         await self.budget.refresh()  # outside bytes as left by the start-up sweep
         if self.object_tier is not None:
             await self.object_tier.check_start()  # a missing bucket or bad credentials: exit 1
@@ -631,13 +643,19 @@ class Node:
                 reuse_port=self.workers is not None,
             )
         self._public_runner = self._runners[-1]
-        if self.workers is not None:  # they bind the same port (kura.workers)
-            self._runners.append(await self.workers.start(port))
+        self._public_port = port
         self.public_url = f"{'https' if tls else 'http'}://{self.settings.host}:{port}"
         if self.grpc is not None:
             with _naming_the_port("KURA_GRPC_PORT", host, self.settings.grpc_port or 0):
                 await self.grpc.start()
         self._tasks = asyncio.create_task(self._background(), name="kura-background")
+        # A small cache is done at once: announce it done, as before the work moved behind
+        # the listener; a large one is announced listening while the work goes on.
+        done = asyncio.create_task(self.service.startup.wait_done())
+        await asyncio.wait(
+            {self._tasks, done}, timeout=ANNOUNCE_WITHIN_SECONDS, return_when=FIRST_COMPLETED
+        )
+        done.cancel()
         log.info(
             "kura listening public=%s internal=%s peers=%s data_dir=%s tmp_dir=%s event_loop=%s "
             "processes=%d",
@@ -661,6 +679,19 @@ class Node:
 
     async def _background(self) -> None:
         async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.service.finish_start())  # storage.startup_work
+            tg.create_task(self.membership.run())
+            tg.create_task(self.auth.run())  # token files; a worker runs it too
+            if self.auth.jwt is not None:
+                tg.create_task(self.auth.jwt.run())
+            if self.public_tls is not None:
+                tg.create_task(self.public_tls.run())
+            # The workers read the index themselves: once it passed its check.
+            await self.service.startup.wait_checked()
+            if self.workers is not None:  # they bind the same port (kura.workers)
+                self._runners.append(await self.workers.start(self._public_port))
+            # The rest reads and writes storage: once the start-up work is done.
+            await self.service.startup.wait_done()
             tg.create_task(self.service.run_maintenance())
             tg.create_task(self.budget.run())  # the tmp dir's occupancy, walked off the loop
             tg.create_task(self._reap_uploads())
@@ -678,11 +709,6 @@ class Node:
             tg.create_task(self.scrubber.run())
             tg.create_task(self.expiry.run())
             tg.create_task(self.repairer.run())
-            tg.create_task(self.auth.run())  # token files; a worker runs it too
-            if self.auth.jwt is not None:
-                tg.create_task(self.auth.jwt.run())
-            if self.public_tls is not None:
-                tg.create_task(self.public_tls.run())
             # Large buffers (gRPC messages, HTTP bodies) freed in bulk go back to the system:
             # what 200 cut Reads held, 530 MiB, instead of staying resident (kit.allocator).
             start_trimming()
@@ -730,6 +756,7 @@ class Node:
         task's failure is logged here, once, with its traceback.
         """
         self.draining = True
+        self.service.stop_startup()  # the background start-up work stops at its next page
         # One deadline for the whole stop, workers included (docs/operations.md).
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.shutdown_timeout_seconds

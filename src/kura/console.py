@@ -87,6 +87,17 @@ def render_status(status: dict[str, Any]) -> str:
         f"{human_bytes(status['tmp_capacity_bytes'])} reserved; "
         f"outbox {status['outbox_messages']} messages",
     ]
+    startup = status.get("startup") or {}
+    if startup.get("phase") == "checking":
+        lines.append(
+            f"start-up checking the index (PRAGMA quick_check), {startup['phase_seconds']} s"
+        )
+    elif startup.get("phase") == "reconciling":
+        done, expected = startup["rows_done"], startup["rows_expected"]
+        lines.append(
+            f"start-up reconciling files with the index {progress_bar(done, expected)} "
+            f"{done:,} of ~{expected:,} rows, {startup['phase_seconds']} s; writes wait"
+        )
     store = status.get("object_store")
     if store:
         lines.append(

@@ -38,6 +38,8 @@ def node_status(node: Node, lookups: dict[str, dict[str, int]]) -> dict[str, Any
         "ready": not reasons,
         "reasons": reasons,
         "warnings": node.warnings(),
+        # The start-up work still running after the listeners came up (storage.startup_work).
+        "startup": node.service.startup.as_json(),
         # With the object-storage tier a node never bootstraps: its data is the bucket's.
         "bootstrap": bootstrap if node.object_tier is None else None,
         "object_store": _object_store(node),

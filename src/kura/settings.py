@@ -388,6 +388,12 @@ class Settings:
     shutdown_timeout_seconds: NonNegativeInt = option(
         30, "on SIGTERM, how long in-flight requests may take to finish"
     )
+    startup_wait_seconds: NonNegativeInt = option(
+        10,
+        "while start-up checks the index in the background, how long a request waits for it "
+        "(reads and writes), and while it reconciles files with the index, how long a write "
+        "waits; then 503 with Retry-After naming what still runs",
+    )
     allow_unknown_settings: Bool = option(
         False,
         "start even when a KURA_* variable is not a setting (warned once); by default the start "

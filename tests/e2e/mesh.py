@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -14,6 +15,9 @@ from kit.wait import wait_until
 from kura_harness.launch.process import free_port
 from tests import oneshot
 from tests.conftest import NodeProcess, node_env, spawn_node
+
+if TYPE_CHECKING:
+    from kura.app import Node
 
 __all__ = [
     "Mesh",
@@ -68,17 +72,19 @@ class Mesh:
         env["KURA_REGION"] = f"r{i}"
         return env
 
-    def _spawn(self, i: int) -> NodeProcess:
+    def _spawn(self, i: int, prepare: Callable[[Node], None] | None = None) -> NodeProcess:
         env, prefix = self._env(i), self.prefixes.get(i, ())
         if self.in_process and not prefix and env["KURA_WORKERS"] == "1":
             from tests.inprocess import start_in_process
 
-            return start_in_process(self.root / f"n{i}", env)
+            return start_in_process(self.root / f"n{i}", env, prepare)
+        assert prepare is None, "prepare needs an in-process node"
         return spawn_node(self.root / f"n{i}", env, prefix)
 
-    def restart(self, i: int) -> NodeProcess:
-        """Start node ``i`` again on its data dir (after it was stopped or killed)."""
-        self.nodes[i] = self._spawn(i)
+    def restart(self, i: int, prepare: Callable[[Node], None] | None = None) -> NodeProcess:
+        """Start node ``i`` again on its data dir (after it was stopped or killed); ``prepare``
+        as ``start_in_process``'s (in-process nodes only)."""
+        self.nodes[i] = self._spawn(i, prepare)
         return self.nodes[i]
 
     def stop_all(self) -> list[int]:

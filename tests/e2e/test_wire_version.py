@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -28,6 +29,9 @@ from kura.mesh.wire import encode_manifest
 from tests import oneshot
 from tests.conftest import NodeProcess, spawn_node
 from tests.e2e.mesh import Mesh, peer_row, status, wait_for
+
+if TYPE_CHECKING:
+    from kura.app import Node
 
 pytestmark = pytest.mark.in_process
 
@@ -61,9 +65,10 @@ class RollingMesh(Mesh):
         self.future_src = future_kura(root)
         super().__init__(root, n, in_process=True, **settings)
 
-    def _spawn(self, i: int) -> NodeProcess:
+    def _spawn(self, i: int, prepare: Callable[[Node], None] | None = None) -> NodeProcess:
         if i not in self.future:
-            return super()._spawn(i)
+            return super()._spawn(i, prepare)
+        assert prepare is None, "prepare needs an in-process node"
         env = self._env(i)
         env["PYTHONPATH"] = str(self.future_src)
         return spawn_node(self.root / f"n{i}", env)

@@ -146,3 +146,21 @@ def test_versions_are_printed_for_the_node_and_each_peer_as_last_seen() -> None:
         "http://127.0.0.1:4103": "-",
     }
     assert "? w1" in next(line for line in lines if "4102" in line)
+
+
+def test_the_start_up_work_is_shown_while_it_runs_and_not_once_done() -> None:
+    doc = status()
+    doc["startup"] = {
+        "phase": "reconciling",
+        "rows_done": 412_000,
+        "rows_expected": 1_000_000,
+        "phase_seconds": 5.1,
+    }
+    (line,) = [x for x in render_status(doc).splitlines() if x.startswith("start-up ")]
+    assert "412,000 of ~1,000,000 rows" in line
+    assert " 41%" in line
+    assert "writes wait" in line
+    doc["startup"] = {"phase": "checking", "rows_done": 0, "rows_expected": 0, "phase_seconds": 2}
+    assert "start-up checking the index (PRAGMA quick_check)" in render_status(doc)
+    doc["startup"] = {"phase": "done", "rows_done": 9, "rows_expected": 9, "phase_seconds": None}
+    assert "start-up" not in render_status(doc)

@@ -154,6 +154,7 @@ class BatchWrite(WritePath):
                     if isinstance(outcome, BaseException):
                         raise outcome
                 reservation.mark_written()
+            await self._writes_open()  # start-up's reconciliation must not race the publish
             peers = self._artifact_targets()
             self.queues.check_room(peers)
             results: list[PutResult | KuraError | None] = await self._in(

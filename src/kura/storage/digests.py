@@ -103,10 +103,14 @@ def rows_of(conn: sqlite3.Connection, artifact_ids: Iterable[str]) -> list[Row]:
     return out
 
 
-def ensure(conn: sqlite3.Connection) -> bool:
+def ensure(conn: sqlite3.Connection, *, back_fill: bool = True) -> bool:
     """Create the table and back-fill it if it is not known to be complete (writer thread,
-    at open). Returns True when it was (re)built."""
+    at open; with ``back_fill`` False only the table is created, and the O(rows) check and
+    back-fill are left to a later call, ``MetadataIndex.ensure_digests``). Returns True when
+    it was (re)built."""
     conn.executescript(SCHEMA)
+    if not back_fill:
+        return False
     built = conn.execute("SELECT v FROM meta WHERE k = ?", (BUILT_FLAG,)).fetchone()
     if built is not None:
         root = conn.execute("SELECT rows FROM ae_ranges WHERE level = 0").fetchone()

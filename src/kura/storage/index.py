@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
 from kura.core.versions import DataDirTooNew
 from kura.storage import change_seq, digests, provenance, retention
@@ -66,9 +67,14 @@ class MetadataIndex:
     """SQLite access. Thread-safe: each thread gets its own connection. Its paging and outbox
     queries are ``paging`` and ``outbox`` (``storage.paging``, ``storage.outbox_queries``)."""
 
-    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False, check_digests: bool = True) -> None:
+        """Open (creating or migrating) the index at ``path``. With ``check_digests`` False the
+        range digests are not checked against the row count nor back-filled here (an O(rows)
+        scan): the caller runs ``ensure_digests`` before anyone reads them (start-up does, in
+        the background, ``recovery.check_index``)."""
         self._path = path
         self.read_only = read_only
+        self._check_digests = check_digests
         self._local = threading.local()
         # Every thread's connection, so that close_all closes those of threads that are gone
         # (the reader pool's, the constructing thread's): a process exit would, a node
@@ -83,9 +89,15 @@ class MetadataIndex:
         # held in memory so the version rule's look-up (``covered``) costs no query. Replaced,
         # never changed in place, by the writer thread (``apply_purge``).
         self.purges: dict[tuple[str, str], int] = {}
-        if not read_only:
-            refuse_if_too_new(path)  # DataDirTooNew before the writing open changes anything
+        # While set, only the thread that holds the index queries it (``hold``).
+        self._hold: _Hold | None = None
+        self._initialise()
+
+    def _initialise(self) -> None:
+        if not self.read_only:
+            refuse_if_too_new(self._path)  # DataDirTooNew before the writing open changes anything
         conn = self._conn()
+        read_only = self.read_only
         if read_only:
             if (message := too_new(conn)) is not None:
                 raise DataDirTooNew(message)
@@ -110,11 +122,52 @@ class MetadataIndex:
         stamp_written_by(conn)
         conn.executescript(change_seq.SCHEMA)
         conn.commit()
-        digests.ensure(conn)  # anti-entropy range digests, outside the schema version
+        # anti-entropy range digests, outside the schema version
+        digests.ensure(conn, back_fill=self._check_digests)
         retention.ensure(conn)  # promises to keep (storage.retention), outside it too
         self.purges = provenance.load_purges(conn)
 
+    def hold(self, released: threading.Event, wait_seconds: float, why: Callable[[], str]) -> None:
+        """Until ``released`` is set, a query from any thread but the one that claims the hold
+        (``claim_hold``; none before) waits for it, at most ``wait_seconds``, then raises
+        ``Unavailable`` (503 with ``Retry-After``) with the reason ``why()``: start-up checks
+        the index (``storage.startup_work``) with nobody else using it, so that a damaged one
+        can be replaced (``replace_with_fresh``). A thread's query already running is not
+        stopped: hold before anyone else queries."""
+        self._hold = _Hold(None, released, wait_seconds, why)
+
+    def claim_hold(self) -> None:
+        """This thread's queries no longer wait (``hold``)."""
+        if self._hold is not None:
+            self._hold.owner = threading.get_ident()
+
+    def replace_with_fresh(self, set_aside: Callable[[], None]) -> None:
+        """Holding thread (``hold``), nobody else querying: close every connection, call
+        ``set_aside`` (which moves the index files away, ``recovery``) and create a fresh
+        index at the same path, which every thread then opens anew. Closing first matters:
+        the last connection to close a WAL database deletes its ``-wal`` file by name, which
+        would be the fresh index's."""
+        self.close_all()
+        self._local = threading.local()
+        set_aside()
+        self._xxh3_column = "xxh3_128"
+        self._check_digests = True  # a fresh index: nothing to scan
+        self._initialise()
+
+    def ensure_digests(self) -> None:
+        """Check the range digests against the row count and back-fill them if they are not
+        complete (``digests.ensure``); O(rows). Nothing on a read-only index."""
+        if not self.read_only:
+            digests.ensure(self._conn())
+
+    def release(self) -> None:
+        """End ``hold`` (its event is set by the caller)."""
+        self._hold = None
+
     def _conn(self) -> sqlite3.Connection:
+        hold = self._hold
+        if hold is not None and hold.owner != threading.get_ident():
+            hold.wait()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
@@ -196,7 +249,8 @@ class MetadataIndex:
 
     def get(self, artifact_id: str) -> tuple[Manifest, bytes | None, str | None, str | None] | None:
         """(manifest, inline body or None, stat signature or None, XXH3-128 hex or None), or
-        None if absent."""
+        None if absent, or if the row found names another artifact (only a damaged index
+        answers so; ``get_many`` keys its answer by the row's own id)."""
         row = (
             self._conn()
             .execute(
@@ -206,7 +260,7 @@ class MetadataIndex:
             )
             .fetchone()
         )
-        if row is None:
+        if row is None or row[0] != artifact_id:  # a damaged index may answer another row
             return None
         n = N_COLUMNS
         return row_to_manifest(row), row[n], row[n + 1], row[n + 2]
@@ -533,3 +587,23 @@ def _drop_rows(conn: sqlite3.Connection, artifact_ids: list[str]) -> None:
     the range digests (a delete, a namespace tombstone's victims, a purge's)."""
     digests.apply(conn, digests.rows_of(conn, artifact_ids), ())
     conn.executemany("DELETE FROM artifacts WHERE artifact_id = ?", ((a,) for a in artifact_ids))
+
+
+class _Hold:
+    """``MetadataIndex.hold``: who holds the index, and the wait everyone else makes."""
+
+    def __init__(
+        self,
+        owner: int | None,
+        released: threading.Event,
+        wait_seconds: float,
+        why: Callable[[], str],
+    ) -> None:
+        self.owner = owner
+        self.released = released
+        self.wait_seconds = wait_seconds
+        self.why = why
+
+    def wait(self) -> None:
+        if not self.released.wait(self.wait_seconds):
+            raise Unavailable(self.why(), retry_after_seconds=5)

@@ -18,8 +18,8 @@ their file is the one the row names.
 
 ``migrate_layout_1`` renames each layout-1 file ``blobs/ab/cd/<artifact_id>`` to its layout-2
 name derived from its row, fsyncs the directories and only then records the new layout, so a
-crash half-way re-runs it (a renamed file is skipped). Blocking; run it in the writer thread
-before the node serves.
+crash half-way re-runs it (a renamed file is skipped). Blocking; run it before the node listens
+(``recovery.open_index``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kura.storage.blobs import BlobFiles, StoredVersions, blob_name
@@ -55,11 +55,17 @@ class ReconcileReport:
     swept_incoming: int = 0
 
 
-def _current_versions(index: MetadataIndex) -> Iterator[CurrentVersion]:
+def _current_versions(
+    index: MetadataIndex, progress: Callable[[int], None] | None = None
+) -> Iterator[CurrentVersion]:
     after = None
+    done = 0
     while page := index.paging.current_versions_after(after, PAGE_ROWS):
         yield from page
         after = page[-1][0]
+        done += len(page)
+        if progress is not None:
+            progress(done)
 
 
 def _unlink(path: str) -> None:
@@ -90,11 +96,18 @@ def migrate_layout_1(files: BlobFiles, index: MetadataIndex) -> int:
     return renamed
 
 
-def reconcile(files: BlobFiles, index: MetadataIndex) -> ReconcileReport:
+def reconcile(
+    files: BlobFiles,
+    index: MetadataIndex,
+    progress: Callable[[int], None] | None = None,
+    drop: Callable[[list[str]], None] | None = None,
+) -> ReconcileReport:
     """Remove blob files no current row names and drop rows whose file is missing (see module
     docstring), and the ``*.incoming-*`` leftovers of publishes met on the same walk (so it
-    runs before anything publishes). Raises ``sqlite3.DatabaseError`` if the index cannot be
-    read (damage)."""
+    runs before anything publishes: ``storage.startup_work`` holds writes back meanwhile).
+    ``progress(rows)`` hears of the rows walked so far after each page; ``drop(ids)`` deletes
+    the rows (``index.delete`` by default; a node passes its writer thread's). Raises
+    ``sqlite3.DatabaseError`` if the index cannot be read (damage)."""
     report = ReconcileReport()
 
     def leftover(path: str) -> None:
@@ -124,7 +137,7 @@ def reconcile(files: BlobFiles, index: MetadataIndex) -> ReconcileReport:
         return None
 
     pending = next_placed()
-    for artifact_id, version_ms, sha256, inline in _current_versions(index):
+    for artifact_id, version_ms, sha256, inline in _current_versions(index, progress):
         while pending is not None and pending.artifact_id < artifact_id:
             remove(pending)  # files of artifacts with no row at all
             pending = next_placed()
@@ -149,7 +162,7 @@ def reconcile(files: BlobFiles, index: MetadataIndex) -> ReconcileReport:
             report.rows_left = len(missing)
         else:
             try:
-                index.delete(missing)
+                (drop or index.delete)(missing)
                 report.dropped_rows = len(missing)
             except sqlite3.OperationalError as exc:  # SQLITE_FULL: reads miss them anyway
                 log.warning("could not drop them now (%s); the next start retries", exc)

@@ -2,8 +2,11 @@
 
 ``open_storage`` takes the data dir (``BlobFiles.open``), sweeps the tmp dir's staging
 leftovers, opens the index, migrates the layout and reconciles files with rows
-(``storage.reconcile``, which also removes the publish leftovers under ``blobs/``). Two faults
-are handled instead of exiting (issue 10: a node on a full disk exited with an SQLite I/O error,
+(``storage.reconcile``, which also removes the publish leftovers under ``blobs/``). ``kura
+serve`` runs it in parts so that it listens at once whatever the cache size (issue 31 item 2):
+``open_index`` before it listens (cheap), then ``check_index`` and ``reconcile`` in the
+background (``storage.startup_work``, which replaces a damaged index in place with
+``replace_damaged``). Two faults are handled instead of exiting (issue 10: a node on a full disk exited with an SQLite I/O error,
 and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
 
 * **Full disk.** With a clean previous stop SQLite must create and size the ``-shm`` file for
@@ -14,7 +17,8 @@ and 4 of 6 nodes with a damaged index exited 1; both then crash-looped):
   writes nothing else then (directories and lock files exist; reconciliation only deletes).
 * **Damaged index.** A ``sqlite3.DatabaseError`` of the damage kind (``SQLITE_CORRUPT``,
   ``SQLITE_NOTADB``, ``SQLITE_CANTOPEN``) while opening, checking (``PRAGMA quick_check``) or
-  reconciling; a zero-length index file in a data dir that has a layout (it held rows once);
+  reconciling (behind the listener, reads being served: recorded by ``mark_damaged`` and
+  handled at the next start, before it listens); a zero-length index file in a data dir that has a layout (it held rows once);
   or a WAL whose header is not a WAL header. The damaged files are renamed to
   ``index.sqlite3.damaged-<UTC stamp>`` (and ``-wal``/``-shm`` likewise) for an operator to
   inspect, the blob files are moved aside with it to ``blobs.damaged-<UTC stamp>`` (without
@@ -47,6 +51,7 @@ from pathlib import Path
 from kura.core.errors import KuraError
 from kura.core.versions import DataDirTooNew, too_new_message
 from kura.storage.blobs import LAYOUT_VERSION, SUPPORTED_LAYOUTS, BlobFiles
+from kura.storage.fsync import fsync_path
 from kura.storage.index import MetadataIndex
 from kura.storage.reconcile import ReconcileReport, migrate_layout_1, reconcile
 from kura.storage.schema import peek_kura_version, peek_layout, refuse_if_too_new
@@ -59,6 +64,8 @@ FULL_DISK_BYTES = 1024 * 1024
 _DAMAGE_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_CANTOPEN")
 # First four bytes of a WAL file, big- or little-endian checksums (https://www.sqlite.org/fileformat2.html#walformat).
 _WAL_MAGIC = (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
+# Beside the index: the reason reconciliation found it damaged (``mark_damaged``).
+DAMAGE_MARKER = ".damaged-found"
 
 
 class IndexDamaged(Exception):
@@ -75,14 +82,47 @@ class StartReport:
     read_only_reason: str = ""
     index_damaged: bool = False
     quick_check_seconds: float = 0.0
+    # Whether ``check_index`` ran (or the index is fresh); ``kura serve`` runs it after
+    # listening (``storage.startup_work``).
+    checked: bool = False
     warnings: list[str] = field(default_factory=list)
 
 
 def open_storage(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
-    """Open the data dir and its index as the module docstring says. Blocking; one thread.
+    """Open the data dir and its index as the module docstring says, all of it before
+    returning. Blocking; one thread. (``kura serve`` splits it: ``open_index`` before it
+    listens, ``check_index`` and ``reconcile`` after, ``storage.startup_work``.)
 
     Returns the index and the report. Raises ``DataDirLocked``/``KuraError`` from
     ``BlobFiles.open``, ``OSError``/``sqlite3.Error`` for faults that are neither of the two.
+    """
+    index, report = open_index(files)
+    path = files.data_dir / INDEX_NAME
+    try:
+        if not report.checked:
+            check_index(index, report)
+        reconciled = reconcile(files, index)
+    except (IndexDamaged, sqlite3.DatabaseError) as exc:
+        if isinstance(exc, sqlite3.DatabaseError) and not _is_damage(exc):
+            raise
+        index.close_thread_connection()
+        _start_fresh(files, path, str(exc), report)
+        index = MetadataIndex(path)
+        _migrate(files, index, None, report)
+        reconciled = reconcile(files, index)
+    note_reconciled(report, reconciled)
+    return index, report
+
+
+def open_index(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
+    """What must run before a node listens, cheap at any cache size: take the data dir
+    (``BlobFiles.open``), sweep the tmp dir's staging leftovers, open the index (a damaged one
+    found here is set aside as the module docstring says) and, on a layout-1 data dir only,
+    check the index (``check_index``) and migrate the layout, once per data dir: reads look
+    files up by their layout-2 names. A reconcile that found damage the check had missed left
+    a marker (``mark_damaged``): the index is set aside here, before anyone reads it.
+
+    ``report.checked`` says whether ``check_index`` ran. Raises as ``open_storage``.
     """
     path = files.data_dir / INDEX_NAME
     layout = files.open(written_by=lambda: peek_kura_version(path))
@@ -92,11 +132,15 @@ def open_storage(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
         files.close()
         raise
     report = StartReport(swept_files=files.sweep_staging())
+    marker = path.with_name(path.name + DAMAGE_MARKER)
     index: MetadataIndex | None = None
     try:
+        if marker.exists():
+            raise IndexDamaged(marker.read_text(errors="replace").strip() or "marked damaged")
         index = _open_checked(files, path, layout, report)
+        if layout not in (None, LAYOUT_VERSION):
+            check_index(index, report)
         migrated = _migrate(files, index, layout, report)
-        report.reconciled = reconcile(files, index)
     except (IndexDamaged, sqlite3.DatabaseError) as exc:
         if isinstance(exc, sqlite3.DatabaseError) and not _is_damage(exc):
             raise
@@ -105,10 +149,69 @@ def open_storage(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
         _start_fresh(files, path, str(exc), report)
         index = MetadataIndex(path)
         migrated = _migrate(files, index, None, report)
-        report.reconciled = reconcile(files, index)
+        report.checked = True  # a fresh index: nothing to check
+    marker.unlink(missing_ok=True)
     report.reconciled.migrated_files = migrated
-    report.swept_files += report.reconciled.swept_incoming
     return index, report
+
+
+def check_index(index: MetadataIndex, report: StartReport) -> tuple[int, int]:
+    """``PRAGMA quick_check``, then a first read of every row (damage quick_check missed
+    surfaces there as an error) and the anti-entropy digests' check against the row count
+    (``MetadataIndex.ensure_digests``, which back-fills them if needed). Returns ``MetadataIndex.totals()`` (rows, bytes). Raises
+    ``IndexDamaged``, or ``sqlite3.DatabaseError`` of another kind than damage. O(index size):
+    6.4 s for the check of a 669 MB index of 10^6 rows, cold (docs/benchmarks.md)."""
+    try:
+        started = time.monotonic()
+        verdict = index.quick_check()
+        report.quick_check_seconds = time.monotonic() - started
+        if verdict != "ok":
+            raise IndexDamaged(f"PRAGMA quick_check: {' '.join(verdict.split())}")
+        totals = index.totals()
+        index.ensure_digests()  # the anti-entropy range digests (MetadataIndex)
+    except sqlite3.DatabaseError as exc:
+        if not _is_damage(exc):
+            raise
+        raise IndexDamaged(f"{exc} ({exc.sqlite_errorname})") from exc
+    report.checked = True
+    return totals
+
+
+def replace_damaged(
+    files: BlobFiles, index: MetadataIndex, reason: str, report: StartReport
+) -> None:
+    """Set the damaged index aside and make a fresh one in its place, in the same
+    ``MetadataIndex`` (``replace_with_fresh``: call it on the thread holding it, nobody else
+    querying), with the blob files moved aside as the module docstring says."""
+    path = files.data_dir / INDEX_NAME
+    index.replace_with_fresh(lambda: _start_fresh(files, path, reason, report))
+    _migrate(files, index, None, report)
+
+
+def is_damage(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``IndexDamaged`` or an SQLite error of the damage kind."""
+    if isinstance(exc, IndexDamaged):
+        return True
+    return isinstance(exc, sqlite3.DatabaseError) and _is_damage(exc)
+
+
+def mark_damaged(files: BlobFiles, reason: str) -> None:
+    """Record that the index is damaged (found by reconciliation while reads were served, when
+    it can no longer be replaced in place): the next start sets it aside before it listens
+    (``open_index``). Written and fsynced, with its directory."""
+    marker = files.data_dir / (INDEX_NAME + DAMAGE_MARKER)
+    with marker.open("w") as f:
+        f.write(reason + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_path(files.data_dir)
+
+
+def note_reconciled(report: StartReport, reconciled: ReconcileReport) -> None:
+    """Fold what ``reconcile`` did into ``report`` (the migration count is kept)."""
+    reconciled.migrated_files = report.reconciled.migrated_files
+    report.reconciled = reconciled
+    report.swept_files += reconciled.swept_incoming
 
 
 def _is_damage(exc: sqlite3.DatabaseError) -> bool:
@@ -162,41 +265,22 @@ def _refuse_lost_layout(path: Path, found: str | None) -> None:
 def _open_checked(
     files: BlobFiles, path: Path, layout: str | None, report: StartReport
 ) -> MetadataIndex:
-    """The index, opened and verified, or ``IndexDamaged``."""
+    """The index, opened (not yet checked: ``check_index``), or ``IndexDamaged``."""
     if path.is_dir():
         raise IndexDamaged(f"{path} is a directory")
     if layout is not None and path.exists() and path.stat().st_size == 0:
         raise IndexDamaged(f"{path} is empty although the data dir has layout {layout}")
-    index: MetadataIndex | None = None
-    try:
-        # Before the damaged-WAL check renames anything: a newer kura's data dir is left as is.
-        refuse_if_too_new(path)
-        _set_aside_damaged_wal(path, report)
-        index = _open(files, path, report)
-        started = time.monotonic()
-        verdict = index.quick_check()
-        report.quick_check_seconds = time.monotonic() - started
-        if verdict != "ok":
-            raise IndexDamaged(f"PRAGMA quick_check: {' '.join(verdict.split())}")
-        # A first read of every row: damage quick_check missed surfaces here as an error.
-        index.totals()
-        return index
-    except sqlite3.DatabaseError as exc:
-        if not _is_damage(exc):
-            raise
-        if index is not None:
-            index.close_thread_connection()
-        raise IndexDamaged(f"{exc} ({exc.sqlite_errorname})") from exc
-    except IndexDamaged:
-        if index is not None:
-            index.close_thread_connection()
-        raise
+    # Before the damaged-WAL check renames anything: a newer kura's data dir is left as is.
+    refuse_if_too_new(path)
+    _set_aside_damaged_wal(path, report)
+    return _open(files, path, report)
 
 
 def _open(files: BlobFiles, path: Path, report: StartReport) -> MetadataIndex:
     """Read-write, or read-only when the disk is full (see module docstring)."""
     try:
-        return MetadataIndex(path)
+        # The digests' O(rows) check waits for check_index, behind the listener.
+        return MetadataIndex(path, check_digests=False)
     except sqlite3.OperationalError as exc:
         name = exc.sqlite_errorname
         if not (name.startswith("SQLITE_IOERR") or name == "SQLITE_FULL"):

@@ -196,6 +196,7 @@ class ReplicaApply(BatchWrite):
         if not accepted:
             return results
         self._check_free_disk(sum(m.size for _i, m, _d in accepted))
+        await self._writes_open()  # start-up's reconciliation must not race the publish
         outcomes = await self._in(
             self._writer,
             self._commit_many_sync,

@@ -71,6 +71,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -92,9 +95,20 @@ from kura.storage.index import MetadataIndex
 from kura.storage.peer_queue import PeerQueues
 from kura.storage.quarantine import Quarantine
 from kura.storage.read_side import open_reads
-from kura.storage.recovery import StartReport, open_storage
+from kura.storage.reconcile import ReconcileReport, reconcile
+from kura.storage.recovery import (
+    IndexDamaged,
+    StartReport,
+    check_index,
+    is_damage,
+    mark_damaged,
+    note_reconciled,
+    open_index,
+    replace_damaged,
+)
 from kura.storage.replica import ReplicaApply
 from kura.storage.replica_log import IndexReplicaLog
+from kura.storage.startup_work import StartupWork
 from kura.storage.stats import StorageStats
 from kura.storage.version_clock import VersionClock
 
@@ -134,6 +148,7 @@ class CacheService(ReplicaApply):
         eviction_floor_ms: Callable[[], int | None] = lambda: None,
         touched: Callable[[Mapping[str, int]], None] = lambda accesses: None,
         sent_again: Callable[[str], None] = lambda artifact_id: None,
+        startup_wait_seconds: float = 10.0,
     ) -> None:
         self.quarantine = Quarantine(data_dir / "quarantine", quarantine_max_bytes)
         self._on_quarantine = on_quarantine
@@ -184,6 +199,13 @@ class CacheService(ReplicaApply):
         self.inline_max_bytes = inline_max_bytes
         self.versions = VersionClock()
         self.start_report = StartReport()
+        # The start-up work after the cheap part (storage.startup_work): its progress and
+        # waits, its thread, the event that releases the index it holds, and its stop.
+        self.startup = StartupWork(startup_wait_seconds)
+        self._startup_pool = ThreadPoolExecutor(1, thread_name_prefix="kura-startup")
+        self._index_released = threading.Event()
+        self._startup_stop = threading.Event()
+        self._checking: sqlite3.Connection | None = None  # the check's, while it runs
         # The read path, one object over the pieces it shares with the rest (storage.reads).
         self.reads = open_reads(
             data_dir=data_dir,
@@ -206,16 +228,24 @@ class CacheService(ReplicaApply):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Open the data dir (taking its lock), sweep staging leftovers and orphans."""
+    async def start(self, *, background: bool = False) -> None:
+        """Open the data dir (taking its lock), sweep staging leftovers and orphans. With
+        ``background`` only the cheap part (``recovery.open_index``) runs here and the caller
+        runs ``finish_start`` once it listens (``storage.startup_work``: reads wait for the
+        index check, writes for the reconciliation); else all of it runs before this returns."""
+        started = time.monotonic()
         await self._in(self._writer, self._open_sync)
+        if not background:
+            await self.finish_start()
+            return
+        log.info(
+            "data dir opened in %.2f s; checking the index and reconciling it in the background",
+            time.monotonic() - started,
+        )
 
     def _open_sync(self) -> None:
-        self._index, self.start_report = open_storage(self.files)
-        if not self._index.read_only:
-            self._writer.set_sync(self._index.group_commits())
-            # Only rules need it, and every touch flush pays for it (storage.schema).
-            self._index.keep_namespace_access_index(bool(self.namespace_rules))
+        self._index, self.start_report = open_index(self.files)
+        self._open_writer_sync()
         self.quarantine.open()
         latest = self._index.max_version_ms()
         self.versions.observe(latest)  # a restart never goes backwards
@@ -228,16 +258,128 @@ class CacheService(ReplicaApply):
                 latest - self.clock.now_ms(),
                 self.max_clock_skew_ms,
             )
-        count, used = self._index.totals()
-        self.stats.artifacts, self.stats.used_bytes = count, used
-        self.queues.load(self._index.connection(), self._index.read_only)
         full = self.disk_full_reason()  # a /ready reason; the start report is logged already
         for warning in self.queues.warnings() + ([full] if full else []):
             log.warning("at start-up: %s", warning)
+        # Nobody queries it but the start-up thread until it was checked (finish_start).
+        self._index.hold(self._index_released, self.startup.wait_seconds, self._held_reason)
+
+    def _open_writer_sync(self) -> None:
+        """Writer thread: what it keeps of the index (again after a damaged one was replaced)."""
+        index = self._require_index()
+        if not index.read_only:
+            self._writer.set_sync(index.group_commits())
+            # Only rules need it, and every touch flush pays for it (storage.schema).
+            index.keep_namespace_access_index(bool(self.namespace_rules))
+        self.queues.load(index.connection(), index.read_only)
+
+    def _held_reason(self) -> str:
+        return (self.startup.reasons() or ["start-up: checking the index"])[0]
+
+    async def finish_start(self) -> None:
+        """The start-up work after ``start(background=True)`` (``storage.startup_work``): the
+        index check, with the index held, then the reconciliation, while writes wait. A
+        damaged index found by the check is replaced in place; one found by the
+        reconciliation (reads are served by then) is marked for the next start and
+        ``IndexDamaged`` raised, which stops the node. Returns early when ``close`` stops it."""
+        started = time.monotonic()
+        try:
+            replaced = await self._in(self._startup_pool, self._check_sync)
+        except _Stopped:
+            return
+        finally:
+            self._release_index()
+        self.startup.mark_checked()
+        log.info(
+            "index checked in %.2f s (PRAGMA quick_check %.2f s); reads are served, "
+            "reconciling %d rows with the files",
+            time.monotonic() - started,
+            self.start_report.quick_check_seconds,
+            self.startup.rows_expected,
+        )
+        if replaced:
+            await self._in(self._writer, self._open_writer_sync)
+        reconciled = await self._in(self._startup_pool, self._reconcile_sync)
+        if reconciled is None:
+            return  # stopping; the next start does it again
+        note_reconciled(self.start_report, reconciled)
+        self.startup.finish()
+        log.info(
+            "start-up work done in %.2f s: %d rows reconciled; writes are taken",
+            time.monotonic() - started,
+            self.startup.rows_done,
+        )
         swept, rec = self.start_report.swept_files, self.start_report.reconciled
         if swept or rec.removed_files or rec.dropped_rows:
             orphans = rec.removed_files + rec.dropped_rows
             log.info("start-up sweep removed %d staging files and %d orphans", swept, orphans)
+
+    def _release_index(self) -> None:
+        self._index_released.set()
+        if self._index is not None:
+            self._index.release()
+
+    def _check_sync(self) -> bool:
+        """Start-up thread, holding the index: check it; replace it if damaged. Returns
+        whether it was replaced."""
+        index = self._require_index()
+        index.claim_hold()
+        replaced = False
+        self.startup.at("check")
+        self._checking = index.connection()  # stop_startup interrupts its statement
+        try:
+            if self._startup_stop.is_set():
+                raise sqlite3.OperationalError("interrupted")
+            if self.start_report.checked:
+                count, used = index.totals()
+            else:
+                count, used = check_index(index, self.start_report)
+        except sqlite3.OperationalError:
+            if not self._startup_stop.is_set():
+                raise
+            log.info("stopped during the start-up index check; the next start does it again")
+            raise _Stopped from None
+        except IndexDamaged as exc:
+            replace_damaged(self.files, index, str(exc), self.start_report)
+            count, used, replaced = 0, 0, True
+        finally:
+            self._checking = None
+        self.stats.artifacts, self.stats.used_bytes = count, used
+        self.startup.reconciling(count)
+        return replaced
+
+    def _reconcile_sync(self) -> ReconcileReport | None:
+        """Start-up thread: reconcile (``storage.reconcile``), the rows it drops deleted on the
+        writer thread. None when ``close`` stopped it."""
+        index = self._require_index()
+
+        def progress(rows: int) -> None:
+            self.startup.rows_done = rows
+            self.startup.at("reconcile_page")
+            if self._startup_stop.is_set():
+                raise _Stopped
+
+        def drop(ids: list[str]) -> None:
+            self._writer.submit(index.delete, ids).result()
+
+        try:
+            return reconcile(self.files, index, progress, drop)
+        except _Stopped:
+            log.info("stopped during start-up reconciliation; the next start does it again")
+            return None
+        except sqlite3.DatabaseError as exc:
+            if not is_damage(exc):
+                raise
+            reason = f"{exc} ({exc.sqlite_errorname})"
+            mark_damaged(self.files, reason)
+            log.error(
+                "the index is damaged (%s), found while reconciling it with reads served: "
+                "stopping; the next start sets it aside and starts with a fresh one",
+                reason,
+            )
+            raise IndexDamaged(reason) from exc
+        finally:
+            index.close_thread_connection()
 
     @property
     def commit_stats(self) -> GroupStats:
@@ -273,8 +415,21 @@ class CacheService(ReplicaApply):
         found += [forced] if forced else []
         return found + ([self._writer.failure] if self._writer.failure else [])
 
+    def stop_startup(self) -> None:
+        """Stop the start-up work: the index check at once (its statement is interrupted,
+        ``sqlite3.Connection.interrupt``), the reconciliation at its next page
+        (``finish_start`` returns; the next start does it again). ``close`` calls it too."""
+        self._startup_stop.set()
+        checking = self._checking
+        if checking is not None:
+            checking.interrupt()
+
     async def close(self) -> None:
-        """Flush access times and release the data dir. Safe to call once after start."""
+        """Flush access times and release the data dir. Safe to call once after start. Start-up
+        work still running stops at its next page (``finish_start``)."""
+        self._startup_stop.set()
+        self._release_index()  # a query still waiting for the check answers at once
+        self._startup_pool.shutdown(wait=True)
         if self._index is not None and self._writer.failure is None:
             await self.flush_touches()
             await self._in(self._writer, self._close_sync)
@@ -391,3 +546,7 @@ class CacheService(ReplicaApply):
         return await self._in(
             self._reader, self._require_index().paging.tombstones_after, after, limit
         )
+
+
+class _Stopped(Exception):
+    """``close`` stopped the start-up reconciliation (``CacheService._reconcile_sync``)."""

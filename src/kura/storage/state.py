@@ -43,6 +43,7 @@ from kura.storage.index import MetadataIndex
 from kura.storage.peer_queue import PeerQueues
 from kura.storage.quarantine import Quarantine
 from kura.storage.recovery import StartReport
+from kura.storage.startup_work import StartupWork
 from kura.storage.stats import StorageStats
 from kura.storage.verify import ReadVerifier
 from kura.storage.version_clock import VersionClock
@@ -148,6 +149,7 @@ class StorageState:
     _promises_recorded: dict[str, int]
     min_free_disk_bytes: int
     stats: StorageStats
+    startup: StartupWork
     queues: PeerQueues
     _index: MetadataIndex | None
     _reader: ThreadPoolExecutor
@@ -230,6 +232,13 @@ class StorageState:
         """Whether the index was opened read-only (a full disk at start-up, ``storage.recovery``;
         a worker's is always): nothing writes it until a restart."""
         return self._require_index().read_only
+
+    async def _writes_open(self) -> None:
+        """Wait until start-up's reconciliation is over (``storage.startup_work``), at most
+        ``KURA_STARTUP_WAIT_SECONDS``: every write that publishes a file, adds a row or cleans
+        calls it before it reaches the writer thread. ``Unavailable`` (503, ``Retry-After``;
+        gRPC ``UNAVAILABLE``) after the wait, naming what still runs."""
+        await self.startup.wait_writable()
 
     def _check_writable(self) -> None:
         """ResourceExhausted (503) while the index is read-only (a full disk at start-up)."""

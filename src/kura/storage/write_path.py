@@ -182,6 +182,7 @@ class WritePath(Eviction):
 
         A local clean's version is issued in the writer thread above every version of the
         namespace held here; a peer's tombstone too far ahead raises ``FutureVersion``."""
+        await self._writes_open()
         self._check_writable()
         if source != "local" and version_ms is not None:
             self._admit(version_ms, source, f"tombstone of namespace {namespace_id!r}")
@@ -242,6 +243,7 @@ class WritePath(Eviction):
         a local purge of a new (namespace, writer) pair past the recorded purges' bounds
         (``provenance.check_room``) ``InsufficientStorage``; ``ResourceExhausted``
         while the index is read-only."""
+        await self._writes_open()
         self._check_writable()
         if source != "local" and version_ms is not None:
             self._admit(version_ms, source, f"purge of {writer!r} in namespace {namespace_id!r}")
@@ -339,6 +341,7 @@ class WritePath(Eviction):
         xxh3_128: str | None = None,
         via: str = "",
     ) -> PutResult:
+        await self._writes_open()  # start-up's reconciliation must not race the publish
         peers: Sequence[str] = self._artifact_targets() if source == "local" else ()
         self.queues.check_room(peers)  # a full object-tier upload queue refuses the write
         result = await self._in(

@@ -1,0 +1,370 @@
+"""``kura serve`` listens first (issue 31 item 2, ``storage.startup_work``): ``/up`` answers at
+once while the index check and the reconciliation run in the background and ``/ready`` names
+them; reads wait for the check and are served during the reconciliation; writes wait for the
+reconciliation, at most ``KURA_STARTUP_WAIT_SECONDS``, then 503 with ``Retry-After``; a stop or
+a kill -9 in the middle loses nothing and the next start does the work again.
+
+The background work is held at a point (``StartupWork.at``) by an event (in-process nodes,
+``Pause``) or killed there by a failpoint (a process), never raced with a sleep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from kura.app import Node
+from kura_harness.launch.process import free_port
+from tests.conftest import NodeProcess, spawn_node
+from tests.e2e.mesh import Mesh, peer_row, wait_for
+from tests.grpc_api.client import Reapi, blob_name
+from tests.inprocess import InProcessNode, start_in_process
+from tests.integration.test_recovery import assert_served, store_some
+
+pytestmark = pytest.mark.in_process
+
+
+class Pause:
+    """Holds a node's start-up work at ``point`` (``StartupWork.at``) until ``released``."""
+
+    def __init__(self, point: str) -> None:
+        self.point = point
+        self.reached = threading.Event()
+        self.released = threading.Event()
+
+    def __call__(self, point: str) -> None:
+        if point == self.point and not self.released.is_set():
+            self.reached.set()
+            if not self.released.wait(120):
+                raise AssertionError(f"start-up work held at {point} was never released")
+
+    def install(self, node: Node) -> None:
+        node.service.startup.hook = self
+
+
+@pytest.fixture
+def stored(
+    start_node: Callable[..., NodeProcess],
+) -> tuple[NodeProcess, dict[str, bytes]]:
+    """A stopped node's directory holding small, large and inline artifacts (``store_some``),
+    and those artifacts; the node restarted on it is the test's."""
+    node = start_node(inline_max_bytes=0, startup_wait_seconds=2, grpc_port=free_port())
+    with node.client() as c:
+        found = store_some(c)
+    assert node.stop() == 0
+    return node, found
+
+
+def restart_held(node: NodeProcess, pause: Pause) -> InProcessNode:
+    started = start_in_process(node.log_path.parent, node.env, prepare=pause.install)
+    assert pause.reached.wait(30), started.log()[-2000:]
+    return started
+
+
+def reasons(c: httpx.Client) -> list[str]:
+    r = c.get("/ready")
+    assert r.status_code == 503, r.text
+    found: list[str] = r.json()["reasons"]
+    return found
+
+
+def test_up_answers_at_once_and_reads_wait_for_the_index_check(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    old, found = stored
+    pause = Pause("check")
+    node = restart_held(old, pause)
+    released = False
+    try:
+        with node.client() as c:
+            assert c.get("/up").status_code == 200
+            (reason,) = reasons(c)
+            assert reason.startswith("start-up: PRAGMA quick_check running"), reason
+            status = c.get("/status").json()
+            assert status["startup"]["phase"] == "checking", status["startup"]
+            assert [r.split(" (")[0] for r in status["reasons"]] == [reason.split(" (")[0]]
+            path, body = next(iter(found.items()))
+            late = c.get(path)  # waits KURA_STARTUP_WAIT_SECONDS=2 for the check, then 503
+            assert late.status_code == 503, late.text
+            assert int(late.headers["Retry-After"]) >= 1
+            assert "PRAGMA quick_check running" in late.text
+            with ThreadPoolExecutor(1) as pool, node.client() as other:
+                waiting = pool.submit(other.get, path)
+                pause.released.set()
+                released = True
+                assert waiting.result(30).content == body
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
+            assert c.get("/status").json()["startup"]["phase"] == "done"
+        assert_served(node, found)
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
+    assert released
+
+
+def test_reads_are_served_and_writes_wait_while_files_are_reconciled(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    old, found = stored
+    pause = Pause("reconcile_page")
+    node = restart_held(old, pause)
+    try:
+        with node.client() as c:
+            assert c.get("/up").status_code == 200
+            (reason,) = reasons(c)
+            rows = node.index_rows()
+            assert reason.startswith(
+                f"start-up: reconciling files with the index ({rows:,} of ~{rows:,} rows"
+            ), reason
+            assert "writes wait" in reason
+            assert c.get("/status").json()["startup"]["phase"] == "reconciling"
+            assert_served(node, found)  # every read is served meanwhile
+            refused = c.put("/cache/rec/refused", content=b"past the bound")
+            assert refused.status_code == 503, refused.text
+            assert int(refused.headers["Retry-After"]) >= 1
+            assert "reconciling files with the index" in refused.text
+            assert c.get("/cache/rec/refused").status_code == 404
+            reapi = Reapi(f"127.0.0.1:{old.env['KURA_GRPC_PORT']}")  # REAPI ByteStream too
+            blob = os.urandom(2048)
+            try:
+                with pytest.raises(grpc.RpcError) as grpc_refused:
+                    reapi.write(blob_name(blob), blob)
+                assert grpc_refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "reconciling files with the index" in str(grpc_refused.value.details())
+            finally:
+                reapi.close()
+            with ThreadPoolExecutor(1) as pool, node.client() as other:
+                waiting = pool.submit(other.put, "/cache/rec/waited", content=b"it waited")
+                # In flight: the PUT and this scrape.
+                assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
+                assert not waiting.done()
+                pause.released.set()
+                assert waiting.result(30).status_code == 201
+            assert c.get("/cache/rec/waited").content == b"it waited"
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def _lose_a_file(node: NodeProcess, found: dict[str, bytes]) -> str:
+    """Delete the blob file of one stored artifact behind the node's back (a row without its
+    file, which only the end of a reconciliation drops); returns its GET path."""
+    path = "/cache/rec/s0"
+    digest = hashlib.sha256(found.pop(path)).hexdigest()
+    (lost,) = [p for p in node.blob_files() if p.name.split("-")[-1] == digest[:16]]
+    lost.unlink()
+    return path
+
+
+def test_a_stop_mid_reconciliation_loses_nothing_and_the_next_start_redoes_it(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    old, found = stored
+    lost = _lose_a_file(old, found)
+    rows = old.index_rows()
+    pause = Pause("reconcile_page")
+    node = restart_held(old, pause)
+    with ThreadPoolExecutor(1) as pool:
+        stopping = pool.submit(node.stop)  # SIGTERM, as kura serve takes it
+        assert wait_for(lambda: node.node is None or node.node.draining, 10)
+        pause.released.set()
+        assert stopping.result(60) == 0, node.log()[-3000:]
+    assert "stopped during start-up reconciliation" in node.log()
+    assert old.index_rows() == rows  # the row of the lost file is still there: not dropped
+    node = start_in_process(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30)
+            assert c.get(lost).status_code == 404
+        assert node.metric('kura_storage_reconciled_total{kind="row"}') == 1
+        assert node.index_rows() == rows - 1
+        assert_served(node, found)
+    finally:
+        assert node.stop() == 0
+
+
+def test_a_kill_9_mid_reconciliation_then_a_restart_serves_every_artifact_right(
+    stored: tuple[NodeProcess, dict[str, bytes]], tmp_path: Path
+) -> None:
+    old, found = stored
+    lost = _lose_a_file(old, found)
+    (live,) = [p for p in old.blob_files() if p.stat().st_size == 100 * 1024 + 1]  # l1
+    aid, version = live.name.split(".")[0], int(live.name.split(".")[1].split("-")[0])
+    uncommitted = live.with_name(f"{aid}.{version + 5}-{'a' * 16}")  # killed before its commit
+    uncommitted.write_bytes(os.urandom(100 * 1024 + 1))
+    rows = old.index_rows()
+    # The failpoint kills the process inside the background reconciliation, after its first
+    # page of rows and before it drops the rows whose file is gone.
+    killed = subprocess.run(
+        [sys.executable, "-m", "kura.cli", "serve"],
+        env={**old.env, "KURA_FAILPOINTS": "startup.reconcile_page=kill"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert killed.returncode == -signal.SIGKILL, (killed.stdout, killed.stderr[-3000:])
+    assert "failpoint startup.reconcile_page: kill" in killed.stderr
+    assert "checking the index and reconciling it in the background" in killed.stderr
+    assert old.index_rows() == rows
+    node = spawn_node(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 60), node.log()[-3000:]
+            assert c.get(lost).status_code == 404
+        assert_served(node, found)
+        assert not uncommitted.exists()
+        assert node.index_rows() == rows - 1
+        assert len(node.blob_files()) == sum(1 for p in found if "keyvalue" not in p)
+    finally:
+        assert node.stop() == 0
+
+
+def _damage_a_leaf_page(db: Path) -> None:
+    """Garble the cell pointers of one leaf page of the ``artifacts`` table in the middle of a
+    cleanly closed index: it still opens (its schema and the pages start-up reads first are
+    intact), and ``PRAGMA quick_check`` finds the damage."""
+    with sqlite3.connect(db) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        (middle,) = conn.execute(
+            "SELECT artifact_id FROM artifacts ORDER BY artifact_id LIMIT 1 OFFSET "
+            "(SELECT COUNT(*) / 2 FROM artifacts)"
+        ).fetchone()
+    conn.close()
+    data = bytearray(db.read_bytes())
+    needle = middle.encode()
+    pages = [
+        n
+        for n in range(1, len(data) // page_size)  # page 1 (the schema) is never touched
+        if data[n * page_size] == 0x0D and needle in data[n * page_size : (n + 1) * page_size]
+    ]
+    assert pages, "no table leaf page holds the middle row"
+    start = pages[0] * page_size
+    cells = int.from_bytes(data[start + 3 : start + 5], "big")
+    data[start + 8 : start + 8 + 2 * cells] = b"\xff" * (2 * cells)
+    db.write_bytes(bytes(data))
+
+
+def test_damage_the_background_check_finds_is_set_aside_with_the_node_listening(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    old = start_node(inline_max_bytes=0, startup_wait_seconds=10)
+    with old.client() as c:
+        for i in range(400):
+            assert c.put(f"/cache/rec/k{i:04d}", content=b"%d" % i * 50).status_code == 201
+    assert old.stop() == 0
+    _damage_a_leaf_page(old.data_dir / "index.sqlite3")
+    pause = Pause("check")
+    node = restart_held(old, pause)
+    try:
+        with node.client() as c, ThreadPoolExecutor(1) as pool, node.client() as other:
+            assert c.get("/up").status_code == 200
+            assert reasons(c)[0].startswith("start-up: PRAGMA quick_check running")
+            waiting = pool.submit(other.get, "/cache/rec/k0001")  # waits for the check
+            pause.released.set()
+            # The index it would have read from was set aside: a miss, never a wrong body.
+            assert waiting.result(30).status_code == 404
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
+            warnings = c.get("/ready").json()["warnings"]
+            assert any("PRAGMA quick_check" in w and "damaged" in w for w in warnings), warnings
+            assert node.metric("kura_storage_index_damaged") == 1
+            assert c.put("/cache/rec/after", content=b"after the damage").status_code == 201
+            assert c.get("/cache/rec/after").content == b"after the damage"
+        (kept,) = node.data_dir.glob("blobs.damaged-*")
+        assert sum(1 for p in kept.rglob("*") if p.is_file()) == 400  # never deleted
+        assert len(list(node.data_dir.glob("index.sqlite3.damaged-*"))) >= 1
+        assert node.index_rows() == 1
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_a_peers_replication_is_refused_while_the_node_reconciles_and_retried_after(
+    tmp_path: Path,
+) -> None:
+    mesh = Mesh(tmp_path, 2, in_process=True, startup_wait_seconds=1)
+    pause = Pause("reconcile_page")
+    try:
+        mesh.wait_ready()
+        a, b = mesh.nodes
+        with a.client() as c:  # a row to reconcile: the work pauses after a page of rows
+            assert c.put("/cache/rep/before", content=b"before").status_code == 201
+        mesh.wait_drained()
+        assert a.stop() == 0
+        a = mesh.restart(0, prepare=pause.install)
+        assert pause.reached.wait(30)
+        with b.client() as c:
+            assert c.put("/cache/rep/x", content=b"from the peer").status_code == 201
+        (aid,) = b.artifact_ids() - a.artifact_ids()
+        # The copy waits in b's outbox: a answers its replication 503 after the 1 s bound.
+        assert wait_for(
+            lambda: "503" in str(peer_row(b, mesh.internal_urls[0]).get("last_error")), 30
+        ), peer_row(b, mesh.internal_urls[0])
+        assert peer_row(b, mesh.internal_urls[0])["outbox_messages"] == 1
+        assert aid not in a.artifact_ids()
+        pause.released.set()
+        mesh.wait_drained()
+        assert aid in a.artifact_ids()
+        with a.client() as c:
+            assert c.get("/cache/rep/x").content == b"from the peer"
+    finally:
+        pause.released.set()
+        assert mesh.stop_all() == [0, 0]
+
+
+def test_damage_marked_by_a_reconciliation_is_set_aside_at_the_next_start(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # What finish_start leaves when the reconciliation, reads already served, meets damage
+    # quick_check missed (recovery.mark_damaged): the next start sets the index aside first.
+    old, _found = stored
+    marker = old.data_dir / "index.sqlite3.damaged-found"
+    marker.write_text("database disk image is malformed (SQLITE_CORRUPT)\n")
+    node = start_in_process(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
+            warnings = c.get("/ready").json()["warnings"]
+            assert any("SQLITE_CORRUPT" in w and "damaged" in w for w in warnings), warnings
+            assert c.get("/cache/rec/s1").status_code == 404
+        assert not marker.exists()
+        assert list(node.data_dir.glob("blobs.damaged-*"))
+        assert node.metric("kura_storage_index_damaged") == 1
+    finally:
+        assert node.stop() == 0
+
+
+def test_a_stop_during_the_index_check_stops_it_and_the_next_start_checks_again(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    old, found = stored
+    pause = Pause("check")
+    node = restart_held(old, pause)
+    with ThreadPoolExecutor(1) as pool:
+        stopping = pool.submit(node.stop)
+        assert wait_for(lambda: node.node is None or node.node.draining, 10)
+        pause.released.set()
+        assert stopping.result(60) == 0, node.log()[-3000:]
+    assert "stopped during the start-up index check" in node.log()
+    node = start_in_process(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30)
+        assert "PRAGMA quick_check" in node.log()
+        assert_served(node, found)
+    finally:
+        assert node.stop() == 0
