@@ -115,9 +115,13 @@ def top_functions(collapsed: str, n: int) -> str:
                 continue
             count = int(count_s)
             frames = stack.split(";")
-            if frames[0].startswith("process "):
+            role = ""
+            while frames[0].startswith("process "):  # nested: a child under its parent
+                # --subprocesses: a worker's threads are grouped apart from the primary's
+                role = "worker " if "kura.workers.worker" in frames[0] else ""
                 frames = frames[1:]
             group = _thread_group(frames[0]) if frames[0].startswith("thread (") else "?"
+            group = role + group
             funcs = [re.sub(r":\d+\)$", ")", fr) for fr in frames[1:]] or ["<no Python frame>"]
             totals[group] += count
             totals["all"] += count
@@ -181,6 +185,12 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--analyse", metavar="TXT", help="only print the top functions of a .txt")
     ap.add_argument("--wrk-only", action="store_true", help="no py-spy: plain throughput")
+    ap.add_argument(
+        "--subprocesses",
+        action="store_true",
+        help="py-spy --subprocesses: sample the workers too (KURA_WORKERS > 1); each thread is "
+        "grouped as 'primary' or 'worker'",
+    )
     ap.add_argument(
         "--gil",
         action="store_true",
@@ -248,6 +258,7 @@ def main() -> None:
                         "--threads",
                         "--nonblocking",
                         *(["--gil"] if a.gil else []),
+                        *(["--subprocesses"] if a.subprocesses else []),
                         "--format",
                         fmt,
                         "-o",
