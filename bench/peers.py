@@ -943,6 +943,20 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _with_cpu(p: Peer, case: Any) -> dict:
+    """``case()``'s row plus the CPU the peer's processes used meanwhile: ``server_cpu_s`` and
+    ``server_cpu_us_per_req``, the work per request, which a busy machine disturbs far less
+    than the rate (other load takes cores away; it does not add work to each request)."""
+    assert p.proc is not None
+    before = cb.tree_cpu_seconds(p.proc.pid)
+    row = case()
+    used = cb.tree_cpu_seconds(p.proc.pid) - before
+    row["server_cpu_s"] = round(used, 2)
+    if row.get("requests"):
+        row["server_cpu_us_per_req"] = round(used * 1e6 / row["requests"], 1)
+    return row
+
+
 def _base_rev(a: argparse.Namespace) -> str:
     if not a.base_rev:
         raise SystemExit("the kura*-base peers need --base-rev")
@@ -1125,24 +1139,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         for rep in range(a.repeat):
             for size in get_sizes:
                 for p in peers:
-                    row = cb.run_get(
-                        p.target,
-                        seeded[(p.name, size)],
-                        size,
-                        threads=a.threads,
-                        conns=conns.get(size),
-                        duration=a.duration,
+                    row = _with_cpu(
+                        p,
+                        lambda p=p, size=size: cb.run_get(
+                            p.target,
+                            seeded[(p.name, size)],
+                            size,
+                            threads=a.threads,
+                            conns=conns.get(size),
+                            duration=a.duration,
+                        ),
                     )
                     emit(dict(row, rep=rep))
             for size in put_sizes:
                 for p in peers:
-                    row = cb.run_put(
-                        p.target,
-                        size,
-                        threads=a.threads,
-                        conns=conns.get(size),
-                        duration=a.duration,
-                        cleanup=p.cleanup,
+                    row = _with_cpu(
+                        p,
+                        lambda p=p, size=size: cb.run_put(
+                            p.target,
+                            size,
+                            threads=a.threads,
+                            conns=conns.get(size),
+                            duration=a.duration,
+                            cleanup=p.cleanup,
+                        ),
                     )
                     emit(dict(row, rep=rep))
                     subprocess.run(["sync"])

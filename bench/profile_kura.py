@@ -144,19 +144,6 @@ def top_functions(collapsed: str, n: int) -> str:
     return "\n".join(out)
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """user + system CPU seconds of a process tree so far."""
-    total = 0.0
-    for p in cb._children(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
 def _machine_busy() -> tuple[float, float]:
     """(busy, total) jiffies of all CPUs from /proc/stat."""
     with open("/proc/stat") as f:
@@ -239,7 +226,7 @@ def main() -> None:
             )
 
         t = threading.Thread(target=load)
-        cpu0, busy0, wall0 = _proc_cpu_s(pid), _machine_busy(), time.monotonic()
+        cpu0, busy0, wall0 = cb.tree_cpu_seconds(pid), _machine_busy(), time.monotonic()
         t.start()
         if not a.wrk_only:
             # wrk runs for --duration; sample twice inside it (collapsed stacks, then the SVG)
@@ -270,7 +257,7 @@ def main() -> None:
         t.join()
         wall = time.monotonic() - wall0
         busy1 = _machine_busy()
-        result["server_cpu_pct"] = round(100 * (_proc_cpu_s(pid) - cpu0) / wall, 1)
+        result["server_cpu_pct"] = round(100 * (cb.tree_cpu_seconds(pid) - cpu0) / wall, 1)
         result["machine_busy_pct"] = round(
             100 * (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 1
         )
