@@ -115,9 +115,13 @@ def top_functions(collapsed: str, n: int) -> str:
                 continue
             count = int(count_s)
             frames = stack.split(";")
-            if frames[0].startswith("process "):
+            role = ""
+            while frames[0].startswith("process "):  # nested: a child under its parent
+                # --subprocesses: a worker's threads are grouped apart from the primary's
+                role = "worker " if "kura.workers.worker" in frames[0] else ""
                 frames = frames[1:]
             group = _thread_group(frames[0]) if frames[0].startswith("thread (") else "?"
+            group = role + group
             funcs = [re.sub(r":\d+\)$", ")", fr) for fr in frames[1:]] or ["<no Python frame>"]
             totals[group] += count
             totals["all"] += count
@@ -138,19 +142,6 @@ def top_functions(collapsed: str, n: int) -> str:
         for fn, c in incl_c[group].most_common(n):
             out.append(f"{c / totals[group]:6.1%}  {fn}")
     return "\n".join(out)
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """user + system CPU seconds of a process tree so far."""
-    total = 0.0
-    for p in cb._children(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
 
 
 def _machine_busy() -> tuple[float, float]:
@@ -181,6 +172,12 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--analyse", metavar="TXT", help="only print the top functions of a .txt")
     ap.add_argument("--wrk-only", action="store_true", help="no py-spy: plain throughput")
+    ap.add_argument(
+        "--subprocesses",
+        action="store_true",
+        help="py-spy --subprocesses: sample the workers too (KURA_WORKERS > 1); each thread is "
+        "grouped as 'primary' or 'worker'",
+    )
     ap.add_argument(
         "--gil",
         action="store_true",
@@ -229,7 +226,7 @@ def main() -> None:
             )
 
         t = threading.Thread(target=load)
-        cpu0, busy0, wall0 = _proc_cpu_s(pid), _machine_busy(), time.monotonic()
+        cpu0, busy0, wall0 = cb.tree_cpu_seconds(pid), _machine_busy(), time.monotonic()
         t.start()
         if not a.wrk_only:
             # wrk runs for --duration; sample twice inside it (collapsed stacks, then the SVG)
@@ -248,6 +245,7 @@ def main() -> None:
                         "--threads",
                         "--nonblocking",
                         *(["--gil"] if a.gil else []),
+                        *(["--subprocesses"] if a.subprocesses else []),
                         "--format",
                         fmt,
                         "-o",
@@ -259,7 +257,7 @@ def main() -> None:
         t.join()
         wall = time.monotonic() - wall0
         busy1 = _machine_busy()
-        result["server_cpu_pct"] = round(100 * (_proc_cpu_s(pid) - cpu0) / wall, 1)
+        result["server_cpu_pct"] = round(100 * (cb.tree_cpu_seconds(pid) - cpu0) / wall, 1)
         result["machine_busy_pct"] = round(
             100 * (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 1
         )

@@ -200,7 +200,8 @@ class ArtifactReads:
         """The artifact, or ``NotFound`` (absent, evicted, or failed verification). Small ones
         are verified; a large one may carry ``verified=False``, to be hashed while sent."""
         aid = self.artifact_id(ref)
-        body = await self._read_cached(aid)
+        # A hit without the coroutine of ``_read_cached``: most small reads, per request.
+        body = self._hot_body(aid) or await self._read_cold(aid)
         if body is None:
             raise NotFound("Artifact not found")
         self.accesses.note(aid, self.clock.now_ms())
@@ -208,9 +209,14 @@ class ArtifactReads:
 
     async def _read_cached(self, aid: str) -> StoredBody | None:
         """The hot cache first (no thread hop); on a miss, a verified read that fills it."""
+        return self._hot_body(aid) or await self._read_cold(aid)
+
+    def _hot_body(self, aid: str) -> StoredBody | None:
         hit = self.hot.get(aid)
-        if hit is not None:
-            return StoredBody(hit[0], data=hit[1])
+        return None if hit is None else StoredBody(hit[0], data=hit[1])
+
+    async def _read_cold(self, aid: str) -> StoredBody | None:
+        """A verified read in the read pool, filling the hot cache (``_read_cached``'s miss)."""
         generation = self.hot.generation
         body = await self._in(self._reader, self._read_sync, aid)
         if body is not None and body.data is not None:
