@@ -118,7 +118,7 @@ def top_functions(collapsed: str, n: int) -> str:
             role = ""
             while frames[0].startswith("process "):  # nested: a child under its parent
                 # --subprocesses: a worker's threads are grouped apart from the primary's
-                role = "worker " if "kura.workers.worker" in frames[0] else ""
+                role = "worker " if "kura.workers.worker" in frames[0] else "primary "
                 frames = frames[1:]
             group = _thread_group(frames[0]) if frames[0].startswith("thread (") else "?"
             group = role + group
@@ -132,7 +132,7 @@ def top_functions(collapsed: str, n: int) -> str:
     out = [f"samples: {totals['all']} (rate x seconds x threads with a Python stack)"]
     out.append("\n== cost breakdown (share of all samples)")
     for (group, name), c in buckets.most_common():
-        out.append(f"{c / totals['all']:6.1%}  {group:24s} {name}")
+        out.append(f"{c / totals['all']:6.1%}  {group:32s} {name}")
     for group in sorted(self_c, key=lambda g: -totals[g]):
         out.append(f"\n== {group}: {totals[group]} samples ({totals[group] / totals['all']:.0%})")
         out.append("-- self")
@@ -175,8 +175,8 @@ def main() -> None:
     ap.add_argument(
         "--subprocesses",
         action="store_true",
-        help="py-spy --subprocesses: sample the workers too (KURA_WORKERS > 1); each thread is "
-        "grouped as 'primary' or 'worker'",
+        help="py-spy --subprocesses: sample the workers too (KURA_WORKERS > 1); each thread "
+        "group is prefixed 'primary' or 'worker'",
     )
     ap.add_argument(
         "--gil",
