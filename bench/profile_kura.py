@@ -9,8 +9,9 @@ stacks, top functions.
 Starts one kura (same settings as peers.py) in a temp dir, seeds the GET set of that size,
 runs wrk (2 threads, peers.py's connection count) for --duration seconds and samples the
 process with `py-spy record` twice inside that window. Writes OUT.txt (collapsed stacks, one
-thread per root frame) and OUT.svg (flame graph of the second window) and prints the wrk result plus the
-functions with the most self and inclusive samples, per thread group. --wrk-only skips py-spy
+thread per root frame) and OUT.svg (flame graph of the second window) and prints the wrk result
+plus, per thread group, the self samples per package and the functions with the most self and
+inclusive samples (--analyse OUT.txt, or a gzipped OUT.txt.gz, prints them again). --wrk-only skips py-spy
 (throughput without the sampler's overhead). py-spy runs with --nonblocking, so the process
 is not paused while sampled.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import os
 import re
@@ -102,13 +104,21 @@ def _thread_group(root: str) -> str:
     return "MainThread (event loop)" if name == "MainThread" else name
 
 
+def _package(frame: str) -> str:
+    """'Handle._run (asyncio/events.py)' -> 'asyncio': the leaf file's top directory."""
+    m = re.search(r"\(([^)]*?)(:\d+)?\)$", frame)
+    return (m.group(1) if m else frame).split("/")[0]
+
+
 def top_functions(collapsed: str, n: int) -> str:
-    """Self and inclusive sample shares per function, per thread group (py-spy --threads)."""
+    """Self and inclusive sample shares per function, and self shares per package, per thread
+    group (py-spy --threads). COLLAPSED may be gzipped (.gz)."""
     self_c: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    pkg_c: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     incl_c: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     totals: collections.Counter = collections.Counter()
     buckets: collections.Counter = collections.Counter()
-    with open(collapsed) as f:
+    with (gzip.open if collapsed.endswith(".gz") else open)(collapsed, "rt") as f:
         for line in f:
             stack, _, count_s = line.rstrip("\n").rpartition(" ")
             if not stack:
@@ -118,7 +128,7 @@ def top_functions(collapsed: str, n: int) -> str:
             role = ""
             while frames[0].startswith("process "):  # nested: a child under its parent
                 # --subprocesses: a worker's threads are grouped apart from the primary's
-                role = "worker " if "kura.workers.worker" in frames[0] else ""
+                role = "worker " if "kura.workers.worker" in frames[0] else "primary "
                 frames = frames[1:]
             group = _thread_group(frames[0]) if frames[0].startswith("thread (") else "?"
             group = role + group
@@ -127,14 +137,18 @@ def top_functions(collapsed: str, n: int) -> str:
             totals["all"] += count
             buckets[(group, _category(funcs))] += count
             self_c[group][funcs[-1]] += count
+            pkg_c[group][_package(funcs[-1])] += count
             for fn in set(funcs):
                 incl_c[group][fn] += count
     out = [f"samples: {totals['all']} (rate x seconds x threads with a Python stack)"]
     out.append("\n== cost breakdown (share of all samples)")
     for (group, name), c in buckets.most_common():
-        out.append(f"{c / totals['all']:6.1%}  {group:24s} {name}")
+        out.append(f"{c / totals['all']:6.1%}  {group:32s} {name}")
     for group in sorted(self_c, key=lambda g: -totals[g]):
         out.append(f"\n== {group}: {totals[group]} samples ({totals[group] / totals['all']:.0%})")
+        out.append("-- self, per package (the leaf frame's top directory)")
+        for pkg, c in pkg_c[group].most_common(n):
+            out.append(f"{c / totals[group]:6.1%}  {pkg}")
         out.append("-- self")
         for fn, c in self_c[group].most_common(n):
             out.append(f"{c / totals[group]:6.1%}  {fn}")
@@ -170,13 +184,15 @@ def main() -> None:
     ap.add_argument("--kura-env", action="append", default=[], metavar="KURA_X=VALUE")
     ap.add_argument("--out", default="/tmp/kura-profile", help="output path prefix")
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--analyse", metavar="TXT", help="only print the top functions of a .txt")
+    ap.add_argument(
+        "--analyse", metavar="TXT", help="only print the top functions of a .txt (or .txt.gz)"
+    )
     ap.add_argument("--wrk-only", action="store_true", help="no py-spy: plain throughput")
     ap.add_argument(
         "--subprocesses",
         action="store_true",
-        help="py-spy --subprocesses: sample the workers too (KURA_WORKERS > 1); each thread is "
-        "grouped as 'primary' or 'worker'",
+        help="py-spy --subprocesses: sample the workers too (KURA_WORKERS > 1); each thread "
+        "group is prefixed 'primary' or 'worker'",
     )
     ap.add_argument(
         "--gil",

@@ -31,10 +31,9 @@ from kura.core.errors import Forbidden
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def cross_site_problem(method: str, headers: Mapping[str, str]) -> str | None:
-    """Why a request with ``method`` and ``headers`` is a write a web page made, or None."""
-    if method in SAFE_METHODS:
-        return None
+def _problem(headers: Mapping[str, str]) -> str | None:
+    """Why a request with ``headers`` and a method not in ``SAFE_METHODS`` (``refusal`` asks
+    that first) is a write a web page made, or None."""
     site = headers.get("Sec-Fetch-Site", "").strip().lower()
     if site in ("cross-site", "same-site"):
         return f"Sec-Fetch-Site: {site}"
@@ -50,7 +49,7 @@ def refusal(request: web.Request) -> web.Response | None:
     the primary's public and internal apps, each worker's)."""
     if request.method in SAFE_METHODS:  # most requests: no header looked at
         return None
-    problem = cross_site_problem(request.method, request.headers)
+    problem = _problem(request.headers)
     if problem is None:
         return None
     response = error_response(

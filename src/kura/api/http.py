@@ -84,12 +84,6 @@ class ApiContext:
     # primary's to answer, which may read it through from a peer; it is handed over
     # (``ForwardToPrimary``) and neither sent nor counted here.
     forward_misses: bool = False
-    # The listeners' rule for uploads that stall or trickle, from ``settings`` once: every
-    # upload asks it (``request_body``).
-    upload_rule: upload_rate.UploadRule = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.upload_rule = upload_rate.UploadRule.of(self.settings)
 
     def peer_pages(self) -> PeerPages:
         """``peers``, or ``Unavailable`` (503) where the internal routes have none."""
@@ -357,7 +351,7 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
     bytes_in = c.metrics.bytes_in_child(protocol)
     content = request.content
     loop = asyncio.get_running_loop()
-    meter = c.upload_rule.meter(loop.time())
+    meter = upload_rate.UploadRule.of(c.settings).meter(loop.time())  # built once per settings
     try:
         while True:
             # Bytes already here are taken without a timer: nothing waits on the client (most

@@ -196,12 +196,14 @@ class KuraMetrics:
         # With worker processes: adds their request families at scrape time (kura.workers).
         self.merge: Callable[[bytes], Awaitable[bytes]] | None = None
         r = self.registry
-        r.register(Scraped(series.requests_family, series.latency_family))
+        self.register(Scraped(series.requests_family, series.latency_family))
         self._inflight_sources: list[Callable[[], int]] = []
         inflight = Gauge("kura_http_inflight_requests", "HTTP requests being served.", registry=r)
         # Read at scrape time: no locked increment and decrement on every request.
         inflight.set_function(lambda: sum(f() for f in self._inflight_sources))
-        r.register(Scraped(series.lookups_family, series.bytes_in_family, series.bytes_out_family))
+        self.register(
+            Scraped(series.lookups_family, series.bytes_in_family, series.bytes_out_family)
+        )
         self.aborted_uploads = Counter(
             "kura_http_aborted_uploads_total",
             "Uploads aborted for holding a reservation without sending: stalled (no byte for "

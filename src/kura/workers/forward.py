@@ -101,7 +101,6 @@ class Forwarder:
         self.path = path
         self.primary_pid = primary_pid
         self.settings = settings
-        self._upload_rule = UploadRule.of(settings)  # asked on every request
         self.forwarded_total = 0
         self._session: aiohttp.ClientSession | None = None
 
@@ -140,7 +139,7 @@ class Forwarder:
         expects = request.headers.get("Expect", "").lower() == "100-continue"
         # Timed from the request's start, a little before the primary's first read, so it
         # never judges more leniently than the primary does.
-        meter = self._upload_rule.meter(asyncio.get_running_loop().time())
+        meter = UploadRule.of(self.settings).meter(asyncio.get_running_loop().time())
         client = _ClientSide()
         body = _body(request, expects, meter, client) if request.body_exists else None
         if body is None:
