@@ -318,7 +318,11 @@ class Load:
 def mixed_mesh(tmp_path: Path, previous: Release) -> Iterator[Mesh]:
     """Nodes 0 and 1 on HEAD (in this process), node 2 on the previous release (a process).
     ``read_through=never``: a node serves only what it holds, so a replica that never arrived
-    shows as lost instead of being fetched from a peer."""
+    shows as lost instead of being fetched from a peer. ``shutdown_timeout_seconds=10``: once,
+    a 0.1.0 node stopped under this load still had a handler running 19 s into its drain (which
+    handler was not found); the default drain (30 s) then outlasts ``NodeProcess.stop``'s 30 s
+    and ends in a SIGKILL. At 10 s a late handler is cancelled (a cancelled request was never
+    acknowledged) and the node exits 0, which the test asserts."""
     mesh = Mesh(
         tmp_path,
         3,
@@ -326,6 +330,7 @@ def mixed_mesh(tmp_path: Path, previous: Release) -> Iterator[Mesh]:
         prefixes={2: previous.prefix},
         discovery_settle_ms=200,
         read_through="never",
+        shutdown_timeout_seconds=10,
     )
     try:
         yield mesh
