@@ -695,7 +695,6 @@ class Node:
             tg.create_task(self.service.run_maintenance())
             tg.create_task(self.budget.run())  # the tmp dir's occupancy, walked off the loop
             tg.create_task(self._reap_uploads())
-            tg.create_task(self.membership.run())
             tg.create_task(self.shipper.run())
             tg.create_task(self.catch_up.run())
             if self.object_tier is None:

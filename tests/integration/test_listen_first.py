@@ -10,6 +10,7 @@ The background work is held at a point (``StartupWork.at``) by an event (in-proc
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -368,3 +369,26 @@ def test_a_stop_during_the_index_check_stops_it_and_the_next_start_checks_again(
         assert_served(node, found)
     finally:
         assert node.stop() == 0
+
+
+def test_discovery_runs_once_after_the_start_up_work(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # Discovery starts with the listeners; the tasks started once the start-up work is done
+    # must not start a second one (two rounds probing every peer and flipping its health).
+    old, _found = stored
+    node = start_in_process(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
+
+        async def discovery_tasks(_node: Node) -> int:
+            return sum(
+                1
+                for t in asyncio.all_tasks()
+                if getattr(t.get_coro(), "__qualname__", "") == "Membership.run"
+            )
+
+        assert node.call(discovery_tasks) == 1
+    finally:
+        assert node.stop() == 0, node.log()[-3000:]
