@@ -18,6 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,21 +39,31 @@ pytestmark = pytest.mark.in_process
 
 
 class Pause:
-    """Holds a node's start-up work at ``point`` (``StartupWork.at``) until ``released``."""
+    """Holds a node's start-up work at ``point`` (``StartupWork.at``) until ``released``; with
+    ``phase``, only there in that phase. At ``"statement"`` it holds the work inside a running
+    SQLite statement (the start-up connection's progress handler, called every step)."""
 
-    def __init__(self, point: str) -> None:
+    def __init__(self, point: str, phase: str | None = None) -> None:
         self.point = point
+        self.phase = phase
         self.reached = threading.Event()
         self.released = threading.Event()
+        self.node: Node | None = None
 
     def __call__(self, point: str) -> None:
-        if point == self.point and not self.released.is_set():
-            self.reached.set()
-            if not self.released.wait(120):
-                raise AssertionError(f"start-up work held at {point} was never released")
+        if point != self.point or self.released.is_set():
+            return
+        if self.phase is not None and self.node and self.node.service.startup.phase != self.phase:
+            return
+        self.reached.set()
+        if not self.released.wait(120):
+            raise AssertionError(f"start-up work held at {point} was never released")
 
     def install(self, node: Node) -> None:
+        self.node = node
         node.service.startup.hook = self
+        if self.point == "statement":
+            node.service.startup.statement_steps = 1
 
 
 @pytest.fixture
@@ -113,6 +124,34 @@ def test_up_answers_at_once_and_reads_wait_for_the_index_check(
         pause.released.set()
         assert node.stop() == 0, node.log()[-3000:]
     assert released
+
+
+def test_reads_waiting_for_the_check_wait_on_the_loop_not_in_reader_threads(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # 12 reads at once, three times the 4 reader threads: each is answered within the 2 s
+    # wait of its arrival (a wait inside a reader thread made them 2, 4 and 6 s).
+    old, found = stored
+    pause = Pause("check")
+    node = restart_held(old, pause)
+    path = next(iter(found))
+
+    def timed_get(_: int) -> tuple[float, httpx.Response]:
+        with node.client() as c:
+            started = time.monotonic()
+            r = c.get(path)
+            return time.monotonic() - started, r
+
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(timed_get, range(12)))
+        for took, r in answers:
+            assert r.status_code == 503, r.text
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+            assert 1.9 <= took < 3.5, [round(t, 2) for t, _ in answers]
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
 
 
 def test_reads_are_served_and_writes_wait_while_files_are_reconciled(
@@ -353,19 +392,49 @@ def test_a_stop_during_the_index_check_stops_it_and_the_next_start_checks_again(
     stored: tuple[NodeProcess, dict[str, bytes]],
 ) -> None:
     old, found = stored
-    pause = Pause("check")
+    pause = Pause("statement", "checking")  # inside PRAGMA quick_check, its first statement
     node = restart_held(old, pause)
     with ThreadPoolExecutor(1) as pool:
         stopping = pool.submit(node.stop)
         assert wait_for(lambda: node.node is None or node.node.draining, 10)
         pause.released.set()
         assert stopping.result(60) == 0, node.log()[-3000:]
-    assert "stopped during the start-up index check" in node.log()
+    log = node.log()
+    assert "stopped during the start-up index check" in log
+    # The statement ended there: the check never finished, nor did the work go on.
+    assert "index checked in" not in log, log[-3000:]
+    assert "reconcil" not in log.split("stopped during the start-up index check")[1]
     node = start_in_process(old.log_path.parent, old.env)
     try:
         with node.client() as c:
             assert wait_for(lambda: c.get("/ready").status_code == 200, 30)
         assert "PRAGMA quick_check" in node.log()
+        assert_served(node, found)
+    finally:
+        assert node.stop() == 0
+
+
+def test_a_stop_inside_a_reconciliation_statement_is_an_ordinary_stop(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # The progress handler ends the statement the reconciliation runs: a stop, not a failure.
+    old, found = stored
+    rows = old.index_rows()
+    pause = Pause("statement", "reconciling")
+    node = restart_held(old, pause)
+    with ThreadPoolExecutor(1) as pool:
+        stopping = pool.submit(node.stop)
+        assert wait_for(lambda: node.node is None or node.node.draining, 10)
+        pause.released.set()
+        assert stopping.result(60) == 0, node.log()[-3000:]
+    log = node.log()
+    assert "stopped during start-up reconciliation" in log, log[-3000:]
+    assert "ERROR" not in log, log[-3000:]
+    assert old.index_rows() == rows
+    node = start_in_process(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30)
         assert_served(node, found)
     finally:
         assert node.stop() == 0

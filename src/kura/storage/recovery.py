@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kura.storage.blobs import LAYOUT_VERSION, BlobFiles
-from kura.storage.fsync import fsync_path
+from kura.storage.fsync import descriptor_shortage, fsync_path
 from kura.storage.index import MetadataIndex
 from kura.storage.reconcile import ReconcileReport, migrate_layout_1, reconcile
 from kura.storage.schema import peek_kura_version
@@ -157,13 +157,33 @@ def check_index(index: MetadataIndex, report: StartReport) -> tuple[int, int]:
         if verdict != "ok":
             raise IndexDamaged(f"PRAGMA quick_check: {' '.join(verdict.split())}")
         totals = index.totals()
-        index.ensure_digests()  # the anti-entropy range digests (MetadataIndex)
+        _ensure_digests(index, report)  # the anti-entropy range digests (MetadataIndex)
     except sqlite3.DatabaseError as exc:
         if not _is_damage(exc):
             raise
         raise IndexDamaged(f"{exc} ({exc.sqlite_errorname})") from exc
     report.checked = True
     return totals
+
+
+def _ensure_digests(index: MetadataIndex, report: StartReport) -> None:
+    """``index.ensure_digests()``; on a full disk (``SQLITE_FULL``, or ``SQLITE_IOERR`` with
+    less than ``FULL_DISK_BYTES`` free) a WARNING instead: the digests stay unbuilt
+    (``MetadataIndex.digests_ready``: anti-entropy answers 503) and maintenance tries again
+    (``CacheService._retry_digests``), while the node serves reads."""
+    try:
+        index.ensure_digests()
+    except sqlite3.OperationalError as exc:
+        name = exc.sqlite_errorname
+        full = name == "SQLITE_FULL" or (
+            name.startswith("SQLITE_IOERR")
+            and shutil.disk_usage(index.path.parent).free < FULL_DISK_BYTES
+        )
+        if not full:
+            raise
+        reason = f"range digests not built, the disk is full ({exc}): anti-entropy waits"
+        log.warning("%s; tried again once there is space", reason)
+        report.warnings.append(reason)
 
 
 def replace_damaged(
@@ -204,7 +224,12 @@ def note_reconciled(report: StartReport, reconciled: ReconcileReport) -> None:
 
 
 def _is_damage(exc: sqlite3.DatabaseError) -> bool:
-    return exc.sqlite_errorname in _DAMAGE_CODES
+    """A damage code, but not ``SQLITE_CANTOPEN`` while the process is short of descriptors
+    (``fsync.descriptor_shortage``): that passes, and the index is fine."""
+    name = exc.sqlite_errorname
+    if name == "SQLITE_CANTOPEN" and descriptor_shortage() is not None:
+        return False
+    return name in _DAMAGE_CODES
 
 
 def _migrate(
