@@ -100,9 +100,10 @@ from kura.storage.fill import FillingReader
 from kura.storage.multipart import MultipartUploads
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura.storage.object_tier import ObjectTier
-from kura.storage.ports import ArtifactReader
+from kura.storage.ports import ArtifactReader, ArtifactWriter
 from kura.storage.scrub import Scrubber
 from kura.storage.service import CacheService
+from kura.storage.startup_gate import StartupGatedWriter
 from kura.workers.supervisor import Workers
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class Node:
             max_deletes_per_second=settings.expiry_max_deletes_per_second,
             batch_size=settings.expiry_batch_size,
         )
+        # Every client's write, through one gate while start-up's work runs (storage.startup_gate).
+        self.writer: ArtifactWriter = StartupGatedWriter(self.service, self.service.startup)
         self.uploads = MultipartUploads(
             self.service,
             self.clock,
@@ -345,8 +348,8 @@ class Node:
         self.grpc = (
             GrpcServer(
                 settings,
-                self.reader,  # the store read through, and the store
-                self.service,
+                self.reader,  # the store read through, and its writes gated at start-up
+                self.writer,
                 self.auth,
                 self.metrics,
                 self.connections,
@@ -462,7 +465,7 @@ class Node:
         return ApiContext(
             settings=self.settings,
             reader=self.reader,  # the ports of one store (kura.storage.ports), read through
-            writer=self.service,
+            writer=self.writer,
             peers=self.service,
             uploads=self.uploads,
             auth=self.auth,
@@ -513,7 +516,7 @@ class Node:
             self.service.stats,
             self.settings.namespace_rules,
             self.service,
-            self.service,
+            self.writer,
             self.clock,
         )
 

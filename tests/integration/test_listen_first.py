@@ -33,6 +33,7 @@ from tests.conftest import NodeProcess, spawn_node
 from tests.e2e.mesh import Mesh, peer_row, wait_for
 from tests.grpc_api.client import Reapi, blob_name
 from tests.inprocess import InProcessNode, start_in_process
+from tests.integration import rawhttp
 from tests.integration.test_recovery import assert_served, store_some
 
 pytestmark = pytest.mark.in_process
@@ -460,4 +461,91 @@ def test_discovery_runs_once_after_the_start_up_work(
 
         assert node.call(discovery_tasks) == 1
     finally:
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_a_multipart_completion_during_start_up_waits_before_it_writes_under_blobs(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # The reconciliation removes what no row names under blobs/: a completion's concatenation
+    # (storage.write_path.put_concatenated) written before its walk was removed under it, and
+    # the completion answered 500. Held after the check (reads served), before the walk.
+    old, _found = stored
+    env = {**old.env, "KURA_STARTUP_WAIT_SECONDS": "30"}
+    pause = Pause("reconcile")
+    node = start_in_process(old.log_path.parent, env, prepare=pause.install)
+    assert pause.reached.wait(30), node.log()[-2000:]
+    q = "tenant_id=t&hash=h&name=n"
+    part = os.urandom(100 * 1024)
+    try:
+        with node.client() as c, ThreadPoolExecutor(1) as pool, node.client() as other:
+            upload_id = c.post(f"/api/cache/module/start?{q}").json()["upload_id"]
+            put = c.post(
+                f"/api/cache/module/part?upload_id={upload_id}&part_number=1", content=part
+            )
+            assert put.status_code == 204, put.text
+            completing = pool.submit(
+                other.post, f"/api/cache/module/complete?upload_id={upload_id}", json={"parts": [1]}
+            )
+            assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
+            written = lambda: list(node.data_dir.glob("blobs/multipart.incoming-*"))  # noqa: E731
+            assert not wait_for(lambda: bool(written()), 2), written()
+            pause.released.set()
+            assert completing.result(60).status_code == 204, completing.result().text
+            assert c.get(f"/api/cache/module/x?{q}").content == part
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_writes_are_refused_before_their_body_when_the_estimate_is_past_the_wait(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    # 2,500 rows: the reconciliation holds after its first page of 1,000, and the estimate of
+    # the time left (rows per second so far) soon passes the 2 s wait.
+    old = start_node(inline_max_bytes=0, startup_wait_seconds=2, grpc_port=free_port())
+    reapi = Reapi(f"127.0.0.1:{old.env['KURA_GRPC_PORT']}")
+    try:
+        for batch in range(5):
+            blobs = [b"row %d %d" % (batch, i) for i in range(500)]
+            assert all(r.status.code == 0 for r in reapi.batch_update(blobs).responses)
+    finally:
+        reapi.close()
+    assert old.stop() == 0
+    pause = Pause("reconcile_page")
+    node = restart_held(old, pause)
+    try:
+        assert node.node is not None
+        startup = node.node.service.startup
+        assert wait_for(startup.refuses_writes_now, 30), startup.as_json()
+        sock = rawhttp.connect(node.url)  # the head alone: answered before the body is sent
+        with sock:
+            length = str(8 * 1024 * 1024)
+            headers = {"Content-Length": length, "Expect": "100-continue"}
+            rawhttp.send_head(sock, "PUT", "/cache/rec/big", headers)
+            status, answer_headers, answer = rawhttp.read_response(sock)
+        assert status == 503, answer  # not 100 Continue
+        assert int(answer_headers["retry-after"]) > 2, answer_headers
+        assert b"reconciling files with the index" in answer
+        with node.client() as c:
+            started = time.monotonic()
+            refused = c.put("/cache/rec/big", content=os.urandom(8 * 1024 * 1024))
+            took = time.monotonic() - started
+            assert refused.status_code == 503, refused.text
+            assert took < 1.5, took  # not after the 2 s wait
+            assert int(refused.headers["Retry-After"]) > 2
+            assert "reconciling files with the index" in refused.text
+            assert node.staging_files() == []
+        reapi = Reapi(f"127.0.0.1:{old.env['KURA_GRPC_PORT']}")
+        try:
+            blob = os.urandom(4096)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as grpc_refused:
+                reapi.write(blob_name(blob), blob)
+            assert grpc_refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - started < 1.5
+        finally:
+            reapi.close()
+    finally:
+        pause.released.set()
         assert node.stop() == 0, node.log()[-3000:]

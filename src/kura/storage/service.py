@@ -417,6 +417,7 @@ class CacheService(ReplicaApply):
         def drop(ids: list[str]) -> None:
             self._writer.submit(index.delete, ids).result()
 
+        self.startup.at("reconcile")
         try:
             self._startup_connection()
             return reconcile(self.files, index, progress, drop)

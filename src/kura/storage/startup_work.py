@@ -93,11 +93,12 @@ class StartupWork:
 
     def at(self, point: str) -> None:
         """Start-up thread, at ``point``: ``"check"`` (before ``PRAGMA quick_check``),
+        ``"reconcile"`` (reads served, before the reconciliation lists a file),
         ``"reconcile_page"`` (after each page of rows reconciled) or ``"statement"`` (inside a
         start-up statement, from the connection's progress handler: no failpoint there, it
         runs every ``statement_steps`` steps). The failpoint ``startup.<point>`` fires at the
-        first two (``kit.failpoint``: a test kills the process mid-reconcile), and
-        ``hook(point)`` runs at all three (an in-process test waits on an event)."""
+        first three (``kit.failpoint``: a test kills the process mid-reconcile), and
+        ``hook(point)`` runs at all four (an in-process test waits on an event)."""
         if point != "statement":
             failpoint(f"startup.{point}")
         self.hook(point)
