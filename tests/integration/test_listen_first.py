@@ -115,6 +115,8 @@ def test_up_answers_at_once_and_reads_wait_for_the_index_check(
             assert "PRAGMA quick_check running" in late.text
             with ThreadPoolExecutor(1) as pool, node.client() as other:
                 waiting = pool.submit(other.get, path)
+                # In flight: the GET and this scrape; the GET waits for the check.
+                assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
                 pause.released.set()
                 released = True
                 assert waiting.result(30).content == body
@@ -186,13 +188,29 @@ def test_reads_are_served_and_writes_wait_while_files_are_reconciled(
                 assert "reconciling files with the index" in str(grpc_refused.value.details())
             finally:
                 reapi.close()
-            with ThreadPoolExecutor(1) as pool, node.client() as other:
-                waiting = pool.submit(other.put, "/cache/rec/waited", content=b"it waited")
-                # In flight: the PUT and this scrape.
-                assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
-                assert not waiting.done()
-                pause.released.set()
-                assert waiting.result(30).status_code == 201
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_a_write_waits_for_the_reconciliation_and_is_stored_once_it_is_done(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # A wait far longer than the test takes: the write is still waiting when the work is let
+    # go, whatever the machine's load (the 503 at the bound is the test above's).
+    old, _found = stored
+    env = {**old.env, "KURA_STARTUP_WAIT_SECONDS": "60"}
+    pause = Pause("reconcile_page")
+    node = start_in_process(old.log_path.parent, env, prepare=pause.install)
+    assert pause.reached.wait(30), node.log()[-2000:]
+    try:
+        with node.client() as c, ThreadPoolExecutor(1) as pool, node.client() as other:
+            waiting = pool.submit(other.put, "/cache/rec/waited", content=b"it waited")
+            # In flight: the PUT and this scrape.
+            assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
+            assert not waiting.done()
+            pause.released.set()
+            assert waiting.result(30).status_code == 201
             assert c.get("/cache/rec/waited").content == b"it waited"
             assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
     finally:
@@ -316,6 +334,7 @@ def test_damage_the_background_check_finds_is_set_aside_with_the_node_listening(
             assert c.get("/up").status_code == 200
             assert reasons(c)[0].startswith("start-up: PRAGMA quick_check running")
             waiting = pool.submit(other.get, "/cache/rec/k0001")  # waits for the check
+            assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
             pause.released.set()
             # The index it would have read from was set aside: a miss, never a wrong body.
             assert waiting.result(30).status_code == 404
