@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -568,3 +569,43 @@ def test_writes_are_refused_before_their_body_when_the_estimate_is_past_the_wait
     finally:
         pause.released.set()
         assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_a_descriptor_shortage_during_the_reconciliation_is_retried_not_fatal(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # The walk opens directories: with no descriptor to spare it fails with EMFILE. That
+    # passes (a burst of connections): the node keeps serving reads and tries again, where
+    # it used to exit 1 ("background task failed").
+    old, found = stored
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    attempts: list[str] = []
+    squeezed = threading.Event()
+
+    def hook(point: str) -> None:
+        if point != "reconcile":
+            return
+        attempts.append(point)
+        if len(attempts) == 1:  # no descriptor left for this walk (this process's limit)
+            lowest_free = os.dup(0)
+            os.close(lowest_free)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+            squeezed.set()
+        else:  # the retry: the shortage has passed
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    def install(node: Node) -> None:
+        node.service.startup.hook = hook
+
+    try:
+        node = start_in_process(old.log_path.parent, old.env, prepare=install)
+        assert squeezed.wait(30)
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 60), c.get("/ready").text
+        log = node.log()
+        assert "reconciling the index failed for want of descriptors" in log, log[-3000:]
+        assert len(attempts) == 2
+        assert_served(node, found)
+        assert node.stop() == 0, node.log()[-3000:]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
