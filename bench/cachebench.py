@@ -363,6 +363,19 @@ def run_put_one(
 # ----------------------------------------------------------------- RSS
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process and its descendants so far (/proc, proc(5))."""
+    total = 0.0
+    for p in _children(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def _children(pid: int) -> list[int]:
     kids: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):

@@ -9,6 +9,8 @@ Peers (all on 127.0.0.1, each with its own store under one fresh temp dir):
   aiohttp    servers/aiohttp_cache.py  (bare aiohttp, FileResponse -> sendfile; PUT temp+rename)
   aiohttp-hot1, aiohttp-hot2   the same, small GETs from a dict, in 1 or 2 processes (the
              ceiling of a Python server for small hits)
+  kura-base, kura2-base (3, 4)   kura at another revision (--base-rev), beside kura/kuraN in
+             the same run: a change against the commit it started from
   product    any other server: --product-cmd / --product-layout, see bench/README.md
 
 Every case is repeated --repeat times; repeats are interleaved across peers (case by case)
@@ -392,7 +394,10 @@ class KuraPeer(Peer):
         env: dict[str, str] | None = None,
         cleanup: str = "files",
         rev: str | None = None,
+        name: str | None = None,
     ):
+        if name:
+            self.name = name  # before Peer.__init__, which names the peer's directory
         super().__init__(workdir)
         self.data_dir = os.path.join(self.store, "data")
         self.tmp_dir = os.path.join(self.store, "tmp")
@@ -414,6 +419,10 @@ class KuraPeer(Peer):
                 ["git", "-C", REPO, "archive", commit, "src"], capture_output=True, check=True
             ).stdout
             subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
+            # The REAPI stubs are generated (setup.py), never committed: the working tree's.
+            protos = os.path.join(src, "src", "kura", "protos")
+            if not os.path.exists(protos):
+                shutil.copytree(os.path.join(REPO, "src", "kura", "protos"), protos)
             self.extra_env["PYTHONPATH"] = os.path.join(src, "src")
             if not cmd:
                 self.cmd = [default_python(), "-m", "kura.cli"]
@@ -487,7 +496,8 @@ class KuraWorkersPeer(KuraPeer):
     process) in the same run."""
 
     def __init__(self, workdir: str, workers: int, **kwargs: Any) -> None:
-        self.name = f"kura{workers}"
+        self.name = kwargs.pop("name", None) or f"kura{workers}"
+        kwargs["name"] = self.name
         env = {"KURA_WORKERS": str(workers), **(kwargs.pop("env", None) or {})}
         super().__init__(workdir, env=env, **kwargs)
 
@@ -896,6 +906,13 @@ def build_parser() -> argparse.ArgumentParser:
         "PYTHONPATH) instead of the working tree, e.g. HEAD",
     )
     ap.add_argument(
+        "--base-rev",
+        metavar="REV",
+        help="peers kura-base and kura2-base (3, 4): kura's committed sources of this git "
+        "revision, beside kura and kuraN (the working tree or --kura-rev) in the same run, e.g. "
+        "the commit an issue started from",
+    )
+    ap.add_argument(
         "--kura-cleanup",
         choices=("files", "keep"),
         default="files",
@@ -924,6 +941,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="file of a key inside {store}, for deleting PUT-load files ('' = never delete)",
     )
     return ap
+
+
+def _with_cpu(p: Peer, case: Any) -> dict:
+    """``case()``'s row plus the CPU the peer's processes used meanwhile: ``server_cpu_s`` and
+    ``server_cpu_us_per_req``, the work per request, which a busy machine disturbs far less
+    than the rate (other load takes cores away; it does not add work to each request)."""
+    assert p.proc is not None
+    before = cb.tree_cpu_seconds(p.proc.pid)
+    row = case()
+    used = cb.tree_cpu_seconds(p.proc.pid) - before
+    row["server_cpu_s"] = round(used, 2)
+    if row.get("requests"):
+        row["server_cpu_us_per_req"] = round(used * 1e6 / row["requests"], 1)
+    return row
+
+
+def _base_rev(a: argparse.Namespace) -> str:
+    if not a.base_rev:
+        raise SystemExit("the kura*-base peers need --base-rev")
+    return str(a.base_rev)
 
 
 def table_from(a: argparse.Namespace) -> None:
@@ -1031,6 +1068,26 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
                 for n in (2, 3, 4)
             },
+            "kura-base": lambda: KuraPeer(
+                workdir,
+                cmd=shlex.split(a.kura_cmd) if a.kura_cmd else None,
+                env=_env_pairs(a.kura_env),
+                cleanup=a.kura_cleanup,
+                rev=_base_rev(a),
+                name="kura-base",
+            ),
+            **{
+                f"kura{n}-base": lambda n=n: KuraWorkersPeer(
+                    workdir,
+                    n,
+                    cmd=shlex.split(a.kura_cmd) if a.kura_cmd else None,
+                    env=_env_pairs(a.kura_env),
+                    cleanup=a.kura_cleanup,
+                    rev=_base_rev(a),
+                    name=f"kura{n}-base",
+                )
+                for n in (2, 3, 4)
+            },
             "product": lambda: ProductPeer(
                 workdir,
                 a.product_cmd,
@@ -1082,24 +1139,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         for rep in range(a.repeat):
             for size in get_sizes:
                 for p in peers:
-                    row = cb.run_get(
-                        p.target,
-                        seeded[(p.name, size)],
-                        size,
-                        threads=a.threads,
-                        conns=conns.get(size),
-                        duration=a.duration,
+                    row = _with_cpu(
+                        p,
+                        lambda p=p, size=size: cb.run_get(
+                            p.target,
+                            seeded[(p.name, size)],
+                            size,
+                            threads=a.threads,
+                            conns=conns.get(size),
+                            duration=a.duration,
+                        ),
                     )
                     emit(dict(row, rep=rep))
             for size in put_sizes:
                 for p in peers:
-                    row = cb.run_put(
-                        p.target,
-                        size,
-                        threads=a.threads,
-                        conns=conns.get(size),
-                        duration=a.duration,
-                        cleanup=p.cleanup,
+                    row = _with_cpu(
+                        p,
+                        lambda p=p, size=size: cb.run_put(
+                            p.target,
+                            size,
+                            threads=a.threads,
+                            conns=conns.get(size),
+                            duration=a.duration,
+                            cleanup=p.cleanup,
+                        ),
                     )
                     emit(dict(row, rep=rep))
                     subprocess.run(["sync"])

@@ -9,8 +9,9 @@ stacks, top functions.
 Starts one kura (same settings as peers.py) in a temp dir, seeds the GET set of that size,
 runs wrk (2 threads, peers.py's connection count) for --duration seconds and samples the
 process with `py-spy record` twice inside that window. Writes OUT.txt (collapsed stacks, one
-thread per root frame) and OUT.svg (flame graph of the second window) and prints the wrk result plus the
-functions with the most self and inclusive samples, per thread group. --wrk-only skips py-spy
+thread per root frame) and OUT.svg (flame graph of the second window) and prints the wrk result
+plus, per thread group, the self samples per package and the functions with the most self and
+inclusive samples (--analyse OUT.txt, or a gzipped OUT.txt.gz, prints them again). --wrk-only skips py-spy
 (throughput without the sampler's overhead). py-spy runs with --nonblocking, so the process
 is not paused while sampled.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import os
 import re
@@ -102,35 +104,51 @@ def _thread_group(root: str) -> str:
     return "MainThread (event loop)" if name == "MainThread" else name
 
 
+def _package(frame: str) -> str:
+    """'Handle._run (asyncio/events.py)' -> 'asyncio': the leaf file's top directory."""
+    m = re.search(r"\(([^)]*?)(:\d+)?\)$", frame)
+    return (m.group(1) if m else frame).split("/")[0]
+
+
 def top_functions(collapsed: str, n: int) -> str:
-    """Self and inclusive sample shares per function, per thread group (py-spy --threads)."""
+    """Self and inclusive sample shares per function, and self shares per package, per thread
+    group (py-spy --threads). COLLAPSED may be gzipped (.gz)."""
     self_c: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    pkg_c: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     incl_c: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     totals: collections.Counter = collections.Counter()
     buckets: collections.Counter = collections.Counter()
-    with open(collapsed) as f:
+    with (gzip.open if collapsed.endswith(".gz") else open)(collapsed, "rt") as f:
         for line in f:
             stack, _, count_s = line.rstrip("\n").rpartition(" ")
             if not stack:
                 continue
             count = int(count_s)
             frames = stack.split(";")
-            if frames[0].startswith("process "):
+            role = ""
+            while frames[0].startswith("process "):  # nested: a child under its parent
+                # --subprocesses: a worker's threads are grouped apart from the primary's
+                role = "worker " if "kura.workers.worker" in frames[0] else "primary "
                 frames = frames[1:]
             group = _thread_group(frames[0]) if frames[0].startswith("thread (") else "?"
+            group = role + group
             funcs = [re.sub(r":\d+\)$", ")", fr) for fr in frames[1:]] or ["<no Python frame>"]
             totals[group] += count
             totals["all"] += count
             buckets[(group, _category(funcs))] += count
             self_c[group][funcs[-1]] += count
+            pkg_c[group][_package(funcs[-1])] += count
             for fn in set(funcs):
                 incl_c[group][fn] += count
     out = [f"samples: {totals['all']} (rate x seconds x threads with a Python stack)"]
     out.append("\n== cost breakdown (share of all samples)")
     for (group, name), c in buckets.most_common():
-        out.append(f"{c / totals['all']:6.1%}  {group:24s} {name}")
+        out.append(f"{c / totals['all']:6.1%}  {group:32s} {name}")
     for group in sorted(self_c, key=lambda g: -totals[g]):
         out.append(f"\n== {group}: {totals[group]} samples ({totals[group] / totals['all']:.0%})")
+        out.append("-- self, per package (the leaf frame's top directory)")
+        for pkg, c in pkg_c[group].most_common(n):
+            out.append(f"{c / totals[group]:6.1%}  {pkg}")
         out.append("-- self")
         for fn, c in self_c[group].most_common(n):
             out.append(f"{c / totals[group]:6.1%}  {fn}")
@@ -138,19 +156,6 @@ def top_functions(collapsed: str, n: int) -> str:
         for fn, c in incl_c[group].most_common(n):
             out.append(f"{c / totals[group]:6.1%}  {fn}")
     return "\n".join(out)
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """user + system CPU seconds of a process tree so far."""
-    total = 0.0
-    for p in cb._children(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
 
 
 def _machine_busy() -> tuple[float, float]:
@@ -179,8 +184,16 @@ def main() -> None:
     ap.add_argument("--kura-env", action="append", default=[], metavar="KURA_X=VALUE")
     ap.add_argument("--out", default="/tmp/kura-profile", help="output path prefix")
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--analyse", metavar="TXT", help="only print the top functions of a .txt")
+    ap.add_argument(
+        "--analyse", metavar="TXT", help="only print the top functions of a .txt (or .txt.gz)"
+    )
     ap.add_argument("--wrk-only", action="store_true", help="no py-spy: plain throughput")
+    ap.add_argument(
+        "--subprocesses",
+        action="store_true",
+        help="py-spy --subprocesses: sample the workers too (KURA_WORKERS > 1); each thread "
+        "group is prefixed 'primary' or 'worker'",
+    )
     ap.add_argument(
         "--gil",
         action="store_true",
@@ -229,7 +242,7 @@ def main() -> None:
             )
 
         t = threading.Thread(target=load)
-        cpu0, busy0, wall0 = _proc_cpu_s(pid), _machine_busy(), time.monotonic()
+        cpu0, busy0, wall0 = cb.tree_cpu_seconds(pid), _machine_busy(), time.monotonic()
         t.start()
         if not a.wrk_only:
             # wrk runs for --duration; sample twice inside it (collapsed stacks, then the SVG)
@@ -248,6 +261,7 @@ def main() -> None:
                         "--threads",
                         "--nonblocking",
                         *(["--gil"] if a.gil else []),
+                        *(["--subprocesses"] if a.subprocesses else []),
                         "--format",
                         fmt,
                         "-o",
@@ -259,7 +273,7 @@ def main() -> None:
         t.join()
         wall = time.monotonic() - wall0
         busy1 = _machine_busy()
-        result["server_cpu_pct"] = round(100 * (_proc_cpu_s(pid) - cpu0) / wall, 1)
+        result["server_cpu_pct"] = round(100 * (cb.tree_cpu_seconds(pid) - cpu0) / wall, 1)
         result["machine_busy_pct"] = round(
             100 * (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]), 1
         )

@@ -188,7 +188,7 @@ class Node:
             server_ssl, client_ssl = server_ssl_context(*tls), client_ssl_context(*tls)
         self._server_ssl = server_ssl
         self.peer_auth = PeerAuth(settings.internal_tokens)
-        self.wire_versions = internal.WireVersions()
+        self.wire_versions = internal.WireVersions(self.clock.monotonic)
         self.auth = token_auth_from(settings)
         cert, key = settings.public_tls_cert_path, settings.public_tls_key_path
         self.public_tls = PublicTls(cert, key) if cert and key else None

@@ -234,7 +234,25 @@ def _admin_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=0,
         help="outbox messages a peer may still hold for it, and it for a peer (default 0)",
     )
-    options(gate, False)
+    # Not ``options``: the gate reads /ready and /status over --url only (no --data-dir), with
+    # a read token, and prints its reasons (no --json).
+    gate.add_argument(
+        "--url",
+        default=argparse.SUPPRESS,
+        help="the gated node's public URL (default: KURA_URL, else http://127.0.0.1:4000)",
+    )
+    gate.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,
+        help="a read token for /status (env KURA_ADMIN_TOKEN, else KURA_TOKEN, else in a "
+        "node's own environment its first read token)",
+    )
+    gate.add_argument(
+        "--timeout",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="seconds to wait for each request (default 30)",
+    )
 
 
 def _own_token(env: Mapping[str, str]) -> str | None:
@@ -439,6 +457,9 @@ def rollout_gate(args: argparse.Namespace) -> int:
         print(
             "kura admin rollout-gate: pass the node's public --url, not --data-dir", file=sys.stderr
         )
+        return 2
+    if args.json:
+        print("kura admin rollout-gate: prints its reasons; it has no --json", file=sys.stderr)
         return 2
     if args.wait < 0 or args.max_queued < 0:
         print("kura admin rollout-gate: --wait and --max-queued must be >= 0", file=sys.stderr)

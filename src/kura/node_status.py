@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kura import __version__
 from kura.core.namespace_rule import DEFAULT_RULE, OTHER, REASONS, top_namespaces
-from kura.core.versions import WIRE_VERSION
+from kura.core.versions import MIN_WIRE_VERSION, WIRE_VERSION
 from kura.storage.fsync import process_shortage
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ def node_status(node: Node, lookups: dict[str, dict[str, int]]) -> dict[str, Any
         "tmp_capacity_bytes": node.budget.capacity_bytes,
         "version": __version__,
         "wire_version": WIRE_VERSION,
+        "min_wire_version": MIN_WIRE_VERSION,
         "event_loop": node.event_loop,
         "disk_limit_bytes": node.settings.max_disk_bytes,
         "namespaces": _namespaces(node),

@@ -11,10 +11,16 @@ every other node given (their public URLs; the node's own URL among them is reco
   messages for each and no catch-up mark (a queue that overflowed: the peer must pull);
 * every peer it lists was looked at (``--mesh-url``), knows it, sees it healthy, and holds at
   most ``max_queued`` messages and no catch-up mark for it: what was written while it was
-  away has reached it.
+  away has reached it;
+* every ``--mesh-url`` node is listed by it, and none holds messages or a mark for it;
+* no ``/status`` looked at warns that its node cannot talk to a peer, nor lists a peer whose
+  ``wire_version`` is outside that node's range (``min_wire_version``..``wire_version``): with
+  no writes flowing, a peer of an unspoken wire still looks healthy and holds no queue.
 
-Every field read is in the ``/status`` of kura 0.1.0 as well (``peers[].outbox_messages``,
-``needs_catch_up``, ``healthy``), so the gate also judges a mesh that is half previous release.
+The queue fields read are in the ``/status`` of kura 0.1.0 as well (``peers[].outbox_messages``,
+``needs_catch_up``, ``healthy``); the version fields (``warnings``' "cannot talk",
+``wire_version``, ``min_wire_version``) are read only when present, so the gate also judges a
+mesh that is half previous release.
 ``max_queued`` (default 0) allows for the messages a live write load keeps in flight.
 
 The gate looks every ``INTERVAL_SECONDS`` until the node has caught up or ``wait_seconds``
@@ -87,8 +93,10 @@ def behind(seen: Look, max_queued: int = 0) -> list[str]:
     if not seen.ready:
         reasons.append("not ready: " + ("; ".join(node.get("reasons") or []) or "/ready is 503"))
     statuses = {str(doc.get("node_url")): doc for doc in seen.others.values() if doc}
+    listed = set()
     for row in node.get("peers", []):
         peer = str(row.get("node_url"))
+        listed.add(peer)
         reasons.extend(_row_behind(f"{peer} (as this node sees it)", row, max_queued))
         doc = statuses.get(peer)
         if doc is None:
@@ -102,7 +110,39 @@ def behind(seen: Look, max_queued: int = 0) -> list[str]:
             reasons.append(f"{peer} does not list this node ({me}) yet")
             continue
         reasons.extend(_row_behind(f"{peer}'s view of this node", theirs, max_queued))
+    # A --mesh-url node the node does not list (its discovery gave up on it, or membership has
+    # not admitted it yet) may still hold messages or a mark for it.
+    for peer, doc in statuses.items():
+        if peer == me or peer in listed:
+            continue
+        reasons.append(f"{peer} is in the mesh but this node does not list it")
+        theirs = next((r for r in doc.get("peers", []) if r.get("node_url") == me), None)
+        if theirs is not None:
+            reasons.extend(_row_behind(f"{peer}'s view of this node", theirs, max_queued))
+    for doc in (node, *statuses.values()):
+        reasons.extend(_cannot_talk(doc))
     return reasons
+
+
+def _cannot_talk(doc: dict[str, Any]) -> list[str]:
+    """Why the node of ``doc`` (a ``/status``) cannot talk to a peer: a warning saying so, or a
+    peer row whose ``wire_version`` is outside the node's range (``min_wire_version`` to
+    ``wire_version``). Without writes a peer of an unspoken wire still looks healthy and holds
+    no queue, so only these say it. Fields read only when present (kura 0.1.0 has none; a
+    ``/status`` without ``min_wire_version`` speaks from wire 1)."""
+    where = str(doc.get("node_url"))
+    out = [f"{where}: {w}" for w in doc.get("warnings") or [] if "cannot talk" in str(w)]
+    high = doc.get("wire_version")
+    if not isinstance(high, int):
+        return out
+    low = doc.get("min_wire_version", 1)
+    for row in doc.get("peers") or []:
+        wire = row.get("wire_version")
+        if isinstance(wire, int) and isinstance(low, int) and not low <= wire <= high:
+            out.append(
+                f"{where}: peer {row.get('node_url')} runs wire {wire}, outside {low}-{high}"
+            )
+    return out
 
 
 def _row_behind(where: str, row: dict[str, Any], max_queued: int) -> list[str]:

@@ -508,11 +508,17 @@ def rollout_problems(sts: dict[str, Any], script: str) -> list[str]:
             problems.append(
                 f"{name} defaults to {defaults.get(name)!r}, the manifests say {value!r}"
             )
-    if "-c kura --" not in script:
-        problems.append("the gate does not run in the kura container")
-    gate = re.search(r"kura admin rollout-gate (.*?)\n(.*?)\n", script, re.DOTALL)
+    # The gate runs where the script runs: a pod of kura 0.1.0 has no rollout-gate command, and
+    # the script must gate pods of either version (the first upgrade, a roll back).
+    if re.search(r"\bexec\b[^\n]*rollout-gate|rollout-gate[^\n]*\bexec\b", script):
+        problems.append("the gate runs inside a pod (kubectl exec)")
+    if defaults.get("GATE") != "kura admin rollout-gate":
+        problems.append(f"GATE defaults to {defaults.get('GATE')!r}, not a local kura")
+    if "{.spec.updateStrategy.rollingUpdate.partition}" not in script:
+        problems.append("a resumed run does not start from the partition")
+    gate = re.search(r"\$GATE (--url .*?)\n(.*?)\n", script, re.DOTALL)
     if gate is None:
-        return [*problems, "rollout.sh does not run kura admin rollout-gate"]
+        return [*problems, "rollout.sh does not run $GATE"]
     flags = re.findall(r"(--[a-z-]+) ", " ".join(gate.groups()))
     argv = ["admin", "rollout-gate"]
     for flag in flags:
@@ -536,6 +542,12 @@ def test_the_rollout_check_fails_a_wrong_port_and_an_unknown_flag(
     assert len(wrong) == 1
     assert "does not take" in wrong[0]
     assert rollout_problems(sts, script + "\nif then\n")[0].startswith("dash -n:")
+    inside = script.replace(
+        "$GATE --url", 'kubectl exec "$STATEFULSET-$1" -c kura -- kura admin rollout-gate --url'
+    )
+    assert "the gate runs inside a pod (kubectl exec)" in rollout_problems(sts, inside)
+    raised = script.replace("{.spec.updateStrategy.rollingUpdate.partition}", "{.spec.replicas}")
+    assert rollout_problems(sts, raised) == ["a resumed run does not start from the partition"]
 
 
 def test_kura_runs_unprivileged_with_resources(manifests: list[Manifest]) -> None:

@@ -24,7 +24,7 @@ import pytest
 from kura import __version__
 from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
-from kura.core.versions import WIRE_VERSION
+from kura.core.versions import MIN_WIRE_VERSION, WIRE_VERSION
 from kura.mesh.wire import encode_manifest
 from tests import oneshot
 from tests.conftest import NodeProcess, spawn_node
@@ -95,6 +95,7 @@ def test_peers_report_each_others_versions_and_answer_with_theirs(tmp_path: Path
         a, b = mesh.nodes
         doc = status(a)
         assert (doc["version"], doc["wire_version"]) == (__version__, WIRE_VERSION)
+        assert doc["min_wire_version"] == MIN_WIRE_VERSION
         row = peer_row(a, b.internal_url)
         assert (row["wire_version"], row["kura_version"]) == (WIRE_VERSION, __version__)
         assert not [w for w in doc["warnings"] if "version" in w], doc["warnings"]
@@ -167,7 +168,11 @@ def test_a_request_without_a_version_is_wire_1_and_served_one_of_an_unspoken_ver
         headers={"Kura-Wire-Version": "two"},
         timeout=10,
     )
-    assert garbled.status_code == 400
+    # A header that does not parse (a later release changed its format) is refused as unspoken,
+    # a 5xx every sender retries, never a 400 that senders drop for good.
+    assert garbled.status_code == 503
+    assert garbled.headers["Kura-Refusal"] == "wire_version"
+    assert "(unparseable wire version) and this node" in garbled.json()["message"]
     assert "refused a peer request from 127.0.0.1" in node.log()
     assert f"kura {FUTURE} (wire 3)" in node.log()
 
@@ -201,15 +206,10 @@ def test_a_peer_of_an_unspoken_wire_is_reported_keeps_its_queue_and_catches_up_o
         assert wait_for(lambda: peer_row(future, head.internal_url).get("outbox_messages") == 1, 30)
         assert nx_get(future, "written-on-head") is None  # not applied by a wire it refused
         assert "cannot talk" in head.log()
-        # No retry storm: the shipper backs off (2 s doubling), and the receiver logs the
-        # refusals of one address and version once a minute.
-        before = peer_row(head, future.internal_url)["replication_failures_in_a_row"]
-        time.sleep(4)
-        after = peer_row(head, future.internal_url)["replication_failures_in_a_row"]
-        assert isinstance(before, int)
-        assert isinstance(after, int)
-        assert after - before <= 3, (before, after)
-        assert future.log().count("refused a peer request from") == 1
+        # The receiver logs its refusals (at most one line a minute for all senders) and the
+        # sender keeps the copy queued: its backoff and the log's limit are decided on an
+        # injected clock in tests/integration/test_wire_refusal_clock.py, not by sleeping here.
+        assert future.log().count("refused a peer request from") >= 1
         # Roll node 1 back to HEAD on the same data dir: both queues drain, both writes are
         # on both nodes, the warnings go.
         assert future.stop() == 0

@@ -27,12 +27,17 @@ BODY = b"kept across versions " * 100
 
 
 def snapshot(directory: Path) -> dict[str, str]:
-    """Every entry under ``directory``: a file's SHA-256 and size, a directory as ``dir``."""
+    """Every entry under ``directory``: a file's SHA-256 and size, a directory as ``dir``. The
+    index's ``-shm`` is left out: it is SQLite's shared-memory index of the WAL, which every
+    reader of a WAL, a read-only one too, creates or updates
+    (https://www.sqlite.org/walformat.html#shm); it holds no data and is rebuilt from the WAL."""
     out = {}
     for root, dirs, files in os.walk(directory):
         for name in dirs:
             out[os.path.relpath(Path(root, name), directory)] = "dir"
         for name in files:
+            if name.endswith("-shm"):
+                continue
             data = Path(root, name).read_bytes()
             out[os.path.relpath(Path(root, name), directory)] = (
                 f"{hashlib.sha256(data).hexdigest()} {len(data)}"
@@ -134,3 +139,106 @@ def test_a_blob_layout_of_a_newer_kura_is_refused_and_left_untouched(
         f"written by a newer kura (blob layout {future_layout}); kura {__version__} reads blob "
         f"layouts 1-{LAYOUT_VERSION}: run a kura that reads blob layout {future_layout}"
     ) in stderr, stderr
+
+
+def future_schema(conn: sqlite3.Connection) -> None:
+    """Commit on ``conn`` what the next release's migration would: a schema past this one's."""
+    conn.execute("BEGIN")
+    conn.execute("ALTER TABLE artifacts ADD COLUMN next_release_column TEXT")
+    conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    conn.execute("UPDATE meta SET v = ? WHERE k = 'kura_version'", (FUTURE,))
+    conn.execute("COMMIT")
+
+
+def refusal_of_schema(found: str) -> str:
+    return (
+        f"this data directory was written by kura {FUTURE} (metadata schema {found}); kura "
+        f"{__version__} reads metadata schemas 1-{SCHEMA_VERSION}: run kura {FUTURE} or later"
+    )
+
+
+def test_a_newer_kura_that_crashed_leaves_its_wal_which_a_refusal_keeps_byte_for_byte(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """A killed newer kura leaves commits only in the ``-wal``: the refusal reads them (so it
+    refuses) without replaying them into the file nor removing the ``-wal``."""
+    node = written_by_head(start_node)
+    writer = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    try:
+        writer.execute("PRAGMA wal_autocheckpoint=0")  # the commit stays in the -wal
+        future_schema(writer)
+        wal = node.data_dir / "index.sqlite3-wal"
+        assert wal.stat().st_size > 0
+        before = snapshot(node.data_dir)
+        stderr = serve_refused(node.env, exit_code=1)
+        assert refusal_of_schema(str(SCHEMA_VERSION + 1)) in stderr, stderr
+        assert snapshot(node.data_dir) == before
+    finally:
+        writer.close()
+
+
+def test_a_newer_data_dir_with_a_damaged_wal_is_refused_before_the_wal_is_set_aside(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = written_by_head(start_node)
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    future_schema(conn)
+    conn.close()
+    (node.data_dir / "index.sqlite3-wal").write_bytes(b"not a WAL header " * 8)
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)
+    assert refusal_of_schema(str(SCHEMA_VERSION + 1)) in stderr, stderr
+    assert snapshot(node.data_dir) == before
+
+
+def test_the_index_records_the_layout_and_a_lost_layout_file_is_refused(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Without the record a data dir whose ``layout`` file is gone (a full disk failed its
+    write) would be taken for a fresh one: layout written over, files reconciled away."""
+    node = written_by_head(start_node)
+    assert meta(node.data_dir)["layout"] == LAYOUT_VERSION
+    (node.data_dir / "layout").unlink()
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)
+    assert (
+        f"the data directory's index records blob layout '{LAYOUT_VERSION}' but its layout "
+        "file is missing: restore the file"
+    ) in stderr, stderr
+    assert snapshot(node.data_dir) == before
+    # A newer kura's layout, recorded in the index, is refused whatever the file says.
+    future_layout = str(int(LAYOUT_VERSION) + 1)
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("UPDATE meta SET v = ? WHERE k = 'layout'", (future_layout,))
+    conn.execute("UPDATE meta SET v = ? WHERE k = 'kura_version'", (FUTURE,))
+    conn.close()
+    for layout_file in (None, LAYOUT_VERSION):
+        if layout_file is not None:
+            (node.data_dir / "layout").write_text(layout_file + "\n")
+        before = snapshot(node.data_dir)
+        stderr = serve_refused(node.env, exit_code=1)
+        assert (
+            f"this data directory was written by kura {FUTURE} (blob layout {future_layout})"
+        ) in stderr, stderr
+        assert snapshot(node.data_dir) == before
+
+
+def test_a_metadata_schema_missing_or_unparseable_is_refused_not_initialised(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = written_by_head(start_node)
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("UPDATE meta SET v = ? WHERE k = 'kura_version'", (FUTURE,))
+    conn.execute("UPDATE meta SET v = '5.1' WHERE k = 'schema_version'")
+    conn.close()
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)  # no traceback of int('5.1')
+    assert refusal_of_schema("'5.1'") in stderr, stderr
+    assert snapshot(node.data_dir) == before
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("DELETE FROM meta WHERE k = 'schema_version'")
+    conn.close()
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)
+    assert refusal_of_schema("(none)") in stderr, stderr
+    assert snapshot(node.data_dir) == before

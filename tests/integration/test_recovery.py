@@ -80,6 +80,9 @@ def test_a_layout_1_data_dir_is_migrated_and_serves_every_artifact(
     for path in files:
         path.rename(path.with_name(path.name[:64]))
     (node.data_dir / "layout").write_text("1\n")
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("DELETE FROM meta WHERE k = 'layout'")  # layout 1's kura recorded none
+    conn.close()
     node = spawn_node(node.log_path.parent, node.env)
     try:
         assert_served(node, stored)

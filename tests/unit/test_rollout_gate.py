@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from kura.cli import build_parser, main
 from kura.rollout_gate import Look, behind
 
 ME, PEER = "http://10.0.0.1:4100", "http://10.0.0.2:4100"
@@ -53,3 +56,56 @@ def test_not_ready_unlisted_and_unread_peers_hold_the_gate() -> None:
     assert behind(unread) == [
         f"{PEER}'s queue for this node not checked: pass that node's public URL with --mesh-url"
     ]
+
+
+def test_a_mesh_node_the_node_does_not_list_is_looked_at_too() -> None:
+    """Discovery gave up on it or membership has not admitted it: its queue for the node and
+    its catch-up mark still hold the gate, and so does the node not listing it."""
+    waiting = row(ME, outbox_messages=7, needs_catch_up=True)
+    unlisted = Look(
+        ready=True,
+        status={"node_url": ME, "peers": []},
+        others={"http://peer:4000": {"node_url": PEER, "peers": [waiting]}},
+    )
+    assert behind(unlisted) == [
+        f"{PEER} is in the mesh but this node does not list it",
+        f"{PEER}'s view of this node: 7 outbox messages queued (at most 0)",
+        f"{PEER}'s view of this node: needs catch-up (queue dropped)",
+    ]
+    unlisted.others["http://peer:4000"] = {"node_url": PEER, "peers": []}
+    assert behind(unlisted) == [f"{PEER} is in the mesh but this node does not list it"]
+
+
+def test_a_peer_the_node_cannot_talk_to_holds_the_gate_without_any_write() -> None:
+    """Healthy, nothing queued, but of a wire outside the looking node's range: only the
+    warning and the row's wire version say so. Absent fields (kura 0.1.0) hold nothing."""
+    cannot = f"peer {PEER}: kura 0.3.0 (wire 3) and this node, kura 0.2.0 ... cannot talk: ..."
+    look = seen(row(PEER, wire_version=3), row(ME, wire_version=2))
+    assert look.status is not None
+    look.status |= {"wire_version": 2, "min_wire_version": 1, "warnings": [cannot]}
+    assert behind(look) == [f"{ME}: {cannot}", f"{ME}: peer {PEER} runs wire 3, outside 1-2"]
+    unparseable = seen(row(PEER), row(ME, wire_version=0))
+    assert unparseable.others["http://peer:4000"] is not None
+    unparseable.others["http://peer:4000"] |= {"wire_version": 3, "min_wire_version": 3}
+    assert behind(unparseable) == [f"{PEER}: peer {ME} runs wire 0, outside 3-3"]
+    # A 0.2.0 /status seeing a 0.1.0 peer (wire 1), and a 0.1.0 /status: nothing to hold.
+    mixed = seen(row(PEER, wire_version=1), row(ME))
+    assert mixed.status is not None
+    mixed.status |= {"wire_version": 2, "min_wire_version": 1, "warnings": ["mixed versions"]}
+    assert behind(mixed) == []
+
+
+def test_the_command_takes_a_read_token_and_has_no_json_nor_data_dir(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for ignored in ("--json", "--data-dir=/d"):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(["admin", "rollout-gate", ignored])
+        assert exited.value.code == 2
+    assert main(["admin", "--json", "rollout-gate"]) == 2  # the admin-level flag, refused too
+    assert "it has no --json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["admin", "rollout-gate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "a read token for /status" in shown
+    assert "clean token" not in shown

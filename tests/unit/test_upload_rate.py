@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import math
 
+from kura.api import upload_rate
 from kura.api.upload_rate import UploadRule
+from kura.settings import Settings
 
 RULE = UploadRule(idle_seconds=60.0, min_bytes_per_second=1000, grace_seconds=10.0)
 
@@ -44,3 +47,22 @@ def test_a_timer_that_fires_a_hair_early_names_the_nearer_deadline() -> None:
     meter = stalled.meter(0.0)
     meter.add(50_000, 1.0)
     assert meter.due(2.999) == "stalled"
+
+
+def test_the_rule_of_a_settings_object_is_built_once_and_forgotten_with_it() -> None:
+    """Every listener asks ``UploadRule.of`` (HTTP bodies, the forwarder, gRPC): one rule per
+    settings object, shared; another object gets its own; a collected one leaves nothing."""
+    settings = Settings(min_upload_bytes_per_second=1000)
+    rule = UploadRule.of(settings)
+    assert rule == UploadRule(
+        float(settings.body_idle_timeout_seconds), 1000, float(settings.upload_grace_seconds)
+    )
+    assert UploadRule.of(settings) is rule
+    other = Settings(min_upload_bytes_per_second=2000)
+    assert UploadRule.of(other).min_bytes_per_second == 2000
+    kept = id(other)
+    assert kept in upload_rate._RULES
+    del other
+    gc.collect()
+    assert kept not in upload_rate._RULES
+    assert UploadRule.of(settings) is rule

@@ -30,11 +30,15 @@ async def serve(
     stored = body.manifest.headers
     # Defence in depth: a value stored before the rule existed is left out, not sent (a CR or
     # LF in it would make aiohttp drop the connection without an answer).
-    extra = {
-        h: stored[h]
-        for h in headers_from_manifest
-        if h in stored and stored_header_problem(h, stored[h]) is None
-    }
+    extra = (
+        {
+            h: stored[h]
+            for h in headers_from_manifest
+            if h in stored and stored_header_problem(h, stored[h]) is None
+        }
+        if headers_from_manifest
+        else None
+    )
     return await ranged_response(request, body, protocol, extra_headers=extra)
 
 

@@ -21,23 +21,19 @@ rebindable (a reviewer).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from kura.api.errors import error_response
 from kura.core.errors import Forbidden
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def cross_site_problem(method: str, headers: Mapping[str, str]) -> str | None:
-    """Why a request with ``method`` and ``headers`` is a write a web page made, or None."""
-    if method in SAFE_METHODS:
-        return None
+def _problem(headers: Mapping[str, str]) -> str | None:
+    """Why a request with ``headers`` and a method not in ``SAFE_METHODS`` (``refusal`` asks
+    that first) is a write a web page made, or None."""
     site = headers.get("Sec-Fetch-Site", "").strip().lower()
     if site in ("cross-site", "same-site"):
         return f"Sec-Fetch-Site: {site}"
@@ -47,23 +43,21 @@ def cross_site_problem(method: str, headers: Mapping[str, str]) -> str | None:
     return None
 
 
-def middleware() -> Middleware:
-    """The aiohttp middleware of every app (the primary's public and internal ones, each
-    worker's: ``kura.api.http.serving_app``)."""
-
-    @web.middleware
-    async def refuse_cross_site(request: web.Request, handler: Handler) -> web.StreamResponse:
-        problem = cross_site_problem(request.method, request.headers)
-        if problem is None:
-            return await handler(request)
-        response = error_response(
-            Forbidden(
-                f"a request from a web page may not change this cache ({problem}); build "
-                "tools and peers send no Origin"
-            )
+def refusal(request: web.Request) -> web.Response | None:
+    """The 403 for ``request`` if it is a write a web page made, else None. Every app of a
+    serving process asks it first, in its one outer middleware (``kura.api.http.serving_app``:
+    the primary's public and internal apps, each worker's)."""
+    if request.method in SAFE_METHODS:  # most requests: no header looked at
+        return None
+    problem = _problem(request.headers)
+    if problem is None:
+        return None
+    response = error_response(
+        Forbidden(
+            f"a request from a web page may not change this cache ({problem}); build "
+            "tools and peers send no Origin"
         )
-        if request.body_exists:
-            response.force_close()  # its body unread
-        return response
-
-    return refuse_cross_site
+    )
+    if request.body_exists:
+        response.force_close()  # its body unread
+    return response

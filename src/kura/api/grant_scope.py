@@ -20,6 +20,9 @@ from kura.core.overlay import Asked
 
 FIXED = {"nx": "nx", "metro": "metro", "bazel": "", "http_cache": "", "webdav": ""}
 UNSCOPED = frozenset({"probe"})
+# Built once: an ``Asked`` is an immutable tuple, and these are most requests' (``asked``).
+_NOTHING = Asked(None, None)
+_FIXED_ASKED = {protocol: Asked(None, namespace) for protocol, namespace in FIXED.items()}
 
 
 def request_namespace(request: web.Request, protocol: str) -> str | None:
@@ -33,12 +36,13 @@ def asked(request: web.Request, protocol: str) -> Asked:
     none (``""``, ``nx``, ``metro``; None for Turborepo, whose routes need a team, and the
     routes that touch no namespace)."""
     if protocol in UNSCOPED:
-        return Asked(None, None)
+        return _NOTHING
     in_path = request.match_info.get("namespace")
     if in_path is not None:
         return Asked(in_path, "")
-    if protocol in FIXED:
-        return Asked(None, FIXED[protocol])
+    fixed = _FIXED_ASKED.get(protocol)
+    if fixed is not None:
+        return fixed
     if protocol == "turbo":
         return Asked(_first(request, "teamId", "slug"), None, "team")
     return Asked(_first(request, "namespace_id", "project_handle"), "", "namespace_id")
@@ -46,4 +50,6 @@ def asked(request: web.Request, protocol: str) -> Asked:
 
 def _first(request: web.Request, *names: str) -> str | None:
     # kura.api.http.query_param's rule (first non-empty alias); not imported: http imports us.
+    if not request.query_string:  # no query: nothing to parse
+        return None
     return next((v for n in names if (v := request.query.get(n))), None)

@@ -272,7 +272,10 @@ def track_handlers(handlers: set[asyncio.Task[Any]]) -> Middleware:
     """The outermost middleware of every app (the primary's two, each worker's): each request's
     task is in ``handlers`` until its handler returns, whatever the route, so the drain on
     SIGTERM waits for all of them (a request a worker relays to the primary included) and the
-    in-flight gauge counts them. One place, so that no new kind of handler can be missed."""
+    in-flight gauge counts them. One place, so that no new kind of handler can be missed.
+    Inside the tracking it refuses a write a web page made (``kura.api.cross_site.refusal``):
+    one middleware for both, as each middleware costs every request a coroutine and a frame
+    of its own (docs/benchmarks.md, "Per-request work on aiohttp")."""
 
     @web.middleware
     async def tracked(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -280,6 +283,9 @@ def track_handlers(handlers: set[asyncio.Task[Any]]) -> Middleware:
         assert task is not None  # aiohttp runs each request in a task of its own
         handlers.add(task)
         try:
+            refused = cross_site.refusal(request)
+            if refused is not None:
+                return refused
             return await handler(request)
         finally:
             handlers.discard(task)
@@ -297,13 +303,13 @@ def serving_app(
     """An app of a process that serves kura's listeners: the primary's public and internal
     apps, and each worker's public one. What every such app needs is set here, so that no
     process can miss a piece (a worker once lost the log filter with an import it dropped):
-    ``track_handlers`` outermost, then ``cross_site``'s refusal of writes a web page made, then
-    ``middlewares``; ``context`` under ``CTX_KEY``; the process's
+    ``track_handlers`` outermost, with ``cross_site``'s refusal of writes a web page made
+    inside it, then ``middlewares``; ``context`` under ``CTX_KEY``; the process's
     malformed-request log filter; on a public app, ``no_active_content``."""
     quiet_malformed_requests()
     app = web.Application(
         client_max_size=client_max_size,
-        middlewares=[track_handlers(context.handlers), cross_site.middleware(), *middlewares],
+        middlewares=[track_handlers(context.handlers), *middlewares],
     )
     if public:
         app.on_response_prepare.append(no_active_content)
@@ -345,16 +351,20 @@ async def request_body(request: web.Request, protocol: str) -> AsyncIterator[byt
     bytes_in = c.metrics.bytes_in_child(protocol)
     content = request.content
     loop = asyncio.get_running_loop()
-    meter = upload_rate.UploadRule.of(c.settings).meter(loop.time())
+    meter = upload_rate.UploadRule.of(c.settings).meter(loop.time())  # built once per settings
     try:
         while True:
-            try:
-                async with asyncio.timeout(meter.seconds_left(loop.time())):
-                    chunk = await content.read(READ_CHUNK_BYTES)
-            except TimeoutError:
-                now = loop.time()
-                message = meter.give_up(c.metrics, protocol, meter.due(now), now)
-                raise UploadAborted(message) from None
+            # Bytes already here are taken without a timer: nothing waits on the client (most
+            # small bodies came with their head); the rule below judges them all the same.
+            chunk = content.read_nowait(READ_CHUNK_BYTES)
+            if not chunk and not content.is_eof():
+                try:
+                    async with asyncio.timeout(meter.seconds_left(loop.time())):
+                        chunk = await content.read(READ_CHUNK_BYTES)
+                except TimeoutError:
+                    now = loop.time()
+                    message = meter.give_up(c.metrics, protocol, meter.due(now), now)
+                    raise UploadAborted(message) from None
             if not chunk:
                 return
             bytes_in.inc(len(chunk))

@@ -12,7 +12,7 @@ Versions (the rules: ``kura.core.versions``; the headers: ``kura.mesh.wire``): e
 with ``Kura-Refusal: wire_version`` and a message naming both versions (``wire_refusal``, run
 before any handler and before ``100 Continue``: nothing is read or changed), logged at ERROR at
 most once per ``LOG_INTERVAL_SECONDS`` (``kit.log_limit``: the line counts those left out); a
-malformed one answers 400.
+malformed one alike (``UNPARSEABLE_WIRE_VERSION``: a later release's format), never 400.
 
 * ``GET /_internal/status`` → ``{"region", "tenant_id", "node_url", "wire_version",
   "kura_version"}`` (discovery probes; never refused for its version, so that the prober learns
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 
 from aiohttp import web
@@ -54,7 +55,6 @@ from kit.log_limit import LogLimit
 from kit.pace import seconds_ahead
 from kura import __version__
 from kura.api import changes
-from kura.api.errors import error_response
 from kura.api.file_response import DamagedBlob, verified_chunks
 from kura.api.http import artifact_response, ctx, declared_length, endpoint, request_body
 from kura.api.query import query_int
@@ -62,6 +62,7 @@ from kura.core.errors import Forbidden, InvalidRequest
 from kura.core.keys import HEX_SHA256, NAMESPACE, PRODUCERS, validate
 from kura.core.manifest import writer_of
 from kura.core.versions import (
+    UNPARSEABLE_WIRE_VERSION,
     UNSPOKEN_WIRE_VERSION,
     WIRE_REFUSAL_STATUS,
     WIRE_VERSION,
@@ -103,32 +104,35 @@ class WireVersions:
     """The internal listener's version check (``wire_refusal``, also the middleware) and the
     version headers on every answer (``stamp``, an ``on_response_prepare`` handler)."""
 
-    def __init__(self) -> None:
-        self._log_limit = LogLimit(1, LOG_INTERVAL_SECONDS)
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``monotonic``: the clock (seconds) of the refusal log's limit, one line per
+        ``LOG_INTERVAL_SECONDS`` across all senders (``kit.log_limit.LogLimit``)."""
+        self._log_limit = LogLimit(1, LOG_INTERVAL_SECONDS, monotonic)
 
     def wire_refusal(self, request: web.Request) -> web.Response | None:
         """The answer refusing ``request`` for its ``Kura-Wire-Version``, or None when this
-        node speaks it (absent: wire 1) or the route is ``/_internal/status``. 400 for a
-        malformed header; ``WIRE_REFUSAL_STATUS`` with ``Kura-Refusal: wire_version`` and a
-        JSON ``{"message"}`` naming both versions for one outside this node's range."""
+        node speaks it (absent: wire 1) or the route is ``/_internal/status``; else
+        ``WIRE_REFUSAL_STATUS`` with ``Kura-Refusal: wire_version`` and a JSON ``{"message"}``
+        naming both versions, for one outside this node's range and for a header that does not
+        parse alike (``UNPARSEABLE_WIRE_VERSION``: a later release may change its format, and
+        a 400 would make every sender, 0.1.0's too, drop the copy for good)."""
         if request.path == STATUS_PATH:
             return None
         try:
             theirs = wire_version_of(request.headers.get(WIRE_VERSION_HEADER))
-        except ValueError as exc:
-            response = error_response(InvalidRequest(str(exc)))
-        else:
-            if speaks(theirs):
-                return None
-            message = unspoken_message(
-                theirs, kura_version_of(request.headers.get(KURA_VERSION_HEADER))
-            )
-            self._log(request.remote or "unknown", message)
-            response = web.json_response(
-                {"message": message, "wire_version": WIRE_VERSION, "kura_version": __version__},
-                status=WIRE_REFUSAL_STATUS,
-                headers={REFUSAL_HEADER: UNSPOKEN_WIRE_VERSION},
-            )
+        except ValueError:
+            theirs = UNPARSEABLE_WIRE_VERSION
+        if speaks(theirs):
+            return None
+        message = unspoken_message(
+            theirs, kura_version_of(request.headers.get(KURA_VERSION_HEADER))
+        )
+        self._log(request.remote or "unknown", message)
+        response = web.json_response(
+            {"message": message, "wire_version": WIRE_VERSION, "kura_version": __version__},
+            status=WIRE_REFUSAL_STATUS,
+            headers={REFUSAL_HEADER: UNSPOKEN_WIRE_VERSION},
+        )
         if request.body_exists:
             response.force_close()  # the unread body is never consumed
         return response

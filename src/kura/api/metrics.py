@@ -13,26 +13,29 @@ collector says otherwise in ``across_processes`` (``kura.workers.metrics_merge``
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Literal
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 # The *_created series only add noise for a long-running server.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 LATENCY_BUCKETS = tuple(0.001 * 2**i for i in range(16))
+_BOUNDS = (*LATENCY_BUCKETS, float("inf"))
+_LE = tuple(floatToGoString(b) for b in _BOUNDS)  # type: ignore[no-untyped-call]
 
 
 # How the node's value of a family combines the processes' (``kura.workers.metrics_merge``):
@@ -83,53 +86,123 @@ class Scraped(Collector):
             yield family()
 
 
+class Count:
+    """One series of a request counter: a plain number, without prometheus_client's lock,
+    since only the event loop adds to it (every HTTP handler and gRPC servicer runs there);
+    ``RequestFamilies`` reads it at scrape time."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class Timing:
+    """One series of the request latency histogram, as ``Count`` (no lock): the count per
+    bucket of ``LATENCY_BUCKETS`` (+Inf last), not yet cumulative, and the sum of seconds."""
+
+    __slots__ = ("buckets", "sum")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * len(_BOUNDS)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        # The first bucket whose bound is at least ``seconds`` (prometheus_client's rule).
+        self.buckets[bisect_left(_BOUNDS, seconds)] += 1
+        self.sum += seconds
+
+
+class RequestSeries:
+    """The per-request families' series, as plain numbers, and the families built from them at
+    scrape time (``Scraped``): the same names, help, labels and buckets as the
+    prometheus_client ``Counter`` and ``Histogram`` they replace, whose every increment took a
+    lock and whose every observation looped over the buckets in Python (issue 30 item 3);
+    series in the order they were first used, as theirs."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, str], Count] = {}  # protocol, method, status
+        self.latency: dict[tuple[str, str], Timing] = {}  # protocol, method
+        self.lookups: dict[tuple[str, str], Count] = {}  # protocol, hit or miss
+        self.bytes_in: dict[str, Count] = {}  # protocol
+        self.bytes_out: dict[str, Count] = {}  # protocol
+
+    def requests_family(self) -> Metric:
+        family = CounterMetricFamily(
+            "kura_http_requests",
+            "HTTP requests by protocol, method and status.",
+            labels=["protocol", "method", "status"],
+        )
+        for labels, count in list(self.requests.items()):
+            family.add_metric(labels, count.value)
+        return family
+
+    def latency_family(self) -> Metric:
+        family = HistogramMetricFamily(
+            "kura_http_request_duration_seconds",
+            "HTTP request latency.",
+            labels=["protocol", "method"],
+        )
+        for labels, timing in list(self.latency.items()):
+            total, cumulative = 0, []
+            for le, n in zip(_LE, timing.buckets, strict=True):
+                total += n
+                cumulative.append((le, float(total)))
+            family.add_metric(labels, cumulative, timing.sum)
+        return family
+
+    def lookups_family(self) -> Metric:
+        family = CounterMetricFamily(
+            "kura_cache_lookups",
+            "Artifact reads by protocol and result (hit or miss).",
+            labels=["protocol", "result"],
+        )
+        for labels, count in list(self.lookups.items()):
+            family.add_metric(labels, count.value)
+        return family
+
+    def bytes_in_family(self) -> Metric:
+        return _per_protocol(
+            "kura_http_received_bytes", "Artifact bytes received in request bodies.", self.bytes_in
+        )
+
+    def bytes_out_family(self) -> Metric:
+        return _per_protocol(
+            "kura_http_sent_bytes", "Artifact bytes sent in response bodies.", self.bytes_out
+        )
+
+
+def _per_protocol(name: str, documentation: str, series: dict[str, Count]) -> Metric:
+    family = CounterMetricFamily(name, documentation, labels=["protocol"])
+    for protocol, count in list(series.items()):
+        family.add_metric([protocol], count.value)
+    return family
+
+
 class KuraMetrics:
     """All of one node's metrics. Create once per process (or per test app)."""
 
     def __init__(self, region: str, tenant_id: str) -> None:
-        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-        self._lookup_children: dict[tuple[str, bool], Any] = {}
-        self._bytes_children: dict[tuple[str, str], Any] = {}
+        # Per request: a dict look-up and plain additions (``RequestSeries``).
+        self._request_children: dict[tuple[str, str, int], tuple[Count, Timing]] = {}
+        self._lookup_children: dict[tuple[str, bool], Count] = {}
+        self.series = series = RequestSeries()
         self.registry = CollectorRegistry(auto_describe=True)
         # Family name → how workers' samples combine with this process's (``register``).
         self.across_processes: dict[str, Across] = {"kura_node_info": "primary"}
         # With worker processes: adds their request families at scrape time (kura.workers).
         self.merge: Callable[[bytes], Awaitable[bytes]] | None = None
         r = self.registry
-        self.requests = Counter(
-            "kura_http_requests_total",
-            "HTTP requests by protocol, method and status.",
-            ["protocol", "method", "status"],
-            registry=r,
-        )
-        self.latency = Histogram(
-            "kura_http_request_duration_seconds",
-            "HTTP request latency.",
-            ["protocol", "method"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.register(Scraped(series.requests_family, series.latency_family))
         self._inflight_sources: list[Callable[[], int]] = []
         inflight = Gauge("kura_http_inflight_requests", "HTTP requests being served.", registry=r)
         # Read at scrape time: no locked increment and decrement on every request.
         inflight.set_function(lambda: sum(f() for f in self._inflight_sources))
-        self.lookups = Counter(
-            "kura_cache_lookups_total",
-            "Artifact reads by protocol and result (hit or miss).",
-            ["protocol", "result"],
-            registry=r,
-        )
-        self.bytes_in = Counter(
-            "kura_http_received_bytes_total",
-            "Artifact bytes received in request bodies.",
-            ["protocol"],
-            registry=r,
-        )
-        self.bytes_out = Counter(
-            "kura_http_sent_bytes_total",
-            "Artifact bytes sent in response bodies.",
-            ["protocol"],
-            registry=r,
+        self.register(
+            Scraped(series.lookups_family, series.bytes_in_family, series.bytes_out_family)
         )
         self.aborted_uploads = Counter(
             "kura_http_aborted_uploads_total",
@@ -151,37 +224,41 @@ class KuraMetrics:
         key = (protocol, method, status)
         child = self._request_children.get(key)
         if child is None:
+            s = self.series
             child = self._request_children[key] = (
-                self.requests.labels(protocol, method, str(status)),
-                self.latency.labels(protocol, method),
+                s.requests.setdefault((protocol, method, str(status)), Count()),
+                s.latency.setdefault((protocol, method), Timing()),
             )
-        child[0].inc()
+        child[0].value += 1
         child[1].observe(seconds)
 
     def count_inflight(self, source: Callable[[], int]) -> None:
         """Add a source of in-flight request counts (one per listener)."""
         self._inflight_sources.append(source)
 
-    def bytes_in_child(self, protocol: str) -> Any:
-        child = self._bytes_children.get(("in", protocol))
+    def bytes_in_child(self, protocol: str) -> Count:
+        """The series of ``kura_http_received_bytes_total`` of ``protocol`` (``inc(n)``)."""
+        child = self.series.bytes_in.get(protocol)
         if child is None:
-            child = self._bytes_children[("in", protocol)] = self.bytes_in.labels(protocol)
+            child = self.series.bytes_in[protocol] = Count()
         return child
 
-    def bytes_out_child(self, protocol: str) -> Any:
-        child = self._bytes_children.get(("out", protocol))
+    def bytes_out_child(self, protocol: str) -> Count:
+        """The series of ``kura_http_sent_bytes_total`` of ``protocol`` (``inc(n)``)."""
+        child = self.series.bytes_out.get(protocol)
         if child is None:
-            child = self._bytes_children[("out", protocol)] = self.bytes_out.labels(protocol)
+            child = self.series.bytes_out[protocol] = Count()
         return child
 
     def count_lookup(self, protocol: str, hit: bool) -> None:
         key = (protocol, hit)
         child = self._lookup_children.get(key)
         if child is None:
-            child = self._lookup_children[key] = self.lookups.labels(
-                protocol, "hit" if hit else "miss"
+            result = "hit" if hit else "miss"
+            child = self._lookup_children[key] = self.series.lookups.setdefault(
+                (protocol, result), Count()
             )
-        child.inc()
+        child.value += 1
 
     async def node_exposition(self) -> bytes:
         """The node's exposition: this process's, with its workers' merged in when it has some

@@ -79,18 +79,20 @@ async def ranged_response(
     """The 200, 206 or 416 for a GET or HEAD of ``body`` (module docstring). Takes ownership of
     ``body`` (closes its file). Raises ``NotFound`` when the whole-file check before a 206
     finds the blob damaged (the entry is then reported and quarantined)."""
-    service = ctx(request).reader
     size = body.manifest.size
     etag = strong_etag(body.manifest.sha256)
     headers = {"Accept-Ranges": "bytes", "ETag": etag, **(extra_headers or {})}
-    if none_match(request.headers.getall("If-None-Match", []), etag):
+    asked = request.headers
+    # Each field is looked at only when present: most GETs carry neither (an absent field
+    # matches nothing, as an empty list of them does: ``none_match``, ``choose``).
+    if "If-None-Match" in asked and none_match(asked.getall("If-None-Match"), etag):
         body.close()
         return web.Response(status=304, headers=headers)
-    ranges = request.headers.getall("Range", [])
+    ranges = asked.getall("Range", ())
+    if not ranges:
+        return artifact_response(request, body, protocol, extra_headers=headers)
     # Two Range fields are no valid single range (§5.3 would join them into a list).
-    answer = choose(
-        ranges[0] if len(ranges) == 1 else None, request.headers.get("If-Range"), size, etag
-    )
+    answer = choose(ranges[0] if len(ranges) == 1 else None, asked.get("If-Range"), size, etag)
     if answer == FULL:
         return artifact_response(request, body, protocol, extra_headers=headers)
     if answer == UNSATISFIABLE:
@@ -101,6 +103,7 @@ async def ranged_response(
             headers={"Accept-Ranges": "bytes", "Content-Range": unsatisfied_content_range(size)},
         )
     assert isinstance(answer, ByteRange)
+    service = ctx(request).reader
     try:
         await _verify_range(service, body, answer)
     except BaseException:

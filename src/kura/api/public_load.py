@@ -10,12 +10,14 @@ its handler waits on the client's upload. Probes (``/up``,
 handler (404s, 405s) do not count; the internal listener has no such middleware, so peer traffic
 never does. A worker process has the same middleware over a ``LoadTally`` that it reports to
 the primary (``kura.mesh.load_report``); the gauges below are the node's, every process
-included. Per request: two integer updates, one EWMA step and two bound methods, no lock.
+included. Per request: two integer updates, one EWMA step and a done callback, no lock.
 
-The end of a body is seen by wrapping the response's ``prepare`` and ``write_eof``, which
-aiohttp calls for every response after the handler returns (``finish_response``): ``write_eof``
-ending (normally or not) or ``prepare`` raising (the client went away mid-body) ends the flight,
-once.
+The end of a body is seen as the end of the request's task: aiohttp runs each request in a task
+of its own, which after the handler returns prepares the response and writes its end
+(``finish_response``, ``web_protocol.RequestHandler._handle_request``) and only then ends,
+whether the body went out or the client went away mid-body. A done callback on that task ends
+the flight, once. (Until issue 30 the middleware wrapped each response's ``prepare`` and
+``write_eof`` instead: two bound methods and two more coroutines per request.)
 
 Metrics (gauges, read at scrape time): ``kura_public_request_latency_ewma_seconds``,
 ``kura_public_requests_in_flight``, ``kura_replication_peer_slowdown_factor`` (the divisor of
@@ -26,12 +28,12 @@ unpaced); counters ``kura_replication_peer_paced_bytes_total`` and
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 from aiohttp.typedefs import Middleware
 
 from kura.api.http import Handler, endpoint_spec
@@ -53,44 +55,12 @@ class LoadSink(Protocol):
     def ended(self) -> None: ...
 
 
-class _Flight:
-    """One public request in flight (counted on creation); ``end()`` is idempotent.
-    ``end_when_sent`` puts its ``prepare`` and ``write_eof`` in front of the response's."""
-
-    __slots__ = ("_load", "_open", "_prepare", "_write_eof")
-
-    def __init__(self, load: LoadSink) -> None:
-        self._load = load
-        self._open = True
-        load.started()
-
-    def end(self) -> None:
-        if self._open:
-            self._open = False
-            self._load.ended()
-
-    def end_when_sent(self, response: web.StreamResponse) -> None:
-        self._prepare, self._write_eof = response.prepare, response.write_eof
-        setattr(response, "prepare", self.prepare)  # noqa: B010 (an instance's method, on purpose)
-        setattr(response, "write_eof", self.write_eof)  # noqa: B010
-
-    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
-        try:
-            return await self._prepare(request)
-        except BaseException:
-            self.end()
-            raise
-
-    async def write_eof(self, data: bytes = b"") -> None:
-        try:
-            await self._write_eof(data)
-        finally:
-            self.end()
-
-
 def middleware(load: LoadSink) -> Middleware:
     """The aiohttp middleware that feeds ``load`` (for the public app only: the primary's, and
     each worker's, inside its forwarding, so a request it forwards counts in the primary)."""
+
+    def sent(_task: asyncio.Task[Any]) -> None:  # one function for every request's task
+        load.ended()
 
     @web.middleware
     async def public_load(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -98,17 +68,19 @@ def middleware(load: LoadSink) -> Middleware:
         if spec is None or spec.protocol in NOT_LOAD:
             return await handler(request)
         started = time.perf_counter()
-        flight = _Flight(load)
+        load.started()
         try:
             response = await handler(request)
         except BaseException:
-            flight.end()  # an HTTP exception, cancelled or unhandled: no latency sample
+            load.ended()  # an HTTP exception, cancelled or unhandled: no latency sample
             raise
         if not request.body_exists or (
             request.content_length is not None and request.content_length <= SAMPLE_MAX_BODY_BYTES
         ):
             load.sample(time.perf_counter() - started)
-        flight.end_when_sent(response)
+        task = asyncio.current_task()
+        assert task is not None  # aiohttp runs each request in a task of its own
+        task.add_done_callback(sent)  # the body sent, or sending failed (module docstring)
         return response
 
     return public_load

@@ -19,6 +19,7 @@ reconnecting. Times are the event loop's (``loop.time()``, seconds).
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,15 +41,29 @@ class UploadRule:
 
     @classmethod
     def of(cls, settings: Settings) -> UploadRule:
-        return cls(
-            float(settings.body_idle_timeout_seconds),
-            settings.min_upload_bytes_per_second,
-            float(settings.upload_grace_seconds),
-        )
+        """The rule of ``settings``: one per settings object, built on the first call and
+        shared by every listener after (HTTP bodies, a worker's forwarder, gRPC ByteStream
+        writes and origin fetches), so an upload or a forwarded request builds nothing. Kept
+        by the object's identity: hashing a ``Settings`` hashes every field, which costs more
+        than building the rule."""
+        rule = _RULES.get(id(settings))
+        if rule is None:
+            rule = _RULES[id(settings)] = cls(
+                float(settings.body_idle_timeout_seconds),
+                settings.min_upload_bytes_per_second,
+                float(settings.upload_grace_seconds),
+            )
+            # Forgotten with its settings, before another object can take over their id.
+            weakref.finalize(settings, _RULES.pop, id(settings), None)
+        return rule
 
     def meter(self, now: float) -> UploadMeter:
         """A meter for an upload that starts at ``now``."""
         return UploadMeter(self, started=now, last=now)
+
+
+# ``UploadRule.of``: id of a live ``Settings`` -> its rule.
+_RULES: dict[int, UploadRule] = {}
 
 
 @dataclass

@@ -21,6 +21,11 @@ MIN_WIRE_VERSION = 1
 # a peer refused during a rollout catches up once the versions meet again.
 UNSPOKEN_WIRE_VERSION = "wire_version"
 WIRE_REFUSAL_STATUS = 503
+# The wire version recorded for a peer whose ``Kura-Wire-Version`` (or status field) does not
+# parse: a later release that changed the header's format. Outside every range (versions start
+# at 1), so it is refused and reported as unspoken, never dropped as a bad request nor taken
+# for a peer that is down.
+UNPARSEABLE_WIRE_VERSION = 0
 KURA_VERSION_MAX_CHARS = 64
 
 
@@ -53,6 +58,8 @@ def describe(wire_version: int | None, kura_version: str | None) -> str:
     release that sends none."""
     if wire_version is None:
         return "an unknown kura"
+    if wire_version == UNPARSEABLE_WIRE_VERSION:
+        return f"kura {kura_version or 'of unknown version'} (unparseable wire version)"
     if kura_version is None:
         return (
             f"kura {'0.1.0' if wire_version == 1 else 'of unknown version'} (wire {wire_version})"
@@ -63,7 +70,7 @@ def describe(wire_version: int | None, kura_version: str | None) -> str:
 def unspoken_message(wire_version: int, kura_version: str | None) -> str:
     """Why a node refuses (or will not talk to) a peer of ``wire_version``: both versions and
     what to do."""
-    newer = wire_version > WIRE_VERSION
+    newer = wire_version > WIRE_VERSION or wire_version == UNPARSEABLE_WIRE_VERSION
     return (
         f"{describe(wire_version, kura_version)} and this node, kura {__version__} (wire "
         f"{WIRE_VERSION}, speaks wire {MIN_WIRE_VERSION}-{WIRE_VERSION}), cannot talk: "

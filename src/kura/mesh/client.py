@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import aiohttp
 
 from kura.core.manifest import Manifest
-from kura.core.versions import kura_version_of, wire_version_of
+from kura.core.versions import UNPARSEABLE_WIRE_VERSION, kura_version_of, wire_version_of
 from kura.mesh.peer_pace import PeerPace
 from kura.mesh.wire import (
     MANIFEST_HEADER,
@@ -62,6 +62,19 @@ class PeerError(Exception):
         self.status = status
         # The peer's ``Kura-Refusal`` header on an error answer (e.g. ``future_version``).
         self.refusal = refusal
+
+
+# How much of a peer's error body a PeerError quotes.
+EXCERPT_CHARS = 400
+
+
+def excerpt(body: str | bytes) -> str:
+    """The first ``EXCERPT_CHARS`` of a peer's error body as a Python literal (``repr``):
+    control characters, newlines and terminal escapes are escaped, never written as they are
+    into logs, ``/ready`` and ``/status`` warnings and ``kura status`` output (a peer's body is
+    not trusted). Bytes are decoded as UTF-8, undecodable ones replaced."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else body
+    return repr(text[:EXCERPT_CHARS])
 
 
 @dataclass(frozen=True)
@@ -138,9 +151,12 @@ class PeerClient:
     async def status(self, url: str, timeout_seconds: float = 2.0) -> PeerStatus:
         data = await self._get_json(url + "/_internal/status", timeout_seconds)
         try:
-            wire = wire_version_of(
-                None if data.get("wire_version") is None else str(data["wire_version"])
-            )
+            try:
+                wire = wire_version_of(
+                    None if data.get("wire_version") is None else str(data["wire_version"])
+                )
+            except ValueError:  # a later format: a peer this node cannot talk to, not down
+                wire = UNPARSEABLE_WIRE_VERSION
             return PeerStatus(
                 str(data["node_url"]),
                 str(data["tenant_id"]),
@@ -170,7 +186,7 @@ class PeerClient:
                     text = await resp.text()
                     if resp.status // 100 != 2:
                         raise PeerError(
-                            f"{url}: replicate answered {resp.status}: {text[:400]}",
+                            f"{url}: replicate answered {resp.status}: {excerpt(text)}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
@@ -214,7 +230,7 @@ class PeerClient:
                     text = await resp.text()
                     if resp.status // 100 != 2:
                         raise PeerError(
-                            f"{url}: {what} answered {resp.status}: {text[:400]}",
+                            f"{url}: {what} answered {resp.status}: {excerpt(text)}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
@@ -315,7 +331,7 @@ class PeerClient:
             text = await resp.text()
             resp.release()
             raise PeerError(
-                f"{url}: fetch answered {resp.status}: {text[:400]}",
+                f"{url}: fetch answered {resp.status}: {excerpt(text)}",
                 resp.status,
                 resp.headers.get(REFUSAL_HEADER),
             )
@@ -344,7 +360,7 @@ class PeerClient:
                         await self.pace.acquire(len(payload))
                     if resp.status != 200:
                         raise PeerError(
-                            f"{url}: bodies answered {resp.status}: {payload[:400]!r}",
+                            f"{url}: bodies answered {resp.status}: {excerpt(payload)}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )
@@ -390,7 +406,7 @@ class PeerClient:
                         self.metadata_bytes_total[kind] += len(body)
                     if resp.status != 200:
                         raise PeerError(
-                            f"{url} answered {resp.status}: {body[:400].decode(errors='replace')}",
+                            f"{url} answered {resp.status}: {excerpt(body)}",
                             resp.status,
                             resp.headers.get(REFUSAL_HEADER),
                         )

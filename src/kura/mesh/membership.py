@@ -254,7 +254,7 @@ class Membership:
         """``/ready`` and ``/status`` warnings about versions (never readiness reasons): one
         per peer whose wire version this node does not speak, and one naming every version
         when the known peers and this node do not all run the same kura (a mixed mesh)."""
-        seen = [p for p in sorted(self.peers.values(), key=lambda p: p.node_url)]
+        seen = sorted(self.peers.values(), key=lambda p: p.node_url)
         out = [
             f"peer {p.node_url}: {unspoken_message(p.wire_version, p.kura_version)}"
             for p in seen

@@ -23,6 +23,7 @@ from pathlib import Path
 NAME = ".kura.hot-generation"
 _FORMAT = "<Q"
 _SIZE = struct.calcsize(_FORMAT)
+_UNPACK = struct.Struct(_FORMAT).unpack_from  # read on every hot-cache look-up of a worker
 
 
 class SharedGeneration:
@@ -57,7 +58,7 @@ class SharedGeneration:
 
     @property
     def value(self) -> int:
-        value: int = struct.unpack_from(_FORMAT, self._map)[0]
+        value: int = _UNPACK(self._map)[0]
         return value
 
     def bump(self) -> None:

@@ -56,6 +56,7 @@ from kura.storage.schema import (
     namespace_access_index,
     refuse_if_too_new,
     row_to_manifest,
+    stamp_layout,
     stamp_written_by,
     too_new,
     write_transaction,
@@ -247,6 +248,12 @@ class MetadataIndex:
             self._local.conn = None
 
     # -- reads -------------------------------------------------------------------------------
+
+    def record_layout(self, layout: str) -> None:
+        """Record the data dir's blob layout in ``meta`` (``schema.stamp_layout``); a no-op on
+        a read-only index. Start-up only (``storage.recovery``), before the writer thread."""
+        if not self.read_only:
+            stamp_layout(self._conn(), layout)
 
     def quick_check(self) -> str:
         """``PRAGMA quick_check``: "ok", or the first problem SQLite found (a damaged page,

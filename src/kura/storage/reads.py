@@ -210,17 +210,21 @@ class ArtifactReads:
         """The artifact, or ``NotFound`` (absent, evicted, or failed verification). Small ones
         are verified; a large one may carry ``verified=False``, to be hashed while sent."""
         aid = self.artifact_id(ref)
-        body = await self._read_cached(aid)
+        # The hot cache first, without a coroutine or a thread hop (most small reads, per
+        # request); on a miss, a verified read that fills it.
+        body = self._hot_body(aid) or await self._read_cold(aid)
         if body is None:
             raise NotFound("Artifact not found")
         self.accesses.note(aid, self.clock.now_ms())
         return body
 
-    async def _read_cached(self, aid: str) -> StoredBody | None:
-        """The hot cache first (no thread hop); on a miss, a verified read that fills it."""
+    def _hot_body(self, aid: str) -> StoredBody | None:
         hit = self.hot.get(aid)
-        if hit is not None:
-            return StoredBody(hit[0], data=hit[1])
+        return None if hit is None else StoredBody(hit[0], data=hit[1])
+
+    async def _read_cold(self, aid: str) -> StoredBody | None:
+        """A verified read in the read pool, filling the hot cache (a hot-cache miss of
+        ``read`` and ``read_by_id``)."""
         generation = self.hot.generation
         body = await self._in(self._reader, self._read_sync, aid)
         if body is not None and body.data is not None:
@@ -231,7 +235,7 @@ class ArtifactReads:
         """Like ``read`` but by artifact id (peers address artifacts by id). ``hashed=True``
         hashes an unverified large blob before returning it, for senders that cannot verify
         while sending (the shipper); damage found then is quarantined and raises NotFound."""
-        body = await self._read_cached(aid)
+        body = self._hot_body(aid) or await self._read_cold(aid)
         if body is not None and hashed and not body.verified:
             body = await self._in(self._reader, self._hash_body_sync, body)
         if body is None:

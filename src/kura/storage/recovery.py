@@ -29,9 +29,13 @@ Every other such reason lands in ``StartReport.warnings`` (``/ready`` warnings).
 unknown layout, a locked data dir, I/O errors on a disk with space) still stop the start:
 restarting would not help. A data dir a newer kura wrote (a layout or metadata schema past this
 code's) stops it with ``DataDirTooNew`` before anything in the data dir is written or removed
-(the layout is read before any directory is made, the schema before the index is opened for
-writing and before reconciliation removes orphans): its message names the kura that wrote it and
-what to do (docs/upgrading.md).
+(the layout is read before any directory is made; the schema on a read-only connection,
+``schema.refuse_if_too_new``, before a damaged WAL is set aside, before the index is opened for
+writing and before reconciliation removes orphans; only SQLite's ``-shm`` may change): its
+message names the kura that wrote it and what to do (docs/upgrading.md). The index records the
+layout too (``meta['layout']``, written after the ``layout`` file): a ``layout`` file that is
+missing or disagrees with it stops the start (``_refuse_lost_layout``), rather than the data dir
+being taken for a fresh one.
 """
 
 from __future__ import annotations
@@ -44,11 +48,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kura.storage.blobs import LAYOUT_VERSION, BlobFiles
+from kura.core.errors import KuraError
+from kura.core.versions import DataDirTooNew, too_new_message
+from kura.storage.blobs import LAYOUT_VERSION, SUPPORTED_LAYOUTS, BlobFiles
 from kura.storage.fsync import descriptor_shortage, fsync_path
 from kura.storage.index import MetadataIndex
 from kura.storage.reconcile import ReconcileReport, migrate_layout_1
-from kura.storage.schema import peek_kura_version
+from kura.storage.schema import peek_kura_version, peek_layout, refuse_if_too_new
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +102,11 @@ def open_index(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
     """
     path = files.data_dir / INDEX_NAME
     layout = files.open(written_by=lambda: peek_kura_version(path))
+    try:
+        _refuse_lost_layout(path, layout)
+    except KuraError:
+        files.close()
+        raise
     report = StartReport(swept_files=files.sweep_staging())
     marker = path.with_name(path.name + DAMAGE_MARKER)
     index: MetadataIndex | None = None
@@ -214,6 +225,7 @@ def _migrate(
     """Bring the blob layout to ``LAYOUT_VERSION``; returns the files renamed. The renames
     need no free space; if recording the layout fails (a full disk) the next start redoes it."""
     if layout == LAYOUT_VERSION:
+        index.record_layout(LAYOUT_VERSION)  # a data dir of an earlier 0.x has no record yet
         return 0
     migrated = migrate_layout_1(files, index) if layout == "1" else 0
     if migrated:
@@ -223,7 +235,32 @@ def _migrate(
     except OSError as exc:
         report.warnings.append(f"could not record data dir layout {LAYOUT_VERSION}: {exc}")
         log.warning("%s", report.warnings[-1])
+    else:
+        index.record_layout(LAYOUT_VERSION)  # after the file: a record always has its file
     return migrated
+
+
+def _refuse_lost_layout(path: Path, found: str | None) -> None:
+    """Refuse a data dir whose ``layout`` file disagrees with the layout its index records
+    (``schema.peek_layout``; read only): ``DataDirTooNew`` when the record is newer than
+    ``LAYOUT_VERSION`` (whatever the file says), ``KuraError`` when the file is missing or
+    names another layout. The record is written only after the file (``_migrate``), so either
+    means the file was lost or changed since; taking the data dir for a fresh one would write
+    layout ``LAYOUT_VERSION`` over a newer kura's files and reconcile them away."""
+    recorded = peek_layout(path)
+    if recorded is None or recorded == found:
+        return
+    if recorded.isascii() and recorded.isdigit() and int(recorded) > int(LAYOUT_VERSION):
+        readable = f"{SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}"
+        raise DataDirTooNew(
+            too_new_message("blob layout", recorded, readable, peek_kura_version(path))
+        )
+    raise KuraError(
+        f"the data directory's index records blob layout {recorded[:40]!r} but its layout "
+        f"file {'is missing' if found is None else f'says {found[:40]!r}'}: restore the file "
+        f"(echo {recorded[:40]} > {path.parent / 'layout'}) or move the data directory aside "
+        "and let the node bootstrap from its peers (docs/upgrading.md)"
+    )
 
 
 def _open_checked(
@@ -234,6 +271,8 @@ def _open_checked(
         raise IndexDamaged(f"{path} is a directory")
     if layout is not None and path.exists() and path.stat().st_size == 0:
         raise IndexDamaged(f"{path} is empty although the data dir has layout {layout}")
+    # Before the damaged-WAL check renames anything: a newer kura's data dir is left as is.
+    refuse_if_too_new(path)
     _set_aside_damaged_wal(path, report)
     return _open(files, path, report)
 

@@ -20,9 +20,13 @@ that adds the two columns as ``''`` (``compat_view``).
 Which kura last opened the index for writing is recorded in ``meta['kura_version']``
 (``stamp_written_by``, from kura 0.2.0 on; no schema change: kura 0.1.0 reads ``meta`` by key
 only and never sees the row, nor updates it). A schema newer than ``SCHEMA_VERSION`` is refused
-before anything is written (``refuse_if_too_new``), naming that kura and what to do.
+before anything is written (``refuse_if_too_new``, on a read-only connection that leaves a crashed
+writer's ``-wal`` in place), naming that kura and what to do; so is an unparseable schema version
+or a populated ``meta`` without one (``written_by``). ``meta['layout']`` records the blob layout
+(``stamp_layout``, ``storage.recovery``).
 
-Only ``refuse_if_too_new`` opens a connection (its own, closed before it returns); every other
+Only ``refuse_if_too_new``, ``peek_kura_version`` and ``peek_layout`` open a connection (their own,
+read-only, closed before they return); every other
 function takes the caller's.
 """
 
@@ -31,19 +35,24 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from kura import __version__
 from kura.core.manifest import Manifest
 from kura.core.versions import DataDirTooNew, too_new_message
 from kura.storage import change_seq
 
+_T = TypeVar("_T")
+
 SCHEMA_VERSION = 4
 # Versions a read-only open accepts as they are (it cannot migrate).
 READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
 # ``meta`` row: the kura version that last opened the index for writing.
 KURA_VERSION_KEY = "kura_version"
+# ``meta`` row: the blob layout of the data dir, beside its ``layout`` file (``stamp_layout``).
+LAYOUT_KEY = "layout"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -162,64 +171,145 @@ def compat_view(conn: sqlite3.Connection) -> None:
 
 def written_by(conn: sqlite3.Connection) -> tuple[int | None, str | None]:
     """``(schema_version, kura_version)`` as ``meta`` records them; None for what it does not
-    (a fresh file has no ``meta``; kura 0.1.0 recorded no kura version). Only reads."""
+    (a fresh file has no ``meta``; kura 0.1.0 recorded no kura version). Only reads. Raises
+    ``DataDirTooNew`` for a ``schema_version`` that is not an integer (no kura writes one: a
+    later release's format this kura cannot read) or a ``meta`` that holds rows but no
+    ``schema_version`` (every kura writes it first, ``MetadataIndex``: a missing one is not a
+    fresh file, which this kura would initialise over what is there)."""
     has_meta = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
     ).fetchone()
     if has_meta is None:
         return None, None
-    rows = dict(
-        conn.execute(
-            "SELECT k, v FROM meta WHERE k IN ('schema_version', ?)", (KURA_VERSION_KEY,)
-        ).fetchall()
-    )
+    rows = {str(k): str(v) for k, v in conn.execute("SELECT k, v FROM meta").fetchall()}
+    kura = rows.get(KURA_VERSION_KEY)
     schema = rows.get("schema_version")
-    return (int(schema) if schema is not None else None), rows.get(KURA_VERSION_KEY)
+    readable = f"{READABLE_SCHEMA_VERSIONS[0]}-{READABLE_SCHEMA_VERSIONS[-1]}"
+    if schema is None:
+        if rows:
+            raise DataDirTooNew(too_new_message("metadata schema", "(none)", readable, kura))
+        return None, kura
+    if not (schema.isascii() and schema.isdigit() and len(schema) < 10):
+        raise DataDirTooNew(too_new_message("metadata schema", repr(schema[:40]), readable, kura))
+    return int(schema), kura
+
+
+def recorded_layout(conn: sqlite3.Connection) -> str | None:
+    """The blob layout the index records (``LAYOUT_KEY``, from kura 0.2.0 on), or None when it
+    records none (a fresh file, or written by an older kura). Only reads."""
+    has_meta = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+    ).fetchone()
+    if has_meta is None:
+        return None
+    row = conn.execute("SELECT v FROM meta WHERE k = ?", (LAYOUT_KEY,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def stamp_layout(conn: sqlite3.Connection, layout: str) -> None:
+    """Record ``layout`` as the data dir's blob layout in ``meta`` (``LAYOUT_KEY``), beside the
+    ``layout`` file, so that a data dir whose file is lost is not taken for a fresh one
+    (``storage.recovery``). Writes only when the record differs; a write that fails for want
+    of space is skipped (the next start records it)."""
+    if recorded_layout(conn) == layout:
+        return
+    try:
+        conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, ?)", (LAYOUT_KEY, layout))
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorname != "SQLITE_FULL":
+            raise
 
 
 def too_new(conn: sqlite3.Connection) -> str | None:
-    """The refusal message when the index's schema is newer than ``SCHEMA_VERSION``, else
-    None (``kura.core.versions.too_new_message``)."""
-    schema, kura = written_by(conn)
+    """The refusal message when the index's schema is newer than ``SCHEMA_VERSION``, not an
+    integer, or missing from a populated ``meta``; else None
+    (``kura.core.versions.too_new_message``)."""
+    try:
+        schema, kura = written_by(conn)
+    except DataDirTooNew as exc:
+        return str(exc)
     if schema is None or schema <= SCHEMA_VERSION:
         return None
     readable = f"{READABLE_SCHEMA_VERSIONS[0]}-{READABLE_SCHEMA_VERSIONS[-1]}"
     return too_new_message("metadata schema", str(schema), readable, kura)
 
 
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A connection that writes neither the file nor its WAL. With a non-empty ``-wal`` (a
+    writer crashed, or is still open) ``mode=ro``: it reads the commits left there without
+    checkpointing them, and its close keeps the ``-wal`` (https://www.sqlite.org/wal.html#readonly);
+    only the ``-shm`` index may be created or updated. Without one, ``immutable=1``: every
+    commit is in the file, and ``mode=ro`` would leave an empty ``-wal`` and a ``-shm`` behind.
+    The caller holds the data dir's writer lock, so no kura writes a ``-wal`` meanwhile."""
+    wal = path.with_name(path.name + "-wal")
+    mode = "mode=ro" if wal.is_file() and wal.stat().st_size > 0 else "immutable=1"
+    return sqlite3.connect(f"file:{path}?{mode}", uri=True, isolation_level=None)
+
+
 def refuse_if_too_new(path: Path) -> None:
-    """Raise ``DataDirTooNew`` when the index at ``path`` has a schema newer than this kura,
-    before any writing open (which would create tables and indexes in it). Reads ``meta`` on a
-    connection of its own, closed before it returns: the last connection's close removes the
-    ``-wal`` and ``-shm`` files it made, so a refused file is left as it was
-    (https://www.sqlite.org/wal.html#the_wal_file). No-op when there is no file yet."""
+    """Raise ``DataDirTooNew`` when the index at ``path`` has a schema newer than this kura
+    (or one it cannot parse, ``written_by``), before any writing open (which would create
+    tables and indexes in it) and before the ``-wal`` is replayed into the file. Reads ``meta``
+    on a read-only connection of its own (``_read_only``), closed before it returns: the file
+    and its ``-wal`` are left byte for byte. When that open fails for want of space (no
+    ``-shm`` can be made: a full disk) ``meta`` is read with ``immutable=1`` instead, as the
+    read-only start does. No-op when there is no file yet."""
     if not path.exists():
         return
-    conn = sqlite3.connect(path, isolation_level=None)
     try:
-        message = too_new(conn)
-    finally:
-        conn.close()
+        message = _read_meta(path, too_new, immutable=False)
+    except sqlite3.OperationalError as exc:
+        if not (
+            exc.sqlite_errorname.startswith("SQLITE_IOERR")
+            or exc.sqlite_errorname
+            in (
+                "SQLITE_FULL",
+                "SQLITE_CANTOPEN",
+            )
+        ):
+            raise
+        message = _read_meta(path, too_new, immutable=True)
     if message is not None:
         raise DataDirTooNew(message)
 
 
+def _read_meta(path: Path, read: Callable[[sqlite3.Connection], _T], *, immutable: bool) -> _T:
+    conn = (
+        sqlite3.connect(f"file:{path}?immutable=1", uri=True, isolation_level=None)
+        if immutable
+        else _read_only(path)
+    )
+    try:
+        return read(conn)
+    finally:
+        conn.close()
+
+
 def peek_kura_version(path: Path) -> str | None:
-    """The kura version the index at ``path`` records as its last writer, read with
-    ``immutable=1`` (no lock, no ``-shm``, nothing written; a commit still only in the WAL is
-    not seen); None when there is no file, no record, or it cannot be read."""
+    """The kura version the index at ``path`` records as its last writer, read on a read-only
+    connection (``_read_only``: nothing written but the ``-shm``, a commit still only in the
+    WAL is seen); None when there is no file, no record, or it cannot be read."""
     if not path.is_file():
         return None
     try:
-        conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
-    except sqlite3.Error:
+        return _read_meta(path, _kura_version, immutable=False)
+    except (sqlite3.Error, DataDirTooNew):
+        return None
+
+
+def peek_layout(path: Path) -> str | None:
+    """The blob layout the index at ``path`` records (``recorded_layout``), read as
+    ``peek_kura_version`` reads; None when there is no file, no record, or it cannot be read."""
+    if not path.is_file():
         return None
     try:
-        return written_by(conn)[1]
-    except (sqlite3.Error, ValueError):
+        return _read_meta(path, recorded_layout, immutable=False)
+    except sqlite3.Error:
         return None
-    finally:
-        conn.close()
+
+
+def _kura_version(conn: sqlite3.Connection) -> str | None:
+    return written_by(conn)[1]
 
 
 def stamp_written_by(conn: sqlite3.Connection) -> None:

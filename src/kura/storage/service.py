@@ -318,6 +318,10 @@ class CacheService(ReplicaApply):
         except _Stopped:
             return  # stopping; the next start does it again
         note_reconciled(self.start_report, reconciled)
+        if reconciled.dropped_rows:  # the totals were read by the check, before these went
+            index = self._require_index()
+            totals = await self._in(self._writer, index.totals)
+            self.stats.artifacts, self.stats.used_bytes = totals
         self.startup.finish()
         log.info(
             "start-up work done in %.2f s: %d rows reconciled; writes are taken",

@@ -1,0 +1,54 @@
+"""A peer's status whose wire version does not parse (a later release changed its format,
+say to ``3.1``) is a peer this node cannot talk to, not a failed probe (``PeerClient.status``,
+``kura.core.versions.UNPARSEABLE_WIRE_VERSION``; docs/upgrading.md).
+
+The peer is a real HEAD node behind a front that rewrites the ``wire_version`` of its status
+answer the way such a release would send it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from kura.core.versions import UNPARSEABLE_WIRE_VERSION, speaks, unspoken_message
+from kura.mesh.client import PeerClient
+from tests.conftest import NodeProcess
+
+
+async def test_a_status_with_an_unparseable_wire_version_is_an_unspoken_peer(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = start_node()
+
+    async def later_release(request: web.Request) -> web.Response:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(node.internal_url + "/_internal/status") as resp,
+        ):
+            doc = await resp.json()
+        return web.json_response({**doc, "wire_version": "3.1", "kura_version": "0.4.0"})
+
+    app = web.Application()
+    app.router.add_get("/_internal/status", later_release)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    client = PeerClient("default", None)
+    await client.start()
+    try:
+        seen = await client.status(f"http://{host}:{port}")
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert seen.wire_version == UNPARSEABLE_WIRE_VERSION
+    assert seen.kura_version == "0.4.0"
+    assert not speaks(seen.wire_version)
+    assert unspoken_message(seen.wire_version, seen.kura_version).startswith(
+        "kura 0.4.0 (unparseable wire version) and this node"
+    )
+    assert "finish the rollout to kura 0.4.0 or roll it back" in unspoken_message(
+        seen.wire_version, seen.kura_version
+    )
