@@ -442,6 +442,8 @@ class CacheService(ReplicaApply):
                 reason,
             )
             raise IndexDamaged(reason) from exc
+        finally:
+            index.close_thread_connection()  # the start-up thread's: its work is over
 
     @property
     def commit_stats(self) -> GroupStats:
