@@ -300,9 +300,8 @@ class CacheService(ReplicaApply):
         try:
             replaced = await self._retrying(self._check_sync, "checking the index")
         except _Stopped:
-            return
-        finally:
-            self._release_index()
+            return  # the hold stays until ``close`` has waited for the start-up thread
+        self._release_index()
         self.startup.mark_checked()
         log.info(
             "index checked in %.2f s (the check: PRAGMA quick_check %.2f s, the row totals and "
