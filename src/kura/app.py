@@ -563,8 +563,10 @@ class Node:
             self._admin_socket = None
 
     def build_internal_app(self) -> web.Application:
+        # Peers' copies and cleans wait at the store's own gate (storage.startup_gate), and a
+        # peer's read with a body (a batch of bodies) is never refused as a write.
         app = serving_app(
-            self._context(),
+            dataclasses.replace(self._context(), writer=self.service),
             [self.peer_auth.middleware, self.wire_versions.middleware],
             client_max_size=CLIENT_MAX_SIZE_BYTES,
             public=False,

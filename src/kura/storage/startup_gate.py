@@ -1,6 +1,7 @@
 """``StartupGatedWriter``: the one gate every client's write passes while start-up's background
 work runs (``storage.startup_work``), an ``ArtifactWriter`` over the store's own, composed in
-``kura.app`` for every listener (HTTP, gRPC, the admin routes).
+``kura.app`` for every client's listener (public HTTP, gRPC, the admin routes; the peers'
+internal listener writes to the store directly).
 
 Each write waits for the work to be done (``StartupWork.wait_writable``, at most
 ``KURA_STARTUP_WAIT_SECONDS``) *before* it stages or reads a byte of its body, and is refused
@@ -9,7 +10,8 @@ a body uploaded only to be refused would be uploaded again, and would hold tmp b
 writes need meanwhile. ``check_size``, which the HTTP routes call before they read a body
 (``api.expect``), refuses on the same estimate. The store keeps its own wait just before a
 commit (``CacheService._writes_open``) as a backstop, and for the writes that do not come
-through this port (peers' copies, bootstrap), which it gates alone.
+through here (peers' copies and cleans, bootstrap, multipart completions), which it gates
+alone.
 """
 
 from __future__ import annotations
