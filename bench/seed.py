@@ -24,7 +24,7 @@ from kura.core.keys import artifact_id
 from kura.core.manifest import Manifest
 from kura.storage.blobs import BlobFiles, stat_signature
 from kura.storage.checksum import xxh3_128_hex
-from kura.storage.recovery import open_storage
+from kura.storage.recovery import open_index
 
 TENANT = "default"
 PAD = hashlib.sha256(b"kura mesh-scale body").digest() * 64
@@ -50,7 +50,7 @@ def seed(
     """Write artifacts ``0 .. count-1`` into ``data_dir`` (as files, or inline in their rows);
     return the bytes written."""
     files = BlobFiles(data_dir, tmp_dir)
-    index, _report = open_storage(files)
+    index, _report = open_index(files)
     conn = index.connection()
     conn.execute("PRAGMA synchronous=OFF")
     made: set[Path] = set()

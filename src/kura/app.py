@@ -100,9 +100,10 @@ from kura.storage.fill import FillingReader
 from kura.storage.multipart import MultipartUploads
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura.storage.object_tier import ObjectTier
-from kura.storage.ports import ArtifactReader
+from kura.storage.ports import ArtifactReader, ArtifactWriter
 from kura.storage.scrub import Scrubber
 from kura.storage.service import CacheService
+from kura.storage.startup_gate import StartupGatedWriter
 from kura.workers.supervisor import Workers
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class Node:
             max_deletes_per_second=settings.expiry_max_deletes_per_second,
             batch_size=settings.expiry_batch_size,
         )
+        # Every client's write, through one gate while start-up's work runs (storage.startup_gate).
+        self.writer: ArtifactWriter = StartupGatedWriter(self.service, self.service.startup)
         self.uploads = MultipartUploads(
             self.service,
             self.clock,
@@ -345,8 +348,8 @@ class Node:
         self.grpc = (
             GrpcServer(
                 settings,
-                self.reader,  # the store read through, and the store
-                self.service,
+                self.reader,  # the store read through, and its writes gated at start-up
+                self.writer,
                 self.auth,
                 self.metrics,
                 self.connections,
@@ -462,7 +465,7 @@ class Node:
         return ApiContext(
             settings=self.settings,
             reader=self.reader,  # the ports of one store (kura.storage.ports), read through
-            writer=self.service,
+            writer=self.writer,
             peers=self.service,
             uploads=self.uploads,
             auth=self.auth,
@@ -513,7 +516,7 @@ class Node:
             self.service.stats,
             self.settings.namespace_rules,
             self.service,
-            self.service,
+            self.writer,
             self.clock,
         )
 
@@ -560,8 +563,10 @@ class Node:
             self._admin_socket = None
 
     def build_internal_app(self) -> web.Application:
+        # Peers' copies and cleans wait at the store's own gate (storage.startup_gate), and a
+        # peer's read with a body (a batch of bodies) is never refused as a write.
         app = serving_app(
-            self._context(),
+            dataclasses.replace(self._context(), writer=self.service),
             [self.peer_auth.middleware, self.wire_versions.middleware],
             client_max_size=CLIENT_MAX_SIZE_BYTES,
             public=False,
@@ -695,7 +700,6 @@ class Node:
             tg.create_task(self.service.run_maintenance())
             tg.create_task(self.budget.run())  # the tmp dir's occupancy, walked off the loop
             tg.create_task(self._reap_uploads())
-            tg.create_task(self.membership.run())
             tg.create_task(self.shipper.run())
             tg.create_task(self.catch_up.run())
             if self.object_tier is None:

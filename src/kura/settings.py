@@ -48,6 +48,7 @@ from kura.settings_rules import (
     Percent,
     PositiveSeconds,
     Seconds,
+    StartupWaitSeconds,
     Tenant,
     Tokens,
     UrlPrefix,
@@ -388,11 +389,12 @@ class Settings:
     shutdown_timeout_seconds: NonNegativeInt = option(
         30, "on SIGTERM, how long in-flight requests may take to finish"
     )
-    startup_wait_seconds: NonNegativeInt = option(
+    startup_wait_seconds: StartupWaitSeconds = option(
         10,
         "while start-up checks the index in the background, how long a request waits for it "
         "(reads and writes), and while it reconciles files with the index, how long a write "
-        "waits; then 503 with Retry-After naming what still runs",
+        "waits, counted from its arrival, at most 60; then 503 with Retry-After naming what "
+        "still runs (a write is refused at once when the work's estimate is past the wait)",
     )
     allow_unknown_settings: Bool = option(
         False,

@@ -26,6 +26,7 @@ from kura.core.errors import InvalidRequest
 from kura.core.keys import NAMESPACE, validate
 from kura.core.namespace_rule import NamespaceRules, parse_rules
 from kura.core.object_layout import parse_url
+from kura.storage.startup_work import MAX_WAIT_SECONDS
 
 if TYPE_CHECKING:
     from kura.settings import Settings
@@ -125,6 +126,19 @@ def _percent(text: str) -> int:
 
 
 Percent: TypeAlias = Annotated[int, _percent]
+
+
+def _startup_wait(text: str) -> int:
+    problem = f"must be a whole number of seconds from 0 to {MAX_WAIT_SECONDS}"
+    try:
+        return checked(int(text), lambda value: 0 <= value <= MAX_WAIT_SECONDS, problem)
+    except ValueError:
+        raise ValueError(problem) from None
+
+
+# How long a request may wait for start-up's background work (storage.startup_work): a client
+# or a peer is never held past MAX_WAIT_SECONDS by it.
+StartupWaitSeconds: TypeAlias = Annotated[int, _startup_wait]
 
 
 def _object_store_url(text: str) -> str:

@@ -10,13 +10,16 @@ The background work is held at a point (``StartupWork.at``) by an event (in-proc
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,27 +34,38 @@ from tests.conftest import NodeProcess, spawn_node
 from tests.e2e.mesh import Mesh, peer_row, wait_for
 from tests.grpc_api.client import Reapi, blob_name
 from tests.inprocess import InProcessNode, start_in_process
+from tests.integration import rawhttp
 from tests.integration.test_recovery import assert_served, store_some
 
 pytestmark = pytest.mark.in_process
 
 
 class Pause:
-    """Holds a node's start-up work at ``point`` (``StartupWork.at``) until ``released``."""
+    """Holds a node's start-up work at ``point`` (``StartupWork.at``) until ``released``; with
+    ``phase``, only there in that phase. At ``"statement"`` it holds the work inside a running
+    SQLite statement (the start-up connection's progress handler, called every step)."""
 
-    def __init__(self, point: str) -> None:
+    def __init__(self, point: str, phase: str | None = None) -> None:
         self.point = point
+        self.phase = phase
         self.reached = threading.Event()
         self.released = threading.Event()
+        self.node: Node | None = None
 
     def __call__(self, point: str) -> None:
-        if point == self.point and not self.released.is_set():
-            self.reached.set()
-            if not self.released.wait(120):
-                raise AssertionError(f"start-up work held at {point} was never released")
+        if point != self.point or self.released.is_set():
+            return
+        if self.phase is not None and self.node and self.node.service.startup.phase != self.phase:
+            return
+        self.reached.set()
+        if not self.released.wait(120):
+            raise AssertionError(f"start-up work held at {point} was never released")
 
     def install(self, node: Node) -> None:
+        self.node = node
         node.service.startup.hook = self
+        if self.point == "statement":
+            node.service.startup.statement_steps = 1
 
 
 @pytest.fixture
@@ -102,6 +116,8 @@ def test_up_answers_at_once_and_reads_wait_for_the_index_check(
             assert "PRAGMA quick_check running" in late.text
             with ThreadPoolExecutor(1) as pool, node.client() as other:
                 waiting = pool.submit(other.get, path)
+                # In flight: the GET and this scrape; the GET waits for the check.
+                assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
                 pause.released.set()
                 released = True
                 assert waiting.result(30).content == body
@@ -112,6 +128,34 @@ def test_up_answers_at_once_and_reads_wait_for_the_index_check(
         pause.released.set()
         assert node.stop() == 0, node.log()[-3000:]
     assert released
+
+
+def test_reads_waiting_for_the_check_wait_on_the_loop_not_in_reader_threads(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # 12 reads at once, three times the 4 reader threads: each is answered within the 2 s
+    # wait of its arrival (a wait inside a reader thread made them 2, 4 and 6 s).
+    old, found = stored
+    pause = Pause("check")
+    node = restart_held(old, pause)
+    path = next(iter(found))
+
+    def timed_get(_: int) -> tuple[float, httpx.Response]:
+        with node.client() as c:
+            started = time.monotonic()
+            r = c.get(path)
+            return time.monotonic() - started, r
+
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(timed_get, range(12)))
+        for took, r in answers:
+            assert r.status_code == 503, r.text
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+            assert 1.9 <= took < 3.5, [round(t, 2) for t, _ in answers]
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
 
 
 def test_reads_are_served_and_writes_wait_while_files_are_reconciled(
@@ -145,13 +189,29 @@ def test_reads_are_served_and_writes_wait_while_files_are_reconciled(
                 assert "reconciling files with the index" in str(grpc_refused.value.details())
             finally:
                 reapi.close()
-            with ThreadPoolExecutor(1) as pool, node.client() as other:
-                waiting = pool.submit(other.put, "/cache/rec/waited", content=b"it waited")
-                # In flight: the PUT and this scrape.
-                assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
-                assert not waiting.done()
-                pause.released.set()
-                assert waiting.result(30).status_code == 201
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_a_write_waits_for_the_reconciliation_and_is_stored_once_it_is_done(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # A wait far longer than the test takes: the write is still waiting when the work is let
+    # go, whatever the machine's load (the 503 at the bound is the test above's).
+    old, _found = stored
+    env = {**old.env, "KURA_STARTUP_WAIT_SECONDS": "60"}
+    pause = Pause("reconcile_page")
+    node = start_in_process(old.log_path.parent, env, prepare=pause.install)
+    assert pause.reached.wait(30), node.log()[-2000:]
+    try:
+        with node.client() as c, ThreadPoolExecutor(1) as pool, node.client() as other:
+            waiting = pool.submit(other.put, "/cache/rec/waited", content=b"it waited")
+            # In flight: the PUT and this scrape.
+            assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
+            assert not waiting.done()
+            pause.released.set()
+            assert waiting.result(30).status_code == 201
             assert c.get("/cache/rec/waited").content == b"it waited"
             assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
     finally:
@@ -275,6 +335,7 @@ def test_damage_the_background_check_finds_is_set_aside_with_the_node_listening(
             assert c.get("/up").status_code == 200
             assert reasons(c)[0].startswith("start-up: PRAGMA quick_check running")
             waiting = pool.submit(other.get, "/cache/rec/k0001")  # waits for the check
+            assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
             pause.released.set()
             # The index it would have read from was set aside: a miss, never a wrong body.
             assert waiting.result(30).status_code == 404
@@ -352,14 +413,18 @@ def test_a_stop_during_the_index_check_stops_it_and_the_next_start_checks_again(
     stored: tuple[NodeProcess, dict[str, bytes]],
 ) -> None:
     old, found = stored
-    pause = Pause("check")
+    pause = Pause("statement", "checking")  # inside PRAGMA quick_check, its first statement
     node = restart_held(old, pause)
     with ThreadPoolExecutor(1) as pool:
         stopping = pool.submit(node.stop)
         assert wait_for(lambda: node.node is None or node.node.draining, 10)
         pause.released.set()
         assert stopping.result(60) == 0, node.log()[-3000:]
-    assert "stopped during the start-up index check" in node.log()
+    log = node.log()
+    assert "stopped during the start-up index check" in log
+    # The statement ended there: the check never finished, nor did the work go on.
+    assert "index checked in" not in log, log[-3000:]
+    assert "reconcil" not in log.split("stopped during the start-up index check")[1]
     node = start_in_process(old.log_path.parent, old.env)
     try:
         with node.client() as c:
@@ -368,3 +433,179 @@ def test_a_stop_during_the_index_check_stops_it_and_the_next_start_checks_again(
         assert_served(node, found)
     finally:
         assert node.stop() == 0
+
+
+def test_a_stop_inside_a_reconciliation_statement_is_an_ordinary_stop(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # The progress handler ends the statement the reconciliation runs: a stop, not a failure.
+    old, found = stored
+    rows = old.index_rows()
+    pause = Pause("statement", "reconciling")
+    node = restart_held(old, pause)
+    with ThreadPoolExecutor(1) as pool:
+        stopping = pool.submit(node.stop)
+        assert wait_for(lambda: node.node is None or node.node.draining, 10)
+        pause.released.set()
+        assert stopping.result(60) == 0, node.log()[-3000:]
+    log = node.log()
+    assert "stopped during start-up reconciliation" in log, log[-3000:]
+    assert "ERROR" not in log, log[-3000:]
+    assert old.index_rows() == rows
+    node = start_in_process(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30)
+        assert_served(node, found)
+    finally:
+        assert node.stop() == 0
+
+
+def test_discovery_runs_once_after_the_start_up_work(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # Discovery starts with the listeners; the tasks started once the start-up work is done
+    # must not start a second one (two rounds probing every peer and flipping its health).
+    old, _found = stored
+    node = start_in_process(old.log_path.parent, old.env)
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30), c.get("/ready").text
+
+        async def discovery_tasks(_node: Node) -> int:
+            return sum(
+                1
+                for t in asyncio.all_tasks()
+                if getattr(t.get_coro(), "__qualname__", "") == "Membership.run"
+            )
+
+        assert node.call(discovery_tasks) == 1
+    finally:
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_a_multipart_completion_during_start_up_waits_before_it_writes_under_blobs(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # The reconciliation removes what no row names under blobs/: a completion's concatenation
+    # (storage.write_path.put_concatenated) written before its walk was removed under it, and
+    # the completion answered 500. Held after the check (reads served), before the walk.
+    old, _found = stored
+    env = {**old.env, "KURA_STARTUP_WAIT_SECONDS": "30"}
+    pause = Pause("reconcile")
+    node = start_in_process(old.log_path.parent, env, prepare=pause.install)
+    assert pause.reached.wait(30), node.log()[-2000:]
+    q = "tenant_id=t&hash=h&name=n"
+    part = os.urandom(100 * 1024)
+    try:
+        with node.client() as c, ThreadPoolExecutor(1) as pool, node.client() as other:
+            upload_id = c.post(f"/api/cache/module/start?{q}").json()["upload_id"]
+            put = c.post(
+                f"/api/cache/module/part?upload_id={upload_id}&part_number=1", content=part
+            )
+            assert put.status_code == 204, put.text
+            completing = pool.submit(
+                other.post, f"/api/cache/module/complete?upload_id={upload_id}", json={"parts": [1]}
+            )
+            assert wait_for(lambda: node.metric("kura_http_inflight_requests") >= 2, 10)
+            written = lambda: list(node.data_dir.glob("blobs/multipart.incoming-*"))  # noqa: E731
+            assert not wait_for(lambda: bool(written()), 2), written()
+            pause.released.set()
+            assert completing.result(60).status_code == 204, completing.result().text
+            assert c.get(f"/api/cache/module/x?{q}").content == part
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_writes_are_refused_before_their_body_when_the_estimate_is_past_the_wait(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    # 2,500 rows: the reconciliation holds after its first page of 1,000, and the estimate of
+    # the time left (rows per second so far) soon passes the 2 s wait.
+    old = start_node(inline_max_bytes=0, startup_wait_seconds=2, grpc_port=free_port())
+    reapi = Reapi(f"127.0.0.1:{old.env['KURA_GRPC_PORT']}")
+    try:
+        for batch in range(5):
+            blobs = [b"row %d %d" % (batch, i) for i in range(500)]
+            assert all(r.status.code == 0 for r in reapi.batch_update(blobs).responses)
+    finally:
+        reapi.close()
+    assert old.stop() == 0
+    pause = Pause("reconcile_page")
+    node = restart_held(old, pause)
+    try:
+        assert node.node is not None
+        startup = node.node.service.startup
+        assert wait_for(startup.refuses_writes_now, 30), startup.as_json()
+        sock = rawhttp.connect(node.url)  # the head alone: answered before the body is sent
+        with sock:
+            length = str(8 * 1024 * 1024)
+            headers = {"Content-Length": length, "Expect": "100-continue"}
+            rawhttp.send_head(sock, "PUT", "/cache/rec/big", headers)
+            status, answer_headers, answer = rawhttp.read_response(sock)
+        assert status == 503, answer  # not 100 Continue
+        assert int(answer_headers["retry-after"]) > 2, answer_headers
+        assert b"reconciling files with the index" in answer
+        with node.client() as c:
+            started = time.monotonic()
+            refused = c.put("/cache/rec/big", content=os.urandom(8 * 1024 * 1024))
+            took = time.monotonic() - started
+            assert refused.status_code == 503, refused.text
+            assert took < 1.5, took  # not after the 2 s wait
+            assert int(refused.headers["Retry-After"]) > 2
+            assert "reconciling files with the index" in refused.text
+            assert node.staging_files() == []
+        reapi = Reapi(f"127.0.0.1:{old.env['KURA_GRPC_PORT']}")
+        try:
+            blob = os.urandom(4096)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as grpc_refused:
+                reapi.write(blob_name(blob), blob)
+            assert grpc_refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - started < 1.5
+        finally:
+            reapi.close()
+    finally:
+        pause.released.set()
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def test_a_descriptor_shortage_during_the_reconciliation_is_retried_not_fatal(
+    stored: tuple[NodeProcess, dict[str, bytes]],
+) -> None:
+    # The walk opens directories: with no descriptor to spare it fails with EMFILE. That
+    # passes (a burst of connections): the node keeps serving reads and tries again, where
+    # it used to exit 1 ("background task failed").
+    old, found = stored
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    attempts: list[str] = []
+    squeezed = threading.Event()
+
+    def hook(point: str) -> None:
+        if point != "reconcile":
+            return
+        attempts.append(point)
+        if len(attempts) == 1:  # no descriptor left for this walk (this process's limit)
+            lowest_free = os.dup(0)
+            os.close(lowest_free)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+            squeezed.set()
+        else:  # the retry: the shortage has passed
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    def install(node: Node) -> None:
+        node.service.startup.hook = hook
+
+    try:
+        node = start_in_process(old.log_path.parent, old.env, prepare=install)
+        assert squeezed.wait(30)
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 60), c.get("/ready").text
+        log = node.log()
+        assert "reconciling the index failed for want of descriptors" in log, log[-3000:]
+        assert len(attempts) == 2
+        assert_served(node, found)
+        assert node.stop() == 0, node.log()[-3000:]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

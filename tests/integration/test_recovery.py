@@ -189,6 +189,48 @@ def test_a_node_on_a_full_disk_starts_serves_reads_and_refuses_writes(
         node.stop()
 
 
+def test_a_full_disk_while_start_up_rebuilds_the_range_digests_leaves_the_node_serving(
+    full_disk: Path,
+) -> None:
+    # The digests' back-fill runs in the background check (storage.startup_work): a full disk
+    # there is a WARNING and unbuilt digests, never an exit (nor a crash loop).
+    env = on_disk(full_disk)
+    node = spawn_node(full_disk.parent / "logs", env)
+    try:
+        with node.client() as c:
+            stored = store_some(c)
+        db = sqlite3.connect(node.data_dir / "index.sqlite3")  # WAL: beside the node's own
+        with db:
+            db.execute("DELETE FROM meta WHERE k = 'ae_ranges_built'")  # to be rebuilt
+        db.close()
+        node.stop(signal.SIGKILL)  # its -shm stays: the next open needs no block
+        fill(full_disk)
+        node = spawn_node(full_disk.parent / "logs", env)
+        with node.client() as c:
+            assert_served(node, stored)
+            assert wait_for(lambda: "range digests not built" in node.log(), 30), node.log()
+            digests = httpx.get(
+                f"{node.internal_url}/_internal/anti_entropy/digests?prefix=&depth=2"
+            )
+            assert digests.status_code == 503, digests.text
+            assert "range digests not built" in digests.text
+            assert_served(node, stored)
+        assert node.proc.poll() is None, node.log()[-3000:]
+        assert "Traceback" not in node.log()
+        (full_disk / "filler").unlink()
+        assert wait_for(  # maintenance builds them once there is room
+            lambda: (
+                httpx.get(
+                    f"{node.internal_url}/_internal/anti_entropy/digests?prefix=&depth=2"
+                ).status_code
+                == 200
+            ),
+            30,
+        ), node.log()[-3000:]
+    finally:
+        node.stop()
+
+
 def test_a_disk_under_the_floor_is_not_ready_and_ready_again_by_itself_once_freed(
     full_disk: Path,
 ) -> None:

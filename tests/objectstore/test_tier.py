@@ -26,9 +26,9 @@ from kura.core.object_layout import namespace_prefix, parse_url
 from kura.storage.object_store import ObjectStore, ObjectStoreConfig
 from kura_harness.launch.seaweedfs import SeaweedFS
 from tests import oneshot
-from tests.conftest import NodeProcess
+from tests.conftest import NodeProcess, spawn_node
 from tests.e2e.mesh import free_port, peer_row, wait_for
-from tests.objectstore.conftest import TierNode, get, put, start_failure, tier_metric
+from tests.objectstore.conftest import TierNode, get, put, start_failure, tier_env, tier_metric
 from tests.objectstore.faultproxy import FaultProxy
 
 QUEUE = "kura_object_store_upload_queue_messages"
@@ -310,3 +310,31 @@ def test_status_shows_the_store_and_no_bootstrap_on_a_tier_node(
     assert shown.returncode == 0, shown.stderr
     assert f"object store {store['store']}: 0 uploads queued" in shown.stdout
     assert "bootstrap" not in shown.stdout
+
+
+def test_while_start_up_reconciles_a_bucket_fill_is_served_through_unstored(
+    seaweedfs: SeaweedFS, tier_node: TierNode, tmp_path: Path
+) -> None:
+    # Local writes wait for the reconciliation (storage.startup_work): a fill stored then
+    # waited the KURA_STARTUP_WAIT_SECONDS and read as a miss, a 404 for what the bucket has.
+    a = tier_node("a", prefix="startup")
+    body = os.urandom(300_000)
+    assert put(a, "held", body) in (200, 201)
+    assert wait_for(lambda: drained(a), 30), a.log()[-2000:]
+    directory = tmp_path / "b"
+    env = tier_env(seaweedfs, directory, prefix="startup", startup_wait_seconds=1)
+    env["KURA_FAILPOINTS"] = "startup.reconcile=sleep(15000)"  # held before its walk
+    b = spawn_node(directory, env)
+    try:
+        assert wait_for(lambda: "checking the index" in b.log(), 10), b.log()
+        assert oneshot.get(b.url + "/status", timeout=10).json()["startup"]["phase"] != "done"
+        r = get(b, "held")
+        assert r.status_code == 200, r.text
+        assert r.content == body
+        assert b.index_rows() == 0  # served through, not stored
+        assert oneshot.get(b.url + "/status", timeout=10).json()["startup"]["phase"] != "done"
+        assert wait_for(lambda: oneshot.get(b.url + "/ready", timeout=10).status_code == 200, 30)
+        assert get(b, "held").content == body
+        assert b.index_rows() == 1  # stored once the work is done
+    finally:
+        assert b.stop() == 0, b.log()[-3000:]

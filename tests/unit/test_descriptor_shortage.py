@@ -5,13 +5,14 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kit.clock import ManualClock, SystemClock
-from kura.storage import fsync
+from kura.storage import fsync, recovery
 from kura.storage.budget import TmpBudget
 from kura.storage.service import CacheService
 
@@ -95,3 +96,23 @@ async def test_write_refusals_asked_a_thousand_times_opens_dev_null_at_most_twic
     finally:
         await service.close()
     assert len(opened) <= 2, len(opened)
+
+
+def test_an_index_that_cannot_open_for_want_of_a_descriptor_is_not_damaged(
+    tmp_path: Path,
+) -> None:
+    """SQLITE_CANTOPEN is damage (recovery), unless the process is short of descriptors: then
+    it passes, and marking the index damaged would set it and every blob aside."""
+    soft, hard = _no_descriptor_left()
+    try:
+        with pytest.raises(sqlite3.OperationalError) as short:
+            sqlite3.connect(tmp_path / "index.sqlite3").execute("SELECT 1")
+        damage = recovery.is_damage(short.value)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert short.value.sqlite_errorname == "SQLITE_CANTOPEN"
+    assert not damage
+    with pytest.raises(sqlite3.OperationalError) as missing:  # no descriptor shortage now
+        sqlite3.connect(tmp_path / "absent" / "index.sqlite3")
+    assert missing.value.sqlite_errorname == "SQLITE_CANTOPEN"
+    assert recovery.is_damage(missing.value)

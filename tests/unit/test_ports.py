@@ -45,6 +45,7 @@ from kura.storage.ports import (
 from kura.storage.reads import ArtifactReads
 from kura.storage.replica_log import IndexReplicaLog
 from kura.storage.service import CacheService
+from kura.storage.startup_gate import StartupGatedWriter
 from kura.storage.worker_reads import WorkerReads
 
 MAX_MEMBERS = 10
@@ -52,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 IMPLEMENTATIONS: dict[type[Any], list[type[Any]]] = {
     ArtifactReader: [ArtifactReads, OverlayReader],
-    ArtifactWriter: [CacheService],
+    ArtifactWriter: [CacheService, StartupGatedWriter],
     PeerPages: [CacheService],
     WorkerSupport: [CacheService],
     ReplicaSink: [CacheService],

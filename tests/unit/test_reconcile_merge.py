@@ -14,7 +14,7 @@ from kura.core.manifest import Manifest
 from kura.storage import blobs
 from kura.storage.blobs import BlobFiles, stat_signature
 from kura.storage.reconcile import reconcile
-from kura.storage.recovery import open_storage
+from kura.storage.recovery import note_reconciled, open_index
 
 
 def _manifest(artifact_id: str, data: bytes, version_ms: int, inline: bool = False) -> Manifest:
@@ -48,7 +48,7 @@ def test_reconcile_keeps_every_current_file_and_removes_or_drops_the_rest(
     # whether the window is one bucket, a few, or more than the data dir has.
     monkeypatch.setattr(blobs, "LIST_AHEAD", ahead)
     files = BlobFiles(tmp_path / "data", tmp_path / "tmp")
-    index, _report = open_storage(files)
+    index, _report = open_index(files)
     ids = [f"{i:02x}" * 32 for i in (0x10, 0x11, 0x20, 0x21, 0x30, 0xA0, 0xA1, 0xFF)]
     kept: dict[str, Path] = {}
     # Rows with their current file, each with a superseded version beside it for some.
@@ -106,7 +106,7 @@ def test_start_up_removes_incoming_leftovers_in_the_one_walk_and_never_lists_the
     must not be listed as an artifact, and ones not named after an id (in a bucket, at the top
     of ``blobs/``) must go too. The acknowledged file is untouched and is what the row names."""
     files = BlobFiles(tmp_path / "data", tmp_path / "tmp")
-    index, _report = open_storage(files)
+    index, _report = open_index(files)
     aid, stray_id = "ab" * 32, "ab" * 2 + "cd" * 30
     current = _manifest(aid, b"acknowledged", 100)
     kept = _write(files, current, b"acknowledged")
@@ -128,7 +128,8 @@ def test_start_up_removes_incoming_leftovers_in_the_one_walk_and_never_lists_the
     assert all(path.exists() for path in leftovers)
 
     files = BlobFiles(tmp_path / "data", tmp_path / "tmp")
-    index, report = open_storage(files)
+    index, report = open_index(files)  # then the walk, as the start-up work runs it
+    note_reconciled(report, reconcile(files, index))
 
     assert [path for path in leftovers if path.exists()] == []
     assert report.swept_files == 1 + len(leftovers)

@@ -91,6 +91,9 @@ class MetadataIndex:
         self.purges: dict[tuple[str, str], int] = {}
         # While set, only the thread that holds the index queries it (``hold``).
         self._hold: _Hold | None = None
+        # Whether the range digests were checked against the rows (here, or ``ensure_digests``;
+        # a read-only index's are served as they are): until then anti-entropy answers 503.
+        self.digests_ready = check_digests or read_only
         self._initialise()
 
     def _initialise(self) -> None:
@@ -127,14 +130,16 @@ class MetadataIndex:
         retention.ensure(conn)  # promises to keep (storage.retention), outside it too
         self.purges = provenance.load_purges(conn)
 
-    def hold(self, released: threading.Event, wait_seconds: float, why: Callable[[], str]) -> None:
-        """Until ``released`` is set, a query from any thread but the one that claims the hold
-        (``claim_hold``; none before) waits for it, at most ``wait_seconds``, then raises
-        ``Unavailable`` (503 with ``Retry-After``) with the reason ``why()``: start-up checks
-        the index (``storage.startup_work``) with nobody else using it, so that a damaged one
-        can be replaced (``replace_with_fresh``). A thread's query already running is not
-        stopped: hold before anyone else queries."""
-        self._hold = _Hold(None, released, wait_seconds, why)
+    def hold(self, refusal: Callable[[], Unavailable]) -> None:
+        """Until ``release``, a query from any thread but the one that claims the hold
+        (``claim_hold``; none before) raises ``refusal()`` at once (503 with ``Retry-After``):
+        start-up checks the index (``storage.startup_work``) with nobody else using it, so that
+        a damaged one can be replaced (``replace_with_fresh``). Nothing waits here, in a
+        thread: a read waits on the event loop before it reaches one
+        (``StartupWork.wait_readable``), so a query that gets here while held is a read that
+        skipped that wait. A thread's query already running is not stopped: hold before anyone
+        else queries."""
+        self._hold = _Hold(None, refusal)
 
     def claim_hold(self) -> None:
         """This thread's queries no longer wait (``hold``)."""
@@ -153,21 +158,30 @@ class MetadataIndex:
         self._xxh3_column = "xxh3_128"
         self._check_digests = True  # a fresh index: nothing to scan
         self._initialise()
+        self.digests_ready = True
 
     def ensure_digests(self) -> None:
         """Check the range digests against the row count and back-fill them if they are not
-        complete (``digests.ensure``); O(rows). Nothing on a read-only index."""
+        complete (``digests.ensure``); O(rows). Nothing on a read-only index. Then
+        ``digests_ready``; raises ``sqlite3.OperationalError`` (``SQLITE_FULL`` on a full disk)
+        with ``digests_ready`` left as it was."""
         if not self.read_only:
             digests.ensure(self._conn())
+        self.digests_ready = True
+
+    @property
+    def path(self) -> Path:
+        """The index file."""
+        return self._path
 
     def release(self) -> None:
-        """End ``hold`` (its event is set by the caller)."""
+        """End ``hold``."""
         self._hold = None
 
     def _conn(self) -> sqlite3.Connection:
         hold = self._hold
         if hold is not None and hold.owner != threading.get_ident():
-            hold.wait()
+            raise hold.refusal()
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
@@ -590,20 +604,8 @@ def _drop_rows(conn: sqlite3.Connection, artifact_ids: list[str]) -> None:
 
 
 class _Hold:
-    """``MetadataIndex.hold``: who holds the index, and the wait everyone else makes."""
+    """``MetadataIndex.hold``: who holds the index, and what everyone else gets."""
 
-    def __init__(
-        self,
-        owner: int | None,
-        released: threading.Event,
-        wait_seconds: float,
-        why: Callable[[], str],
-    ) -> None:
+    def __init__(self, owner: int | None, refusal: Callable[[], Unavailable]) -> None:
         self.owner = owner
-        self.released = released
-        self.wait_seconds = wait_seconds
-        self.why = why
-
-    def wait(self) -> None:
-        if not self.released.wait(self.wait_seconds):
-            raise Unavailable(self.why(), retry_after_seconds=5)
+        self.refusal = refusal

@@ -9,7 +9,7 @@ what differs between them is given: the index, the thread that gives verdicts on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from kura.core.manifest import Manifest
 from kura.storage.blobs import BlobFiles
 from kura.storage.hotcache import HotCache
 from kura.storage.index import MetadataIndex
-from kura.storage.reads import ArtifactReads
+from kura.storage.reads import ArtifactReads, always_open
 from kura.storage.state import SMALL_BLOB_BYTES, AccessTimes
 from kura.storage.verify import ReadVerifier
 
@@ -39,6 +39,7 @@ def open_reads(
     sent_again: Callable[[str], None] = lambda artifact_id: None,
     note_exists: bool = False,
     promises: bool = False,
+    reads_open: Callable[[], Awaitable[None]] = always_open,
 ) -> ArtifactReads:
     """A read path over new blob files (``data_dir``, ``tmp_dir``), hot cache
     (``hot_cache_bytes``), verifier and access times; the other arguments are
@@ -59,4 +60,5 @@ def open_reads(
         record_checksums=record_checksums,
         sent_again=sent_again,
         note_exists=note_exists,
+        reads_open=reads_open,
     )

@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -42,6 +42,10 @@ T = TypeVar("T")
 Row = tuple[Manifest, bytes | None, str | None, str | None]  # MetadataIndex.get's
 
 
+async def always_open() -> None:
+    """Reads are always open (a worker's reader: its index passed its check before)."""
+
+
 class ArtifactReads:
     """Reads and verification (module docstring): an ``ArtifactReader`` over the pieces it
     shares with the rest of a store. ``index`` returns the opened index (a ``RuntimeError``
@@ -51,7 +55,9 @@ class ArtifactReads:
     a worker queues it for the primary), False if the caller raced a write and should look
     again. ``accesses`` takes the hits (LRU), those of ``exists`` too when ``note_exists``;
     ``record_checksums`` takes the XXH3-128 senders computed (``record_xxh3_128``);
-    ``sent_again(artifact_id)`` hears of bodies sent again (``intact``)."""
+    ``sent_again(artifact_id)`` hears of bodies sent again (``intact``); ``reads_open()`` is
+    awaited on the event loop before any work goes to ``reader`` (the primary's waits for
+    start-up's index check, ``StartupWork.wait_readable``; it raises ``Unavailable``)."""
 
     def __init__(
         self,
@@ -70,8 +76,10 @@ class ArtifactReads:
         record_checksums: Callable[[list[tuple[Manifest, str]]], None],
         sent_again: Callable[[str], None] = lambda artifact_id: None,
         note_exists: bool = False,
+        reads_open: Callable[[], Awaitable[None]] = always_open,
     ) -> None:
         self._index = index
+        self._reads_open = reads_open
         self.files = files
         self.hot = hot
         self.verifier = verifier
@@ -90,6 +98,8 @@ class ArtifactReads:
         return artifact_id(ref.producer, self.tenant_id, ref.namespace_id, ref.key)
 
     async def _in(self, pool: Executor, fn: Callable[..., T], *args: object) -> T:
+        if pool is self._reader:  # start-up's index check: wait here, not in a reader thread
+            await self._reads_open()
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def exists(self, ref: ArtifactRef) -> bool:

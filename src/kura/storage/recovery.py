@@ -1,7 +1,7 @@
 """Opening a data dir at start-up so that a full disk or a damaged index never crash-loops.
 
-``open_storage`` takes the data dir (``BlobFiles.open``), sweeps the tmp dir's staging
-leftovers, opens the index, migrates the layout and reconciles files with rows
+Start-up takes the data dir (``BlobFiles.open``), sweeps the tmp dir's staging leftovers,
+opens the index, migrates the layout, checks the index and reconciles files with rows
 (``storage.reconcile``, which also removes the publish leftovers under ``blobs/``). ``kura
 serve`` runs it in parts so that it listens at once whatever the cache size (issue 31 item 2):
 ``open_index`` before it listens (cheap), then ``check_index`` and ``reconcile`` in the
@@ -51,9 +51,9 @@ from pathlib import Path
 from kura.core.errors import KuraError
 from kura.core.versions import DataDirTooNew, too_new_message
 from kura.storage.blobs import LAYOUT_VERSION, SUPPORTED_LAYOUTS, BlobFiles
-from kura.storage.fsync import fsync_path
+from kura.storage.fsync import descriptor_shortage, fsync_path
 from kura.storage.index import MetadataIndex
-from kura.storage.reconcile import ReconcileReport, migrate_layout_1, reconcile
+from kura.storage.reconcile import ReconcileReport, migrate_layout_1
 from kura.storage.schema import peek_kura_version, peek_layout, refuse_if_too_new
 
 log = logging.getLogger(__name__)
@@ -88,32 +88,6 @@ class StartReport:
     warnings: list[str] = field(default_factory=list)
 
 
-def open_storage(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
-    """Open the data dir and its index as the module docstring says, all of it before
-    returning. Blocking; one thread. (``kura serve`` splits it: ``open_index`` before it
-    listens, ``check_index`` and ``reconcile`` after, ``storage.startup_work``.)
-
-    Returns the index and the report. Raises ``DataDirLocked``/``KuraError`` from
-    ``BlobFiles.open``, ``OSError``/``sqlite3.Error`` for faults that are neither of the two.
-    """
-    index, report = open_index(files)
-    path = files.data_dir / INDEX_NAME
-    try:
-        if not report.checked:
-            check_index(index, report)
-        reconciled = reconcile(files, index)
-    except (IndexDamaged, sqlite3.DatabaseError) as exc:
-        if isinstance(exc, sqlite3.DatabaseError) and not _is_damage(exc):
-            raise
-        index.close_thread_connection()
-        _start_fresh(files, path, str(exc), report)
-        index = MetadataIndex(path)
-        _migrate(files, index, None, report)
-        reconciled = reconcile(files, index)
-    note_reconciled(report, reconciled)
-    return index, report
-
-
 def open_index(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
     """What must run before a node listens, cheap at any cache size: take the data dir
     (``BlobFiles.open``), sweep the tmp dir's staging leftovers, open the index (a damaged one
@@ -122,7 +96,9 @@ def open_index(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
     files up by their layout-2 names. A reconcile that found damage the check had missed left
     a marker (``mark_damaged``): the index is set aside here, before anyone reads it.
 
-    ``report.checked`` says whether ``check_index`` ran. Raises as ``open_storage``.
+    ``report.checked`` says whether ``check_index`` ran. Raises ``DataDirLocked``/``KuraError``
+    from ``BlobFiles.open``, ``OSError``/``sqlite3.Error`` for faults that are neither of the
+    module docstring's two.
     """
     path = files.data_dir / INDEX_NAME
     layout = files.open(written_by=lambda: peek_kura_version(path))
@@ -168,13 +144,33 @@ def check_index(index: MetadataIndex, report: StartReport) -> tuple[int, int]:
         if verdict != "ok":
             raise IndexDamaged(f"PRAGMA quick_check: {' '.join(verdict.split())}")
         totals = index.totals()
-        index.ensure_digests()  # the anti-entropy range digests (MetadataIndex)
+        _ensure_digests(index, report)  # the anti-entropy range digests (MetadataIndex)
     except sqlite3.DatabaseError as exc:
         if not _is_damage(exc):
             raise
         raise IndexDamaged(f"{exc} ({exc.sqlite_errorname})") from exc
     report.checked = True
     return totals
+
+
+def _ensure_digests(index: MetadataIndex, report: StartReport) -> None:
+    """``index.ensure_digests()``; on a full disk (``SQLITE_FULL``, or ``SQLITE_IOERR`` with
+    less than ``FULL_DISK_BYTES`` free) a WARNING instead: the digests stay unbuilt
+    (``MetadataIndex.digests_ready``: anti-entropy answers 503) and maintenance tries again
+    (``CacheService._retry_digests``), while the node serves reads."""
+    try:
+        index.ensure_digests()
+    except sqlite3.OperationalError as exc:
+        name = exc.sqlite_errorname
+        full = name == "SQLITE_FULL" or (
+            name.startswith("SQLITE_IOERR")
+            and shutil.disk_usage(index.path.parent).free < FULL_DISK_BYTES
+        )
+        if not full:
+            raise
+        reason = f"range digests not built, the disk is full ({exc}): anti-entropy waits"
+        log.warning("%s; tried again once there is space", reason)
+        report.warnings.append(reason)
 
 
 def replace_damaged(
@@ -215,7 +211,12 @@ def note_reconciled(report: StartReport, reconciled: ReconcileReport) -> None:
 
 
 def _is_damage(exc: sqlite3.DatabaseError) -> bool:
-    return exc.sqlite_errorname in _DAMAGE_CODES
+    """A damage code, but not ``SQLITE_CANTOPEN`` while the process is short of descriptors
+    (``fsync.descriptor_shortage``): that passes, and the index is fine."""
+    name = exc.sqlite_errorname
+    if name == "SQLITE_CANTOPEN" and descriptor_shortage() is not None:
+        return False
+    return name in _DAMAGE_CODES
 
 
 def _migrate(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -43,8 +43,10 @@ class IndexReplicaLog:
         queues: PeerQueues,
         clock: Clock,
         evict_to_budget: Callable[[], None],
+        reads_open: Callable[[], Awaitable[None]],
     ) -> None:
         self._index = index
+        self._reads_open = reads_open
         self._reader = reader
         self._writer = writer
         self._queues = queues
@@ -66,8 +68,9 @@ class IndexReplicaLog:
         index = self._index()
         return await self._run(pool, lambda: fn(index.connection(), *args, **kwargs))
 
-    @staticmethod
-    async def _run(pool: Executor, fn: Callable[..., T], *args: object) -> T:
+    async def _run(self, pool: Executor, fn: Callable[..., T], *args: object) -> T:
+        if pool is self._reader:  # start-up's index check: wait here, not in a reader thread
+            await self._reads_open()
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     # -- outbox ------------------------------------------------------------------------------
@@ -114,6 +117,8 @@ class IndexReplicaLog:
     # -- anti-entropy ----------------------------------------------------------------------------
 
     async def range_digests(self, prefix: str, depth: int) -> RangeDigests:
+        if not self._index().digests_ready:  # a full disk at start-up (recovery.check_index)
+            raise Unavailable("range digests not built yet (the disk was full); try later")
         return await self._on(self._reader, _range_digests_sync, prefix, depth)
 
     # -- end of life and catch-up ----------------------------------------------------------------

@@ -69,7 +69,9 @@ one single-threaded writer, which serialises commits of the same key.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import logging
 import sqlite3
 import threading
@@ -78,6 +80,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from kit.background import background_pool
 from kit.backoff import every
@@ -89,7 +92,12 @@ from kura.core.version import ahead_of_skew_ms
 from kura.storage import namespace_usage, provenance, retention
 from kura.storage.artifact import ArtifactRef, PutResult, StoredBody, WriterUsage
 from kura.storage.budget import TmpBudget
-from kura.storage.fsync import process_shortage, shortage_reason
+from kura.storage.fsync import (
+    SHORTAGE_ERRNOS,
+    descriptor_shortage,
+    process_shortage,
+    shortage_reason,
+)
 from kura.storage.group_commit import GroupCommitWriter, GroupStats
 from kura.storage.index import MetadataIndex
 from kura.storage.peer_queue import PeerQueues
@@ -115,8 +123,11 @@ from kura.storage.version_clock import VersionClock
 __all__ = ["ArtifactRef", "CacheService", "PutResult", "StorageStats", "StoredBody"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TOUCH_FLUSH_SECONDS = 5.0
+# How long the start-up work waits before it tries again after a shortage (``_shortage``).
+STARTUP_RETRY_SECONDS = 5.0
 
 
 class CacheService(ReplicaApply):
@@ -188,6 +199,7 @@ class CacheService(ReplicaApply):
             queues=self.queues,
             clock=clock,
             evict_to_budget=lambda: self._evict_sync(0, ""),
+            reads_open=self._reads_open,
         )
         self.max_clock_skew_ms = max_clock_skew_ms
         # Inline bodies are read into memory and stored in SQLite, outside the tmp budget: a
@@ -200,12 +212,10 @@ class CacheService(ReplicaApply):
         self.versions = VersionClock()
         self.start_report = StartReport()
         # The start-up work after the cheap part (storage.startup_work): its progress and
-        # waits, its thread, the event that releases the index it holds, and its stop.
-        self.startup = StartupWork(startup_wait_seconds)
+        # waits, its thread, and its stop (seen inside a statement: ``_startup_connection``).
+        self.startup = StartupWork(startup_wait_seconds, clock)
         self._startup_pool = ThreadPoolExecutor(1, thread_name_prefix="kura-startup")
-        self._index_released = threading.Event()
         self._startup_stop = threading.Event()
-        self._checking: sqlite3.Connection | None = None  # the check's, while it runs
         # The read path, one object over the pieces it shares with the rest (storage.reads).
         self.reads = open_reads(
             data_dir=data_dir,
@@ -221,6 +231,7 @@ class CacheService(ReplicaApply):
             record_checksums=self.record_xxh3_128,
             sent_again=sent_again,
             promises=min_retention_ms > 0,
+            reads_open=self._reads_open,
         )
         self.files, self.hot, self.verifier = self.reads.files, self.reads.hot, self.reads.verifier
         self.accesses = self.reads.accesses
@@ -235,6 +246,9 @@ class CacheService(ReplicaApply):
         index check, writes for the reconciliation); else all of it runs before this returns."""
         started = time.monotonic()
         await self._in(self._writer, self._open_sync)
+        # The start-up thread's connection, opened before the node listens: a descriptor
+        # shortage once clients connect cannot fail it then.
+        await self._in(self._startup_pool, self._startup_connection)
         if not background:
             await self.finish_start()
             return
@@ -262,7 +276,7 @@ class CacheService(ReplicaApply):
         for warning in self.queues.warnings() + ([full] if full else []):
             log.warning("at start-up: %s", warning)
         # Nobody queries it but the start-up thread until it was checked (finish_start).
-        self._index.hold(self._index_released, self.startup.wait_seconds, self._held_reason)
+        self._index.hold(self.startup.unavailable)
 
     def _open_writer_sync(self) -> None:
         """Writer thread: what it keeps of the index (again after a damaged one was replaced)."""
@@ -273,34 +287,34 @@ class CacheService(ReplicaApply):
             index.keep_namespace_access_index(bool(self.namespace_rules))
         self.queues.load(index.connection(), index.read_only)
 
-    def _held_reason(self) -> str:
-        return (self.startup.reasons() or ["start-up: checking the index"])[0]
-
     async def finish_start(self) -> None:
         """The start-up work after ``start(background=True)`` (``storage.startup_work``): the
         index check, with the index held, then the reconciliation, while writes wait. A
         damaged index found by the check is replaced in place; one found by the
         reconciliation (reads are served by then) is marked for the next start and
-        ``IndexDamaged`` raised, which stops the node. Returns early when ``close`` stops it."""
+        ``IndexDamaged`` raised, which stops the node. A shortage (a full disk, no descriptor
+        to spare: ``_shortage``) is neither: logged at WARNING, and the step tried again after
+        ``STARTUP_RETRY_SECONDS``, reads served as far as the step allows meanwhile. Returns
+        early when ``stop_startup`` stops it."""
         started = time.monotonic()
         try:
-            replaced = await self._in(self._startup_pool, self._check_sync)
+            replaced = await self._retrying(self._check_sync, "checking the index")
         except _Stopped:
-            return
-        finally:
-            self._release_index()
+            return  # the hold stays until ``close`` has waited for the start-up thread
+        self._release_index()
         self.startup.mark_checked()
         log.info(
-            "index checked in %.2f s (PRAGMA quick_check %.2f s); reads are served, "
-            "reconciling %d rows with the files",
+            "index checked in %.2f s (the check: PRAGMA quick_check %.2f s, the row totals and "
+            "the range digests); reads are served, reconciling %d rows with the files",
             time.monotonic() - started,
             self.start_report.quick_check_seconds,
             self.startup.rows_expected,
         )
         if replaced:
             await self._in(self._writer, self._open_writer_sync)
-        reconciled = await self._in(self._startup_pool, self._reconcile_sync)
-        if reconciled is None:
+        try:
+            reconciled = await self._retrying(self._reconcile_sync, "reconciling the index")
+        except _Stopped:
             return  # stopping; the next start does it again
         note_reconciled(self.start_report, reconciled)
         if reconciled.dropped_rows:  # the totals were read by the check, before these went
@@ -318,22 +332,60 @@ class CacheService(ReplicaApply):
             orphans = rec.removed_files + rec.dropped_rows
             log.info("start-up sweep removed %d staging files and %d orphans", swept, orphans)
 
+    async def _retrying(self, step: Callable[[], T], what: str) -> T:
+        """``step()`` on the start-up thread, again after ``STARTUP_RETRY_SECONDS`` for as long
+        as it fails with a shortage (``_shortage``); ``_Stopped`` once stopped."""
+        while True:
+            try:
+                return await self._in(self._startup_pool, step)
+            except (OSError, sqlite3.OperationalError) as exc:
+                if self._startup_stop.is_set():
+                    raise _Stopped from None
+                reason = _shortage(exc)
+                if reason is None:
+                    raise
+                log.warning(
+                    "start-up: %s failed for want of %s (%s); reads are served as far as they "
+                    "can be, writes wait; trying again in %g s",
+                    what,
+                    reason,
+                    exc,
+                    STARTUP_RETRY_SECONDS,
+                )
+            await self.clock.sleep(STARTUP_RETRY_SECONDS)
+            if self._startup_stop.is_set():
+                raise _Stopped
+
     def _release_index(self) -> None:
-        self._index_released.set()
         if self._index is not None:
             self._index.release()
 
-    def _check_sync(self) -> bool:
-        """Start-up thread, holding the index: check it; replace it if damaged. Returns
-        whether it was replaced."""
+    def _startup_connection(self) -> sqlite3.Connection:
+        """Start-up thread: claim the index's hold and return this thread's connection, its
+        progress handler set to end a statement once ``stop_startup`` was called (again after
+        a damaged index was replaced: a fresh connection)."""
         index = self._require_index()
         index.claim_hold()
+        conn = index.connection()
+        conn.set_progress_handler(self._startup_progress, self.startup.statement_steps)
+        return conn
+
+    def _startup_progress(self) -> int:
+        """Progress handler of the start-up connection: nonzero (the statement ends with
+        ``sqlite3.OperationalError: interrupted``) once ``stop_startup`` was called."""
+        self.startup.at("statement")
+        return int(self._startup_stop.is_set())
+
+    def _check_sync(self) -> bool:
+        """Start-up thread, holding the index: check it; replace it if damaged. Returns
+        whether it was replaced; ``_Stopped`` when ``stop_startup`` ended it."""
+        index = self._require_index()
         replaced = False
         self.startup.at("check")
-        self._checking = index.connection()  # stop_startup interrupts its statement
         try:
+            self._startup_connection()
             if self._startup_stop.is_set():
-                raise sqlite3.OperationalError("interrupted")
+                raise _Stopped
             if self.start_report.checked:
                 count, used = index.totals()
             else:
@@ -343,18 +395,20 @@ class CacheService(ReplicaApply):
                 raise
             log.info("stopped during the start-up index check; the next start does it again")
             raise _Stopped from None
+        except _Stopped:
+            log.info("stopped during the start-up index check; the next start does it again")
+            raise
         except IndexDamaged as exc:
             replace_damaged(self.files, index, str(exc), self.start_report)
+            self._startup_connection()  # the fresh index's, with the progress handler
             count, used, replaced = 0, 0, True
-        finally:
-            self._checking = None
         self.stats.artifacts, self.stats.used_bytes = count, used
         self.startup.reconciling(count)
         return replaced
 
-    def _reconcile_sync(self) -> ReconcileReport | None:
+    def _reconcile_sync(self) -> ReconcileReport:
         """Start-up thread: reconcile (``storage.reconcile``), the rows it drops deleted on the
-        writer thread. None when ``close`` stopped it."""
+        writer thread. ``_Stopped`` when ``stop_startup`` ended it."""
         index = self._require_index()
 
         def progress(rows: int) -> None:
@@ -366,12 +420,17 @@ class CacheService(ReplicaApply):
         def drop(ids: list[str]) -> None:
             self._writer.submit(index.delete, ids).result()
 
+        self.startup.at("reconcile")
         try:
+            self._startup_connection()
             return reconcile(self.files, index, progress, drop)
         except _Stopped:
             log.info("stopped during start-up reconciliation; the next start does it again")
-            return None
+            raise
         except sqlite3.DatabaseError as exc:
+            if self._startup_stop.is_set() and isinstance(exc, sqlite3.OperationalError):
+                log.info("stopped during start-up reconciliation; the next start does it again")
+                raise _Stopped from None
             if not is_damage(exc):
                 raise
             reason = f"{exc} ({exc.sqlite_errorname})"
@@ -383,7 +442,7 @@ class CacheService(ReplicaApply):
             )
             raise IndexDamaged(reason) from exc
         finally:
-            index.close_thread_connection()
+            index.close_thread_connection()  # the start-up thread's: its work is over
 
     @property
     def commit_stats(self) -> GroupStats:
@@ -420,22 +479,22 @@ class CacheService(ReplicaApply):
         return found + ([self._writer.failure] if self._writer.failure else [])
 
     def stop_startup(self) -> None:
-        """Stop the start-up work: the index check at once (its statement is interrupted,
-        ``sqlite3.Connection.interrupt``), the reconciliation at its next page
-        (``finish_start`` returns; the next start does it again). ``close`` calls it too."""
+        """Stop the start-up work (``finish_start`` returns; the next start does it again): a
+        statement it runs ends within ``statement_steps`` SQLite steps (the connection's
+        progress handler, ``_startup_progress``), the reconciliation at its next page too.
+        Any thread; ``close`` calls it too."""
         self._startup_stop.set()
-        checking = self._checking
-        if checking is not None:
-            checking.interrupt()
 
     async def close(self) -> None:
         """Flush access times and release the data dir. Safe to call once after start. Start-up
-        work still running stops at its next page (``finish_start``)."""
-        self._startup_stop.set()
-        self._release_index()  # a query still waiting for the check answers at once
-        self._startup_pool.shutdown(wait=True)
+        work still running is stopped (``stop_startup``) and waited for off the event loop,
+        and only then is the index released."""
+        self.stop_startup()
+        await asyncio.to_thread(self._startup_pool.shutdown, wait=True)
+        self._release_index()
         if self._index is not None and self._writer.failure is None:
-            await self.flush_touches()
+            if self.startup.checked:  # else nothing was read: no access time, no promise
+                await self.flush_touches()
             await self._in(self._writer, self._close_sync)
         elif self._index is not None:  # the writer refuses every job: close here
             self._close_sync()
@@ -452,7 +511,24 @@ class CacheService(ReplicaApply):
 
     async def run_maintenance(self) -> None:
         """Forever: flush batched access times. Run it in the app's TaskGroup."""
-        await every(self.flush_touches, TOUCH_FLUSH_SECONDS, what="flushing access times", log=log)
+        await every(self._maintain, TOUCH_FLUSH_SECONDS, what="flushing access times", log=log)
+
+    async def _maintain(self) -> None:
+        await self.flush_touches()
+        await self._retry_digests()
+
+    async def _retry_digests(self) -> None:
+        """Build the range digests the start-up check could not (a full disk:
+        ``MetadataIndex.digests_ready``), on the writer thread, once the disk has room."""
+        index = self._require_index()
+        if index.digests_ready or self.free_disk_bytes() <= self.min_free_disk_bytes:
+            return
+        try:
+            await self._in(self._writer, index.ensure_digests)
+        except sqlite3.OperationalError as exc:
+            if _shortage(exc) is None:
+                raise
+            log.warning("range digests still not built (%s); trying again later", exc)
 
     async def flush_touches(self) -> None:
         touches = self._take_touches()
@@ -553,4 +629,23 @@ class CacheService(ReplicaApply):
 
 
 class _Stopped(Exception):
-    """``close`` stopped the start-up reconciliation (``CacheService._reconcile_sync``)."""
+    """``stop_startup`` stopped the start-up work (``CacheService.finish_start``)."""
+
+
+def _shortage(exc: BaseException) -> str | None:
+    """What the process ran short of, when ``exc`` is a passing shortage rather than damage or
+    a fault: a full disk (``ENOSPC``, ``SQLITE_FULL``), descriptors or memory for a file
+    (``fsync.SHORTAGE_ERRNOS``; ``SQLITE_CANTOPEN`` or ``SQLITE_IOERR`` while
+    ``descriptor_shortage()`` reads one: SQLite reports a failed open as either). Else None."""
+    if isinstance(exc, OSError):
+        if exc.errno == errno.ENOSPC:
+            return "disk space"
+        return "descriptors" if exc.errno in SHORTAGE_ERRNOS else None
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return None
+    name = exc.sqlite_errorname
+    if name == "SQLITE_FULL":
+        return "disk space"
+    if name.startswith(("SQLITE_CANTOPEN", "SQLITE_IOERR")) and descriptor_shortage():
+        return "descriptors"
+    return None

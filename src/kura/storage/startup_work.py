@@ -6,18 +6,30 @@ a 20-minute cold start with 8 M files, are the reports behind it).
 lock, the tmp dir's staging sweep, opening the index, and the layout-1 migration, which runs once
 per data dir), then runs the rest in the background, in two phases, on one thread:
 
-1. ``checking``: ``PRAGMA quick_check`` and a first read of every row (the totals the disk
-   budget starts from). Meanwhile the index is *held* (``MetadataIndex.hold``): a query from any
-   other thread waits for the check, at most ``wait_seconds``, then raises ``Unavailable``
-   (503 with ``Retry-After``; gRPC ``UNAVAILABLE``). Reads are therefore served only once the
-   check passed, and no other thread has a connection in use when it fails, so the damaged
-   index is set aside and a fresh one made in place (``recovery``'s damage path) with nothing
-   in flight against it.
+1. ``checking``: ``PRAGMA quick_check``, a first read of every row (the totals the disk
+   budget starts from) and the range digests' check (``recovery.check_index``). Meanwhile a
+   read waits on the event loop (``wait_readable``, before anything goes to the reader pool),
+   at most ``wait_seconds`` from its arrival, then raises ``Unavailable`` (503 with
+   ``Retry-After``; gRPC ``UNAVAILABLE``). The index is also *held* (``MetadataIndex.hold``):
+   a query from any other thread raises ``Unavailable`` at once, it never waits in a thread.
+   Reads are therefore served only once the check passed, and no other thread has a
+   connection in use when it fails, so the damaged index is set aside and a fresh one made in
+   place (``recovery``'s damage path) with nothing in flight against it.
 2. ``reconciling``: ``storage.reconcile`` walks rows and files and removes what a crash left.
    Reads are served (a row without its file is a miss, a file without a row is never served);
    every write waits for the end of this phase, at most ``wait_seconds``, then raises
    ``Unavailable``: reconcile removes files no committed row names, so a write publishing its
-   file beside the old version before its row commits must not run while it walks.
+   file beside the old version before its row commits must not run while it walks. A write is
+   refused at once, before its body is read, when the estimate of the time left
+   (``retry_after_seconds``) is past the wait (``refuses_writes_now``).
+
+``wait_seconds`` is at most ``MAX_WAIT_SECONDS`` (the setting's validation,
+``KURA_STARTUP_WAIT_SECONDS``): no request is held longer than that by this work.
+
+A stop (``CacheService.stop_startup``) is seen inside a running statement: the start-up
+connection's progress handler (``sqlite3.Connection.set_progress_handler``, every
+``statement_steps`` VM steps; ``PRAGMA quick_check`` calls it per page it checks) answers
+the stop flag, and SQLite aborts the statement with ``interrupted``.
 
 Stopping mid-way loses nothing: the work only deletes what no committed row names, or rows
 whose file is gone, so the next start simply does it again. ``reasons`` are ``/ready``'s while
@@ -27,28 +39,35 @@ it runs (``Node.readiness_reasons``), with its progress.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
+from kit.clock import Clock, SystemClock
 from kit.failpoint import failpoint
 from kura.core.errors import Unavailable
 
 CHECKING = "checking"
 RECONCILING = "reconciling"
+# The longest a request may wait for the start-up work (KURA_STARTUP_WAIT_SECONDS's bound).
+MAX_WAIT_SECONDS = 60
+# SQLite VM steps between two looks at the stop flag in a start-up statement (module docstring).
+STATEMENT_STEPS = 1000
 
 
 class StartupWork:
     """The phase and progress of the background start-up work, and its waits (module
-    docstring). Phases are entered on the start-up thread; ``wait_writable`` and ``finish`` on
-    the event loop."""
+    docstring). Phases are entered on the start-up thread; the waits, ``mark_checked`` and
+    ``finish`` on the event loop. Times are seconds on ``clock.monotonic``."""
 
-    def __init__(self, wait_seconds: float) -> None:
+    def __init__(self, wait_seconds: float, clock: Clock | None = None) -> None:
         self.wait_seconds = wait_seconds
+        self.clock: Clock = clock or SystemClock()
         self.phase = CHECKING
         # Index rows reconciled so far, and the row count the check found (0 before it).
         self.rows_done = 0
         self.rows_expected = 0
-        self._phase_started = time.monotonic()
+        # SQLite VM steps between looks at the stop flag (a test lowers it for a tiny index).
+        self.statement_steps = STATEMENT_STEPS
+        self._phase_started = self.clock.monotonic()
         # Set on the event loop: the index passed its check (or was replaced); all is done.
         self._checked = asyncio.Event()
         self._done = asyncio.Event()
@@ -59,6 +78,11 @@ class StartupWork:
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def checked(self) -> bool:
+        """Whether the index passed its check (or a damaged one was replaced)."""
+        return self._checked.is_set()
+
     async def wait_checked(self) -> None:
         """Return once the index passed its check (or a damaged one was replaced)."""
         await self._checked.wait()
@@ -68,11 +92,15 @@ class StartupWork:
         await self._done.wait()
 
     def at(self, point: str) -> None:
-        """Start-up thread, at ``point``: ``"check"`` (before ``PRAGMA quick_check``) or
-        ``"reconcile_page"`` (after each page of rows reconciled). The failpoint
-        ``startup.<point>`` fires there (``kit.failpoint``: a test kills the process
-        mid-reconcile), and ``hook(point)`` runs (an in-process test waits on an event)."""
-        failpoint(f"startup.{point}")
+        """Start-up thread, at ``point``: ``"check"`` (before ``PRAGMA quick_check``),
+        ``"reconcile"`` (reads served, before the reconciliation lists a file),
+        ``"reconcile_page"`` (after each page of rows reconciled) or ``"statement"`` (inside a
+        start-up statement, from the connection's progress handler: no failpoint there, it
+        runs every ``statement_steps`` steps). The failpoint ``startup.<point>`` fires at the
+        first three (``kit.failpoint``: a test kills the process mid-reconcile), and
+        ``hook(point)`` runs at all four (an in-process test waits on an event)."""
+        if point != "statement":
+            failpoint(f"startup.{point}")
         self.hook(point)
 
     def reconciling(self, rows_expected: int) -> None:
@@ -80,7 +108,7 @@ class StartupWork:
         self.rows_expected = rows_expected
         self.rows_done = 0
         self.phase = RECONCILING
-        self._phase_started = time.monotonic()
+        self._phase_started = self.clock.monotonic()
 
     def mark_checked(self) -> None:
         """Event loop: the index check is over (``wait_checked`` returns)."""
@@ -116,33 +144,63 @@ class StartupWork:
             "rows_done": self.rows_done,
             "rows_expected": self.rows_expected,
             "phase_seconds": (
-                round(time.monotonic() - self._phase_started, 1) if self.phase else None
+                round(self.clock.monotonic() - self._phase_started, 1) if self.phase else None
             ),
         }
 
     def unavailable(self) -> Unavailable:
-        """The error a request gets when it waited ``wait_seconds`` in vain."""
+        """The error a request gets when it waited in vain, or is refused at once: 503 with
+        ``Retry-After`` from ``retry_after_seconds``, naming what still runs."""
         reason = self.reasons()[0] if self.reasons() else "start-up: finishing"
         return Unavailable(reason, retry_after_seconds=self.retry_after_seconds())
 
-    def retry_after_seconds(self) -> int:
-        """A guess of the seconds left, from the progress so far: between 1 and 60."""
-        elapsed = time.monotonic() - self._phase_started
-        left = 5.0
-        if self.phase == RECONCILING and self.rows_done:
-            per_row = elapsed / self.rows_done
-            left = per_row * max(0, self.rows_expected - self.rows_done) + 1
-        return max(1, min(60, round(left)))
+    def seconds_left(self) -> float | None:
+        """The estimate of the seconds the work still needs, from the reconciliation's rate so
+        far (rows reconciled per second); None while there is no rate to go by (the check,
+        the first page)."""
+        if self.phase != RECONCILING or not self.rows_done:
+            return None
+        per_row = (self.clock.monotonic() - self._phase_started) / self.rows_done
+        return per_row * max(0, self.rows_expected - self.rows_done)
 
-    async def wait_writable(self) -> None:
-        """Return once writes are safe (this work is done); ``Unavailable`` (503 with
-        ``Retry-After``) after ``wait_seconds``."""
+    def retry_after_seconds(self) -> int:
+        """A guess of the seconds left (``seconds_left`` plus one; 5 without an estimate),
+        between 1 and 60: every refusal's ``Retry-After``."""
+        left = self.seconds_left()
+        return max(1, min(60, round(5.0 if left is None else left + 1)))
+
+    def refuses_writes_now(self) -> bool:
+        """Whether a write arriving now should be refused at once, before its body is read:
+        the work is not done and the estimate of the time left is past ``wait_seconds`` (the
+        write would wait in vain and upload its body again)."""
+        left = None if self.done else self.seconds_left()
+        return left is not None and left > self.wait_seconds
+
+    async def wait_readable(self, arrived: float | None = None) -> None:
+        """Return once reads are safe (the index passed its check); ``Unavailable`` once
+        ``wait_seconds`` have passed since ``arrived`` (``clock.monotonic``; None: now). On the
+        event loop, before the read goes to a reader thread."""
+        if not self._checked.is_set():
+            await self._wait(self._checked, arrived)
+
+    async def wait_writable(self, arrived: float | None = None) -> None:
+        """Return once writes are safe (this work is done); ``Unavailable`` once
+        ``wait_seconds`` have passed since ``arrived`` (None: now), or at once when
+        ``refuses_writes_now``."""
         if self._done.is_set():
             return
+        if self.refuses_writes_now():
+            raise self.unavailable()
+        await self._wait(self._done, arrived)
+
+    async def _wait(self, event: asyncio.Event, arrived: float | None) -> None:
+        now = self.clock.monotonic()
+        left = self.wait_seconds - (now - (now if arrived is None else arrived))
         try:
-            await asyncio.wait_for(self._done.wait(), self.wait_seconds)
+            async with self.clock.timeout(max(0.0, left)):
+                await event.wait()
         except TimeoutError:
             raise self.unavailable() from None
 
     def _elapsed(self) -> str:
-        return f"{time.monotonic() - self._phase_started:.1f} s so far"
+        return f"{self.clock.monotonic() - self._phase_started:.1f} s so far"

@@ -233,6 +233,14 @@ class StorageState:
         a worker's is always): nothing writes it until a restart."""
         return self._require_index().read_only
 
+    async def _reads_open(self) -> None:
+        """Wait, on the event loop, until start-up's index check is over
+        (``storage.startup_work``), at most ``KURA_STARTUP_WAIT_SECONDS``: every read waits
+        here before it goes to the reader pool (``_in``, ``storage.reads``,
+        ``storage.replica_log``), never in a reader thread. ``Unavailable`` (503,
+        ``Retry-After``) after the wait."""
+        await self.startup.wait_readable()
+
     async def _writes_open(self) -> None:
         """Wait until start-up's reconciliation is over (``storage.startup_work``), at most
         ``KURA_STARTUP_WAIT_SECONDS``: every write that publishes a file, adds a row or cleans
@@ -325,6 +333,8 @@ class StorageState:
             self._writer.unlink_later(path)
 
     async def _in(self, pool: Executor, fn: Callable[..., T], *args: object) -> T:
+        if pool is self._reader:
+            await self._reads_open()
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def _read_index(

@@ -154,7 +154,10 @@ class WritePath(Eviction):
     async def put_concatenated(
         self, ref: ArtifactRef, parts: Sequence[Path], content_type: str
     ) -> PutResult:
-        """Store the concatenation of ``parts`` (multipart completion). Parts are left in place."""
+        """Store the concatenation of ``parts`` (multipart completion). Parts are left in place.
+        Waits for start-up's reconciliation first (``_writes_open``): it would remove the
+        concatenation, written under ``blobs/``, as a publish leftover."""
+        await self._writes_open()
         total = sum(p.stat().st_size for p in parts)
         self.check_size(total, self.max_disk_bytes)
         incoming = self.files.blobs_dir / f"multipart.incoming-{os.urandom(8).hex()}"
