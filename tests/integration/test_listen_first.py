@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 from kura.app import Node
+from kura.storage.startup_work import STOPPING_RETRY_SECONDS
 from kura_harness.launch.process import free_port
 from tests.conftest import NodeProcess, spawn_node
 from tests.e2e.mesh import Mesh, peer_row, wait_for
@@ -251,6 +252,64 @@ def test_a_stop_mid_reconciliation_loses_nothing_and_the_next_start_redoes_it(
             assert c.get(lost).status_code == 404
         assert node.metric('kura_storage_reconciled_total{kind="row"}') == 1
         assert node.index_rows() == rows - 1
+        assert_served(node, found)
+    finally:
+        assert node.stop() == 0
+
+
+@pytest.mark.parametrize("point", ["check", "reconcile_page"])
+def test_a_stop_answers_every_request_waiting_on_the_start_up_work_at_once(
+    stored: tuple[NodeProcess, dict[str, bytes]], point: str
+) -> None:
+    # A SIGTERM mid-reconciliation used to leave the PUTs queued behind the gate waiting out
+    # their whole KURA_STARTUP_WAIT_SECONDS (the drain with them: 8.7 s, or 30 s at a 30 s
+    # wait), then told them "reconciling". Held in the check, GETs wait too; the wait here is
+    # 30 s, so an answer within a few seconds of the stop can only be the stop's.
+    old, found = stored
+    env = {**old.env, "KURA_STARTUP_WAIT_SECONDS": "30"}
+    pause = Pause(point)
+    node = start_in_process(old.log_path.parent, env, prepare=pause.install)
+    assert pause.reached.wait(30), node.log()[-2000:]
+
+    def request(method: str, path: str) -> tuple[float, httpx.Response]:
+        with node.client() as c:
+            r = c.request(method, path, content=b"waits" if method == "PUT" else None)
+            return time.monotonic(), r
+
+    waiting = [("PUT", "/cache/rec/w0"), ("PUT", "/v8/artifacts/w1?slug=rec")]
+    if point == "check":  # reads wait only for the check
+        waiting += [("GET", path) for path in list(found)[:2]]
+    try:
+        with ThreadPoolExecutor(len(waiting) + 1) as pool:
+            answers = [pool.submit(request, method, path) for method, path in waiting]
+            # In flight: the waiting requests and this scrape.
+            assert wait_for(
+                lambda: node.metric("kura_http_inflight_requests") >= len(waiting) + 1, 10
+            )
+            assert not any(a.done() for a in answers)
+            asked = time.monotonic()
+            stopping = pool.submit(node.stop)
+            for (method, path), answer in zip(waiting, answers, strict=True):
+                at, r = answer.result(10)  # before the work is let go: the stop answered it
+                assert r.status_code == 503, (method, path, r.text)
+                assert at - asked < 3, (method, path, round(at - asked, 2))
+                assert int(r.headers["Retry-After"]) == STOPPING_RETRY_SECONDS
+                assert "the node is stopping" in r.text, r.text
+                assert "reconciling" not in r.text, r.text
+                assert "quick_check" not in r.text, r.text
+            pause.released.set()
+            assert stopping.result(30) == 0, node.log()[-3000:]
+            took = time.monotonic() - asked
+        assert took < 5, took  # far below the 30 s wait
+        assert "Traceback" not in node.log(), node.log()[-3000:]
+    finally:
+        pause.released.set()
+        node.stop()
+    node = start_in_process(old.log_path.parent, old.env)  # nothing was written meanwhile
+    try:
+        with node.client() as c:
+            assert wait_for(lambda: c.get("/ready").status_code == 200, 30)
+            assert c.get("/cache/rec/w0").status_code == 404
         assert_served(node, found)
     finally:
         assert node.stop() == 0

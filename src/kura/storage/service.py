@@ -481,9 +481,11 @@ class CacheService(ReplicaApply):
     def stop_startup(self) -> None:
         """Stop the start-up work (``finish_start`` returns; the next start does it again): a
         statement it runs ends within ``statement_steps`` SQLite steps (the connection's
-        progress handler, ``_startup_progress``), the reconciliation at its next page too.
-        Any thread; ``close`` calls it too."""
+        progress handler, ``_startup_progress``), the reconciliation at its next page too,
+        and every request waiting on it is answered 503 at once, saying the node is stopping
+        (``StartupWork.stop``). Any thread; ``close`` calls it too."""
         self._startup_stop.set()
+        self.startup.stop()
 
     async def close(self) -> None:
         """Flush access times and release the data dir. Safe to call once after start. Start-up

@@ -26,6 +26,13 @@ per data dir), then runs the rest in the background, in two phases, on one threa
 ``wait_seconds`` is at most ``MAX_WAIT_SECONDS`` (the setting's validation,
 ``KURA_STARTUP_WAIT_SECONDS``): no request is held longer than that by this work.
 
+A stop (``stop``, from ``CacheService.stop_startup``: SIGTERM, ``Node.stop``) answers every
+request waiting here at once, reads and writes alike, and every one arriving after it:
+``Unavailable`` (503, ``Retry-After: STOPPING_RETRY_SECONDS``; gRPC ``UNAVAILABLE``) saying
+the node is stopping. The work they waited for will not finish in this process, so a waiter
+held to the end of its wait only held the stop's drain for as long (a tester's SIGTERM
+mid-reconciliation exited after 8.7 s, the PUTs' whole wait, and told them "reconciling").
+
 A stop (``CacheService.stop_startup``) is seen inside a running statement: the start-up
 connection's progress handler (``sqlite3.Connection.set_progress_handler``, every
 ``statement_steps`` VM steps; ``PRAGMA quick_check`` calls it per page it checks) answers
@@ -51,6 +58,9 @@ RECONCILING = "reconciling"
 MAX_WAIT_SECONDS = 60
 # SQLite VM steps between two looks at the stop flag in a start-up statement (module docstring).
 STATEMENT_STEPS = 1000
+# The Retry-After of a request refused because the node is stopping (module docstring): a
+# supervisor's restart, or another node behind the balancer, is seconds away.
+STOPPING_RETRY_SECONDS = 5
 
 
 class StartupWork:
@@ -71,6 +81,10 @@ class StartupWork:
         # Set on the event loop: the index passed its check (or was replaced); all is done.
         self._checked = asyncio.Event()
         self._done = asyncio.Event()
+        # Set by ``stop`` (any thread); the event wakes the waiters on their loop.
+        self.stopped = False
+        self._stopping = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Called on the start-up thread at each point (``at``): tests pause the work there.
         self.hook: Callable[[str], None] = lambda point: None
 
@@ -120,6 +134,23 @@ class StartupWork:
         self._checked.set()
         self._done.set()
 
+    def stop(self) -> None:
+        """The node is stopping (module docstring): every request waiting on this work, and
+        every one arriving from now on, gets ``unavailable()`` at once. Any thread; once is
+        enough, again is harmless."""
+        self.stopped = True
+        loop = self._loop
+        if loop is None:  # nobody waited yet: the flag is all a later wait looks at
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._stopping.set()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._stopping.set)
+
     def reasons(self) -> list[str]:
         """What is still running, for ``/ready`` (empty once done), e.g. ``start-up:
         reconciling files with the index (412,000 of ~1,000,000 rows); writes wait``."""
@@ -150,7 +181,14 @@ class StartupWork:
 
     def unavailable(self) -> Unavailable:
         """The error a request gets when it waited in vain, or is refused at once: 503 with
-        ``Retry-After`` from ``retry_after_seconds``, naming what still runs."""
+        ``Retry-After`` from ``retry_after_seconds``, naming what still runs; once stopped
+        (``stop``), saying the node is stopping, with ``Retry-After: STOPPING_RETRY_SECONDS``."""
+        if self.stopped:
+            return Unavailable(
+                "the node is stopping: its start-up work was stopped before this request could "
+                "be served; retry (another node, or this one once it has restarted)",
+                retry_after_seconds=STOPPING_RETRY_SECONDS,
+            )
         reason = self.reasons()[0] if self.reasons() else "start-up: finishing"
         return Unavailable(reason, retry_after_seconds=self.retry_after_seconds())
 
@@ -172,21 +210,24 @@ class StartupWork:
     def refuses_writes_now(self) -> bool:
         """Whether a write arriving now should be refused at once, before its body is read:
         the work is not done and the estimate of the time left is past ``wait_seconds`` (the
-        write would wait in vain and upload its body again)."""
+        write would wait in vain and upload its body again), or the node is stopping."""
+        if self.stopped and not self.done:
+            return True
         left = None if self.done else self.seconds_left()
         return left is not None and left > self.wait_seconds
 
     async def wait_readable(self, arrived: float | None = None) -> None:
         """Return once reads are safe (the index passed its check); ``Unavailable`` once
-        ``wait_seconds`` have passed since ``arrived`` (``clock.monotonic``; None: now). On the
-        event loop, before the read goes to a reader thread."""
+        ``wait_seconds`` have passed since ``arrived`` (``clock.monotonic``; None: now), or at
+        once when the node is stopping (``stop``). On the event loop, before the read goes to
+        a reader thread."""
         if not self._checked.is_set():
             await self._wait(self._checked, arrived)
 
     async def wait_writable(self, arrived: float | None = None) -> None:
         """Return once writes are safe (this work is done); ``Unavailable`` once
         ``wait_seconds`` have passed since ``arrived`` (None: now), or at once when
-        ``refuses_writes_now``."""
+        ``refuses_writes_now`` or the node is stopping (``stop``)."""
         if self._done.is_set():
             return
         if self.refuses_writes_now():
@@ -194,13 +235,24 @@ class StartupWork:
         await self._wait(self._done, arrived)
 
     async def _wait(self, event: asyncio.Event, arrived: float | None) -> None:
+        """Until ``event`` is set; ``unavailable()`` at the end of the wait, or at once when
+        ``stop`` was or is called meanwhile."""
+        self._loop = asyncio.get_running_loop()  # before the look: a ``stop`` now sees it
+        if self.stopped:
+            raise self.unavailable()
         now = self.clock.monotonic()
         left = self.wait_seconds - (now - (now if arrived is None else arrived))
+        waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopping.wait())}
         try:
             async with self.clock.timeout(max(0.0, left)):
-                await event.wait()
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except TimeoutError:
             raise self.unavailable() from None
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if not event.is_set():  # stopped
+            raise self.unavailable()
 
     def _elapsed(self) -> str:
         return f"{self.clock.monotonic() - self._phase_started:.1f} s so far"
