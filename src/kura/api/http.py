@@ -33,6 +33,7 @@ from kura.api.file_response import DamagedBlob, OpenFileResponse
 from kura.api.grant_scope import asked
 from kura.api.malformed import (
     client_gone,
+    disk_full_error,
     log_shortage,
     quiet_malformed_requests,
     short_of_resources,
@@ -50,6 +51,7 @@ from kura.core.overlay import Asked, NamespaceView
 from kura.mesh.peer_pace import PeerPace
 from kura.settings import Settings
 from kura.storage.artifact import ArtifactRef, StoredBody
+from kura.storage.fsync import disk_full
 from kura.storage.overlay import overlay_reader
 from kura.storage.ports import ArtifactReader, ArtifactWriter, PeerPages
 
@@ -235,8 +237,15 @@ def endpoint(
             except ForwardToPrimary:
                 status = FORWARDED  # a worker hands it on; the primary counts it
                 raise
-            except OSError as exc:
-                if not short_of_resources(exc):
+            except Exception as exc:
+                if disk_full(exc):  # passes: 503 and retry (kura.api.malformed), never a 500
+                    what = f"{request.method} {request.path}"
+                    response = error_response(disk_full_error("HTTP", what, exc), style)
+                    if request.body_exists and not request.content.is_eof():
+                        response.force_close()
+                    status = response.status
+                    return response
+                if not isinstance(exc, OSError) or not short_of_resources(exc):
                     log.exception("unhandled error in %s %s", request.method, request.path)
                     status = 500
                     raise
@@ -250,10 +259,6 @@ def endpoint(
                 response.force_close()  # any unread body; and a connection spared
                 status = response.status
                 return response
-            except Exception:
-                log.exception("unhandled error in %s %s", request.method, request.path)
-                status = 500
-                raise
             finally:
                 if status != FORWARDED:
                     c.metrics.observe_request(

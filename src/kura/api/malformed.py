@@ -31,6 +31,7 @@ import re
 from aiohttp.http_exceptions import HttpProcessingError
 
 from kit.log_limit import LogLimit
+from kura.core.errors import ResourceExhausted
 from kura.storage.fsync import SHORTAGE_ERRNOS
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ _LIMIT = LogLimit(LOG_LINES, LOG_INTERVAL_SECONDS)
 _GONE_LIMIT = LogLimit(LOG_LINES, LOG_INTERVAL_SECONDS)
 SHORTAGE_LOG_INTERVAL_SECONDS = 10.0
 _SHORTAGE_LIMIT = LogLimit(1, SHORTAGE_LOG_INTERVAL_SECONDS)
+_FULL_LIMIT = LogLimit(1, SHORTAGE_LOG_INTERVAL_SECONDS)
+# Retry-After (seconds) of a request refused because the disk is full (module docstring).
+DISK_FULL_RETRY_SECONDS = 10
 
 
 def short_of_resources(exc: BaseException) -> bool:
@@ -61,6 +65,27 @@ def log_shortage(listener: str, what: str, exc: OSError) -> None:
             exc,
             left_out,
         )
+
+
+def disk_full_error(listener: str, what: str, exc: BaseException) -> ResourceExhausted:
+    """The answer to a request of ``listener`` (``what``: its method and path, or its gRPC
+    method) that failed with ``storage.fsync.disk_full(exc)``: ``ResourceExhausted`` (503, ``Retry-After:
+    DISK_FULL_RETRY_SECONDS``), after one WARNING line per ``SHORTAGE_LOG_INTERVAL_SECONDS``
+    for all such requests (the line counts the others). Any thread."""
+    left_out = _FULL_LIMIT.admit()
+    if left_out is not None:
+        log.warning(
+            "%s %s answered 503: the disk is full (%s) (%d more such requests not logged)",
+            listener,
+            what,
+            exc,
+            left_out,
+        )
+    return ResourceExhausted(
+        "the disk is full: the node cannot record this change now; retry once space is "
+        "freed (eviction, or an operator)",
+        retry_after_seconds=DISK_FULL_RETRY_SECONDS,
+    )
 
 
 def client_gone(exc: BaseException) -> bool:

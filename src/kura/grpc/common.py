@@ -41,7 +41,12 @@ from kura.api.action_cache import EMPTY_SHA256
 from kura.api.action_lookup import cas_ref
 from kura.api.auth import Access, TokenAuth
 from kura.api.file_response import DamagedBlob, verified_chunks
-from kura.api.malformed import log_malformed, log_shortage, short_of_resources
+from kura.api.malformed import (
+    disk_full_error,
+    log_malformed,
+    log_shortage,
+    short_of_resources,
+)
 from kura.api.metrics import KuraMetrics
 from kura.core import errors as e
 from kura.core.keys import HEX_SHA256, validate
@@ -52,6 +57,7 @@ from kura.protos.build.bazel.remote.execution.v2 import (
 )
 from kura.settings import Settings
 from kura.storage.artifact import StoredBody
+from kura.storage.fsync import disk_full
 from kura.storage.overlay import overlay_reader
 from kura.storage.ports import ArtifactReader, ArtifactWriter
 
@@ -410,6 +416,8 @@ def rpc(method: str) -> Callable[[Unary[S, Req, Resp]], Unary[S, Req, Resp]]:
             except BaseException as exc:
                 if short_of_resources(exc):
                     await _abort(gc, method, context, _shortage(method, exc))
+                if disk_full(exc):  # passes: RESOURCE_EXHAUSTED, never INTERNAL
+                    await _abort(gc, method, context, disk_full_error("gRPC", method, exc))
                 _count_failure(gc, method, exc)
                 raise
             gc.requests.labels(method, "OK").inc()
@@ -473,6 +481,8 @@ def streaming_rpc(method: str) -> Callable[[Streaming[S, Req, Resp]], Streaming[
             except BaseException as exc:
                 if short_of_resources(exc):
                     await _abort(gc, method, context, _shortage(method, exc))
+                if disk_full(exc):  # passes: RESOURCE_EXHAUSTED, never INTERNAL
+                    await _abort(gc, method, context, disk_full_error("gRPC", method, exc))
                 if watchdog.fired:
                     gc.requests.labels(method, "DEADLINE_EXCEEDED").inc()
                     log.info(

@@ -23,8 +23,10 @@ verdict the read path asks of the writer thread, ``storage.reads``).
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Sequence
 
+from kit.log_limit import LogLimit
 from kura.core.eviction import bytes_to_free
 from kura.core.manifest import Manifest
 from kura.storage import namespace_usage, retention
@@ -34,6 +36,10 @@ from kura.storage.state import StorageState
 from kura.storage.verify import problem_with_bytes, problem_with_file
 
 log = logging.getLogger(__name__)
+
+# One line per minute for all the entries a full disk keeps in the index (``_undroppable``).
+UNDROPPED_LOG_SECONDS = 60.0
+_UNDROPPED_LIMIT = LogLimit(1, UNDROPPED_LOG_SECONDS)
 
 
 class Eviction(StorageState):
@@ -355,6 +361,14 @@ class Eviction(StorageState):
             return False
         if index.read_only:  # cannot drop it now: a miss, until a restart reconciles
             return True
+        self.hot.invalidate([manifest.artifact_id])
+        try:
+            index.delete([manifest.artifact_id])
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorname != "SQLITE_FULL":
+                raise
+            _undroppable(manifest, problem, exc)
+            return True  # a miss all the same: each read checks the bytes again and misses
         log.warning(
             "quarantined artifact %s (producer %s, namespace %r, key %r): expected %d bytes "
             "with sha256 %s, but %s (detected by %s)",
@@ -367,8 +381,6 @@ class Eviction(StorageState):
             problem,
             detected_by,
         )
-        index.delete([manifest.artifact_id])
-        self.hot.invalidate([manifest.artifact_id])
         try:
             self.quarantine.admit(
                 manifest,
@@ -391,3 +403,21 @@ class Eviction(StorageState):
         except Exception:
             log.exception("on_quarantine hook failed for %s", manifest.artifact_id)
         return True
+
+
+def _undroppable(manifest: Manifest, problem: str, exc: sqlite3.OperationalError) -> None:
+    """``_confirm_corrupt_sync`` found ``manifest``'s bytes damaged or gone but the disk is too
+    full to drop its row (``SQLITE_FULL``): the entry stays, and reads as a miss (its bytes
+    are checked on every read) until space is freed and a read drops it. One WARNING line per
+    ``UNDROPPED_LOG_SECONDS`` for all such entries, not one per read (a tester's 30 reads of
+    entries whose files were gone answered 500 each, with a traceback)."""
+    left_out = _UNDROPPED_LIMIT.admit()
+    if left_out is not None:
+        log.warning(
+            "could not drop artifact %s from the index, the disk is full (%s): %s; it reads as "
+            "a miss until space is freed (%d more such entries not logged)",
+            manifest.artifact_id,
+            exc,
+            problem,
+            left_out,
+        )

@@ -12,6 +12,7 @@ import ctypes
 import errno
 import functools
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -73,6 +74,16 @@ def open_to_sync(path: Path) -> int:
         if exc.errno in SHORTAGE_ERRNOS:
             raise DescriptorShortage(exc.errno, exc.strerror, str(path)) from exc
         raise
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk is full: an SQLite error whose code is ``SQLITE_FULL``
+    (https://www.sqlite.org/rescode.html#full: the index's journal or WAL could not grow), or
+    an OSError ``ENOSPC``. The one test every listener's error path asks
+    (``kura.api.malformed.disk_full_error``)."""
+    if isinstance(exc, sqlite3.Error):
+        return getattr(exc, "sqlite_errorname", None) == "SQLITE_FULL"
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
 
 def shortage_reason(exc: OSError) -> str:
