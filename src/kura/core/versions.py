@@ -89,10 +89,63 @@ class DataDirTooNew(KuraError):
     ``message`` names both versions and what to do (``too_new_message``)."""
 
 
+class DataDirDamaged(KuraError):
+    """The data directory records a version no kura writes (a metadata schema of 0 or below,
+    one that is not a number while no newer kura is recorded as its writer, a ``layout`` file
+    that is empty, not text or not a file): damaged, or not a kura data directory. Raised
+    before anything in it is written; ``message`` says what is wrong and what to do."""
+
+
+def shown(text: str) -> str:
+    """``text`` as a refusal may print it: as it is when a short run of visible ASCII without
+    quotes, else its first 40 characters as an ASCII literal (``ascii``), so that an escape
+    sequence or a newline read from a data directory never reaches a terminal raw."""
+    if kura_version_of(text) is not None and "'" not in text and '"' not in text:
+        return text
+    return ascii(text[:40])
+
+
+def is_newer(kura_version: str | None) -> bool:
+    """Whether ``kura_version`` (as an index records it) names a release after this one: its
+    leading dotted numbers compared with ``__version__``'s (``0.3.0`` > ``0.2.0``; ``0.2.0rc1``
+    reads as ``0.2.0``). False for None or a value that does not start with a number."""
+    return _release(kura_version or "") > _release(__version__)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for part in version.split("."):
+        digits = ""
+        for char in part:
+            if not (char.isascii() and char.isdigit()):
+                break
+            digits += char
+        if not digits or len(digits) > 9:
+            break
+        parts.append(int(digits))
+        if len(digits) < len(part):
+            break
+    return tuple(parts)
+
+
+def damaged_message(what: str, readable: str, written_by: str | None) -> str:
+    """The refusal of a data directory whose ``what`` (``metadata schema '-1'``, ``layout file
+    ... is empty``) no kura writes; ``readable`` is this kura's range, ``written_by`` the kura
+    the index records as its last writer (None: none recorded)."""
+    writer = f", last written by kura {shown(written_by)}" if written_by else ""
+    return (
+        f"this data directory's {what}, which no kura writes (kura {__version__} reads "
+        f"{readable}{writer}): it is damaged or not a kura data directory; move it aside and "
+        "let the node bootstrap from its peers, or restore it from a backup (docs/upgrading.md)"
+    )
+
+
 def too_new_message(part: str, found: str, readable: str, written_by: str | None) -> str:
     """The refusal of a data directory whose ``part`` (``metadata schema``, ``blob layout``) is
     ``found``, past the ``readable`` range of this kura, written (as its index records) by kura
-    ``written_by`` (None: not recorded, a kura that predates the record or a newer one)."""
+    ``written_by`` (None: not recorded, a kura that predates the record or a newer one;
+    printed escaped, ``shown``)."""
+    written_by = shown(written_by) if written_by else None
     writer = f"kura {written_by}" if written_by else "a newer kura"
     run = (
         f"run kura {written_by} or later" if written_by else f"run a kura that reads {part} {found}"

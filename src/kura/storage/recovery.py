@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kura.core.errors import KuraError
-from kura.core.versions import DataDirTooNew, too_new_message
-from kura.storage.blobs import LAYOUT_VERSION, SUPPORTED_LAYOUTS, BlobFiles
+from kura.core.versions import DataDirTooNew, shown, too_new_message
+from kura.storage.blobs import LAYOUT_VERSION, SUPPORTED_LAYOUTS, BlobFiles, layout_refusal
 from kura.storage.fsync import descriptor_shortage, fsync_path
 from kura.storage.index import MetadataIndex
 from kura.storage.reconcile import ReconcileReport, migrate_layout_1
@@ -101,7 +101,9 @@ def open_index(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
     module docstring's two.
     """
     path = files.data_dir / INDEX_NAME
-    layout = files.open(written_by=lambda: peek_kura_version(path))
+    layout = files.open(
+        written_by=lambda: peek_kura_version(path), recorded=lambda: peek_layout(path)
+    )
     try:
         _refuse_lost_layout(path, layout)
     except KuraError:
@@ -255,12 +257,8 @@ def _refuse_lost_layout(path: Path, found: str | None) -> None:
         raise DataDirTooNew(
             too_new_message("blob layout", recorded, readable, peek_kura_version(path))
         )
-    raise KuraError(
-        f"the data directory's index records blob layout {recorded[:40]!r} but its layout "
-        f"file {'is missing' if found is None else f'says {found[:40]!r}'}: restore the file "
-        f"(echo {recorded[:40]} > {path.parent / 'layout'}) or move the data directory aside "
-        "and let the node bootstrap from its peers (docs/upgrading.md)"
-    )
+    problem = "is missing" if found is None else f"says {shown(found)}"
+    raise KuraError(layout_refusal(path.parent / "layout", problem, recorded))
 
 
 def _open_checked(
