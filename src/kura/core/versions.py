@@ -22,10 +22,10 @@ MIN_WIRE_VERSION = 1
 UNSPOKEN_WIRE_VERSION = "wire_version"
 WIRE_REFUSAL_STATUS = 503
 # The wire version recorded for a peer whose ``Kura-Wire-Version`` (or status field) does not
-# parse: a later release that changed the header's format. Outside every range (versions start
-# at 1), so it is refused and reported as unspoken, never dropped as a bad request nor taken
-# for a peer that is down.
-UNPARSEABLE_WIRE_VERSION = 0
+# parse: a later release that changed the header's format. Outside every range and below every
+# version that parses (0 parses: older than ``MIN_WIRE_VERSION``), so it is refused and reported
+# as unspoken, never dropped as a bad request nor taken for a peer that is down.
+UNPARSEABLE_WIRE_VERSION = -1
 KURA_VERSION_MAX_CHARS = 64
 
 
@@ -55,16 +55,19 @@ def speaks(wire_version: int) -> bool:
 
 def describe(wire_version: int | None, kura_version: str | None) -> str:
     """``kura 0.2.0 (wire 2)``; a wire-1 peer without a version is ``kura 0.1.0``, the one
-    release that sends none."""
+    release that sends none; a wire below ``MIN_WIRE_VERSION`` (``0``, which parses) is said to
+    be older than this node speaks, one that did not parse (``UNPARSEABLE_WIRE_VERSION``) so."""
     if wire_version is None:
         return "an unknown kura"
     if wire_version == UNPARSEABLE_WIRE_VERSION:
         return f"kura {kura_version or 'of unknown version'} (unparseable wire version)"
+    older = ", older than this node speaks" if wire_version < MIN_WIRE_VERSION else ""
     if kura_version is None:
         return (
-            f"kura {'0.1.0' if wire_version == 1 else 'of unknown version'} (wire {wire_version})"
+            f"kura {'0.1.0' if wire_version == 1 else 'of unknown version'} "
+            f"(wire {wire_version}{older})"
         )
-    return f"kura {kura_version} (wire {wire_version})"
+    return f"kura {kura_version} (wire {wire_version}{older})"
 
 
 def unspoken_message(wire_version: int, kura_version: str | None) -> str:
