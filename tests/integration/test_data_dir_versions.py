@@ -325,3 +325,21 @@ def test_a_recorded_kura_version_is_printed_escaped(
     assert "\x1b" not in stderr, stderr
     assert "\nkura: fine" not in stderr, stderr
     assert snapshot(node.data_dir) == before
+
+
+def test_a_recorded_layout_no_kura_writes_is_refused_as_damaged(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = written_by_head(start_node)
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("UPDATE meta SET v = '\x1b[2J' WHERE k = 'layout'")
+    conn.close()
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)
+    assert (
+        "this data directory's index records blob layout '\\x1b[2J', which no kura writes "
+        f"(kura {__version__} reads blob layouts 1-{LAYOUT_VERSION}, last written by kura "
+        f"{__version__}): it is damaged or not a kura data directory"
+    ) in stderr, stderr
+    assert "\x1b" not in stderr, stderr
+    assert snapshot(node.data_dir) == before
