@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
 
 from kit import event_loop
@@ -42,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)"
+        "--timeout",
+        type=positive_seconds,
+        default=10.0,
+        help="seconds to wait for the answer (default 10)",
     )
     status.add_argument(
         "--token",
@@ -161,7 +166,7 @@ def _admin_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "--json", action="store_true", default=d(False), help="print the answer's JSON"
         )
         parser.add_argument(
-            "--timeout", type=float, default=d(30.0), help="seconds to wait (default 30)"
+            "--timeout", type=positive_seconds, default=d(30.0), help="seconds to wait (default 30)"
         )
 
     admin = sub.add_parser(
@@ -226,7 +231,10 @@ def _admin_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "node's own URL may be among them); every peer of the node must be one",
     )
     gate.add_argument(
-        "--wait", type=float, default=600.0, help="seconds to wait for it (default 600)"
+        "--wait",
+        type=wait_seconds,
+        default=600.0,
+        help="seconds to wait for it (default 600; 0: look once)",
     )
     gate.add_argument(
         "--max-queued",
@@ -249,10 +257,50 @@ def _admin_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     gate.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=argparse.SUPPRESS,
         help="seconds to wait for each request (default 30)",
     )
+
+
+def positive_seconds(text: str) -> float:
+    """argparse ``type`` of a request timeout: a positive finite number of seconds (``0``,
+    ``-1``, ``nan``, ``inf``: ``ArgumentTypeError``, exit 2 with the usage)."""
+    value = _seconds(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def wait_seconds(text: str) -> float:
+    """argparse ``type`` of ``--wait``: a finite number of seconds, 0 or more (0: look once;
+    ``-5``, ``nan``, ``inf``: ``ArgumentTypeError``, exit 2; ``nan`` would never time out)."""
+    value = _seconds(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds of 0 or more")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
+    return value
+
+
+def http_url_problem(url: str) -> str | None:
+    """Why ``url`` is not a node's URL (``http``/``https`` with a host), or None when it is."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url[:80]!r} is not an http(s) URL with a host (e.g. http://kura-0.kura:4000)"
+    try:
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number or too big)
+    except ValueError:
+        return f"{url[:80]!r} has an invalid port"
+    return None
 
 
 def _own_token(env: Mapping[str, str]) -> str | None:
@@ -461,12 +509,17 @@ def rollout_gate(args: argparse.Namespace) -> int:
     if args.json:
         print("kura admin rollout-gate: prints its reasons; it has no --json", file=sys.stderr)
         return 2
-    if args.wait < 0 or args.max_queued < 0:
-        print("kura admin rollout-gate: --wait and --max-queued must be >= 0", file=sys.stderr)
+    if args.max_queued < 0:
+        print("kura admin rollout-gate: --max-queued must be >= 0", file=sys.stderr)
         return 2
     url = args.url or os.environ.get("KURA_URL") or "http://127.0.0.1:4000"
     token = args.token or os.environ.get("KURA_TOKEN") or _own_token(os.environ)
     mesh = [u.strip() for item in args.mesh_url for u in item.split(",") if u.strip()]
+    # At once, not after --wait: a URL without a scheme or host never answers.
+    for flag, value in [("--url", url), *(("--mesh-url", u) for u in mesh)]:
+        if (problem := http_url_problem(value)) is not None:
+            print(f"kura admin rollout-gate: argument {flag}: {problem}", file=sys.stderr)
+            return 2
     return rollout_gate.run(
         url,
         mesh,

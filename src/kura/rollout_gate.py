@@ -9,7 +9,8 @@ every other node given (their public URLs; the node's own URL among them is reco
 * its ``/ready`` answers 200: discovery done and settled, every peer bootstrapped, writes taken;
 * every peer it lists is healthy in its eyes, and it holds at most ``max_queued`` outbox
   messages for each and no catch-up mark (a queue that overflowed: the peer must pull);
-* every peer it lists was looked at (``--mesh-url``), knows it, sees it healthy, and holds at
+* every peer it lists was looked at (``--mesh-url``; one given but down or unreachable is said
+  to be so), knows it, sees it healthy, and holds at
   most ``max_queued`` messages and no catch-up mark for it: what was written while it was
   away has reached it;
 * every ``--mesh-url`` node is listed by it, and none holds messages or a mark for it;
@@ -100,10 +101,7 @@ def behind(seen: Look, max_queued: int = 0) -> list[str]:
         reasons.extend(_row_behind(f"{peer} (as this node sees it)", row, max_queued))
         doc = statuses.get(peer)
         if doc is None:
-            reasons.append(
-                f"{peer}'s queue for this node not checked: pass that node's public URL with "
-                "--mesh-url"
-            )
+            reasons.append(_not_checked(peer, seen))
             continue
         theirs = next((r for r in doc.get("peers", []) if r.get("node_url") == me), None)
         if theirs is None:
@@ -122,6 +120,23 @@ def behind(seen: Look, max_queued: int = 0) -> list[str]:
     for doc in (node, *statuses.values()):
         reasons.extend(_cannot_talk(doc))
     return reasons
+
+
+def _not_checked(peer: str, seen: Look) -> str:
+    """Why ``peer``'s queue for the node was not read: it was given (``--mesh-url``, under the
+    URL the node lists it by) and its ``/status`` could not be read (down or unreachable; the
+    fetch error is among the reasons too), some ``--mesh-url`` node could not be read (it may be
+    that one, under another URL), or it was not given."""
+    head = f"{peer}'s queue for this node not checked"
+    if peer in seen.others:
+        return f"{head}: {peer} is down or unreachable (its /status could not be read)"
+    unread = [url for url, doc in seen.others.items() if doc is None]
+    if unread:
+        return (
+            f"{head}: --mesh-url {', '.join(unread)} is down or unreachable (its /status could "
+            "not be read); if that is not this peer, pass its public URL with --mesh-url"
+        )
+    return f"{head}: pass that node's public URL with --mesh-url"
 
 
 def _cannot_talk(doc: dict[str, Any]) -> list[str]:

@@ -64,6 +64,11 @@ def test_a_node_with_a_queue_to_a_stopped_peer_is_not_caught_up_until_it_drained
     assert verdict.startswith("not caught up after 3 s")
     assert f"{c.internal_url} (as this node sees it): 1 outbox messages queued" in verdict
     assert f"{c.internal_url} (as this node sees it): not healthy" in verdict
+    # c was passed (--mesh-url) and is down: said so, not "pass that node's public URL".
+    assert (
+        f"{c.internal_url}'s queue for this node not checked: --mesh-url {c.url} is down or "
+        "unreachable"
+    ) in verdict
 
     back = mesh3.restart(2)
     everyone[2] = back.url

@@ -203,7 +203,7 @@ def test_the_index_records_the_layout_and_a_lost_layout_file_is_refused(
     stderr = serve_refused(node.env, exit_code=1)
     assert (
         f"the data directory's index records blob layout '{LAYOUT_VERSION}' but its layout "
-        "file is missing: restore the file"
+        f"file is missing ({node.data_dir / 'layout'}): restore the file"
     ) in stderr, stderr
     assert snapshot(node.data_dir) == before
     # A newer kura's layout, recorded in the index, is refused whatever the file says.
@@ -241,4 +241,105 @@ def test_a_metadata_schema_missing_or_unparseable_is_refused_not_initialised(
     before = snapshot(node.data_dir)
     stderr = serve_refused(node.env, exit_code=1)
     assert refusal_of_schema("(none)") in stderr, stderr
+    assert snapshot(node.data_dir) == before
+
+
+def test_a_layout_file_that_is_empty_not_text_or_not_a_file_is_refused_in_one_line(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """Each is refused with exit 1, no traceback, a message naming what is wrong and what to
+    do (the index records the layout: restore the file), and the data dir left as it was."""
+    node = written_by_head(start_node)
+    layout = node.data_dir / "layout"
+
+    def directory() -> None:
+        layout.unlink()
+        layout.mkdir()
+
+    cases: list[tuple[str, Callable[[], object]]] = [
+        ("is not text", lambda: layout.write_bytes(b"zz\x00\xff")),
+        ("is empty", lambda: layout.write_bytes(b"")),
+        ("is not a regular file", directory),
+    ]
+    for problem, damage in cases:
+        damage()
+        before = snapshot(node.data_dir)
+        stderr = serve_refused(node.env, exit_code=1)
+        assert (
+            f"the data directory's index records blob layout '{LAYOUT_VERSION}' but its layout "
+            f"file {problem} ({layout}): restore the file (echo {LAYOUT_VERSION} > {layout})"
+        ) in stderr, stderr
+        assert "not supported" not in stderr, stderr
+        assert "Errno" not in stderr, stderr
+        assert snapshot(node.data_dir) == before
+    # Without the index's record: no kura wrote such a file.
+    layout.rmdir()
+    layout.write_bytes(b"\x1b[2J")
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("DELETE FROM meta WHERE k = 'layout'")
+    conn.close()
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)
+    assert (
+        f"this data directory's layout file {layout} says '\\x1b[2J', which no kura writes"
+    ) in stderr, stderr
+    assert "\x1b" not in stderr, stderr
+    assert snapshot(node.data_dir) == before
+
+
+def test_a_metadata_schema_no_kura_writes_is_refused_as_damaged_not_migrated(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    """0 and below, or garbled while this kura (not a newer one) is the recorded writer: not
+    "run kura 0.2.0 or later" (this is kura 0.2.0), and never migrated (a migration from 0
+    would renumber the change feed under a new epoch)."""
+    node = written_by_head(start_node)
+    for found, shown in (("0", "0"), ("-1", "'-1'"), ("abc", "'abc'")):
+        conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+        conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (found,))
+        conn.close()
+        before = snapshot(node.data_dir)
+        stderr = serve_refused(node.env, exit_code=1)
+        assert (
+            f"this data directory's index records metadata schema {shown}, which no kura writes "
+            f"(kura {__version__} reads schemas 1-{SCHEMA_VERSION}, last written by kura "
+            f"{__version__}): it is damaged or not a kura data directory"
+        ) in stderr, stderr
+        assert "or later" not in stderr, stderr
+        assert snapshot(node.data_dir) == before
+        assert meta(node.data_dir)["schema_version"] == found
+
+
+def test_a_recorded_kura_version_is_printed_escaped(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = written_by_head(start_node)
+    hostile = "9.9.9\x1b[2J\nkura: fine"
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    future_schema(conn)
+    conn.execute("UPDATE meta SET v = ? WHERE k = 'kura_version'", (hostile,))
+    conn.close()
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)
+    assert f"this data directory was written by kura {hostile!a} (metadata schema" in stderr
+    assert "\x1b" not in stderr, stderr
+    assert "\nkura: fine" not in stderr, stderr
+    assert snapshot(node.data_dir) == before
+
+
+def test_a_recorded_layout_no_kura_writes_is_refused_as_damaged(
+    start_node: Callable[..., NodeProcess],
+) -> None:
+    node = written_by_head(start_node)
+    conn = sqlite3.connect(node.data_dir / "index.sqlite3", isolation_level=None)
+    conn.execute("UPDATE meta SET v = '\x1b[2J' WHERE k = 'layout'")
+    conn.close()
+    before = snapshot(node.data_dir)
+    stderr = serve_refused(node.env, exit_code=1)
+    assert (
+        "this data directory's index records blob layout '\\x1b[2J', which no kura writes "
+        f"(kura {__version__} reads blob layouts 1-{LAYOUT_VERSION}, last written by kura "
+        f"{__version__}): it is damaged or not a kura data directory"
+    ) in stderr, stderr
+    assert "\x1b" not in stderr, stderr
     assert snapshot(node.data_dir) == before

@@ -3,6 +3,7 @@ the mesh (the real mesh: tests/e2e/test_rollout_gate.py)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -54,6 +55,18 @@ def test_not_ready_unlisted_and_unread_peers_hold_the_gate() -> None:
     ]
     unread = seen(row(PEER), None)
     assert behind(unread) == [
+        f"{PEER}'s queue for this node not checked: --mesh-url http://peer:4000 is down or "
+        "unreachable (its /status could not be read); if that is not this peer, pass its "
+        "public URL with --mesh-url"
+    ]
+    # Given under the URL the node lists it by, and down: said so, not "pass it".
+    down = Look(ready=True, status=unread.status, others={PEER: None})
+    assert behind(down) == [
+        f"{PEER}'s queue for this node not checked: {PEER} is down or unreachable (its /status "
+        "could not be read)"
+    ]
+    not_given = Look(ready=True, status=unread.status, others={})
+    assert behind(not_given) == [
         f"{PEER}'s queue for this node not checked: pass that node's public URL with --mesh-url"
     ]
 
@@ -109,3 +122,52 @@ def test_the_command_takes_a_read_token_and_has_no_json_nor_data_dir(
     shown = " ".join(capsys.readouterr().out.split())
     assert "a read token for /status" in shown
     assert "clean token" not in shown
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--url", "notaurl"],
+        ["--url", "ftp://kura-0:4000"],
+        ["--url", "http://"],
+        ["--url", "http://kura-0:port"],
+        ["--url", "http://127.0.0.1:1", "--mesh-url", "http://127.0.0.1:2,kura-1:4000"],
+    ],
+)
+def test_a_url_without_an_http_scheme_and_host_is_refused_at_once(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 before any look, not after waiting out --wait (exit 5)."""
+    started = time.monotonic()
+    assert main(["admin", "rollout-gate", "--wait", "30", *argv]) == 2
+    assert time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert "kura admin rollout-gate: argument --" in err
+    assert "is not an http(s) URL with a host" in err or "has an invalid port" in err
+
+
+@pytest.mark.parametrize("flag", ["--timeout", "--wait"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "-inf", "soon"])
+def test_timeout_and_wait_are_validated_alike(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["admin", "rollout-gate", f"{flag}={value}"])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {value!r} is not" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["admin", "rollout-gate", "--timeout=0"],
+        ["admin", "--timeout=0", "namespaces"],
+        ["status", "--timeout=0"],
+    ],
+)
+def test_a_request_timeout_of_0_is_refused(argv: list[str]) -> None:
+    """A request timeout must be positive; ``--wait 0`` is one look (tests/e2e)."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    assert build_parser().parse_args(["admin", "rollout-gate", "--wait=0"]).wait == 0

@@ -42,7 +42,7 @@ from typing import BinaryIO, NamedTuple, Protocol
 from kit import flock
 from kura.core.errors import KuraError, ResourceExhausted
 from kura.core.manifest import Manifest
-from kura.core.versions import DataDirTooNew, too_new_message
+from kura.core.versions import DataDirTooNew, damaged_message, shown, too_new_message
 from kura.storage.body_count import BodyCount, check_sha256
 from kura.storage.budget import Reservation
 from kura.storage.checksum import BodyDigests
@@ -104,6 +104,20 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def layout_refusal(layout: Path, problem: str, recorded: str | None) -> str:
+    """The refusal of a data directory whose ``layout`` file (at ``layout``) ``problem`` (``is
+    missing``, ``is empty``, ``says 'x'``): with the layout its index records (``recorded``; a
+    readable one, ``SUPPORTED_LAYOUTS``) how to restore the file, else that no kura wrote it."""
+    if recorded in SUPPORTED_LAYOUTS:
+        return (
+            f"the data directory's index records blob layout '{recorded}' but its layout file "
+            f"{problem} ({layout}): restore the file (echo {recorded} > {layout}) or move the "
+            "data directory aside and let the node bootstrap from its peers (docs/upgrading.md)"
+        )
+    readable = f"blob layouts {SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}"
+    return damaged_message(f"layout file {layout} {problem}", readable, None)
+
+
 class BlobFiles:
     """Paths and file operations for blobs and staging. Holds the data dir's writer lock.
 
@@ -121,7 +135,11 @@ class BlobFiles:
         # with the group. None: at once.
         self.group: PublishGroup | None = None
 
-    def open(self, written_by: Callable[[], str | None] = lambda: None) -> str | None:
+    def open(
+        self,
+        written_by: Callable[[], str | None] = lambda: None,
+        recorded: Callable[[], str | None] = lambda: None,
+    ) -> str | None:
         """Take the writer lock, read the layout version, create the directories.
 
         Returns the layout found (one of ``SUPPORTED_LAYOUTS``), or None for a data dir that has
@@ -129,8 +147,9 @@ class BlobFiles:
         another process holds the lock (field report B32: two servers on one data directory
         drift apart and serve entries the other deleted), ``DataDirTooNew`` for a layout newer
         than ``LAYOUT_VERSION`` (naming the kura ``written_by`` returns: the index's record of
-        the kura that last wrote it, read without writing), ``KuraError`` for another unknown
-        layout. The layout is read right after the lock is taken, so a refused data dir gets no
+        the kura that last wrote it, read without writing), ``KuraError`` for a ``layout`` file
+        that is empty, not UTF-8 text, not a file, or names another layout (``layout_refusal``,
+        with the layout the index records, ``recorded``, and what to do). The layout is read right after the lock is taken, so a refused data dir gets no
         directory of this layout's. Writes nothing when the directories and lock files exist
         (start-up on a full disk).
         """
@@ -148,20 +167,37 @@ class BlobFiles:
         except DataDirLocked:
             self.close()
             raise
-        layout = self.data_dir / "layout"
-        found = layout.read_text().strip() if layout.exists() else None
-        if found is not None and found not in SUPPORTED_LAYOUTS:
+        try:
+            found = self._read_layout(written_by, recorded)
+        except KuraError:
             self.close()
-            if found.isascii() and found.isdigit() and int(found) > int(LAYOUT_VERSION):
-                readable = f"{SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}"
-                raise DataDirTooNew(too_new_message("blob layout", found, readable, written_by()))
-            raise KuraError(
-                f"data directory layout {found[:40]!r} is not supported (expected {LAYOUT_VERSION})"
-            )
+            raise
         self.blobs_dir.mkdir(exist_ok=True)
         for area in STAGING_AREAS:
             (self.tmp_dir / area).mkdir(parents=True, exist_ok=True)
         return found
+
+    def _read_layout(
+        self, written_by: Callable[[], str | None], recorded: Callable[[], str | None]
+    ) -> str | None:
+        """The ``layout`` file's layout, None when there is none; raises as ``open`` says."""
+        layout = self.data_dir / "layout"
+        if not layout.exists() and not layout.is_symlink():
+            return None
+        if not layout.is_file():
+            raise KuraError(layout_refusal(layout, "is not a regular file", recorded()))
+        try:
+            found = layout.read_bytes().decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise KuraError(layout_refusal(layout, "is not text", recorded())) from None
+        if found in SUPPORTED_LAYOUTS:
+            return found
+        newer = found.isascii() and found.isdigit() and len(found) < 10
+        if newer and int(found) > int(LAYOUT_VERSION):
+            readable = f"{SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}"
+            raise DataDirTooNew(too_new_message("blob layout", found, readable, written_by()))
+        problem = "is empty" if not found else f"says {shown(found)}"
+        raise KuraError(layout_refusal(layout, problem, recorded()))
 
     def write_layout(self) -> None:
         """Record ``LAYOUT_VERSION`` durably (write a temporary file, fsync, rename, fsync dir)."""

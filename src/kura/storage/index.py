@@ -54,6 +54,7 @@ from kura.storage.schema import (
     compat_view,
     migrate_schema,
     namespace_access_index,
+    refusal,
     refuse_if_too_new,
     row_to_manifest,
     stamp_layout,
@@ -102,8 +103,8 @@ class MetadataIndex:
         conn = self._conn()
         read_only = self.read_only
         if read_only:
-            if (message := too_new(conn)) is not None:
-                raise DataDirTooNew(message)
+            if (refused := refusal(conn)) is not None:
+                raise refused
             self.purges = provenance.load_purges(conn)
             row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
             if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:

@@ -49,8 +49,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kura.core.errors import KuraError
-from kura.core.versions import DataDirTooNew, too_new_message
-from kura.storage.blobs import LAYOUT_VERSION, SUPPORTED_LAYOUTS, BlobFiles
+from kura.core.versions import (
+    DataDirDamaged,
+    DataDirTooNew,
+    damaged_message,
+    shown,
+    too_new_message,
+)
+from kura.storage.blobs import LAYOUT_VERSION, SUPPORTED_LAYOUTS, BlobFiles, layout_refusal
 from kura.storage.fsync import descriptor_shortage, fsync_path
 from kura.storage.index import MetadataIndex
 from kura.storage.reconcile import ReconcileReport, migrate_layout_1
@@ -101,7 +107,9 @@ def open_index(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
     module docstring's two.
     """
     path = files.data_dir / INDEX_NAME
-    layout = files.open(written_by=lambda: peek_kura_version(path))
+    layout = files.open(
+        written_by=lambda: peek_kura_version(path), recorded=lambda: peek_layout(path)
+    )
     try:
         _refuse_lost_layout(path, layout)
     except KuraError:
@@ -243,8 +251,8 @@ def _migrate(
 def _refuse_lost_layout(path: Path, found: str | None) -> None:
     """Refuse a data dir whose ``layout`` file disagrees with the layout its index records
     (``schema.peek_layout``; read only): ``DataDirTooNew`` when the record is newer than
-    ``LAYOUT_VERSION`` (whatever the file says), ``KuraError`` when the file is missing or
-    names another layout. The record is written only after the file (``_migrate``), so either
+    ``LAYOUT_VERSION`` (whatever the file says), ``DataDirDamaged`` when it is no layout any
+    kura writes, ``KuraError`` when the file is missing or names another layout. The record is written only after the file (``_migrate``), so either
     means the file was lost or changed since; taking the data dir for a fresh one would write
     layout ``LAYOUT_VERSION`` over a newer kura's files and reconcile them away."""
     recorded = peek_layout(path)
@@ -255,12 +263,16 @@ def _refuse_lost_layout(path: Path, found: str | None) -> None:
         raise DataDirTooNew(
             too_new_message("blob layout", recorded, readable, peek_kura_version(path))
         )
-    raise KuraError(
-        f"the data directory's index records blob layout {recorded[:40]!r} but its layout "
-        f"file {'is missing' if found is None else f'says {found[:40]!r}'}: restore the file "
-        f"(echo {recorded[:40]} > {path.parent / 'layout'}) or move the data directory aside "
-        "and let the node bootstrap from its peers (docs/upgrading.md)"
-    )
+    if recorded not in SUPPORTED_LAYOUTS:
+        raise DataDirDamaged(
+            damaged_message(
+                f"index records blob layout {shown(recorded)}",
+                f"blob layouts {SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}",
+                peek_kura_version(path),
+            )
+        )
+    problem = "is missing" if found is None else f"says {shown(found)}"
+    raise KuraError(layout_refusal(path.parent / "layout", problem, recorded))
 
 
 def _open_checked(

@@ -22,7 +22,8 @@ Which kura last opened the index for writing is recorded in ``meta['kura_version
 only and never sees the row, nor updates it). A schema newer than ``SCHEMA_VERSION`` is refused
 before anything is written (``refuse_if_too_new``, on a read-only connection that leaves a crashed
 writer's ``-wal`` in place), naming that kura and what to do; so is an unparseable schema version
-or a populated ``meta`` without one (``written_by``). ``meta['layout']`` records the blob layout
+or a populated ``meta`` without one (``written_by``); one no kura writes (0, -1, garbled with no
+newer writer recorded) is refused as damaged (``DataDirDamaged``). ``meta['layout']`` records the blob layout
 (``stamp_layout``, ``storage.recovery``).
 
 Only ``refuse_if_too_new``, ``peek_kura_version`` and ``peek_layout`` open a connection (their own,
@@ -40,8 +41,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from kura import __version__
+from kura.core.errors import KuraError
 from kura.core.manifest import Manifest
-from kura.core.versions import DataDirTooNew, too_new_message
+from kura.core.versions import (
+    DataDirDamaged,
+    DataDirTooNew,
+    damaged_message,
+    is_newer,
+    too_new_message,
+)
 from kura.storage import change_seq
 
 _T = TypeVar("_T")
@@ -172,10 +180,13 @@ def compat_view(conn: sqlite3.Connection) -> None:
 def written_by(conn: sqlite3.Connection) -> tuple[int | None, str | None]:
     """``(schema_version, kura_version)`` as ``meta`` records them; None for what it does not
     (a fresh file has no ``meta``; kura 0.1.0 recorded no kura version). Only reads. Raises
-    ``DataDirTooNew`` for a ``schema_version`` that is not an integer (no kura writes one: a
-    later release's format this kura cannot read) or a ``meta`` that holds rows but no
-    ``schema_version`` (every kura writes it first, ``MetadataIndex``: a missing one is not a
-    fresh file, which this kura would initialise over what is there)."""
+    ``DataDirTooNew`` for a ``meta`` that holds rows but no ``schema_version`` (every kura writes
+    it first, ``MetadataIndex``: a missing one is not a fresh file, which this kura would
+    initialise over what is there) or a ``schema_version`` that is not an integer, when the
+    recorded writer is a newer kura (a later release's format this kura cannot read,
+    ``versions.is_newer``); ``DataDirDamaged`` for one that is not an integer otherwise, or an
+    integer below ``READABLE_SCHEMA_VERSIONS`` (0, -1: no kura writes one; migrating it would
+    renumber the change feed under a new epoch)."""
     has_meta = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
     ).fetchone()
@@ -190,7 +201,19 @@ def written_by(conn: sqlite3.Connection) -> tuple[int | None, str | None]:
             raise DataDirTooNew(too_new_message("metadata schema", "(none)", readable, kura))
         return None, kura
     if not (schema.isascii() and schema.isdigit() and len(schema) < 10):
-        raise DataDirTooNew(too_new_message("metadata schema", repr(schema[:40]), readable, kura))
+        if is_newer(kura):
+            raise DataDirTooNew(
+                too_new_message("metadata schema", ascii(schema[:40]), readable, kura)
+            )
+        raise DataDirDamaged(
+            damaged_message(
+                f"index records metadata schema {schema[:40]!a}", f"schemas {readable}", kura
+            )
+        )
+    if int(schema) < READABLE_SCHEMA_VERSIONS[0]:
+        raise DataDirDamaged(
+            damaged_message(f"index records metadata schema {schema}", f"schemas {readable}", kura)
+        )
     return int(schema), kura
 
 
@@ -222,16 +245,23 @@ def stamp_layout(conn: sqlite3.Connection, layout: str) -> None:
 
 def too_new(conn: sqlite3.Connection) -> str | None:
     """The refusal message when the index's schema is newer than ``SCHEMA_VERSION``, not an
-    integer, or missing from a populated ``meta``; else None
-    (``kura.core.versions.too_new_message``)."""
+    integer, below every readable one, or missing from a populated ``meta``; else None
+    (``refusal``)."""
+    refused = refusal(conn)
+    return None if refused is None else refused.message
+
+
+def refusal(conn: sqlite3.Connection) -> KuraError | None:
+    """The refusal (``DataDirTooNew``, ``DataDirDamaged``; ``written_by``) when the index's
+    schema cannot be opened by this kura, not raised; else None."""
     try:
         schema, kura = written_by(conn)
-    except DataDirTooNew as exc:
-        return str(exc)
+    except (DataDirTooNew, DataDirDamaged) as exc:
+        return exc
     if schema is None or schema <= SCHEMA_VERSION:
         return None
     readable = f"{READABLE_SCHEMA_VERSIONS[0]}-{READABLE_SCHEMA_VERSIONS[-1]}"
-    return too_new_message("metadata schema", str(schema), readable, kura)
+    return DataDirTooNew(too_new_message("metadata schema", str(schema), readable, kura))
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
@@ -248,7 +278,7 @@ def _read_only(path: Path) -> sqlite3.Connection:
 
 def refuse_if_too_new(path: Path) -> None:
     """Raise ``DataDirTooNew`` when the index at ``path`` has a schema newer than this kura
-    (or one it cannot parse, ``written_by``), before any writing open (which would create
+    (or one it cannot parse, ``written_by``), ``DataDirDamaged`` for one no kura writes, before any writing open (which would create
     tables and indexes in it) and before the ``-wal`` is replayed into the file. Reads ``meta``
     on a read-only connection of its own (``_read_only``), closed before it returns: the file
     and its ``-wal`` are left byte for byte. When that open fails for want of space (no
@@ -257,7 +287,7 @@ def refuse_if_too_new(path: Path) -> None:
     if not path.exists():
         return
     try:
-        message = _read_meta(path, too_new, immutable=False)
+        refused = _read_meta(path, refusal, immutable=False)
     except sqlite3.OperationalError as exc:
         if not (
             exc.sqlite_errorname.startswith("SQLITE_IOERR")
@@ -268,9 +298,9 @@ def refuse_if_too_new(path: Path) -> None:
             )
         ):
             raise
-        message = _read_meta(path, too_new, immutable=True)
-    if message is not None:
-        raise DataDirTooNew(message)
+        refused = _read_meta(path, refusal, immutable=True)
+    if refused is not None:
+        raise refused
 
 
 def _read_meta(path: Path, read: Callable[[sqlite3.Connection], _T], *, immutable: bool) -> _T:
@@ -293,7 +323,7 @@ def peek_kura_version(path: Path) -> str | None:
         return None
     try:
         return _read_meta(path, _kura_version, immutable=False)
-    except (sqlite3.Error, DataDirTooNew):
+    except (sqlite3.Error, DataDirTooNew, DataDirDamaged):
         return None
 
 
