@@ -56,6 +56,14 @@ REFUSED = [
         415,
         "identity, br",
     ),
+    (  # refused instead of its 100 Continue: the body is never sent (and the connection is
+        # closed once its body came or aiohttp's lingering time passed, as at kura.api.expect's
+        # other refusals; not waited for here)
+        {"Content-Encoding": "gzip", "Content-Length": "30", "Expect": "100-continue"},
+        b"",
+        415,
+        "gzip",
+    ),
     (
         {"Transfer-Encoding": "gzip, chunked"},
         rawhttp.chunk(GZIPPED) + rawhttp.LAST_CHUNK,
@@ -78,8 +86,8 @@ def _exchange(
         rawhttp.send_head(sock, method, path, headers)
         sock.sendall(body)
         status, got_headers, text = rawhttp.read_response(sock)
-        if status < 400:
-            return status, got_headers, text, False  # kept alive: nothing to wait for
+        if status < 400 or not body:
+            return status, got_headers, text, False  # nothing to wait for
         sock.settimeout(5)  # the answer is all here: the server closes at once or not at all
         try:
             closed = sock.recv(1) == b""
@@ -119,6 +127,8 @@ def test_a_body_in_a_coding_kura_does_not_take_is_refused_before_it_is_read(
     for connect, writes, rounds in listeners:
         for method, path in writes:
             for headers, body, status, named in REFUSED:
+                if "Expect" in headers and path.startswith("/_admin/"):
+                    continue  # aiohttp's own expect handler: 100, then the same refusal
                 for _ in range(rounds):
                     got, got_headers, text, closed = _exchange(
                         connect(), method, path, headers, body
@@ -134,7 +144,8 @@ def test_a_body_in_a_coding_kura_does_not_take_is_refused_before_it_is_read(
                     elif status == 501:
                         assert "Transfer-Encoding" in message
                         assert "chunked" in message
-                    assert closed, (where, "the connection stayed open on an unread body")
+                    if body:
+                        assert closed, (where, "the connection stayed open on an unread body")
     assert node.index_rows() == 0  # nothing stored, by any route
     assert node.staging_files() == []
     # The codings kura takes still go through, on both processes: identity, and chunked.
