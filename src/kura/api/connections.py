@@ -459,10 +459,15 @@ class GuardedAppRunner(web.AppRunner):
 
     aiohttp offers no hook for a connection's arrival except its ``Server``; this rebuilds the
     server the app made with the same arguments (aiohttp 3.14 ``AppRunner._make_server``).
+
+    Its parser never inflates a request body (``auto_decompress=False``): kura takes no
+    ``Content-Encoding`` (``kura.api.body_codings`` refuses one before the body is read), and
+    aiohttp otherwise inflates the bytes as they arrive, read or not, logging a bogus gzip
+    body's error as an "Unhandled exception" with a traceback.
     """
 
     def __init__(self, app: web.Application, guard: ConnectionGuard, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
+        super().__init__(app, **{"auto_decompress": False, **kwargs})
         self._guard = guard
 
     async def _make_server(self) -> web.Server:

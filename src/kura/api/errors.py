@@ -29,12 +29,14 @@ STATUS: tuple[tuple[type[e.KuraError], int], ...] = (
     (e.NotFound, 404),
     (e.Conflict, 409),
     (e.PayloadTooLarge, 413),
+    (e.UnsupportedContentCoding, 415),
     (e.UnprocessableEntity, 422),
     (e.InsufficientStorage, 507),
     (e.InvalidRequest, 400),  # after its subclasses DigestMismatch and IncompleteBody
     (e.ResourceExhausted, 503),
     (e.Unavailable, 503),
     (e.Corruption, 500),
+    (e.UnsupportedTransferCoding, 501),
 )
 
 

@@ -10,7 +10,8 @@ over-limit upload got ``100`` and then ``413`` after the client had started to s
 route's handler would run before it reads a byte of body, from the ``EndpointSpec`` the
 ``endpoint`` decorator declared: credentials (401/403), then for an upload route the declared
 Content-Length against the route's limit and the disk budget (413/507), free disk space and
-room in the tmp budget (503 + Retry-After). A failing check is answered with the handler's own
+room in the tmp budget (503 + Retry-After); before them all, a body in a coding kura does
+not take (415, 501: ``kura.api.body_codings``). A failing check is answered with the handler's own
 error response (same status table, same body style) and the connection is closed; nothing is
 reserved or staged. The handler still makes every check itself when the body arrives: this is
 a forecast, not a reservation. A client that closed before its ``100`` is no error
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterable
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
+from kura.api import body_codings
 from kura.api.errors import error_response
 from kura.api.http import EndpointSpec, ctx, declared_length, endpoint_spec
 from kura.api.malformed import client_gone, log_client_gone
@@ -67,6 +69,9 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     expect = request.headers.get(hdrs.EXPECT, "")
     if expect.lower() != "100-continue":
         raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    refused = body_codings.refusal(request)  # the app's middleware would refuse it after the 100
+    if refused is not None:
+        return refused
     spec = endpoint_spec(request.match_info.handler)
     if spec is not None:
         started = time.perf_counter()

@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from kura.api import cross_site, upload_rate
+from kura.api import body_codings, cross_site, upload_rate
 from kura.api.auth import Access, TokenAuth
 from kura.api.errors import ErrorStyle, error_response
 from kura.api.file_response import DamagedBlob, OpenFileResponse
@@ -278,8 +278,9 @@ def track_handlers(handlers: set[asyncio.Task[Any]]) -> Middleware:
     task is in ``handlers`` until its handler returns, whatever the route, so the drain on
     SIGTERM waits for all of them (a request a worker relays to the primary included) and the
     in-flight gauge counts them. One place, so that no new kind of handler can be missed.
-    Inside the tracking it refuses a write a web page made (``kura.api.cross_site.refusal``):
-    one middleware for both, as each middleware costs every request a coroutine and a frame
+    Inside the tracking it refuses a write a web page made (``kura.api.cross_site.refusal``)
+    and a body in a coding kura does not take (``kura.api.body_codings.refusal``: 415, 501),
+    before any handler reads a byte of it: one middleware for all three, as each middleware costs every request a coroutine and a frame
     of its own (docs/benchmarks.md, "Per-request work on aiohttp")."""
 
     @web.middleware
@@ -288,7 +289,7 @@ def track_handlers(handlers: set[asyncio.Task[Any]]) -> Middleware:
         assert task is not None  # aiohttp runs each request in a task of its own
         handlers.add(task)
         try:
-            refused = cross_site.refusal(request)
+            refused = cross_site.refusal(request) or body_codings.refusal(request)
             if refused is not None:
                 return refused
             return await handler(request)
@@ -309,7 +310,7 @@ def serving_app(
     apps, and each worker's public one. What every such app needs is set here, so that no
     process can miss a piece (a worker once lost the log filter with an import it dropped):
     ``track_handlers`` outermost, with ``cross_site``'s refusal of writes a web page made
-    inside it, then ``middlewares``; ``context`` under ``CTX_KEY``; the process's
+    and ``body_codings``' refusal of bodies in codings kura does not take inside it, then ``middlewares``; ``context`` under ``CTX_KEY``; the process's
     malformed-request log filter; on a public app, ``no_active_content``."""
     quiet_malformed_requests()
     app = web.Application(

@@ -62,6 +62,14 @@ class IncompleteBody(InvalidRequest):
     """The client stopped sending before the declared Content-Length was reached."""
 
 
+class UnsupportedContentCoding(KuraError):
+    """The body comes in a content coding the node does not take (``kura.api.body_codings``)."""
+
+
+class UnsupportedTransferCoding(KuraError):
+    """The body comes in a transfer coding the node does not decode (``kura.api.body_codings``)."""
+
+
 class InsufficientStorage(KuraError):
     """The body can never fit: it is larger than the node's whole disk budget (field report
     B09: answer 507 rather than evicting everything trying to make room)."""
