@@ -280,11 +280,17 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(
     try:
         assert wait_for(lambda: len(acked) >= 20, 30)
         (victim,) = worker_pids(node)
+        # The node's counters never fall: what the killed worker counted stays counted.
+        own = worker_metrics(node)
+        assert sum(v for k, v in own.items() if k.startswith("kura_http_requests_total")) > 0
+        served = node.metric_sum("kura_http_requests_total")
         os.kill(victim, signal.SIGKILL)
         assert wait_for(lambda: node.metric("kura_worker_restarts_total") == 1, 30)
+        assert node.metric_sum("kura_http_requests_total") >= served
         assert wait_for(lambda: node.metric("kura_workers") == 1, 30)
         (replacement,) = worker_pids(node)
         assert replacement != victim
+        assert node.metric_sum("kura_http_requests_total") >= served
         before = len(acked)
         assert wait_for(lambda: len(acked) >= before + 10, 30)
     finally:

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kura.api.auth import TokenAuth
 from kura.api.auth_metrics import auth_collector
 from kura.api.metrics import KuraMetrics, Scraped, counts, gauge
-from kura.workers.metrics_merge import merge
+from kura.workers.metrics_merge import Carry, merge
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -98,3 +98,54 @@ def test_a_family_a_component_adds_is_combined_as_its_collector_says() -> None:
     assert merged[("kura_test_held_total", (("kind", "a"),))] == 9
     assert merged[("kura_test_held_total", (("kind", "b"),))] == 10
     assert merged[("kura_test_share", ())] == 2
+
+
+def test_counts_of_a_worker_that_died_restarted_or_did_not_answer_are_kept() -> None:
+    """The node's counted families never fall when a worker goes (kura.workers.metrics_merge
+    ``Carry``); its gauges are not carried."""
+    primary = KuraMetrics("r", "t")
+    primary.observe_request("nx", "GET", 200, 0.002)
+
+    def worker(requests: int, in_flight: int) -> str:
+        m = KuraMetrics("r", "t")
+        for _ in range(requests):
+            m.count_lookup("nx", True)
+            m.observe_request("nx", "GET", 200, 0.002)
+        m.count_inflight(lambda: in_flight)
+        return m.exposition().decode()
+
+    carry = Carry()
+    across = primary.across_processes
+    hit = ("kura_cache_lookups_total", (("protocol", "nx"), ("result", "hit")))
+    count = ("kura_http_request_duration_seconds_count", (("method", "GET"), ("protocol", "nx")))
+
+    def scrape(
+        answers: dict[int, tuple[int, str]],
+    ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        for slot, (pid, text) in answers.items():
+            carry.read(slot, pid, text, across)
+        texts = [text for _pid, text in answers.values()]
+        carried = carry.exposition(set(answers))
+        return samples(
+            merge(primary.exposition().decode(), texts + ([carried] if carried else []), across)
+        )
+
+    first = scrape({1: (101, worker(7, 2)), 2: (102, worker(5, 1))})
+    assert first[hit] == 12
+    assert first[count] == 13
+    # Worker 2 died (or did not answer): its 5 stay counted.
+    gone = scrape({1: (101, worker(8, 0))})
+    assert gone[hit] == 13
+    assert gone[count] == 14
+    # Worker 2 is back as a new process that counted 1 so far: 5 retired + 1.
+    back = scrape({1: (101, worker(8, 0)), 2: (202, worker(1, 0))})
+    assert back[hit] == 14
+    assert back[count] == 15
+    # Histogram buckets are carried with their counts; a gauge is the live processes' only.
+    assert first[("kura_http_inflight_requests", ())] == 3
+    assert back[("kura_http_inflight_requests", ())] == 0
+    le = (
+        "kura_http_request_duration_seconds_bucket",
+        (("le", "+Inf"), ("method", "GET"), ("protocol", "nx")),
+    )
+    assert back[le] == back[count]

@@ -10,6 +10,14 @@ and why for its families; ``kura_node_info`` and the gRPC share of the connectio
 primary's). A worker that does not answer within ``SCRAPE_TIMEOUT_SECONDS`` is left out of
 that scrape.
 
+Counted families stay monotonic (``Carry``): a worker that died, was restarted or did not
+answer in time takes its counters with it, and the node's sum would fall, which Prometheus
+reads as a counter reset (a false spike in ``rate()``). So the primary keeps, per worker
+slot, the counter, histogram and summary samples it last read from that worker, summed by the
+``sum`` rule; a slot that did not answer contributes those, and when a slot answers from a new
+process (another pid), what the old one had counted is kept as retired and added from then on.
+Gauges are never carried: a dead worker holds no connections.
+
 Why not prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``,
 ``MultiProcessCollector``): it could add up only the request counters and histogram. Custom
 collectors and ``Gauge.set_function`` do not work in it (prometheus_client's "Multiprocess
@@ -26,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
@@ -103,11 +112,100 @@ def merge(own: str, others: Sequence[str], across: Mapping[str, Across]) -> byte
     return generate_latest(registry)
 
 
-async def merge_workers(own: bytes, sockets: Sequence[str], across: Mapping[str, Across]) -> bytes:
-    """``own`` with the families of the workers listening on ``sockets`` merged in as
-    ``across`` says (``merge``)."""
-    texts = await asyncio.gather(*(_scrape(p) for p in sockets))
+# Families whose samples only grow while their process lives (the Prometheus text format's
+# types; prometheus_client parses a histogram's _bucket, _count and _sum into one family).
+_COUNTED = frozenset({"counter", "histogram", "summary"})
+_Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class _Slot:
+    pid: int
+    samples: dict[_Key, float] = field(default_factory=dict)
+
+
+@dataclass
+class Carry:
+    """What workers counted that the node must keep counting (module docstring): per worker
+    slot, the counted samples last read and the pid they came from, and the sum of what
+    earlier processes of every slot counted. Event loop thread only."""
+
+    _slots: dict[int, _Slot] = field(default_factory=dict)
+    _retired: dict[_Key, float] = field(default_factory=dict)
+    # Family name, type and help of every counted family seen, to write the carried samples.
+    _families: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _family_of: dict[_Key, str] = field(default_factory=dict)
+
+    def read(self, slot: int, pid: int, text: str, across: Mapping[str, Across]) -> None:
+        """Record what the worker in ``slot`` (process ``pid``) exposed in ``text``."""
+        found: dict[_Key, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.type not in _COUNTED or across.get(family.name, "sum") != "sum":
+                continue
+            self._families[family.name] = (family.type, family.documentation)
+            for s in family.samples:
+                if s.name.endswith("_created"):
+                    continue
+                key = (s.name, tuple(sorted(s.labels.items())))
+                found[key] = float(s.value)
+                self._family_of[key] = family.name
+        old = self._slots.get(slot)
+        if old is not None and old.pid != pid:  # a new process: the old one's counts retire
+            for key, value in old.samples.items():
+                self._retired[key] = self._retired.get(key, 0.0) + value
+        self._slots[slot] = _Slot(pid, found)
+
+    def exposition(self, answered: set[int]) -> str | None:
+        """The retired counts plus the last counts of the slots not in ``answered``, as one
+        exposition to merge like a worker's; None when there is nothing to carry."""
+        carried = dict(self._retired)
+        for slot, held in self._slots.items():
+            if slot not in answered:
+                for key, value in held.samples.items():
+                    carried[key] = carried.get(key, 0.0) + value
+        if not carried:
+            return None
+        by_family: dict[str, list[Sample]] = {}
+        for (name, labels), value in carried.items():
+            family = self._family_of[(name, labels)]
+            by_family.setdefault(family, []).append(Sample(name, dict(labels), value))
+        metrics = []
+        for family, found in by_family.items():
+            kind, documentation = self._families[family]
+            metric = Metric(family, documentation, kind)
+            metric.samples = found
+            metrics.append(metric)
+        registry = CollectorRegistry(auto_describe=False)
+
+        class _Fixed:
+            def collect(self) -> Iterator[Metric]:
+                yield from metrics
+
+        registry.register(_Fixed())
+        return generate_latest(registry).decode()
+
+
+async def merge_workers(
+    own: bytes,
+    workers: Mapping[int, tuple[int, str]],
+    across: Mapping[str, Across],
+    carry: Carry | None = None,
+) -> bytes:
+    """``own`` with the families of the live ``workers`` (slot → (pid, control socket))
+    merged in as ``across`` says (``merge``), and, with ``carry``, what workers that died,
+    restarted or did not answer had counted (``Carry``)."""
+    slots = list(workers)
+    texts = await asyncio.gather(*(_scrape(workers[n][1]) for n in slots))
     found = [t for t in texts if t is not None]
+    if carry is not None:
+        answered = set()
+        for n, text in zip(slots, texts, strict=True):
+            if text is not None:
+                carry.read(n, workers[n][0], text, across)
+                answered.add(n)
+        carried = carry.exposition(answered)
+        if carried is not None:
+            found.append(carried)
     if not found:
         return own
     return merge(own.decode(), found, across)

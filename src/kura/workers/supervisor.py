@@ -57,7 +57,7 @@ from kura.mesh.peer_pace import PublicLoad
 from kura.settings import Settings
 from kura.storage.hot_generation import SharedGeneration
 from kura.storage.ports import WorkerSupport
-from kura.workers.metrics_merge import merge_workers
+from kura.workers.metrics_merge import Carry, merge_workers
 from kura.workers.worker import ALIVE_PATH, READY, WorkerPlan
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,8 @@ class Workers:
         self.ready: set[int] = set()  # numbers of the workers that reported READY
         self._slots: list[asyncio.Task[None]] = []
         self._stopping = False
+        # What dead, restarted or unanswering workers counted (metrics_merge.Carry).
+        self._carry = Carry()
         self._runners: list[web.AppRunner] = []
         self._verifying: set[asyncio.Task[bool]] = set()
         # The socket paths this process bound or whose worker it started: the only ones stop()
@@ -385,6 +387,9 @@ class Workers:
         return web.Response(status=204)
 
     async def _merged(self, own: bytes) -> bytes:
-        live = [n for n, p in self.procs.items() if p.returncode is None and n in self.ready]
-        sockets = [self.own_socket(n) for n in live]
-        return await merge_workers(own, sockets, self.metrics.across_processes)
+        live = {
+            n: (p.pid, self.own_socket(n))
+            for n, p in self.procs.items()
+            if p.returncode is None and n in self.ready
+        }
+        return await merge_workers(own, live, self.metrics.across_processes, self._carry)
