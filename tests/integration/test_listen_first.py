@@ -35,6 +35,7 @@ from tests.e2e.mesh import Mesh, peer_row, wait_for
 from tests.grpc_api.client import Reapi, blob_name
 from tests.inprocess import InProcessNode, start_in_process
 from tests.integration import rawhttp
+from tests.integration.test_expect_continue import replica_manifest
 from tests.integration.test_recovery import assert_served, store_some
 
 pytestmark = pytest.mark.in_process
@@ -556,6 +557,22 @@ def test_writes_are_refused_before_their_body_when_the_estimate_is_past_the_wait
             assert int(refused.headers["Retry-After"]) > 2
             assert "reconciling files with the index" in refused.text
             assert node.staging_files() == []
+        # A peer's copy, on the internal listener (no startup_gate there): answered before its
+        # body is read. It used to be staged, then refused at the commit: here 256 KiB of it
+        # is sent and the node, waiting for the rest, would never answer within the timeout.
+        body = os.urandom(8 * 1024 * 1024)
+        manifest = replica_manifest("rec/peer", len(body), hashlib.sha256(body).hexdigest())
+        sock = rawhttp.connect(node.internal_url, timeout=5)
+        with sock:
+            headers = {"Content-Length": str(len(body)), "Kura-Manifest": manifest}
+            rawhttp.send_head(sock, "PUT", "/_internal/replicate/artifact", headers)
+            sock.sendall(body[: 256 * 1024])
+            status, answer_headers, answer = rawhttp.read_response(sock)
+            assert node.staging_files() == []  # the connection still open: nothing staged
+        assert status == 503, answer
+        assert int(answer_headers["retry-after"]) > 2, answer_headers
+        assert b"reconciling files with the index" in answer
+        assert node.metric("kura_tmp_reserved_bytes") == 0
         reapi = Reapi(f"127.0.0.1:{old.env['KURA_GRPC_PORT']}")
         try:
             blob = os.urandom(4096)
