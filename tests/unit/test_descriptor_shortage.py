@@ -13,6 +13,7 @@ import pytest
 
 from kit.clock import ManualClock, SystemClock
 from kura.storage import fsync, recovery
+from kura.storage import service as service_module
 from kura.storage.budget import TmpBudget
 from kura.storage.service import CacheService
 
@@ -101,13 +102,14 @@ async def test_write_refusals_asked_a_thousand_times_opens_dev_null_at_most_twic
 def test_an_index_that_cannot_open_for_want_of_a_descriptor_is_not_damaged(
     tmp_path: Path,
 ) -> None:
-    """SQLITE_CANTOPEN is damage (recovery), unless the process is short of descriptors: then
-    it passes, and marking the index damaged would set it and every blob aside."""
+    """SQLITE_CANTOPEN at the index's first open is damage (recovery), unless the process is
+    short of descriptors: then it passes, and marking the index damaged would set it and
+    every blob aside."""
     soft, hard = _no_descriptor_left()
     try:
         with pytest.raises(sqlite3.OperationalError) as short:
             sqlite3.connect(tmp_path / "index.sqlite3").execute("SELECT 1")
-        damage = recovery.is_damage(short.value)
+        damage = recovery.is_damage(short.value, at_first_open=True)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert short.value.sqlite_errorname == "SQLITE_CANTOPEN"
@@ -115,4 +117,42 @@ def test_an_index_that_cannot_open_for_want_of_a_descriptor_is_not_damaged(
     with pytest.raises(sqlite3.OperationalError) as missing:  # no descriptor shortage now
         sqlite3.connect(tmp_path / "absent" / "index.sqlite3")
     assert missing.value.sqlite_errorname == "SQLITE_CANTOPEN"
-    assert recovery.is_damage(missing.value)
+    assert recovery.is_damage(missing.value, at_first_open=True)
+    assert not recovery.is_damage(missing.value)  # the index open: never damage
+
+
+def test_a_temp_file_sqlite_cannot_open_mid_statement_is_a_shortage_not_damage(
+    tmp_path: Path,
+) -> None:
+    """Review: once the index is open, SQLite reports a temp file it could not open (a GROUP
+    BY's ephemeral table here) as SQLITE_CANTOPEN. Descriptors short inside the statement
+    only, free again when the error is classified (the probe reads no shortage): it used to
+    be damage, and the start-up check or reconciliation set the index and every blob aside."""
+    conn = sqlite3.connect(tmp_path / "index.sqlite3")
+    conn.execute("CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT)")
+    conn.executemany(
+        "INSERT INTO t(b) VALUES (?)", [(os.urandom(16).hex(),) for _ in range(50_000)]
+    )
+    conn.commit()
+    squeezed: list[tuple[int, int]] = []
+
+    def squeeze() -> int:  # the progress handler: inside the statement, once
+        if not squeezed:
+            squeezed.append(_no_descriptor_left())
+        return 0
+
+    conn.set_progress_handler(squeeze, 1)
+    try:
+        with pytest.raises(sqlite3.OperationalError) as failed:
+            conn.execute("SELECT substr(b, 1, 2), COUNT(*) FROM t GROUP BY 1 ORDER BY 2").fetchall()
+    finally:
+        for soft, hard in squeezed:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    conn.set_progress_handler(None, 1)
+    assert squeezed
+    assert failed.value.sqlite_errorname == "SQLITE_CANTOPEN"
+    assert fsync.descriptor_shortage() is None  # passed: the probe alone cannot tell
+    assert not recovery.is_damage(failed.value)
+    assert service_module._shortage(failed.value) == "descriptors"  # retried, not fatal
+    assert conn.execute("SELECT COUNT(*) FROM t").fetchone() == (50_000,)  # the index is fine
+    conn.close()

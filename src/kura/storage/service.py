@@ -635,7 +635,8 @@ class _Stopped(Exception):
 def _shortage(exc: BaseException) -> str | None:
     """What the process ran short of, when ``exc`` is a passing shortage rather than damage or
     a fault: a full disk (``ENOSPC``, ``SQLITE_FULL``), descriptors or memory for a file
-    (``fsync.SHORTAGE_ERRNOS``; ``SQLITE_CANTOPEN`` or ``SQLITE_IOERR`` while
+    (``fsync.SHORTAGE_ERRNOS``; ``SQLITE_CANTOPEN`` always, on an index already open:
+    a temp file's failed open, ``recovery._is_damage``; ``SQLITE_IOERR`` while
     ``descriptor_shortage()`` reads one: SQLite reports a failed open as either). Else None."""
     if isinstance(exc, OSError):
         if exc.errno == errno.ENOSPC:
@@ -646,6 +647,8 @@ def _shortage(exc: BaseException) -> str | None:
     name = exc.sqlite_errorname
     if name == "SQLITE_FULL":
         return "disk space"
-    if name.startswith(("SQLITE_CANTOPEN", "SQLITE_IOERR")) and descriptor_shortage():
+    if name.startswith("SQLITE_CANTOPEN"):
+        return "descriptors"
+    if name.startswith("SQLITE_IOERR") and descriptor_shortage():
         return "descriptors"
     return None
