@@ -115,6 +115,10 @@ def test_up_answers_at_once_and_reads_wait_for_the_index_check(
             assert late.status_code == 503, late.text
             assert int(late.headers["Retry-After"]) >= 1
             assert "PRAGMA quick_check running" in late.text
+            # The waiting GET below must not race the 2 s wait on a busy box: the setting
+            # (KURA_STARTUP_WAIT_SECONDS) raised to 60 in this process for that part.
+            assert node.node is not None
+            node.node.service.startup.wait_seconds = 60
             with ThreadPoolExecutor(1) as pool, node.client() as other:
                 waiting = pool.submit(other.get, path)
                 # In flight: the GET and this scrape; the GET waits for the check.
@@ -153,7 +157,7 @@ def test_reads_waiting_for_the_check_wait_on_the_loop_not_in_reader_threads(
         for took, r in answers:
             assert r.status_code == 503, r.text
             assert 1 <= int(r.headers["Retry-After"]) <= 60
-            assert 1.9 <= took < 3.5, [round(t, 2) for t, _ in answers]
+            assert 1.9 <= took < 5, [round(t, 2) for t, _ in answers]  # queued: 4 s, 6 s
     finally:
         pause.released.set()
         assert node.stop() == 0, node.log()[-3000:]
