@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import itertools
+import logging
 import os
 import resource
 import sqlite3
@@ -15,7 +17,11 @@ from kit.clock import ManualClock, SystemClock
 from kura.storage import fsync, recovery
 from kura.storage import service as service_module
 from kura.storage.budget import TmpBudget
-from kura.storage.service import CacheService
+from kura.storage.service import (
+    STARTUP_RETRY_MAX_SECONDS,
+    STARTUP_RETRY_SECONDS,
+    CacheService,
+)
 
 MiB = 1024 * 1024
 
@@ -156,3 +162,54 @@ def test_a_temp_file_sqlite_cannot_open_mid_statement_is_a_shortage_not_damage(
     assert service_module._shortage(failed.value) == "descriptors"  # retried, not fatal
     assert conn.execute("SELECT COUNT(*) FROM t").fetchone() == (50_000,)  # the index is fine
     conn.close()
+
+
+async def test_start_up_retries_a_shortage_with_a_jittered_backoff_and_keeps_no_closed_connection(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review: the start-up work retried a shortage every 5 s with a WARNING each time, and
+    each retry left its closed connection in ``MetadataIndex._opened``. Four walks fail for
+    want of a descriptor (the process's limit squeezed at the ``reconcile`` point, lifted at
+    the next); the waits between them, on the injected clock, are 5 s doubling (equal jitter:
+    within [ceiling / 2, ceiling]); one WARNING inside the minute."""
+    clock = ManualClock()
+    service = CacheService(
+        data_dir=tmp_path / "data",
+        tmp_dir=tmp_path / "tmp",
+        tenant_id="t",
+        budget=TmpBudget(MiB, tmp_dir=tmp_path / "tmp"),
+        clock=clock,
+        max_disk_bytes=64 * MiB,
+        min_free_disk_bytes=0,
+    )
+    await service.start(background=True)
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    failures = 4
+    attempts: list[float] = []
+
+    def hook(point: str) -> None:
+        if point != "reconcile":
+            return
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)  # the last shortage passed
+        attempts.append(clock.monotonic())
+        if len(attempts) <= failures:
+            _no_descriptor_left()
+
+    service.startup.hook = hook
+    try:
+        with caplog.at_level(logging.WARNING, logger="kura.storage.service"):
+            await service.finish_start()
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        assert service.startup.done
+        gaps = [b - a for a, b in itertools.pairwise(attempts)]
+        assert len(gaps) == failures, attempts
+        for n, gap in enumerate(gaps, 1):
+            ceiling = min(STARTUP_RETRY_MAX_SECONDS, STARTUP_RETRY_SECONDS * 2 ** (n - 1))
+            assert ceiling / 2 <= gap <= ceiling, gaps
+        lines = [r for r in caplog.records if "failed for want of descriptors" in r.getMessage()]
+        assert len(lines) == 1, [r.getMessage() for r in lines]
+        # The writer's connection and at most one more: none of the closed start-up ones.
+        assert len(service._require_index()._opened) <= 2
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        await service.close()
