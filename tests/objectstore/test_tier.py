@@ -337,12 +337,16 @@ def test_while_start_up_reconciles_a_bucket_fill_is_503_and_a_cleaned_one_never_
     assert wait_for(lambda: drained(a), 30), a.log()[-2000:]
     [obj] = [k for k in bucket_keys(seaweedfs, "startup") if k.endswith(a_id_of("held"))]
     old_copy = read_raw(seaweedfs, "startup", obj)
+    # A damaged object: the key of "other" holding "held". A logged miss during start-up too
+    # (it was start-up's 503: the store's error is an Unavailable).
+    overwrite_raw(seaweedfs, "startup", obj.replace(a_id_of("held"), a_id_of("other")), old_copy)
     directory = tmp_path / "b"
     env = tier_env(seaweedfs, directory, prefix="startup", startup_wait_seconds=1)
     env["KURA_FAILPOINTS"] = "startup.reconcile=sleep(15000)"  # held before its walk
     b = spawn_node(directory, env)
     try:
-        assert assert_held_then(b, body, 200).content == body
+        assert assert_held_then(b, body, 200, misses=("other",)).content == body
+        assert "holds another artifact" in b.log()
         assert b.index_rows() == 1  # stored once the work is done
         # A clean on this node; then an older copy reappears in the bucket (a peer's upload
         # queued before the clean reached it, say).
@@ -361,11 +365,17 @@ def test_while_start_up_reconciles_a_bucket_fill_is_503_and_a_cleaned_one_never_
         assert b.stop() == 0, b.log()[-3000:]
 
 
-def assert_held_then(node: NodeProcess, body: bytes, after: int) -> httpx.Response:
+def assert_held_then(
+    node: NodeProcess, body: bytes, after: int, misses: tuple[str, ...] = ()
+) -> httpx.Response:
     """While ``node``'s start-up work is held, ``held`` (in the bucket, not on its disk) is a
-    503 with ``Retry-After`` and no body, nothing stored; once ready, a GET answers ``after``."""
+    503 with ``Retry-After`` and no body, and each of ``misses`` a 404, nothing stored; once
+    ready, a GET of ``held`` answers ``after``."""
     assert wait_for(lambda: "checking the index" in node.log(), 10), node.log()
     assert oneshot.get(node.url + "/status", timeout=10).json()["startup"]["phase"] != "done"
+    for key in misses:
+        missed = get(node, key)
+        assert missed.status_code == 404, missed.text
     r = get(node, "held")
     assert r.status_code == 503, r.text
     assert int(r.headers["Retry-After"]) >= 1
