@@ -393,8 +393,9 @@ class Settings:
         10,
         "while start-up checks the index in the background, how long a request waits for it "
         "(reads and writes), and while it reconciles files with the index, how long a write "
-        "waits, counted from its arrival, at most 60; then 503 with Retry-After naming what "
-        "still runs (a write is refused at once when the work's estimate is past the wait)",
+        "waits, each wait counted from when it starts (a request that reads, then writes, may "
+        "wait twice: up to 2 x this), at most 60; then 503 with Retry-After naming what still "
+        "runs (a write is refused at once when the work's estimate is past the wait)",
     )
     allow_unknown_settings: Bool = option(
         False,

@@ -39,7 +39,8 @@ def _expect(
         return rawhttp.read_response(sock)
 
 
-def _replica_manifest(key: str, size: int) -> str:
+def replica_manifest(key: str, size: int, sha256: str = "0" * 64) -> str:
+    """A peer's ``Kura-Manifest`` header for ``/cache/<key>`` of ``size`` bytes, written now."""
     now = int(time.time() * 1000)
     return json.dumps(
         {
@@ -49,7 +50,7 @@ def _replica_manifest(key: str, size: int) -> str:
             "key": key,
             "content_type": "application/octet-stream",
             "size": size,
-            "sha256": "0" * 64,
+            "sha256": sha256,
             "version_ms": now,
             "created_at_ms": now,
         },
@@ -101,7 +102,7 @@ def test_disk_and_tmp_budgets_are_checked_before_100(
         "PUT",
         "/_internal/replicate/artifact",
         2 * MiB,
-        {"Kura-Manifest": _replica_manifest("r", 2 * MiB)},
+        {"Kura-Manifest": replica_manifest("r", 2 * MiB)},
     )
     assert status == 413, body
     _assert_nothing_left(small_disk)
@@ -213,7 +214,7 @@ def test_the_internal_listener_checks_peer_credentials_before_100(
     # aiohttp runs the expect handler before any middleware, so the peer-token middleware alone
     # would let 100 Continue out to a peer it then refuses.
     node = start_node(internal_tokens="peer-secret")
-    manifest = {"Kura-Manifest": _replica_manifest("r", 10)}
+    manifest = {"Kura-Manifest": replica_manifest("r", 10)}
     for auth, needle in (({}, b"missing peer credentials"), (PEER_WRONG, b"invalid peer token")):
         status, h, body = _expect(
             node.internal_url, "PUT", "/_internal/replicate/artifact", 10, {**manifest, **auth}
@@ -247,7 +248,7 @@ def test_the_internal_listener_checks_the_wire_version_before_100(
     """After the peer's credentials, its wire version (kura.api.internal): a wire this node does
     not speak gets the final 503 naming both versions, never ``100`` first."""
     node = start_node(internal_tokens="peer-secret")
-    peer = {"Kura-Manifest": _replica_manifest("w", 10), "Authorization": "Bearer peer-secret"}
+    peer = {"Kura-Manifest": replica_manifest("w", 10), "Authorization": "Bearer peer-secret"}
     status, h, body = _expect(
         node.internal_url,
         "PUT",

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import obstore
 from obstore.store import S3Store
 
@@ -237,10 +238,10 @@ def a_id(node: NodeProcess) -> str:
         conn.close()
 
 
-def overwrite_raw(server: SeaweedFS, prefix: str, key: str, data: bytes) -> None:
-    """Put ``data`` at ``key`` in bucket ``kura`` as it is (not in kura's format), with obstore."""
+def raw_store(server: SeaweedFS, prefix: str) -> S3Store:
+    """Bucket ``kura`` under ``prefix`` through obstore, not kura's client: bytes as they are."""
     env = server.env("kura", prefix)
-    store = S3Store(
+    return S3Store(
         "kura",
         prefix=parse_url(env["KURA_OBJECT_STORE_URL"])[1],  # the module's own, under it
         endpoint=env["AWS_ENDPOINT_URL"],
@@ -249,7 +250,16 @@ def overwrite_raw(server: SeaweedFS, prefix: str, key: str, data: bytes) -> None
         secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
         client_options={"allow_http": True},
     )
-    obstore.put(store, key, data)
+
+
+def overwrite_raw(server: SeaweedFS, prefix: str, key: str, data: bytes) -> None:
+    """Put ``data`` at ``key`` in bucket ``kura`` as it is (not in kura's format)."""
+    obstore.put(raw_store(server, prefix), key, data)
+
+
+def read_raw(server: SeaweedFS, prefix: str, key: str) -> bytes:
+    """The object at ``key`` in bucket ``kura``, bytes as stored."""
+    return bytes(obstore.get(raw_store(server, prefix), key).bytes())
 
 
 def test_a_malformed_object_is_a_miss_and_the_next_write_or_clean_replaces_it(
@@ -312,29 +322,69 @@ def test_status_shows_the_store_and_no_bootstrap_on_a_tier_node(
     assert "bootstrap" not in shown.stdout
 
 
-def test_while_start_up_reconciles_a_bucket_fill_is_served_through_unstored(
+def test_while_start_up_reconciles_a_bucket_fill_is_503_and_a_cleaned_one_never_served(
     seaweedfs: SeaweedFS, tier_node: TierNode, tmp_path: Path
 ) -> None:
-    # Local writes wait for the reconciliation (storage.startup_work): a fill stored then
-    # waited the KURA_STARTUP_WAIT_SECONDS and read as a miss, a 404 for what the bucket has.
+    """Local writes wait for the reconciliation (storage.startup_work), and the tombstones a
+    fill is checked against are not all known yet: a fill then answers 503 + Retry-After
+    with no body (a 404 would be wrong: the bucket has it), and stores it once the work is
+    done. The review's reproduction: a namespace cleaned on this node, with an older copy
+    still in the bucket, was served 200 while start-up ran (the body passed through) and 404
+    after; it must never be served."""
     a = tier_node("a", prefix="startup")
     body = os.urandom(300_000)
     assert put(a, "held", body) in (200, 201)
     assert wait_for(lambda: drained(a), 30), a.log()[-2000:]
+    [obj] = [k for k in bucket_keys(seaweedfs, "startup") if k.endswith(a_id_of("held"))]
+    old_copy = read_raw(seaweedfs, "startup", obj)
+    # A damaged object: the key of "other" holding "held". A logged miss during start-up too
+    # (it was start-up's 503: the store's error is an Unavailable).
+    overwrite_raw(seaweedfs, "startup", obj.replace(a_id_of("held"), a_id_of("other")), old_copy)
     directory = tmp_path / "b"
     env = tier_env(seaweedfs, directory, prefix="startup", startup_wait_seconds=1)
     env["KURA_FAILPOINTS"] = "startup.reconcile=sleep(15000)"  # held before its walk
     b = spawn_node(directory, env)
     try:
-        assert wait_for(lambda: "checking the index" in b.log(), 10), b.log()
-        assert oneshot.get(b.url + "/status", timeout=10).json()["startup"]["phase"] != "done"
-        r = get(b, "held")
-        assert r.status_code == 200, r.text
-        assert r.content == body
-        assert b.index_rows() == 0  # served through, not stored
-        assert oneshot.get(b.url + "/status", timeout=10).json()["startup"]["phase"] != "done"
-        assert wait_for(lambda: oneshot.get(b.url + "/ready", timeout=10).status_code == 200, 30)
-        assert get(b, "held").content == body
+        assert assert_held_then(b, body, 200, misses=("other",)).content == body
+        assert "holds another artifact" in b.log()
         assert b.index_rows() == 1  # stored once the work is done
+        # A clean on this node; then an older copy reappears in the bucket (a peer's upload
+        # queued before the clean reached it, say).
+        assert oneshot.delete(b.url + "/cache", timeout=10).status_code == 204
+        assert wait_for(
+            lambda: not bucket_keys(seaweedfs, "startup", namespace_prefix("default", "")), 30
+        )
+        overwrite_raw(seaweedfs, "startup", obj, old_copy)
     finally:
         assert b.stop() == 0, b.log()[-3000:]
+    b = spawn_node(directory, env)
+    try:
+        assert_held_then(b, body, 404)
+        assert b.index_rows() == 0
+    finally:
+        assert b.stop() == 0, b.log()[-3000:]
+
+
+def assert_held_then(
+    node: NodeProcess, body: bytes, after: int, misses: tuple[str, ...] = ()
+) -> httpx.Response:
+    """While ``node``'s start-up work is held, ``held`` (in the bucket, not on its disk) is a
+    503 with ``Retry-After`` and no body, and each of ``misses`` a 404, nothing stored; once
+    ready, a GET of ``held`` answers ``after``."""
+    assert wait_for(lambda: "checking the index" in node.log(), 10), node.log()
+    assert oneshot.get(node.url + "/status", timeout=10).json()["startup"]["phase"] != "done"
+    for key in misses:
+        missed = get(node, key)
+        assert missed.status_code == 404, missed.text
+    r = get(node, "held")
+    assert r.status_code == 503, r.text
+    assert int(r.headers["Retry-After"]) >= 1
+    assert "start-up" in r.text, r.text
+    assert "object store" in r.text, r.text
+    assert body not in r.content
+    assert node.index_rows() == 0
+    assert oneshot.get(node.url + "/status", timeout=10).json()["startup"]["phase"] != "done"
+    assert wait_for(lambda: oneshot.get(node.url + "/ready", timeout=10).status_code == 200, 30)
+    r = get(node, "held")
+    assert r.status_code == after, r.text
+    return r

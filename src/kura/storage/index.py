@@ -208,9 +208,13 @@ class MetadataIndex:
         else:
             conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
             self._keep(conn)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA busy_timeout=5000")
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("PRAGMA busy_timeout=5000")
+            except sqlite3.Error:  # a shortage, say: the next call opens another
+                self._drop(conn)
+                raise
             self._local.conn = conn
         return conn
 
@@ -242,11 +246,19 @@ class MetadataIndex:
         for conn in opened:
             conn.close()
 
+    def _drop(self, conn: sqlite3.Connection) -> None:
+        """Close ``conn`` and forget it (``close_all`` no longer closes it)."""
+        with self._opened_lock, contextlib.suppress(ValueError):
+            self._opened.remove(conn)
+        conn.close()
+
     def close_thread_connection(self) -> None:
+        """Close this thread's connection and forget it: a thread that opens and closes its
+        connection again and again (the start-up work's retries) holds none of them."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
-            conn.close()
             self._local.conn = None
+            self._drop(conn)
 
     # -- reads -------------------------------------------------------------------------------
 

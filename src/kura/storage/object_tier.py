@@ -58,7 +58,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 from kit.backoff import Backoff, every
 from kit.clock import Clock
@@ -67,7 +66,6 @@ from kura.core.errors import KuraError, NotFound, Unavailable
 from kura.core.manifest import Manifest
 from kura.core.object_layout import OUTBOX_TARGET, namespace_prefix, object_key
 from kura.core.version import ApplyOutcome, ahead_of_skew_ms
-from kura.storage.artifact import StoredBody
 from kura.storage.bucket_expiry import paced_deletes, rechecked
 from kura.storage.bucket_heal import BucketHeal
 from kura.storage.fill import Filled
@@ -75,7 +73,6 @@ from kura.storage.object_store import CircuitOpen, ObjectStore, ObjectStoreError
 from kura.storage.outbox import DELETE_NAMESPACE, PURGE_WRITER, UPSERT, OutboxMessage
 from kura.storage.ports import OutboxLog
 from kura.storage.service import CacheService
-from kura.storage.verify import problem_with_bytes
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +80,6 @@ BATCH = 32
 PIPELINE = 4
 BACKOFF_START_SECONDS = 0.5
 IDLE_POLL_SECONDS = 2.0
-# The largest body a fill serves from memory, unstored, while start-up's work runs (``fill``).
-PASS_THROUGH_MAX_BYTES = 64 * 1024 * 1024
 
 
 class ObjectTier:
@@ -158,11 +153,12 @@ class ObjectTier:
     async def fill(self, artifact_id: str, namespace_id: str) -> Filled | None:
         """On a local miss: fetch the artifact from the bucket into the local tier. ``Filled``
         when it is stored locally now, None when not (absent, refused, or a clean covers it).
-        Store errors are logged and read as a miss. While start-up's background work runs
-        (``storage.startup_work``: local writes wait for it) the bucket's body is served
-        through, verified in memory, without storing it (``_passed_through``); one larger
-        than ``PASS_THROUGH_MAX_BYTES`` raises ``Unavailable`` (503 with ``Retry-After``), not
-        a miss: the bucket holds it."""
+        Store errors, and a bucket object that is not the artifact asked for, are logged and
+        read as a miss. While start-up's background work runs (``storage.startup_work``: local
+        writes wait for it, and the tombstones a fill is checked against may not be read yet)
+        a bucket object raises ``Unavailable`` (503 with ``Retry-After``, the start-up
+        estimate) before a byte of its body is read: never a miss for what the bucket has, and
+        never a body the node cannot yet check against a clean or purge."""
         key = object_key(self.service.tenant_id, namespace_id, artifact_id)
         try:
             got = await self.store.get(key)
@@ -178,10 +174,13 @@ class ObjectTier:
             if self.service.artifact_id_of(manifest) != artifact_id:
                 raise ObjectStoreError("error", f"object {key} holds another artifact")
             if not self.service.startup.done:
-                return await self._passed_through(manifest, chunks)
+                raise self._held_for_startup(manifest)
             outcome = await self.service.apply_replica(
                 manifest, chunks, declared_length=manifest.size, source="object_store"
             )
+        except ObjectStoreError as exc:  # an Unavailable too: caught first, a damaged object
+            log.warning("object store fill of %s failed: %s", artifact_id, exc.message)
+            return None
         except KuraError as exc:
             if isinstance(exc, Unavailable) and not self.service.startup.done:
                 raise  # start-up's work: the bucket has it, a 503 says so (never a miss)
@@ -200,22 +199,15 @@ class ObjectTier:
         present = await self.service.reads.read_manifest(artifact_id)
         return None if present is None else Filled()
 
-    async def _passed_through(self, manifest: Manifest, chunks: AsyncIterator[bytes]) -> Filled:
-        """The bucket's body of ``manifest`` in memory, verified against its size and SHA-256,
-        to serve without storing it; ``Unavailable`` (start-up's reason) above
-        ``PASS_THROUGH_MAX_BYTES``, ``ObjectStoreError`` for a body that does not match."""
-        startup = self.service.startup
-        if manifest.size > PASS_THROUGH_MAX_BYTES:
-            raise Unavailable(
-                f"{startup.unavailable()}; {manifest.size} bytes from the object store are "
-                f"served once it is done",
-                retry_after_seconds=startup.retry_after_seconds(),
-            )
-        data = b"".join([chunk async for chunk in chunks])
-        if (problem := problem_with_bytes(data, manifest)) is not None:
-            raise ObjectStoreError("error", f"{manifest.artifact_id}: {problem}")
-        self.store.stats.filled_bytes_total += manifest.size
-        return Filled(StoredBody(manifest, data=data))
+    def _held_for_startup(self, manifest: Manifest) -> Unavailable:
+        """The 503 for a bucket object found while start-up's work runs: start-up's reason and
+        ``Retry-After`` (``StartupWork.unavailable``), naming the object store."""
+        refusal = self.service.startup.unavailable()
+        return Unavailable(
+            f"{refusal.message}; {manifest.size} bytes are in the object store, filled once it "
+            "is done",
+            retry_after_seconds=refusal.retry_after_seconds,
+        )
 
     # -- the uploader ------------------------------------------------------------------------
 

@@ -38,7 +38,6 @@ the primary passes its store for each, and the store's ``reads`` for the reader.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Protocol
 
 from kura.core.errors import KuraError
@@ -151,12 +150,6 @@ class ArtifactWriter(Protocol):
     ) -> list[PutResult | KuraError | None]:
         """Store many bodies under one durable commit (``storage.batch_write``): per blob its
         result, None when already stored intact, or the error that refused it alone."""
-        ...
-
-    async def put_concatenated(
-        self, ref: ArtifactRef, parts: Sequence[Path], content_type: str
-    ) -> PutResult:
-        """Store the concatenation of the files ``parts`` (multipart completion)."""
         ...
 
     async def intact(self, ref: ArtifactRef, size_bytes: int | None = None) -> bool:

@@ -126,7 +126,8 @@ def open_index(files: BlobFiles) -> tuple[MetadataIndex, StartReport]:
             check_index(index, report)
         migrated = _migrate(files, index, layout, report)
     except (IndexDamaged, sqlite3.DatabaseError) as exc:
-        if isinstance(exc, sqlite3.DatabaseError) and not _is_damage(exc):
+        opened = index is not None  # past the first open: CANTOPEN is no damage (_is_damage)
+        if isinstance(exc, sqlite3.DatabaseError) and not _is_damage(exc, opened=opened):
             raise
         if index is not None:
             index.close_thread_connection()
@@ -154,7 +155,7 @@ def check_index(index: MetadataIndex, report: StartReport) -> tuple[int, int]:
         totals = index.totals()
         _ensure_digests(index, report)  # the anti-entropy range digests (MetadataIndex)
     except sqlite3.DatabaseError as exc:
-        if not _is_damage(exc):
+        if not _is_damage(exc, opened=True):
             raise
         raise IndexDamaged(f"{exc} ({exc.sqlite_errorname})") from exc
     report.checked = True
@@ -192,11 +193,13 @@ def replace_damaged(
     _migrate(files, index, None, report)
 
 
-def is_damage(exc: BaseException) -> bool:
-    """Whether ``exc`` is ``IndexDamaged`` or an SQLite error of the damage kind."""
+def is_damage(exc: BaseException, *, at_first_open: bool = False) -> bool:
+    """Whether ``exc`` is ``IndexDamaged`` or an SQLite error of the damage kind, raised by a
+    query on an index ``open_index`` has opened (``SQLITE_CANTOPEN`` is never damage then),
+    or with ``at_first_open`` by the index's first open (``_is_damage``)."""
     if isinstance(exc, IndexDamaged):
         return True
-    return isinstance(exc, sqlite3.DatabaseError) and _is_damage(exc)
+    return isinstance(exc, sqlite3.DatabaseError) and _is_damage(exc, opened=not at_first_open)
 
 
 def mark_damaged(files: BlobFiles, reason: str) -> None:
@@ -218,11 +221,14 @@ def note_reconciled(report: StartReport, reconciled: ReconcileReport) -> None:
     report.swept_files += reconciled.swept_incoming
 
 
-def _is_damage(exc: sqlite3.DatabaseError) -> bool:
-    """A damage code, but not ``SQLITE_CANTOPEN`` while the process is short of descriptors
-    (``fsync.descriptor_shortage``): that passes, and the index is fine."""
+def _is_damage(exc: sqlite3.DatabaseError, *, opened: bool = False) -> bool:
+    """A damage code. ``SQLITE_CANTOPEN`` is damage only at the index's first open (``opened``
+    False), and then not while the process is short of descriptors
+    (``fsync.descriptor_shortage``). Once the index is open, SQLite reports a failed open of a
+    temp file (a sorter spilling, a statement journal) as ``SQLITE_CANTOPEN`` too: a shortage
+    that may have passed before any probe could read it, never the index's damage."""
     name = exc.sqlite_errorname
-    if name == "SQLITE_CANTOPEN" and descriptor_shortage() is not None:
+    if name == "SQLITE_CANTOPEN" and (opened or descriptor_shortage() is not None):
         return False
     return name in _DAMAGE_CODES
 

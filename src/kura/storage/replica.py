@@ -88,7 +88,14 @@ class ReplicaApply(BatchWrite):
         The body is written and hashed on the low-priority background threads
         (``storage.offload``) when nobody waits on it: a bootstrap's, or ``background`` (a
         read-through copy already served from memory). Otherwise on the event loop.
+
+        While start-up's reconciliation runs it waits first (``_writes_open``: refused at once,
+        ``Unavailable`` 503, when the estimate is past ``KURA_STARTUP_WAIT_SECONDS``), before a
+        byte of ``body`` is read or staged: the peers' internal listener writes to the store
+        without ``storage.startup_gate``, and a body staged only to be refused at the commit
+        would be sent again from the peer's outbox.
         """
+        await self._writes_open()
         outcome = await self.replica_outcome(manifest, source)
         if outcome is not ApplyOutcome.APPLIED:
             self._count(source, outcome.value)

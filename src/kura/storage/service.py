@@ -83,8 +83,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from kit.background import background_pool
-from kit.backoff import every
+from kit.backoff import Backoff, every
 from kit.clock import Clock
+from kit.log_limit import LogLimit
 from kura.core.manifest import Manifest
 from kura.core.namespace_rule import NO_RULES, NamespaceRules
 from kura.core.object_layout import OUTBOX_TARGET
@@ -126,8 +127,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TOUCH_FLUSH_SECONDS = 5.0
-# How long the start-up work waits before it tries again after a shortage (``_shortage``).
+# How long the start-up work waits before it tries again after a shortage (``_shortage``):
+# the first wait, doubled after each failure in a row up to the cap, with equal jitter
+# (``kit.backoff``); and at most one WARNING about it per interval (``kit.log_limit``).
 STARTUP_RETRY_SECONDS = 5.0
+STARTUP_RETRY_MAX_SECONDS = 60.0
+STARTUP_RETRY_LOG_SECONDS = 60.0
 
 
 class CacheService(ReplicaApply):
@@ -333,8 +338,12 @@ class CacheService(ReplicaApply):
             log.info("start-up sweep removed %d staging files and %d orphans", swept, orphans)
 
     async def _retrying(self, step: Callable[[], T], what: str) -> T:
-        """``step()`` on the start-up thread, again after ``STARTUP_RETRY_SECONDS`` for as long
-        as it fails with a shortage (``_shortage``); ``_Stopped`` once stopped."""
+        """``step()`` on the start-up thread, again for as long as it fails with a shortage
+        (``_shortage``), after a jittered backoff on ``self.clock`` (``STARTUP_RETRY_SECONDS``
+        doubling up to ``STARTUP_RETRY_MAX_SECONDS``, equal jitter) with at most one WARNING
+        per ``STARTUP_RETRY_LOG_SECONDS``; ``_Stopped`` once stopped."""
+        backoff = Backoff(STARTUP_RETRY_SECONDS, STARTUP_RETRY_MAX_SECONDS, jitter=0.5)
+        lines = LogLimit(1, STARTUP_RETRY_LOG_SECONDS, self.clock.monotonic)
         while True:
             try:
                 return await self._in(self._startup_pool, step)
@@ -344,15 +353,19 @@ class CacheService(ReplicaApply):
                 reason = _shortage(exc)
                 if reason is None:
                     raise
-                log.warning(
-                    "start-up: %s failed for want of %s (%s); reads are served as far as they "
-                    "can be, writes wait; trying again in %g s",
-                    what,
-                    reason,
-                    exc,
-                    STARTUP_RETRY_SECONDS,
-                )
-            await self.clock.sleep(STARTUP_RETRY_SECONDS)
+                delay = backoff.failed()
+                if (left_out := lines.admit()) is not None:
+                    log.warning(
+                        "start-up: %s failed for want of %s (%s); reads are served as far as "
+                        "they can be, writes wait; trying again in %.1f s (%d more such "
+                        "failures since the last line)",
+                        what,
+                        reason,
+                        exc,
+                        delay,
+                        left_out,
+                    )
+            await self.clock.sleep(delay)
             if self._startup_stop.is_set():
                 raise _Stopped
 
@@ -637,7 +650,8 @@ class _Stopped(Exception):
 def _shortage(exc: BaseException) -> str | None:
     """What the process ran short of, when ``exc`` is a passing shortage rather than damage or
     a fault: a full disk (``ENOSPC``, ``SQLITE_FULL``), descriptors or memory for a file
-    (``fsync.SHORTAGE_ERRNOS``; ``SQLITE_CANTOPEN`` or ``SQLITE_IOERR`` while
+    (``fsync.SHORTAGE_ERRNOS``; ``SQLITE_CANTOPEN`` always, on an index already open:
+    a temp file's failed open, ``recovery._is_damage``; ``SQLITE_IOERR`` while
     ``descriptor_shortage()`` reads one: SQLite reports a failed open as either). Else None."""
     if isinstance(exc, OSError):
         if exc.errno == errno.ENOSPC:
@@ -648,6 +662,8 @@ def _shortage(exc: BaseException) -> str | None:
     name = exc.sqlite_errorname
     if name == "SQLITE_FULL":
         return "disk space"
-    if name.startswith(("SQLITE_CANTOPEN", "SQLITE_IOERR")) and descriptor_shortage():
+    if name.startswith("SQLITE_CANTOPEN"):
+        return "descriptors"
+    if name.startswith("SQLITE_IOERR") and descriptor_shortage():
         return "descriptors"
     return None

@@ -17,7 +17,6 @@ alone.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
 
 from kura.core.errors import KuraError
 from kura.storage.artifact import ArtifactRef, BatchBlob, Purge, PutResult
@@ -81,12 +80,6 @@ class StartupGatedWriter:
         return await self._inner.put_batch(
             blobs, limit_bytes=limit_bytes, content_type=content_type
         )
-
-    async def put_concatenated(
-        self, ref: ArtifactRef, parts: Sequence[Path], content_type: str
-    ) -> PutResult:
-        await self._startup.wait_writable()
-        return await self._inner.put_concatenated(ref, parts, content_type)
 
     async def intact(self, ref: ArtifactRef, size_bytes: int | None = None) -> bool:
         return await self._inner.intact(ref, size_bytes)

@@ -9,7 +9,7 @@ per data dir), then runs the rest in the background, in two phases, on one threa
 1. ``checking``: ``PRAGMA quick_check``, a first read of every row (the totals the disk
    budget starts from) and the range digests' check (``recovery.check_index``). Meanwhile a
    read waits on the event loop (``wait_readable``, before anything goes to the reader pool),
-   at most ``wait_seconds`` from its arrival, then raises ``Unavailable`` (503 with
+   at most ``wait_seconds`` from when it starts waiting, then raises ``Unavailable`` (503 with
    ``Retry-After``; gRPC ``UNAVAILABLE``). The index is also *held* (``MetadataIndex.hold``):
    a query from any other thread raises ``Unavailable`` at once, it never waits in a thread.
    Reads are therefore served only once the check passed, and no other thread has a
@@ -24,7 +24,10 @@ per data dir), then runs the rest in the background, in two phases, on one threa
    (``retry_after_seconds``) is past the wait (``refuses_writes_now``).
 
 ``wait_seconds`` is at most ``MAX_WAIT_SECONDS`` (the setting's validation,
-``KURA_STARTUP_WAIT_SECONDS``): no request is held longer than that by this work.
+``KURA_STARTUP_WAIT_SECONDS``). Each wait is bounded by it, counted from when that wait starts
+(no caller passes ``arrived`` yet): a request that reads and then writes (a bazel CAS PUT, nx,
+xcode, gradle, a ByteStream ``Write``: each asks whether it is stored first) may wait twice,
+up to 2 x ``wait_seconds``.
 
 A stop (``stop``, from ``CacheService.stop_startup``: SIGTERM, ``Node.stop``) answers every
 request waiting here at once, reads and writes alike, and every one arriving after it:
