@@ -136,8 +136,8 @@ def _startup_wait(text: str) -> int:
         raise ValueError(problem) from None
 
 
-# How long a request may wait for start-up's background work (storage.startup_work): a client
-# or a peer is never held past MAX_WAIT_SECONDS by it.
+# How long a request may wait for start-up's background work (storage.startup_work): no single
+# wait is longer than MAX_WAIT_SECONDS (a request that reads, then writes, waits at most twice).
 StartupWaitSeconds: TypeAlias = Annotated[int, _startup_wait]
 
 

@@ -180,6 +180,7 @@ def test_every_bad_value_is_reported_at_once() -> None:
 BAD_VALUE_BY_PARSER = {
     "_positive_duration": "0s",
     "_percent": "101",
+    "_startup_wait": "61",
     "parse_workers": "0",
     "_duration": "-5s",
     "_max_age": "3w",
