@@ -305,7 +305,7 @@ def test_a_stop_answers_every_request_waiting_on_the_start_up_work_at_once(
             pause.released.set()
             assert stopping.result(30) == 0, node.log()[-3000:]
             took = time.monotonic() - asked
-        assert took < 5, took  # far below the 30 s wait
+        assert took < 15, took  # the whole stop, drain included: far below the 30 s wait
         assert "Traceback" not in node.log(), node.log()[-3000:]
     finally:
         pause.released.set()

@@ -149,3 +149,32 @@ def test_counts_of_a_worker_that_died_restarted_or_did_not_answer_are_kept() -> 
         (("le", "+Inf"), ("method", "GET"), ("protocol", "nx")),
     )
     assert back[le] == back[count]
+
+
+def test_texts_read_out_of_order_never_roll_a_count_back_or_count_twice() -> None:
+    """Two scrapes at once may hand ``Carry`` an older text after a newer one."""
+    primary = KuraMetrics("r", "t")
+    across = primary.across_processes
+    hit = ("kura_cache_lookups_total", (("protocol", "nx"), ("result", "hit")))
+
+    def worker(lookups: int) -> str:
+        m = KuraMetrics("r", "t")
+        for _ in range(lookups):
+            m.count_lookup("nx", True)
+        return m.exposition().decode()
+
+    def carried(carry: Carry) -> float:
+        text = carry.exposition(set())
+        assert text is not None
+        return samples(merge(primary.exposition().decode(), [text], across)).get(hit, 0.0)
+
+    same = Carry()
+    same.read(1, 100, worker(50), across)
+    same.read(1, 100, worker(40), across)  # the older text, read last
+    assert carried(same) == 50  # the worker died: its 50 stay, not 40
+
+    reused = Carry()
+    reused.read(1, 100, worker(40), across)
+    reused.read(1, 200, worker(3), across)  # a new process in the slot: 40 retire
+    reused.read(1, 100, worker(45), across)  # a late text of the old process
+    assert carried(reused) == 43

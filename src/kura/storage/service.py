@@ -324,8 +324,18 @@ class CacheService(ReplicaApply):
         note_reconciled(self.start_report, reconciled)
         if reconciled.dropped_rows:  # the totals were read by the check, before these went
             index = self._require_index()
-            totals = await self._in(self._writer, index.totals)
-            self.stats.artifacts, self.stats.used_bytes = totals
+
+            def totals() -> tuple[int, int]:
+                try:
+                    return index.totals()
+                finally:
+                    index.close_thread_connection()
+
+            try:
+                counted = await self._retrying(totals, "re-reading the totals")
+            except _Stopped:
+                return
+            self.stats.artifacts, self.stats.used_bytes = counted
         self.startup.finish()
         log.info(
             "start-up work done in %.2f s: %d rows reconciled; writes are taken",

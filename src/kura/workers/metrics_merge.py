@@ -116,6 +116,9 @@ def merge(own: str, others: Sequence[str], across: Mapping[str, Across]) -> byte
 # types; prometheus_client parses a histogram's _bucket, _count and _sum into one family).
 _COUNTED = frozenset({"counter", "histogram", "summary"})
 _Key = tuple[str, tuple[tuple[str, str], ...]]
+# Retired pids remembered per worker slot: a late text comes within a scrape's timeout, long
+# before a slot could have restarted this many times.
+GONE_PIDS_KEPT = 64
 
 
 @dataclass
@@ -128,10 +131,14 @@ class _Slot:
 class Carry:
     """What workers counted that the node must keep counting (module docstring): per worker
     slot, the counted samples last read and the pid they came from, and the sum of what
-    earlier processes of every slot counted. Event loop thread only."""
+    earlier processes of every slot counted. Event loop thread only. Texts read out of the
+    order they were taken (two scrapes at once; ``Workers._merged`` also takes one at a time)
+    change nothing: a process's counts only grow, and a retired process is not read again."""
 
     _slots: dict[int, _Slot] = field(default_factory=dict)
     _retired: dict[_Key, float] = field(default_factory=dict)
+    # Per slot, the pids whose counts retired, oldest first (a late text of one is ignored).
+    _gone: dict[int, dict[int, None]] = field(default_factory=dict)
     # Family name, type and help of every counted family seen, to write the carried samples.
     _families: dict[str, tuple[str, str]] = field(default_factory=dict)
     _family_of: dict[_Key, str] = field(default_factory=dict)
@@ -149,10 +156,19 @@ class Carry:
                 key = (s.name, tuple(sorted(s.labels.items())))
                 found[key] = float(s.value)
                 self._family_of[key] = family.name
+        if pid in self._gone.get(slot, ()):
+            return  # a late text of a process whose counts already retired
         old = self._slots.get(slot)
-        if old is not None and old.pid != pid:  # a new process: the old one's counts retire
+        if old is not None and old.pid == pid:  # a text older than one read: counts only grow
+            for key, value in old.samples.items():
+                found[key] = max(found.get(key, 0.0), value)
+        elif old is not None:  # a new process: the old one's counts retire
             for key, value in old.samples.items():
                 self._retired[key] = self._retired.get(key, 0.0) + value
+            gone = self._gone.setdefault(slot, {})
+            gone[old.pid] = None
+            if len(gone) > GONE_PIDS_KEPT:  # a crash-looping slot: forget the oldest
+                del gone[next(iter(gone))]
         self._slots[slot] = _Slot(pid, found)
 
     def exposition(self, answered: set[int]) -> str | None:

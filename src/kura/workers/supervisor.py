@@ -103,6 +103,7 @@ class Workers:
         self._stopping = False
         # What dead, restarted or unanswering workers counted (metrics_merge.Carry).
         self._carry = Carry()
+        self._merge_lock = asyncio.Lock()
         self._runners: list[web.AppRunner] = []
         self._verifying: set[asyncio.Task[bool]] = set()
         # The socket paths this process bound or whose worker it started: the only ones stop()
@@ -392,4 +393,7 @@ class Workers:
             for n, p in self.procs.items()
             if p.returncode is None and n in self.ready
         }
-        return await merge_workers(own, live, self.metrics.across_processes, self._carry)
+        # One scrape at a time: Carry must read each worker's texts in the order they were
+        # taken (/metrics, /status and /ui all merge; a late text would roll a count back).
+        async with self._merge_lock:
+            return await merge_workers(own, live, self.metrics.across_processes, self._carry)
