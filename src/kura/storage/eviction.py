@@ -30,6 +30,7 @@ from kit.log_limit import LogLimit
 from kura.core.eviction import bytes_to_free
 from kura.core.manifest import Manifest
 from kura.storage import namespace_usage, retention
+from kura.storage.fsync import disk_full
 from kura.storage.namespace_usage import Protected
 from kura.storage.paging import Victim
 from kura.storage.state import StorageState
@@ -365,7 +366,7 @@ class Eviction(StorageState):
         try:
             index.delete([manifest.artifact_id])
         except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorname != "SQLITE_FULL":
+            if not disk_full(exc):
                 raise
             _undroppable(manifest, problem, exc)
             return True  # a miss all the same: each read checks the bytes again and misses

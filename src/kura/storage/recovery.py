@@ -57,7 +57,7 @@ from kura.core.versions import (
     too_new_message,
 )
 from kura.storage.blobs import LAYOUT_VERSION, SUPPORTED_LAYOUTS, BlobFiles, layout_refusal
-from kura.storage.fsync import descriptor_shortage, fsync_path
+from kura.storage.fsync import descriptor_shortage, disk_full, fsync_path
 from kura.storage.index import MetadataIndex
 from kura.storage.reconcile import ReconcileReport, migrate_layout_1
 from kura.storage.schema import peek_kura_version, peek_layout, refuse_if_too_new
@@ -170,9 +170,8 @@ def _ensure_digests(index: MetadataIndex, report: StartReport) -> None:
     try:
         index.ensure_digests()
     except sqlite3.OperationalError as exc:
-        name = exc.sqlite_errorname
-        full = name == "SQLITE_FULL" or (
-            name.startswith("SQLITE_IOERR")
+        full = disk_full(exc) or (
+            exc.sqlite_errorname.startswith("SQLITE_IOERR")
             and shutil.disk_usage(index.path.parent).free < FULL_DISK_BYTES
         )
         if not full:

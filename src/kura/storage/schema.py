@@ -51,6 +51,7 @@ from kura.core.versions import (
     too_new_message,
 )
 from kura.storage import change_seq
+from kura.storage.fsync import disk_full
 
 _T = TypeVar("_T")
 
@@ -239,7 +240,7 @@ def stamp_layout(conn: sqlite3.Connection, layout: str) -> None:
     try:
         conn.execute("INSERT OR REPLACE INTO meta(k, v) VALUES (?, ?)", (LAYOUT_KEY, layout))
     except sqlite3.OperationalError as exc:
-        if exc.sqlite_errorname != "SQLITE_FULL":
+        if not disk_full(exc):
             raise
 
 
@@ -354,7 +355,7 @@ def stamp_written_by(conn: sqlite3.Connection) -> None:
             "INSERT OR REPLACE INTO meta(k, v) VALUES (?, ?)", (KURA_VERSION_KEY, __version__)
         )
     except sqlite3.OperationalError as exc:
-        if exc.sqlite_errorname != "SQLITE_FULL":
+        if not disk_full(exc):
             raise
 
 

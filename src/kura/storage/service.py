@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import sqlite3
 import threading
@@ -96,6 +95,7 @@ from kura.storage.budget import TmpBudget
 from kura.storage.fsync import (
     SHORTAGE_ERRNOS,
     descriptor_shortage,
+    disk_full,
     process_shortage,
     shortage_reason,
 )
@@ -663,15 +663,13 @@ def _shortage(exc: BaseException) -> str | None:
     (``fsync.SHORTAGE_ERRNOS``; ``SQLITE_CANTOPEN`` always, on an index already open:
     a temp file's failed open, ``recovery._is_damage``; ``SQLITE_IOERR`` while
     ``descriptor_shortage()`` reads one: SQLite reports a failed open as either). Else None."""
+    if disk_full(exc):
+        return "disk space"
     if isinstance(exc, OSError):
-        if exc.errno == errno.ENOSPC:
-            return "disk space"
         return "descriptors" if exc.errno in SHORTAGE_ERRNOS else None
     if not isinstance(exc, sqlite3.DatabaseError):
         return None
     name = exc.sqlite_errorname
-    if name == "SQLITE_FULL":
-        return "disk space"
     if name.startswith("SQLITE_CANTOPEN"):
         return "descriptors"
     if name.startswith("SQLITE_IOERR") and descriptor_shortage():
