@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
-from kura.api import body_codings
+from kura.api import body_codings, cross_site
 from kura.api.errors import error_response
 from kura.api.http import EndpointSpec, ctx, declared_length, endpoint_spec
 from kura.api.malformed import client_gone, log_client_gone
@@ -69,7 +69,8 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     expect = request.headers.get(hdrs.EXPECT, "")
     if expect.lower() != "100-continue":
         raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
-    refused = body_codings.refusal(request)  # the app's middleware would refuse it after the 100
+    # What the app's outer middleware refuses (http.track_handlers), refused before the 100.
+    refused = cross_site.refusal(request) or body_codings.refusal(request)
     if refused is not None:
         return refused
     spec = endpoint_spec(request.match_info.handler)

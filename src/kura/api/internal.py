@@ -83,12 +83,12 @@ from kura.mesh.wire import (
     READ_THROUGH_HEADER,
     REFUSAL_HEADER,
     TENANT_HEADER,
+    VERSION_HEADERS,
     WIRE_VERSION_HEADER,
     decode_manifest,
     decode_version_cursor,
     encode_manifest,
     encode_version_cursor,
-    version_headers,
 )
 from kura.storage.artifact import StoredBody
 
@@ -144,7 +144,7 @@ class WireVersions:
 
     async def stamp(self, request: web.Request, response: web.StreamResponse) -> None:
         """Every internal answer names this node's wire and kura versions."""
-        response.headers.update(version_headers())
+        response.headers.update(VERSION_HEADERS)
 
     def _log(self, remote: str, message: str) -> None:
         left_out = self._log_limit.admit()

@@ -17,6 +17,8 @@ wire_version``, naming both versions (the rules: ``kura.core.versions``).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from kura import __version__
 from kura.core.manifest import Manifest
@@ -39,9 +41,16 @@ PAGE_LIMIT_DEFAULT = 256
 PAGE_LIMIT_MAX = 1000
 
 
+# The two headers every internal request and answer of this node carries (built once: they
+# never change while the process runs).
+VERSION_HEADERS: Mapping[str, str] = MappingProxyType(
+    {WIRE_VERSION_HEADER: str(WIRE_VERSION), KURA_VERSION_HEADER: __version__}
+)
+
+
 def version_headers() -> dict[str, str]:
-    """The two headers every internal request and answer of this node carries."""
-    return {WIRE_VERSION_HEADER: str(WIRE_VERSION), KURA_VERSION_HEADER: __version__}
+    """``VERSION_HEADERS``, as a dict of its own."""
+    return dict(VERSION_HEADERS)
 
 
 def encode_manifest(manifest: Manifest) -> str:

@@ -145,6 +145,8 @@ class Carry:
 
     def read(self, slot: int, pid: int, text: str, across: Mapping[str, Across]) -> None:
         """Record what the worker in ``slot`` (process ``pid``) exposed in ``text``."""
+        if pid in self._gone.get(slot, ()):
+            return  # a late text of a process whose counts already retired
         found: dict[_Key, float] = {}
         for family in text_string_to_metric_families(text):
             if family.type not in _COUNTED or across.get(family.name, "sum") != "sum":
@@ -156,8 +158,6 @@ class Carry:
                 key = (s.name, tuple(sorted(s.labels.items())))
                 found[key] = float(s.value)
                 self._family_of[key] = family.name
-        if pid in self._gone.get(slot, ()):
-            return  # a late text of a process whose counts already retired
         old = self._slots.get(slot)
         if old is not None and old.pid == pid:  # a text older than one read: counts only grow
             for key, value in old.samples.items():
