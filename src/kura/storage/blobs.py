@@ -52,6 +52,7 @@ from kura.storage.offload import OffloadedWrites, open_for_writing
 LAYOUT_VERSION = "2"
 # Layouts this code can open; older ones are migrated at start-up (storage.reconcile).
 SUPPORTED_LAYOUTS = ("1", "2")
+READABLE_LAYOUTS = f"{SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}"  # as refusals name them
 STAGING_AREAS = ("uploads", "parts", "bootstrap")
 # Bucket directories listed ahead of the start-up walk (``BlobFiles.stored_names``), by so
 # many threads: a bound on the listings held in memory, and on the disk reads in flight.
@@ -104,6 +105,12 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def newer_layout(text: str) -> bool:
+    """Whether ``text`` names a blob layout newer than ``LAYOUT_VERSION`` (a few digits: a
+    longer run is no layout any kura writes, and ``int`` refuses over 4,300 digits)."""
+    return text.isascii() and text.isdigit() and len(text) < 10 and int(text) > int(LAYOUT_VERSION)
+
+
 def layout_refusal(layout: Path, problem: str, recorded: str | None) -> str:
     """The refusal of a data directory whose ``layout`` file (at ``layout``) ``problem`` (``is
     missing``, ``is empty``, ``says 'x'``): with the layout its index records (``recorded``; a
@@ -114,8 +121,9 @@ def layout_refusal(layout: Path, problem: str, recorded: str | None) -> str:
             f"{problem} ({layout}): restore the file (echo {recorded} > {layout}) or move the "
             "data directory aside and let the node bootstrap from its peers (docs/upgrading.md)"
         )
-    readable = f"blob layouts {SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}"
-    return damaged_message(f"layout file {layout} {problem}", readable, None)
+    return damaged_message(
+        f"layout file {layout} {problem}", f"blob layouts {READABLE_LAYOUTS}", None
+    )
 
 
 class BlobFiles:
@@ -192,10 +200,10 @@ class BlobFiles:
             raise KuraError(layout_refusal(layout, "is not text", recorded())) from None
         if found in SUPPORTED_LAYOUTS:
             return found
-        newer = found.isascii() and found.isdigit() and len(found) < 10
-        if newer and int(found) > int(LAYOUT_VERSION):
-            readable = f"{SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}"
-            raise DataDirTooNew(too_new_message("blob layout", found, readable, written_by()))
+        if newer_layout(found):
+            raise DataDirTooNew(
+                too_new_message("blob layout", found, READABLE_LAYOUTS, written_by())
+            )
         problem = "is empty" if not found else f"says {shown(found)}"
         raise KuraError(layout_refusal(layout, problem, recorded()))
 

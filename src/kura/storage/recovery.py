@@ -56,7 +56,14 @@ from kura.core.versions import (
     shown,
     too_new_message,
 )
-from kura.storage.blobs import LAYOUT_VERSION, SUPPORTED_LAYOUTS, BlobFiles, layout_refusal
+from kura.storage.blobs import (
+    LAYOUT_VERSION,
+    READABLE_LAYOUTS,
+    SUPPORTED_LAYOUTS,
+    BlobFiles,
+    layout_refusal,
+    newer_layout,
+)
 from kura.storage.fsync import descriptor_shortage, disk_full, fsync_path
 from kura.storage.index import MetadataIndex
 from kura.storage.reconcile import ReconcileReport, migrate_layout_1
@@ -263,16 +270,15 @@ def _refuse_lost_layout(path: Path, found: str | None) -> None:
     recorded = peek_layout(path)
     if recorded is None or recorded == found:
         return
-    if recorded.isascii() and recorded.isdigit() and int(recorded) > int(LAYOUT_VERSION):
-        readable = f"{SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}"
+    if newer_layout(recorded):
         raise DataDirTooNew(
-            too_new_message("blob layout", recorded, readable, peek_kura_version(path))
+            too_new_message("blob layout", recorded, READABLE_LAYOUTS, peek_kura_version(path))
         )
     if recorded not in SUPPORTED_LAYOUTS:
         raise DataDirDamaged(
             damaged_message(
                 f"index records blob layout {shown(recorded)}",
-                f"blob layouts {SUPPORTED_LAYOUTS[0]}-{SUPPORTED_LAYOUTS[-1]}",
+                f"blob layouts {READABLE_LAYOUTS}",
                 peek_kura_version(path),
             )
         )

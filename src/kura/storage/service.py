@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import sqlite3
 import threading
@@ -85,6 +86,7 @@ from kit.background import background_pool
 from kit.backoff import Backoff, every
 from kit.clock import Clock
 from kit.log_limit import LogLimit
+from kura.core.errors import Unavailable
 from kura.core.manifest import Manifest
 from kura.core.namespace_rule import NO_RULES, NamespaceRules
 from kura.core.object_layout import OUTBOX_TARGET
@@ -94,6 +96,7 @@ from kura.storage.artifact import ArtifactRef, PutResult, StoredBody, WriterUsag
 from kura.storage.budget import TmpBudget
 from kura.storage.fsync import (
     SHORTAGE_ERRNOS,
+    DescriptorShortage,
     descriptor_shortage,
     disk_full,
     process_shortage,
@@ -441,7 +444,12 @@ class CacheService(ReplicaApply):
                 raise _Stopped
 
         def drop(ids: list[str]) -> None:
-            self._writer.submit(index.delete, ids).result()
+            try:
+                self._writer.submit(index.delete, ids).result()
+            except Unavailable as exc:  # the group's fsync was short of descriptors: passing
+                if self._writer.failure is not None:
+                    raise  # a failed fsync latches the writer: not a shortage
+                raise DescriptorShortage(errno.EMFILE, str(exc)) from exc  # _retrying retries
 
         self.startup.at("reconcile")
         try:
